@@ -1,0 +1,263 @@
+//! The spool bundles between the worker and the executor (DESIGN.md §1).
+//!
+//! File names are never chosen freely: every name is derived from the
+//! request id, which is itself derived from the task, the attempt and the
+//! execution digest, so each side can recompute what to expect.
+
+use crate::canonical::{digest_of, is_sha256_hex, sha256_hex};
+use crate::error::{Code, Error, Result};
+use crate::limits::MAX_OUTPUT_TAIL_BYTES;
+use crate::path::check_relative_path;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Schema tags.
+pub const EXEC_REQUEST_SCHEMA: &str = "airlock.exec-request.v1";
+/// Schema tag of a result bundle.
+pub const EXEC_RESULT_SCHEMA: &str = "airlock.exec-result.v1";
+/// Schema tag of a failure record.
+pub const EXEC_FAILURE_SCHEMA: &str = "airlock.exec-failure.v1";
+
+/// The request id of an attempt: `r` + 40 hex digits.
+pub fn request_id_for(task_id: &str, attempt: u32, execution_digest: &str) -> String {
+    let tag = sha256_hex(format!("{task_id}\0{attempt}\0{execution_digest}").as_bytes());
+    format!("r{}", &tag[..40])
+}
+
+/// True when `s` has the shape of a request id (so it is safe as a file name).
+pub fn is_request_id(s: &str) -> bool {
+    s.len() == 41
+        && s.starts_with('r')
+        && s[1..]
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Worker → executor: `requests/<request_id>.json`, with the source archive
+/// at `sources/<request_id>.tar`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Always [`EXEC_REQUEST_SCHEMA`].
+    pub schema: String,
+    /// Derived with [`request_id_for`].
+    pub request_id: String,
+    /// The attempt.
+    pub attempt: u32,
+    /// The full execution envelope; the executor validates it again.
+    pub envelope: Value,
+    /// SHA-256 of the source archive.
+    pub source_archive_sha256: String,
+    /// Size of the source archive in bytes.
+    pub source_archive_bytes: u64,
+}
+
+impl ExecRequest {
+    /// Checks that the request id is the one derived from its own contents
+    /// (so a renamed or replayed file is refused) and the digests are well formed.
+    pub fn validate(&self) -> Result<()> {
+        if self.schema != EXEC_REQUEST_SCHEMA {
+            return Err(Error::new(Code::SCHEMA_INVALID));
+        }
+        let task_id = self
+            .envelope
+            .get("task_id")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let digest = self
+            .envelope
+            .get("execution_digest")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if self.request_id != request_id_for(task_id, self.attempt, digest) {
+            return Err(Error::with(
+                Code::SPOOL_DIGEST_MISMATCH,
+                "request id is not derived from its task",
+            ));
+        }
+        if !is_sha256_hex(&self.source_archive_sha256) {
+            return Err(Error::with(Code::MESSAGE_INVALID, "source_archive_sha256"));
+        }
+        Ok(())
+    }
+
+    /// SHA-256 of the canonical request; results are bound to it.
+    pub fn digest(&self) -> String {
+        digest_of(self).expect("a request is always canonical")
+    }
+}
+
+/// A file the executor changed (or captured).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    /// Repository-relative path.
+    pub path: String,
+    /// True when the change deleted it.
+    pub deleted: bool,
+    /// SHA-256 of the content, when present.
+    pub sha256: Option<String>,
+    /// Whether the file is executable.
+    pub executable: bool,
+    /// Content, base64; absent when deleted.
+    pub content_b64: Option<String>,
+}
+
+/// Evidence of one verification command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandEvidence {
+    /// The command's label.
+    pub label: String,
+    /// SHA-256 of the canonical argv.
+    pub argv_sha256: String,
+    /// Exit status, if it exited.
+    pub exit_code: Option<i32>,
+    /// Signal number, if it was killed.
+    pub signal: Option<i32>,
+    /// True when killed at its timeout.
+    pub timed_out: bool,
+    /// Wall-clock time.
+    pub duration_ms: u64,
+    /// User + system CPU time.
+    pub cpu_ms: u64,
+    /// Peak resident set size.
+    pub peak_rss_kib: u64,
+    /// SHA-256 of all of stdout.
+    pub stdout_sha256: String,
+    /// SHA-256 of all of stderr.
+    pub stderr_sha256: String,
+    /// Last bytes of stdout (lossy UTF-8).
+    pub stdout_tail: String,
+    /// Last bytes of stderr (lossy UTF-8).
+    pub stderr_tail: String,
+}
+
+/// How the executor was confined while it ran the commands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfinementReport {
+    /// Landlock ABI the kernel offered.
+    pub landlock_abi: u32,
+    /// "full", or "degraded" when config allowed less than full enforcement.
+    pub landlock: String,
+    /// True when the seccomp filter was installed.
+    pub seccomp: bool,
+    /// Namespaces that were unshared.
+    pub namespaces: Vec<String>,
+}
+
+/// Executor → worker: `results/<request_id>.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecResult {
+    /// Always [`EXEC_RESULT_SCHEMA`].
+    pub schema: String,
+    /// The request's id.
+    pub request_id: String,
+    /// SHA-256 of the canonical request.
+    pub request_sha256: String,
+    /// The envelope's digest.
+    pub execution_digest: String,
+    /// SHA-256 of the source archive that was extracted.
+    pub source_archive_sha256: String,
+    /// True when every verification command exited 0.
+    pub passed: bool,
+    /// Changed files (deterministic) in path order.
+    pub changed_files: Vec<FileEntry>,
+    /// Captured files (source_capture) in path order.
+    pub captured_files: Vec<FileEntry>,
+    /// One entry per verification command, in order.
+    pub verification: Vec<CommandEvidence>,
+    /// How the commands were confined.
+    pub confinement: ConfinementReport,
+}
+
+impl ExecResult {
+    /// Checks the result against the request that caused it and its own
+    /// structure: ids and digests bound, paths safe, tails bounded.
+    pub fn validate_against(&self, request: &ExecRequest) -> Result<()> {
+        if self.schema != EXEC_RESULT_SCHEMA {
+            return Err(Error::new(Code::SCHEMA_INVALID));
+        }
+        let digest = request
+            .envelope
+            .get("execution_digest")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if self.request_id != request.request_id
+            || self.request_sha256 != request.digest()
+            || self.execution_digest != digest
+            || self.source_archive_sha256 != request.source_archive_sha256
+        {
+            return Err(Error::new(Code::SPOOL_DIGEST_MISMATCH));
+        }
+        for f in self.changed_files.iter().chain(&self.captured_files) {
+            check_relative_path(&f.path)?;
+            if f.deleted != f.content_b64.is_none() || f.deleted != f.sha256.is_none() {
+                return Err(Error::with(
+                    Code::MESSAGE_INVALID,
+                    format!("{}: inconsistent entry", f.path),
+                ));
+            }
+        }
+        for c in &self.verification {
+            if c.stdout_tail.len() > MAX_OUTPUT_TAIL_BYTES * 4
+                || c.stderr_tail.len() > MAX_OUTPUT_TAIL_BYTES * 4
+            {
+                return Err(Error::new(Code::FIELD_BOUNDS_EXCEEDED));
+            }
+        }
+        Ok(())
+    }
+
+    /// SHA-256 of the canonical result.
+    pub fn digest(&self) -> String {
+        digest_of(self).expect("a result is always canonical")
+    }
+}
+
+/// Executor → worker: `failed/<request_id>.json` when a request was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecFailure {
+    /// Always [`EXEC_FAILURE_SCHEMA`].
+    pub schema: String,
+    /// The request's id.
+    pub request_id: String,
+    /// SHA-256 of the canonical request, when it could be parsed.
+    pub request_sha256: Option<String>,
+    /// The refusal code.
+    pub code: String,
+    /// Human detail (no secrets).
+    pub detail: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_derived_and_safe_names() {
+        let id = request_id_for("task-a", 1, &"d".repeat(64));
+        assert!(is_request_id(&id));
+        assert_ne!(id, request_id_for("task-a", 2, &"d".repeat(64)));
+        assert!(!is_request_id("r../../etc/passwd"));
+    }
+
+    #[test]
+    fn a_request_with_a_foreign_id_is_refused() {
+        let envelope = serde_json::json!({"task_id": "task-a", "execution_digest": "d".repeat(64)});
+        let mut r = ExecRequest {
+            schema: EXEC_REQUEST_SCHEMA.into(),
+            request_id: request_id_for("task-a", 1, &"d".repeat(64)),
+            attempt: 1,
+            envelope,
+            source_archive_sha256: "a".repeat(64),
+            source_archive_bytes: 10,
+        };
+        assert!(r.validate().is_ok());
+        r.attempt = 2;
+        assert_eq!(r.validate().unwrap_err().code, Code::SPOOL_DIGEST_MISMATCH);
+    }
+}

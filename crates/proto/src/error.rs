@@ -1,0 +1,537 @@
+//! The one error-code catalogue.
+//!
+//! Every refusal anywhere in airlock carries a [`Code`]. Each code has exactly
+//! one meaning and is mapped here, once, to an HTTP status, a D-Bus error name
+//! and a CLI exit code. Nothing else in the tree may invent a mapping.
+
+use std::fmt;
+
+/// How a refusal is classified; the class decides the HTTP status and the
+/// CLI exit code, so two codes of one class always map alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// The input is malformed or violates a bound (HTTP 400).
+    Invalid,
+    /// No or a wrong credential was presented (HTTP 401).
+    Unauthenticated,
+    /// The caller is known but not allowed to do this (HTTP 403).
+    Denied,
+    /// The named object does not exist (HTTP 404).
+    NotFound,
+    /// The request is well formed but conflicts with current state (HTTP 409).
+    Conflict,
+    /// The request is larger than allowed (HTTP 413).
+    TooLarge,
+    /// A dependency (database, polkit, bus, sandbox) is not available (HTTP 503).
+    Unavailable,
+    /// A bug or an invariant violation inside airlock (HTTP 500).
+    Internal,
+    /// The caller must authenticate interactively first (HTTP 401).
+    InteractiveRequired,
+}
+
+impl Class {
+    /// The HTTP status of every code in this class.
+    pub const fn http_status(self) -> u16 {
+        match self {
+            Class::Invalid => 400,
+            Class::Unauthenticated | Class::InteractiveRequired => 401,
+            Class::Denied => 403,
+            Class::NotFound => 404,
+            Class::Conflict => 409,
+            Class::TooLarge => 413,
+            Class::Unavailable => 503,
+            Class::Internal => 500,
+        }
+    }
+
+    /// The process exit status `airlockctl` uses for every code in this
+    /// class. 1 is a generic failure and 2 a usage error (clap), so classes
+    /// start at 3.
+    pub const fn exit_code(self) -> u8 {
+        match self {
+            Class::Invalid => 3,
+            Class::Unauthenticated => 4,
+            Class::Denied => 5,
+            Class::NotFound => 6,
+            Class::Conflict => 7,
+            Class::TooLarge => 8,
+            Class::Unavailable => 9,
+            Class::Internal => 10,
+            Class::InteractiveRequired => 11,
+        }
+    }
+}
+
+/// Prefix of airlock's own D-Bus error names.
+pub const DBUS_ERROR_PREFIX: &str = "org.airlock.Error.";
+
+macro_rules! catalogue {
+    ($( $(#[doc = $doc:literal])+ $variant:ident => $class:ident, $dbus:expr; )+) => {
+        /// A stable refusal code. The doc comment of each variant is its
+        /// meaning; `as_str` is the SCREAMING_SNAKE name that crosses every
+        /// boundary.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[allow(non_camel_case_types)]
+        pub enum Code {
+            $( $(#[doc = $doc])+ $variant, )+
+        }
+
+        impl Code {
+            /// Every code, in catalogue order.
+            pub const ALL: &'static [Code] = &[ $( Code::$variant, )+ ];
+
+            /// The SCREAMING_SNAKE name of the code.
+            pub const fn as_str(self) -> &'static str {
+                match self { $( Code::$variant => stringify!($variant), )+ }
+            }
+
+            /// The class that decides HTTP status and exit code.
+            pub const fn class(self) -> Class {
+                match self { $( Code::$variant => Class::$class, )+ }
+            }
+
+            /// One-line meaning, for `--help`, logs and documentation.
+            pub fn meaning(self) -> &'static str {
+                match self { $( Code::$variant => concat!($($doc),+).trim_ascii(), )+ }
+            }
+
+            fn dbus_override(self) -> Option<&'static str> {
+                match self { $( Code::$variant => $dbus, )+ }
+            }
+        }
+    };
+}
+
+catalogue! {
+    // ---- generic message handling -------------------------------------
+    /// A message is not valid JSON, has a wrong type, or an unknown or missing field.
+    MESSAGE_INVALID => Invalid, None;
+    /// A string, list or number in a message is outside its bound.
+    FIELD_BOUNDS_EXCEEDED => Invalid, None;
+    /// A message's declared schema is not the one this endpoint accepts.
+    SCHEMA_INVALID => Invalid, None;
+    /// A JSON value cannot be put in canonical form (floats, or nesting too deep).
+    CANONICAL_JSON_UNSUPPORTED => Invalid, None;
+
+    // ---- binding coordinates -------------------------------------------
+    /// The task id is missing or not of the form [A-Za-z0-9][A-Za-z0-9._:-]{2,179}.
+    TASK_ID_INVALID => Invalid, None;
+    /// The job id is missing.
+    JOB_ID_REQUIRED => Invalid, None;
+    /// The job id is not of the task-id form.
+    JOB_ID_INVALID => Invalid, None;
+    /// The repository name is missing or malformed.
+    REPOSITORY_INVALID => Invalid, None;
+    /// The repository is not registered in the configuration.
+    REPOSITORY_NOT_REGISTERED => Denied, None;
+    /// base_oid is not a full lowercase hexadecimal object id.
+    BASE_OID_INVALID => Invalid, None;
+    /// expected_branch_oid is not a full lowercase hexadecimal object id.
+    EXPECTED_BRANCH_OID_INVALID => Invalid, None;
+    /// target_branch is not of the form agent/<name>.
+    TARGET_BRANCH_INVALID => Invalid, None;
+    /// target_branch names a protected ref (main, master, release/, tags, refs/, …).
+    PROTECTED_REF_DENY => Denied, None;
+    /// branch_mode is missing.
+    BRANCH_MODE_MISSING => Invalid, None;
+    /// branch_mode is neither CREATE_NEW nor CONTINUE_EXISTING.
+    BRANCH_MODE_INVALID => Invalid, None;
+    /// generation is not a positive integer.
+    GENERATION_INVALID => Invalid, None;
+    /// CREATE_NEW requires expected_branch_oid to equal base_oid.
+    EXPECTED_BASE_CONFLICT => Invalid, None;
+    /// An idempotency key is missing or not of the form [A-Za-z0-9][A-Za-z0-9._:-]{7,159}.
+    IDEMPOTENCY_KEY_INVALID => Invalid, None;
+
+    // ---- envelope against binding: one code per coordinate ---------------
+    /// The envelope names another task than its binding.
+    TASK_BINDING_CONFLICT => Conflict, None;
+    /// The envelope names another job than its binding.
+    JOB_BINDING_CONFLICT => Conflict, None;
+    /// The envelope names another repository than its binding.
+    WRONG_REPOSITORY_ENVELOPE_DENY => Conflict, None;
+    /// The envelope names another base_oid than its binding.
+    WRONG_BASE_ENVELOPE_DENY => Conflict, None;
+    /// The envelope names another expected_branch_oid than its binding.
+    WRONG_EXPECTED_HEAD_ENVELOPE_DENY => Conflict, None;
+    /// The envelope names another target_branch than its binding.
+    WRONG_BRANCH_ENVELOPE_DENY => Conflict, None;
+    /// The envelope names another generation than its binding.
+    WRONG_GENERATION_ENVELOPE_DENY => Conflict, None;
+    /// The envelope names another branch_mode than its binding.
+    BRANCH_MODE_BINDING_CONFLICT => Conflict, None;
+    /// The envelope names another idempotency key than its binding.
+    IDEMPOTENCY_BINDING_CONFLICT => Conflict, None;
+
+    // ---- execution envelope ----------------------------------------------
+    /// The envelope has no action.
+    EXECUTION_ACTION_MISSING => Invalid, None;
+    /// The action is neither deterministic nor source_capture.
+    EXECUTION_ACTION_UNSUPPORTED => Invalid, None;
+    /// capability_scope is not a bounded list of short non-empty strings.
+    CAPABILITY_SCOPE_INVALID => Invalid, None;
+    /// The envelope asks for a capability the executing side does not have.
+    CAPABILITY_MISMATCH_DENY => Denied, None;
+    /// The governance object is missing or malformed.
+    GOVERNANCE_POLICY_REQUIRED => Invalid, None;
+    /// The commit idempotency key is malformed.
+    COMMIT_IDEMPOTENCY_KEY_INVALID => Invalid, None;
+    /// writer_lease does not match the action (true exactly for deterministic).
+    WRITER_LEASE_POLICY_DENY => Denied, None;
+    /// A governance flag (main, production, tag, baseline write, force push, protected-ref bypass) is not false.
+    POLICY_DENY => Denied, None;
+    /// change_set or verification is not a list.
+    EXECUTION_OPERATIONS_INVALID => Invalid, None;
+    /// A source_capture envelope carries changes or verification commands.
+    SOURCE_CAPTURE_MUTATION_DENY => Denied, None;
+    /// source_signals are not the bounded, normalised list the projection produces.
+    SOURCE_CAPTURE_SIGNALS_INVALID => Invalid, None;
+    /// A deterministic envelope has an empty or malformed change set.
+    CHANGE_SET_INVALID => Invalid, None;
+    /// The declared execution_digest is not the digest of the envelope.
+    EXECUTION_DIGEST_INVALID => Conflict, None;
+    /// The stored envelope differs from the one the binding projects.
+    EXECUTION_PROJECTION_CONFLICT => Conflict, None;
+
+    // ---- change operations and paths ---------------------------------------
+    /// A path is empty, absolute, or has '.', '..', '.git' or empty components.
+    PATH_INVALID => Invalid, None;
+    /// A path resolves outside the root it must stay under.
+    PATH_ESCAPE => Denied, None;
+    /// A change operation is not write_file, replace_text or delete_file.
+    CHANGE_OPERATION_INVALID => Invalid, None;
+    /// write_file content is missing or not text.
+    WRITE_CONTENT_INVALID => Invalid, None;
+    /// replace_text found a different number of occurrences than declared.
+    REPLACE_COUNT_INVALID => Conflict, None;
+    /// replace_text names a file that does not exist.
+    REPLACE_SOURCE_MISSING => Conflict, None;
+    /// A file's SHA-256 differs from the change's expected_sha256 guard.
+    SOURCE_DRIFT => Conflict, None;
+    /// A change or capture touches a credential path the policy does not allow.
+    CREDENTIAL_PATH_DENIED => Denied, None;
+    /// A verification command is malformed (empty argv, bad label or cwd).
+    COMMAND_INVALID => Invalid, None;
+    /// A verification command's program is not allowlisted.
+    COMMAND_PROGRAM_DENY => Denied, None;
+    /// python3 -m names a module that is not allowlisted.
+    PYTHON_MODULE_DENY => Denied, None;
+    /// A git verification command is not a read-only subcommand.
+    GIT_MUTATION_DENY => Denied, None;
+    /// A verification timeout is outside 1..=1800 seconds.
+    COMMAND_TIMEOUT_INVALID => Invalid, None;
+
+    // ---- plan store ----------------------------------------------------------
+    /// The plan's schema is not airlock.plan.v1.
+    EXECUTION_PLAN_SCHEMA_INVALID => Invalid, None;
+    /// The plan names another task or job than the binding.
+    EXECUTION_PLAN_BINDING_CONFLICT => Conflict, None;
+    /// The plan names another generation than the binding.
+    EXECUTION_PLAN_GENERATION_CONFLICT => Conflict, None;
+    /// The plan's source_head_oid is not the binding's source head.
+    EXECUTION_PLAN_SOURCE_HEAD_CONFLICT => Conflict, None;
+    /// The plan's idempotency key is malformed.
+    EXECUTION_PLAN_IDEMPOTENCY_INVALID => Invalid, None;
+    /// A registered plan must have the deterministic action.
+    EXECUTION_PLAN_DETERMINISTIC_REQUIRED => Invalid, None;
+    /// The same plan idempotency key was used with other content.
+    EXECUTION_PLAN_IDEMPOTENCY_CONFLICT => Conflict, None;
+    /// A replacement did not name the digest of the plan it replaces.
+    EXECUTION_PLAN_REPLACEMENT_CAS_MISMATCH => Conflict, None;
+    /// A replacement was made against another source head than the stored plan.
+    EXECUTION_PLAN_STALE_REPLACEMENT_DENY => Conflict, None;
+    /// The stored plan's source head no longer matches the binding.
+    EXECUTION_PLAN_SOURCE_HEAD_DRIFT => Conflict, None;
+    /// A stored plan record is malformed.
+    EXECUTION_PLAN_RECORD_INVALID => Internal, None;
+
+    // ---- task store ------------------------------------------------------------
+    /// No task has this id.
+    TASK_NOT_FOUND => NotFound, None;
+    /// The operation is not allowed in the task's current state.
+    TASK_STATE_INVALID => Conflict, None;
+    /// A task with this idempotency key exists with different content.
+    TASK_IDEMPOTENCY_CONFLICT => Conflict, None;
+    /// max_attempts is outside 1..=50.
+    MAX_ATTEMPTS_INVALID => Invalid, None;
+    /// The lease token does not match the task's current lease.
+    LEASE_INVALID => Denied, None;
+    /// The lease has expired.
+    LEASE_EXPIRED => Conflict, None;
+    /// The lease epoch is older than the task's current epoch (a fenced stale holder).
+    LEASE_EPOCH_STALE => Conflict, None;
+    /// The same result idempotency key was used with a different result.
+    RESULT_IDEMPOTENCY_CONFLICT => Conflict, None;
+    /// A verification decision is not accept, rework or reject, or has no reason.
+    VERIFICATION_DECISION_INVALID => Invalid, None;
+    /// The stored verification record is not valid JSON.
+    TASK_VERIFICATION_INVALID => Conflict, None;
+
+    // ---- retry extension (owner-controlled) -------------------------------------
+    /// The request does not have exactly the retry-extension field set.
+    RETRY_EXTENSION_FIELDS_INVALID => Invalid, None;
+    /// expected_status is not FAILED.
+    EXPECTED_STATUS_INVALID => Invalid, None;
+    /// An integer field is not a non-negative integer.
+    RETRY_EXTENSION_INTEGER_INVALID => Invalid, None;
+    /// The task has attempts left; only an exhausted task may be extended.
+    RETRY_EXTENSION_NOT_EXHAUSTED => Conflict, None;
+    /// next_max_attempts must be exactly expected_max_attempts + 1.
+    RETRY_EXTENSION_MUST_BE_BOUNDED_ONE_STEP => Invalid, None;
+    /// next_max_attempts would exceed the cap of 50.
+    RETRY_EXTENSION_LIMIT_EXCEEDED => Invalid, None;
+    /// previous_verification_sha256 is not 64 lowercase hex digits.
+    VERIFICATION_SHA256_INVALID => Invalid, None;
+    /// authorization_id is malformed.
+    AUTHORIZATION_ID_INVALID => Invalid, None;
+    /// The service has no configured owner authorization id.
+    TASK_RETRY_AUTHORIZATION_ID_MISSING => Unavailable, None;
+    /// The configured owner authorization id is malformed.
+    TASK_RETRY_AUTHORIZATION_ID_INVALID => Unavailable, None;
+    /// The request's authorization_id is not the configured one.
+    RETRY_EXTENSION_AUTHORIZATION_ID_MISMATCH => Denied, None;
+    /// The idempotency key was used before with another request.
+    RETRY_EXTENSION_IDEMPOTENCY_CONFLICT => Conflict, None;
+    /// The task's verification record changed since the owner looked at it.
+    RETRY_EXTENSION_VERIFICATION_DRIFT => Conflict, None;
+    /// status, revision, attempt or max_attempts differ from the expected values.
+    RETRY_EXTENSION_CAS_MISMATCH => Conflict, None;
+    /// The task still holds a lease.
+    RETRY_EXTENSION_ACTIVE_LEASE_DENY => Conflict, None;
+    /// The control token file is missing, not a regular file, or a symlink.
+    TASK_RETRY_CONTROL_CREDENTIAL_UNAVAILABLE => Unavailable, None;
+    /// The control token is shorter than 32 characters.
+    TASK_RETRY_CONTROL_CREDENTIAL_INVALID => Unavailable, None;
+
+    // ---- HTTP front door ----------------------------------------------------------
+    /// No bearer token, a wrong scheme, or a wrong token.
+    UNAUTHORIZED => Unauthenticated, None;
+    /// No such route.
+    NOT_FOUND => NotFound, None;
+    /// The Content-Length header is missing or malformed.
+    CONTENT_LENGTH_INVALID => Invalid, None;
+    /// The request body is empty or larger than allowed.
+    REQUEST_SIZE_INVALID => TooLarge, None;
+    /// The request body is not a JSON object in UTF-8.
+    REQUEST_INVALID => Invalid, None;
+    /// The service's runtime (its store) is not available.
+    RUNTIME_UNAVAILABLE => Unavailable, None;
+
+    // ---- checkpoint journal ----------------------------------------------------------
+    /// The phase name is unknown.
+    CHECKPOINT_PHASE_INVALID => Invalid, None;
+    /// A checkpoint names an older attempt than the journal's head.
+    CHECKPOINT_ATTEMPT_REGRESSION => Conflict, None;
+    /// A checkpoint for the head attempt carries another execution digest.
+    CHECKPOINT_EXECUTION_DIGEST_CONFLICT => Conflict, None;
+    /// A checkpoint's binding (repository, branch, generation, …) differs from the journal's.
+    CHECKPOINT_SCOPE_MISMATCH_DENY => Denied, None;
+    /// A checkpoint goes back to an earlier phase of the same attempt.
+    CHECKPOINT_PHASE_REGRESSION => Conflict, None;
+    /// The journal holds a later attempt than the caller's.
+    CHECKPOINT_FUTURE_ATTEMPT => Conflict, None;
+
+    // ---- authorisation ---------------------------------------------------------------
+    /// The authority (polkit) denied the action.
+    AUTHORIZATION_DENIED => Denied, Some("org.freedesktop.DBus.Error.AccessDenied");
+    /// The action needs interactive authentication and the caller did not allow it.
+    INTERACTIVE_AUTHORIZATION_REQUIRED => InteractiveRequired, Some("org.freedesktop.DBus.Error.InteractiveAuthorizationRequired");
+    /// The authority (polkit) could not be reached; airlock denies.
+    AUTHORITY_UNAVAILABLE => Denied, None;
+    /// The caller's unix uid is not the one this method is reserved for.
+    PEER_UID_DENIED => Denied, None;
+
+    // ---- executor ------------------------------------------------------------------
+    /// The executor found a credential, a secret or a network it must not have.
+    EXECUTOR_NOT_ISOLATED => Unavailable, None;
+    /// The sandbox could not be fully applied and degraded mode is not allowed.
+    SANDBOX_UNAVAILABLE => Unavailable, None;
+    /// The source archive is missing, not regular, or too large.
+    SOURCE_ARCHIVE_INVALID => Invalid, None;
+    /// The source archive's SHA-256 differs from the request's.
+    SOURCE_ARCHIVE_SHA_MISMATCH => Conflict, None;
+    /// An archive member has an absolute, '..' or '.git' path.
+    SOURCE_ARCHIVE_PATH_INVALID => Denied, None;
+    /// An archive member is a symlink or a hard link.
+    SOURCE_ARCHIVE_LINK_DENY => Denied, None;
+    /// An archive member is a device, FIFO or other special file, or has setuid/setgid bits.
+    SOURCE_ARCHIVE_MEMBER_DENY => Denied, None;
+    /// The archive has too many entries, too many bytes, or expands like a bomb.
+    SOURCE_ARCHIVE_LIMIT_EXCEEDED => TooLarge, None;
+    /// A verification command exited non-zero, was killed, or timed out.
+    VERIFICATION_FAILED => Conflict, None;
+    /// A changed or captured file is larger than allowed.
+    FILE_TOO_LARGE => TooLarge, None;
+    /// A spool file is not a regular file owned by its expected producer, or is too large.
+    SPOOL_FILE_REJECTED => Denied, None;
+    /// A spool file's digest does not match the request that caused it.
+    SPOOL_DIGEST_MISMATCH => Conflict, None;
+
+    // ---- git ----------------------------------------------------------------------
+    /// The ref's current value is not the expected one (compare-and-swap lost).
+    REF_CAS_MISMATCH => Conflict, None;
+    /// A git object named by the binding is missing from the authority repository.
+    GIT_OBJECT_MISSING => Conflict, None;
+    /// A git operation failed.
+    GIT_FAILED => Internal, None;
+
+    // ---- configuration, storage, internals -----------------------------------------
+    /// The configuration file is missing or invalid.
+    CONFIG_INVALID => Invalid, None;
+    /// The database could not be opened or written.
+    STORE_UNAVAILABLE => Unavailable, None;
+    /// The database failed its integrity check.
+    STORE_CORRUPT => Internal, None;
+    /// The database was written by a newer airlock than this one.
+    SCHEMA_VERSION_UNSUPPORTED => Unavailable, None;
+    /// An internal invariant failed; this is a bug.
+    INTERNAL => Internal, None;
+}
+
+impl Code {
+    /// The D-Bus error name: `org.airlock.Error.<CODE>` unless the code maps
+    /// to one of the standard freedesktop names clients already understand.
+    pub fn dbus_error_name(self) -> String {
+        match self.dbus_override() {
+            Some(name) => name.to_owned(),
+            None => format!("{DBUS_ERROR_PREFIX}{}", self.as_str()),
+        }
+    }
+
+    /// HTTP status for this code.
+    pub const fn http_status(self) -> u16 {
+        self.class().http_status()
+    }
+
+    /// CLI exit code for this code.
+    pub const fn exit_code(self) -> u8 {
+        self.class().exit_code()
+    }
+
+    /// Looks a code up by its SCREAMING_SNAKE name.
+    pub fn from_name(name: &str) -> Option<Code> {
+        Code::ALL.iter().copied().find(|c| c.as_str() == name)
+    }
+
+    /// Looks a code up by its D-Bus error name.
+    pub fn from_dbus_error_name(name: &str) -> Option<Code> {
+        Code::ALL
+            .iter()
+            .copied()
+            .find(|c| c.dbus_error_name() == name)
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: a catalogue code plus a human detail (never a secret).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+pub struct Error {
+    /// The stable code.
+    pub code: Code,
+    /// What exactly was wrong, for a human. Never part of the contract.
+    pub detail: Option<String>,
+}
+
+impl Error {
+    /// A refusal with no further detail.
+    pub fn new(code: Code) -> Self {
+        Error { code, detail: None }
+    }
+
+    /// A refusal with a detail for the human reading it.
+    pub fn with(code: Code, detail: impl Into<String>) -> Self {
+        Error {
+            code,
+            detail: Some(detail.into()),
+        }
+    }
+}
+
+impl From<Code> for Error {
+    fn from(code: Code) -> Self {
+        Error::new(code)
+    }
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn every_code_has_one_name_and_round_trips() {
+        let mut names = HashSet::new();
+        for code in Code::ALL {
+            assert!(names.insert(code.as_str()), "duplicate {code}");
+            assert_eq!(Code::from_name(code.as_str()), Some(*code));
+            assert_eq!(
+                Code::from_dbus_error_name(&code.dbus_error_name()),
+                Some(*code)
+            );
+            assert!(
+                code.as_str()
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
+                "{code} is not SCREAMING_SNAKE"
+            );
+            assert!(!code.meaning().is_empty());
+        }
+    }
+
+    #[test]
+    fn dbus_names_are_valid_error_names() {
+        for code in Code::ALL {
+            let name = code.dbus_error_name();
+            assert!(name.len() <= 255);
+            for element in name.split('.') {
+                assert!(!element.is_empty());
+                assert!(!element.as_bytes()[0].is_ascii_digit());
+                assert!(
+                    element
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn classes_map_to_distinct_exit_codes_and_expected_statuses() {
+        assert_eq!(Code::TASK_NOT_FOUND.http_status(), 404);
+        assert_eq!(Code::RETRY_EXTENSION_CAS_MISMATCH.http_status(), 409);
+        assert_eq!(
+            Code::RETRY_EXTENSION_AUTHORIZATION_ID_MISMATCH.http_status(),
+            403
+        );
+        assert_eq!(Code::REQUEST_SIZE_INVALID.http_status(), 413);
+        assert_eq!(Code::UNAUTHORIZED.http_status(), 401);
+        assert_eq!(Code::RUNTIME_UNAVAILABLE.http_status(), 503);
+        assert_eq!(
+            Code::INTERACTIVE_AUTHORIZATION_REQUIRED.dbus_error_name(),
+            "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"
+        );
+        let exits: HashSet<u8> = Code::ALL.iter().map(|c| c.class().exit_code()).collect();
+        let classes: HashSet<Class> = Code::ALL.iter().map(|c| c.class()).collect();
+        assert_eq!(exits.len(), classes.len());
+        assert!(exits.iter().all(|e| *e >= 3));
+    }
+
+    #[test]
+    fn display_carries_code_and_detail() {
+        assert_eq!(Error::new(Code::PATH_ESCAPE).to_string(), "PATH_ESCAPE");
+        assert_eq!(
+            Error::with(Code::SOURCE_DRIFT, "a.txt").to_string(),
+            "SOURCE_DRIFT: a.txt"
+        );
+    }
+}

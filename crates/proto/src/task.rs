@@ -1,0 +1,404 @@
+//! Tasks as the supervisor keeps them, and the messages about them.
+
+use crate::binding::Binding;
+use crate::canonical::is_sha256_hex;
+use crate::error::{Code, Error, Result};
+use crate::fields::Obj;
+use crate::limits::{DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_CAP, MAX_REASON_LEN};
+use crate::plan::PlanRequest;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Schema tag of a task submission.
+pub const TASK_SCHEMA: &str = "airlock.task.v1";
+
+/// The state of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TaskState {
+    /// Waiting to be claimed.
+    Queued,
+    /// Claimed under a lease.
+    Running,
+    /// A result was submitted and awaits a verification decision.
+    Verifying,
+    /// Accepted. Terminal.
+    Succeeded,
+    /// Rejected, or out of attempts. Terminal unless the owner extends it.
+    Failed,
+    /// Cancelled by an admin. Terminal.
+    Cancelled,
+}
+
+impl TaskState {
+    /// Every state.
+    pub const ALL: &'static [TaskState] = &[
+        TaskState::Queued,
+        TaskState::Running,
+        TaskState::Verifying,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Cancelled,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Queued => "QUEUED",
+            TaskState::Running => "RUNNING",
+            TaskState::Verifying => "VERIFYING",
+            TaskState::Succeeded => "SUCCEEDED",
+            TaskState::Failed => "FAILED",
+            TaskState::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Result<Self> {
+        TaskState::ALL
+            .iter()
+            .copied()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| Error::with(Code::MESSAGE_INVALID, format!("unknown task state {s:?}")))
+    }
+
+    /// No further transition happens on its own.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+/// A verification decision on a submitted result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// The result is good: SUCCEEDED.
+    Accept,
+    /// NEEDS_REWORK: back to QUEUED while attempts remain, else FAILED.
+    Rework,
+    /// FAILED.
+    Reject,
+}
+
+impl Decision {
+    /// Parses `accept`, `rework` or `reject`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "accept" => Ok(Decision::Accept),
+            "rework" => Ok(Decision::Rework),
+            "reject" => Ok(Decision::Reject),
+            _ => Err(Error::with(Code::VERIFICATION_DECISION_INVALID, s)),
+        }
+    }
+
+    /// The name recorded in the task's verification record.
+    pub fn record_name(self) -> &'static str {
+        match self {
+            Decision::Accept => "ACCEPTED",
+            Decision::Rework => "NEEDS_REWORK",
+            Decision::Reject => "REJECTED",
+        }
+    }
+}
+
+/// Checks a human reason: non-blank, bounded, no control characters but newlines.
+pub fn check_reason(reason: &str) -> Result<&str> {
+    let r = reason.trim();
+    if r.is_empty() || r.len() > MAX_REASON_LEN || r.chars().any(|c| c.is_control() && c != '\n') {
+        return Err(Error::with(
+            Code::VERIFICATION_DECISION_INVALID,
+            format!("a reason is 1..={MAX_REASON_LEN} bytes of text"),
+        ));
+    }
+    Ok(r)
+}
+
+/// A planner's task submission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSubmission {
+    /// The coordinates.
+    pub binding: Binding,
+    /// The plan.
+    pub plan: PlanRequest,
+    /// Attempt budget, 1..=50.
+    pub max_attempts: u32,
+}
+
+impl TaskSubmission {
+    /// Parses `{"schema": "airlock.task.v1", "binding": {…}, "plan": {…}, "max_attempts": n}`.
+    pub fn from_value(value: &Value) -> Result<Self> {
+        let o = Obj::new(value, "task", Code::MESSAGE_INVALID)?;
+        if o.get("schema").and_then(Value::as_str) != Some(TASK_SCHEMA) {
+            return Err(Error::with(
+                Code::SCHEMA_INVALID,
+                "task schema is not airlock.task.v1",
+            ));
+        }
+        o.only(&["schema", "binding", "plan", "max_attempts"])?;
+        let binding = Binding::from_value(
+            o.get("binding")
+                .ok_or(Error::with(Code::MESSAGE_INVALID, "binding is missing"))?,
+        )?;
+        let plan = PlanRequest::from_value(
+            o.get("plan")
+                .ok_or(Error::with(Code::MESSAGE_INVALID, "plan is missing"))?,
+        )?;
+        let max_attempts = if o.has("max_attempts") {
+            o.int(
+                "max_attempts",
+                Code::MAX_ATTEMPTS_INVALID,
+                1..=i64::from(MAX_ATTEMPTS_CAP),
+            )? as u32
+        } else {
+            DEFAULT_MAX_ATTEMPTS
+        };
+        Ok(TaskSubmission {
+            binding,
+            plan,
+            max_attempts,
+        })
+    }
+}
+
+/// What a worker receives from a successful claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimGrant {
+    /// The task.
+    pub task_id: String,
+    /// The attempt this claim starts (1-based).
+    pub attempt: u32,
+    /// Fencing epoch; every later call of this holder names it.
+    pub lease_epoch: u64,
+    /// The bearer secret of the lease, returned once; only its SHA-256 is stored.
+    pub lease_token: String,
+    /// When the lease expires (unix ms) unless renewed.
+    pub lease_expires_at_ms: i64,
+    /// The execution envelope, already validated by the supervisor.
+    pub envelope: Value,
+}
+
+/// The outcome a worker reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every verification command passed and the commit is on the branch.
+    Passed,
+    /// A verification command failed, or the executor refused the request.
+    Failed,
+    /// A source capture finished.
+    Captured,
+}
+
+/// Evidence summary of one verification command, as the supervisor keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandSummary {
+    /// The command's label.
+    pub label: String,
+    /// Exit status, if it exited.
+    pub exit_code: Option<i32>,
+    /// True when it was killed at its timeout.
+    pub timed_out: bool,
+    /// Wall-clock duration.
+    pub duration_ms: u64,
+}
+
+/// Schema tag of a task result.
+pub const RESULT_SCHEMA: &str = "airlock.task-result.v1";
+
+/// The result a worker submits for one attempt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskResult {
+    /// Always [`RESULT_SCHEMA`].
+    pub schema: String,
+    /// The task.
+    pub task_id: String,
+    /// The attempt.
+    pub attempt: u32,
+    /// The envelope's digest.
+    pub execution_digest: String,
+    /// What happened.
+    pub outcome: Outcome,
+    /// The governed commit (passed only).
+    pub commit_oid: Option<String>,
+    /// The branch it was committed to.
+    pub target_branch: String,
+    /// SHA-256 of the executor's result bundle, when there was one.
+    pub exec_result_sha256: Option<String>,
+    /// The refusal code when the outcome is failed.
+    pub failure_code: Option<String>,
+    /// One entry per verification command.
+    pub verification: Vec<CommandSummary>,
+}
+
+impl TaskResult {
+    /// Structural checks the supervisor applies before storing a result.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: &str| Err(Error::with(Code::MESSAGE_INVALID, why.to_owned()));
+        if self.schema != RESULT_SCHEMA {
+            return Err(Error::new(Code::SCHEMA_INVALID));
+        }
+        if !is_sha256_hex(&self.execution_digest) {
+            return bad("execution_digest");
+        }
+        if let Some(oid) = &self.commit_oid {
+            if !crate::binding::is_oid(oid) {
+                return bad("commit_oid");
+            }
+        }
+        if (self.outcome == Outcome::Passed) != self.commit_oid.is_some() {
+            return bad("a passed result carries a commit, and only it");
+        }
+        if (self.outcome == Outcome::Failed) != self.failure_code.is_some() {
+            return bad("a failed result carries a failure code, and only it");
+        }
+        if let Some(code) = &self.failure_code {
+            if Code::from_name(code).is_none() {
+                return bad("failure_code is not a catalogue code");
+            }
+        }
+        if self
+            .exec_result_sha256
+            .as_deref()
+            .is_some_and(|s| !is_sha256_hex(s))
+        {
+            return bad("exec_result_sha256");
+        }
+        if self.verification.len() > crate::limits::MAX_COMMANDS {
+            return Err(Error::new(Code::FIELD_BOUNDS_EXCEEDED));
+        }
+        Ok(())
+    }
+}
+
+/// A task as shown to admins and planners.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskView {
+    /// The task.
+    pub task_id: String,
+    /// Its state.
+    pub state: TaskState,
+    /// Attempts started so far.
+    pub attempt: u32,
+    /// Attempt budget.
+    pub max_attempts: u32,
+    /// Bumped by every change; the retry CAS names it.
+    pub revision: i64,
+    /// Current lease epoch.
+    pub lease_epoch: u64,
+    /// When the current lease expires (unix ms), if leased.
+    pub lease_expires_at_ms: Option<i64>,
+    /// The coordinates.
+    pub binding: Binding,
+    /// Digest of the current plan.
+    pub plan_digest: String,
+    /// Digest of the current envelope.
+    pub execution_digest: String,
+    /// The accepted or latest submitted result.
+    pub result: Option<Value>,
+    /// The latest verification record.
+    pub verification: Option<Value>,
+    /// Creation time (unix ms).
+    pub created_at_ms: i64,
+    /// Last change (unix ms).
+    pub updated_at_ms: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binding::tests::binding_json;
+    use crate::plan::tests::plan_json;
+    use serde_json::json;
+
+    fn submission() -> Value {
+        json!({"schema": TASK_SCHEMA, "binding": binding_json(), "plan": plan_json(), "max_attempts": 2})
+    }
+
+    #[test]
+    fn submission_parses_with_default_attempts() {
+        let s = TaskSubmission::from_value(&submission()).unwrap();
+        assert_eq!(s.max_attempts, 2);
+        let mut v = submission();
+        v.as_object_mut().unwrap().remove("max_attempts");
+        assert_eq!(
+            TaskSubmission::from_value(&v).unwrap().max_attempts,
+            DEFAULT_MAX_ATTEMPTS
+        );
+    }
+
+    #[test]
+    fn submission_refusals() {
+        let code = |edit: fn(&mut Value)| {
+            let mut v = submission();
+            edit(&mut v);
+            TaskSubmission::from_value(&v).unwrap_err().code
+        };
+        assert_eq!(
+            code(|v| v["max_attempts"] = json!(51)),
+            Code::MAX_ATTEMPTS_INVALID
+        );
+        assert_eq!(
+            code(|v| v["max_attempts"] = json!(0)),
+            Code::MAX_ATTEMPTS_INVALID
+        );
+        assert_eq!(code(|v| v["schema"] = json!("x")), Code::SCHEMA_INVALID);
+        assert_eq!(code(|v| v["note"] = json!("hi")), Code::MESSAGE_INVALID);
+        assert_eq!(
+            code(|v| v["binding"]["target_branch"] = json!("main")),
+            Code::PROTECTED_REF_DENY
+        );
+    }
+
+    #[test]
+    fn result_validation() {
+        let mut r = TaskResult {
+            schema: RESULT_SCHEMA.into(),
+            task_id: "task-a".into(),
+            attempt: 1,
+            execution_digest: "d".repeat(64),
+            outcome: Outcome::Passed,
+            commit_oid: Some("c".repeat(40)),
+            target_branch: "agent/x".into(),
+            exec_result_sha256: Some("e".repeat(64)),
+            failure_code: None,
+            verification: vec![],
+        };
+        assert!(r.validate().is_ok());
+        r.commit_oid = None;
+        assert!(r.validate().is_err());
+        r.outcome = Outcome::Failed;
+        r.failure_code = Some("NOT_A_CODE".into());
+        assert!(r.validate().is_err());
+        r.failure_code = Some("VERIFICATION_FAILED".into());
+        assert!(r.validate().is_ok());
+        let v = serde_json::to_value(&r).unwrap();
+        let mut extra = v.clone();
+        extra["x"] = json!(1);
+        assert!(serde_json::from_value::<TaskResult>(extra).is_err());
+    }
+
+    #[test]
+    fn decisions_and_reasons() {
+        assert_eq!(
+            Decision::parse("rework").unwrap().record_name(),
+            "NEEDS_REWORK"
+        );
+        assert_eq!(
+            Decision::parse("maybe").unwrap_err().code,
+            Code::VERIFICATION_DECISION_INVALID
+        );
+        assert!(check_reason("  ").is_err());
+        assert!(check_reason("bad\u{1b}[31m").is_err());
+        assert_eq!(check_reason(" ok \n").unwrap(), "ok");
+        for s in TaskState::ALL {
+            assert_eq!(TaskState::parse(s.as_str()).unwrap(), *s);
+        }
+    }
+}
