@@ -1,0 +1,1 @@
+//! Confinement (being written).

@@ -1,0 +1,1 @@
+//! Checkpoint journal (being written).

@@ -1,0 +1,65 @@
+//! The store's one error type.
+
+use airlock_proto::{Code, Error};
+
+/// Why a store operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A rule refused the operation; nothing was changed.
+    #[error("{0}")]
+    Refused(Error),
+    /// SQLite failed while doing `context`.
+    #[error("database error while {context}: {source}")]
+    Sqlite {
+        /// What the store was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+impl StoreError {
+    /// Wraps a SQLite error with what the store was doing.
+    pub fn sqlite(context: impl Into<String>, source: rusqlite::Error) -> Self {
+        StoreError::Sqlite {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The catalogue code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            StoreError::Refused(e) => e.code,
+            StoreError::Sqlite { source, .. } => match source.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::DatabaseCorrupt)
+                | Some(rusqlite::ErrorCode::NotADatabase) => Code::STORE_CORRUPT,
+                _ => Code::STORE_UNAVAILABLE,
+            },
+        }
+    }
+
+    /// The refusal, if this is one.
+    pub fn refusal(&self) -> Option<&Error> {
+        match self {
+            StoreError::Refused(e) => Some(e),
+            StoreError::Sqlite { .. } => None,
+        }
+    }
+}
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> Self {
+        StoreError::Refused(e)
+    }
+}
+
+impl From<Code> for StoreError {
+    fn from(c: Code) -> Self {
+        StoreError::Refused(Error::new(c))
+    }
+}
+
+/// Result alias for the store.
+pub type StoreResult<T> = Result<T, StoreError>;
