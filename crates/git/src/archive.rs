@@ -1,0 +1,197 @@
+//! Deterministic source archives built from objects, never from a checkout.
+
+use crate::AuthorityRepo;
+use crate::error::{GitError, GitResult};
+use airlock_proto::path::check_relative_path;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::Stdio;
+
+/// Bounds on what an archive may contain.
+#[derive(Debug, Clone, Copy)]
+pub struct ArchiveLimits {
+    /// Most files.
+    pub max_entries: usize,
+    /// Largest single file.
+    pub max_file_bytes: u64,
+    /// Largest sum of file sizes.
+    pub max_total_bytes: u64,
+}
+
+impl Default for ArchiveLimits {
+    fn default() -> Self {
+        ArchiveLimits {
+            max_entries: 100_000,
+            max_file_bytes: 64 << 20,
+            max_total_bytes: 1 << 30,
+        }
+    }
+}
+
+/// What went into an archive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ArchiveStats {
+    /// Regular files written.
+    pub files: usize,
+    /// Sum of their sizes.
+    pub bytes: u64,
+    /// Entries left out because they are not regular files (symlinks,
+    /// submodules); the commit keeps them, the executor never sees them.
+    pub skipped: Vec<String>,
+}
+
+struct Entry {
+    mode: u32,
+    oid: String,
+    size: u64,
+    path: String,
+}
+
+impl AuthorityRepo {
+    /// Lists the blobs of `commit`'s tree, refusing unsafe paths and
+    /// enforcing `limits`, in git's (byte-sorted) order.
+    fn tree_entries(
+        &self,
+        commit: &str,
+        limits: &ArchiveLimits,
+        stats: &mut ArchiveStats,
+    ) -> GitResult<Vec<Entry>> {
+        if self.resolve_commit(commit)?.as_deref() != Some(commit) {
+            return Err(GitError::ObjectMissing(commit.to_owned()));
+        }
+        let listing = self
+            .git
+            .output(&["ls-tree", "-r", "-l", "-z", "--full-tree", commit])?;
+        let mut entries = Vec::new();
+        for record in listing.split('\0').filter(|r| !r.is_empty()) {
+            let (meta, path) = record
+                .split_once('\t')
+                .ok_or_else(|| std::io::Error::other("malformed ls-tree output"))?;
+            let mut fields = meta.split_whitespace();
+            let (mode, _kind, oid, size) =
+                (fields.next(), fields.next(), fields.next(), fields.next());
+            let (Some(mode), Some(oid), Some(size)) = (mode, oid, size) else {
+                return Err(std::io::Error::other("malformed ls-tree output").into());
+            };
+            let mode =
+                u32::from_str_radix(mode, 8).map_err(|e| std::io::Error::other(e.to_string()))?;
+            if mode != 0o100644 && mode != 0o100755 {
+                stats.skipped.push(path.to_owned());
+                continue;
+            }
+            check_relative_path(path).map_err(GitError::Refused)?;
+            let size: u64 = size
+                .parse()
+                .map_err(|_| std::io::Error::other("malformed blob size"))?;
+            if size > limits.max_file_bytes {
+                return Err(GitError::Limit(format!(
+                    "{path} has {size} bytes, at most {}",
+                    limits.max_file_bytes
+                )));
+            }
+            stats.bytes += size;
+            if stats.bytes > limits.max_total_bytes {
+                return Err(GitError::Limit(format!(
+                    "more than {} bytes in all",
+                    limits.max_total_bytes
+                )));
+            }
+            entries.push(Entry {
+                mode,
+                oid: oid.to_owned(),
+                size,
+                path: path.to_owned(),
+            });
+            if entries.len() > limits.max_entries {
+                return Err(GitError::Limit(format!(
+                    "more than {} files",
+                    limits.max_entries
+                )));
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Writes a tar of `commit`'s tree to `out`: regular files only, in
+    /// path order, owner 0:0, mtime 0, mode 0644 or 0755, so the same commit
+    /// always gives the same bytes. Content comes from `git cat-file
+    /// --batch`: no filter, no textconv and no attribute is applied.
+    pub fn source_archive(
+        &self,
+        commit: &str,
+        limits: &ArchiveLimits,
+        out: impl Write,
+    ) -> GitResult<ArchiveStats> {
+        let mut stats = ArchiveStats::default();
+        let entries = self.tree_entries(commit, limits, &mut stats)?;
+        let mut child = self
+            .git
+            .command(&["cat-file", "--batch"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| GitError::Spawn {
+                program: "git".into(),
+                source,
+            })?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin"))?;
+        let oids: Vec<String> = entries.iter().map(|e| e.oid.clone()).collect();
+        let feeder = std::thread::spawn(move || -> std::io::Result<()> {
+            for oid in oids {
+                writeln!(stdin, "{oid}")?;
+            }
+            Ok(())
+        });
+        let mut reader = BufReader::new(
+            child
+                .stdout
+                .take()
+                .ok_or_else(|| std::io::Error::other("no stdout"))?,
+        );
+        let mut builder = tar::Builder::new(out);
+        builder.mode(tar::HeaderMode::Deterministic);
+        let mut header_line = String::new();
+        for entry in &entries {
+            header_line.clear();
+            reader.read_line(&mut header_line)?;
+            let mut parts = header_line.split_whitespace();
+            let (oid, kind, size) = (parts.next(), parts.next(), parts.next());
+            if oid != Some(entry.oid.as_str())
+                || kind != Some("blob")
+                || size != Some(entry.size.to_string().as_str())
+            {
+                return Err(std::io::Error::other(format!(
+                    "unexpected cat-file header {header_line:?}"
+                ))
+                .into());
+            }
+            let mut header = tar::Header::new_gnu();
+            header.set_size(entry.size);
+            header.set_mode(if entry.mode == 0o100755 { 0o755 } else { 0o644 });
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder.append_data(&mut header, &entry.path, (&mut reader).take(entry.size))?;
+            let mut newline = [0u8; 1];
+            reader.read_exact(&mut newline)?;
+            stats.files += 1;
+        }
+        builder.into_inner()?.flush()?;
+        feeder
+            .join()
+            .map_err(|_| std::io::Error::other("cat-file feeder panicked"))??;
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(GitError::Failed {
+                args: "cat-file --batch".into(),
+                status: status.to_string(),
+                stderr: String::new(),
+            });
+        }
+        Ok(stats)
+    }
+}

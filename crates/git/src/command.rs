@@ -1,0 +1,152 @@
+//! Running git with nothing of the host's or the repository's able to run code.
+
+use crate::error::{GitError, GitResult};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Configuration forced on every invocation, after the repository's own,
+/// so it wins. Each line closes a way for a repository to run a program.
+const HARDENING: &[&str] = &[
+    "core.hooksPath=/dev/null", // no hook runs, reference-transaction included
+    "core.fsmonitor=false",     // no fsmonitor daemon or hook
+    "commit.gpgSign=false",     // no signing program
+    "tag.gpgSign=false",        // no signing program
+    "gpg.program=/bin/false",   // even if signing were asked for
+    "core.sshCommand=/bin/false", // no transport programs
+    "protocol.allow=never",     // no fetch or push of any kind
+    "core.askPass=/bin/false",  // no credential prompts
+    "credential.helper=",       // no credential helpers
+    "core.pager=cat",           // no pager
+    "safe.directory=*",         // the worker reads repos it does not own
+];
+
+/// Picks the system git: Debian's first, then a local build.
+pub fn default_program() -> PathBuf {
+    ["/usr/bin/git", "/usr/local/bin/git"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/git"))
+}
+
+/// A git program bound to one bare repository.
+#[derive(Debug, Clone)]
+pub struct Git {
+    program: PathBuf,
+    repo: PathBuf,
+}
+
+impl Git {
+    pub fn new(program: PathBuf, repo: PathBuf) -> Self {
+        Git { program, repo }
+    }
+
+    pub fn repo(&self) -> &Path {
+        &self.repo
+    }
+
+    /// A command with a clean environment and the hardening configuration.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("LC_ALL", "C")
+            .env("HOME", "/nonexistent")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_OPTIONAL_LOCKS", "0")
+            .env("GIT_DIR", &self.repo)
+            .stdin(Stdio::null());
+        for c in HARDENING {
+            cmd.args(["-c", c]);
+        }
+        cmd.args(args);
+        cmd
+    }
+
+    fn run(
+        &self,
+        args: &[&str],
+        input: Option<&[u8]>,
+        env: &[(&str, &str)],
+    ) -> GitResult<std::process::Output> {
+        let mut cmd = self.command(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if input.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
+        let mut child = cmd.spawn().map_err(|source| GitError::Spawn {
+            program: self.program.clone(),
+            source,
+        })?;
+        if let Some(data) = input {
+            let mut stdin = child
+                .stdin
+                .take()
+                .ok_or_else(|| std::io::Error::other("no stdin"))?;
+            let data = data.to_vec();
+            // Write from a thread so a large input cannot deadlock against a full stdout pipe.
+            let writer = std::thread::spawn(move || stdin.write_all(&data));
+            let out = child.wait_with_output()?;
+            writer
+                .join()
+                .map_err(|_| std::io::Error::other("stdin writer panicked"))??;
+            return Ok(out);
+        }
+        Ok(child.wait_with_output()?)
+    }
+
+    /// Runs git and returns stdout; a non-zero exit is an error.
+    pub fn output_with(
+        &self,
+        args: &[&str],
+        input: Option<&[u8]>,
+        env: &[(&str, &str)],
+    ) -> GitResult<String> {
+        let out = self.run(args, input, env)?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: String = stderr
+                .chars()
+                .rev()
+                .take(600)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            return Err(GitError::Failed {
+                args: args.join(" "),
+                status: out.status.to_string(),
+                stderr: tail.trim().to_owned(),
+            });
+        }
+        String::from_utf8(out.stdout).map_err(|e| std::io::Error::other(e.to_string()).into())
+    }
+
+    /// Runs git and returns stdout.
+    pub fn output(&self, args: &[&str]) -> GitResult<String> {
+        self.output_with(args, None, &[])
+    }
+
+    /// Runs a query whose exit status 1 (with no output) means "absent".
+    pub fn optional(&self, args: &[&str]) -> GitResult<Option<String>> {
+        let out = self.run(args, None, &[])?;
+        if out.status.success() {
+            let s = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            Ok((!s.is_empty()).then_some(s))
+        } else if out.status.code() == Some(1) || out.status.code() == Some(128) {
+            Ok(None)
+        } else {
+            Err(GitError::Failed {
+                args: args.join(" "),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            })
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! airlock-git against real bare repositories made by the real git.
+
+use airlock_git::{ArchiveLimits, AuthorityRepo, CommitSpec, FileChange, RefUpdate};
+use airlock_proto::Code;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    bare: PathBuf,
+    main: String,
+}
+
+fn git(cwd: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(cwd)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t")
+        .env("GIT_AUTHOR_DATE", "1700000000 +0000")
+        .env("GIT_COMMITTER_DATE", "1700000000 +0000")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A bare repo whose main has a few files, an executable, a symlink and a
+/// submodule entry.
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    std::fs::write(work.join("README.md"), "hello\n").unwrap();
+    std::fs::create_dir_all(work.join("src/deep")).unwrap();
+    std::fs::write(work.join("src/lib.py"), "VALUE = 1\n").unwrap();
+    std::fs::write(work.join("src/deep/x.txt"), "x\n").unwrap();
+    std::fs::write(work.join("run.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(
+        work.join("run.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", work.join("link")).unwrap();
+    git(&work, &["add", "-A"]);
+    git(
+        &work,
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{},sub", "1".repeat(40)),
+        ],
+    );
+    git(&work, &["commit", "-q", "-m", "base"]);
+    let bare = dir.path().join("repo.git");
+    git(
+        dir.path(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+    );
+    let main = git(&bare, &["rev-parse", "refs/heads/main"]);
+    Fixture { dir, bare, main }
+}
+
+fn archive(repo: &AuthorityRepo, commit: &str) -> (Vec<u8>, airlock_git::ArchiveStats) {
+    let mut out = Vec::new();
+    let stats = repo
+        .source_archive(commit, &ArchiveLimits::default(), &mut out)
+        .unwrap();
+    (out, stats)
+}
+
+#[test]
+fn archive_is_deterministic_and_holds_regular_files_only() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let (a, stats) = archive(&repo, &f.main);
+    let (b, _) = archive(&repo, &f.main);
+    assert_eq!(a, b, "same commit, same bytes");
+    assert_eq!(stats.files, 4);
+    let mut skipped = stats.skipped.clone();
+    skipped.sort();
+    assert_eq!(skipped, vec!["link", "sub"]);
+    let mut names = Vec::new();
+    let mut ar = tar::Archive::new(&a[..]);
+    for entry in ar.entries().unwrap() {
+        let entry = entry.unwrap();
+        let h = entry.header();
+        assert_eq!(h.entry_type(), tar::EntryType::Regular);
+        assert_eq!(
+            (h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap()),
+            (0, 0, 0)
+        );
+        names.push((
+            entry.path().unwrap().to_string_lossy().into_owned(),
+            h.mode().unwrap(),
+        ));
+    }
+    assert_eq!(
+        names,
+        vec![
+            ("README.md".into(), 0o644),
+            ("run.sh".into(), 0o755),
+            ("src/deep/x.txt".into(), 0o644),
+            ("src/lib.py".into(), 0o644)
+        ]
+    );
+}
+
+#[test]
+fn archive_enforces_limits_and_refuses_unknown_commits() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let tight = ArchiveLimits {
+        max_entries: 2,
+        ..ArchiveLimits::default()
+    };
+    let err = repo
+        .source_archive(&f.main, &tight, Vec::new())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::SOURCE_ARCHIVE_LIMIT_EXCEEDED);
+    let tight = ArchiveLimits {
+        max_file_bytes: 3,
+        ..ArchiveLimits::default()
+    };
+    assert_eq!(
+        repo.source_archive(&f.main, &tight, Vec::new())
+            .unwrap_err()
+            .code(),
+        Code::SOURCE_ARCHIVE_LIMIT_EXCEEDED
+    );
+    let err = repo
+        .source_archive(&"e".repeat(40), &ArchiveLimits::default(), Vec::new())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::GIT_OBJECT_MISSING);
+}
+
+fn spec(f: &Fixture, content: &str) -> CommitSpec {
+    CommitSpec {
+        parent: f.main.clone(),
+        changes: vec![
+            FileChange::write("src/lib.py", content.as_bytes().to_vec(), false),
+            FileChange::write("new/tool.sh", b"#!/bin/sh\necho hi\n".to_vec(), true),
+            FileChange::delete("src/deep/x.txt"),
+        ],
+        message: "airlock: task-a attempt 1".into(),
+    }
+}
+
+#[test]
+fn governed_commit_is_deterministic() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let one = repo.governed_commit(&spec(&f, "VALUE = 2\n")).unwrap();
+    let two = repo.governed_commit(&spec(&f, "VALUE = 2\n")).unwrap();
+    assert_eq!(one, two, "same inputs, same commit");
+    let other = repo.governed_commit(&spec(&f, "VALUE = 3\n")).unwrap();
+    assert_ne!(one, other);
+    assert_eq!(
+        git(&f.bare, &["show", &format!("{one}:src/lib.py")]),
+        "VALUE = 2"
+    );
+    assert_eq!(git(&f.bare, &["rev-parse", &format!("{one}^")]), f.main);
+    let tree = git(&f.bare, &["ls-tree", "-r", &one]);
+    assert!(
+        tree.contains("100755 blob") && tree.contains("new/tool.sh"),
+        "{tree}"
+    );
+    assert!(!tree.contains("src/deep/x.txt"));
+    assert!(
+        tree.contains("120000 blob") && tree.contains("\tlink"),
+        "symlinks are kept: {tree}"
+    );
+    assert!(
+        tree.contains("160000 commit"),
+        "submodules are kept: {tree}"
+    );
+    let author = git(
+        &f.bare,
+        &["log", "-1", "--format=%an <%ae> %at %cn %ct", &one],
+    );
+    assert_eq!(
+        author,
+        "airlock <airlock@localhost> 1700000001 airlock 1700000001"
+    );
+}
+
+#[test]
+fn changes_cannot_pass_through_links_submodules_or_directories() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    for (path, code) in [
+        ("link/x", Code::PATH_ESCAPE),
+        ("link", Code::PATH_ESCAPE),
+        ("sub", Code::PATH_ESCAPE),
+        ("sub/file", Code::PATH_ESCAPE),
+        ("src", Code::PATH_ESCAPE),
+        ("README.md/x", Code::PATH_ESCAPE),
+        ("../x", Code::PATH_INVALID),
+        (".git/hooks/pre-commit", Code::PATH_INVALID),
+    ] {
+        let s = CommitSpec {
+            parent: f.main.clone(),
+            changes: vec![FileChange::write(path, b"x".to_vec(), false)],
+            message: "m".into(),
+        };
+        assert_eq!(repo.governed_commit(&s).unwrap_err().code(), code, "{path}");
+    }
+    let s = CommitSpec {
+        parent: "f".repeat(40),
+        changes: vec![],
+        message: "m".into(),
+    };
+    assert_eq!(
+        repo.governed_commit(&s).unwrap_err().code(),
+        Code::GIT_OBJECT_MISSING
+    );
+}
+
+#[test]
+fn cas_update_creates_converges_and_refuses_moved_refs() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let c1 = repo.governed_commit(&spec(&f, "VALUE = 2\n")).unwrap();
+    assert_eq!(
+        repo.cas_update("agent/task-a", &c1, None).unwrap(),
+        RefUpdate::Updated
+    );
+    assert_eq!(
+        repo.branch_head("agent/task-a").unwrap().as_deref(),
+        Some(c1.as_str())
+    );
+    // A redo after a crash is a no-op.
+    assert_eq!(
+        repo.cas_update("agent/task-a", &c1, None).unwrap(),
+        RefUpdate::AlreadyAtTarget
+    );
+    // A second writer that expected the branch absent loses.
+    let c2 = repo.governed_commit(&spec(&f, "VALUE = 3\n")).unwrap();
+    assert_eq!(
+        repo.cas_update("agent/task-a", &c2, None)
+            .unwrap_err()
+            .code(),
+        Code::REF_CAS_MISMATCH
+    );
+    assert_eq!(
+        repo.cas_update("agent/task-a", &c2, Some(&f.main))
+            .unwrap_err()
+            .code(),
+        Code::REF_CAS_MISMATCH
+    );
+    assert_eq!(
+        repo.branch_head("agent/task-a").unwrap().as_deref(),
+        Some(c1.as_str()),
+        "unchanged by refusals"
+    );
+    // Continuing the branch from its expected value works.
+    let c3 = repo
+        .governed_commit(&CommitSpec {
+            parent: c1.clone(),
+            changes: vec![FileChange::write("b.txt", b"b".to_vec(), false)],
+            message: "m".into(),
+        })
+        .unwrap();
+    assert_eq!(
+        repo.cas_update("agent/task-a", &c3, Some(&c1)).unwrap(),
+        RefUpdate::Updated
+    );
+    assert_eq!(
+        repo.cas_update("agent/task-a", &"e".repeat(40), Some(&c3))
+            .unwrap_err()
+            .code(),
+        Code::GIT_OBJECT_MISSING
+    );
+}
+
+#[test]
+fn protected_and_foreign_refs_are_refused() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let c = repo.governed_commit(&spec(&f, "VALUE = 2\n")).unwrap();
+    for branch in [
+        "main",
+        "master",
+        "refs/heads/main",
+        "tags/v1",
+        "release/1",
+        "HEAD",
+    ] {
+        assert_eq!(
+            repo.cas_update(branch, &c, Some(&f.main))
+                .unwrap_err()
+                .code(),
+            Code::PROTECTED_REF_DENY,
+            "{branch}"
+        );
+    }
+    for branch in ["feature/x", "agent/..", "agent/x.lock", "agent/"] {
+        assert_eq!(
+            repo.cas_update(branch, &c, None).unwrap_err().code(),
+            Code::TARGET_BRANCH_INVALID,
+            "{branch}"
+        );
+    }
+    assert_eq!(
+        git(&f.bare, &["rev-parse", "refs/heads/main"]),
+        f.main,
+        "main never moves"
+    );
+}
+
+fn install_hook(bare: &Path, name: &str, marker: &Path) {
+    let hook = bare.join("hooks").join(name);
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\necho {name} >> {}\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn hooks_and_repository_configured_programs_never_run() {
+    let f = fixture();
+    let marker = f.dir.path().join("ran");
+    for hook in [
+        "reference-transaction",
+        "pre-commit",
+        "post-commit",
+        "post-update",
+        "pre-receive",
+        "update",
+        "post-index-change",
+    ] {
+        install_hook(&f.bare, hook, &marker);
+    }
+    // Repository configuration that would run programs if honoured.
+    let evil = format!("sh -c 'echo config >> {}'", marker.display());
+    for (k, v) in [
+        ("filter.evil.smudge", evil.as_str()),
+        ("filter.evil.clean", evil.as_str()),
+        ("filter.evil.required", "true"),
+        ("commit.gpgSign", "true"),
+        ("gpg.program", evil.as_str()),
+        ("core.fsmonitor", evil.as_str()),
+    ] {
+        git(&f.bare, &["config", k, v]);
+    }
+    let attributes = f.bare.join("info/attributes");
+    std::fs::create_dir_all(attributes.parent().unwrap()).unwrap();
+    std::fs::write(&attributes, "* filter=evil\n").unwrap();
+
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    archive(&repo, &f.main);
+    let c = repo.governed_commit(&spec(&f, "VALUE = 2\n")).unwrap();
+    repo.cas_update("agent/task-a", &c, None).unwrap();
+    assert!(
+        !marker.exists(),
+        "something ran: {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+
+    // Control: the same reference-transaction hook does run for a plain
+    // update-ref, so the assertion above can fail.
+    git(
+        &f.bare,
+        &["update-ref", "refs/heads/agent/control", &f.main],
+    );
+    assert!(
+        std::fs::read_to_string(&marker)
+            .unwrap_or_default()
+            .contains("reference-transaction")
+    );
+}
