@@ -1,1 +1,390 @@
-//! placeholder
+//! airlock-config: the typed form of `/etc/airlock/airlock.toml`.
+//!
+//! Every airlock service reads the same file. Parsing happens in two stages,
+//! like any other boundary in airlock:
+//!
+//! 1. **Shape.** The text is deserialised with [`toml::Deserializer`] wrapped
+//!    in [`serde_path_to_error`]; every table refuses unknown keys, so a
+//!    misspelt key is an error, never a silently ignored line.
+//! 2. **Meaning.** [`Config::parse`] then checks ranges, absolute paths,
+//!    names, list contents and the rules that tie keys together (a renewal
+//!    interval shorter than the lease, the executor's user distinct from the
+//!    worker's, repository names unique, …).
+//!
+//! Every refusal is a [`ConfigError`] whose message names the file, the key
+//! as a dotted path (`executor.limits.processes`, `repository[1].path`), its
+//! line and column when known, and what was expected and found. Every key,
+//! its default and its meaning are declared once in [`KEYS`]; the reference
+//! `docs/configuration.md` is generated from that table.
+//!
+//! Parsing reads no file but the configuration itself: whether a repository
+//! path really is a bare repository, or a user really exists, is checked by
+//! the service that uses it.
+//!
+//! # Example
+//!
+//! ```
+//! use std::path::Path;
+//! use airlock_config::Config;
+//!
+//! let text = r#"
+//! [executor.limits]
+//! processes = -3
+//! "#;
+//! let err = Config::parse(text, Path::new("/etc/airlock/airlock.toml")).unwrap_err();
+//! assert_eq!(err.key(), Some("executor.limits.processes"));
+//! assert_eq!(
+//!     err.to_string(),
+//!     "/etc/airlock/airlock.toml:3:13: executor.limits.processes: \
+//!      expected an integer in 1..=4096, found -3"
+//! );
+//! assert_eq!(err.code(), airlock_proto::Code::CONFIG_INVALID);
+//!
+//! let ok = Config::parse(
+//!     "[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n",
+//!     Path::new("inline.toml"),
+//! )
+//! .unwrap();
+//! assert_eq!(ok.repository("demo").map(|r| r.path.as_path()), Some(Path::new("/srv/git/demo.git")));
+//! assert_eq!(ok.supervisor.lease_seconds, 300);
+//! ```
+
+mod error;
+mod keys;
+mod source;
+mod validate;
+
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use error::{ConfigError, Location};
+pub use keys::{GIT_WRITING_SUBCOMMANDS, Item, KEYS, KeySpec, Kind};
+pub use validate::RULES;
+
+/// Where the services look for their configuration.
+pub const DEFAULT_PATH: &str = "/etc/airlock/airlock.toml";
+
+/// Largest configuration file airlock reads.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[supervisor]`: the task queue owner.
+    pub supervisor: Supervisor,
+    /// `[worker]`: the credentialed committer.
+    pub worker: Worker,
+    /// `[spool]`: the directory the worker and the executor exchange files through.
+    pub spool: Spool,
+    /// `[executor]`: the uncredentialed sandbox runner.
+    pub executor: Executor,
+    /// `[retry]`: the owner's retry-extension HTTP API.
+    pub retry: Retry,
+    /// `[[repository]]`: the authority repositories tasks may name. Empty by default.
+    #[serde(rename = "repository")]
+    pub repositories: Vec<Repository>,
+}
+
+/// How privileged D-Bus methods are authorised.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Authorizer {
+    /// Ask polkit; deny when polkit cannot be reached.
+    #[default]
+    Polkit,
+    /// Approve every call. For test harnesses only; must be chosen explicitly.
+    AllowAllForTests,
+}
+
+/// `[supervisor]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Supervisor {
+    /// The SQLite task store.
+    pub database: PathBuf,
+    /// Lifetime of a lease on a claimed task, in seconds.
+    pub lease_seconds: u32,
+    /// How often expired leases are swept, in seconds.
+    pub sweep_interval_seconds: u32,
+    /// Accept a task whose verification passed without an admin's decision.
+    pub auto_accept: bool,
+    /// The unix user whose calls to the worker interface are accepted.
+    pub worker_user: String,
+    /// Who authorises privileged D-Bus methods.
+    pub authorizer: Authorizer,
+}
+
+impl Default for Supervisor {
+    fn default() -> Self {
+        Supervisor {
+            database: PathBuf::from("/var/lib/airlock/tasks.sqlite3"),
+            lease_seconds: 300,
+            sweep_interval_seconds: 15,
+            auto_accept: false,
+            worker_user: "airlock-worker".to_owned(),
+            authorizer: Authorizer::Polkit,
+        }
+    }
+}
+
+/// `[worker]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Worker {
+    /// The SQLite checkpoint journal.
+    pub journal: PathBuf,
+    /// Directory under which per-task workspaces are made and removed.
+    pub workspace_root: PathBuf,
+    /// How many tasks the worker runs at once.
+    pub parallel_tasks: u32,
+    /// Capabilities this worker grants; an envelope's scope must be a subset.
+    pub capabilities: Vec<String>,
+    /// How often the worker renews its leases, in seconds.
+    pub renew_interval_seconds: u32,
+}
+
+impl Default for Worker {
+    fn default() -> Self {
+        Worker {
+            journal: PathBuf::from("/var/lib/airlock-worker/checkpoints.sqlite3"),
+            workspace_root: PathBuf::from("/var/lib/airlock-worker/workspaces"),
+            parallel_tasks: 2,
+            capabilities: vec!["git.read".to_owned(), "git.test".to_owned()],
+            renew_interval_seconds: 60,
+        }
+    }
+}
+
+/// `[spool]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Spool {
+    /// Root of `requests/`, `sources/`, `results/` and `failed/`.
+    pub root: PathBuf,
+    /// Largest file either side accepts from the spool, in bytes.
+    pub max_file_bytes: u64,
+    /// The group shared by the worker and the executor, and nobody else.
+    pub exchange_group: String,
+}
+
+impl Default for Spool {
+    fn default() -> Self {
+        Spool {
+            root: PathBuf::from("/var/spool/airlock"),
+            max_file_bytes: 64 * 1024 * 1024,
+            exchange_group: "airlock-exchange".to_owned(),
+        }
+    }
+}
+
+/// `[executor]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Executor {
+    /// The unix user verification commands run as.
+    pub user: String,
+    /// Run even when Landlock cannot be fully applied.
+    pub allow_degraded_landlock: bool,
+    /// Absolute paths of the programs a verification command may start.
+    pub programs: Vec<PathBuf>,
+    /// Modules `python3 -m` may name.
+    pub python_modules: Vec<String>,
+    /// git subcommands a verification command may run.
+    pub git_read_only_subcommands: Vec<String>,
+    /// Credential-like repository paths a change or capture may touch anyway.
+    pub allow_credential_paths: Vec<String>,
+    /// `[executor.limits]`.
+    pub limits: Limits,
+}
+
+impl Default for Executor {
+    fn default() -> Self {
+        let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect();
+        Executor {
+            user: "airlock-exec".to_owned(),
+            allow_degraded_landlock: false,
+            programs: [
+                "/usr/bin/python3",
+                "/usr/bin/git",
+                "/bin/true",
+                "/usr/bin/true",
+            ]
+            .into_iter()
+            .map(PathBuf::from)
+            .collect(),
+            python_modules: strings(&["pytest", "py_compile", "unittest", "compileall"]),
+            git_read_only_subcommands: strings(keys::DEFAULT_GIT_READ_ONLY),
+            allow_credential_paths: Vec::new(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// `[executor.limits]`: rlimits per verification command and bounds on the source archive.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// RLIMIT_NPROC.
+    pub processes: u32,
+    /// RLIMIT_AS, in MiB.
+    pub address_space_mib: u32,
+    /// RLIMIT_FSIZE, in MiB.
+    pub file_size_mib: u32,
+    /// RLIMIT_NOFILE.
+    pub open_files: u32,
+    /// RLIMIT_CPU, in seconds.
+    pub cpu_seconds: u32,
+    /// Largest source archive, in bytes.
+    pub max_archive_bytes: u64,
+    /// Most entries in a source archive.
+    pub max_archive_entries: u32,
+    /// Largest single file extracted or changed, in bytes.
+    pub max_file_bytes: u64,
+    /// Largest sum of extracted file sizes, in bytes.
+    pub max_total_bytes: u64,
+    /// Largest ratio of extracted bytes to archive bytes.
+    pub max_expansion_ratio: u32,
+    /// How much of each command's stdout and stderr is kept as evidence, in bytes.
+    pub output_tail_bytes: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            processes: 64,
+            address_space_mib: 4096,
+            file_size_mib: 256,
+            open_files: 1024,
+            cpu_seconds: 600,
+            max_archive_bytes: 64 * 1024 * 1024,
+            max_archive_entries: 20_000,
+            max_file_bytes: airlock_proto::limits::MAX_CHANGE_CONTENT_BYTES as u64,
+            max_total_bytes: 256 * 1024 * 1024,
+            max_expansion_ratio: 100,
+            output_tail_bytes: airlock_proto::limits::MAX_OUTPUT_TAIL_BYTES as u32,
+        }
+    }
+}
+
+/// `[retry]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retry {
+    /// Loopback address the retry API listens on.
+    pub listen: SocketAddr,
+    /// File holding the bearer token the owner presents.
+    pub token_file: PathBuf,
+    /// The owner authorization id requests must carry, when set here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authorization_id: Option<String>,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 8941)),
+            token_file: PathBuf::from("/etc/airlock/retry-control.token"),
+            authorization_id: None,
+        }
+    }
+}
+
+/// One `[[repository]]`: an authority repository tasks may name.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Repository {
+    /// The name tasks use (`binding.repository`).
+    pub name: String,
+    /// Absolute path of the bare repository.
+    pub path: PathBuf,
+    /// Free text for admins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl Config {
+    /// Reads and validates the configuration file at `path` (usually
+    /// [`DEFAULT_PATH`]). The file must be a regular file (symlinks are
+    /// followed), at most [`MAX_CONFIG_BYTES`], UTF-8, and not writable by
+    /// other users.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = read_config_file(path)?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates configuration text; `origin` names the file in
+    /// errors and is not opened.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let src = source::Source::new(origin, text);
+        let config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text))
+            .map_err(|e| src.shape_error(&e))?;
+        validate::check(&config, &src)?;
+        Ok(config)
+    }
+
+    /// The built-in defaults: every section at its documented default and no
+    /// repositories. It passes the same validation as a parsed file.
+    pub fn embedded_default() -> Config {
+        Config::default()
+    }
+
+    /// The registered repository called `name`.
+    pub fn repository(&self, name: &str) -> Option<&Repository> {
+        self.repositories.iter().find(|r| r.name == name)
+    }
+
+    /// Names of the registered repositories, in file order (the form
+    /// `airlock_proto::binding::Binding::check_registered` takes).
+    pub fn repository_names(&self) -> Vec<&str> {
+        self.repositories.iter().map(|r| r.name.as_str()).collect()
+    }
+}
+
+fn read_config_file(path: &Path) -> Result<String, ConfigError> {
+    let unreadable = |source| ConfigError::Unreadable {
+        file: path.to_owned(),
+        source,
+    };
+    let refuse = |expected: String| ConfigError::Unacceptable {
+        file: path.to_owned(),
+        expected,
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let meta = file.metadata().map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(refuse("expected a regular file".to_owned()));
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o002 != 0 {
+        return Err(refuse(format!(
+            "expected a file other users cannot write, found mode {:04o}",
+            mode & 0o7777
+        )));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(refuse(format!(
+            "expected at most {MAX_CONFIG_BYTES} bytes, found {}",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(refuse(format!(
+            "expected at most {MAX_CONFIG_BYTES} bytes, found more"
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        refuse(format!(
+            "expected UTF-8 text, found an invalid byte at offset {}",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}

@@ -1,0 +1,649 @@
+//! Every key of `airlock.toml`: what it accepts, its default, what it means.
+//!
+//! This table is the single description of the file. Errors take their
+//! "expected …" from it, `docs/configuration.md` is generated from it, and
+//! the tests prove it matches the structs (each default equals the
+//! serialised [`Config::embedded_default`](crate::Config::embedded_default),
+//! each key is accepted, each wrong value refused by name).
+
+use airlock_proto::limits::{MAX_CAPABILITIES, MAX_CAPABILITY_LEN, MAX_OUTPUT_TAIL_BYTES};
+
+/// What a key accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A table, `[name]`.
+    Table,
+    /// An array of tables, `[[name]]`.
+    Tables,
+    /// An integer in an inclusive range.
+    Integer {
+        /// Smallest accepted value.
+        min: u64,
+        /// Largest accepted value.
+        max: u64,
+    },
+    /// `true` or `false`.
+    Bool,
+    /// An absolute path, written without `.`, `..`, empty components or a trailing `/`.
+    Path,
+    /// A unix user name other than root.
+    User,
+    /// A unix group name.
+    Group,
+    /// One of a fixed set of strings.
+    Choice(&'static [&'static str]),
+    /// A loopback IP address with a non-zero port.
+    LoopbackAddress,
+    /// A repository name (`airlock_proto::binding::is_repository_name`).
+    RepositoryName,
+    /// An owner authorization id (`airlock_proto::binding::is_key`).
+    AuthorizationId,
+    /// A single line of text.
+    Text {
+        /// Most characters.
+        max_chars: usize,
+    },
+    /// A list of distinct items.
+    List {
+        /// What each element is.
+        item: Item,
+        /// Most elements.
+        max: usize,
+    },
+}
+
+/// What one element of a [`Kind::List`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item {
+    /// An absolute path, as [`Kind::Path`].
+    Path,
+    /// A Python module name, dotted identifiers.
+    PythonModule,
+    /// A git subcommand that does not write (not in [`GIT_WRITING_SUBCOMMANDS`]).
+    GitSubcommand,
+    /// A capability name.
+    Capability,
+    /// A repository-relative path the credential policy would otherwise refuse.
+    CredentialPath,
+}
+
+impl Kind {
+    /// What the key accepts, as it follows "expected" in an error.
+    pub fn describe(&self) -> String {
+        match self {
+            Kind::Table => "a table".to_owned(),
+            Kind::Tables => "an array of tables, written [[name]]".to_owned(),
+            Kind::Integer { min, max } => format!("an integer in {min}..={max}"),
+            Kind::Bool => "true or false".to_owned(),
+            Kind::Path => Item::Path.describe(),
+            Kind::User => {
+                "a unix user name of 1 to 32 characters [a-z0-9_-], starting with a letter or '_', other than root"
+                    .to_owned()
+            }
+            Kind::Group => {
+                "a unix group name of 1 to 32 characters [a-z0-9_-], starting with a letter or '_'"
+                    .to_owned()
+            }
+            Kind::Choice(choices) => {
+                let quoted: Vec<String> = choices.iter().map(|c| format!("\"{c}\"")).collect();
+                format!("one of {}", quoted.join(", "))
+            }
+            Kind::LoopbackAddress => {
+                "a loopback address with a non-zero port, as \"127.0.0.1:8941\" or \"[::1]:8941\""
+                    .to_owned()
+            }
+            Kind::RepositoryName => {
+                "a repository name: 1 to 64 characters [A-Za-z0-9._-], starting with a letter or digit"
+                    .to_owned()
+            }
+            Kind::AuthorizationId => {
+                "an id of 8 to 160 characters [A-Za-z0-9._:-], starting with a letter or digit"
+                    .to_owned()
+            }
+            Kind::Text { max_chars } => {
+                format!("a single line of at most {max_chars} characters, without control characters")
+            }
+            Kind::List { item, max } => {
+                format!("a list of at most {max} distinct {}", item.plural())
+            }
+        }
+    }
+}
+
+impl Item {
+    /// What one element accepts, as it follows "expected" in an error.
+    pub fn describe(&self) -> String {
+        match self {
+            Item::Path => "an absolute path without '.', '..' or empty components".to_owned(),
+            Item::PythonModule => {
+                "a Python module name such as \"pytest\" or \"xml.etree\" (dotted identifiers)"
+                    .to_owned()
+            }
+            Item::GitSubcommand => format!(
+                "the name of a git subcommand that does not write (lowercase letters, digits and '-'; not one of {})",
+                GIT_WRITING_SUBCOMMANDS.join(", ")
+            ),
+            Item::Capability => format!(
+                "a capability name of 1 to {MAX_CAPABILITY_LEN} characters [a-z0-9._-], starting with a letter or digit"
+            ),
+            Item::CredentialPath => {
+                "a repository-relative path that airlock treats as a credential, such as \".env\" or \"config/server.pem\""
+                    .to_owned()
+            }
+        }
+    }
+
+    fn plural(&self) -> &'static str {
+        match self {
+            Item::Path => "absolute paths",
+            Item::PythonModule => "Python module names",
+            Item::GitSubcommand => "read-only git subcommands",
+            Item::Capability => "capability names",
+            Item::CredentialPath => "credential-like repository-relative paths",
+        }
+    }
+}
+
+/// One key of the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeySpec {
+    /// Dotted key; `[]` stands for "every element" of an array of tables,
+    /// e.g. `repository[].name`.
+    pub key: &'static str,
+    /// What it accepts.
+    pub kind: Kind,
+    /// Its default, as TOML, or `None` for tables, required keys and keys
+    /// that are unset unless given.
+    pub default: Option<&'static str>,
+    /// Whether the key must be present (only inside `[[repository]]`).
+    pub required: bool,
+    /// What it is for.
+    pub meaning: &'static str,
+}
+
+/// git subcommands that write to a repository, its refs, its index or its
+/// working tree, or reach the network; never accepted in
+/// `executor.git_read_only_subcommands`.
+pub const GIT_WRITING_SUBCOMMANDS: &[&str] = &[
+    "add",
+    "am",
+    "apply",
+    "branch",
+    "checkout",
+    "cherry-pick",
+    "clean",
+    "clone",
+    "commit",
+    "commit-tree",
+    "config",
+    "fetch",
+    "filter-branch",
+    "gc",
+    "hash-object",
+    "init",
+    "merge",
+    "mv",
+    "notes",
+    "prune",
+    "pull",
+    "push",
+    "read-tree",
+    "rebase",
+    "reflog",
+    "remote",
+    "repack",
+    "replace",
+    "reset",
+    "restore",
+    "revert",
+    "rm",
+    "stash",
+    "submodule",
+    "switch",
+    "symbolic-ref",
+    "tag",
+    "update-index",
+    "update-ref",
+    "worktree",
+    "write-tree",
+];
+
+/// Default of `executor.git_read_only_subcommands`.
+pub(crate) const DEFAULT_GIT_READ_ONLY: &[&str] = &[
+    "status",
+    "diff",
+    "log",
+    "show",
+    "ls-files",
+    "ls-tree",
+    "rev-parse",
+    "rev-list",
+    "grep",
+    "cat-file",
+    "blame",
+    "describe",
+    "for-each-ref",
+    "show-ref",
+];
+
+const fn int(min: u64, max: u64) -> Kind {
+    Kind::Integer { min, max }
+}
+
+const fn key(
+    key: &'static str,
+    kind: Kind,
+    default: &'static str,
+    meaning: &'static str,
+) -> KeySpec {
+    KeySpec {
+        key,
+        kind,
+        default: Some(default),
+        required: false,
+        meaning,
+    }
+}
+
+const fn section(key: &'static str, kind: Kind, meaning: &'static str) -> KeySpec {
+    KeySpec {
+        key,
+        kind,
+        default: None,
+        required: false,
+        meaning,
+    }
+}
+
+const MIB: u64 = 1024 * 1024;
+const GIB: u64 = 1024 * MIB;
+
+/// Every key of `airlock.toml`, sections first, in file order.
+pub const KEYS: &[KeySpec] = &[
+    // ---- [supervisor] ------------------------------------------------------
+    section(
+        "supervisor",
+        Kind::Table,
+        "airlock-supervisor: owns the task queue and serves it on the D-Bus system bus.",
+    ),
+    key(
+        "supervisor.database",
+        Kind::Path,
+        "\"/var/lib/airlock/tasks.sqlite3\"",
+        "The SQLite task store (queue, leases, events, retry compare-and-swap). Only the supervisor opens it for writing.",
+    ),
+    key(
+        "supervisor.lease_seconds",
+        int(10, 86_400),
+        "300",
+        "Lifetime of a worker's lease on a claimed task. A lease not renewed within this time expires, and the holder is fenced off by the lease epoch.",
+    ),
+    key(
+        "supervisor.sweep_interval_seconds",
+        int(1, 3_600),
+        "15",
+        "How often the supervisor looks for expired leases. At most supervisor.lease_seconds.",
+    ),
+    key(
+        "supervisor.auto_accept",
+        Kind::Bool,
+        "false",
+        "When true, a task whose verification commands passed moves to SUCCEEDED without an admin's decision. When false it waits in VERIFYING for one.",
+    ),
+    key(
+        "supervisor.worker_user",
+        Kind::User,
+        "\"airlock-worker\"",
+        "The unix user whose calls to the worker-only D-Bus methods are accepted (the peer's uid is checked). Must differ from executor.user.",
+    ),
+    key(
+        "supervisor.authorizer",
+        Kind::Choice(&["polkit", "allow-all-for-tests"]),
+        "\"polkit\"",
+        "Who authorises privileged D-Bus methods. \"polkit\" asks polkit and denies when it cannot be reached. \"allow-all-for-tests\" approves every call; it exists for test harnesses only and is never the default.",
+    ),
+    // ---- [worker] ----------------------------------------------------------
+    section(
+        "worker",
+        Kind::Table,
+        "airlock-worker: the only process that writes agent/* refs; keeps the checkpoint journal and never runs task code.",
+    ),
+    key(
+        "worker.journal",
+        Kind::Path,
+        "\"/var/lib/airlock-worker/checkpoints.sqlite3\"",
+        "The SQLite checkpoint journal. Must differ from supervisor.database.",
+    ),
+    key(
+        "worker.workspace_root",
+        Kind::Path,
+        "\"/var/lib/airlock-worker/workspaces\"",
+        "Directory under which the worker makes one workspace per task, and removes stale ones at start.",
+    ),
+    key(
+        "worker.parallel_tasks",
+        int(1, 16),
+        "2",
+        "How many tasks the worker runs at once.",
+    ),
+    key(
+        "worker.capabilities",
+        Kind::List {
+            item: Item::Capability,
+            max: MAX_CAPABILITIES,
+        },
+        "[\"git.read\", \"git.test\"]",
+        "The capabilities this worker grants. A task whose envelope asks for a capability not listed here is refused with CAPABILITY_MISMATCH_DENY.",
+    ),
+    key(
+        "worker.renew_interval_seconds",
+        int(1, 43_200),
+        "60",
+        "How often the worker renews the lease of each task it runs. At most half of supervisor.lease_seconds, so one late renewal does not lose the lease.",
+    ),
+    // ---- [spool] -----------------------------------------------------------
+    section(
+        "spool",
+        Kind::Table,
+        "The directory through which the worker and the executor exchange requests, source archives, results and failures.",
+    ),
+    key(
+        "spool.root",
+        Kind::Path,
+        "\"/var/spool/airlock\"",
+        "Root of the spool; holds requests/, sources/, results/ and failed/.",
+    ),
+    key(
+        "spool.max_file_bytes",
+        int(MIB, 4 * GIB),
+        "67108864",
+        "Largest file either side reads from the spool, in bytes. At least executor.limits.max_archive_bytes, since source archives cross the spool.",
+    ),
+    key(
+        "spool.exchange_group",
+        Kind::Group,
+        "\"airlock-exchange\"",
+        "The group that the worker and the executor share, and nobody else; spool directories belong to it.",
+    ),
+    // ---- [executor] --------------------------------------------------------
+    section(
+        "executor",
+        Kind::Table,
+        "airlock-executor: holds no credential, applies a plan to a throw-away copy and runs its verification commands, each in a fresh sandbox.",
+    ),
+    key(
+        "executor.user",
+        Kind::User,
+        "\"airlock-exec\"",
+        "The unix user the executor and its commands run as. Must differ from supervisor.worker_user.",
+    ),
+    key(
+        "executor.allow_degraded_landlock",
+        Kind::Bool,
+        "false",
+        "When false, the executor refuses to run (SANDBOX_UNAVAILABLE) if Landlock cannot be applied in full. When true it runs with what the kernel offers and logs that it did.",
+    ),
+    key(
+        "executor.programs",
+        Kind::List {
+            item: Item::Path,
+            max: 64,
+        },
+        "[\"/usr/bin/python3\", \"/usr/bin/git\", \"/bin/true\", \"/usr/bin/true\"]",
+        "The programs a verification command may start (argv[0], compared exactly); anything else is refused with COMMAND_PROGRAM_DENY. No shell by default: a shell would let a command run anything the sandbox allows, past the module and git rules below.",
+    ),
+    key(
+        "executor.python_modules",
+        Kind::List {
+            item: Item::PythonModule,
+            max: 64,
+        },
+        "[\"pytest\", \"py_compile\", \"unittest\", \"compileall\"]",
+        "The modules `python3 -m` may name; any other is refused with PYTHON_MODULE_DENY.",
+    ),
+    key(
+        "executor.git_read_only_subcommands",
+        Kind::List {
+            item: Item::GitSubcommand,
+            max: 64,
+        },
+        "[\"status\", \"diff\", \"log\", \"show\", \"ls-files\", \"ls-tree\", \"rev-parse\", \"rev-list\", \"grep\", \"cat-file\", \"blame\", \"describe\", \"for-each-ref\", \"show-ref\"]",
+        "The git subcommands a verification command may run; any other is refused with GIT_MUTATION_DENY. Subcommands that write (push, commit, update-ref, …) are refused here as configuration errors.",
+    ),
+    key(
+        "executor.allow_credential_paths",
+        Kind::List {
+            item: Item::CredentialPath,
+            max: 64,
+        },
+        "[]",
+        "Credential-like repository paths (such as .env or *.pem) that changes and source captures may touch anyway; any other is refused with CREDENTIAL_PATH_DENIED. Each entry must be a path the credential policy would otherwise refuse, so a typo cannot pass unnoticed.",
+    ),
+    // ---- [executor.limits] -------------------------------------------------
+    section(
+        "executor.limits",
+        Kind::Table,
+        "Resource limits on each verification command, and bounds on the source archive the executor unpacks.",
+    ),
+    key(
+        "executor.limits.processes",
+        int(1, 4_096),
+        "64",
+        "RLIMIT_NPROC: most processes the executor's user may have at once.",
+    ),
+    key(
+        "executor.limits.address_space_mib",
+        int(64, 1_048_576),
+        "4096",
+        "RLIMIT_AS: largest virtual address space of one process, in MiB.",
+    ),
+    key(
+        "executor.limits.file_size_mib",
+        int(1, 65_536),
+        "256",
+        "RLIMIT_FSIZE: largest file a command may write, in MiB.",
+    ),
+    key(
+        "executor.limits.open_files",
+        int(16, 1_048_576),
+        "1024",
+        "RLIMIT_NOFILE: most open file descriptors per process.",
+    ),
+    key(
+        "executor.limits.cpu_seconds",
+        int(1, 86_400),
+        "600",
+        "RLIMIT_CPU: most CPU seconds per process. The wall-clock timeout is each command's own timeout_seconds (1..=1800).",
+    ),
+    key(
+        "executor.limits.max_archive_bytes",
+        int(1_024, 4 * GIB),
+        "67108864",
+        "Largest source archive the executor accepts, in bytes (SOURCE_ARCHIVE_INVALID beyond it).",
+    ),
+    key(
+        "executor.limits.max_archive_entries",
+        int(1, 1_000_000),
+        "20000",
+        "Most entries in a source archive (SOURCE_ARCHIVE_LIMIT_EXCEEDED beyond it).",
+    ),
+    key(
+        "executor.limits.max_file_bytes",
+        int(1, GIB),
+        "4194304",
+        "Largest single file extracted from the archive or produced by a change, in bytes (FILE_TOO_LARGE beyond it). At most executor.limits.max_total_bytes.",
+    ),
+    key(
+        "executor.limits.max_total_bytes",
+        int(1, 16 * GIB),
+        "268435456",
+        "Largest sum of extracted file sizes, in bytes (SOURCE_ARCHIVE_LIMIT_EXCEEDED beyond it).",
+    ),
+    key(
+        "executor.limits.max_expansion_ratio",
+        int(1, 100_000),
+        "100",
+        "Largest ratio of extracted bytes to archive bytes; an archive that expands more is treated as a bomb (SOURCE_ARCHIVE_LIMIT_EXCEEDED).",
+    ),
+    key(
+        "executor.limits.output_tail_bytes",
+        int(0, MAX_OUTPUT_TAIL_BYTES as u64),
+        "4096",
+        "How many trailing bytes of each command's stdout and stderr are kept as evidence.",
+    ),
+    // ---- [retry] -----------------------------------------------------------
+    section(
+        "retry",
+        Kind::Table,
+        "airlock-retryd: the owner-only HTTP API that grants a failed task exactly one more attempt.",
+    ),
+    key(
+        "retry.listen",
+        Kind::LoopbackAddress,
+        "\"127.0.0.1:8941\"",
+        "Address the retry API listens on. Loopback only: the API is for the machine's owner.",
+    ),
+    key(
+        "retry.token_file",
+        Kind::Path,
+        "\"/etc/airlock/retry-control.token\"",
+        "File holding the bearer token the owner presents (at least 32 characters).",
+    ),
+    KeySpec {
+        key: "retry.authorization_id",
+        kind: Kind::AuthorizationId,
+        default: None,
+        required: false,
+        meaning: "The owner authorization id every retry-extension request must carry. Unset means none is configured in this file; the service's environment variable AIRLOCK_RETRY_AUTHORIZATION_ID, when set, takes precedence over this key (applied by airlock-retryd, not by this parser).",
+    },
+    // ---- [[repository]] ----------------------------------------------------
+    section(
+        "repository",
+        Kind::Tables,
+        "The authority repositories tasks may name, one [[repository]] table each. There are none by default; a task naming an unregistered repository is refused with REPOSITORY_NOT_REGISTERED.",
+    ),
+    KeySpec {
+        key: "repository[].name",
+        kind: Kind::RepositoryName,
+        default: None,
+        required: true,
+        meaning: "The name tasks use in their binding. Unique across the file.",
+    },
+    KeySpec {
+        key: "repository[].path",
+        kind: Kind::Path,
+        default: None,
+        required: true,
+        meaning: "Absolute path of the bare authority repository. Unique across the file. Parsing does not open it; the worker does.",
+    },
+    KeySpec {
+        key: "repository[].description",
+        kind: Kind::Text { max_chars: 200 },
+        default: None,
+        required: false,
+        meaning: "Free text for admins.",
+    },
+];
+
+/// The spec of a normalised dotted key (indices written `[]`).
+pub(crate) fn spec(key: &str) -> Option<&'static KeySpec> {
+    KEYS.iter().find(|s| s.key == key)
+}
+
+/// The keys directly under a normalised table key ("" is the top level).
+pub(crate) fn children(table: &str) -> Vec<&'static str> {
+    KEYS.iter()
+        .filter_map(|s| {
+            let rest = if table.is_empty() {
+                Some(s.key)
+            } else {
+                s.key.strip_prefix(table).and_then(|r| r.strip_prefix('.'))
+            }?;
+            (!rest.contains('.')).then_some(rest)
+        })
+        .collect()
+}
+
+/// What a normalised dotted key expects; list elements (`x[]`) take their
+/// list's item description, `[[table]]` elements are tables.
+pub(crate) fn expectation(key: &str) -> Option<String> {
+    if let Some(spec) = spec(key) {
+        return Some(spec.kind.describe());
+    }
+    let list = key.strip_suffix("[]")?;
+    match spec(list)?.kind {
+        Kind::List { item, .. } => Some(item.describe()),
+        Kind::Tables => Some(Kind::Table.describe()),
+        _ => None,
+    }
+}
+
+/// `repository[3].path` → `repository[].path`.
+pub(crate) fn normalise(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    let mut in_index = false;
+    for c in key.chars() {
+        match c {
+            '[' => {
+                in_index = true;
+                out.push('[');
+            }
+            ']' => {
+                in_index = false;
+                out.push(']');
+            }
+            _ if in_index => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_sections_come_first() {
+        let mut seen = std::collections::HashSet::new();
+        for spec in KEYS {
+            assert!(seen.insert(spec.key), "duplicate {}", spec.key);
+            if let Some((parent, _)) = spec.key.rsplit_once('.') {
+                let parent = parent.strip_suffix("[]").unwrap_or(parent);
+                assert!(seen.contains(parent), "{} before its section", spec.key);
+            }
+            assert!(!spec.meaning.is_empty());
+        }
+    }
+
+    #[test]
+    fn normalises_indices_and_finds_children() {
+        assert_eq!(normalise("repository[12].path"), "repository[].path");
+        assert_eq!(normalise("executor.programs[0]"), "executor.programs[]");
+        assert_eq!(
+            children(""),
+            [
+                "supervisor",
+                "worker",
+                "spool",
+                "executor",
+                "retry",
+                "repository"
+            ]
+        );
+        assert_eq!(children("repository[]"), ["name", "path", "description"]);
+        assert!(children("executor").contains(&"limits"));
+        assert!(!children("executor").contains(&"processes"));
+        assert_eq!(
+            expectation("executor.programs[]").as_deref(),
+            Some("an absolute path without '.', '..' or empty components")
+        );
+    }
+
+    #[test]
+    fn default_read_only_git_subcommands_do_not_write() {
+        for sub in DEFAULT_GIT_READ_ONLY {
+            assert!(!GIT_WRITING_SUBCOMMANDS.contains(sub), "{sub}");
+        }
+    }
+}

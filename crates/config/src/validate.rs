@@ -1,0 +1,427 @@
+//! The semantic pass: what the types alone cannot say. Ranges and forms come
+//! from [`KEYS`](crate::KEYS); the rules that tie two keys together are
+//! written out here, one block each.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use airlock_proto::binding::{is_key, is_repository_name};
+use airlock_proto::limits::MAX_CAPABILITY_LEN;
+use airlock_proto::path::{check_relative_path, is_credential_path};
+
+use crate::error::ConfigError;
+use crate::keys::{self, GIT_WRITING_SUBCOMMANDS, Item, Kind};
+use crate::source::Source;
+use crate::{Config, Executor, Limits, Repository, Retry, Spool, Supervisor, Worker};
+
+type Result<T = ()> = std::result::Result<T, ConfigError>;
+
+/// Checks a deserialised configuration: first every key on its own, then
+/// the rules between keys, so a value out of its own range is reported as
+/// such rather than as a conflict with another key. The first refusal wins.
+pub(crate) fn check(config: &Config, src: &Source<'_>) -> Result {
+    let check = Check { src };
+    check.supervisor(&config.supervisor)?;
+    check.worker(&config.worker)?;
+    check.spool(&config.spool)?;
+    check.executor(&config.executor)?;
+    check.retry(&config.retry)?;
+    check.repositories(&config.repositories)?;
+    check.between_keys(config)
+}
+
+/// The rules between keys that [`Config::parse`](crate::Config::parse)
+/// enforces, for `docs/configuration.md`. Each has a test in
+/// `tests/config.rs`.
+pub const RULES: &[&str] = &[
+    "`supervisor.sweep_interval_seconds` ≤ `supervisor.lease_seconds`",
+    "`worker.renew_interval_seconds` ≤ `supervisor.lease_seconds` / 2",
+    "`worker.journal` ≠ `supervisor.database`",
+    "`executor.user` ≠ `supervisor.worker_user`",
+    "`spool.max_file_bytes` ≥ `executor.limits.max_archive_bytes`",
+    "`executor.limits.max_file_bytes` ≤ `executor.limits.max_total_bytes`",
+    "repository names are unique, and so are repository paths",
+];
+
+struct Check<'s, 'a> {
+    src: &'s Source<'a>,
+}
+
+impl Check<'_, '_> {
+    fn supervisor(&self, s: &Supervisor) -> Result {
+        self.path("supervisor.database", &s.database)?;
+        self.int("supervisor.lease_seconds", s.lease_seconds)?;
+        self.int(
+            "supervisor.sweep_interval_seconds",
+            s.sweep_interval_seconds,
+        )?;
+        self.user("supervisor.worker_user", &s.worker_user)
+    }
+
+    fn worker(&self, w: &Worker) -> Result {
+        self.path("worker.journal", &w.journal)?;
+        self.path("worker.workspace_root", &w.workspace_root)?;
+        self.int("worker.parallel_tasks", w.parallel_tasks)?;
+        self.list("worker.capabilities", &w.capabilities)?;
+        self.int("worker.renew_interval_seconds", w.renew_interval_seconds)
+    }
+
+    fn spool(&self, sp: &Spool) -> Result {
+        self.path("spool.root", &sp.root)?;
+        self.int("spool.max_file_bytes", sp.max_file_bytes)?;
+        self.name("spool.exchange_group", &sp.exchange_group)
+    }
+
+    fn executor(&self, e: &Executor) -> Result {
+        self.user("executor.user", &e.user)?;
+        let programs: Vec<String> = e
+            .programs
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        self.list("executor.programs", &programs)?;
+        self.list("executor.python_modules", &e.python_modules)?;
+        self.list(
+            "executor.git_read_only_subcommands",
+            &e.git_read_only_subcommands,
+        )?;
+        self.list("executor.allow_credential_paths", &e.allow_credential_paths)?;
+        self.limits(&e.limits)
+    }
+
+    fn limits(&self, l: &Limits) -> Result {
+        self.int("executor.limits.processes", l.processes)?;
+        self.int("executor.limits.address_space_mib", l.address_space_mib)?;
+        self.int("executor.limits.file_size_mib", l.file_size_mib)?;
+        self.int("executor.limits.open_files", l.open_files)?;
+        self.int("executor.limits.cpu_seconds", l.cpu_seconds)?;
+        self.int("executor.limits.max_archive_bytes", l.max_archive_bytes)?;
+        self.int("executor.limits.max_archive_entries", l.max_archive_entries)?;
+        self.int("executor.limits.max_file_bytes", l.max_file_bytes)?;
+        self.int("executor.limits.max_total_bytes", l.max_total_bytes)?;
+        self.int("executor.limits.max_expansion_ratio", l.max_expansion_ratio)?;
+        self.int("executor.limits.output_tail_bytes", l.output_tail_bytes)
+    }
+
+    /// The rules that tie one key to another ([`RULES`]), each refused at
+    /// the key an admin would change.
+    fn between_keys(&self, c: &Config) -> Result {
+        let (s, w) = (&c.supervisor, &c.worker);
+        let limits = &c.executor.limits;
+        if s.sweep_interval_seconds > s.lease_seconds {
+            return Err(self.src.refuse(
+                "supervisor.sweep_interval_seconds",
+                format_args!(
+                    "at most supervisor.lease_seconds ({}), so expired leases are noticed within a lease",
+                    s.lease_seconds
+                ),
+                s.sweep_interval_seconds,
+            ));
+        }
+        let half_lease = s.lease_seconds / 2;
+        if w.renew_interval_seconds > half_lease {
+            return Err(self.src.refuse(
+                "worker.renew_interval_seconds",
+                format_args!(
+                    "at most half of supervisor.lease_seconds ({} / 2 = {half_lease})",
+                    s.lease_seconds
+                ),
+                w.renew_interval_seconds,
+            ));
+        }
+        if w.journal == s.database {
+            return Err(self.src.refuse(
+                "worker.journal",
+                "a path other than supervisor.database",
+                format_args!("{:?}", w.journal.to_string_lossy()),
+            ));
+        }
+        if c.executor.user == s.worker_user {
+            return Err(self.src.refuse(
+                "executor.user",
+                "a user other than supervisor.worker_user: the executor must not hold the worker's credentials",
+                format_args!("{:?}", c.executor.user),
+            ));
+        }
+        if c.spool.max_file_bytes < limits.max_archive_bytes {
+            return Err(self.src.refuse(
+                "spool.max_file_bytes",
+                format_args!(
+                    "at least executor.limits.max_archive_bytes ({}), since source archives cross the spool",
+                    limits.max_archive_bytes
+                ),
+                c.spool.max_file_bytes,
+            ));
+        }
+        if limits.max_file_bytes > limits.max_total_bytes {
+            return Err(self.src.refuse(
+                "executor.limits.max_file_bytes",
+                format_args!(
+                    "at most executor.limits.max_total_bytes ({})",
+                    limits.max_total_bytes
+                ),
+                limits.max_file_bytes,
+            ));
+        }
+        Ok(())
+    }
+
+    fn retry(&self, r: &Retry) -> Result {
+        let key = "retry.listen";
+        if !r.listen.ip().is_loopback() || r.listen.port() == 0 {
+            return Err(self
+                .src
+                .refuse(key, describe(key), format_args!("\"{}\"", r.listen)));
+        }
+        self.path("retry.token_file", &r.token_file)?;
+        if let Some(id) = &r.authorization_id {
+            let key = "retry.authorization_id";
+            if !is_key(id) {
+                return Err(self.src.refuse(key, describe(key), format_args!("{id:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn repositories(&self, repos: &[Repository]) -> Result {
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut paths: HashMap<&Path, usize> = HashMap::new();
+        for (i, repo) in repos.iter().enumerate() {
+            let key = format!("repository[{i}].name");
+            if !is_repository_name(&repo.name) {
+                let expected = describe("repository[].name");
+                return Err(self
+                    .src
+                    .refuse(key, expected, format_args!("{:?}", repo.name)));
+            }
+            if let Some(first) = names.insert(&repo.name, i) {
+                return Err(self.src.refuse(
+                    key,
+                    format_args!(
+                        "a name no other repository has (repository[{first}] is already called so)"
+                    ),
+                    format_args!("{:?}", repo.name),
+                ));
+            }
+            let key = format!("repository[{i}].path");
+            self.path(&key, &repo.path)?;
+            if let Some(first) = paths.insert(&repo.path, i) {
+                return Err(self.src.refuse(
+                    key,
+                    format_args!(
+                        "a path no other repository has (repository[{first}] already has it)"
+                    ),
+                    repo.path.display(),
+                ));
+            }
+            if let Some(text) = &repo.description {
+                let key = format!("repository[{i}].description");
+                let Some(Kind::Text { max_chars }) = kind("repository[].description") else {
+                    return Err(self.undeclared("repository[].description", "text"));
+                };
+                if text.chars().count() > max_chars || text.chars().any(char::is_control) {
+                    let expected = describe("repository[].description");
+                    return Err(self.src.refuse(key, expected, format_args!("{text:?}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A key this pass checks but [`KEYS`](crate::KEYS) does not declare as
+    /// such: a bug in this crate, refused rather than guessed at.
+    fn undeclared(&self, key: &str, what: &str) -> ConfigError {
+        self.src.refuse_with(
+            key,
+            format!("airlock-config does not declare this key as {what} (a bug in airlock)"),
+        )
+    }
+
+    // ---- one check per Kind ----------------------------------------------
+
+    fn int(&self, key: &str, value: impl Into<u64>) -> Result {
+        let value = value.into();
+        let Some(Kind::Integer { min, max }) = kind(key) else {
+            return Err(self.undeclared(key, "an integer"));
+        };
+        if (min..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(self.src.refuse(key, describe(key), value))
+        }
+    }
+
+    fn path(&self, key: &str, path: &Path) -> Result {
+        if is_clean_absolute(path) {
+            Ok(())
+        } else {
+            Err(self.src.refuse(
+                key,
+                Item::Path.describe(),
+                format_args!("{:?}", path.to_string_lossy()),
+            ))
+        }
+    }
+
+    fn user(&self, key: &str, name: &str) -> Result {
+        if is_unix_name(name) && name != "root" {
+            Ok(())
+        } else {
+            Err(self
+                .src
+                .refuse(key, describe(key), format_args!("{name:?}")))
+        }
+    }
+
+    fn name(&self, key: &str, name: &str) -> Result {
+        if is_unix_name(name) {
+            Ok(())
+        } else {
+            Err(self
+                .src
+                .refuse(key, describe(key), format_args!("{name:?}")))
+        }
+    }
+
+    fn list(&self, key: &str, values: &[String]) -> Result {
+        let Some(Kind::List { item, max }) = kind(key) else {
+            return Err(self.undeclared(key, "a list"));
+        };
+        if values.len() > max {
+            return Err(self.src.refuse(
+                key,
+                describe(key),
+                format_args!("a list of {} elements", values.len()),
+            ));
+        }
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, value) in values.iter().enumerate() {
+            let element = format!("{key}[{i}]");
+            if !item_ok(item, value) {
+                return Err(self
+                    .src
+                    .refuse(element, item.describe(), format_args!("{value:?}")));
+            }
+            if let Some(first) = seen.insert(value, i) {
+                return Err(self.src.refuse(
+                    element,
+                    format_args!("a value not already listed (it is {key}[{first}])"),
+                    format_args!("{value:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn kind(key: &str) -> Option<Kind> {
+    keys::spec(key).map(|spec| spec.kind)
+}
+
+fn describe(key: &str) -> String {
+    kind(key).map_or_else(|| "a valid value".to_owned(), |k| k.describe())
+}
+
+fn item_ok(item: Item, value: &str) -> bool {
+    match item {
+        Item::Path => is_clean_absolute(Path::new(value)),
+        Item::PythonModule => {
+            value.len() <= 128
+                && value.split('.').all(|part| {
+                    let mut chars = part.chars();
+                    chars
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+        }
+        Item::GitSubcommand => {
+            let mut chars = value.chars();
+            value.len() <= 64
+                && chars.next().is_some_and(|c| c.is_ascii_lowercase())
+                && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !GIT_WRITING_SUBCOMMANDS.contains(&value)
+        }
+        Item::Capability => {
+            let mut chars = value.chars();
+            value.len() <= MAX_CAPABILITY_LEN
+                && chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && chars.all(|c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
+                })
+        }
+        Item::CredentialPath => check_relative_path(value).is_ok() && is_credential_path(value),
+    }
+}
+
+/// `/a/b`: absolute, no empty, `.` or `..` component, no trailing `/`, no
+/// control characters, and not `/` itself.
+fn is_clean_absolute(path: &Path) -> bool {
+    let Some(text) = path.to_str() else {
+        return false;
+    };
+    let Some(rest) = text.strip_prefix('/') else {
+        return false;
+    };
+    text.len() <= airlock_proto::limits::MAX_PATH_LEN
+        && !text.chars().any(char::is_control)
+        && rest
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+/// A unix user or group name: `[a-z_][a-z0-9_-]{0,31}`.
+fn is_unix_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 32
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clean_absolute_paths() {
+        for good in ["/a", "/var/lib/airlock/tasks.sqlite3", "/a/.hidden/b"] {
+            assert!(is_clean_absolute(Path::new(good)), "{good}");
+        }
+        for bad in [
+            "", "/", "a/b", "./a", "/a/", "/a//b", "/a/./b", "/a/../b", "/a/..", "/a\n",
+        ] {
+            assert!(!is_clean_absolute(Path::new(bad)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unix_names() {
+        for good in ["airlock-exec", "_svc", "a", "a1_b-c"] {
+            assert!(is_unix_name(good), "{good}");
+        }
+        for bad in ["", "Airlock", "1abc", "-x", "a b", "a.b", &"a".repeat(33)] {
+            assert!(!is_unix_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn list_items() {
+        assert!(item_ok(Item::PythonModule, "xml.etree"));
+        assert!(!item_ok(Item::PythonModule, "xml..etree"));
+        assert!(!item_ok(Item::PythonModule, "1x"));
+        assert!(!item_ok(Item::PythonModule, "os; import x"));
+        assert!(item_ok(Item::GitSubcommand, "ls-files"));
+        assert!(!item_ok(Item::GitSubcommand, "push"));
+        assert!(!item_ok(Item::GitSubcommand, "--exec-path"));
+        assert!(item_ok(Item::Capability, "git.read"));
+        assert!(!item_ok(Item::Capability, "Git.Read"));
+        assert!(item_ok(Item::CredentialPath, ".env"));
+        assert!(item_ok(Item::CredentialPath, "deploy/server.pem"));
+        assert!(!item_ok(Item::CredentialPath, "src/main.rs"));
+        assert!(!item_ok(Item::CredentialPath, "../.env"));
+    }
+}

@@ -1,0 +1,710 @@
+//! airlock-config against real files and every key of the table.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use airlock_config::{Authorizer, Config, ConfigError, KEYS, Kind, Location};
+use airlock_proto::Code;
+
+const ORIGIN: &str = "/etc/airlock/airlock.toml";
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new(ORIGIN))
+}
+
+/// Parses `text`, expects a refusal about `key`, and checks that the message
+/// names the file, the key and what was expected; returns the message.
+#[track_caller]
+fn refused(text: &str, key: &str) -> String {
+    let err = match parse(text) {
+        Ok(_) => panic!("accepted, expected a refusal of {key}:\n{text}"),
+        Err(err) => err,
+    };
+    let message = err.to_string();
+    assert_eq!(err.key(), Some(key), "{message}\n---\n{text}");
+    assert_eq!(err.code(), Code::CONFIG_INVALID);
+    assert!(message.starts_with(ORIGIN), "{message}");
+    assert!(message.contains(&format!(": {key}: ")), "{message}");
+    assert!(message.contains("expected"), "no expectation in: {message}");
+    message
+}
+
+fn example_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/airlock.toml")
+}
+
+/// A document that sets one (normalised) key to a TOML value; keys inside
+/// `[[repository]]` get a table whose other required keys are valid.
+fn doc_with(key: &str, value: &str) -> String {
+    if let Some(field) = key.strip_prefix("repository[].") {
+        let mut fields = vec![
+            ("name", "\"r\"".to_owned()),
+            ("path", "\"/srv/git/r.git\"".to_owned()),
+        ];
+        fields.retain(|(name, _)| *name != field);
+        fields.push((field, value.to_owned()));
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        return format!("[[repository]]\n{}\n", body.join("\n"));
+    }
+    match key.rsplit_once('.') {
+        Some((table, leaf)) => format!("[{table}]\n{leaf} = {value}\n"),
+        None => format!("{key} = {value}\n"),
+    }
+}
+
+/// The key as it is named in an error about `doc_with(key, _)`.
+fn concrete(key: &str) -> String {
+    key.replace("[]", "[0]")
+}
+
+fn leaves() -> impl Iterator<Item = &'static airlock_config::KeySpec> {
+    KEYS.iter()
+        .filter(|s| !matches!(s.kind, Kind::Table | Kind::Tables))
+}
+
+// ---- the example file and the defaults ---------------------------------------
+
+#[test]
+fn example_file_parses_and_equals_the_defaults_it_claims() {
+    let path = example_path();
+    let config = Config::load(&path).expect("packaging/airlock.toml must parse");
+    assert_eq!(config.repository_names(), ["demo"]);
+    let demo = config.repository("demo").expect("demo repository");
+    assert_eq!(demo.path, Path::new("/srv/git/demo.git"));
+    let mut without_repositories = config.clone();
+    without_repositories.repositories.clear();
+    assert_eq!(without_repositories, Config::embedded_default());
+}
+
+#[test]
+fn example_file_shows_every_key() {
+    let text = std::fs::read_to_string(example_path()).expect("example readable");
+    for spec in leaves() {
+        let leaf = spec.key.rsplit('.').next().unwrap_or(spec.key);
+        let shown = text.lines().any(|line| {
+            let line = line.trim_start_matches(['#', ' ']);
+            line.starts_with(&format!("{leaf} ="))
+        });
+        assert!(shown, "packaging/airlock.toml does not show {}", spec.key);
+    }
+}
+
+#[test]
+fn table_defaults_are_the_embedded_defaults() {
+    let value = toml::Value::try_from(Config::embedded_default()).expect("serialise defaults");
+    let mut checked = 0;
+    for spec in leaves() {
+        if spec.key.starts_with("repository") {
+            continue;
+        }
+        let mut node = &value;
+        for part in spec.key.split('.') {
+            node = match node.get(part) {
+                Some(next) => next,
+                None => {
+                    assert_eq!(spec.default, None, "{} missing from the defaults", spec.key);
+                    node
+                }
+            };
+        }
+        if let Some(default) = spec.default {
+            assert_eq!(node.to_string(), default, "default of {}", spec.key);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, leaves().filter(|s| s.default.is_some()).count());
+    // and nothing in the defaults escapes the table
+    fn walk(prefix: &str, v: &toml::Value, out: &mut Vec<String>) {
+        if let toml::Value::Table(t) = v {
+            for (k, v) in t {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                out.push(key.clone());
+                walk(&key, v, out);
+            }
+        }
+    }
+    let mut keys = Vec::new();
+    walk("", &value, &mut keys);
+    for key in keys {
+        assert!(KEYS.iter().any(|s| s.key == key), "{key} is not in KEYS");
+    }
+}
+
+#[test]
+fn embedded_default_round_trips_through_the_parser() {
+    let text = toml::to_string(&Config::embedded_default()).expect("serialise");
+    assert_eq!(
+        parse(&text).expect("defaults valid"),
+        Config::embedded_default()
+    );
+    assert_eq!(parse("").expect("empty file"), Config::embedded_default());
+    let d = Config::embedded_default();
+    assert!(d.repositories.is_empty());
+    assert_eq!(d.supervisor.authorizer, Authorizer::Polkit);
+    assert!(!d.supervisor.auto_accept);
+    assert!(!d.executor.allow_degraded_landlock);
+    assert!(
+        d.executor
+            .programs
+            .iter()
+            .all(|p| !p.ends_with("sh") && !p.ends_with("bash")),
+        "no shell by default"
+    );
+}
+
+// ---- every key: accepted at its default, refused by name when wrong ---------
+
+#[test]
+fn every_key_accepts_its_default_written_out() {
+    for spec in leaves() {
+        let value = match (spec.default, spec.kind) {
+            (Some(d), _) => d.to_owned(),
+            (None, Kind::RepositoryName) => "\"repo.name_1-x\"".to_owned(),
+            (None, Kind::Path) => "\"/srv/git/x.git\"".to_owned(),
+            (None, Kind::AuthorizationId) => "\"owner-2026-example\"".to_owned(),
+            (None, Kind::Text { .. }) => "\"Ünïcode text is fine\"".to_owned(),
+            (None, other) => panic!("no sample for {} ({other:?})", spec.key),
+        };
+        let text = doc_with(spec.key, &value);
+        if let Err(e) = parse(&text) {
+            panic!("{} = {value} refused: {e}", spec.key);
+        }
+    }
+}
+
+/// Values of the wrong type or outside the key's form, per kind.
+fn wrong_values(kind: Kind) -> Vec<String> {
+    match kind {
+        Kind::Integer { min, max } => {
+            let mut v = vec!["\"12\"".to_owned(), "1.5".to_owned(), "true".to_owned()];
+            v.push((max + 1).to_string());
+            if min > 0 {
+                v.push((min - 1).to_string());
+            }
+            v.push("-3".to_owned());
+            v
+        }
+        Kind::Bool => vec!["\"false\"".into(), "0".into()],
+        Kind::Path => vec![
+            "\"relative/path\"".into(),
+            "\"/a/../b\"".into(),
+            "\"/a//b\"".into(),
+            "\"/a/\"".into(),
+            "\"/\"".into(),
+            "\"\"".into(),
+            "7".into(),
+        ],
+        Kind::User => vec![
+            "\"root\"".into(),
+            "\"Bad Name\"".into(),
+            "\"\"".into(),
+            "5".into(),
+        ],
+        Kind::Group => vec!["\"Group\"".into(), "\"1st\"".into(), "[]".into()],
+        Kind::Choice(_) => vec!["\"nope\"".into(), "\"Polkit\"".into(), "true".into()],
+        Kind::LoopbackAddress => vec![
+            "\"0.0.0.0:8941\"".into(),
+            "\"192.168.1.2:8941\"".into(),
+            "\"127.0.0.1:0\"".into(),
+            "\"localhost:8941\"".into(),
+            "\"127.0.0.1\"".into(),
+            "8941".into(),
+        ],
+        Kind::RepositoryName => vec![
+            "\"-x\"".into(),
+            "\"a/b\"".into(),
+            "\"\"".into(),
+            format!("\"{}\"", "a".repeat(65)),
+            "1".into(),
+        ],
+        Kind::AuthorizationId => vec!["\"short\"".into(), "\"has space1\"".into(), "1".into()],
+        Kind::Text { max_chars } => vec![
+            "\"two\\nlines\"".into(),
+            format!("\"{}\"", "x".repeat(max_chars + 1)),
+            "1".into(),
+        ],
+        Kind::List { max, .. } => vec![
+            "\"not-a-list\"".into(),
+            "[1]".into(),
+            format!("[{}]", vec!["\"x\""; max + 1].join(", ")),
+        ],
+        Kind::Table | Kind::Tables => vec!["3".into()],
+    }
+}
+
+#[test]
+fn every_key_refuses_wrong_values_by_name() {
+    let mut cases = 0;
+    for spec in leaves() {
+        for value in wrong_values(spec.kind) {
+            let text = doc_with(spec.key, &value);
+            let key = concrete(spec.key);
+            let err = match parse(&text) {
+                Ok(_) => panic!("{} = {value} accepted", spec.key),
+                Err(e) => e,
+            };
+            let message = err.to_string();
+            let got = err.key().unwrap_or("");
+            assert!(
+                got == key || got.starts_with(&format!("{key}[")),
+                "{} = {value}: error names {got:?}: {message}",
+                spec.key
+            );
+            assert!(message.starts_with(ORIGIN), "{message}");
+            assert!(message.contains("expected"), "{message}");
+            if got == key {
+                assert!(
+                    message.contains(&format!("expected {}", spec.kind.describe())),
+                    "{} = {value}: {message}",
+                    spec.key
+                );
+            }
+            cases += 1;
+        }
+    }
+    assert!(cases > 100, "only {cases} cases");
+}
+
+#[test]
+fn integer_errors_say_range_and_value() {
+    for spec in leaves() {
+        let Kind::Integer { min, max } = spec.kind else {
+            continue;
+        };
+        let text = doc_with(spec.key, &(max + 1).to_string());
+        let message = refused(&text, spec.key);
+        assert!(
+            message.ends_with(&format!(
+                "expected an integer in {min}..={max}, found {}",
+                max + 1
+            )),
+            "{message}"
+        );
+        assert!(
+            message.starts_with(&format!("{ORIGIN}:2:")),
+            "no line:column: {message}"
+        );
+    }
+}
+
+#[test]
+fn unknown_keys_are_refused_in_every_table() {
+    for spec in KEYS {
+        let text = match spec.kind {
+            Kind::Table => format!("[{}]\nbogus_key = 1\n", spec.key),
+            Kind::Tables => {
+                "[[repository]]\nname = \"r\"\npath = \"/srv/r.git\"\nbogus_key = 1\n".to_owned()
+            }
+            _ => continue,
+        };
+        let key = if spec.kind == Kind::Tables {
+            "repository[0].bogus_key".to_owned()
+        } else {
+            format!("{}.bogus_key", spec.key)
+        };
+        let message = refused(&text, &key);
+        assert!(
+            message.contains("unknown key; expected one of: "),
+            "{message}"
+        );
+    }
+    let message = refused("[superviser]\nlease_seconds = 30\n", "superviser");
+    assert_eq!(
+        message,
+        format!(
+            "{ORIGIN}:1:2: superviser: unknown key; expected one of: supervisor, worker, spool, executor, retry, repository"
+        )
+    );
+    let message = refused(
+        "[executor.limits]\nprocesess = 3\n",
+        "executor.limits.procesess",
+    );
+    assert!(
+        message.starts_with(&format!(
+            "{ORIGIN}:2:1: executor.limits.procesess: unknown key; expected one of: processes, "
+        )),
+        "{message}"
+    );
+    // dotted keys at the top level are the same keys
+    refused("executor.limits.bogus = 1\n", "executor.limits.bogus");
+}
+
+#[test]
+fn a_section_of_the_wrong_shape_is_refused() {
+    let message = refused("executor = 3\n", "executor");
+    assert!(message.ends_with("expected a table, found 3"), "{message}");
+    let message = refused(
+        "[repository]\nname = \"r\"\npath = \"/srv/r.git\"\n",
+        "repository",
+    );
+    assert!(
+        message.contains("expected an array of tables, written [[name]]"),
+        "{message}"
+    );
+}
+
+// ---- repositories ------------------------------------------------------------
+
+const TWO_REPOS: &str = r#"
+[[repository]]
+name = "alpha"
+path = "/srv/git/alpha.git"
+
+[[repository]]
+name = "alpha"
+path = "/srv/git/beta.git"
+"#;
+
+#[test]
+fn duplicate_repository_names_are_refused_where_the_second_one_is() {
+    let message = refused(TWO_REPOS, "repository[1].name");
+    assert_eq!(
+        message,
+        format!(
+            "{ORIGIN}:7:8: repository[1].name: expected a name no other repository has \
+             (repository[0] is already called so), found \"alpha\""
+        )
+    );
+}
+
+#[test]
+fn duplicate_repository_paths_are_refused() {
+    let text = TWO_REPOS
+        .replacen("name = \"alpha\"", "name = \"one\"", 1)
+        .replace("beta", "alpha");
+    let message = refused(&text, "repository[1].path");
+    assert!(
+        message.contains("(repository[0] already has it)"),
+        "{message}"
+    );
+}
+
+#[test]
+fn repository_paths_must_be_absolute_and_present() {
+    let message = refused(
+        "[[repository]]\nname = \"r\"\npath = \"srv/git/r.git\"\n",
+        "repository[0].path",
+    );
+    assert_eq!(
+        message,
+        format!(
+            "{ORIGIN}:3:8: repository[0].path: expected an absolute path without '.', '..' or empty components, found \"srv/git/r.git\""
+        )
+    );
+    let message = refused(
+        "[[repository]]\nname = \"r\"\n\n[[repository]]\nname = \"s\"\n",
+        "repository[0].path",
+    );
+    assert!(
+        message.contains(": repository[0].path: missing; expected an absolute path"),
+        "{message}"
+    );
+    let message = refused(
+        "[[repository]]\npath = \"/srv/r.git\"\n",
+        "repository[0].name",
+    );
+    assert!(
+        message.contains("missing; expected a repository name"),
+        "{message}"
+    );
+}
+
+#[test]
+fn repositories_are_found_by_name() {
+    let text = TWO_REPOS.replacen("alpha", "one", 1);
+    let config = parse(&text).expect("valid");
+    assert_eq!(config.repository_names(), ["one", "alpha"]);
+    assert_eq!(
+        config.repository("alpha").map(|r| r.path.clone()),
+        Some(PathBuf::from("/srv/git/beta.git"))
+    );
+    assert!(config.repository("ALPHA").is_none());
+    assert!(config.repository("missing").is_none());
+}
+
+// ---- rules that tie keys together ----------------------------------------------
+
+#[test]
+fn sweep_interval_is_at_most_the_lease() {
+    let message = refused(
+        "[supervisor]\nlease_seconds = 60\nsweep_interval_seconds = 61\nworker_user = \"w\"\n[worker]\nrenew_interval_seconds = 10\n",
+        "supervisor.sweep_interval_seconds",
+    );
+    assert!(message.ends_with("expected at most supervisor.lease_seconds (60), so expired leases are noticed within a lease, found 61"), "{message}");
+}
+
+#[test]
+fn renewal_is_at_most_half_the_lease_even_when_defaulted() {
+    // renew_interval_seconds is not in the file: its default (60) is too long
+    // for a 100-second lease, and the message says the value is the default.
+    let message = refused(
+        "[supervisor]\nlease_seconds = 100\n",
+        "worker.renew_interval_seconds",
+    );
+    assert_eq!(
+        message,
+        format!(
+            "{ORIGIN}: worker.renew_interval_seconds: expected at most half of supervisor.lease_seconds (100 / 2 = 50), found 60 (the default)"
+        )
+    );
+    parse("[supervisor]\nlease_seconds = 120\n").expect("60 is half of 120");
+}
+
+#[test]
+fn spool_files_must_fit_a_source_archive() {
+    let message = refused(
+        "[spool]\nmax_file_bytes = 2097152\n",
+        "spool.max_file_bytes",
+    );
+    assert!(
+        message.contains("at least executor.limits.max_archive_bytes (67108864)"),
+        "{message}"
+    );
+    parse("[spool]\nmax_file_bytes = 2097152\n[executor.limits]\nmax_archive_bytes = 2097152\n")
+        .expect("equal is enough");
+}
+
+#[test]
+fn largest_file_is_at_most_the_total() {
+    let message = refused(
+        "[executor.limits]\nmax_file_bytes = 1000\nmax_total_bytes = 999\n",
+        "executor.limits.max_file_bytes",
+    );
+    assert!(
+        message.contains("at most executor.limits.max_total_bytes (999)"),
+        "{message}"
+    );
+}
+
+#[test]
+fn executor_and_worker_are_different_users() {
+    let message = refused("[executor]\nuser = \"airlock-worker\"\n", "executor.user");
+    assert!(
+        message.contains("other than supervisor.worker_user"),
+        "{message}"
+    );
+    let message = refused("[executor]\nuser = \"root\"\n", "executor.user");
+    assert!(message.contains("other than root"), "{message}");
+}
+
+#[test]
+fn journal_and_task_store_are_different_files() {
+    refused(
+        "[worker]\njournal = \"/var/lib/airlock/tasks.sqlite3\"\n",
+        "worker.journal",
+    );
+}
+
+// ---- lists ---------------------------------------------------------------------
+
+#[test]
+fn list_elements_are_checked_and_named_by_index() {
+    let message = refused(
+        "[executor]\nprograms = [\"/usr/bin/python3\", \"sh\"]\n",
+        "executor.programs[1]",
+    );
+    assert_eq!(
+        message,
+        format!(
+            "{ORIGIN}:2:33: executor.programs[1]: expected an absolute path without '.', '..' or empty components, found \"sh\""
+        )
+    );
+    let message = refused(
+        "[executor]\nprograms = [\"/usr/bin/git\", 3]\n",
+        "executor.programs[1]",
+    );
+    assert!(message.ends_with("found 3"), "{message}");
+    let message = refused(
+        "[executor]\ngit_read_only_subcommands = [\"log\", \"push\"]\n",
+        "executor.git_read_only_subcommands[1]",
+    );
+    assert!(message.contains("does not write"), "{message}");
+    let message = refused(
+        "[executor]\npython_modules = [\"pytest\", \"pytest\"]\n",
+        "executor.python_modules[1]",
+    );
+    assert!(
+        message.contains("not already listed (it is executor.python_modules[0])"),
+        "{message}"
+    );
+    let message = refused(
+        "[executor]\nallow_credential_paths = [\"src/lib.rs\"]\n",
+        "executor.allow_credential_paths[0]",
+    );
+    assert!(message.contains("treats as a credential"), "{message}");
+    let message = refused(
+        "[worker]\ncapabilities = [\"git.read\", \"Git Write\"]\n",
+        "worker.capabilities[1]",
+    );
+    assert!(message.contains("capability name"), "{message}");
+}
+
+#[test]
+fn configured_lists_are_kept_in_order() {
+    let config = parse(
+        "[executor]\nprograms = [\"/usr/bin/make\"]\nallow_credential_paths = [\".env\", \"deploy/server.pem\"]\npython_modules = []\n",
+    )
+    .expect("valid");
+    assert_eq!(config.executor.programs, [PathBuf::from("/usr/bin/make")]);
+    assert_eq!(
+        config.executor.allow_credential_paths,
+        [".env", "deploy/server.pem"]
+    );
+    assert!(config.executor.python_modules.is_empty());
+}
+
+// ---- choices, addresses, ids -------------------------------------------------
+
+#[test]
+fn the_test_authorizer_must_be_chosen_explicitly() {
+    let config = parse("[supervisor]\nauthorizer = \"allow-all-for-tests\"\n").expect("valid");
+    assert_eq!(config.supervisor.authorizer, Authorizer::AllowAllForTests);
+    let message = refused(
+        "[supervisor]\nauthorizer = \"allow-all\"\n",
+        "supervisor.authorizer",
+    );
+    assert_eq!(
+        message,
+        format!(
+            "{ORIGIN}:2:14: supervisor.authorizer: expected one of \"polkit\", \"allow-all-for-tests\", found \"allow-all\""
+        )
+    );
+}
+
+#[test]
+fn retry_listens_on_loopback_only() {
+    let config = parse("[retry]\nlisten = \"[::1]:9000\"\nauthorization_id = \"owner-0001\"\n")
+        .expect("valid");
+    assert_eq!(config.retry.listen.port(), 9000);
+    assert_eq!(config.retry.authorization_id.as_deref(), Some("owner-0001"));
+    let message = refused("[retry]\nlisten = \"0.0.0.0:8941\"\n", "retry.listen");
+    assert!(message.ends_with("found \"0.0.0.0:8941\""), "{message}");
+}
+
+// ---- syntax ----------------------------------------------------------------------
+
+#[test]
+fn syntax_errors_name_the_file_and_place() {
+    let err = parse("[supervisor]\nlease_seconds = \n").expect_err("invalid TOML");
+    assert!(matches!(err, ConfigError::Syntax { .. }), "{err:?}");
+    assert_eq!(err.key(), None);
+    assert_eq!(
+        err.location(),
+        Some(Location {
+            line: 2,
+            column: 17
+        })
+    );
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!("{ORIGIN}:2:17: not valid TOML: ")),
+        "{message}"
+    );
+
+    let err = parse("[supervisor]\nauto_accept = true\nauto_accept = false\n")
+        .expect_err("duplicate key");
+    assert!(err.to_string().contains("duplicate key"), "{err}");
+    assert_eq!(err.location().map(|l| l.line), Some(3));
+}
+
+// ---- files -------------------------------------------------------------------------
+
+fn write_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).expect("create");
+    f.write_all(bytes).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path
+}
+
+#[test]
+fn load_reads_a_file_and_names_it_in_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = write_file(
+        dir.path(),
+        "good.toml",
+        b"[[repository]]\nname = \"r\"\npath = \"/srv/r.git\"\n",
+        0o644,
+    );
+    assert_eq!(
+        Config::load(&good).expect("loads").repository_names(),
+        ["r"]
+    );
+
+    let bad = write_file(
+        dir.path(),
+        "bad.toml",
+        b"[worker]\nparallel_tasks = 17\n",
+        0o640,
+    );
+    let err = Config::load(&bad).expect_err("out of range");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:2:18: worker.parallel_tasks: expected an integer in 1..=16, found 17",
+            bad.display()
+        )
+    );
+    assert_eq!(err.file(), bad);
+    let proto: airlock_proto::Error = err.into();
+    assert_eq!(proto.code, Code::CONFIG_INVALID);
+    assert!(proto.to_string().starts_with("CONFIG_INVALID: "), "{proto}");
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("airlock.toml");
+    let err = Config::load(&missing).expect_err("missing");
+    assert!(matches!(err, ConfigError::Unreadable { .. }));
+    assert_eq!(err.code(), Code::CONFIG_INVALID);
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&missing.display().to_string()),
+        "{message}"
+    );
+    assert!(message.contains("No such file"), "{message}");
+    assert!(
+        message.contains("expected a readable TOML file"),
+        "{message}"
+    );
+}
+
+#[test]
+fn files_airlock_will_not_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = Config::load(dir.path()).expect_err("a directory");
+    assert!(
+        err.to_string().ends_with(": expected a regular file"),
+        "{err}"
+    );
+
+    let open = write_file(dir.path(), "open.toml", b"", 0o666);
+    let err = Config::load(&open).expect_err("world-writable");
+    assert!(
+        err.to_string()
+            .ends_with("expected a file other users cannot write, found mode 0666"),
+        "{err}"
+    );
+
+    let big = vec![b'#'; 1024 * 1024 + 1];
+    let big = write_file(dir.path(), "big.toml", &big, 0o644);
+    let err = Config::load(&big).expect_err("too large");
+    assert!(
+        err.to_string().contains("expected at most 1048576 bytes"),
+        "{err}"
+    );
+
+    let latin1 = write_file(dir.path(), "latin1.toml", b"# caf\xe9\n", 0o644);
+    let err = Config::load(&latin1).expect_err("not UTF-8");
+    assert!(
+        err.to_string()
+            .ends_with("expected UTF-8 text, found an invalid byte at offset 5"),
+        "{err}"
+    );
+}

@@ -1,0 +1,85 @@
+//! docs/configuration.md is generated from `airlock_config::KEYS`; this test
+//! fails when the file differs from what the table says, and rewrites it when
+//! `UPDATE_DOCS=1` is set.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use airlock_config::{DEFAULT_PATH, KEYS, Kind, MAX_CONFIG_BYTES, RULES};
+
+const DOC: &str = "docs/configuration.md";
+
+fn render() -> String {
+    let mut out = String::new();
+    out.push_str(
+        "<!-- Generated from crates/config/src/keys.rs by crates/config/tests/docs.rs.\n     Do not edit by hand: change the table, then run\n     UPDATE_DOCS=1 cargo test -p airlock-config --test docs -->\n\n",
+    );
+    out.push_str("# Configuration reference\n\n");
+    let _ = write!(
+        out,
+        "Every airlock service reads `{DEFAULT_PATH}`, parsed by the `airlock-config` crate. \
+         A fully commented example with every default is `packaging/airlock.toml`.\n\n\
+         - Every key has a default except `[[repository]]`: a file with only repository \
+         tables (or an empty file, which registers no repository) is valid.\n\
+         - Unknown keys are errors. So are values of the wrong type, out of range, or \
+         breaking one of the rules between keys below. The service does not start; the \
+         error names the file, the line and column when known, the dotted key \
+         (`executor.limits.processes`, `repository[1].path`) and what was expected, \
+         and carries the code `CONFIG_INVALID`.\n\
+         - The file must be a regular file, at most {MAX_CONFIG_BYTES} bytes of UTF-8, \
+         not writable by other users.\n\
+         - Parsing opens no other file: whether a repository path is a bare repository, \
+         or a user exists, is checked by the service that uses it.\n\
+         - This page describes what each key is for. The services that act on most of \
+         them (supervisor, worker, executor, retryd) are still being built; see the \
+         README for what exists today.\n\n\
+         Rules between keys, checked after every key passed on its own:\n\n"
+    );
+    for rule in RULES {
+        let _ = writeln!(out, "- {rule}");
+    }
+    for spec in KEYS {
+        match spec.kind {
+            Kind::Table => {
+                let _ = write!(out, "\n## `[{}]`\n\n{}\n", spec.key, spec.meaning);
+                continue;
+            }
+            Kind::Tables => {
+                let _ = write!(out, "\n## `[[{}]]`\n\n{}\n", spec.key, spec.meaning);
+                continue;
+            }
+            _ => {}
+        }
+        let default = match (spec.default, spec.required) {
+            (Some(d), _) => format!("`{d}`"),
+            (None, true) => "required".to_owned(),
+            (None, false) => "unset".to_owned(),
+        };
+        let _ = write!(
+            out,
+            "\n### `{}`\n\n- default: {default}\n- expected: {}\n\n{}\n",
+            spec.key,
+            spec.kind.describe(),
+            spec.meaning
+        );
+    }
+    out
+}
+
+#[test]
+fn configuration_reference_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(DOC);
+    let wanted = render();
+    if std::env::var_os("UPDATE_DOCS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &wanted).expect("write docs/configuration.md");
+        return;
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        actual == wanted,
+        "{DOC} is out of date with crates/config/src/keys.rs.\n\
+         Regenerate it with:\n\n    UPDATE_DOCS=1 cargo test -p airlock-config --test docs\n"
+    );
+}
