@@ -1,0 +1,250 @@
+//! Publishing and reading one file in a directory held open as a descriptor.
+
+use crate::error::{Error, Result};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Mode of every published spool file: owner read/write, group read.
+pub const FILE_MODE: u32 = 0o640;
+
+/// Prefix of temporary names; never a valid request id, so never read.
+pub(crate) const TEMP_PREFIX: &str = ".tmp-";
+
+/// What a reader demands of a file before it trusts its bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expect {
+    /// The uid that must own the file: the producing side.
+    pub owner_uid: u32,
+    /// Largest size accepted, in bytes.
+    pub max_bytes: u64,
+    /// When present, the SHA-256 (64 lowercase hex digits) the bytes must have.
+    pub sha256: Option<String>,
+}
+
+pub(crate) fn io(e: Errno) -> std::io::Error {
+    std::io::Error::from(e)
+}
+
+/// Opens a directory without following a symlink in its last component.
+pub(crate) fn open_dir(path: &Path) -> Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::OpenDir {
+        path: path.to_owned(),
+        source: io(e),
+    })
+}
+
+fn temp_name() -> String {
+    let mut bytes = [0u8; 12];
+    // A failing getrandom leaves zeros; O_EXCL still refuses a collision.
+    let _ = getrandom::getrandom(&mut bytes);
+    format!("{TEMP_PREFIX}{}", hex::encode(bytes))
+}
+
+/// Publishes `bytes` as `name` in the directory `dir` (shown as `dir_path`):
+/// a fresh temporary file (O_EXCL, O_NOFOLLOW, mode 0640) is written and
+/// fsynced, renamed into place without replacing anything, and the
+/// directory is fsynced. A reader therefore sees the whole file or nothing.
+pub(crate) fn publish_at(
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<PathBuf> {
+    let final_path = dir_path.join(name);
+    let temp = temp_name();
+    let temp_path = dir_path.join(&temp);
+    let fd = rustix::fs::openat(
+        dir,
+        temp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(FILE_MODE),
+    )
+    .map_err(|e| Error::CreateTemp {
+        path: dir_path.to_owned(),
+        source: io(e),
+    })?;
+    let cleanup = |err: Error| {
+        let _ = rustix::fs::unlinkat(dir, temp.as_str(), AtFlags::empty());
+        err
+    };
+    // The umask may have narrowed the mode; state it exactly.
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(FILE_MODE)).map_err(|e| {
+        cleanup(Error::Write {
+            path: temp_path.clone(),
+            source: io(e),
+        })
+    })?;
+    let mut file = File::from(fd);
+    file.write_all(bytes).map_err(|e| {
+        cleanup(Error::Write {
+            path: temp_path.clone(),
+            source: e,
+        })
+    })?;
+    file.sync_all().map_err(|e| {
+        cleanup(Error::Sync {
+            path: temp_path.clone(),
+            source: e,
+        })
+    })?;
+    drop(file);
+    match rustix::fs::renameat_with(dir, temp.as_str(), dir, name, RenameFlags::NOREPLACE) {
+        Ok(()) => {}
+        Err(Errno::EXIST) => {
+            return Err(cleanup(Error::AlreadyPublished { path: final_path }));
+        }
+        Err(e) => {
+            return Err(cleanup(Error::Rename {
+                path: final_path,
+                source: io(e),
+            }));
+        }
+    }
+    rustix::fs::fsync(dir).map_err(|e| Error::SyncDir {
+        path: dir_path.to_owned(),
+        source: io(e),
+    })?;
+    Ok(final_path)
+}
+
+pub(crate) fn kind_name(ft: FileType) -> &'static str {
+    match ft {
+        FileType::RegularFile => "regular file",
+        FileType::Directory => "directory",
+        FileType::Symlink => "symbolic link",
+        FileType::Fifo => "FIFO",
+        FileType::Socket => "socket",
+        FileType::CharacterDevice => "character device",
+        FileType::BlockDevice => "block device",
+        FileType::Unknown => "unknown",
+    }
+}
+
+/// Reads `name` in `dir` under the rules of [`Expect`]: opened with
+/// O_NOFOLLOW (and O_NONBLOCK, so a FIFO cannot stall the reader), checked
+/// on the opened descriptor to be a regular, singly-linked file of the
+/// expected owner and bounded size, read with the bound enforced again
+/// while reading, and digest-verified.
+pub(crate) fn read_at(
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    name: &str,
+    expect: &Expect,
+) -> Result<Vec<u8>> {
+    let path = dir_path.join(name);
+    let fd = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Err(Error::Missing { path }),
+        Err(Errno::LOOP) => return Err(Error::Symlink { path }),
+        Err(e) => {
+            return Err(Error::Open {
+                path,
+                source: io(e),
+            });
+        }
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| Error::Stat {
+        path: path.clone(),
+        source: io(e),
+    })?;
+    let ft = FileType::from_raw_mode(st.st_mode);
+    if ft != FileType::RegularFile {
+        return Err(Error::NotRegular {
+            path,
+            kind: kind_name(ft),
+        });
+    }
+    if st.st_uid != expect.owner_uid {
+        return Err(Error::WrongOwner {
+            path,
+            uid: st.st_uid,
+            expected: expect.owner_uid,
+        });
+    }
+    #[allow(clippy::useless_conversion)]
+    let nlink = u64::from(st.st_nlink);
+    if nlink != 1 {
+        return Err(Error::Linked { path, nlink });
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+    if size > expect.max_bytes {
+        return Err(Error::TooLarge {
+            path,
+            max: expect.max_bytes,
+        });
+    }
+    // Clear O_NONBLOCK now that the file is known to be regular.
+    let _ = rustix::fs::fcntl_setfl(&fd, OFlags::empty());
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    File::from(fd)
+        .take(expect.max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::Read {
+            path: path.clone(),
+            source: e,
+        })?;
+    if bytes.len() as u64 > expect.max_bytes {
+        return Err(Error::TooLarge {
+            path,
+            max: expect.max_bytes,
+        });
+    }
+    if let Some(expected) = &expect.sha256 {
+        let actual = hex::encode(Sha256::digest(&bytes));
+        if &actual != expected {
+            return Err(Error::DigestMismatch {
+                path,
+                expected: expected.clone(),
+                actual,
+            });
+        }
+    }
+    Ok(bytes)
+}
+
+fn split(path: &Path) -> Result<(&Path, &str)> {
+    let invalid = || Error::InvalidName {
+        name: path.display().to_string(),
+    };
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(invalid)?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((parent, name))
+}
+
+/// Publishes `bytes` at an arbitrary `path` with the same atomic protocol
+/// as the spool (for `run-once` and tests). The parent directory is the
+/// caller's choice; the final component is never followed or replaced.
+pub fn publish_path(path: &Path, bytes: &[u8]) -> Result<PathBuf> {
+    let (parent, name) = split(path)?;
+    let dir = open_dir(parent)?;
+    publish_at(dir.as_fd(), parent, name, bytes)
+}
+
+/// Reads an arbitrary `path` under the rules of [`Expect`] (for `run-once`
+/// and tests). The final component is never followed.
+pub fn read_path(path: &Path, expect: &Expect) -> Result<Vec<u8>> {
+    let (parent, name) = split(path)?;
+    let dir = open_dir(parent)?;
+    read_at(dir.as_fd(), parent, name, expect)
+}
