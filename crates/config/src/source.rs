@@ -231,7 +231,13 @@ mod tests {
         assert_eq!(at("r[1].n"), Some(Location { line: 7, column: 5 }));
         assert!(at("d.e").is_some());
         // `g` exists only through the dotted key `g.h`: located at `h`'s value.
-        assert_eq!(at("d.e.g"), Some(Location { line: 10, column: 7 }));
+        assert_eq!(
+            at("d.e.g"),
+            Some(Location {
+                line: 10,
+                column: 7
+            })
+        );
         assert_eq!(at("a.zz"), None);
     }
 }

@@ -71,7 +71,7 @@ fn example_file_parses_and_equals_the_defaults_it_claims() {
     let config = Config::load(&path).expect("packaging/airlock.toml must parse");
     assert_eq!(config.repository_names(), ["demo"]);
     let demo = config.repository("demo").expect("demo repository");
-    assert_eq!(demo.path, Path::new("/srv/git/demo.git"));
+    assert_eq!(demo.path, Path::new("/srv/airlock/demo.git"));
     let mut without_repositories = config.clone();
     without_repositories.repositories.clear();
     assert_eq!(without_repositories, Config::embedded_default());

@@ -1,0 +1,68 @@
+# shellcheck shell=bash
+# Sourced by scripts/test and scripts/demo: what a fresh Debian machine needs
+# before airlock builds and its tests run, and how to get it.
+
+# Debian packages airlock needs. Extend this list when a test or a build
+# step needs another one; both scripts install from it.
+#   git              the authority repositories and the git tests
+#   pkg-config, gcc, libc6-dev
+#                    C toolchain for crates that build C (bundled SQLite)
+#   ca-certificates  cargo fetching crates over HTTPS
+#   dbus             a private dbus-daemon for the D-Bus tests
+#   bubblewrap       sandbox tests
+#   python3          the verification commands the executor runs
+AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus bubblewrap python3)
+
+# Prints a section header.
+section() {
+  printf '\n==> %s\n' "$*"
+}
+
+# Installs the missing packages of AIRLOCK_DEBIAN_PACKAGES: as root with
+# apt-get (one `apt-get update`, then one install), otherwise it names them
+# and fails. A machine without dpkg is told what it needs and left alone.
+ensure_debian_packages() {
+  section "Debian packages: ${AIRLOCK_DEBIAN_PACKAGES[*]}"
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "no dpkg here; make sure these (or your distribution's equivalents) are installed: ${AIRLOCK_DEBIAN_PACKAGES[*]}"
+    return 0
+  fi
+  local missing=() pkg
+  for pkg in "${AIRLOCK_DEBIAN_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q '^install ok installed$'; then
+      missing+=("$pkg")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "all installed"
+    return 0
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing: ${missing[*]}" >&2
+    echo "run as root, or install them first: sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    return 1
+  fi
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# Fails with a plain message unless cargo (Rust >= the workspace's
+# rust-version, with rustfmt and clippy) is on PATH. Debian's own rustc is
+# too old for edition 2024, so it is not installed from apt.
+ensure_rust() {
+  section "Rust toolchain"
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo not found. Install a current Rust toolchain (https://rustup.rs), then run this again." >&2
+    return 1
+  fi
+  cargo --version
+  local component
+  for component in "$@"; do
+    if ! cargo "$component" --version >/dev/null 2>&1; then
+      echo "cargo $component not found; with rustup: rustup component add ${component/fmt/rustfmt}" >&2
+      return 1
+    fi
+  done
+}
