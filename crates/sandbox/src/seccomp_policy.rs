@@ -1,0 +1,551 @@
+//! The seccomp policy as reviewed data: one row per denied system call (or
+//! argument pattern), each with the reason it is denied.
+//!
+//! Everything not listed is allowed: the filter narrows the kernel's attack
+//! surface and closes escape routes that Landlock and the id switch do not
+//! cover; it is not the primary filesystem control. Denied calls fail with
+//! EPERM, except `clone3`, which fails with ENOSYS so that glibc falls back
+//! to `clone(2)`, whose flags the filter can inspect.
+//!
+//! Argument matches compare 32-bit values (`Dword`) where the kernel reads
+//! an `int`, so high bits set by the caller cannot slip past a rule.
+
+/// How a matching call fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deny {
+    /// `EPERM`: "you may not".
+    Eperm,
+    /// `ENOSYS`: "this kernel has no such call" (callers fall back).
+    Enosys,
+}
+
+/// Which invocations of the call a row denies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum When {
+    /// Every invocation.
+    Always,
+    /// When the 32-bit argument `arg` differs from `value`.
+    ArgNe {
+        /// Argument index (0-based).
+        arg: u8,
+        /// The only value allowed.
+        value: u32,
+    },
+    /// When the 32-bit argument `arg` equals `value`.
+    ArgEq {
+        /// Argument index (0-based).
+        arg: u8,
+        /// The value denied.
+        value: u32,
+    },
+    /// When any bit of `mask` is set in the 64-bit argument `arg`.
+    ArgAnyBit {
+        /// Argument index (0-based).
+        arg: u8,
+        /// Bits, any of which denies.
+        mask: u64,
+    },
+}
+
+/// One reviewed rule.
+#[derive(Clone, Copy, Debug)]
+pub struct Rule {
+    /// The system call's name.
+    pub name: &'static str,
+    /// Its number on this architecture.
+    pub nr: libc::c_long,
+    /// Which invocations are denied.
+    pub when: When,
+    /// How they fail.
+    pub deny: Deny,
+    /// Why (one line, for reviewers and the man page).
+    pub reason: &'static str,
+}
+
+macro_rules! rule {
+    ($name:ident, $when:expr, $deny:ident, $reason:literal) => {
+        Rule {
+            name: stringify!($name),
+            nr: paste_sys!($name),
+            when: $when,
+            deny: Deny::$deny,
+            reason: $reason,
+        }
+    };
+}
+
+macro_rules! paste_sys {
+    (socket) => {
+        libc::SYS_socket
+    };
+    (socketpair) => {
+        libc::SYS_socketpair
+    };
+    (ptrace) => {
+        libc::SYS_ptrace
+    };
+    (process_vm_readv) => {
+        libc::SYS_process_vm_readv
+    };
+    (process_vm_writev) => {
+        libc::SYS_process_vm_writev
+    };
+    (pidfd_getfd) => {
+        libc::SYS_pidfd_getfd
+    };
+    (kcmp) => {
+        libc::SYS_kcmp
+    };
+    (mount) => {
+        libc::SYS_mount
+    };
+    (umount2) => {
+        libc::SYS_umount2
+    };
+    (pivot_root) => {
+        libc::SYS_pivot_root
+    };
+    (chroot) => {
+        libc::SYS_chroot
+    };
+    (fsopen) => {
+        libc::SYS_fsopen
+    };
+    (fsconfig) => {
+        libc::SYS_fsconfig
+    };
+    (fsmount) => {
+        libc::SYS_fsmount
+    };
+    (fspick) => {
+        libc::SYS_fspick
+    };
+    (move_mount) => {
+        libc::SYS_move_mount
+    };
+    (open_tree) => {
+        libc::SYS_open_tree
+    };
+    (mount_setattr) => {
+        libc::SYS_mount_setattr
+    };
+    (unshare) => {
+        libc::SYS_unshare
+    };
+    (setns) => {
+        libc::SYS_setns
+    };
+    (clone) => {
+        libc::SYS_clone
+    };
+    (clone3) => {
+        libc::SYS_clone3
+    };
+    (keyctl) => {
+        libc::SYS_keyctl
+    };
+    (add_key) => {
+        libc::SYS_add_key
+    };
+    (request_key) => {
+        libc::SYS_request_key
+    };
+    (bpf) => {
+        libc::SYS_bpf
+    };
+    (perf_event_open) => {
+        libc::SYS_perf_event_open
+    };
+    (io_uring_setup) => {
+        libc::SYS_io_uring_setup
+    };
+    (io_uring_enter) => {
+        libc::SYS_io_uring_enter
+    };
+    (io_uring_register) => {
+        libc::SYS_io_uring_register
+    };
+    (userfaultfd) => {
+        libc::SYS_userfaultfd
+    };
+    (kexec_load) => {
+        libc::SYS_kexec_load
+    };
+    (kexec_file_load) => {
+        libc::SYS_kexec_file_load
+    };
+    (init_module) => {
+        libc::SYS_init_module
+    };
+    (finit_module) => {
+        libc::SYS_finit_module
+    };
+    (delete_module) => {
+        libc::SYS_delete_module
+    };
+    (ioctl) => {
+        libc::SYS_ioctl
+    };
+    (open_by_handle_at) => {
+        libc::SYS_open_by_handle_at
+    };
+    (acct) => {
+        libc::SYS_acct
+    };
+    (swapon) => {
+        libc::SYS_swapon
+    };
+    (swapoff) => {
+        libc::SYS_swapoff
+    };
+    (reboot) => {
+        libc::SYS_reboot
+    };
+    (syslog) => {
+        libc::SYS_syslog
+    };
+    (quotactl) => {
+        libc::SYS_quotactl
+    };
+}
+
+/// Namespace-creating clone flags (CLONE_NEWTIME is only valid for unshare
+/// and clone3, both denied outright).
+pub const CLONE_NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWCGROUP) as u64;
+
+const AF_UNIX: u32 = libc::AF_UNIX as u32;
+const TIOCSTI: u32 = libc::TIOCSTI as u32;
+const TIOCLINUX: u32 = libc::TIOCLINUX as u32;
+
+/// The policy. Review every change to this table.
+pub const RULES: &[Rule] = &[
+    // --- network ---------------------------------------------------------
+    rule!(
+        socket,
+        When::ArgNe {
+            arg: 0,
+            value: AF_UNIX
+        },
+        Eperm,
+        "only AF_UNIX sockets: no IP, netlink, packet, vsock or other families"
+    ),
+    rule!(
+        socketpair,
+        When::ArgNe {
+            arg: 0,
+            value: AF_UNIX
+        },
+        Eperm,
+        "only AF_UNIX socket pairs"
+    ),
+    // --- other processes ---------------------------------------------------
+    rule!(
+        ptrace,
+        When::Always,
+        Eperm,
+        "no tracing or controlling another process"
+    ),
+    rule!(
+        process_vm_readv,
+        When::Always,
+        Eperm,
+        "no reading another process's memory"
+    ),
+    rule!(
+        process_vm_writev,
+        When::Always,
+        Eperm,
+        "no writing another process's memory"
+    ),
+    rule!(
+        pidfd_getfd,
+        When::Always,
+        Eperm,
+        "no stealing another process's file descriptors"
+    ),
+    rule!(
+        kcmp,
+        When::Always,
+        Eperm,
+        "no probing other processes' kernel objects"
+    ),
+    // --- filesystem view ---------------------------------------------------
+    rule!(
+        mount,
+        When::Always,
+        Eperm,
+        "no changing the filesystem view"
+    ),
+    rule!(
+        umount2,
+        When::Always,
+        Eperm,
+        "no uncovering what a mount hides"
+    ),
+    rule!(pivot_root, When::Always, Eperm, "no changing the root"),
+    rule!(chroot, When::Always, Eperm, "no changing the root"),
+    rule!(
+        fsopen,
+        When::Always,
+        Eperm,
+        "new mount API: no creating filesystems"
+    ),
+    rule!(
+        fsconfig,
+        When::Always,
+        Eperm,
+        "new mount API: no configuring filesystems"
+    ),
+    rule!(
+        fsmount,
+        When::Always,
+        Eperm,
+        "new mount API: no creating mounts"
+    ),
+    rule!(
+        fspick,
+        When::Always,
+        Eperm,
+        "new mount API: no reconfiguring mounts"
+    ),
+    rule!(
+        move_mount,
+        When::Always,
+        Eperm,
+        "new mount API: no attaching mounts"
+    ),
+    rule!(
+        open_tree,
+        When::Always,
+        Eperm,
+        "new mount API: no cloning mount trees"
+    ),
+    rule!(
+        mount_setattr,
+        When::Always,
+        Eperm,
+        "new mount API: no changing mount flags"
+    ),
+    rule!(
+        open_by_handle_at,
+        When::Always,
+        Eperm,
+        "opens by file handle, bypassing path checks"
+    ),
+    // --- namespaces --------------------------------------------------------
+    rule!(
+        unshare,
+        When::Always,
+        Eperm,
+        "no new namespaces (a user namespace grants capabilities)"
+    ),
+    rule!(setns, When::Always, Eperm, "no entering other namespaces"),
+    rule!(
+        clone,
+        When::ArgAnyBit {
+            arg: 0,
+            mask: CLONE_NAMESPACE_FLAGS
+        },
+        Eperm,
+        "fork and threads yes, new namespaces through clone flags no"
+    ),
+    rule!(
+        clone3,
+        When::Always,
+        Enosys,
+        "its flags are in memory the filter cannot read; ENOSYS makes glibc use clone"
+    ),
+    // --- kernel keyrings ---------------------------------------------------
+    rule!(
+        keyctl,
+        When::Always,
+        Eperm,
+        "kernel keyrings outlive and reach beyond the sandbox"
+    ),
+    rule!(
+        add_key,
+        When::Always,
+        Eperm,
+        "kernel keyrings outlive and reach beyond the sandbox"
+    ),
+    rule!(
+        request_key,
+        When::Always,
+        Eperm,
+        "kernel keyrings outlive and reach beyond the sandbox"
+    ),
+    // --- large kernel attack surface --------------------------------------
+    rule!(
+        bpf,
+        When::Always,
+        Eperm,
+        "BPF programs and maps: a large kernel attack surface"
+    ),
+    rule!(
+        perf_event_open,
+        When::Always,
+        Eperm,
+        "performance counters: side channels and kernel bugs"
+    ),
+    rule!(
+        io_uring_setup,
+        When::Always,
+        Eperm,
+        "io_uring performs I/O seccomp never sees"
+    ),
+    rule!(
+        io_uring_enter,
+        When::Always,
+        Eperm,
+        "io_uring performs I/O seccomp never sees"
+    ),
+    rule!(
+        io_uring_register,
+        When::Always,
+        Eperm,
+        "io_uring performs I/O seccomp never sees"
+    ),
+    rule!(
+        userfaultfd,
+        When::Always,
+        Eperm,
+        "widens kernel race windows for exploits"
+    ),
+    // --- the machine itself ------------------------------------------------
+    rule!(
+        kexec_load,
+        When::Always,
+        Eperm,
+        "no replacing the running kernel"
+    ),
+    rule!(
+        kexec_file_load,
+        When::Always,
+        Eperm,
+        "no replacing the running kernel"
+    ),
+    rule!(
+        init_module,
+        When::Always,
+        Eperm,
+        "no loading kernel modules"
+    ),
+    rule!(
+        finit_module,
+        When::Always,
+        Eperm,
+        "no loading kernel modules"
+    ),
+    rule!(
+        delete_module,
+        When::Always,
+        Eperm,
+        "no unloading kernel modules"
+    ),
+    rule!(reboot, When::Always, Eperm, "no rebooting the machine"),
+    rule!(swapon, When::Always, Eperm, "no changing swap"),
+    rule!(swapoff, When::Always, Eperm, "no changing swap"),
+    rule!(acct, When::Always, Eperm, "no process accounting"),
+    rule!(quotactl, When::Always, Eperm, "no changing disk quotas"),
+    rule!(
+        syslog,
+        When::Always,
+        Eperm,
+        "the kernel log leaks kernel addresses"
+    ),
+    // --- terminals ---------------------------------------------------------
+    rule!(
+        ioctl,
+        When::ArgEq {
+            arg: 1,
+            value: TIOCSTI
+        },
+        Eperm,
+        "TIOCSTI would type commands into the caller's terminal"
+    ),
+    rule!(
+        ioctl,
+        When::ArgEq {
+            arg: 1,
+            value: TIOCLINUX
+        },
+        Eperm,
+        "TIOCLINUX can paste the console selection as input"
+    ),
+];
+
+/// x86-64 only: the x32 ABI numbers its calls with bit 30 set, which no rule
+/// above matches; all of them fail with ENOSYS.
+pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rule_has_a_reason() {
+        for r in RULES {
+            assert!(r.reason.len() > 10, "{} needs a reason", r.name);
+            assert!(!r.reason.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn required_denials_are_present() {
+        for name in [
+            "socket",
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "chroot",
+            "unshare",
+            "setns",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "bpf",
+            "perf_event_open",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "userfaultfd",
+            "kexec_load",
+            "kexec_file_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+            "ioctl",
+            "clone3",
+        ] {
+            assert!(RULES.iter().any(|r| r.name == name), "{name} missing");
+        }
+    }
+
+    #[test]
+    fn only_clone3_answers_enosys() {
+        for r in RULES {
+            assert_eq!(r.deny == Deny::Enosys, r.name == "clone3", "{}", r.name);
+        }
+    }
+
+    #[test]
+    fn one_action_per_syscall() {
+        for a in RULES {
+            for b in RULES {
+                if a.nr == b.nr {
+                    assert_eq!(a.deny, b.deny, "{}", a.name);
+                    assert_eq!(a.name, b.name);
+                }
+            }
+        }
+    }
+}

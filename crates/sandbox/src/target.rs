@@ -1,0 +1,83 @@
+//! The command's own process: the remaining confinement steps in their
+//! fixed order, each failing hard, then execve.
+
+use std::convert::Infallible;
+use std::fs::File;
+
+use crate::error::Result;
+use crate::namespaces::Mounts;
+use crate::report::Message;
+use crate::{Plan, caps, env, exec, exit_now, ids, landlock, no_new_privs, rlimits, seccomp, send};
+
+/// Confines this process and executes the command; never returns.
+pub(crate) fn run(plan: &Plan, mounts: Mounts, status: &mut File) -> ! {
+    let err = match confine_and_exec(plan, mounts, status) {
+        Err(e) => e,
+        Ok(never) => match never {},
+    };
+    eprintln!("airlock-confine: {}: {err}", err.code().as_str());
+    send(
+        status,
+        &Message::Failed {
+            step: err.step().into(),
+            code: err.code().as_str().into(),
+            message: err.to_string(),
+            exit_status: err.exit_status(),
+        },
+    );
+    exit_now(err.exit_status())
+}
+
+fn confine_and_exec(plan: &Plan, mounts: Mounts, status: &mut File) -> Result<Infallible> {
+    // 1. Empty the bounding set and lock securebits while CAP_SETPCAP is held.
+    caps::drop_bounding()?;
+    // 2. Supplementary groups, gid, uid (root only; verified).
+    ids::switch(plan.uid, plan.gid, plan.privileged)?;
+    // 3. Every remaining capability: ambient, inheritable, effective, permitted.
+    let capabilities_dropped = caps::clear()?;
+    // 4. execve can never grant privileges again.
+    no_new_privs::set()?;
+    // 5. Resource limits, and no core dumps.
+    rlimits::apply(&plan.limits)?;
+    // 6. Landlock; refuse unless fully enforced or degraded mode is allowed.
+    let landlock = landlock::restrict(&plan.grants, plan.min_abi)?;
+    let mut warnings = Vec::new();
+    if let Some(reason) = landlock::degraded_reason(&landlock) {
+        if !plan.allow_degraded {
+            return Err(crate::Error::Degraded { reason });
+        }
+        eprintln!(
+            "airlock-confine: WARNING: SANDBOX DEGRADED: {reason}; running anyway (--allow-degraded)"
+        );
+        warnings.push(format!("sandbox degraded: {reason}"));
+    }
+    // 7. seccomp, last: after it, only the calls below are made.
+    seccomp::install()?;
+    // 8. Clean environment, working directory and signal state.
+    let envp = env::build(&plan.workdir, mounts.tmp, &plan.env);
+    let program = exec::resolve(&plan.command, path_of(&envp))?;
+    let envp = env::to_cstrings(&envp)?;
+    env::enter_workdir(&plan.workdir)?;
+    env::reset_signals();
+    // 9. A new session: no controlling terminal, own process group.
+    exec::new_session()?;
+    // 10. Tell the supervisor, then execve (the status pipe closes on exec).
+    send(
+        status,
+        &Message::Confined {
+            uid: plan.uid,
+            gid: plan.gid,
+            landlock,
+            degraded: !warnings.is_empty(),
+            warnings,
+            capabilities_dropped,
+        },
+    );
+    Err(exec::execve(&program, &plan.argv, &envp))
+}
+
+fn path_of(env: &[(String, String)]) -> &str {
+    env.iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("", |(_, v)| v.as_str())
+}
