@@ -1,0 +1,479 @@
+//! Claims, leases and results: everything a worker does.
+
+use super::row::{self, RawRow, TaskRow};
+use super::{
+    Actor, ResultReceipt, TaskStore, action, audit, check_lease_ms, check_task_id, not_found,
+};
+use crate::error::{StoreError, StoreResult};
+use airlock_proto::binding::is_key;
+use airlock_proto::canonical::{canonical_of, sha256_hex, to_canonical_string};
+use airlock_proto::limits::MAX_RESULT_BYTES;
+use airlock_proto::task::{ClaimGrant, Outcome, TaskResult, TaskState};
+use airlock_proto::{Code, Error};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Value, json};
+
+/// Name of the system actor that expires leases.
+pub const LEASE_SWEEPER: &str = "lease-sweeper";
+
+/// A fresh 256-bit lease token, hex encoded.
+fn new_token() -> StoreResult<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes).map_err(|e| {
+        Error::with(
+            Code::INTERNAL,
+            format!("no randomness for a lease token: {e}"),
+        )
+    })?;
+    Ok(hex::encode(bytes))
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Checks that the caller holds the task's current, unexpired lease, in a
+/// fixed order: state, epoch (older is stale, newer is invalid), token,
+/// expiry (expired when `expires <= now`).
+fn check_lease(row: &TaskRow, lease_epoch: u64, lease_token: &str, now: i64) -> StoreResult<()> {
+    if row.status != TaskState::Running {
+        return Err(Error::with(
+            Code::TASK_STATE_INVALID,
+            format!("the task is {}, not RUNNING", row.status.as_str()),
+        )
+        .into());
+    }
+    if lease_epoch < row.lease_epoch {
+        return Err(Error::with(
+            Code::LEASE_EPOCH_STALE,
+            format!(
+                "epoch {lease_epoch} was fenced by epoch {}",
+                row.lease_epoch
+            ),
+        )
+        .into());
+    }
+    if lease_epoch > row.lease_epoch {
+        return Err(Error::with(Code::LEASE_INVALID, "no lease has that epoch").into());
+    }
+    let presented = sha256_hex(lease_token.as_bytes());
+    let held = row.lease_token_hash.as_deref().unwrap_or("");
+    if !constant_time_eq(held.as_bytes(), presented.as_bytes()) {
+        return Err(Error::with(Code::LEASE_INVALID, "the lease token does not match").into());
+    }
+    match row.lease_expires_at {
+        Some(expires) if expires > now => Ok(()),
+        _ => Err(Error::with(Code::LEASE_EXPIRED, "the lease has expired").into()),
+    }
+}
+
+/// Labels of the envelope's verification commands, in order.
+fn envelope_command_labels(envelope: &Value) -> Vec<&str> {
+    envelope["verification"]
+        .as_array()
+        .map(|cmds| cmds.iter().filter_map(|c| c["label"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+fn message_invalid(why: impl Into<String>) -> StoreError {
+    Error::with(Code::MESSAGE_INVALID, why).into()
+}
+
+impl TaskStore {
+    /// Claims the oldest QUEUED task (submission order) with attempts left:
+    /// a new attempt, a new lease epoch, RUNNING, `claimed_by` = the
+    /// worker's name, and a fresh 256-bit lease token that is returned here
+    /// once and stored only as its SHA-256 (of the token's hex text).
+    /// `None` when nothing is claimable. `lease_ms` must be in
+    /// `1..=MAX_LEASE_MS` (`FIELD_BOUNDS_EXCEEDED`).
+    pub fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
+        let result = self.claim_inner(worker, lease_ms);
+        self.audited(result, None, worker, action::TASK_CLAIMED)
+    }
+
+    fn claim_inner(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
+        check_lease_ms(lease_ms)?;
+        let token = new_token()?;
+        let token_hash = sha256_hex(token.as_bytes());
+        self.write("a claim", move |conn, now| {
+            let next = conn
+                .query_row(
+                    &format!(
+                        "SELECT {} FROM tasks WHERE status = 'QUEUED' AND attempt < max_attempts \
+                         ORDER BY seq LIMIT 1",
+                        row::COLUMNS
+                    ),
+                    [],
+                    RawRow::from_sql,
+                )
+                .optional()
+                .map_err(|e| StoreError::sqlite("finding a claimable task", e))?;
+            let Some(raw) = next else {
+                return Ok(None);
+            };
+            let mut row = raw.into_row()?;
+            let envelope = row.envelope()?;
+            let expires = now.saturating_add(lease_ms);
+            row.status = TaskState::Running;
+            row.attempt += 1;
+            row.lease_epoch += 1;
+            row.claimed_by = Some(worker.name.clone());
+            row.lease_token_hash = Some(token_hash);
+            row.lease_expires_at = Some(expires);
+            row.save(conn, now)?;
+            audit::append_allowed(
+                conn,
+                now,
+                &row.task_id,
+                worker,
+                action::TASK_CLAIMED,
+                json!({
+                    "attempt": row.attempt,
+                    "lease_epoch": row.lease_epoch,
+                    "lease_expires_at_ms": expires,
+                    "claimed_by": worker.name,
+                    "execution_digest": row.execution_digest,
+                    "revision": row.revision,
+                }),
+            )?;
+            Ok(Some(ClaimGrant {
+                task_id: row.task_id,
+                attempt: row.attempt,
+                lease_epoch: row.lease_epoch,
+                lease_token: token,
+                lease_expires_at_ms: expires,
+                envelope,
+            }))
+        })
+    }
+
+    /// Extends the caller's lease to `now + lease_ms` and returns the new
+    /// expiry. Refusals: `TASK_STATE_INVALID` (not RUNNING),
+    /// `LEASE_EPOCH_STALE` (an older epoch), `LEASE_INVALID` (a newer epoch
+    /// or the wrong token), `LEASE_EXPIRED` (expiry at or before now; an
+    /// expired lease is never revived).
+    pub fn renew(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        lease_ms: i64,
+        worker: &Actor,
+    ) -> StoreResult<i64> {
+        let result = self.renew_inner(task_id, lease_epoch, lease_token, lease_ms, worker);
+        self.audited(result, Some(task_id), worker, action::TASK_LEASE_RENEWED)
+    }
+
+    fn renew_inner(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        lease_ms: i64,
+        worker: &Actor,
+    ) -> StoreResult<i64> {
+        check_task_id(task_id)?;
+        check_lease_ms(lease_ms)?;
+        self.write("a lease renewal", |conn, now| {
+            let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+            check_lease(&row, lease_epoch, lease_token, now)?;
+            let expires = now.saturating_add(lease_ms);
+            row.lease_expires_at = Some(expires);
+            row.save(conn, now)?;
+            audit::append_allowed(
+                conn,
+                now,
+                task_id,
+                worker,
+                action::TASK_LEASE_RENEWED,
+                json!({
+                    "attempt": row.attempt,
+                    "lease_epoch": row.lease_epoch,
+                    "lease_expires_at_ms": expires,
+                    "revision": row.revision,
+                }),
+            )?;
+            Ok(expires)
+        })
+    }
+
+    /// Ends every RUNNING lease whose expiry is at or before now: the task
+    /// goes back to QUEUED while attempts remain, else to FAILED with the
+    /// verification record `{"decision": "LEASE_EXPIRED", …}`. The token
+    /// hash and expiry are cleared; `claimed_by` is kept as history. Returns
+    /// each swept task with its new state.
+    pub fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>> {
+        let sweeper = Actor::system(LEASE_SWEEPER);
+        let result = self.write("a lease sweep", |conn, now| sweep(conn, now, &sweeper));
+        self.audited(result, None, &sweeper, action::TASK_LEASE_EXPIRED)
+    }
+
+    /// Accepts the result of the caller's attempt.
+    ///
+    /// A result is first looked up by `(task_id, idempotency_key)`: the
+    /// byte-identical canonical result is an idempotent replay (even after
+    /// the task moved on), another result is `RESULT_IDEMPOTENCY_CONFLICT`.
+    /// Otherwise the caller must hold the current, unexpired lease (see
+    /// [`TaskStore::renew`] for the codes), and the result's `task_id`,
+    /// `attempt`, `execution_digest` and `target_branch` must be the task's
+    /// and its outcome must fit the envelope's action (`MESSAGE_INVALID`
+    /// otherwise: with the lease proven, a disagreeing result is a malformed
+    /// message, not a state race).
+    ///
+    /// The lease is cleared. Passed or captured → VERIFYING, or SUCCEEDED at
+    /// once when `auto_accept` and the summaries name exactly the envelope's
+    /// commands, each exited 0 and none timed out. Failed → an automatic
+    /// NEEDS_REWORK: QUEUED while attempts remain, else FAILED.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_result(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        idempotency_key: &str,
+        result: &TaskResult,
+        auto_accept: bool,
+        worker: &Actor,
+    ) -> StoreResult<ResultReceipt> {
+        let outcome = self.submit_result_inner(
+            task_id,
+            lease_epoch,
+            lease_token,
+            idempotency_key,
+            result,
+            auto_accept,
+            worker,
+        );
+        self.audited(
+            outcome,
+            Some(task_id),
+            worker,
+            action::TASK_RESULT_SUBMITTED,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit_result_inner(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        idempotency_key: &str,
+        result: &TaskResult,
+        auto_accept: bool,
+        worker: &Actor,
+    ) -> StoreResult<ResultReceipt> {
+        check_task_id(task_id)?;
+        if !is_key(idempotency_key) {
+            return Err(
+                Error::with(Code::IDEMPOTENCY_KEY_INVALID, "result idempotency key").into(),
+            );
+        }
+        result.validate()?;
+        let canonical = canonical_of(result)?;
+        if canonical.len() > MAX_RESULT_BYTES {
+            return Err(Error::with(
+                Code::FIELD_BOUNDS_EXCEEDED,
+                format!(
+                    "the result is {} bytes, at most {MAX_RESULT_BYTES}",
+                    canonical.len()
+                ),
+            )
+            .into());
+        }
+        let result_sha256 = sha256_hex(canonical.as_bytes());
+        self.write("a result submission", |conn, now| {
+            let stored: Option<String> = conn
+                .query_row(
+                    "SELECT result_sha256 FROM results WHERE task_id = ?1 AND idempotency_key = ?2",
+                    params![task_id, idempotency_key],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| StoreError::sqlite("looking up a result", e))?;
+            if let Some(stored) = stored {
+                if stored != result_sha256 {
+                    return Err(Error::with(
+                        Code::RESULT_IDEMPOTENCY_CONFLICT,
+                        "the idempotency key was used with another result",
+                    )
+                    .into());
+                }
+                let task = row::load(conn, task_id)?
+                    .ok_or_else(|| not_found(task_id))?
+                    .view()?;
+                return Ok(ResultReceipt {
+                    task,
+                    idempotent: true,
+                });
+            }
+            let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+            check_lease(&row, lease_epoch, lease_token, now)?;
+            if result.task_id != task_id {
+                return Err(message_invalid("the result names another task"));
+            }
+            if result.attempt != row.attempt {
+                return Err(message_invalid(format!(
+                    "the result is for attempt {}, the lease for attempt {}",
+                    result.attempt, row.attempt
+                )));
+            }
+            if result.execution_digest != row.execution_digest {
+                return Err(message_invalid("the result names another execution digest"));
+            }
+            if result.target_branch != row.binding()?.target_branch {
+                return Err(message_invalid("the result names another target branch"));
+            }
+            let envelope = row.envelope()?;
+            let action_name = envelope["action"].as_str().unwrap_or("");
+            let fits = match result.outcome {
+                Outcome::Passed => action_name == "deterministic",
+                Outcome::Captured => action_name == "source_capture",
+                Outcome::Failed => true,
+            };
+            if !fits {
+                return Err(message_invalid(format!(
+                    "outcome {:?} does not fit action {action_name:?}",
+                    result.outcome
+                )));
+            }
+            conn.execute(
+                "INSERT INTO results (task_id, idempotency_key, attempt, lease_epoch, \
+                 result_sha256, result_json, received_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    task_id,
+                    idempotency_key,
+                    row.attempt,
+                    i64::try_from(row.lease_epoch).unwrap_or(i64::MAX),
+                    result_sha256,
+                    canonical,
+                    now,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("storing a result", e))?;
+
+            let mut automatic = false;
+            match result.outcome {
+                Outcome::Passed | Outcome::Captured => {
+                    let labels: Vec<&str> = result
+                        .verification
+                        .iter()
+                        .map(|c| c.label.as_str())
+                        .collect();
+                    let all_passed = labels == envelope_command_labels(&envelope)
+                        && result
+                            .verification
+                            .iter()
+                            .all(|c| c.exit_code == Some(0) && !c.timed_out);
+                    if auto_accept && all_passed {
+                        automatic = true;
+                        row.status = TaskState::Succeeded;
+                        row.verification_json = Some(to_canonical_string(&json!({
+                            "decision": "ACCEPTED",
+                            "automatic": true,
+                            "reason": "every verification command exited 0",
+                            "actor": worker.name,
+                            "attempt": row.attempt,
+                            "result_sha256": result_sha256,
+                        }))?);
+                    } else {
+                        row.status = TaskState::Verifying;
+                    }
+                }
+                Outcome::Failed => {
+                    automatic = true;
+                    row.status = if row.has_attempts_left() {
+                        TaskState::Queued
+                    } else {
+                        TaskState::Failed
+                    };
+                    row.verification_json = Some(to_canonical_string(&json!({
+                        "decision": "NEEDS_REWORK",
+                        "automatic": true,
+                        "reason": result.failure_code,
+                        "actor": worker.name,
+                        "attempt": row.attempt,
+                        "result_sha256": result_sha256,
+                    }))?);
+                }
+            }
+            row.result_json = Some(canonical);
+            row.clear_lease();
+            row.save(conn, now)?;
+            audit::append_allowed(
+                conn,
+                now,
+                task_id,
+                worker,
+                action::TASK_RESULT_SUBMITTED,
+                json!({
+                    "attempt": row.attempt,
+                    "lease_epoch": row.lease_epoch,
+                    "idempotency_key": idempotency_key,
+                    "result_sha256": result_sha256,
+                    "outcome": result.outcome,
+                    "automatic_decision": automatic,
+                    "state": row.status.as_str(),
+                    "revision": row.revision,
+                }),
+            )?;
+            Ok(ResultReceipt {
+                task: row.view()?,
+                idempotent: false,
+            })
+        })
+    }
+}
+
+fn sweep(conn: &Connection, now: i64, sweeper: &Actor) -> StoreResult<Vec<(String, TaskState)>> {
+    let mut stmt = conn
+        .prepare(&format!(
+            "SELECT {} FROM tasks WHERE status = 'RUNNING' \
+             AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) ORDER BY seq",
+            row::COLUMNS
+        ))
+        .map_err(|e| StoreError::sqlite("finding expired leases", e))?;
+    let expired = stmt
+        .query_map([now], RawRow::from_sql)
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| StoreError::sqlite("finding expired leases", e))?;
+    let mut swept = Vec::with_capacity(expired.len());
+    for raw in expired {
+        let mut row = raw.into_row()?;
+        let expired_at = row.lease_expires_at;
+        if row.has_attempts_left() {
+            row.status = TaskState::Queued;
+        } else {
+            row.status = TaskState::Failed;
+            row.verification_json = Some(to_canonical_string(&json!({
+                "decision": "LEASE_EXPIRED",
+                "automatic": true,
+                "reason": "LEASE_EXPIRED",
+                "actor": sweeper.name,
+                "attempt": row.attempt,
+                "lease_epoch": row.lease_epoch,
+                "lease_expired_at_ms": expired_at,
+            }))?);
+        }
+        row.clear_lease();
+        row.save(conn, now)?;
+        audit::append_allowed(
+            conn,
+            now,
+            &row.task_id,
+            sweeper,
+            action::TASK_LEASE_EXPIRED,
+            json!({
+                "attempt": row.attempt,
+                "lease_epoch": row.lease_epoch,
+                "lease_expired_at_ms": expired_at,
+                "claimed_by": row.claimed_by,
+                "state": row.status.as_str(),
+                "revision": row.revision,
+            }),
+        )?;
+        swept.push((row.task_id, row.status));
+    }
+    Ok(swept)
+}

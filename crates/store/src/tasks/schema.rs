@@ -1,0 +1,108 @@
+//! The task store's schema, as versioned migrations.
+
+use crate::db::Migration;
+
+/// Every schema step of the task store, oldest first.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: V1,
+}];
+
+/// Version 1.
+///
+/// `tasks` carries the seed's columns (`task_id`, `status`, `attempt`,
+/// `max_attempts`, `revision`, `claimed_by`, `lease_token_hash`,
+/// `lease_expires_at`, `verification_json`, `result_json`) with the names
+/// the retry-extension CAS speaks, plus airlock's own. `seq` orders the
+/// queue (oldest submission first) and survives VACUUM, unlike a bare rowid.
+/// `results`, `task_retry_extensions` and `events` are append-only: triggers
+/// abort any UPDATE or DELETE. The lease columns deliberately carry no
+/// cross-column CHECK: the retry extension's own ACTIVE_LEASE_DENY guard is
+/// the seed's defence against a terminal task that still holds a lease, and
+/// it must stay reachable (and tested) field by field.
+const V1: &str = r#"
+CREATE TABLE store_clock (
+    id            INTEGER PRIMARY KEY CHECK (id = 1),
+    high_water_ms INTEGER NOT NULL
+);
+INSERT INTO store_clock (id, high_water_ms) VALUES (1, 0);
+
+CREATE TABLE tasks (
+    seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id           TEXT    NOT NULL UNIQUE,
+    status            TEXT    NOT NULL CHECK (status IN
+                          ('QUEUED', 'RUNNING', 'VERIFYING', 'SUCCEEDED', 'FAILED', 'CANCELLED')),
+    attempt           INTEGER NOT NULL CHECK (attempt >= 0),
+    max_attempts      INTEGER NOT NULL CHECK (max_attempts BETWEEN 1 AND 50),
+    revision          INTEGER NOT NULL CHECK (revision >= 1),
+    lease_epoch       INTEGER NOT NULL CHECK (lease_epoch >= 0),
+    claimed_by        TEXT,
+    lease_token_hash  TEXT,
+    lease_expires_at  INTEGER,
+    verification_json TEXT,
+    result_json       TEXT,
+    binding_json      TEXT    NOT NULL,
+    plan_json         TEXT    NOT NULL,
+    envelope_json     TEXT    NOT NULL,
+    execution_digest  TEXT    NOT NULL,
+    plan_digest       TEXT    NOT NULL,
+    idempotency_key   TEXT    NOT NULL UNIQUE,
+    submission_sha256 TEXT    NOT NULL,
+    created_at_ms     INTEGER NOT NULL,
+    updated_at_ms     INTEGER NOT NULL,
+    CHECK (attempt <= max_attempts)
+);
+CREATE INDEX tasks_by_status ON tasks (status, seq);
+
+CREATE TABLE results (
+    task_id         TEXT    NOT NULL REFERENCES tasks (task_id),
+    idempotency_key TEXT    NOT NULL,
+    attempt         INTEGER NOT NULL,
+    lease_epoch     INTEGER NOT NULL,
+    result_sha256   TEXT    NOT NULL,
+    result_json     TEXT    NOT NULL,
+    received_at_ms  INTEGER NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+CREATE TRIGGER results_no_update BEFORE UPDATE ON results
+BEGIN SELECT RAISE(ABORT, 'results are append-only'); END;
+CREATE TRIGGER results_no_delete BEFORE DELETE ON results
+BEGIN SELECT RAISE(ABORT, 'results are append-only'); END;
+
+CREATE TABLE task_retry_extensions (
+    task_id                      TEXT    NOT NULL,
+    idempotency_key              TEXT    NOT NULL,
+    request_sha256               TEXT    NOT NULL,
+    authorization_id             TEXT    NOT NULL,
+    previous_verification_sha256 TEXT    NOT NULL,
+    previous_max_attempts        INTEGER NOT NULL,
+    next_max_attempts            INTEGER NOT NULL,
+    expected_revision            INTEGER NOT NULL,
+    applied_revision             INTEGER NOT NULL,
+    created_at_ms                INTEGER NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+CREATE TRIGGER task_retry_extensions_no_update BEFORE UPDATE ON task_retry_extensions
+BEGIN SELECT RAISE(ABORT, 'retry extensions are append-only'); END;
+CREATE TRIGGER task_retry_extensions_no_delete BEFORE DELETE ON task_retry_extensions
+BEGIN SELECT RAISE(ABORT, 'retry extensions are append-only'); END;
+
+CREATE TABLE events (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id      TEXT,
+    at_ms        INTEGER NOT NULL,
+    actor_kind   TEXT    NOT NULL,
+    actor_uid    INTEGER,
+    actor_name   TEXT    NOT NULL,
+    action       TEXT    NOT NULL,
+    outcome      TEXT    NOT NULL CHECK (outcome IN ('allowed', 'denied')),
+    code         TEXT,
+    payload_json TEXT    NOT NULL,
+    CHECK ((outcome = 'denied') = (code IS NOT NULL))
+);
+CREATE INDEX events_by_task ON events (task_id, id);
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'events are append-only'); END;
+"#;

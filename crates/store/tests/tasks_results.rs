@@ -1,0 +1,606 @@
+//! Submitting results, verification decisions and cancellation.
+
+#[path = "tasks_common.rs"]
+mod common;
+
+use airlock_proto::Code;
+use airlock_proto::task::{CommandSummary, Decision, Outcome, TaskResult, TaskState};
+use airlock_store::tasks::{EventOutcome, action, verification_sha256};
+use common::*;
+use serde_json::json;
+
+fn submit_result(
+    fx: &mut Fixture,
+    grant: &airlock_proto::task::ClaimGrant,
+    key: &str,
+    result: &TaskResult,
+    auto_accept: bool,
+) -> airlock_store::StoreResult<airlock_store::tasks::ResultReceipt> {
+    fx.store.submit_result(
+        &grant.task_id,
+        grant.lease_epoch,
+        &grant.lease_token,
+        key,
+        result,
+        auto_accept,
+        &worker(),
+    )
+}
+
+#[test]
+fn a_passed_result_goes_to_verifying_and_clears_the_lease() {
+    let mut fx = Fixture::new();
+    let t = fx.submit("task-a", 2);
+    let grant = fx.claim();
+    let result = result_for(&grant, Outcome::Passed);
+    let r = submit_result(&mut fx, &grant, &result_key(&grant), &result, false).unwrap();
+    assert!(!r.idempotent);
+    let v = r.task;
+    assert_eq!(v.state, TaskState::Verifying);
+    assert_eq!(v.lease_expires_at_ms, None);
+    assert_eq!(v.revision, t.revision + 2);
+    assert_eq!(v.result, Some(serde_json::to_value(&result).unwrap()));
+    assert_eq!(v.verification, None);
+    let raw: (Option<String>, Option<String>, Option<i64>) = fx
+        .raw()
+        .query_row(
+            "SELECT claimed_by, lease_token_hash, lease_expires_at FROM tasks",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(raw, (Some("worker-1".into()), None, None));
+    let e = fx.store.events(Some("task-a"), 0, 10).unwrap();
+    let last = e.last().unwrap();
+    assert_eq!(last.action, action::TASK_RESULT_SUBMITTED);
+    assert_eq!(last.payload["state"], json!("VERIFYING"));
+    assert_eq!(last.payload["automatic_decision"], json!(false));
+    // The result is stored once, keyed by (task, key), with its digest.
+    let (n, sha): (i64, String) = fx
+        .raw()
+        .query_row(
+            "SELECT COUNT(*), MAX(result_sha256) FROM results",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(json!(sha), last.payload["result_sha256"]);
+}
+
+#[test]
+fn auto_accept_succeeds_only_when_every_command_exited_zero() {
+    let mut fx = Fixture::new();
+    fx.submit("task-a", 1);
+    let grant = fx.claim();
+    let v = fx.finish(&grant, Outcome::Passed, true);
+    assert_eq!(v.state, TaskState::Succeeded);
+    let ver = v.verification.unwrap();
+    assert_eq!(ver["decision"], json!("ACCEPTED"));
+    assert_eq!(ver["automatic"], json!(true));
+
+    // A command that timed out, exited non-zero, was killed, or is missing
+    // from the evidence leaves the decision to a human.
+    let edits: [fn(&mut Vec<CommandSummary>); 5] = [
+        |c| c[0].timed_out = true,
+        |c| c[0].exit_code = Some(2),
+        |c| c[0].exit_code = None,
+        |c| c.clear(),
+        |c| c[0].label = "other".into(),
+    ];
+    for (i, edit) in edits.iter().enumerate() {
+        let id = format!("task-auto-{i}");
+        fx.submit(&id, 1);
+        let grant = fx.claim();
+        let mut result = result_for(&grant, Outcome::Passed);
+        edit(&mut result.verification);
+        let v = submit_result(&mut fx, &grant, &result_key(&grant), &result, true)
+            .unwrap()
+            .task;
+        assert_eq!(v.state, TaskState::Verifying, "case {i}");
+        assert_eq!(v.verification, None);
+    }
+}
+
+#[test]
+fn a_failed_result_is_an_automatic_rework_then_a_failure() {
+    let mut fx = Fixture::new();
+    fx.submit("task-a", 2);
+    let g1 = fx.claim();
+    let v = fx.finish(&g1, Outcome::Failed, true);
+    assert_eq!((v.state, v.attempt), (TaskState::Queued, 1));
+    let ver = v.verification.unwrap();
+    assert_eq!(ver["decision"], json!("NEEDS_REWORK"));
+    assert_eq!(ver["reason"], json!("VERIFICATION_FAILED"));
+    assert_eq!(ver["automatic"], json!(true));
+    let g2 = fx.claim();
+    assert_eq!((g2.attempt, g2.lease_epoch), (2, 2));
+    let v = fx.finish(&g2, Outcome::Failed, true);
+    assert_eq!(
+        (v.state, v.attempt, v.max_attempts),
+        (TaskState::Failed, 2, 2)
+    );
+    assert!(fx.store.claim(&worker(), LEASE).unwrap().is_none());
+}
+
+#[test]
+fn an_identical_result_replays_even_after_the_task_moved_on() {
+    let mut fx = Fixture::new();
+    fx.submit("task-a", 2);
+    let grant = fx.claim();
+    let result = result_for(&grant, Outcome::Passed);
+    let key = result_key(&grant);
+    let first = submit_result(&mut fx, &grant, &key, &result, false).unwrap();
+    let last = fx.last_event_id();
+    let again = submit_result(&mut fx, &grant, &key, &result, false).unwrap();
+    assert!(again.idempotent);
+    assert_eq!(again.task, first.task);
+    assert_eq!(fx.last_event_id(), last, "a replay appends nothing");
+    // Moved on: accepted. The replay still answers, with the current task,
+    // even though the lease is long gone.
+    let accepted = fx
+        .store
+        .decide("task-a", Decision::Accept, "looks right", &admin())
+        .unwrap();
+    let again = fx
+        .store
+        .submit_result(
+            "task-a",
+            grant.lease_epoch,
+            "not-the-token",
+            &key,
+            &result,
+            false,
+            &worker(),
+        )
+        .unwrap();
+    assert!(again.idempotent);
+    assert_eq!(again.task, accepted);
+}
+
+#[test]
+fn another_result_under_a_used_key_is_a_conflict() {
+    let mut fx = Fixture::new();
+    fx.submit("task-a", 2);
+    let grant = fx.claim();
+    let key = result_key(&grant);
+    submit_result(
+        &mut fx,
+        &grant,
+        &key,
+        &result_for(&grant, Outcome::Passed),
+        false,
+    )
+    .unwrap();
+    let mut other = result_for(&grant, Outcome::Passed);
+    other.commit_oid = Some("d".repeat(40));
+    let g = grant.clone();
+    fx.refused(
+        "task-a",
+        Code::RESULT_IDEMPOTENCY_CONFLICT,
+        action::TASK_RESULT_SUBMITTED,
+        Some("task-a"),
+        |s| {
+            s.submit_result(
+                "task-a",
+                g.lease_epoch,
+                &g.lease_token,
+                &key,
+                &other,
+                false,
+                &worker(),
+            )
+        },
+    );
+}
+
+#[test]
+fn result_refusals_change_nothing() {
+    let mut fx = Fixture::new();
+    fx.submit("task-a", 3);
+    let grant = fx.claim();
+    let a = action::TASK_RESULT_SUBMITTED;
+    let key = result_key(&grant);
+    let good = result_for(&grant, Outcome::Passed);
+    let g = grant.clone();
+    let run = |fx: &mut Fixture,
+               code: Code,
+               task: &str,
+               epoch: u64,
+               token: &str,
+               key: &str,
+               result: TaskResult| {
+        let event_task = airlock_proto::binding::is_task_id(task).then_some(task);
+        fx.refused("task-a", code, a, event_task, |s| {
+            s.submit_result(task, epoch, token, key, &result, true, &worker())
+        });
+    };
+    run(
+        &mut fx,
+        Code::TASK_ID_INVALID,
+        "t",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        good.clone(),
+    );
+    run(
+        &mut fx,
+        Code::IDEMPOTENCY_KEY_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        "short",
+        good.clone(),
+    );
+    let mut r = good.clone();
+    r.schema = "other".into();
+    run(
+        &mut fx,
+        Code::SCHEMA_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
+    let mut r = good.clone();
+    r.commit_oid = None;
+    run(
+        &mut fx,
+        Code::MESSAGE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
+    run(
+        &mut fx,
+        Code::TASK_NOT_FOUND,
+        "task-zz",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        good.clone(),
+    );
+    run(
+        &mut fx,
+        Code::LEASE_EPOCH_STALE,
+        "task-a",
+        g.lease_epoch - 1,
+        &g.lease_token,
+        &key,
+        good.clone(),
+    );
+    run(
+        &mut fx,
+        Code::LEASE_INVALID,
+        "task-a",
+        g.lease_epoch + 1,
+        &g.lease_token,
+        &key,
+        good.clone(),
+    );
+    run(
+        &mut fx,
+        Code::LEASE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &"0".repeat(64),
+        &key,
+        good.clone(),
+    );
+    run(
+        &mut fx,
+        Code::LEASE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        "",
+        &key,
+        good.clone(),
+    );
+    // With the lease proven, a result that disagrees with the task is malformed.
+    let mut r = good.clone();
+    r.task_id = "task-b".into();
+    run(
+        &mut fx,
+        Code::MESSAGE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
+    let mut r = good.clone();
+    r.attempt = 2;
+    run(
+        &mut fx,
+        Code::MESSAGE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
+    let mut r = good.clone();
+    r.execution_digest = "f".repeat(64);
+    run(
+        &mut fx,
+        Code::MESSAGE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
+    let mut r = good.clone();
+    r.target_branch = "agent/other".into();
+    run(
+        &mut fx,
+        Code::MESSAGE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
+    // A capture is not the outcome of a deterministic plan.
+    let mut r = good.clone();
+    r.outcome = Outcome::Captured;
+    r.commit_oid = None;
+    run(
+        &mut fx,
+        Code::MESSAGE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
+    // Expired (expiry == now counts as expired).
+    fx.clock.advance(LEASE);
+    run(
+        &mut fx,
+        Code::LEASE_EXPIRED,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        good.clone(),
+    );
+    // Not RUNNING.
+    fx.store.cancel("task-a", "stop", &admin()).unwrap();
+    run(
+        &mut fx,
+        Code::TASK_STATE_INVALID,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        good.clone(),
+    );
+}
+
+#[test]
+fn a_fenced_holder_cannot_submit_after_a_new_claim() {
+    let mut fx = Fixture::new();
+    fx.submit("task-a", 3);
+    let old = fx.claim();
+    fx.clock.advance(LEASE + 1);
+    fx.store.sweep_expired().unwrap();
+    let new = fx.claim();
+    assert_eq!((new.attempt, new.lease_epoch), (2, 2));
+    let result = result_for(&old, Outcome::Passed);
+    fx.refused(
+        "task-a",
+        Code::LEASE_EPOCH_STALE,
+        action::TASK_RESULT_SUBMITTED,
+        Some("task-a"),
+        |s| {
+            s.submit_result(
+                "task-a",
+                old.lease_epoch,
+                &old.lease_token,
+                &result_key(&old),
+                &result,
+                false,
+                &worker(),
+            )
+        },
+    );
+    // The old token with the new epoch is not a lease either.
+    let result = result_for(&new, Outcome::Passed);
+    fx.refused(
+        "task-a",
+        Code::LEASE_INVALID,
+        action::TASK_RESULT_SUBMITTED,
+        Some("task-a"),
+        |s| {
+            s.submit_result(
+                "task-a",
+                new.lease_epoch,
+                &old.lease_token,
+                &result_key(&new),
+                &result,
+                false,
+                &worker(),
+            )
+        },
+    );
+    assert_eq!(
+        fx.finish(&new, Outcome::Passed, false).state,
+        TaskState::Verifying
+    );
+}
+
+#[test]
+fn decisions_move_a_verifying_task() {
+    let mut fx = Fixture::new();
+    let cases = [
+        (Decision::Accept, 2, TaskState::Succeeded, "ACCEPTED"),
+        (Decision::Reject, 2, TaskState::Failed, "REJECTED"),
+        (Decision::Rework, 1, TaskState::Failed, "NEEDS_REWORK"),
+        // Last, so that the fixture's claims above take the task just submitted.
+        (Decision::Rework, 2, TaskState::Queued, "NEEDS_REWORK"),
+    ];
+    for (i, (decision, max, state, record)) in cases.into_iter().enumerate() {
+        let id = format!("task-decide-{i}");
+        fx.submit(&id, max);
+        let grant = fx.claim();
+        let verifying = fx.finish(&grant, Outcome::Passed, false);
+        let v = fx
+            .store
+            .decide(&id, decision, "  checked by hand \n", &admin())
+            .unwrap();
+        assert_eq!(v.state, state, "{decision:?}");
+        assert_eq!(v.revision, verifying.revision + 1);
+        assert_eq!(
+            v.verification,
+            Some(json!({"decision": record, "reason": "checked by hand", "actor": "admin"}))
+        );
+        let e = fx.store.events(Some(&id), 0, 10).unwrap();
+        let last = e.last().unwrap();
+        assert_eq!(
+            (last.action.as_str(), last.outcome),
+            (action::TASK_VERIFIED, EventOutcome::Allowed)
+        );
+        // The verification record's hash is what an owner would bind to.
+        let raw: String = fx
+            .raw()
+            .query_row(
+                "SELECT verification_json FROM tasks WHERE task_id = ?1",
+                [&id],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(
+            verification_sha256(Some(&raw)).unwrap(),
+            airlock_proto::canonical::digest_of(&v.verification.unwrap()).unwrap()
+        );
+    }
+    // A reworked task is claimable again, as the next attempt.
+    let grant = fx.claim();
+    assert_eq!(
+        (grant.task_id.as_str(), grant.attempt),
+        ("task-decide-3", 2)
+    );
+}
+
+#[test]
+fn decision_refusals() {
+    let mut fx = Fixture::new();
+    fx.submit("task-a", 2);
+    let a = action::TASK_VERIFIED;
+    fx.refused("task-a", Code::TASK_STATE_INVALID, a, Some("task-a"), |s| {
+        s.decide("task-a", Decision::Accept, "ok", &admin())
+    });
+    let grant = fx.claim();
+    fx.refused("task-a", Code::TASK_STATE_INVALID, a, Some("task-a"), |s| {
+        s.decide("task-a", Decision::Accept, "ok", &admin())
+    });
+    fx.finish(&grant, Outcome::Passed, false);
+    for bad in ["", "   ", "colour\u{1b}[31m", &"r".repeat(1025)] {
+        fx.refused(
+            "task-a",
+            Code::VERIFICATION_DECISION_INVALID,
+            a,
+            Some("task-a"),
+            |s| s.decide("task-a", Decision::Reject, bad, &admin()),
+        );
+    }
+    fx.refused("task-zz", Code::TASK_NOT_FOUND, a, Some("task-zz"), |s| {
+        s.decide("task-zz", Decision::Accept, "ok", &admin())
+    });
+    fx.refused("task-a", Code::TASK_ID_INVALID, a, None, |s| {
+        s.decide("", Decision::Accept, "ok", &admin())
+    });
+    fx.store
+        .decide("task-a", Decision::Accept, "ok", &admin())
+        .unwrap();
+    fx.refused("task-a", Code::TASK_STATE_INVALID, a, Some("task-a"), |s| {
+        s.decide("task-a", Decision::Reject, "changed my mind", &admin())
+    });
+}
+
+#[test]
+fn cancel_from_every_live_state_and_never_from_a_terminal_one() {
+    let mut fx = Fixture::new();
+    // QUEUED.
+    fx.submit("task-q", 2);
+    let v = fx.store.cancel("task-q", "duplicate", &admin()).unwrap();
+    assert_eq!((v.state, v.revision), (TaskState::Cancelled, 2));
+    // RUNNING: the lease is dropped and the holder is shut out.
+    fx.submit("task-r", 2);
+    let grant = fx.claim();
+    let v = fx
+        .store
+        .cancel("task-r", "operator stop", &admin())
+        .unwrap();
+    assert_eq!(
+        (v.state, v.lease_expires_at_ms),
+        (TaskState::Cancelled, None)
+    );
+    fx.refused(
+        "task-r",
+        Code::TASK_STATE_INVALID,
+        action::TASK_LEASE_RENEWED,
+        Some("task-r"),
+        |s| {
+            s.renew(
+                "task-r",
+                grant.lease_epoch,
+                &grant.lease_token,
+                LEASE,
+                &worker(),
+            )
+        },
+    );
+    // VERIFYING.
+    fx.submit("task-v", 2);
+    let grant = fx.claim();
+    fx.finish(&grant, Outcome::Passed, false);
+    assert_eq!(
+        fx.store
+            .cancel("task-v", "superseded", &admin())
+            .unwrap()
+            .state,
+        TaskState::Cancelled
+    );
+    let e = fx.store.events(Some("task-v"), 0, 10).unwrap();
+    assert_eq!(
+        e.last().unwrap().payload["previous_state"],
+        json!("VERIFYING")
+    );
+    assert_eq!(e.last().unwrap().payload["reason"], json!("superseded"));
+
+    // Terminal: CANCELLED, SUCCEEDED, FAILED.
+    let a = action::TASK_CANCELLED;
+    fx.refused("task-q", Code::TASK_STATE_INVALID, a, Some("task-q"), |s| {
+        s.cancel("task-q", "again", &admin())
+    });
+    fx.submit("task-s", 1);
+    let grant = fx.claim();
+    fx.finish(&grant, Outcome::Passed, true);
+    fx.refused("task-s", Code::TASK_STATE_INVALID, a, Some("task-s"), |s| {
+        s.cancel("task-s", "late", &admin())
+    });
+    fx.submit("task-f", 1);
+    let grant = fx.claim();
+    fx.finish(&grant, Outcome::Failed, true);
+    fx.refused("task-f", Code::TASK_STATE_INVALID, a, Some("task-f"), |s| {
+        s.cancel("task-f", "late", &admin())
+    });
+    // Other refusals.
+    fx.submit("task-x", 1);
+    fx.refused(
+        "task-x",
+        Code::VERIFICATION_DECISION_INVALID,
+        a,
+        Some("task-x"),
+        |s| s.cancel("task-x", " ", &admin()),
+    );
+    fx.refused("task-zz", Code::TASK_NOT_FOUND, a, Some("task-zz"), |s| {
+        s.cancel("task-zz", "gone", &admin())
+    });
+}
