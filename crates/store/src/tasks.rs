@@ -57,7 +57,6 @@ use crate::db::{self, Kind};
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_task_id;
 use airlock_proto::canonical::digest_of;
-use airlock_proto::task::{TaskState, TaskView};
 use airlock_proto::{Code, Error};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
@@ -67,7 +66,9 @@ use std::sync::Arc;
 
 pub use airlock_proto::plan::{PlanRecord, PlanRequest};
 pub use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
-pub use airlock_proto::task::{Decision, TaskResult, TaskSubmission};
+pub use airlock_proto::task::{
+    ClaimGrant, Decision, TaskResult, TaskState, TaskSubmission, TaskView,
+};
 
 /// Longest lease a claim or renewal may ask for (one day).
 pub const MAX_LEASE_MS: i64 = 24 * 60 * 60 * 1000;
@@ -82,6 +83,9 @@ pub const MAX_DENIAL_DETAIL_LEN: usize = 1024;
 /// The name recorded as the actor of retry extensions (the seed's
 /// `owner-control`): the owner acts through airlock-retryd, not as a uid.
 pub const OWNER_CONTROL_ACTOR: &str = "owner-control";
+
+/// The name of the system actor that expires leases ([`TaskStore::sweep_expired`]).
+pub const LEASE_SWEEPER: &str = "lease-sweeper";
 
 /// Schema tag of the retry-extension event payload.
 pub const RETRY_EXTENSION_EVENT_SCHEMA: &str = "airlock.task-retry-extension.event.v1";

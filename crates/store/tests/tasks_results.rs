@@ -345,6 +345,18 @@ fn result_refusals_change_nothing() {
         &key,
         r,
     );
+    // Bounded: a result's canonical form is at most MAX_RESULT_BYTES.
+    let mut r = good.clone();
+    r.verification[0].label = "l".repeat(airlock_proto::limits::MAX_RESULT_BYTES);
+    run(
+        &mut fx,
+        Code::FIELD_BOUNDS_EXCEEDED,
+        "task-a",
+        g.lease_epoch,
+        &g.lease_token,
+        &key,
+        r,
+    );
     // A capture is not the outcome of a deterministic plan.
     let mut r = good.clone();
     r.outcome = Outcome::Captured;

@@ -2,7 +2,8 @@
 
 use super::row::{self, RawRow, TaskRow};
 use super::{
-    Actor, ResultReceipt, TaskStore, action, audit, check_lease_ms, check_task_id, not_found,
+    Actor, LEASE_SWEEPER, ResultReceipt, TaskStore, action, audit, check_lease_ms, check_task_id,
+    not_found,
 };
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_key;
@@ -12,9 +13,6 @@ use airlock_proto::task::{ClaimGrant, Outcome, TaskResult, TaskState};
 use airlock_proto::{Code, Error};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
-
-/// Name of the system actor that expires leases.
-pub const LEASE_SWEEPER: &str = "lease-sweeper";
 
 /// A fresh 256-bit lease token, hex encoded.
 fn new_token() -> StoreResult<String> {
@@ -201,8 +199,10 @@ impl TaskStore {
     /// Ends every RUNNING lease whose expiry is at or before now: the task
     /// goes back to QUEUED while attempts remain, else to FAILED with the
     /// verification record `{"decision": "LEASE_EXPIRED", …}`. The token
-    /// hash and expiry are cleared; `claimed_by` is kept as history. Returns
-    /// each swept task with its new state.
+    /// hash and expiry are cleared; `claimed_by` is kept as history. A
+    /// RUNNING task with no expiry at all (which no method writes) counts as
+    /// expired, so it cannot hold its place forever. Returns each swept task
+    /// with its new state, in queue order.
     pub fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>> {
         let sweeper = Actor::system(LEASE_SWEEPER);
         let result = self.write("a lease sweep", |conn, now| sweep(conn, now, &sweeper));
@@ -345,7 +345,8 @@ impl TaskStore {
                     task_id,
                     idempotency_key,
                     row.attempt,
-                    i64::try_from(row.lease_epoch).unwrap_or(i64::MAX),
+                    i64::try_from(row.lease_epoch)
+                        .map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow"))?,
                     result_sha256,
                     canonical,
                     now,
