@@ -1,0 +1,399 @@
+//! `airlock-bench store`: what a durable write costs, and what airlock's
+//! stores pay on top of it.
+//!
+//! In every round, one after the other on the same directory:
+//!
+//! 1. **raw append+fsync** (the baseline): append 256 bytes to a file and
+//!    `fsync` it (`File::sync_all`), in a loop;
+//! 2. **raw overwrite+fsync** (context): the same, but rewriting 256 bytes
+//!    in place inside a preallocated file, so the file size never changes —
+//!    closer to how SQLite reuses its WAL after a checkpoint;
+//! 3. **checkpoint appends** through [`CheckpointJournal`] at
+//!    `synchronous=FULL`, phases cycling through an attempt and a new
+//!    attempt after `result_submitted`;
+//! 4. **claim→result cycles** of the task store: submit, claim, submit a
+//!    passed result with auto-accept (see [`claim_result_cycles`]).
+//!
+//! Each figure is the median over the rounds; latencies are pooled over all
+//! rounds.
+
+use airlock_proto::canonical::sha256_hex;
+use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key};
+use airlock_proto::task::{
+    CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, TaskState, TaskSubmission,
+};
+use airlock_store::checkpoint::CheckpointJournal;
+use airlock_store::tasks::{Actor, TaskStore};
+use serde_json::json;
+use std::error::Error;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+type BenchResult<T> = Result<T, Box<dyn Error>>;
+
+/// Bytes written per raw operation.
+const RECORD: usize = 256;
+/// Slots of the preallocated file of the overwrite baseline.
+const OVERWRITE_SLOTS: u64 = 4096;
+
+/// One measurement: how many operations fit in the window, and how long
+/// each took.
+#[derive(Debug, Default)]
+struct Sample {
+    ops: u64,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Sample {
+    fn per_second(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+
+    /// Runs `op` until `window` has passed (at least once).
+    fn measure(window: Duration, mut op: impl FnMut(u64) -> BenchResult<()>) -> BenchResult<Self> {
+        let mut s = Sample::default();
+        let start = Instant::now();
+        loop {
+            let t = Instant::now();
+            op(s.ops)?;
+            s.latencies.push(t.elapsed());
+            s.ops += 1;
+            if start.elapsed() >= window {
+                break;
+            }
+        }
+        s.elapsed = start.elapsed();
+        Ok(s)
+    }
+}
+
+/// Every sample of one kind, across rounds.
+#[derive(Debug)]
+struct Series {
+    name: &'static str,
+    rates: Vec<f64>,
+    latencies: Vec<Duration>,
+}
+
+impl Series {
+    fn new(name: &'static str) -> Self {
+        Series {
+            name,
+            rates: Vec::new(),
+            latencies: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, s: Sample) -> f64 {
+        let rate = s.per_second();
+        self.rates.push(rate);
+        self.latencies.extend(s.latencies);
+        rate
+    }
+
+    fn median(&self) -> Option<f64> {
+        median(&self.rates)
+    }
+
+    fn latency(&mut self, q: f64) -> Option<Duration> {
+        if self.latencies.is_empty() {
+            return None;
+        }
+        self.latencies.sort_unstable();
+        let i = ((self.latencies.len() - 1) as f64 * q).round() as usize;
+        self.latencies.get(i).copied()
+    }
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// Runs the store benchmark in `dir` (or a temporary directory under
+/// /var/tmp), `rounds` rounds of `seconds` per measurement.
+pub fn run(dir: Option<&Path>, seconds: f64, rounds: u32) -> BenchResult<()> {
+    let _temp;
+    let dir: PathBuf = match dir {
+        Some(d) => {
+            fs::create_dir_all(d)?;
+            d.to_path_buf()
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("airlock-bench.")
+                .tempdir_in("/var/tmp")?;
+            let p = t.path().to_path_buf();
+            _temp = t;
+            p
+        }
+    };
+    let window = Duration::from_secs_f64(seconds);
+    let tag = std::process::id();
+    let journal_path = dir.join(format!("bench-{tag}-checkpoints.sqlite3"));
+    let tasks_path = dir.join(format!("bench-{tag}-tasks.sqlite3"));
+    let raw_path = dir.join(format!("bench-{tag}-raw.bin"));
+
+    println!(
+        "airlock-bench store: {} ; {rounds} rounds × {seconds} s per measurement",
+        dir.display()
+    );
+    println!(
+        "(raw: {RECORD}-byte records, File::sync_all; checkpoints: SQLite WAL, synchronous=FULL)"
+    );
+    println!();
+    println!(
+        "{:>5}  {:>18}  {:>21}  {:>20}  {:>21}",
+        "round",
+        "raw append+fsync/s",
+        "raw overwrite+fsync/s",
+        "checkpoint appends/s",
+        "claim→result cycles/s"
+    );
+
+    let mut raw_append = Series::new("raw append+fsync");
+    let mut raw_overwrite = Series::new("raw overwrite+fsync");
+    let mut checkpoints = Series::new("checkpoint append");
+    let mut cycles = Series::new("claim→result cycle");
+    let mut journal = CheckpointJournal::open(&journal_path)?;
+    let mut cycles_measured = true;
+    for round in 1..=rounds {
+        let a = raw_append.push(raw_append_fsync(&raw_path, window)?);
+        let o = raw_overwrite.push(raw_overwrite_fsync(&raw_path, window)?);
+        let c = checkpoints.push(checkpoint_appends(&mut journal, round, window)?);
+        let y = match claim_result_cycles(&tasks_path, round, window)? {
+            Some(s) => format!("{:.0}", cycles.push(s)),
+            None => {
+                cycles_measured = false;
+                "n/a".to_owned()
+            }
+        };
+        println!("{round:>5}  {a:>18.0}  {o:>21.0}  {c:>20.0}  {y:>21}");
+    }
+    drop(journal);
+
+    println!();
+    println!("medians over {rounds} rounds, latency p50 / p99 pooled over all operations:");
+    let baseline = raw_append.median().unwrap_or(f64::NAN);
+    let mut series = vec![raw_append, raw_overwrite, checkpoints];
+    if cycles_measured {
+        series.push(cycles);
+    }
+    for s in &mut series {
+        let (p50, p99) = (s.latency(0.5), s.latency(0.99));
+        let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+        println!(
+            "  {:<22} {:>9.0}/s   p50 {:>7.3} ms   p99 {:>7.3} ms   ratio to raw append+fsync {:.2}",
+            s.name,
+            s.median().unwrap_or(f64::NAN),
+            ms(p50),
+            ms(p99),
+            s.median().unwrap_or(f64::NAN) / baseline
+        );
+    }
+    if !cycles_measured {
+        println!("  claim→result cycles: not measured yet (slot claim_result_cycles)");
+    }
+    println!();
+    println!(
+        "checkpoint appends/s ÷ raw append+fsync/s = {:.2}",
+        series[2].median().unwrap_or(f64::NAN) / baseline
+    );
+    if cycles_measured {
+        println!(
+            "claim→result cycles/s ÷ raw append+fsync/s = {:.2}",
+            series[3].median().unwrap_or(f64::NAN) / baseline
+        );
+    }
+
+    for p in [&journal_path, &tasks_path] {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = p.clone().into_os_string();
+            name.push(suffix);
+            let _ = fs::remove_file(name);
+        }
+    }
+    let _ = fs::remove_file(&raw_path);
+    Ok(())
+}
+
+/// Baseline: append a record and fsync, in a loop, to a fresh file.
+fn raw_append_fsync(path: &Path, window: Duration) -> BenchResult<Sample> {
+    let _ = fs::remove_file(path);
+    let mut f = OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(path)?;
+    f.sync_all()?;
+    let record = [b'r'; RECORD];
+    let s = Sample::measure(window, |_| {
+        f.write_all(&record)?;
+        f.sync_all()?;
+        Ok(())
+    })?;
+    drop(f);
+    fs::remove_file(path)?;
+    Ok(s)
+}
+
+/// Context: rewrite a record in place in a preallocated, synced file and
+/// fsync, in a loop. The size never changes.
+fn raw_overwrite_fsync(path: &Path, window: Duration) -> BenchResult<Sample> {
+    let _ = fs::remove_file(path);
+    let mut f: File = OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(path)?;
+    f.write_all(&vec![0u8; RECORD * OVERWRITE_SLOTS as usize])?;
+    f.sync_all()?;
+    let record = [b'o'; RECORD];
+    let s = Sample::measure(window, |i| {
+        f.write_all_at(&record, (i % OVERWRITE_SLOTS) * RECORD as u64)?;
+        f.sync_all()?;
+        Ok(())
+    })?;
+    drop(f);
+    fs::remove_file(path)?;
+    Ok(s)
+}
+
+/// The phases one attempt walks through in the benchmark.
+const ATTEMPT_PHASES: [Phase; 6] = [
+    Phase::Claimed,
+    Phase::WorkspacePrepared,
+    Phase::VerificationPassed,
+    Phase::CommitDone,
+    Phase::ResultPending,
+    Phase::ResultSubmitted,
+];
+
+/// Checkpoint appends of one task: every phase of an attempt, then the
+/// next attempt, each with a payload of the size the worker writes (hashes
+/// and keys, about 300 bytes).
+fn checkpoint_appends(
+    journal: &mut CheckpointJournal,
+    round: u32,
+    window: Duration,
+) -> BenchResult<Sample> {
+    let task_id = format!("bench-task-r{round}");
+    let digest = sha256_hex(task_id.as_bytes());
+    let binding = |attempt: u32| CheckpointBinding {
+        task_id: task_id.clone(),
+        attempt,
+        execution_digest: digest.clone(),
+        job_id: format!("job-{task_id}"),
+        repository: "bench".into(),
+        base_oid: "a".repeat(40),
+        expected_branch_oid: "a".repeat(40),
+        target_branch: format!("agent/{task_id}"),
+        generation: 1,
+    };
+    Sample::measure(window, |i| {
+        let attempt = u32::try_from(i / ATTEMPT_PHASES.len() as u64 + 1)?;
+        let phase = ATTEMPT_PHASES[(i % ATTEMPT_PHASES.len() as u64) as usize];
+        let payload = json!({
+            "phase": phase.as_str(),
+            "result_sha256": sha256_hex(&i.to_le_bytes()),
+            "idempotency_key": result_idempotency_key(&task_id, attempt, &digest),
+            "lease_epoch": attempt,
+        });
+        journal.append(&binding(attempt), phase, &payload)?;
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// SLOT: claim→result cycles of the task store.
+// ---------------------------------------------------------------------------
+
+/// Claim→result cycles/s of the task store at `path`: submit a task, claim
+/// it, submit a passed result with `auto_accept` (so it goes straight to
+/// SUCCEEDED); repeat for `window`. One cycle is three write transactions,
+/// each with its audit event, so it is bounded by about a third of the raw
+/// fsync rate.
+fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult<Option<Sample>> {
+    let mut store = TaskStore::open(path)?;
+    let planner = Actor::planner(None, "bench-planner");
+    let worker = Actor::worker(None, "bench-worker");
+    let sample = Sample::measure(window, |i| {
+        let task_id = format!("bench-r{round}-{i:08}");
+        store.submit(&submission(&task_id)?, &planner)?;
+        let grant = store
+            .claim(&worker, 60_000)?
+            .ok_or("the task just submitted was not claimable")?;
+        if grant.task_id != task_id {
+            return Err(format!("claimed {} instead of {task_id}", grant.task_id).into());
+        }
+        let digest = grant.envelope["execution_digest"]
+            .as_str()
+            .ok_or("the envelope has no execution_digest")?
+            .to_owned();
+        let result = TaskResult {
+            schema: RESULT_SCHEMA.into(),
+            task_id: task_id.clone(),
+            attempt: grant.attempt,
+            execution_digest: digest.clone(),
+            outcome: Outcome::Passed,
+            commit_oid: Some("c".repeat(40)),
+            target_branch: format!("agent/{task_id}"),
+            exec_result_sha256: Some(sha256_hex(task_id.as_bytes())),
+            failure_code: None,
+            verification: vec![CommandSummary {
+                label: "test".into(),
+                exit_code: Some(0),
+                timed_out: false,
+                duration_ms: 1,
+            }],
+        };
+        let receipt = store.submit_result(
+            &task_id,
+            grant.lease_epoch,
+            &grant.lease_token,
+            &result_idempotency_key(&task_id, grant.attempt, &digest),
+            &result,
+            true,
+            &worker,
+        )?;
+        if receipt.task.state != TaskState::Succeeded {
+            return Err(format!("{task_id} ended {:?}, not SUCCEEDED", receipt.task.state).into());
+        }
+        Ok(())
+    })?;
+    Ok(Some(sample))
+}
+
+/// A deterministic one-command task for the cycle benchmark.
+fn submission(task_id: &str) -> BenchResult<TaskSubmission> {
+    let head = "b".repeat(40);
+    Ok(TaskSubmission::from_value(&json!({
+        "schema": "airlock.task.v1",
+        "binding": {
+            "task_id": task_id, "job_id": format!("job-{task_id}"), "repository": "bench",
+            "base_oid": "a".repeat(40), "expected_branch_oid": head,
+            "target_branch": format!("agent/{task_id}"), "branch_mode": "CONTINUE_EXISTING",
+            "generation": 1, "idempotency_key": format!("submit-{task_id}"),
+        },
+        "plan": {
+            "schema": "airlock.plan.v1", "task_id": task_id, "job_id": format!("job-{task_id}"),
+            "source_head_oid": head, "generation": 1,
+            "idempotency_key": format!("plan-{task_id}"),
+            "execution": {
+                "action": "deterministic",
+                "change_set": [{"path": "x.txt", "operation": "write_file", "content": "x\n"}],
+                "verification": [{"label": "test", "argv": ["/bin/true"]}],
+                "capability_scope": ["git.read", "git.test"],
+            },
+        },
+        "max_attempts": 1,
+    }))?)
+}
