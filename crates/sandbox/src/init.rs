@@ -28,7 +28,11 @@ pub(crate) fn run(mut plan: Plan, mut status: File, lifeline: OwnedFd, ns: &Name
     if ns.uts {
         namespaces::set_hostname();
     }
-    let mounts = namespaces::enter_mounts(ns.pid, plan.tmp_size);
+    let mounts = if plan.namespaces {
+        namespaces::enter_mounts(ns.pid, plan.tmp_size)
+    } else {
+        Default::default()
+    };
     send(
         &mut status,
         &Message::Mounts {

@@ -77,13 +77,17 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::prctl;
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{
+    SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal, kill, sigaction, sigprocmask,
+};
+use nix::sys::time::TimeSpec;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, getgid, getuid};
 
@@ -116,6 +120,7 @@ pub(crate) struct Plan {
     command: OsString,
     argv: Vec<CString>,
     tmp_size: Option<u64>,
+    namespaces: bool,
 }
 
 /// Runs `command` confined by `policy` and returns the report; its
@@ -170,7 +175,11 @@ fn supervise(policy: &Policy, command: &[OsString], report: &mut Report) -> Resu
     let plan = make_plan(policy, command, privileged, uid, gid)?;
 
     // 1. Namespaces of the supervisor (pid applies to the init we fork next).
-    let ns = namespaces::enter_supervisor(privileged, getuid().as_raw(), getgid().as_raw())?;
+    let ns = if policy.namespaces {
+        namespaces::enter_supervisor(privileged, getuid().as_raw(), getgid().as_raw())?
+    } else {
+        Namespaces::default()
+    };
     report.namespaces = ns.clone();
 
     // 2. Pipes: status (children → us, closed by execve) and lifeline
@@ -202,7 +211,7 @@ fn supervise(policy: &Policy, command: &[OsString], report: &mut Report) -> Resu
 
     // 4. Wait, enforcing the timeout; then kill whatever came back to us.
     let deadline = policy.timeout.map(|t| forked + t);
-    let (init_status, timed_out, raw) = wait_for_init(init, &status_r, deadline)?;
+    let (init_status, stop, raw) = wait_for_init(init, &status_r, deadline)?;
     reaper::kill_and_reap_all();
     drop(life_w);
 
@@ -215,7 +224,7 @@ fn supervise(policy: &Policy, command: &[OsString], report: &mut Report) -> Resu
     // 6. The outcome.
     let mut raw = raw;
     drain(&status_r, &mut raw);
-    apply_messages(report, &raw, init_status, timed_out);
+    apply_messages(report, &raw, init_status, stop);
     if report.survivors > 0 {
         return Err(Error::Survivors {
             count: report.survivors,
@@ -297,6 +306,7 @@ fn make_plan(
         command: first.clone(),
         argv,
         tmp_size,
+        namespaces: policy.namespaces,
     })
 }
 
@@ -311,38 +321,81 @@ fn pidfd_open(pid: Pid) -> Option<OwnedFd> {
     Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
 }
 
+/// Why the supervisor killed the sandbox before the command finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// The wall-clock timeout passed.
+    Timeout,
+    /// The helper received SIGTERM, SIGINT or SIGHUP.
+    Signal(i32),
+}
+
+/// The stop signal received, 0 if none (set by [`on_stop_signal`]).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    // Async-signal-safe: one atomic store.
+    STOP_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+const STOP_SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+
+/// In the supervisor only (after the fork): SIGTERM, SIGINT and SIGHUP are
+/// blocked except while waiting in ppoll, where they interrupt the wait and
+/// tear the sandbox down instead of killing the helper outright.
+fn catch_stop_signals() -> SigSet {
+    let action = SigAction::new(
+        SigHandler::Handler(on_stop_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    let mut set = SigSet::empty();
+    for sig in STOP_SIGNALS {
+        set.add(sig);
+        // SAFETY: the handler only stores into an atomic, which is async-signal-safe.
+        let _ = unsafe { sigaction(sig, &action) };
+    }
+    let mut old = SigSet::empty();
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut old));
+    old
+}
+
 /// Waits for the init, reading status messages meanwhile; at the deadline
-/// kills it (and with it its pid namespace). Returns its status, whether
-/// it timed out, and the bytes read.
+/// or on a stop signal kills it (and with it its pid namespace). Returns
+/// its status, why it was stopped, and the bytes read.
 fn wait_for_init(
     init: Pid,
     status_r: &OwnedFd,
     deadline: Option<Instant>,
-) -> Result<(WaitStatus, bool, Vec<u8>)> {
+) -> Result<(WaitStatus, Option<Stop>, Vec<u8>)> {
+    let wait_mask = catch_stop_signals();
     let pidfd = pidfd_open(init);
     let mut raw = Vec::new();
     let mut pipe_open = true;
-    let mut timed_out = false;
+    let mut stop = None;
     loop {
         match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
-            Ok(st) => return Ok((st, timed_out, raw)),
+            Ok(st) => return Ok((st, stop, raw)),
             Err(e) => return Err(Error::Supervise(errno(e))),
         }
-        let mut wait = match deadline {
-            Some(d) if !timed_out => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    let _ = kill(init, Signal::SIGKILL);
-                    timed_out = true;
-                    continue;
-                }
-                left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
-            }
-            _ => -1,
-        };
-        if pidfd.is_none() && !(0..=50).contains(&wait) {
-            wait = 50; // no pidfd: poll the child every 50 ms
+        let signal = STOP_SIGNAL.load(Ordering::SeqCst);
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if stop.is_none() && (signal != 0 || left.is_some_and(|l| l.is_zero())) {
+            let _ = kill(init, Signal::SIGKILL);
+            stop = Some(if signal != 0 {
+                Stop::Signal(signal)
+            } else {
+                Stop::Timeout
+            });
+            continue;
+        }
+        let mut wait = if stop.is_none() { left } else { None };
+        if pidfd.is_none() {
+            // No pidfd: look at the child every 50 ms.
+            wait = Some(wait.map_or(Duration::from_millis(50), |w| {
+                w.min(Duration::from_millis(50))
+            }));
         }
         let mut fds = Vec::with_capacity(2);
         if pipe_open {
@@ -351,8 +404,7 @@ fn wait_for_init(
         if let Some(p) = &pidfd {
             fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
         }
-        let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::NONE);
-        match poll(&mut fds, timeout) {
+        match ppoll(&mut fds, wait.map(TimeSpec::from_duration), Some(wait_mask)) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(Error::Supervise(errno(e))),
         }
@@ -380,7 +432,7 @@ fn drain(status_r: &OwnedFd, raw: &mut Vec<u8>) {
     let _ = File::from(fd).read_to_end(raw);
 }
 
-fn apply_messages(report: &mut Report, raw: &[u8], init_status: WaitStatus, timed_out: bool) {
+fn apply_messages(report: &mut Report, raw: &[u8], init_status: WaitStatus, stop: Option<Stop>) {
     let mut failed = None;
     let mut exit = None;
     for line in raw.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
@@ -428,8 +480,10 @@ fn apply_messages(report: &mut Report, raw: &[u8], init_status: WaitStatus, time
             Message::Exit { outcome } => exit = Some(outcome),
         }
     }
-    let (outcome, status) = if timed_out {
+    let (outcome, status) = if stop == Some(Stop::Timeout) {
         (Outcome::TimedOut, EXIT_TIMEOUT)
+    } else if let Some(Stop::Signal(signal)) = stop {
+        (Outcome::Interrupted { signal }, 128 + signal)
     } else if let Some(f) = failed {
         f
     } else if let Some(outcome) = exit {

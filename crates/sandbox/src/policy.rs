@@ -118,6 +118,10 @@ pub struct Policy {
     pub env: Vec<(String, String)>,
     /// Mount a private tmpfs on /tmp when a mount namespace is available.
     pub private_tmp: bool,
+    /// Create namespaces (user, pid, ipc, uts, net, mount) when the kernel
+    /// allows. Off, the sandbox relies on Landlock, seccomp and the id
+    /// switch alone, and no residency falls back to child subreapers.
+    pub namespaces: bool,
     /// Size of the private /tmp in bytes.
     pub tmp_size: u64,
 }
@@ -137,6 +141,7 @@ impl Default for Policy {
             timeout: None,
             env: Vec::new(),
             private_tmp: true,
+            namespaces: true,
             tmp_size: 256 << 20,
         }
     }
@@ -250,6 +255,9 @@ impl Policy {
         }
         if !self.private_tmp {
             a.push("--no-private-tmp".into());
+        }
+        if !self.namespaces {
+            a.push("--no-namespaces".into());
         }
         if self.allow_degraded {
             a.push("--allow-degraded".into());

@@ -60,6 +60,11 @@ pub enum Outcome {
     },
     /// The wall-clock timeout passed and the sandbox was killed.
     TimedOut,
+    /// The helper received SIGTERM, SIGINT or SIGHUP and killed the sandbox.
+    Interrupted {
+        /// The signal the helper received.
+        signal: i32,
+    },
     /// A confinement step failed; the command never ran.
     Failed {
         /// The step (see `Error::step`).

@@ -222,6 +222,13 @@ pub struct Cli {
     #[arg(long)]
     pub no_private_tmp: bool,
 
+    /// Create no namespace at all (for kernels or containers where they
+    /// misbehave). Landlock, seccomp, rlimits and the id switch still apply;
+    /// /proc is then not granted, and leftover processes are found as
+    /// orphans reparented to the helper instead of by pid namespace.
+    #[arg(long)]
+    pub no_namespaces: bool,
+
     /// Size of the private /tmp (K, M, G suffixes).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value_t = Policy::default().tmp_size)]
     pub tmp_size: u64,
@@ -272,6 +279,7 @@ impl Cli {
             timeout: self.timeout,
             env: self.env.clone(),
             private_tmp: !self.no_private_tmp,
+            namespaces: !self.no_namespaces,
             tmp_size: self.tmp_size,
         })
     }
@@ -327,6 +335,7 @@ mod tests {
             timeout: Some(Duration::from_millis(1500)),
             env: vec![("A".into(), "b=c".into())],
             private_tmp: false,
+            namespaces: false,
             tmp_size: 1 << 20,
         };
         let mut argv: Vec<OsString> = vec!["airlock-confine".into()];

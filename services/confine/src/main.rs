@@ -75,6 +75,11 @@ fn open_sink(cli: &Cli) -> std::io::Result<Option<File>> {
             "--report-fd {fd} is not an open descriptor above 2"
         )));
     }
+    // The sandboxed command must never inherit it (it could forge a report).
+    // SAFETY: F_SETFD with FD_CLOEXEC takes no pointer.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     // SAFETY: the caller handed this open descriptor (checked above) to us
     // for the report; nothing else in this process uses it.
     Ok(Some(unsafe { File::from_raw_fd(fd) }))
