@@ -1,1 +1,397 @@
-fn main() {}
+//! airlock-executor: the CLI and the serve loop.
+//!
+//! Start-up, in order, each step failing hard:
+//! 1. isolation self-check (EXECUTOR_NOT_ISOLATED naming the check);
+//! 2. configuration;
+//! 3. spool, work root and the airlock-confine helper opened and checked;
+//! 4. the executor confines itself with Landlock;
+//! 5. then, and only then, requests are read.
+
+use airlock_executor::apply::CredentialPolicy;
+use airlock_executor::error::{Error, Result};
+use airlock_executor::extract::ArchiveLimits;
+use airlock_executor::lockdown::{self, Grants};
+use airlock_executor::policy::ProgramPolicy;
+use airlock_executor::request::{self, Settings};
+use airlock_executor::result::Answer;
+use airlock_executor::run::{DEFAULT_CONFINE, Runner};
+use airlock_executor::selfcheck;
+use airlock_proto::limits::MAX_MESSAGE_BYTES;
+use airlock_spool::{Expect, GcPolicy, Kind, Side, Spool};
+use clap::{Args, Parser, Subcommand};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Uid and gid commands run as when the executor runs as root and
+/// `executor.user` does not exist (nobody / nogroup).
+const NOBODY: u32 = 65534;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "airlock-executor",
+    version,
+    about = "Uncredentialed executor: applies a plan to a throw-away copy of the source and runs its verification commands, each in a fresh airlock-confine sandbox.",
+    long_about = "Uncredentialed executor: applies a plan to a throw-away copy of the source and \
+runs its verification commands, each in a fresh airlock-confine sandbox.\n\n\
+At start it refuses to run (EXECUTOR_NOT_ISOLATED) if the environment holds a \
+secret-looking variable, /run/credentials or $CREDENTIALS_DIRECTORY is readable, or \
+any network interface but lo exists. There is no option to skip these checks: run \
+it with PrivateNetwork=yes (systemd) or in a fresh network namespace (unshare -n).\n\n\
+Exit status: 0 on success (run-once: a result was written, whether or not the \
+commands passed); otherwise the exit code of the refusal's catalogue class."
+)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Wait on <spool>/requests with inotify and answer each request once,
+    /// in <spool>/results or <spool>/failed.
+    Serve(ServeArgs),
+    /// Handle one request from files and write the answer to --out (for tests and debugging).
+    RunOnce(RunOnceArgs),
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// airlock.toml; without it the built-in defaults apply.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The airlock-confine helper that runs each command.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_CONFINE)]
+    confine: PathBuf,
+    /// Directory for per-request workspaces (created if missing).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/airlock-executor/work"
+    )]
+    work: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Spool root holding requests/, sources/, results/ and failed/
+    /// (default: spool.root of the configuration).
+    #[arg(long, value_name = "DIR")]
+    spool: Option<PathBuf>,
+    /// Uid that must own every request and source archive (the worker's).
+    #[arg(long, value_name = "UID")]
+    worker_uid: u32,
+    /// Remove own results and failures older than this many hours.
+    #[arg(long, value_name = "HOURS", default_value_t = 168)]
+    retain_hours: u64,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+struct RunOnceArgs {
+    /// The ExecRequest JSON.
+    #[arg(long, value_name = "FILE")]
+    request: PathBuf,
+    /// The source archive (tar or tar.gz).
+    #[arg(long, value_name = "FILE")]
+    archive: PathBuf,
+    /// Where to write the ExecResult or ExecFailure JSON (must not exist).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Uid that must own --request and --archive (default: the executor's own).
+    #[arg(long, value_name = "UID")]
+    worker_uid: Option<u32>,
+    #[command(flatten)]
+    common: Common,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.mode {
+        Mode::Serve(args) => serve(args),
+        Mode::RunOnce(args) => run_once(args),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("airlock-executor: {}: {e}", e.code());
+            ExitCode::from(e.code().exit_code())
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> Result<airlock_config::Config> {
+    match path {
+        Some(p) => airlock_config::Config::load(p).map_err(|e| Error::Config(e.to_string())),
+        None => Ok(airlock_config::Config::default()),
+    }
+}
+
+fn check_helper(path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::Setup {
+        path: path.to_owned(),
+        detail: format!("airlock-confine: {e}"),
+    })?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(Error::Setup {
+            path: path.to_owned(),
+            detail: "airlock-confine is not an executable file".into(),
+        });
+    }
+    Ok(())
+}
+
+fn prepare_work_root(path: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(path).map_err(|e| Error::Setup {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    })?;
+    // Commands running as another uid must be able to traverse it.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o711)).map_err(|e| {
+        Error::Setup {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        }
+    })?;
+    std::fs::canonicalize(path).map_err(|e| Error::Setup {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    })
+}
+
+/// The uid:gid commands run as: only chosen when the executor is root
+/// (otherwise the helper keeps the executor's own, unprivileged, ids).
+fn command_ids(user: &str) -> Option<(u32, u32)> {
+    if !rustix::process::geteuid().is_root() {
+        return None;
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Some((u.uid.as_raw(), u.gid.as_raw())),
+        _ => {
+            eprintln!(
+                "airlock-executor: user {user:?} does not exist; commands run as {NOBODY}:{NOBODY}"
+            );
+            Some((NOBODY, NOBODY))
+        }
+    }
+}
+
+fn settings(config: &airlock_config::Config, common: &Common, work_root: PathBuf) -> Settings {
+    let ex = &config.executor;
+    let l = &ex.limits;
+    Settings {
+        programs: ProgramPolicy::from_config(ex),
+        credentials: CredentialPolicy {
+            allow: ex.allow_credential_paths.clone(),
+        },
+        archive: ArchiveLimits {
+            max_entries: u64::from(l.max_archive_entries),
+            max_file_bytes: l.max_file_bytes,
+            max_total_bytes: l.max_total_bytes,
+            max_expansion_ratio: u64::from(l.max_expansion_ratio),
+        },
+        max_archive_bytes: l.max_archive_bytes,
+        max_file_bytes: l.max_file_bytes,
+        runner: Runner {
+            confine: common.confine.clone(),
+            ids: command_ids(&ex.user),
+            limits: l.clone(),
+            allow_degraded: ex.allow_degraded_landlock,
+            tail_bytes: usize::try_from(l.output_tail_bytes).unwrap_or(4096),
+        },
+        work_root,
+        own: None,
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<ExitCode> {
+    // 1. Isolation.
+    let isolation = selfcheck::run()?;
+    // 2. Configuration.
+    let config = load_config(args.common.config.as_deref())?;
+    // 3. Spool, work root, helper.
+    let root = args
+        .spool
+        .clone()
+        .unwrap_or_else(|| config.spool.root.clone());
+    let spool = Spool::open(&root)?;
+    let work_root = prepare_work_root(&args.common.work)?;
+    check_helper(&args.common.confine)?;
+    let mut settings = settings(&config, &args.common, work_root.clone());
+    let mut watcher = spool.watch(&[Kind::Requests])?;
+    // 4. Landlock.
+    let own = lockdown::apply(
+        &Grants {
+            read: vec![
+                spool.dir_path(Kind::Requests),
+                spool.dir_path(Kind::Sources),
+            ],
+            write: vec![
+                spool.dir_path(Kind::Results),
+                spool.dir_path(Kind::Failed),
+                work_root,
+            ],
+            exec_files: vec![args.common.confine.clone()],
+        },
+        config.executor.allow_degraded_landlock,
+    )?;
+    eprintln!(
+        "airlock-executor: serving {} (interfaces: {}; landlock {} ABI {}; worker uid {})",
+        root.display(),
+        isolation.interfaces.join(","),
+        own.status,
+        own.abi,
+        args.worker_uid
+    );
+    settings.own = Some(own);
+    let max_spool = config.spool.max_file_bytes;
+    let me = rustix::process::geteuid().as_raw();
+    let retain = Duration::from_secs(args.retain_hours.saturating_mul(3600));
+    let mut last_gc: Option<Instant> = None;
+    // 5. The loop: scan, handle each unanswered request once, wait.
+    loop {
+        for id in spool.list(Kind::Requests)? {
+            if spool.exists(Kind::Results, &id)? || spool.exists(Kind::Failed, &id)? {
+                continue;
+            }
+            handle_spooled(&spool, &settings, &id, args.worker_uid, max_spool);
+        }
+        if last_gc.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
+            match spool.gc(
+                Side::Executor,
+                me,
+                &GcPolicy {
+                    older_than: Some(retain),
+                    finished: Vec::new(),
+                },
+            ) {
+                Ok(r) => {
+                    for (path, why) in r.refused {
+                        eprintln!("airlock-executor: gc left {}: {why}", path.display());
+                    }
+                }
+                Err(e) => eprintln!("airlock-executor: gc: {e}"),
+            }
+            last_gc = Some(Instant::now());
+        }
+        watcher.wait(Duration::from_secs(300))?;
+    }
+}
+
+fn handle_spooled(spool: &Spool, settings: &Settings, id: &str, worker_uid: u32, max_spool: u64) {
+    let started = Instant::now();
+    let bytes = spool
+        .read(
+            Kind::Requests,
+            id,
+            &Expect {
+                owner_uid: worker_uid,
+                max_bytes: (MAX_MESSAGE_BYTES as u64).min(max_spool),
+                sha256: None,
+            },
+        )
+        .map_err(Error::from);
+    let answer = request::handle(settings, Some(id), bytes, |req| {
+        spool
+            .read(
+                Kind::Sources,
+                &req.request_id,
+                &Expect {
+                    owner_uid: worker_uid,
+                    max_bytes: settings.max_archive_bytes.min(max_spool),
+                    sha256: Some(req.source_archive_sha256.clone()),
+                },
+            )
+            .map_err(|e| match e {
+                airlock_spool::Error::DigestMismatch { .. } => Error::ArchiveDigest(e.to_string()),
+                other => Error::ArchiveInvalid(other.to_string()),
+            })
+    });
+    let (kind, summary) = match &answer {
+        Answer::Result(r) => (Kind::Results, format!("passed={}", r.passed)),
+        Answer::Failure(f) => (Kind::Failed, format!("{}: {}", f.code, f.detail)),
+    };
+    let published = answer
+        .to_bytes()
+        .or_else(|e| {
+            let f = airlock_executor::result::failure(id, None, &e);
+            Answer::Failure(f)
+                .to_bytes()
+                .map(|b| (b, Kind::Failed))
+                .map(|(b, _)| b)
+        })
+        .map_err(|e| e.to_string())
+        .and_then(|b| spool.publish(kind, id, &b).map_err(|e| e.to_string()));
+    match published {
+        Ok(path) => eprintln!(
+            "airlock-executor: {id}: {summary} -> {} ({} ms)",
+            path.display(),
+            started.elapsed().as_millis()
+        ),
+        Err(e) => eprintln!("airlock-executor: {id}: {summary}; not published: {e}"),
+    }
+}
+
+fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
+    selfcheck::run()?;
+    let config = load_config(args.common.config.as_deref())?;
+    let owner = args
+        .worker_uid
+        .unwrap_or_else(|| rustix::process::geteuid().as_raw());
+    let work_root = prepare_work_root(&args.common.work)?;
+    check_helper(&args.common.confine)?;
+    let mut settings = settings(&config, &args.common, work_root.clone());
+    // Both inputs are read before the lockdown; the archive digest is
+    // checked against the request in memory.
+    let request_bytes = airlock_spool::read_path(
+        &args.request,
+        &Expect {
+            owner_uid: owner,
+            max_bytes: MAX_MESSAGE_BYTES as u64,
+            sha256: None,
+        },
+    )
+    .map_err(Error::from);
+    let archive_bytes = airlock_spool::read_path(
+        &args.archive,
+        &Expect {
+            owner_uid: owner,
+            max_bytes: settings.max_archive_bytes,
+            sha256: None,
+        },
+    )
+    .map_err(|e| Error::ArchiveInvalid(e.to_string()));
+    let out_dir = match args.out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let own = lockdown::apply(
+        &Grants {
+            read: Vec::new(),
+            write: vec![work_root, out_dir],
+            exec_files: vec![args.common.confine.clone()],
+        },
+        config.executor.allow_degraded_landlock,
+    )?;
+    settings.own = Some(own);
+    let answer = request::handle(&settings, None, request_bytes, |_| archive_bytes);
+    let bytes = answer.to_bytes()?;
+    airlock_spool::publish_path(&args.out, &bytes)?;
+    match answer {
+        Answer::Result(r) => {
+            eprintln!("airlock-executor: {}: passed={}", r.request_id, r.passed);
+            Ok(ExitCode::SUCCESS)
+        }
+        Answer::Failure(f) => {
+            eprintln!(
+                "airlock-executor: {}: {}: {}",
+                f.request_id, f.code, f.detail
+            );
+            let code =
+                airlock_proto::Code::from_name(&f.code).unwrap_or(airlock_proto::Code::INTERNAL);
+            Ok(ExitCode::from(code.exit_code()))
+        }
+    }
+}

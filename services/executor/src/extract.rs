@@ -1,0 +1,318 @@
+//! Safe extraction of the source archive (plain tar or tar.gz) into a
+//! fresh workspace.
+//!
+//! The `tar` crate only parses: it yields one header at a time and this
+//! module decides, then writes the file itself beneath the workspace root
+//! (openat2, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+//! O_CREAT | O_EXCL). `unpack` is never used. Refusals, in the order they
+//! are checked for each member:
+//!
+//! | check | code |
+//! |---|---|
+//! | more than `max_entries` members | SOURCE_ARCHIVE_LIMIT_EXCEEDED |
+//! | path absolute, with `..`, `.git`, `.`, empty or control characters, duplicate | SOURCE_ARCHIVE_PATH_INVALID |
+//! | symbolic link, hard link | SOURCE_ARCHIVE_LINK_DENY |
+//! | device, FIFO, sparse or other special member; setuid/setgid/sticky bits | SOURCE_ARCHIVE_MEMBER_DENY |
+//! | a member over `max_file_bytes`, the sum over `max_total_bytes` | SOURCE_ARCHIVE_LIMIT_EXCEEDED |
+//! | more decompressed bytes than `max_expansion_ratio` × archive size (1 MiB floor) | SOURCE_ARCHIVE_LIMIT_EXCEEDED |
+//!
+//! Credential-like paths (`.env`, `.ssh/`, keys, …) are withheld: they are
+//! not written into the workspace, so no verification command can print
+//! them into evidence that flows back to the planner, unless the policy
+//! allows them.
+
+use crate::apply::CredentialPolicy;
+use crate::beneath;
+use crate::error::{Error, Result};
+use airlock_proto::path::check_relative_path;
+use rustix::fd::OwnedFd;
+use rustix::fs::OFlags;
+use std::cell::Cell;
+use std::io::{self, Read};
+use std::rc::Rc;
+
+/// Bounds on what an archive may contain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchiveLimits {
+    /// Most members (directories and pax headers included).
+    pub max_entries: u64,
+    /// Largest single file.
+    pub max_file_bytes: u64,
+    /// Largest sum of file sizes.
+    pub max_total_bytes: u64,
+    /// Largest ratio of decompressed bytes to archive bytes.
+    pub max_expansion_ratio: u64,
+}
+
+/// Decompressed bytes always allowed, whatever the ratio, so that a tiny
+/// archive's block padding is not mistaken for a bomb.
+pub const EXPANSION_FLOOR: u64 = 1 << 20;
+
+/// What an extraction wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Extracted {
+    /// Regular files written.
+    pub files: u64,
+    /// Directories created.
+    pub dirs: u64,
+    /// Sum of file sizes.
+    pub bytes: u64,
+    /// Credential-like paths that were not written.
+    pub withheld: Vec<String>,
+}
+
+/// Counts decompressed bytes and fails once `limit` is passed.
+struct Counted<R> {
+    inner: R,
+    count: u64,
+    limit: u64,
+    tripped: Rc<Cell<bool>>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        if self.count > self.limit {
+            self.tripped.set(true);
+            return Err(io::Error::other("expansion limit"));
+        }
+        Ok(n)
+    }
+}
+
+/// Extracts `archive` (already digest-verified, in memory) beneath `root`.
+pub fn extract(
+    archive: &[u8],
+    root: &OwnedFd,
+    limits: &ArchiveLimits,
+    credentials: &CredentialPolicy,
+) -> Result<Extracted> {
+    let tripped = Rc::new(Cell::new(false));
+    let limit = (archive.len() as u64)
+        .saturating_mul(limits.max_expansion_ratio)
+        .max(EXPANSION_FLOOR);
+    let gzip = archive.starts_with(&[0x1f, 0x8b]);
+    let inner: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(archive))
+    } else {
+        Box::new(archive)
+    };
+    let reader = Counted {
+        inner,
+        count: 0,
+        limit,
+        tripped: tripped.clone(),
+    };
+    let bomb = || {
+        Error::ArchiveLimit(format!(
+            "expands beyond {limit} bytes ({}x the {}-byte archive)",
+            limits.max_expansion_ratio,
+            archive.len()
+        ))
+    };
+    let malformed = |e: io::Error, tripped: &Cell<bool>| {
+        if tripped.get() {
+            bomb()
+        } else {
+            Error::ArchiveInvalid(format!("not a readable tar archive: {e}"))
+        }
+    };
+    let mut tar = tar::Archive::new(reader);
+    let entries = tar.entries().map_err(|e| malformed(e, &tripped))?;
+    let mut out = Extracted::default();
+    let mut seen: u64 = 0;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| malformed(e, &tripped))?;
+        seen += 1;
+        if seen > limits.max_entries {
+            return Err(Error::ArchiveLimit(format!(
+                "more than {} entries",
+                limits.max_entries
+            )));
+        }
+        let kind = entry.header().entry_type();
+        if kind == tar::EntryType::XGlobalHeader {
+            // git archive's pax global header (the commit id): no file.
+            continue;
+        }
+        let raw = entry.path_bytes().into_owned();
+        let path = member_path(&raw, kind.is_dir())?;
+        match kind {
+            tar::EntryType::Symlink => {
+                return Err(Error::ArchiveLink {
+                    path,
+                    kind: "symbolic link",
+                });
+            }
+            tar::EntryType::Link => {
+                return Err(Error::ArchiveLink {
+                    path,
+                    kind: "hard link",
+                });
+            }
+            tar::EntryType::Regular | tar::EntryType::Directory => {}
+            other => {
+                return Err(Error::ArchiveMember {
+                    path,
+                    why: format!("{} member", type_name(other)),
+                });
+            }
+        }
+        let mode = entry.header().mode().map_err(|e| malformed(e, &tripped))?;
+        if mode & 0o7000 != 0 {
+            return Err(Error::ArchiveMember {
+                path,
+                why: format!("mode {mode:o} has setuid, setgid or sticky bits"),
+            });
+        }
+        if credentials.denies(&path) {
+            out.withheld.push(path);
+            continue;
+        }
+        if kind == tar::EntryType::Directory {
+            beneath::dir(root, &path, true)?;
+            out.dirs += 1;
+            continue;
+        }
+        let size = entry.header().size().map_err(|e| malformed(e, &tripped))?;
+        if size > limits.max_file_bytes {
+            return Err(Error::ArchiveLimit(format!(
+                "{path}: {size} bytes, more than {}",
+                limits.max_file_bytes
+            )));
+        }
+        out.bytes = out.bytes.saturating_add(size);
+        if out.bytes > limits.max_total_bytes {
+            return Err(Error::ArchiveLimit(format!(
+                "more than {} bytes of files",
+                limits.max_total_bytes
+            )));
+        }
+        write_member(root, &path, mode, size, &mut entry, &tripped, &bomb)?;
+        out.files += 1;
+    }
+    if tripped.get() {
+        return Err(bomb());
+    }
+    Ok(out)
+}
+
+fn write_member(
+    root: &OwnedFd,
+    path: &str,
+    mode: u32,
+    size: u64,
+    entry: &mut impl Read,
+    tripped: &Cell<bool>,
+    bomb: &dyn Fn() -> Error,
+) -> Result<()> {
+    let (parent, name) = beneath::split(path);
+    let dir = match parent {
+        Some(p) => beneath::dir(root, p, true)?.ok_or_else(|| Error::PathInvalid {
+            path: path.to_owned(),
+            why: "parent directory missing",
+        })?,
+        None => rustix::io::dup(root).map_err(|e| beneath::classify(path, e))?,
+    };
+    let file_mode = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
+    let fd = match rustix::fs::openat2(
+        &dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(file_mode),
+        beneath::RESOLVE,
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::EXIST) => {
+            return Err(Error::ArchivePath {
+                path: path.to_owned(),
+                why: "duplicate member",
+            });
+        }
+        Err(e) => return Err(beneath::classify(path, e)),
+    };
+    let mut file = std::fs::File::from(fd);
+    let copied = io::copy(&mut entry.take(size), &mut file).map_err(|e| {
+        if tripped.get() {
+            bomb()
+        } else {
+            Error::ArchiveInvalid(format!("{path}: {e}"))
+        }
+    })?;
+    if copied != size {
+        return Err(Error::ArchiveInvalid(format!(
+            "{path}: truncated member ({copied} of {size} bytes)"
+        )));
+    }
+    Ok(())
+}
+
+/// Validates a member's stored path: UTF-8, relative, no `..`, no `.git`,
+/// no `.` or empty components (a directory's one trailing slash aside).
+fn member_path(raw: &[u8], is_dir: bool) -> Result<String> {
+    let shown = String::from_utf8_lossy(raw).into_owned();
+    let bad = |why| Error::ArchivePath {
+        path: shown.clone(),
+        why,
+    };
+    let text = std::str::from_utf8(raw).map_err(|_| bad("not UTF-8"))?;
+    if text.starts_with('/') {
+        return Err(bad("absolute path"));
+    }
+    let text = if is_dir {
+        text.strip_suffix('/').unwrap_or(text)
+    } else {
+        text
+    };
+    for component in text.split('/') {
+        if component == ".." {
+            return Err(bad("'..' component"));
+        }
+        if component.eq_ignore_ascii_case(".git") {
+            return Err(bad("'.git' component"));
+        }
+    }
+    check_relative_path(text).map_err(|_| bad("not a clean relative path"))?;
+    Ok(text.to_owned())
+}
+
+fn type_name(kind: tar::EntryType) -> &'static str {
+    match kind {
+        tar::EntryType::Char => "character device",
+        tar::EntryType::Block => "block device",
+        tar::EntryType::Fifo => "FIFO",
+        tar::EntryType::Continuous => "contiguous-file",
+        tar::EntryType::GNUSparse => "sparse file",
+        tar::EntryType::XHeader | tar::EntryType::GNULongName | tar::EntryType::GNULongLink => {
+            "stray extension header"
+        }
+        _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_paths_are_checked_component_by_component() {
+        assert_eq!(member_path(b"src/lib.rs", false).unwrap(), "src/lib.rs");
+        assert_eq!(member_path(b"src/", true).unwrap(), "src");
+        for (bad, why) in [
+            (&b"/etc/passwd"[..], "absolute path"),
+            (b"a/../../b", "'..' component"),
+            (b"..", "'..' component"),
+            (b"x/.git/hooks/pre-commit", "'.git' component"),
+            (b".GIT/config", "'.git' component"),
+            (b"./a", "not a clean relative path"),
+            (b"a//b", "not a clean relative path"),
+            (b"a\xffb", "not UTF-8"),
+        ] {
+            match member_path(bad, false) {
+                Err(Error::ArchivePath { why: got, .. }) => assert_eq!(got, why, "{bad:?}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+}

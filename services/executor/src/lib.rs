@@ -1,0 +1,35 @@
+//! airlock-executor: the uncredentialed side of the spool.
+//!
+//! It holds no credential and no network, checks that at start
+//! ([`selfcheck`]), confines itself with Landlock ([`lockdown`]), and then,
+//! for each request the worker publishes, applies the plan to a throw-away
+//! copy of the source and runs the plan's verification commands, each in a
+//! fresh `airlock-confine` sandbox ([`run`]). It answers with a result bound
+//! by digests to the request, or a failure with a catalogue code.
+//!
+//! ```text
+//!  worker ──requests/<id>.json, sources/<id>.tar──▶ executor
+//!         ◀──results/<id>.json | failed/<id>.json──
+//!
+//!  request: parse ─▶ validate ─▶ program policy ─▶ archive digest
+//!           ─▶ extract (extract.rs) ─▶ apply change set (apply.rs)
+//!           ─▶ read changed files back ─▶ for each command:
+//!              airlock-confine … -- argv   (run.rs)
+//!           ─▶ ExecResult | ExecFailure   (result.rs)
+//! ```
+//!
+//! The library holds every step so tests can drive each on its own; the
+//! binary (`main.rs`) is the CLI and the serve loop.
+
+pub mod apply;
+pub mod beneath;
+pub mod error;
+pub mod extract;
+pub mod lockdown;
+pub mod policy;
+pub mod request;
+pub mod result;
+pub mod run;
+pub mod selfcheck;
+
+pub use error::{Error, Result};

@@ -1,0 +1,283 @@
+//! The start-up isolation check: the executor refuses to run
+//! (EXECUTOR_NOT_ISOLATED, naming the check) unless
+//!
+//! 1. `environment`: no variable has a secret-looking name (TOKEN, SECRET,
+//!    PASSWORD, PASSWD, CREDENTIAL, AUTHORIZATION, PRIVATE_KEY, API_KEY,
+//!    APIKEY, ACCESS_KEY, COOKIE) or value (`Bearer …`, `password=…`,
+//!    `token: …`, `api_key=…`, a URL with a password, a PEM private key);
+//! 2. `credentials`: `/run/credentials` and `$CREDENTIALS_DIRECTORY` are
+//!    absent or unreadable (listing one is already a failure);
+//! 3. `network`: the process's network namespace has no interface but `lo`
+//!    (asked of the kernel over netlink with `if_nameindex`, which sees the
+//!    current namespace; `/sys/class/net` shows the namespace sysfs was
+//!    mounted in, which can be another).
+//!
+//! There is deliberately no way to skip a check; tests run the executor in
+//! a fresh network namespace instead.
+
+use crate::error::{Error, Result};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+/// Substrings of variable names that mark a secret.
+pub const SECRET_NAME_PARTS: &[&str] = &[
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "CREDENTIAL",
+    "AUTHORIZATION",
+    "PRIVATE_KEY",
+    "API_KEY",
+    "APIKEY",
+    "ACCESS_KEY",
+    "COOKIE",
+];
+
+/// Keys that, followed by `=` or `:` and a value, mark a secret in a value.
+const SECRET_VALUE_KEYS: &[&str] = &[
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "api-key",
+    "apikey",
+    "authorization",
+];
+
+/// What the checks found, for the log line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Isolation {
+    /// Network interfaces seen (only `lo`).
+    pub interfaces: Vec<String>,
+}
+
+/// Runs every check against the real process state.
+pub fn run() -> Result<Isolation> {
+    let env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    check_environment(&env)?;
+    let mut dirs = vec![PathBuf::from("/run/credentials")];
+    if let Some(d) = std::env::var_os("CREDENTIALS_DIRECTORY") {
+        dirs.push(PathBuf::from(d));
+    }
+    check_credentials(&dirs)?;
+    let interfaces = interfaces()?;
+    check_network(&interfaces)?;
+    Ok(Isolation { interfaces })
+}
+
+/// Check 1: names and values of the environment.
+pub fn check_environment(env: &[(OsString, OsString)]) -> Result<()> {
+    let mut leaked: Vec<String> = Vec::new();
+    for (name, value) in env {
+        if value.is_empty() {
+            continue;
+        }
+        let upper = name.to_string_lossy().to_ascii_uppercase();
+        if SECRET_NAME_PARTS.iter().any(|p| upper.contains(p)) || secret_value(value) {
+            leaked.push(name.to_string_lossy().into_owned());
+        }
+    }
+    if leaked.is_empty() {
+        return Ok(());
+    }
+    leaked.sort();
+    Err(Error::NotIsolated {
+        check: "environment",
+        detail: format!("secret-looking variables: {}", leaked.join(", ")),
+    })
+}
+
+/// True when a value looks like it carries a secret.
+pub fn secret_value(value: &OsStr) -> bool {
+    let lower = String::from_utf8_lossy(value.as_bytes()).to_ascii_lowercase();
+    // "Bearer <token>": a token is one word of at least 8 characters.
+    let mut from = 0;
+    while let Some(i) = lower[from..].find("bearer ") {
+        let after = from + i + "bearer ".len();
+        let word = lower[after..].split_whitespace().next().unwrap_or("");
+        if word.len() >= 8 {
+            return true;
+        }
+        from = after;
+    }
+    // key [:=] value
+    for key in SECRET_VALUE_KEYS {
+        let mut from = 0;
+        while let Some(i) = lower[from..].find(key) {
+            let after = from + i + key.len();
+            let rest = lower[after..].trim_start();
+            if let Some(r) = rest.strip_prefix(['=', ':']) {
+                if r.trim_start()
+                    .chars()
+                    .next()
+                    .is_some_and(|c| !c.is_whitespace())
+                {
+                    return true;
+                }
+            }
+            from = after;
+        }
+    }
+    // scheme://user:password@host
+    if let Some(i) = lower.find("://") {
+        let authority = lower[i + 3..].split(['/', '?', '#']).next().unwrap_or("");
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            if userinfo.contains(':') {
+                return true;
+            }
+        }
+    }
+    lower.contains("private key-----")
+}
+
+/// Check 2: each credential directory must be absent or unreadable.
+pub fn check_credentials(dirs: &[PathBuf]) -> Result<()> {
+    for dir in dirs {
+        match std::fs::read_dir(dir) {
+            Ok(_) => {
+                return Err(Error::NotIsolated {
+                    check: "credentials",
+                    detail: format!("{} is readable", dir.display()),
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+            Err(e) => {
+                // Not a directory, a loop, …: only a file we cannot read is safe.
+                if std::fs::File::open(dir).is_ok() {
+                    return Err(Error::NotIsolated {
+                        check: "credentials",
+                        detail: format!("{} is readable ({e})", dir.display()),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The network interfaces of this process's network namespace.
+pub fn interfaces() -> Result<Vec<String>> {
+    let list = nix::net::if_::if_nameindex().map_err(|e| Error::NotIsolated {
+        check: "network",
+        detail: format!("cannot list network interfaces: {e}"),
+    })?;
+    Ok(list
+        .iter()
+        .map(|i| i.name().to_string_lossy().into_owned())
+        .collect())
+}
+
+/// Check 3: no interface but `lo`.
+pub fn check_network(interfaces: &[String]) -> Result<()> {
+    let others: Vec<&str> = interfaces
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != "lo")
+        .collect();
+    if others.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::NotIsolated {
+            check: "network",
+            detail: format!("network interfaces other than lo: {}", others.join(", ")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        pairs.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> Option<String> {
+        match check_environment(&env(pairs)) {
+            Ok(()) => None,
+            Err(Error::NotIsolated { check, detail }) => {
+                assert_eq!(check, "environment");
+                Some(detail)
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn secret_names_are_refused_and_named_without_values() {
+        for name in [
+            "GITHUB_TOKEN",
+            "aws_secret_access_key",
+            "DB_PASSWORD",
+            "CREDENTIALS_DIRECTORY",
+            "HTTP_AUTHORIZATION",
+            "SSH_PRIVATE_KEY",
+            "OPENAI_API_KEY",
+        ] {
+            let detail = refused(&[("PATH", "/usr/bin"), (name, "hunter2")]).expect(name);
+            assert!(
+                detail.contains(name) && !detail.contains("hunter2"),
+                "{detail}"
+            );
+        }
+        assert_eq!(refused(&[("GITHUB_TOKEN", "")]), None);
+    }
+
+    #[test]
+    fn secret_values_are_refused() {
+        for value in [
+            "Authorization: Bearer abc.def",
+            "bearer eyJhbGciOiJIUzI1NiJ9",
+            "password=hunter2",
+            "db passwd: x",
+            "token=abc",
+            "api_key = k",
+            "https://user:pw@example.invalid/repo.git",
+            "-----BEGIN OPENSSH PRIVATE KEY-----",
+        ] {
+            assert!(refused(&[("HARMLESS", value)]).is_some(), "{value}");
+        }
+        for value in [
+            "/usr/bin:/bin",
+            "C.UTF-8",
+            "https://example.invalid/a@b",
+            "token",
+            "password=",
+            "the bearer of news",
+        ] {
+            assert_eq!(refused(&[("HARMLESS", value)]), None, "{value}");
+        }
+    }
+
+    #[test]
+    fn readable_credential_directories_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = dir.path().join("credentials");
+        std::fs::create_dir(&creds).unwrap();
+        let err = check_credentials(&[dir.path().join("absent"), creds.clone()]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotIsolated {
+                    check: "credentials",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(check_credentials(&[dir.path().join("absent")]).is_ok());
+    }
+
+    #[test]
+    fn only_loopback_is_accepted() {
+        assert!(check_network(&["lo".into()]).is_ok());
+        assert!(check_network(&[]).is_ok());
+        let err = check_network(&["lo".into(), "eth0".into()]).unwrap_err();
+        assert_eq!(err.code(), airlock_proto::Code::EXECUTOR_NOT_ISOLATED);
+        assert!(err.to_string().contains("eth0"));
+    }
+}
