@@ -45,7 +45,7 @@ fn refuse(archive: &[u8], limits: &ArchiveLimits) -> (Code, Fixture) {
         vec!["ws".to_owned()],
         "written outside the workspace"
     );
-    for rel in tree(&f.ws.path().to_owned()) {
+    for rel in tree(f.ws.path()) {
         let m = std::fs::symlink_metadata(f.ws.path().join(&rel)).unwrap();
         assert!(m.is_file() || m.is_dir(), "{rel} is special");
     }

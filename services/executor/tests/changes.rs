@@ -221,7 +221,7 @@ fn directories_and_fifos_are_not_files() {
     let f = fixture();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &f.ws.path().join("fifo"),
+        f.ws.path().join("fifo"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o644),
         0,
