@@ -39,6 +39,7 @@ pub(crate) fn run(mut plan: Plan, mut status: File, lifeline: OwnedFd, ns: &Name
             mount: mounts.mount,
             proc: mounts.proc,
             tmp: mounts.tmp,
+            shm: mounts.shm,
         },
     );
     if mounts.proc {
@@ -46,6 +47,9 @@ pub(crate) fn run(mut plan: Plan, mut status: File, lifeline: OwnedFd, ns: &Name
     }
     if mounts.tmp {
         plan.grants.rw.push("/tmp".into());
+    }
+    if mounts.shm {
+        plan.grants.rw.push("/dev/shm".into());
     }
 
     // SAFETY: this process is single-threaded (the supervisor checked before
@@ -62,7 +66,7 @@ pub(crate) fn run(mut plan: Plan, mut status: File, lifeline: OwnedFd, ns: &Name
             exit_now(125)
         }
     };
-    let outcome = reap(command);
+    let outcome = reap(command, ns.pid && nix::unistd::getpid().as_raw() == 1);
     send(
         &mut status,
         &Message::Exit {
@@ -88,7 +92,7 @@ fn supervisor_gone(lifeline: &OwnedFd) -> bool {
 
 /// Reaps children until none is left; once the command has exited,
 /// everything else is killed.
-fn reap(command: Pid) -> Outcome {
+fn reap(command: Pid, namespace_init: bool) -> Outcome {
     let mut outcome = None;
     loop {
         match waitpid(None, None) {
@@ -102,7 +106,7 @@ fn reap(command: Pid) -> Outcome {
             Err(_) => break,
         }
         if outcome.is_some() {
-            reaper::kill_all();
+            reaper::kill_all(namespace_init);
         }
     }
     outcome.unwrap_or(Outcome::Failed {

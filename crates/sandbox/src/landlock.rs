@@ -154,3 +154,14 @@ pub fn degraded_reason(r: &LandlockReport) -> Option<String> {
         )),
     }
 }
+
+/// A warning when the kernel knows Landlock rights this build cannot
+/// request (its ABI is newer than [`MAX_LANDLOCK_ABI`]).
+pub fn newer_kernel_warning(r: &LandlockReport) -> Option<String> {
+    (r.kernel_abi > i32::from(MAX_LANDLOCK_ABI)).then(|| {
+        format!(
+            "kernel Landlock ABI {} is newer than this build knows ({MAX_LANDLOCK_ABI}): rights added since are not handled",
+            r.kernel_abi
+        )
+    })
+}

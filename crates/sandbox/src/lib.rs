@@ -24,7 +24,7 @@
 //!
 //! Each confinement step is its own module ([`ids`], [`caps`],
 //! [`no_new_privs`], [`rlimits`], [`landlock`], [`seccomp`] with its policy
-//! table [`seccomp_policy`], [`namespaces`], [`env`], [`exec`]); the
+//! table [`seccomp_policy`], [`namespaces`], [`mod@env`], [`exec`]); the
 //! command's process runs them in the order above (see `target.rs`), each
 //! failing hard with one [`Error`] variant. Landlock that is not fully
 //! enforced refuses to run (`SANDBOX_UNAVAILABLE`) unless the policy allows
@@ -49,7 +49,23 @@
 //! ```
 //!
 //! The executor instead runs
-//! `airlock-confine <policy.to_args()> --report-fd N -- cargo test`.
+//! `airlock-confine <policy.to_args()> --report-fd N -- cargo test`
+//! and reads the JSON [`Report`] from that descriptor.
+//!
+//! # What this does not do
+//!
+//! - RLIMIT_NPROC counts every process of the uid on the machine: give
+//!   concurrent sandboxes distinct uids, or count them together.
+//! - RLIMIT_AS bounds each process, not the sandbox as a whole; a total
+//!   memory and CPU budget needs a cgroup (the executor's systemd unit).
+//! - Namespaces are used when the kernel allows them and recorded, not
+//!   required. Without a pid namespace, leftover processes are found as
+//!   orphans reparented to the (subreaper) init and helper, which covers
+//!   every descendant that did not escape by other means; /proc is then not
+//!   granted at all, because the host's would show every process.
+//! - Landlock's floor is `landlock_min_abi` (default 1: Landlock present,
+//!   every right of the kernel's ABI handled). Raise it to demand e.g. ABI 3
+//!   (truncate) or 6 (signal and abstract-socket scoping) everywhere.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -143,8 +159,12 @@ pub fn run(policy: &Policy, command: &[OsString]) -> Report {
         limits: policy.limits.clone(),
         degraded: false,
         warnings: Vec::new(),
-        outcome: Outcome::TimedOut,
-        exit_status: 0,
+        outcome: Outcome::Failed {
+            step: "supervise".into(),
+            code: airlock_proto::Code::INTERNAL.as_str().into(),
+            message: "not started".into(),
+        },
+        exit_status: 125,
         survivors: 0,
         elapsed_ms: 0,
     };
@@ -440,10 +460,16 @@ fn apply_messages(report: &mut Report, raw: &[u8], init_status: WaitStatus, stop
             continue;
         };
         match msg {
-            Message::Mounts { mount, proc, tmp } => {
+            Message::Mounts {
+                mount,
+                proc,
+                tmp,
+                shm,
+            } => {
                 report.namespaces.mount = mount;
                 report.namespaces.proc = proc;
                 report.namespaces.tmp = tmp;
+                report.namespaces.shm = shm;
             }
             Message::Confined {
                 uid,

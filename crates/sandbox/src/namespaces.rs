@@ -56,6 +56,8 @@ pub struct Mounts {
     pub proc: bool,
     /// A private tmpfs on /tmp.
     pub tmp: bool,
+    /// A private tmpfs on /dev/shm (POSIX shared memory and semaphores).
+    pub shm: bool,
 }
 
 /// In the sandbox's init: a mount namespace whose mounts never propagate
@@ -84,20 +86,26 @@ pub fn enter_mounts(new_pid_ns: bool, tmp_size: Option<u64>) -> Mounts {
         m.proc = mount(Some("proc"), "/proc", Some("proc"), hardened, None::<&str>).is_ok();
     }
     if let Some(size) = tmp_size {
-        if Path::new("/tmp").is_dir() {
-            let opts = format!("size={size},mode=1777");
-            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-            m.tmp = mount(
-                Some("tmpfs"),
-                "/tmp",
-                Some("tmpfs"),
-                flags,
-                Some(opts.as_str()),
-            )
-            .is_ok();
-        }
+        m.tmp = private_tmpfs("/tmp", size);
+        m.shm = private_tmpfs("/dev/shm", size);
     }
     m
+}
+
+fn private_tmpfs(dir: &str, size: u64) -> bool {
+    if !Path::new(dir).is_dir() {
+        return false;
+    }
+    let opts = format!("size={size},mode=1777");
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        flags,
+        Some(opts.as_str()),
+    )
+    .is_ok()
 }
 
 /// Sets the host name inside a new UTS namespace, so the command cannot

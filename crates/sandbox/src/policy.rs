@@ -50,6 +50,7 @@ pub const SYSTEM_RO: &[&str] = &[
     "/etc/python3.12",
     "/etc/python3.13",
     "/etc/perl",
+    "/sys/devices/system/cpu",
 ];
 
 /// Device files granted read and write access (not ioctl).
@@ -116,7 +117,8 @@ pub struct Policy {
     pub timeout: Option<Duration>,
     /// Extra environment entries on top of the clean environment.
     pub env: Vec<(String, String)>,
-    /// Mount a private tmpfs on /tmp when a mount namespace is available.
+    /// Mount private tmpfs on /tmp and /dev/shm when a mount namespace is
+    /// available.
     pub private_tmp: bool,
     /// Create namespaces (user, pid, ipc, uts, net, mount) when the kernel
     /// allows. Off, the sandbox relies on Landlock, seccomp and the id

@@ -31,10 +31,10 @@ pub fn children_of(parent: Pid) -> Vec<Pid> {
 }
 
 /// Kills every process that can be reached: all of the pid namespace
-/// when this process is its pid 1, else every child of this (subreaper)
-/// process.
-pub fn kill_all() {
-    if getpid().as_raw() == 1 {
+/// when `namespace_init` (this process is pid 1 of the namespace it
+/// created), else every child of this (subreaper) process.
+pub fn kill_all(namespace_init: bool) {
+    if namespace_init && getpid().as_raw() == 1 {
         // Pid 1 of its own namespace: -1 means every other process in it.
         let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
     } else {
@@ -44,10 +44,10 @@ pub fn kill_all() {
     }
 }
 
-/// Kills and reaps children until there are none left.
+/// Kills and reaps children until there are none left (never `kill(-1)`).
 pub fn kill_and_reap_all() {
     loop {
-        kill_all();
+        kill_all(false);
         match waitpid(None, None) {
             Ok(_) | Err(Errno::EINTR) => continue,
             Err(_) => break, // ECHILD: nothing left

@@ -28,6 +28,8 @@ pub struct Namespaces {
     pub proc: bool,
     /// A private tmpfs on /tmp.
     pub tmp: bool,
+    /// A private tmpfs on /dev/shm.
+    pub shm: bool,
 }
 
 /// How Landlock was applied.
@@ -125,6 +127,8 @@ pub(crate) enum Message {
         proc: bool,
         /// Private /tmp mounted.
         tmp: bool,
+        /// Private /dev/shm mounted.
+        shm: bool,
     },
     /// From the command's process, just before execve.
     Confined {

@@ -41,16 +41,20 @@ fn confine_and_exec(plan: &Plan, mounts: Mounts, status: &mut File) -> Result<In
     rlimits::apply(&plan.limits)?;
     // 6. Landlock; refuse unless fully enforced or degraded mode is allowed.
     let landlock = landlock::restrict(&plan.grants, plan.min_abi)?;
-    let mut warnings = Vec::new();
-    if let Some(reason) = landlock::degraded_reason(&landlock) {
-        if !plan.allow_degraded {
-            return Err(crate::Error::Degraded { reason });
+    let mut warnings = landlock::newer_kernel_warning(&landlock)
+        .into_iter()
+        .collect::<Vec<_>>();
+    let degraded = match landlock::degraded_reason(&landlock) {
+        None => false,
+        Some(reason) if !plan.allow_degraded => return Err(crate::Error::Degraded { reason }),
+        Some(reason) => {
+            eprintln!(
+                "airlock-confine: WARNING: SANDBOX DEGRADED: {reason}; running anyway (--allow-degraded)"
+            );
+            warnings.push(format!("sandbox degraded: {reason}"));
+            true
         }
-        eprintln!(
-            "airlock-confine: WARNING: SANDBOX DEGRADED: {reason}; running anyway (--allow-degraded)"
-        );
-        warnings.push(format!("sandbox degraded: {reason}"));
-    }
+    };
     // 7. seccomp, last: after it, only the calls below are made.
     seccomp::install()?;
     // 8. Clean environment, working directory and signal state.
@@ -68,7 +72,7 @@ fn confine_and_exec(plan: &Plan, mounts: Mounts, status: &mut File) -> Result<In
             uid: plan.uid,
             gid: plan.gid,
             landlock,
-            degraded: !warnings.is_empty(),
+            degraded,
             warnings,
             capabilities_dropped,
         },

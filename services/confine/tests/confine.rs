@@ -232,7 +232,7 @@ fn proc_status_shows_no_new_privs_seccomp_and_no_capabilities() {
     assert_eq!(rep["degraded"], false);
     assert_eq!(rep["landlock"]["status"], "full");
     assert!(rep["landlock"]["kernel_abi"].as_i64().unwrap() >= 1);
-    for ns in ["pid", "ipc", "uts", "net", "mount", "proc", "tmp"] {
+    for ns in ["pid", "ipc", "uts", "net", "mount", "proc", "tmp", "shm"] {
         assert_eq!(rep["namespaces"][ns], true, "namespace {ns}: {rep}");
     }
     assert_eq!(
@@ -846,6 +846,17 @@ fn private_tmp_is_private() {
         !Path::new(&name).exists(),
         "the sandbox's /tmp leaked to the host"
     );
+    // POSIX semaphores live in the private /dev/shm.
+    let r = s.run(
+        &[],
+        &[
+            "python3",
+            "-c",
+            "import multiprocessing as m; m.Lock(); print('lock')",
+        ],
+    );
+    r.ok();
+    assert_eq!(r.stdout, "lock\n");
 }
 
 #[test]
@@ -931,12 +942,17 @@ fn unprivileged_caller_gets_a_user_namespace_and_the_same_confinement() {
     let s = Scratch::new(uid);
     let outside = s.owned_dir("outside");
     let report = s.ws().join("report.json");
+    // The checkout (and so the built binary) may sit under a directory the
+    // test uid cannot traverse, such as /root: run a copy.
+    let bin = s.path("airlock-confine");
+    fs::copy(BIN, &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
     let script = format!(
         "id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; touch {}/f; echo rc=$?",
         outside.display()
     );
     let r = run_helper(
-        Command::new(BIN)
+        Command::new(&bin)
             .uid(uid)
             .gid(uid)
             .arg("--rw")
@@ -960,7 +976,7 @@ fn unprivileged_caller_gets_a_user_namespace_and_the_same_confinement() {
 
     // Another uid cannot be had without privilege.
     let refused = run_helper(
-        Command::new(BIN)
+        Command::new(&bin)
             .uid(uid)
             .gid(uid)
             .args(["--uid", "0", "--rw"])
@@ -998,7 +1014,7 @@ fn without_namespaces_orphans_are_still_found_and_killed() {
         r.report["namespaces"],
         serde_json::json!({
             "user": false, "pid": false, "ipc": false, "uts": false,
-            "net": false, "mount": false, "proc": false, "tmp": false
+            "net": false, "mount": false, "proc": false, "tmp": false, "shm": false
         })
     );
     assert_eq!(r.report["landlock"]["status"], "full");
