@@ -1,0 +1,139 @@
+//! Authorisers for test harnesses. Never chosen implicitly: only an
+//! explicit `authorizer = "allow-all-for-tests"` in the configuration or an
+//! explicit `--authorizer` flag selects one, and the daemon announces it in
+//! its start-up log and in the `org.airlock.Tasks1.Authorizer` property.
+
+use super::{Action, Authorizer, BoxFuture, Caller, Verdict};
+use airlock_proto::{Code, Error};
+use std::collections::BTreeSet;
+
+/// Allows a fixed set of actions and denies the rest
+/// (`AUTHORIZATION_DENIED`), without asking anyone.
+///
+/// Spellings (for `--authorizer`):
+/// - `allow-all-for-tests`: every action;
+/// - `deny-all-for-tests`: none;
+/// - `allow-for-tests:read,submit`: the listed actions only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestAuthorizer {
+    allowed: BTreeSet<Action>,
+}
+
+/// The spelling of the allow-everything test authoriser.
+pub const ALLOW_ALL_FOR_TESTS: &str = "allow-all-for-tests";
+/// The spelling of the deny-everything test authoriser.
+pub const DENY_ALL_FOR_TESTS: &str = "deny-all-for-tests";
+/// The prefix of the allow-list test authoriser.
+pub const ALLOW_FOR_TESTS_PREFIX: &str = "allow-for-tests:";
+
+impl TestAuthorizer {
+    /// Allows everything.
+    pub fn allow_all() -> Self {
+        TestAuthorizer {
+            allowed: Action::ALL.iter().copied().collect(),
+        }
+    }
+
+    /// Denies everything.
+    pub fn deny_all() -> Self {
+        TestAuthorizer {
+            allowed: BTreeSet::new(),
+        }
+    }
+
+    /// Allows exactly `actions`.
+    pub fn allowing(actions: impl IntoIterator<Item = Action>) -> Self {
+        TestAuthorizer {
+            allowed: actions.into_iter().collect(),
+        }
+    }
+
+    /// Parses one of the spellings above; `None` if `s` is not one.
+    pub fn parse(s: &str) -> Option<Result<Self, String>> {
+        if s == ALLOW_ALL_FOR_TESTS {
+            return Some(Ok(TestAuthorizer::allow_all()));
+        }
+        if s == DENY_ALL_FOR_TESTS {
+            return Some(Ok(TestAuthorizer::deny_all()));
+        }
+        let list = s.strip_prefix(ALLOW_FOR_TESTS_PREFIX)?;
+        let mut allowed = BTreeSet::new();
+        for name in list.split(',').filter(|n| !n.is_empty()) {
+            match Action::from_short_name(name) {
+                Some(a) => {
+                    allowed.insert(a);
+                }
+                None => {
+                    return Some(Err(format!(
+                        "unknown action {name:?} in {s:?} (expected read, submit, manage)"
+                    )));
+                }
+            }
+        }
+        Some(Ok(TestAuthorizer { allowed }))
+    }
+}
+
+impl Authorizer for TestAuthorizer {
+    fn name(&self) -> String {
+        if self.allowed.len() == Action::ALL.len() {
+            ALLOW_ALL_FOR_TESTS.to_owned()
+        } else if self.allowed.is_empty() {
+            DENY_ALL_FOR_TESTS.to_owned()
+        } else {
+            let names: Vec<&str> = self.allowed.iter().map(|a| a.short_name()).collect();
+            format!("{ALLOW_FOR_TESTS_PREFIX}{}", names.join(","))
+        }
+    }
+
+    fn is_for_tests(&self) -> bool {
+        true
+    }
+
+    fn check<'a>(&'a self, action: Action, _caller: &'a Caller) -> BoxFuture<'a, Verdict> {
+        let verdict = if self.allowed.contains(&action) {
+            Verdict::Allow
+        } else {
+            Verdict::Deny(Error::with(
+                Code::AUTHORIZATION_DENIED,
+                format!("{} is denied by the {} authoriser", action, self.name()),
+            ))
+        };
+        Box::pin(std::future::ready(verdict))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_round_trip() {
+        for s in [
+            ALLOW_ALL_FOR_TESTS,
+            DENY_ALL_FOR_TESTS,
+            "allow-for-tests:read",
+            "allow-for-tests:read,submit",
+        ] {
+            let a = TestAuthorizer::parse(s).unwrap().unwrap();
+            assert_eq!(a.name(), s);
+        }
+        assert!(TestAuthorizer::parse("polkit").is_none());
+        assert!(
+            TestAuthorizer::parse("allow-for-tests:write")
+                .unwrap()
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn allow_list_decides_per_action() {
+        let a = TestAuthorizer::allowing([Action::Read]);
+        let c = Caller::from_bus(":1.1", 0, None, false);
+        assert_eq!(a.check(Action::Read, &c).await, Verdict::Allow);
+        match a.check(Action::Manage, &c).await {
+            Verdict::Deny(e) => assert_eq!(e.code, Code::AUTHORIZATION_DENIED),
+            Verdict::Allow => panic!("manage must be denied"),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The D-Bus face of the supervisor: `org.airlock.Supervisor1` at
+//! `/org/airlock/Supervisor1` with two interfaces.
+//!
+//! | interface | method | in | out | permission |
+//! |---|---|---|---|---|
+//! | `org.airlock.Tasks1` | `SubmitTask` | `s` submission JSON | `s` `{"task", "idempotent"}` | polkit `tasks.submit` |
+//! | | `ReplacePlan` | `s` task id, `s` plan JSON (CAS: `expected_previous_plan_digest`) | `s` task | polkit `tasks.submit` |
+//! | | `GetTask` | `s` task id | `s` task | polkit `tasks.read` |
+//! | | `ListTasks` | `s` state or `""`, `s` after task id or `""`, `u` limit (0 = 100) | `s` `{"tasks", "next_after"}` | polkit `tasks.read` |
+//! | | `ListEvents` | `s` task id or `""`, `x` after event id, `u` limit (0 = 100) | `s` `{"events", "next_after"}` | polkit `tasks.read` |
+//! | | `CancelTask` | `s` task id, `s` reason | `s` task | polkit `tasks.manage` |
+//! | | `Verify` | `s` task id, `s` accept/rework/reject, `s` reason | `s` task | polkit `tasks.manage` |
+//! | | signal `TaskChanged` | `s` task id, `s` state, `x` revision | | |
+//! | | properties `Authorizer` `s`, `AutoAccept` `b`, `LeaseSeconds` `u`, `WorkerUid` `u`, `Version` `s`, `Queued` `Running` `Verifying` `Succeeded` `Failed` `Cancelled` `t` | | | none (counts only) |
+//! | `org.airlock.Worker1` | `Claim` | | `s` grant JSON or `null` | peer uid = worker |
+//! | | `Renew` | `s` task id, `t` lease epoch, `s` lease token | `x` new expiry (unix ms) | peer uid = worker |
+//! | | `SubmitResult` | `s` task id, `t` lease epoch, `s` lease token, `s` idempotency key, `s` result JSON | `s` `{"task", "idempotent"}` | peer uid = worker |
+//!
+//! Every refusal is a D-Bus error named by the code's `dbus_error_name()`
+//! with the human detail as its message ([`error::BusError`]).
+
+pub mod caller;
+pub mod error;
+pub mod inflight;
+pub mod tasks;
+pub mod worker;
+
+use crate::authz::{Caller, Gatekeeper};
+use crate::ops::Ops;
+use airlock_proto::limits::MAX_MESSAGE_BYTES;
+use airlock_proto::{Code, Error};
+use caller::CallerResolver;
+use error::BusError;
+use inflight::{CallGuard, InFlight};
+use serde_json::Value;
+use std::time::Duration;
+use zbus::Connection;
+use zbus::message::Header;
+
+/// The well-known name.
+pub const BUS_NAME: &str = "org.airlock.Supervisor1";
+/// The one object.
+pub const OBJECT_PATH: &str = "/org/airlock/Supervisor1";
+/// The task interface.
+pub const TASKS_INTERFACE: &str = "org.airlock.Tasks1";
+/// The worker interface.
+pub const WORKER_INTERFACE: &str = "org.airlock.Worker1";
+
+/// Page size when a caller passes 0.
+pub const DEFAULT_PAGE: u32 = 100;
+
+/// Names of operations in the event log. Mutations use the store's action
+/// names; reads, which the store does not log when allowed, have their own
+/// so that a refused read is still on record.
+pub mod event {
+    pub use airlock_store::tasks::action::*;
+    /// GetTask.
+    pub const TASK_READ: &str = "TASK_READ";
+    /// ListTasks.
+    pub const TASKS_LISTED: &str = "TASKS_LISTED";
+    /// ListEvents.
+    pub const EVENTS_READ: &str = "EVENTS_READ";
+}
+
+/// Facts the properties report.
+#[derive(Clone, Debug)]
+pub struct Info {
+    /// The authoriser's name.
+    pub authorizer: String,
+    /// `[supervisor] auto_accept`.
+    pub auto_accept: bool,
+    /// `[supervisor] lease_seconds`.
+    pub lease_seconds: u32,
+    /// The uid Worker1 is reserved for.
+    pub worker_uid: u32,
+}
+
+/// State shared by both interfaces.
+#[derive(Debug)]
+pub struct Shared {
+    pub(crate) ops: Ops,
+    pub(crate) gate: Gatekeeper,
+    pub(crate) inflight: InFlight,
+    pub(crate) info: Info,
+    pub(crate) repositories: Vec<String>,
+    resolver: CallerResolver,
+    call_delay: Option<Duration>,
+}
+
+impl Shared {
+    /// Shared state. `repositories` are the names submissions may use.
+    /// `call_delay` slows every admitted call down (tests of
+    /// orderly shutdown only).
+    pub fn new(
+        ops: Ops,
+        gate: Gatekeeper,
+        info: Info,
+        repositories: Vec<String>,
+        call_delay: Option<Duration>,
+    ) -> Self {
+        Shared {
+            ops,
+            gate,
+            inflight: InFlight::default(),
+            info,
+            repositories,
+            resolver: CallerResolver::default(),
+            call_delay,
+        }
+    }
+
+    /// Admits one call: counts it in flight (refused once shutdown began)
+    /// and identifies its sender from bus-verified facts. A sender the bus
+    /// does not vouch for is refused and the refusal recorded.
+    pub(crate) async fn admit(
+        &self,
+        conn: &Connection,
+        hdr: &Header<'_>,
+        event: &'static str,
+        task_id: Option<&str>,
+    ) -> Result<(CallGuard<'_>, Caller), BusError> {
+        let guard = self.inflight.enter()?;
+        if let Some(d) = self.call_delay {
+            tokio::time::sleep(d).await;
+        }
+        match self.resolver.resolve(conn, hdr).await {
+            Ok(caller) => Ok((guard, caller)),
+            Err(e) => {
+                let sender = caller::sender_of(hdr).unwrap_or_default();
+                self.gate
+                    .refuse_unidentified(&sender, event, task_id, &e)
+                    .await;
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Passes `r` through, recording a refusal in the event log first.
+    pub(crate) async fn checked<T, P: crate::authz::Permission>(
+        &self,
+        auth: &crate::authz::Authorized<P>,
+        event: &'static str,
+        task_id: Option<&str>,
+        r: Result<T, Error>,
+    ) -> Result<T, Error> {
+        if let Err(e) = &r {
+            self.gate.record_refusal(auth, event, task_id, e).await;
+        }
+        r
+    }
+}
+
+/// Parses a JSON argument, refusing anything that is not JSON.
+pub(crate) fn parse_json(text: &str, what: &str) -> Result<Value, Error> {
+    if text.len() > MAX_MESSAGE_BYTES {
+        return Err(Error::with(
+            Code::FIELD_BOUNDS_EXCEEDED,
+            format!("{what} is larger than {MAX_MESSAGE_BYTES} bytes"),
+        ));
+    }
+    serde_json::from_str(text)
+        .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("{what} is not JSON: {e}")))
+}
+
+/// Serialises a reply.
+pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Result<String, Error> {
+    serde_json::to_string(v)
+        .map_err(|e| Error::with(Code::INTERNAL, format!("serialising a reply: {e}")))
+}
+
+/// `""` means none.
+pub(crate) fn non_empty(s: String) -> Option<String> {
+    if s.is_empty() { None } else { Some(s) }
+}

@@ -1,0 +1,359 @@
+//! `org.airlock.Tasks1`: planners and admins, authorised by polkit.
+//!
+//! Every method runs the same steps in the same order: admit the call
+//! (shutdown refuses new ones), identify the sender from bus facts,
+//! authorise (a token or a recorded refusal), parse the arguments
+//! strictly, act through [`crate::ops`], announce a state change with
+//! `TaskChanged`.
+
+use super::error::BusError;
+use super::{DEFAULT_PAGE, Shared, event, non_empty, parse_json, to_json};
+use crate::authz::{Manage, Read, Submit};
+use airlock_proto::plan::PlanRequest;
+use airlock_proto::task::{Decision, TaskState, TaskSubmission, TaskView};
+use serde_json::json;
+use std::sync::Arc;
+use zbus::message::Header;
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, interface};
+
+/// The Tasks1 interface object.
+#[derive(Debug)]
+pub struct Tasks {
+    shared: Arc<Shared>,
+}
+
+impl Tasks {
+    /// The interface over `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Tasks { shared }
+    }
+}
+
+/// Emits TaskChanged for `view`, logging (not failing) on error: the
+/// change is already durable and the reply must still go out.
+pub(crate) async fn announce(
+    emitter: &SignalEmitter<'_>,
+    task_id: &str,
+    state: TaskState,
+    revision: i64,
+) {
+    if let Err(e) = Tasks::task_changed(emitter, task_id, state.as_str(), revision).await {
+        tracing::warn!("could not emit TaskChanged for {task_id}: {e}");
+    }
+}
+
+async fn announce_view(emitter: &SignalEmitter<'_>, view: &TaskView) {
+    announce(emitter, &view.task_id, view.state, view.revision).await;
+}
+
+/// The task id a submission names, read leniently for the audit record of
+/// a refusal that happens before the submission is parsed.
+fn submitted_task_id(text: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    v.get("binding")?
+        .get("task_id")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[interface(name = "org.airlock.Tasks1")]
+impl Tasks {
+    /// Submits a task (an `airlock.task.v1` JSON object). Returns
+    /// `{"task": <task>, "idempotent": <bool>}`; the same submission again
+    /// is an idempotent replay. Needs `org.airlock.tasks.submit`.
+    async fn submit_task(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+        submission: String,
+    ) -> Result<String, BusError> {
+        let task_id = submitted_task_id(&submission);
+        let ev = event::TASK_SUBMITTED;
+        let (_call, caller) = self
+            .shared
+            .admit(conn, &hdr, ev, task_id.as_deref())
+            .await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Submit>(&caller, ev, task_id.as_deref())
+            .await?;
+        let parsed = parse_json(&submission, "the submission").and_then(|v| {
+            let s = TaskSubmission::from_value(&v)?;
+            s.binding
+                .check_registered(self.shared.repositories.iter().map(String::as_str))?;
+            Ok(s)
+        });
+        let submission = self
+            .shared
+            .checked(&auth, ev, task_id.as_deref(), parsed)
+            .await?;
+        let out = self.shared.ops.submit(&auth, submission).await?;
+        if !out.idempotent {
+            announce_view(&emitter, &out.task).await;
+        }
+        Ok(to_json(
+            &json!({"task": out.task, "idempotent": out.idempotent}),
+        )?)
+    }
+
+    /// Replaces a QUEUED task's plan. The plan must name the digest of the
+    /// plan it replaces in `expected_previous_plan_digest` (compare and
+    /// swap); the stored plan again is an idempotent replay. Returns the
+    /// task. Needs `org.airlock.tasks.submit`.
+    async fn replace_plan(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+        task_id: String,
+        plan: String,
+    ) -> Result<String, BusError> {
+        let ev = event::TASK_PLAN_REPLACED;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Submit>(&caller, ev, Some(&task_id))
+            .await?;
+        let parsed = parse_json(&plan, "the plan").and_then(|v| PlanRequest::from_value(&v));
+        let plan = self
+            .shared
+            .checked(&auth, ev, Some(&task_id), parsed)
+            .await?;
+        let before = self.shared.ops.replace_plan(&auth, task_id, plan).await?;
+        announce_view(&emitter, &before).await;
+        Ok(to_json(&before)?)
+    }
+
+    /// One task as JSON. Needs `org.airlock.tasks.read`.
+    async fn get_task(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        task_id: String,
+    ) -> Result<String, BusError> {
+        let ev = event::TASK_READ;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Read>(&caller, ev, Some(&task_id))
+            .await?;
+        let view = self.shared.ops.get(&auth, task_id).await?;
+        Ok(to_json(&view)?)
+    }
+
+    /// Tasks ordered by id: `state` filters (`""` = all), `after_task_id`
+    /// pages (`""` = from the start), `limit` 0 means 100 (at most 1000).
+    /// Returns `{"tasks": [...], "next_after": <id or null>}`; pass
+    /// `next_after` back to get the next page. Needs `org.airlock.tasks.read`.
+    async fn list_tasks(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        state: String,
+        after_task_id: String,
+        limit: u32,
+    ) -> Result<String, BusError> {
+        let ev = event::TASKS_LISTED;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Read>(&caller, ev, None)
+            .await?;
+        let state = non_empty(state).map(|s| TaskState::parse(&s)).transpose();
+        let state = self.shared.checked(&auth, ev, None, state).await?;
+        let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
+        let tasks = self
+            .shared
+            .ops
+            .list(&auth, state, non_empty(after_task_id), limit)
+            .await?;
+        let next_after =
+            if tasks.len() as u64 >= u64::from(limit.min(airlock_store::tasks::MAX_PAGE)) {
+                tasks.last().map(|t| t.task_id.clone())
+            } else {
+                None
+            };
+        Ok(to_json(&json!({"tasks": tasks, "next_after": next_after}))?)
+    }
+
+    /// The event log in id order, allowed and denied alike: `task_id`
+    /// filters (`""` = all tasks), `after_event_id` pages, `limit` 0 means
+    /// 100. Returns `{"events": [...], "next_after": <last id or the
+    /// argument>}`. Needs `org.airlock.tasks.read`.
+    async fn list_events(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        task_id: String,
+        after_event_id: i64,
+        limit: u32,
+    ) -> Result<String, BusError> {
+        let ev = event::EVENTS_READ;
+        let task = non_empty(task_id);
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, task.as_deref()).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Read>(&caller, ev, task.as_deref())
+            .await?;
+        let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
+        let events = self
+            .shared
+            .ops
+            .events(&auth, task, after_event_id, limit)
+            .await?;
+        let next_after = events.last().map_or(after_event_id, |e| e.id);
+        let events: Vec<_> = events.iter().map(|e| e.to_value()).collect();
+        Ok(to_json(
+            &json!({"events": events, "next_after": next_after}),
+        )?)
+    }
+
+    /// Cancels a task that is not terminal; the reason goes to the event
+    /// log. Returns the task. Needs `org.airlock.tasks.manage`.
+    async fn cancel_task(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+        task_id: String,
+        reason: String,
+    ) -> Result<String, BusError> {
+        let ev = event::TASK_CANCELLED;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Manage>(&caller, ev, Some(&task_id))
+            .await?;
+        let view = self.shared.ops.cancel(&auth, task_id, reason).await?;
+        announce_view(&emitter, &view).await;
+        Ok(to_json(&view)?)
+    }
+
+    /// Decides on a VERIFYING task: `accept`, `rework` or `reject`, with a
+    /// reason. Returns the task. Needs `org.airlock.tasks.manage`.
+    async fn verify(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+        task_id: String,
+        decision: String,
+        reason: String,
+    ) -> Result<String, BusError> {
+        let ev = event::TASK_VERIFIED;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Manage>(&caller, ev, Some(&task_id))
+            .await?;
+        let decision = self
+            .shared
+            .checked(&auth, ev, Some(&task_id), Decision::parse(&decision))
+            .await?;
+        let view = self
+            .shared
+            .ops
+            .verify(&auth, task_id, decision, reason)
+            .await?;
+        announce_view(&emitter, &view).await;
+        Ok(to_json(&view)?)
+    }
+
+    /// A task changed state (or was created): its id, new state and
+    /// revision. Follow it, then GetTask for the details.
+    #[zbus(signal)]
+    async fn task_changed(
+        emitter: &SignalEmitter<'_>,
+        task_id: &str,
+        state: &str,
+        revision: i64,
+    ) -> zbus::Result<()>;
+
+    /// Who authorises Tasks1 calls: `polkit`, or a test authoriser
+    /// (`allow-all-for-tests`, …) that must never be seen in production.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn authorizer(&self) -> String {
+        self.shared.info.authorizer.clone()
+    }
+
+    /// Whether a result whose every verification command passed is accepted
+    /// without an admin's decision.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn auto_accept(&self) -> bool {
+        self.shared.info.auto_accept
+    }
+
+    /// Lease lifetime granted by Claim and Renew, in seconds.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn lease_seconds(&self) -> u32 {
+        self.shared.info.lease_seconds
+    }
+
+    /// The unix uid Worker1 is reserved for.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn worker_uid(&self) -> u32 {
+        self.shared.info.worker_uid
+    }
+
+    /// The supervisor's version.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn version(&self) -> String {
+        env!("CARGO_PKG_VERSION").to_owned()
+    }
+
+    /// Tasks QUEUED.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn queued(&self) -> zbus::fdo::Result<u64> {
+        self.count(TaskState::Queued).await
+    }
+
+    /// Tasks RUNNING.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn running(&self) -> zbus::fdo::Result<u64> {
+        self.count(TaskState::Running).await
+    }
+
+    /// Tasks VERIFYING.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn verifying(&self) -> zbus::fdo::Result<u64> {
+        self.count(TaskState::Verifying).await
+    }
+
+    /// Tasks SUCCEEDED.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn succeeded(&self) -> zbus::fdo::Result<u64> {
+        self.count(TaskState::Succeeded).await
+    }
+
+    /// Tasks FAILED.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn failed(&self) -> zbus::fdo::Result<u64> {
+        self.count(TaskState::Failed).await
+    }
+
+    /// Tasks CANCELLED.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn cancelled(&self) -> zbus::fdo::Result<u64> {
+        self.count(TaskState::Cancelled).await
+    }
+}
+
+impl Tasks {
+    async fn count(&self, state: TaskState) -> zbus::fdo::Result<u64> {
+        self.shared
+            .ops
+            .summary()
+            .await
+            .map(|s| s.count(state))
+            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))
+    }
+}

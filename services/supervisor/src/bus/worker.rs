@@ -1,0 +1,138 @@
+//! `org.airlock.Worker1`: the credentialed worker, admitted by peer uid.
+//!
+//! Same steps as Tasks1, but the check is the caller's unix uid as the bus
+//! daemon reports it (`PEER_UID_DENIED` for anyone but the configured
+//! worker). Leases are fenced by epoch and bound to a bearer token only the
+//! claimant saw.
+
+use super::error::BusError;
+use super::tasks::announce;
+use super::{Shared, event, parse_json, to_json};
+use airlock_proto::task::TaskResult;
+use airlock_proto::{Code, Error};
+use serde_json::json;
+use std::sync::Arc;
+use zbus::message::Header;
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, interface};
+
+/// The Worker1 interface object.
+#[derive(Debug)]
+pub struct Worker {
+    shared: Arc<Shared>,
+}
+
+impl Worker {
+    /// The interface over `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Worker { shared }
+    }
+}
+
+#[interface(name = "org.airlock.Worker1")]
+impl Worker {
+    /// Claims the oldest QUEUED task: a new attempt under a fresh lease.
+    /// Returns the grant as JSON (`task_id`, `attempt`, `lease_epoch`,
+    /// `lease_token` — shown once —, `lease_expires_at_ms`, `envelope`),
+    /// or `null` when nothing is claimable.
+    async fn claim(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+    ) -> Result<String, BusError> {
+        let ev = event::TASK_CLAIMED;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
+        let auth = self.shared.gate.authorize_worker(&caller, ev, None).await?;
+        let grant = self.shared.ops.claim(&auth).await?;
+        if let Some(g) = &grant {
+            if let Ok((state, revision)) = self.shared.ops.signal_facts(g.task_id.clone()).await {
+                announce(&emitter, &g.task_id, state, revision).await;
+            }
+        }
+        Ok(to_json(&grant)?)
+    }
+
+    /// Extends the caller's lease; returns the new expiry (unix ms). An
+    /// older epoch is LEASE_EPOCH_STALE, a wrong token LEASE_INVALID, an
+    /// expired lease LEASE_EXPIRED (never revived).
+    async fn renew(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        task_id: String,
+        lease_epoch: u64,
+        lease_token: String,
+    ) -> Result<i64, BusError> {
+        let ev = event::TASK_LEASE_RENEWED;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize_worker(&caller, ev, Some(&task_id))
+            .await?;
+        Ok(self
+            .shared
+            .ops
+            .renew(&auth, task_id, lease_epoch, lease_token)
+            .await?)
+    }
+
+    /// Submits the result (`airlock.task-result.v1` JSON) of the attempt
+    /// the lease belongs to. Returns `{"task": <task>, "idempotent":
+    /// <bool>}`; the byte-identical result under the same idempotency key
+    /// is a replay. The task goes to VERIFYING, or straight to SUCCEEDED
+    /// when auto_accept is on and every verification command passed.
+    #[allow(clippy::too_many_arguments)] // the D-Bus signature, plus zbus's injected context
+    async fn submit_result(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+        task_id: String,
+        lease_epoch: u64,
+        lease_token: String,
+        idempotency_key: String,
+        result: String,
+    ) -> Result<String, BusError> {
+        let ev = event::TASK_RESULT_SUBMITTED;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize_worker(&caller, ev, Some(&task_id))
+            .await?;
+        let parsed = parse_json(&result, "the result").and_then(|v| {
+            serde_json::from_value::<TaskResult>(v)
+                .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("the result: {e}")))
+        });
+        let result = self
+            .shared
+            .checked(&auth, ev, Some(&task_id), parsed)
+            .await?;
+        let receipt = self
+            .shared
+            .ops
+            .submit_result(
+                &auth,
+                task_id,
+                lease_epoch,
+                lease_token,
+                idempotency_key,
+                result,
+            )
+            .await?;
+        if !receipt.idempotent {
+            announce(
+                &emitter,
+                &receipt.task.task_id,
+                receipt.task.state,
+                receipt.task.revision,
+            )
+            .await;
+        }
+        Ok(to_json(
+            &json!({"task": receipt.task, "idempotent": receipt.idempotent}),
+        )?)
+    }
+}

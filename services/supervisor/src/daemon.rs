@@ -1,0 +1,210 @@
+//! The daemon's life: start in order, serve, stop in order.
+//!
+//! Start: open and check the store; connect to the bus; choose and announce
+//! the authoriser; export both interfaces; sweep once (leases that expired
+//! while the supervisor was down); take the well-known name; READY=1.
+//!
+//! Stop (SIGTERM): STOPPING=1; refuse new calls; let the calls in flight
+//! finish (each commits or rolls back as a whole); release the name; answer
+//! stragglers for a moment; close the connection.
+
+use crate::authz::polkit::PolkitAuthorizer;
+use crate::authz::testing::TestAuthorizer;
+use crate::authz::{Authorizer, Gatekeeper};
+use crate::bus::tasks::Tasks;
+use crate::bus::worker::Worker;
+use crate::bus::{BUS_NAME, Info, OBJECT_PATH, Shared};
+use crate::ops::{Ops, Store};
+use crate::{notify, sweeper};
+use airlock_proto::{Code, Error};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use zbus::fdo::{RequestNameFlags, RequestNameReply};
+use zbus::object_server::SignalEmitter;
+
+/// Which authoriser to use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthorizerChoice {
+    /// polkit on the bus the daemon serves.
+    Polkit,
+    /// A test authoriser, chosen explicitly.
+    ForTests(TestAuthorizer),
+}
+
+/// Everything the daemon needs, resolved from configuration and flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The task store.
+    pub database: PathBuf,
+    /// The bus to serve on; `None` = the system bus (`DBUS_SYSTEM_BUS_ADDRESS`
+    /// or the standard socket).
+    pub bus_address: Option<String>,
+    /// The authoriser.
+    pub authorizer: AuthorizerChoice,
+    /// The uid Worker1 is reserved for.
+    pub worker_uid: u32,
+    /// Lease lifetime.
+    pub lease_seconds: u32,
+    /// Sweeper period.
+    pub sweep_interval: Duration,
+    /// Repository names submissions may use (`[[repository]] name`).
+    pub repositories: Vec<String>,
+    /// Accept passed results without an admin.
+    pub auto_accept: bool,
+    /// How long shutdown waits for calls in flight.
+    pub drain_timeout: Duration,
+    /// Slows every call down (shutdown tests only).
+    pub call_delay: Option<Duration>,
+}
+
+/// How long after the last call finished its reply is surely written.
+const SETTLE: Duration = Duration::from_millis(50);
+/// How long stragglers are still answered after the name is released.
+const LINGER: Duration = Duration::from_millis(200);
+
+/// Runs the supervisor until `shutdown` completes, then stops in order.
+pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let unavailable =
+        |what: &str, e: zbus::Error| Error::with(Code::RUNTIME_UNAVAILABLE, format!("{what}: {e}"));
+
+    let store = Store::open(&settings.database)?;
+    tracing::info!(database = %settings.database.display(), "task store open");
+
+    let builder = match &settings.bus_address {
+        Some(addr) => zbus::connection::Builder::address(addr.as_str()),
+        None => zbus::connection::Builder::system(),
+    }
+    .map_err(|e| unavailable("bus address", e))?;
+    let conn = builder
+        .build()
+        .await
+        .map_err(|e| unavailable("connecting to the bus", e))?;
+
+    let authorizer: Arc<dyn Authorizer> = match &settings.authorizer {
+        AuthorizerChoice::Polkit => Arc::new(PolkitAuthorizer::new(conn.clone())),
+        AuthorizerChoice::ForTests(t) => Arc::new(t.clone()),
+    };
+    if authorizer.is_for_tests() {
+        tracing::warn!(
+            authorizer = %authorizer.name(),
+            "TEST AUTHORISER IN USE: Tasks1 calls are decided without polkit; never run this in production"
+        );
+    } else {
+        tracing::info!(authorizer = %authorizer.name(), "Tasks1 calls are authorised by polkit");
+    }
+
+    let info = Info {
+        authorizer: authorizer.name(),
+        auto_accept: settings.auto_accept,
+        lease_seconds: settings.lease_seconds,
+        worker_uid: settings.worker_uid,
+    };
+    let ops = Ops::new(store.clone(), settings.lease_seconds, settings.auto_accept);
+    let gate = Gatekeeper::new(authorizer, settings.worker_uid, store);
+    let shared = Arc::new(Shared::new(
+        ops.clone(),
+        gate,
+        info,
+        settings.repositories.clone(),
+        settings.call_delay,
+    ));
+
+    let server = conn.object_server();
+    server
+        .at(OBJECT_PATH, Tasks::new(Arc::clone(&shared)))
+        .await
+        .map_err(|e| unavailable("exporting Tasks1", e))?;
+    server
+        .at(OBJECT_PATH, Worker::new(Arc::clone(&shared)))
+        .await
+        .map_err(|e| unavailable("exporting Worker1", e))?;
+    let emitter = SignalEmitter::new(&conn, OBJECT_PATH)
+        .map_err(|e| unavailable("signal emitter", e))?
+        .into_owned();
+
+    sweeper::sweep_once(&shared, &emitter).await;
+
+    match conn
+        .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
+        .await
+    {
+        Ok(RequestNameReply::PrimaryOwner) | Ok(RequestNameReply::AlreadyOwner) => {}
+        Ok(other) => {
+            return Err(Error::with(
+                Code::RUNTIME_UNAVAILABLE,
+                format!("{BUS_NAME} is owned by another process ({other:?})"),
+            ));
+        }
+        Err(e) => return Err(unavailable(&format!("requesting {BUS_NAME}"), e)),
+    }
+    let summary = ops.summary().await?;
+    let status = sweeper::status_line(
+        summary.queued,
+        summary.running,
+        summary.verifying,
+        &shared.info.authorizer,
+    );
+    tracing::info!(
+        name = BUS_NAME,
+        unique_name = conn
+            .unique_name()
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        worker_uid = settings.worker_uid,
+        lease_seconds = settings.lease_seconds,
+        auto_accept = settings.auto_accept,
+        "ready: {status}"
+    );
+    notify::ready(&status);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let sweeper = tokio::spawn(sweeper::run(
+        Arc::clone(&shared),
+        emitter,
+        settings.sweep_interval,
+        stop_rx,
+    ));
+    let watchdog = notify::watchdog_interval().map(|every| {
+        tracing::info!("watchdog ping every {} ms", every.as_millis());
+        tokio::spawn(notify::watchdog(ops.clone(), every))
+    });
+
+    shutdown.await;
+
+    tracing::info!("stopping: refusing new calls, finishing those in flight");
+    notify::stopping("stopping: finishing calls in flight");
+    shared.inflight.close();
+    let _ = stop_tx.send(true);
+    if !shared.inflight.drained(settings.drain_timeout).await {
+        tracing::error!(
+            running = shared.inflight.running(),
+            "calls still running after {} s; stopping anyway (their transactions commit whole or not at all)",
+            settings.drain_timeout.as_secs()
+        );
+    }
+    let _ = sweeper.await;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    // A handler's reply is written just after its guard drops.
+    tokio::time::sleep(SETTLE).await;
+    if let Err(e) = conn.release_name(BUS_NAME).await {
+        tracing::warn!("releasing {BUS_NAME}: {e}");
+    }
+    tokio::time::sleep(LINGER).await;
+    for removed in [
+        server.remove::<Tasks, _>(OBJECT_PATH).await,
+        server.remove::<Worker, _>(OBJECT_PATH).await,
+    ] {
+        if let Err(e) = removed {
+            tracing::warn!("unexporting an interface: {e}");
+        }
+    }
+    if let Err(e) = conn.close().await {
+        tracing::warn!("closing the bus connection: {e}");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

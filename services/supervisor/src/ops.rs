@@ -1,0 +1,243 @@
+//! What the D-Bus methods do once authorised.
+//!
+//! Each operation takes the [`Authorized`] token of the permission it needs,
+//! so a handler cannot reach the task store without having passed the
+//! [`crate::authz::Gatekeeper`]. The store itself is synchronous SQLite; it
+//! runs on the blocking pool behind one mutex, one short transaction at a
+//! time (`BEGIN IMMEDIATE`, `synchronous=FULL`): a reply is sent only after
+//! its change is durable.
+
+use crate::authz::{Authorized, Manage, Read, Submit, Worker};
+use airlock_proto::plan::PlanRequest;
+use airlock_proto::task::{ClaimGrant, Decision, TaskResult, TaskState, TaskSubmission, TaskView};
+use airlock_proto::{Code, Error};
+use airlock_store::StoreError;
+use airlock_store::tasks::{Event, QueueSummary, ResultReceipt, Submitted, TaskStore};
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Converts a store error to the catalogue error that crosses the bus.
+pub fn store_error(e: StoreError) -> Error {
+    match e {
+        StoreError::Refused(e) => e,
+        other => Error::with(other.code(), other.to_string()),
+    }
+}
+
+/// The task store, shared by every handler.
+#[derive(Clone, Debug)]
+pub struct Store {
+    inner: Arc<Mutex<TaskStore>>,
+}
+
+impl Store {
+    /// Opens the store at `path` and checks its integrity.
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        let store = TaskStore::open(path).map_err(store_error)?;
+        store.integrity_check().map_err(store_error)?;
+        Ok(Store {
+            inner: Arc::new(Mutex::new(store)),
+        })
+    }
+
+    /// Runs `f` on the blocking pool with the store locked. A panic inside
+    /// `f` leaves the store usable: its transaction rolled back on unwind.
+    pub(crate) async fn run<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut TaskStore) -> T + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let mut store = inner.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut store)
+        })
+        .await
+        .map_err(|e| Error::with(Code::INTERNAL, format!("store task failed: {e}")))
+    }
+
+    async fn call<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut TaskStore) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.run(f).await?.map_err(store_error)
+    }
+}
+
+/// The operations behind Tasks1 and Worker1.
+#[derive(Clone, Debug)]
+pub struct Ops {
+    store: Store,
+    lease_ms: i64,
+    auto_accept: bool,
+}
+
+impl Ops {
+    /// Operations on `store`, granting leases of `lease_seconds` and, when
+    /// `auto_accept`, accepting a passed result at once.
+    pub fn new(store: Store, lease_seconds: u32, auto_accept: bool) -> Self {
+        Ops {
+            store,
+            lease_ms: i64::from(lease_seconds) * 1000,
+            auto_accept,
+        }
+    }
+
+    /// SubmitTask.
+    pub async fn submit(
+        &self,
+        auth: &Authorized<Submit>,
+        submission: TaskSubmission,
+    ) -> Result<Submitted, Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.submit(&submission, &actor))
+            .await
+    }
+
+    /// ReplacePlan.
+    pub async fn replace_plan(
+        &self,
+        auth: &Authorized<Submit>,
+        task_id: String,
+        plan: PlanRequest,
+    ) -> Result<TaskView, Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.replace_plan(&task_id, &plan, &actor))
+            .await
+    }
+
+    /// GetTask.
+    pub async fn get(&self, _auth: &Authorized<Read>, task_id: String) -> Result<TaskView, Error> {
+        self.store.call(move |s| s.get(&task_id)).await
+    }
+
+    /// ListTasks.
+    pub async fn list(
+        &self,
+        _auth: &Authorized<Read>,
+        state: Option<TaskState>,
+        after_task_id: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<TaskView>, Error> {
+        self.store
+            .call(move |s| s.list(state, after_task_id.as_deref(), limit))
+            .await
+    }
+
+    /// ListEvents.
+    pub async fn events(
+        &self,
+        _auth: &Authorized<Read>,
+        task_id: Option<String>,
+        after_event_id: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, Error> {
+        self.store
+            .call(move |s| s.events(task_id.as_deref(), after_event_id, limit))
+            .await
+    }
+
+    /// CancelTask.
+    pub async fn cancel(
+        &self,
+        auth: &Authorized<Manage>,
+        task_id: String,
+        reason: String,
+    ) -> Result<TaskView, Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.cancel(&task_id, &reason, &actor))
+            .await
+    }
+
+    /// Verify.
+    pub async fn verify(
+        &self,
+        auth: &Authorized<Manage>,
+        task_id: String,
+        decision: Decision,
+        reason: String,
+    ) -> Result<TaskView, Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.decide(&task_id, decision, &reason, &actor))
+            .await
+    }
+
+    /// Claim.
+    pub async fn claim(&self, auth: &Authorized<Worker>) -> Result<Option<ClaimGrant>, Error> {
+        let actor = auth.actor().clone();
+        let lease_ms = self.lease_ms;
+        self.store.call(move |s| s.claim(&actor, lease_ms)).await
+    }
+
+    /// Renew.
+    pub async fn renew(
+        &self,
+        auth: &Authorized<Worker>,
+        task_id: String,
+        lease_epoch: u64,
+        lease_token: String,
+    ) -> Result<i64, Error> {
+        let actor = auth.actor().clone();
+        let lease_ms = self.lease_ms;
+        self.store
+            .call(move |s| s.renew(&task_id, lease_epoch, &lease_token, lease_ms, &actor))
+            .await
+    }
+
+    /// SubmitResult.
+    pub async fn submit_result(
+        &self,
+        auth: &Authorized<Worker>,
+        task_id: String,
+        lease_epoch: u64,
+        lease_token: String,
+        idempotency_key: String,
+        result: TaskResult,
+    ) -> Result<ResultReceipt, Error> {
+        let actor = auth.actor().clone();
+        let auto_accept = self.auto_accept;
+        self.store
+            .call(move |s| {
+                s.submit_result(
+                    &task_id,
+                    lease_epoch,
+                    &lease_token,
+                    &idempotency_key,
+                    &result,
+                    auto_accept,
+                    &actor,
+                )
+            })
+            .await
+    }
+
+    /// The lease sweeper's pass (airlock itself acts; no caller).
+    pub async fn sweep(&self) -> Result<Vec<(String, TaskState)>, Error> {
+        self.store.call(|s| s.sweep_expired()).await
+    }
+
+    /// Counts per state, for the queue-summary properties and the status
+    /// line. Counts only: no task content, so no authorisation.
+    pub async fn summary(&self) -> Result<QueueSummary, Error> {
+        self.store.call(|s| s.summary()).await
+    }
+
+    /// The state and revision of a task, for the TaskChanged signal after a
+    /// change made by the worker or the sweeper.
+    pub async fn signal_facts(&self, task_id: String) -> Result<(TaskState, i64), Error> {
+        self.store
+            .call(move |s| s.get(&task_id).map(|v| (v.state, v.revision)))
+            .await
+    }
+
+    /// A cheap round trip through the store, for the watchdog: the ping
+    /// stops when the store stops answering.
+    pub async fn probe(&self) -> Result<(), Error> {
+        self.store.call(|s| s.now_ms().map(|_| ())).await
+    }
+}

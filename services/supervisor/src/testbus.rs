@@ -1,0 +1,143 @@
+//! A private, system-like D-Bus daemon for tests and benchmarks.
+//!
+//! The bus is a real `dbus-daemon` (Debian package `dbus`) on a unix socket
+//! in a temporary directory, with the system bus's default policy (anyone
+//! may connect, nobody may own a name or send a method call unless a
+//! policy file punches a hole) plus airlock's shipped policy
+//! `dbus/org.airlock.Supervisor1.conf`, in which the owner `user="airlock"`
+//! is replaced by the user the test runs the supervisor as. So tests
+//! exercise the shipped policy, not a permissive stand-in.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The shipped bus policy, as installed to `/usr/share/dbus-1/system.d/`.
+pub const SHIPPED_POLICY: &str = include_str!("../../../dbus/org.airlock.Supervisor1.conf");
+
+/// The system bus's default policy, trimmed to what matters here.
+const SYSTEM_LIKE: &str = r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=@SOCKET@</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
+    <deny send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus" send_member="UpdateActivationEnvironment"/>
+  </policy>
+  <include>@POLICY@</include>
+</busconfig>
+"#;
+
+/// A running private bus; killed when dropped.
+#[derive(Debug)]
+pub struct TestBus {
+    dir: tempfile::TempDir,
+    child: Child,
+    address: String,
+}
+
+impl TestBus {
+    /// Starts a bus whose airlock policy lets `root` own the name (tests
+    /// run the supervisor as root).
+    pub fn start() -> std::io::Result<TestBus> {
+        TestBus::start_with_owner("root")
+    }
+
+    /// Starts a bus whose airlock policy lets `owner` own the name.
+    pub fn start_with_owner(owner: &str) -> std::io::Result<TestBus> {
+        let dir = tempfile::Builder::new().prefix("airlock-bus-").tempdir()?;
+        // Other uids (the tests' unprivileged clients) must reach the socket.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        let socket = dir.path().join("system_bus_socket");
+        let policy = dir.path().join("org.airlock.Supervisor1.conf");
+        std::fs::write(
+            &policy,
+            SHIPPED_POLICY.replace("user=\"airlock\"", &format!("user=\"{owner}\"")),
+        )?;
+        let config = dir.path().join("bus.conf");
+        std::fs::write(
+            &config,
+            SYSTEM_LIKE
+                .replace("@SOCKET@", &socket.display().to_string())
+                .replace("@POLICY@", &policy.display().to_string()),
+        )?;
+        let mut child = Command::new(dbus_daemon())
+            .arg(format!("--config-file={}", config.display()))
+            .arg("--nofork")
+            .arg("--print-address")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let address = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) if !line.trim().is_empty() => line.trim().to_owned(),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(std::io::Error::other(
+                    "dbus-daemon did not print its address",
+                ));
+            }
+        };
+        Ok(TestBus {
+            dir,
+            child,
+            address,
+        })
+    }
+
+    /// The bus address (`unix:path=…,guid=…`), for `DBUS_SYSTEM_BUS_ADDRESS`.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The temporary directory holding the socket and the configuration.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A new client connection to the bus.
+    pub async fn connect(&self) -> zbus::Result<zbus::Connection> {
+        zbus::connection::Builder::address(self.address())?
+            .build()
+            .await
+    }
+}
+
+impl Drop for TestBus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `dbus-daemon`, from `AIRLOCK_DBUS_DAEMON` or the standard place.
+pub fn dbus_daemon() -> PathBuf {
+    std::env::var_os("AIRLOCK_DBUS_DAEMON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/dbus-daemon"))
+}
