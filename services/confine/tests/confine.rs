@@ -1085,3 +1085,38 @@ fn sigterm_to_the_helper_tears_the_sandbox_down() {
     assert_eq!(rep["survivors"], 0);
     assert_eq!(processes_of(uid), Vec::<u32>::new());
 }
+
+#[test]
+fn cpu_limit_kills_a_busy_loop() {
+    require_root!();
+    let s = Scratch::new(61026);
+    let r = s.run(
+        &["--limit-cpu", "1"],
+        &["python3", "-c", "while True: pass"],
+    );
+    // soft = hard: the kernel sends SIGKILL at once (SIGXCPU only below hard).
+    assert!(
+        [128 + libc::SIGKILL, 128 + libc::SIGXCPU].contains(&r.status),
+        "{}: {}",
+        r.status,
+        r.stderr
+    );
+    assert!(r.elapsed < Duration::from_secs(10), "{:?}", r.elapsed);
+}
+
+#[test]
+fn command_leads_its_own_session_in_its_own_uts_namespace() {
+    require_root!();
+    let s = Scratch::new(61027);
+    let body = r#"
+import socket
+print("session_leader", int(os.getsid(0) == os.getpid()))
+print("group_leader", int(os.getpgrp() == os.getpid()))
+print("hostname_is_sandbox", int(socket.gethostname() == "airlock-sandbox"))
+"#;
+    let r = s.run(&[], &["python3", "-c", &py(body)]);
+    r.ok();
+    assert_eq!(r.value("session_leader"), 1);
+    assert_eq!(r.value("group_leader"), 1);
+    assert_eq!(r.value("hostname_is_sandbox"), 1);
+}
