@@ -60,6 +60,10 @@ pub fn kernel_abi() -> i32 {
 pub fn restrict(grants: &Grants, min_abi: u8) -> Result<LandlockReport> {
     let kernel = kernel_abi();
     let requested = (kernel.clamp(0, i32::from(MAX_LANDLOCK_ABI)) as u8).max(min_abi);
+    // The crate discourages building an ABI from the running kernel because
+    // behaviour then varies between machines. Here that is the requirement:
+    // handle every right this kernel knows. The variation is bounded below
+    // by `min_abi` and made visible in the report.
     let abi = ABI::from(i32::from(requested));
     let ll = |e: landlock::RulesetError| Error::Landlock(e.to_string());
 
