@@ -146,10 +146,14 @@ pub struct Spool {
 }
 
 impl Spool {
-    /// Creates the four directories under `root` (mode 0750) where missing.
+    /// Creates `root` and its four directories (mode 0750) where missing.
     /// Packaging normally does this (tmpfiles); tests and `airlock-local` use it.
     pub fn create_layout(root: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(root)?;
         for kind in Kind::ALL {
             let path = root.join(kind.dir_name());
             match std::fs::DirBuilder::new().mode(0o750).create(&path) {
