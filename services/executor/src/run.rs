@@ -20,9 +20,9 @@ use crate::error::{Error, Result};
 use airlock_proto::bundle::CommandEvidence;
 use airlock_proto::canonical::digest_of;
 use airlock_proto::envelope::Command;
+use airlock_sandbox::{Limits, Outcome, Policy, REPORT_SCHEMA, Report};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::io::Read;
@@ -174,50 +174,17 @@ pub fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
 }
 
 impl Runner {
-    /// The helper's options for one command (everything before `--`).
-    pub fn helper_args(
-        &self,
-        workspace: &Path,
-        workdir: &Path,
-        tmp: &Path,
-        timeout: u32,
-        report: &Path,
-    ) -> Vec<std::ffi::OsString> {
-        let mut a: Vec<std::ffi::OsString> = Vec::new();
-        let mut push = |k: &str, v: std::ffi::OsString| {
-            a.push(k.into());
-            a.push(v);
-        };
-        if let Some((uid, gid)) = self.ids {
-            push("--uid", uid.to_string().into());
-            push("--gid", gid.to_string().into());
-        }
-        push("--rw", workspace.into());
-        push("--rw", tmp.into());
-        push("--workdir", workdir.into());
+    /// The sandbox policy for one command (the helper's options are
+    /// [`Policy::to_args`] plus `--report`).
+    pub fn policy(&self, workspace: &Path, workdir: &Path, tmp: &Path, timeout: u32) -> Policy {
         let l = &self.limits;
-        push("--limit-nproc", l.processes.to_string().into());
-        push(
-            "--limit-as",
-            (u64::from(l.address_space_mib) << 20).to_string().into(),
-        );
-        push(
-            "--limit-fsize",
-            (u64::from(l.file_size_mib) << 20).to_string().into(),
-        );
-        push("--limit-nofile", l.open_files.to_string().into());
-        push("--limit-cpu", l.cpu_seconds.to_string().into());
-        push(
-            "--timeout",
-            format!("{}ms", u64::from(timeout) * 1000).into(),
-        );
         let tmp_s = tmp.to_string_lossy().into_owned();
         let ceiling = workspace
             .parent()
             .unwrap_or(workspace)
             .to_string_lossy()
             .into_owned();
-        for (k, v) in [
+        let env = [
             ("HOME", tmp_s.as_str()),
             ("TMPDIR", tmp_s.as_str()),
             ("GIT_CONFIG_NOSYSTEM", "1"),
@@ -228,15 +195,29 @@ impl Runner {
             ("PAGER", "cat"),
             ("PYTHONNOUSERSITE", "1"),
             ("PYTHONHASHSEED", "0"),
-        ] {
-            push("--env", format!("{k}={v}").into());
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        Policy {
+            uid: self.ids.map(|(u, _)| u),
+            gid: self.ids.map(|(_, g)| g),
+            ro: Vec::new(),
+            rw: vec![workspace.to_owned(), tmp.to_owned()],
+            workdir: Some(workdir.to_owned()),
+            system_ro: true,
+            limits: Limits {
+                nproc: Some(u64::from(l.processes)),
+                address_space: Some(u64::from(l.address_space_mib) << 20),
+                file_size: Some(u64::from(l.file_size_mib) << 20),
+                open_files: Some(u64::from(l.open_files)),
+                cpu_seconds: Some(u64::from(l.cpu_seconds)),
+            },
+            allow_degraded: self.allow_degraded,
+            timeout: Some(Duration::from_secs(u64::from(timeout))),
+            env,
+            ..Policy::default()
         }
-        if self.allow_degraded {
-            a.push("--allow-degraded".into());
-        }
-        a.push("--report".into());
-        a.push(report.into());
-        a
     }
 
     /// Runs `cmd` (already allowed by the program policy) in a fresh
@@ -282,7 +263,12 @@ impl Runner {
         }
         let mut child = std::process::Command::new(&self.confine);
         child
-            .args(self.helper_args(ws.path(), &workdir, &tmp, cmd.timeout_seconds, &report))
+            .args(
+                self.policy(ws.path(), &workdir, &tmp, cmd.timeout_seconds)
+                    .to_args(),
+            )
+            .arg("--report")
+            .arg(&report)
             .arg("--")
             .args(&cmd.argv)
             .env_clear()
@@ -340,56 +326,62 @@ impl Runner {
     }
 }
 
-fn read_report(path: &Path) -> Result<Value> {
+fn read_report(path: &Path) -> Result<Report> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error::ConfineReport(format!("{}: {e}", path.display())))?;
     if bytes.len() > 1 << 20 {
         return Err(Error::ConfineReport("report larger than 1 MiB".into()));
     }
-    serde_json::from_slice(&bytes)
-        .map_err(|e| Error::ConfineReport(format!("{}: {e}", path.display())))
+    let report: Report = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::ConfineReport(format!("{}: {e}", path.display())))?;
+    if report.schema != REPORT_SCHEMA {
+        return Err(Error::ConfineReport(format!(
+            "unknown schema {:?}",
+            report.schema
+        )));
+    }
+    Ok(report)
 }
 
 /// (exit code, signal, timed out) from the report's outcome.
-fn outcome(label: &str, report: &Value) -> Result<(Option<i32>, Option<i32>, bool)> {
-    let o = &report["outcome"];
-    let int = |v: &Value| v.as_i64().and_then(|n| i32::try_from(n).ok());
-    match o["kind"].as_str() {
-        Some("exited") => Ok((int(&o["code"]), None, false)),
-        Some("signaled") => Ok((None, int(&o["signal"]), false)),
-        Some("timed_out") => Ok((None, None, true)),
-        Some("failed") => Err(Error::Confine {
+fn outcome(label: &str, report: &Report) -> Result<(Option<i32>, Option<i32>, bool)> {
+    match &report.outcome {
+        Outcome::Exited { code } => Ok((Some(*code), None, false)),
+        Outcome::Signaled { signal } => Ok((None, Some(*signal), false)),
+        Outcome::TimedOut => Ok((None, None, true)),
+        Outcome::Interrupted { signal } => Err(Error::ConfineReport(format!(
+            "{label}: the helper was interrupted by signal {signal}"
+        ))),
+        Outcome::Failed { code, message, .. } => Err(Error::Confine {
             label: label.to_owned(),
-            code: o["code"]
-                .as_str()
-                .unwrap_or("SANDBOX_UNAVAILABLE")
-                .to_owned(),
-            message: o["message"].as_str().unwrap_or("").to_owned(),
+            code: code.clone(),
+            message: message.clone(),
         }),
-        _ => Err(Error::ConfineReport("report has no known outcome".into())),
     }
 }
 
-fn confinement(report: &Value) -> Confinement {
-    let ll = &report["landlock"];
-    let mut namespaces: Vec<String> = report["namespaces"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(_, v)| v.as_bool() == Some(true))
-                .map(|(k, _)| k.clone())
-                .collect()
-        })
-        .unwrap_or_default();
-    namespaces.sort();
+fn confinement(report: &Report) -> Confinement {
+    let n = &report.namespaces;
+    let namespaces = [
+        ("ipc", n.ipc),
+        ("mount", n.mount),
+        ("net", n.net),
+        ("pid", n.pid),
+        ("proc", n.proc),
+        ("shm", n.shm),
+        ("tmp", n.tmp),
+        ("user", n.user),
+        ("uts", n.uts),
+    ]
+    .iter()
+    .filter(|(_, on)| *on)
+    .map(|(name, _)| (*name).to_owned())
+    .collect();
+    let landlock = report.landlock.as_ref();
     Confinement {
-        landlock_abi: ll["kernel_abi"]
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .unwrap_or(0),
-        landlock_full: ll["status"].as_str() == Some("full")
-            && report["degraded"].as_bool() != Some(true),
-        seccomp: report["seccomp"].as_bool() == Some(true),
+        landlock_abi: landlock.map_or(0, |l| u32::try_from(l.kernel_abi).unwrap_or(0)),
+        landlock_full: landlock.is_some_and(|l| l.status == "full") && !report.degraded,
+        seccomp: report.seccomp,
         namespaces,
     }
 }

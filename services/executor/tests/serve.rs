@@ -360,6 +360,36 @@ fn serve_answers_each_spooled_request_once() {
     expected.push((request.request_id.clone(), "tampered"));
     requests.push(request);
 
+    // A request owned by another uid, and one that is a symlink: both
+    // appear atomically (renamed into place) and both are rejected unread.
+    for (task, what) in [
+        ("task-serve-foreign", "foreign"),
+        ("task-serve-link", "link"),
+    ] {
+        let env = envelope(task, deterministic(task, json!([])));
+        let request = exec_request(&env, &archive);
+        spool
+            .publish(Kind::Sources, &request.request_id, &archive)
+            .unwrap();
+        let staged = dir.path().join(format!("{task}.json"));
+        std::fs::write(&staged, serde_json::to_vec(&request).unwrap()).unwrap();
+        let temp = root.join("requests").join(format!(".stage-{task}"));
+        if what == "foreign" {
+            std::fs::copy(&staged, &temp).unwrap();
+            std::os::unix::fs::chown(&temp, Some(4242), Some(4242)).unwrap();
+        } else {
+            std::os::unix::fs::symlink(&staged, &temp).unwrap();
+        }
+        std::fs::rename(
+            &temp,
+            root.join("requests")
+                .join(format!("{}.json", request.request_id)),
+        )
+        .unwrap();
+        expected.push((request.request_id.clone(), what));
+        requests.push(request);
+    }
+
     let deadline = Instant::now() + Duration::from_secs(60);
     let answered = |id: &str| {
         spool.exists(Kind::Results, id).unwrap() || spool.exists(Kind::Failed, id).unwrap()
@@ -410,6 +440,11 @@ fn serve_answers_each_spooled_request_once() {
             }
             "git" => assert_eq!(failure(id).code, "GIT_MUTATION_DENY"),
             "tampered" => assert_eq!(failure(id).code, "SOURCE_ARCHIVE_SHA_MISMATCH"),
+            "foreign" | "link" => {
+                let f = failure(id);
+                assert_eq!(f.code, "SPOOL_FILE_REJECTED", "{f:?}");
+                assert_eq!(f.request_sha256, None, "never parsed");
+            }
             _ => unreachable!(),
         }
         // Answered exactly once: not in both directories.
