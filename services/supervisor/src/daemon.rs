@@ -137,6 +137,12 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
                 format!("{BUS_NAME} is owned by another process ({other:?})"),
             ));
         }
+        Err(zbus::Error::NameTaken) => {
+            return Err(Error::with(
+                Code::RUNTIME_UNAVAILABLE,
+                format!("{BUS_NAME} is owned by another process"),
+            ));
+        }
         Err(e) => return Err(unavailable(&format!("requesting {BUS_NAME}"), e)),
     }
     let summary = ops.summary().await?;
@@ -173,9 +179,9 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
 
     shutdown.await;
 
+    shared.inflight.close();
     tracing::info!("stopping: refusing new calls, finishing those in flight");
     notify::stopping("stopping: finishing calls in flight");
-    shared.inflight.close();
     let _ = stop_tx.send(true);
     if !shared.inflight.drained(settings.drain_timeout).await {
         tracing::error!(

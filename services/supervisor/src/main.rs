@@ -5,6 +5,7 @@ use airlock_proto::{Code, Error};
 use airlock_supervisor::authz::testing::TestAuthorizer;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
 use clap::Parser;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -67,7 +68,9 @@ fn init_logging() {
         // The journal stamps time itself and shows no colours.
         builder.without_time().with_ansi(false).init();
     } else {
-        builder.init();
+        let colour = std::io::stderr().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        builder.with_ansi(colour).init();
     }
 }
 
