@@ -47,6 +47,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone)]
 pub struct AuthorityRepo {
     git: Git,
+    scratch: PathBuf,
 }
 
 impl AuthorityRepo {
@@ -62,7 +63,18 @@ impl AuthorityRepo {
         if bare.trim() != "true" {
             return Err(GitError::NotBare(path.to_path_buf()));
         }
-        Ok(AuthorityRepo { git })
+        Ok(AuthorityRepo {
+            git,
+            scratch: std::env::temp_dir(),
+        })
+    }
+
+    /// Puts temporary files (the index of a commit being built) in `dir`
+    /// instead of the system temporary directory, so a crash leaves them
+    /// where the owner's start-up cleanup looks.
+    pub fn with_scratch(mut self, dir: PathBuf) -> Self {
+        self.scratch = dir;
+        self
     }
 
     /// The repository path.

@@ -1,0 +1,775 @@
+//! One attempt, phase by phase.
+
+use crate::bus::{Supervisor, is_transient};
+use airlock_git::{ArchiveLimits, AuthorityRepo, CommitSpec, FileChange, GitError};
+use airlock_proto::bundle::{
+    EXEC_REQUEST_SCHEMA, ExecFailure, ExecRequest, ExecResult, request_id_for,
+};
+use airlock_proto::canonical::{digest_of, sha256_hex};
+use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key};
+use airlock_proto::envelope::{Action, Envelope};
+use airlock_proto::task::{CommandSummary, Outcome, RESULT_SCHEMA, TaskResult};
+use airlock_proto::{Code, Error};
+use airlock_spool::{Expect, Kind, Spool, Wake};
+use airlock_store::checkpoint::{Checkpoint, CheckpointJournal};
+use base64::Engine;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the worker needs to know, resolved from configuration at start.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Registered repositories: name → bare repository path.
+    pub repositories: BTreeMap<String, PathBuf>,
+    /// Capabilities this worker offers; an envelope may ask for no more.
+    pub capabilities: Vec<String>,
+    /// Per-attempt scratch directories live here; removed at start.
+    pub workspace_root: PathBuf,
+    /// Where envelopes of claimed attempts are kept for resumption.
+    pub envelope_dir: PathBuf,
+    /// The executor's uid: the only acceptable owner of results.
+    pub executor_uid: u32,
+    /// Largest result or failure file read from the spool.
+    pub max_result_bytes: u64,
+    /// Bounds on the source archive.
+    pub archive_limits: ArchiveLimits,
+    /// Added to the sum of command timeouts when waiting for a result.
+    pub result_slack: Duration,
+    /// How often a lease is renewed.
+    pub renew_interval: Duration,
+}
+
+/// A claimed attempt the worker holds a lease for.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// The attempt number.
+    pub attempt: u32,
+    /// The lease's fencing epoch.
+    pub lease_epoch: u64,
+    /// The lease's bearer token.
+    pub lease_token: String,
+    /// The validated envelope.
+    pub envelope: Envelope,
+}
+
+/// How an attempt ended for this worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// The result was submitted (or was already there).
+    Submitted {
+        /// The outcome reported.
+        outcome: Outcome,
+        /// The governed commit, when there is one.
+        commit_oid: Option<String>,
+    },
+    /// The worker cannot settle the attempt alone (lease lost, conflicting
+    /// result, journal scope mismatch); recorded as reconciliation_required.
+    Reconcile(Code),
+}
+
+/// The worker: journal, spool and supervisor.
+#[derive(Debug)]
+pub struct Worker {
+    settings: WorkerSettings,
+    journal: Mutex<CheckpointJournal>,
+    spool: Spool,
+    bus: Supervisor,
+    stopping: Arc<AtomicBool>,
+}
+
+type Step<T> = Result<T, Error>;
+
+fn refused(e: airlock_store::StoreError) -> Error {
+    match e.refusal() {
+        Some(r) => r.clone(),
+        None => Error::with(e.code(), e.to_string()),
+    }
+}
+
+fn git_err(e: GitError) -> Error {
+    Error::with(e.code(), e.to_string())
+}
+
+fn spool_err(e: airlock_spool::Error) -> Error {
+    e.to_proto()
+}
+
+impl Worker {
+    /// Assembles a worker.
+    pub fn new(
+        settings: WorkerSettings,
+        journal: CheckpointJournal,
+        spool: Spool,
+        bus: Supervisor,
+        stopping: Arc<AtomicBool>,
+    ) -> Self {
+        Worker {
+            settings,
+            journal: Mutex::new(journal),
+            spool,
+            bus,
+            stopping,
+        }
+    }
+
+    /// The supervisor connection.
+    pub fn bus(&self) -> &Supervisor {
+        &self.bus
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &WorkerSettings {
+        &self.settings
+    }
+
+    /// The spool.
+    pub fn spool(&self) -> &Spool {
+        &self.spool
+    }
+
+    /// Runs `f` on the journal.
+    pub fn with_journal<T>(
+        &self,
+        f: impl FnOnce(&mut CheckpointJournal) -> Result<T, airlock_store::StoreError>,
+    ) -> Step<T> {
+        let mut j = self
+            .journal
+            .lock()
+            .map_err(|_| Error::with(Code::INTERNAL, "journal lock poisoned"))?;
+        f(&mut j).map_err(refused)
+    }
+
+    fn append(&self, cb: &CheckpointBinding, phase: Phase, payload: Value) -> Step<Checkpoint> {
+        let cp = self.with_journal(|j| j.append(cb, phase, &payload))?;
+        tracing::info!(task = %cb.task_id, attempt = cb.attempt, phase = phase.as_str(), "checkpoint");
+        Ok(cp)
+    }
+
+    /// Keeps the envelope of a claimed attempt where a restarted worker finds
+    /// it: `<envelope_dir>/<execution_digest>.json`, content-addressed.
+    pub fn keep_envelope(&self, envelope: &Envelope) -> Step<()> {
+        let path = self
+            .settings
+            .envelope_dir
+            .join(format!("{}.json", envelope.execution_digest));
+        if path.exists() {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec(&envelope.to_value())
+            .map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+        match airlock_spool::publish_path(&path, &bytes) {
+            Ok(_) => Ok(()),
+            Err(airlock_spool::Error::AlreadyPublished { .. }) => Ok(()),
+            Err(e) => Err(spool_err(e)),
+        }
+    }
+
+    /// Loads a kept envelope and checks it is the one its name says.
+    pub fn load_envelope(&self, execution_digest: &str) -> Step<Envelope> {
+        let path = self
+            .settings
+            .envelope_dir
+            .join(format!("{execution_digest}.json"));
+        let me = nix::unistd::getuid().as_raw();
+        let bytes = airlock_spool::read_path(
+            &path,
+            &Expect {
+                owner_uid: me,
+                max_bytes: airlock_proto::limits::MAX_MESSAGE_BYTES as u64,
+                sha256: None,
+            },
+        )
+        .map_err(spool_err)?;
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::with(Code::MESSAGE_INVALID, e.to_string()))?;
+        let env = Envelope::validate(&value, None, Some(&self.settings.capabilities))?;
+        if env.execution_digest != execution_digest {
+            return Err(Error::new(Code::EXECUTION_DIGEST_INVALID));
+        }
+        Ok(env)
+    }
+
+    fn repo(&self, envelope: &Envelope, scratch: &Path) -> Step<AuthorityRepo> {
+        let name = &envelope.binding.repository;
+        let path = self
+            .settings
+            .repositories
+            .get(name)
+            .ok_or_else(|| Error::with(Code::REPOSITORY_NOT_REGISTERED, name.clone()))?;
+        Ok(AuthorityRepo::open(path)
+            .map_err(git_err)?
+            .with_scratch(scratch.to_path_buf()))
+    }
+
+    /// Drives one attempt from wherever its journal says it is to the end.
+    pub fn run(&self, grant: &Grant) -> Step<Finish> {
+        let lost = Arc::new(Mutex::new(None::<Code>));
+        let done = Arc::new(AtomicBool::new(false));
+        let renewer = self.spawn_renewer(grant, Arc::clone(&lost), Arc::clone(&done));
+        let outcome = self.drive(grant, &lost);
+        done.store(true, Ordering::SeqCst);
+        renewer.thread().unpark();
+        let _ = renewer.join();
+        outcome
+    }
+
+    fn spawn_renewer(
+        &self,
+        grant: &Grant,
+        lost: Arc<Mutex<Option<Code>>>,
+        done: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        let bus = self.bus.clone();
+        let task = grant.envelope.binding.task_id.clone();
+        let (epoch, token) = (grant.lease_epoch, grant.lease_token.clone());
+        let every = self.settings.renew_interval;
+        std::thread::spawn(move || {
+            loop {
+                std::thread::park_timeout(every);
+                if done.load(Ordering::SeqCst) {
+                    return;
+                }
+                match bus.renew(&task, epoch, &token) {
+                    Ok(_) => {}
+                    Err(e) if is_transient(e.code) => {
+                        tracing::warn!(%task, "lease renewal failed, will retry: {e}")
+                    }
+                    Err(e) => {
+                        tracing::warn!(%task, "lease lost: {e}");
+                        if let Ok(mut l) = lost.lock() {
+                            *l = Some(e.code);
+                        }
+                        return;
+                    }
+                }
+            }
+        })
+    }
+
+    fn lease_lost(lost: &Mutex<Option<Code>>) -> Option<Code> {
+        lost.lock().ok().and_then(|l| *l)
+    }
+
+    fn drive(&self, grant: &Grant, lost: &Mutex<Option<Code>>) -> Step<Finish> {
+        let env = &grant.envelope;
+        let task = env.binding.task_id.as_str();
+        let cb = CheckpointBinding::of(env, grant.attempt);
+        let rid = request_id_for(task, grant.attempt, &env.execution_digest);
+        // A journal ahead of this grant, or bound to another scope, stops here.
+        self.with_journal(|j| j.verify_latest_binding(&cb))?;
+        let mut head = self.with_journal(|j| j.latest_for_attempt(task, grant.attempt))?;
+        if env.action != Action::Deterministic {
+            return self.finish_failed(
+                &cb,
+                grant,
+                Error::with(
+                    Code::EXECUTION_ACTION_UNSUPPORTED,
+                    "the worker commits deterministic plans only",
+                ),
+                None,
+            );
+        }
+        loop {
+            let phase = head.as_ref().map(|c| c.phase);
+            head = Some(match phase {
+                None => {
+                    self.keep_envelope(env)?;
+                    self.append(&cb, Phase::Claimed, json!({"lease_epoch": grant.lease_epoch, "lease_token": grant.lease_token, "request_id": rid}))?
+                }
+                Some(Phase::Claimed) => match self.prepare(env, grant.attempt, &rid) {
+                    Ok(payload) => self.append(&cb, Phase::WorkspacePrepared, payload)?,
+                    Err(e)
+                        if matches!(
+                            e.code,
+                            Code::SOURCE_ARCHIVE_LIMIT_EXCEEDED
+                                | Code::GIT_OBJECT_MISSING
+                                | Code::REPOSITORY_NOT_REGISTERED
+                                | Code::PATH_INVALID
+                        ) =>
+                    {
+                        return self.finish_failed(&cb, grant, e, None);
+                    }
+                    Err(e) => return Err(e),
+                },
+                Some(Phase::WorkspacePrepared) => {
+                    let prepared = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
+                    match self.await_result(env, &rid, &prepared, lost)? {
+                        Ok((result, sha)) => self.append(&cb, Phase::VerificationPassed, json!({"request_id": rid, "exec_result_sha256": sha, "changed": result.changed_files.len()}))?,
+                        Err((error, evidence)) => return self.finish_failed(&cb, grant, error, evidence),
+                    }
+                }
+                Some(Phase::VerificationPassed) => {
+                    let sha = head
+                        .as_ref()
+                        .and_then(|c| c.payload["exec_result_sha256"].as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    if let Some(code) = Self::lease_lost(lost) {
+                        return self.reconcile(&cb, code, "lease lost before the commit");
+                    }
+                    match self.commit(env, &rid, &sha) {
+                        Ok(oid) => self.append(
+                            &cb,
+                            Phase::CommitDone,
+                            json!({"commit_oid": oid, "exec_result_sha256": sha}),
+                        )?,
+                        Err(e)
+                            if e.code == Code::REF_CAS_MISMATCH || e.code == Code::PATH_ESCAPE =>
+                        {
+                            let evidence = self
+                                .read_result(env, &rid, Some(&sha))
+                                .ok()
+                                .map(|r| r.verification.clone());
+                            return self.finish_failed(&cb, grant, e, evidence.map(summaries));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Some(Phase::CommitDone) => {
+                    let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
+                    let oid = payload["commit_oid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let sha = payload["exec_result_sha256"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let exec = self.read_result(env, &rid, Some(&sha))?;
+                    let result = TaskResult {
+                        schema: RESULT_SCHEMA.into(),
+                        task_id: task.to_owned(),
+                        attempt: grant.attempt,
+                        execution_digest: env.execution_digest.clone(),
+                        outcome: Outcome::Passed,
+                        commit_oid: Some(oid),
+                        target_branch: env.binding.target_branch.clone(),
+                        exec_result_sha256: Some(sha),
+                        failure_code: None,
+                        verification: summaries(exec.verification.clone()),
+                    };
+                    self.pending(&cb, grant, &result)?
+                }
+                Some(Phase::ResultPending) => {
+                    let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
+                    return self.submit(&cb, grant, &payload, lost);
+                }
+                Some(Phase::ResultSubmitted) => {
+                    let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
+                    return Ok(Finish::Submitted {
+                        outcome: serde_json::from_value(payload["outcome"].clone())
+                            .unwrap_or(Outcome::Failed),
+                        commit_oid: payload["commit_oid"].as_str().map(str::to_owned),
+                    });
+                }
+                Some(Phase::ReconciliationRequired) => {
+                    let code = head
+                        .as_ref()
+                        .and_then(|c| c.payload["code"].as_str().and_then(Code::from_name))
+                        .unwrap_or(Code::INTERNAL);
+                    return Ok(Finish::Reconcile(code));
+                }
+                Some(Phase::SourceCaptureDone) => {
+                    return self.reconcile(
+                        &cb,
+                        Code::EXECUTION_ACTION_UNSUPPORTED,
+                        "source capture in a deterministic attempt",
+                    );
+                }
+            });
+        }
+    }
+
+    /// Publishes the source archive and the request. Both are derived from
+    /// the envelope alone, so a replay after a crash publishes the same
+    /// bytes; an existing file is accepted only if it is byte-identical.
+    fn prepare(&self, env: &Envelope, attempt: u32, rid: &str) -> Step<Value> {
+        let scratch = self.scratch(rid)?;
+        let repo = self.repo(env, &scratch)?;
+        let mut archive = Vec::new();
+        repo.source_archive(
+            env.binding.source_head(),
+            &self.settings.archive_limits,
+            &mut archive,
+        )
+        .map_err(git_err)?;
+        let archive_sha = sha256_hex(&archive);
+        let request = ExecRequest {
+            schema: EXEC_REQUEST_SCHEMA.into(),
+            request_id: rid.to_owned(),
+            attempt,
+            envelope: env.to_value(),
+            source_archive_sha256: archive_sha.clone(),
+            source_archive_bytes: archive.len() as u64,
+        };
+        let request_bytes =
+            serde_json::to_vec(&request).map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+        self.publish_once(Kind::Sources, rid, &archive)?;
+        self.publish_once(Kind::Requests, rid, &request_bytes)?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        Ok(
+            json!({"request_id": rid, "request_sha256": request.digest(), "source_archive_sha256": archive_sha}),
+        )
+    }
+
+    fn publish_once(&self, kind: Kind, rid: &str, bytes: &[u8]) -> Step<()> {
+        match self.spool.publish(kind, rid, bytes) {
+            Ok(_) => Ok(()),
+            Err(airlock_spool::Error::AlreadyPublished { .. }) => {
+                let me = nix::unistd::getuid().as_raw();
+                let expect = Expect {
+                    owner_uid: me,
+                    max_bytes: bytes.len() as u64,
+                    sha256: Some(sha256_hex(bytes)),
+                };
+                self.spool
+                    .read(kind, rid, &expect)
+                    .map(|_| ())
+                    .map_err(spool_err)
+            }
+            Err(e) => Err(spool_err(e)),
+        }
+    }
+
+    fn scratch(&self, rid: &str) -> Step<PathBuf> {
+        let dir = self.settings.workspace_root.join(format!("task-{rid}"));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, format!("{}: {e}", dir.display())))?;
+        Ok(dir)
+    }
+
+    /// Our own published request, checked against the digest recorded at
+    /// workspace_prepared.
+    fn own_request(&self, rid: &str, request_sha: Option<&str>) -> Step<ExecRequest> {
+        let me = nix::unistd::getuid().as_raw();
+        let bytes = self
+            .spool
+            .read(
+                Kind::Requests,
+                rid,
+                &Expect {
+                    owner_uid: me,
+                    max_bytes: airlock_proto::limits::MAX_MESSAGE_BYTES as u64,
+                    sha256: None,
+                },
+            )
+            .map_err(spool_err)?;
+        let request: ExecRequest = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::with(Code::MESSAGE_INVALID, e.to_string()))?;
+        if request_sha.is_some_and(|s| s != request.digest()) {
+            return Err(Error::with(
+                Code::SPOOL_DIGEST_MISMATCH,
+                "our request changed since it was published",
+            ));
+        }
+        Ok(request)
+    }
+
+    /// Reads and verifies the executor's result for `rid`.
+    fn read_result(&self, env: &Envelope, rid: &str, sha: Option<&str>) -> Step<ExecResult> {
+        let expect = Expect {
+            owner_uid: self.settings.executor_uid,
+            max_bytes: self.settings.max_result_bytes,
+            sha256: None,
+        };
+        let bytes = self
+            .spool
+            .read(Kind::Results, rid, &expect)
+            .map_err(spool_err)?;
+        let result: ExecResult = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("result bundle: {e}")))?;
+        if sha.is_some_and(|s| s != result.digest()) {
+            return Err(Error::with(
+                Code::SPOOL_DIGEST_MISMATCH,
+                "the result changed since it was verified",
+            ));
+        }
+        let request = self.own_request(rid, None)?;
+        result.validate_against(&request)?;
+        check_changed_files(env, &result)?;
+        Ok(result)
+    }
+
+    /// Waits (inotify) for the executor's result or failure record, renewing
+    /// the lease meanwhile (the renewer thread). The outer error is the
+    /// worker's own trouble; the inner one is the attempt's failure.
+    #[allow(clippy::type_complexity)]
+    fn await_result(
+        &self,
+        env: &Envelope,
+        rid: &str,
+        prepared: &Value,
+        lost: &Mutex<Option<Code>>,
+    ) -> Step<Result<(ExecResult, String), (Error, Option<Vec<CommandSummary>>)>> {
+        let request_sha = prepared["request_sha256"].as_str();
+        self.own_request(rid, request_sha)?;
+        let budget: u64 = env
+            .verification
+            .iter()
+            .map(|c| u64::from(c.timeout_seconds))
+            .sum();
+        let deadline = Instant::now() + Duration::from_secs(budget) + self.settings.result_slack;
+        let mut watcher = self
+            .spool
+            .watch(&[Kind::Results, Kind::Failed])
+            .map_err(spool_err)?;
+        loop {
+            if self.spool.exists(Kind::Results, rid).map_err(spool_err)? {
+                let result = match self.read_result(env, rid, None) {
+                    Ok(r) => r,
+                    Err(e) => return Ok(Err((e, None))),
+                };
+                let sha = result.digest();
+                if !result.passed {
+                    let evidence = summaries(result.verification.clone());
+                    return Ok(Err((
+                        Error::with(Code::VERIFICATION_FAILED, "a verification command failed"),
+                        Some(evidence),
+                    )));
+                }
+                return Ok(Ok((result, sha)));
+            }
+            if self.spool.exists(Kind::Failed, rid).map_err(spool_err)? {
+                let expect = Expect {
+                    owner_uid: self.settings.executor_uid,
+                    max_bytes: 64 * 1024,
+                    sha256: None,
+                };
+                let bytes = self
+                    .spool
+                    .read(Kind::Failed, rid, &expect)
+                    .map_err(spool_err)?;
+                let failure: ExecFailure = serde_json::from_slice(&bytes)
+                    .map_err(|e| Error::with(Code::MESSAGE_INVALID, e.to_string()))?;
+                let code = Code::from_name(&failure.code).unwrap_or(Code::INTERNAL);
+                return Ok(Err((Error::with(code, failure.detail), None)));
+            }
+            if Instant::now() >= deadline {
+                return Ok(Err((
+                    Error::with(
+                        Code::VERIFICATION_FAILED,
+                        "the executor produced no result in time",
+                    ),
+                    None,
+                )));
+            }
+            if self.stopping.load(Ordering::SeqCst) {
+                return Err(Error::with(Code::RUNTIME_UNAVAILABLE, "worker stopping"));
+            }
+            if let Some(code) = Self::lease_lost(lost) {
+                return Err(Error::with(
+                    code,
+                    "lease lost while waiting for the executor",
+                ));
+            }
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(1));
+            match watcher.wait(wait).map_err(spool_err)? {
+                Wake::Published(_) | Wake::Rescan | Wake::Timeout => {}
+            }
+        }
+    }
+
+    /// Builds the governed commit and moves the branch by CAS. The commit
+    /// message names the task, generation and execution digest but not the
+    /// attempt, so every attempt of one plan converges on one commit.
+    fn commit(&self, env: &Envelope, rid: &str, exec_sha: &str) -> Step<String> {
+        let result = self.read_result(env, rid, Some(exec_sha))?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut changes = Vec::new();
+        for f in &result.changed_files {
+            if f.deleted {
+                changes.push(FileChange::delete(&f.path));
+            } else {
+                let content = b64
+                    .decode(f.content_b64.as_deref().unwrap_or(""))
+                    .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("{}: {e}", f.path)))?;
+                if Some(sha256_hex(&content).as_str()) != f.sha256.as_deref() {
+                    return Err(Error::with(
+                        Code::SPOOL_DIGEST_MISMATCH,
+                        format!("{}: content digest", f.path),
+                    ));
+                }
+                changes.push(FileChange::write(&f.path, content, f.executable));
+            }
+        }
+        let b = &env.binding;
+        let message = format!(
+            "airlock: {} (job {}, generation {})\n\nexecution-digest: {}\nexec-result-sha256: {}\ngoverned-by: airlock",
+            b.task_id, b.job_id, b.generation, env.execution_digest, exec_sha
+        );
+        let scratch = self.scratch(rid)?;
+        let repo = self.repo(env, &scratch)?;
+        let oid = repo
+            .governed_commit(&CommitSpec {
+                parent: b.source_head().to_owned(),
+                changes,
+                message,
+            })
+            .map_err(git_err)?;
+        let expected = match b.branch_mode {
+            airlock_proto::binding::BranchMode::CreateNew => None,
+            airlock_proto::binding::BranchMode::ContinueExisting => {
+                Some(b.expected_branch_oid.as_str())
+            }
+        };
+        let update = repo
+            .cas_update(&b.target_branch, &oid, expected)
+            .map_err(git_err)?;
+        tracing::info!(task = %b.task_id, commit = %oid, branch = %b.target_branch, ?update, "governed commit");
+        let _ = std::fs::remove_dir_all(&scratch);
+        Ok(oid)
+    }
+
+    fn finish_failed(
+        &self,
+        cb: &CheckpointBinding,
+        grant: &Grant,
+        error: Error,
+        evidence: Option<Vec<CommandSummary>>,
+    ) -> Step<Finish> {
+        tracing::warn!(task = %cb.task_id, attempt = cb.attempt, "attempt failed: {error}");
+        let env = &grant.envelope;
+        let result = TaskResult {
+            schema: RESULT_SCHEMA.into(),
+            task_id: cb.task_id.clone(),
+            attempt: grant.attempt,
+            execution_digest: env.execution_digest.clone(),
+            outcome: Outcome::Failed,
+            commit_oid: None,
+            target_branch: env.binding.target_branch.clone(),
+            exec_result_sha256: None,
+            failure_code: Some(error.code.as_str().to_owned()),
+            verification: evidence.unwrap_or_default(),
+        };
+        let head = self.pending(cb, grant, &result)?;
+        let lost = Mutex::new(None);
+        self.submit(cb, grant, &head.payload, &lost)
+    }
+
+    /// Durably records the result, its hash and its idempotency key before
+    /// anything is sent.
+    fn pending(
+        &self,
+        cb: &CheckpointBinding,
+        grant: &Grant,
+        result: &TaskResult,
+    ) -> Step<Checkpoint> {
+        let key =
+            result_idempotency_key(&cb.task_id, grant.attempt, &grant.envelope.execution_digest);
+        let result_value =
+            serde_json::to_value(result).map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+        let sha = digest_of(&result_value)?;
+        self.append(
+            cb,
+            Phase::ResultPending,
+            json!({"idempotency_key": key, "result_sha256": sha, "result": result_value}),
+        )
+    }
+
+    fn submit(
+        &self,
+        cb: &CheckpointBinding,
+        grant: &Grant,
+        pending: &Value,
+        lost: &Mutex<Option<Code>>,
+    ) -> Step<Finish> {
+        let key = pending["idempotency_key"].as_str().unwrap_or_default();
+        let result: TaskResult = serde_json::from_value(pending["result"].clone())
+            .map_err(|e| Error::with(Code::STORE_CORRUPT, e.to_string()))?;
+        if digest_of(&pending["result"])? != pending["result_sha256"].as_str().unwrap_or_default() {
+            return Err(Error::with(
+                Code::STORE_CORRUPT,
+                "pending result does not match its hash",
+            ));
+        }
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match self.bus.submit_result(
+                &cb.task_id,
+                grant.lease_epoch,
+                &grant.lease_token,
+                key,
+                &result,
+            ) {
+                Ok(replay) => {
+                    self.append(
+                        cb,
+                        Phase::ResultSubmitted,
+                        json!({"idempotency_key": key, "result_sha256": pending["result_sha256"], "outcome": result.outcome, "commit_oid": result.commit_oid, "replay": replay}),
+                    )?;
+                    let _ = self.spool.gc(
+                        airlock_spool::Side::Worker,
+                        nix::unistd::getuid().as_raw(),
+                        &airlock_spool::GcPolicy {
+                            older_than: None,
+                            finished: vec![request_id_for(
+                                &cb.task_id,
+                                cb.attempt,
+                                &cb.execution_digest,
+                            )],
+                        },
+                    );
+                    return Ok(Finish::Submitted {
+                        outcome: result.outcome,
+                        commit_oid: result.commit_oid,
+                    });
+                }
+                Err(e) if is_transient(e.code) && !self.stopping.load(Ordering::SeqCst) => {
+                    tracing::warn!(task = %cb.task_id, "result submission failed, retrying with the same key: {e}");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) if is_transient(e.code) => return Err(e),
+                Err(e) => {
+                    let _ = Self::lease_lost(lost);
+                    return self.reconcile(cb, e.code, &e.to_string());
+                }
+            }
+        }
+    }
+
+    fn reconcile(&self, cb: &CheckpointBinding, code: Code, why: &str) -> Step<Finish> {
+        tracing::error!(task = %cb.task_id, attempt = cb.attempt, "reconciliation required: {code}: {why}");
+        self.append(
+            cb,
+            Phase::ReconciliationRequired,
+            json!({"code": code.as_str(), "detail": why}),
+        )?;
+        Ok(Finish::Reconcile(code))
+    }
+}
+
+/// The executor may return exactly the paths of the change set, no more:
+/// a verification command cannot smuggle another file into the commit.
+fn check_changed_files(env: &Envelope, result: &ExecResult) -> Step<()> {
+    let expected: BTreeSet<&str> = env.change_set.iter().map(|c| c.path()).collect();
+    let got: BTreeSet<&str> = result
+        .changed_files
+        .iter()
+        .map(|f| f.path.as_str())
+        .collect();
+    if expected != got || got.len() != result.changed_files.len() {
+        return Err(Error::with(
+            Code::SPOOL_DIGEST_MISMATCH,
+            "changed files are not exactly the change set's paths",
+        ));
+    }
+    Ok(())
+}
+
+fn summaries(evidence: Vec<airlock_proto::bundle::CommandEvidence>) -> Vec<CommandSummary> {
+    evidence
+        .into_iter()
+        .map(|c| CommandSummary {
+            label: c.label,
+            exit_code: c.exit_code,
+            timed_out: c.timed_out,
+            duration_ms: c.duration_ms,
+        })
+        .collect()
+}

@@ -1,0 +1,20 @@
+//! airlock-worker: the only process that writes `agent/*` refs.
+//!
+//! For each claimed attempt it walks the checkpoint phases of DESIGN.md §3,
+//! appending a durable checkpoint after each one, so that a crash or
+//! `kill -9` anywhere resumes without repeating a side effect:
+//!
+//! ```text
+//! claimed ─▶ workspace_prepared ─▶ verification_passed ─▶ commit_done ─▶ result_pending ─▶ result_submitted
+//!   │ publish archive + request     │ result verified        │ commit + CAS      │ result hash + key recorded
+//!   └── replayed from clean ────────┘ (no side effect yet)   └ deterministic OID, CAS converges on redo
+//! ```
+//!
+//! The worker never runs task code: the executor does, on the other side of
+//! the spool. The worker verifies every digest of what comes back.
+
+pub mod attempt;
+pub mod bus;
+pub mod recover;
+
+pub use attempt::{Finish, Grant, Worker, WorkerSettings};

@@ -1,0 +1,234 @@
+//! airlock-worker: claims tasks from the supervisor and carries each attempt
+//! through its checkpointed phases (see the crate docs of `airlock_worker`).
+
+use airlock_config::Config;
+use airlock_proto::envelope::Envelope;
+use airlock_proto::{Code, Error};
+use airlock_spool::Spool;
+use airlock_store::checkpoint::CheckpointJournal;
+use airlock_worker::attempt::{Grant, Worker, WorkerSettings};
+use airlock_worker::bus::{Supervisor, is_transient};
+use airlock_worker::recover;
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The credentialed airlock worker.
+///
+/// Claims tasks from org.airlock.Supervisor1 (Worker1 interface), publishes
+/// each attempt's source archive and request to the spool, verifies the
+/// executor's result against the request, commits it to the task's agent/
+/// branch with a deterministic commit and a compare-and-swap, and submits
+/// the result. Every phase is checkpointed in the journal; on start the
+/// worker removes stale workspaces and resumes unfinished attempts.
+#[derive(Debug, Parser)]
+#[command(name = "airlock-worker", version, about, long_about)]
+struct Args {
+    /// Configuration file.
+    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    config: PathBuf,
+    /// D-Bus address of the supervisor's bus [default: the system bus].
+    #[arg(long, value_name = "ADDRESS", env = "AIRLOCK_BUS_ADDRESS")]
+    bus_address: Option<String>,
+    /// The executor's uid (results must be owned by it) [default: from executor.user].
+    #[arg(long, value_name = "UID")]
+    executor_uid: Option<u32>,
+    /// Seconds between claims when the queue is empty.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
+    poll_seconds: f64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("airlock-worker: {e}");
+            eprintln!("airlock-worker: {e}");
+            ExitCode::from(e.code.exit_code())
+        }
+    }
+}
+
+fn settings(config: &Config, executor_uid: Option<u32>) -> Result<WorkerSettings, Error> {
+    let executor_uid = match executor_uid {
+        Some(uid) => uid,
+        None => nix::unistd::User::from_name(&config.executor.user)
+            .ok()
+            .flatten()
+            .map(|u| u.uid.as_raw())
+            .ok_or_else(|| {
+                Error::with(
+                    Code::CONFIG_INVALID,
+                    format!("executor.user {:?} does not exist", config.executor.user),
+                )
+            })?,
+    };
+    let state_dir = config
+        .worker
+        .journal
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let limits = &config.executor.limits;
+    Ok(WorkerSettings {
+        repositories: config
+            .repositories
+            .iter()
+            .map(|r| (r.name.clone(), r.path.clone()))
+            .collect(),
+        capabilities: config.worker.capabilities.clone(),
+        workspace_root: config.worker.workspace_root.clone(),
+        envelope_dir: state_dir.join("envelopes"),
+        executor_uid,
+        max_result_bytes: config.spool.max_file_bytes,
+        archive_limits: airlock_git::ArchiveLimits {
+            max_entries: limits.max_archive_entries as usize,
+            max_file_bytes: limits.max_file_bytes,
+            max_total_bytes: limits.max_total_bytes.min(limits.max_archive_bytes),
+        },
+        result_slack: Duration::from_secs(120),
+        renew_interval: Duration::from_secs(u64::from(config.worker.renew_interval_seconds.max(1))),
+    })
+}
+
+fn run(args: Args) -> Result<(), Error> {
+    let config =
+        Config::load(&args.config).map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))?;
+    let settings = settings(&config, args.executor_uid)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    {
+        let stopping = Arc::clone(&stopping);
+        rt.spawn(async move {
+            if let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
+            }
+            tracing::info!("stopping: finishing attempts in flight");
+            stopping.store(true, Ordering::SeqCst);
+        });
+    }
+    std::fs::create_dir_all(&settings.envelope_dir)
+        .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, e.to_string()))?;
+    let removed = recover::clean_workspaces(&settings.workspace_root)?;
+    if removed > 0 {
+        tracing::info!("removed {removed} stale workspaces");
+    }
+    let journal = CheckpointJournal::open(&config.worker.journal)
+        .map_err(|e| Error::with(e.code(), e.to_string()))?;
+    let spool = Spool::open(&config.spool.root).map_err(|e| e.to_proto())?;
+    let bus = Supervisor::connect(rt.handle().clone(), args.bus_address.as_deref())?;
+    let worker = Arc::new(Worker::new(
+        settings,
+        journal,
+        spool,
+        bus,
+        Arc::clone(&stopping),
+    ));
+
+    let mut threads = Vec::new();
+    for grant in recover::resumable(&worker)? {
+        tracing::info!(task = %grant.envelope.binding.task_id, attempt = grant.attempt, "resuming");
+        let worker = Arc::clone(&worker);
+        threads.push(std::thread::spawn(move || {
+            report(&grant, worker.run(&grant))
+        }));
+    }
+    let poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
+    for _ in 0..config.worker.parallel_tasks.max(1) {
+        let worker = Arc::clone(&worker);
+        let stopping = Arc::clone(&stopping);
+        threads.push(std::thread::spawn(move || {
+            claim_loop(&worker, &stopping, poll)
+        }));
+    }
+    let _ = sd_notify::notify(
+        false,
+        &[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status("claiming tasks"),
+        ],
+    );
+    let mut watchdog_usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+    while !stopping.load(Ordering::SeqCst) {
+        std::thread::sleep(
+            if watchdog {
+                Duration::from_micros(watchdog_usec / 2)
+            } else {
+                Duration::from_millis(500)
+            }
+            .min(Duration::from_millis(500)),
+        );
+        if watchdog {
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+        }
+    }
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+fn report(grant: &Grant, outcome: Result<airlock_worker::Finish, Error>) {
+    let task = &grant.envelope.binding.task_id;
+    match outcome {
+        Ok(finish) => tracing::info!(%task, attempt = grant.attempt, ?finish, "attempt finished"),
+        Err(e) => tracing::error!(%task, attempt = grant.attempt, "attempt interrupted: {e}"),
+    }
+}
+
+fn claim_loop(worker: &Worker, stopping: &AtomicBool, poll: Duration) {
+    let mut backoff = poll;
+    while !stopping.load(Ordering::SeqCst) {
+        match worker.bus().claim() {
+            Ok(Some(claim)) => {
+                backoff = poll;
+                match Envelope::validate(
+                    &claim.envelope,
+                    None,
+                    Some(&worker.settings().capabilities),
+                ) {
+                    Ok(envelope) => {
+                        let grant = Grant {
+                            attempt: claim.attempt,
+                            lease_epoch: claim.lease_epoch,
+                            lease_token: claim.lease_token,
+                            envelope,
+                        };
+                        report(&grant, worker.run(&grant));
+                    }
+                    Err(e) => {
+                        tracing::error!(task = %claim.task_id, "refusing the claimed envelope: {e}; its lease will expire")
+                    }
+                }
+            }
+            Ok(None) => std::thread::sleep(poll),
+            Err(e) if is_transient(e.code) => {
+                tracing::warn!("claim failed: {e}");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => {
+                tracing::error!("claim refused: {e}");
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Start-up recovery: stale workspaces, and attempts to resume.
+
+use crate::attempt::{Grant, Worker};
+use airlock_proto::checkpoint::Phase;
+use airlock_proto::{Code, Error};
+use std::path::Path;
+
+/// Removes every `task-*` entry under `root` left by an earlier run, after
+/// checking that each resolved path is directly inside `root`. Returns how
+/// many were removed. Anything else in `root` is left alone and logged.
+pub fn clean_workspaces(root: &Path) -> Result<usize, Error> {
+    let io = |e: std::io::Error| {
+        Error::with(Code::STORE_UNAVAILABLE, format!("{}: {e}", root.display()))
+    };
+    std::fs::create_dir_all(root).map_err(io)?;
+    let canonical_root = root.canonicalize().map_err(io)?;
+    let mut removed = 0;
+    for entry in std::fs::read_dir(&canonical_root).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name();
+        let path = entry.path();
+        if !name.to_string_lossy().starts_with("task-") {
+            tracing::warn!(
+                "leaving unknown entry {} in the workspace root",
+                path.display()
+            );
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(&path).map_err(io)?;
+        if meta.file_type().is_symlink() {
+            std::fs::remove_file(&path).map_err(io)?;
+        } else {
+            let resolved = path.canonicalize().map_err(io)?;
+            if resolved.parent() != Some(canonical_root.as_path()) {
+                return Err(Error::with(
+                    Code::PATH_ESCAPE,
+                    format!("{} resolves outside {}", path.display(), root.display()),
+                ));
+            }
+            if meta.is_dir() {
+                std::fs::remove_dir_all(&resolved).map_err(io)?;
+            } else {
+                std::fs::remove_file(&resolved).map_err(io)?;
+            }
+        }
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// The attempts the journal left unfinished, with what is needed to resume
+/// them: the lease from the claimed checkpoint and the kept envelope. An
+/// attempt whose envelope is gone is marked reconciliation_required.
+pub fn resumable(worker: &Worker) -> Result<Vec<Grant>, Error> {
+    let heads = worker.with_journal(|j| j.unfinished())?;
+    let mut grants = Vec::new();
+    for head in heads {
+        if head.phase == Phase::ReconciliationRequired {
+            continue;
+        }
+        let history = worker.with_journal(|j| j.history(&head.task_id))?;
+        let claimed = history
+            .iter()
+            .find(|c| c.attempt == head.attempt && c.phase == Phase::Claimed);
+        let lease = claimed.and_then(|c| {
+            Some((
+                c.payload["lease_epoch"].as_u64()?,
+                c.payload["lease_token"].as_str()?.to_owned(),
+            ))
+        });
+        let envelope = worker.load_envelope(&head.binding.execution_digest);
+        match (lease, envelope) {
+            (Some((lease_epoch, lease_token)), Ok(envelope)) => {
+                grants.push(Grant {
+                    attempt: head.attempt,
+                    lease_epoch,
+                    lease_token,
+                    envelope,
+                });
+            }
+            (lease, envelope) => {
+                let why = match (&lease, &envelope) {
+                    (None, _) => "no claimed checkpoint with a lease".to_owned(),
+                    (_, Err(e)) => format!("envelope unavailable: {e}"),
+                    _ => String::new(),
+                };
+                tracing::error!(task = %head.task_id, attempt = head.attempt, "cannot resume: {why}");
+                worker.with_journal(|j| {
+                    j.append(
+                        &head.binding,
+                        Phase::ReconciliationRequired,
+                        &serde_json::json!({"code": "INTERNAL", "detail": why}),
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(grants)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removes_only_task_entries_inside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ws");
+        std::fs::create_dir_all(root.join("task-a/deep")).unwrap();
+        std::fs::write(root.join("task-a/deep/f"), "x").unwrap();
+        std::fs::write(root.join("task-b"), "x").unwrap();
+        std::fs::write(root.join("keep.txt"), "x").unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("precious"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("task-link")).unwrap();
+        assert_eq!(clean_workspaces(&root).unwrap(), 3);
+        assert!(!root.join("task-a").exists() && !root.join("task-b").exists());
+        assert!(root.join("keep.txt").exists());
+        assert!(
+            outside.join("precious").exists(),
+            "a symlink is removed, never followed"
+        );
+    }
+}
