@@ -90,10 +90,12 @@ pub fn apply(grants: &Grants, allow_degraded: bool) -> Result<SelfConfinement> {
     let all = AccessFs::from_all(abi);
     let file_rw = AccessFs::ReadFile | AccessFs::WriteFile;
     let root = rustix::process::geteuid().is_root();
+    // An unprivileged airlock-confine writes its user namespace's id maps
+    // (opened with O_TRUNC, hence Truncate).
     let proc_access = if root {
         read
     } else {
-        read | AccessFs::WriteFile
+        read | AccessFs::WriteFile | AccessFs::Truncate
     };
     let mut rules: Vec<(PathBuf, BitFlags<AccessFs>, bool)> = Vec::new();
     for p in SYSTEM_READ {

@@ -313,17 +313,14 @@ fn handle_spooled(spool: &Spool, settings: &Settings, id: &str, worker_uid: u32,
         Answer::Result(r) => (Kind::Results, format!("passed={}", r.passed)),
         Answer::Failure(f) => (Kind::Failed, format!("{}: {}", f.code, f.detail)),
     };
-    let published = answer
-        .to_bytes()
-        .or_else(|e| {
-            let f = airlock_executor::result::failure(id, None, &e);
-            Answer::Failure(f)
-                .to_bytes()
-                .map(|b| (b, Kind::Failed))
-                .map(|(b, _)| b)
-        })
+    // An answer that cannot be rendered (too large) becomes a failure.
+    let rendered = answer.to_bytes().map(|b| (b, kind)).or_else(|e| {
+        let f = airlock_executor::result::failure(id, None, &e);
+        Answer::Failure(f).to_bytes().map(|b| (b, Kind::Failed))
+    });
+    let published = rendered
         .map_err(|e| e.to_string())
-        .and_then(|b| spool.publish(kind, id, &b).map_err(|e| e.to_string()));
+        .and_then(|(b, kind)| spool.publish(kind, id, &b).map_err(|e| e.to_string()));
     match published {
         Ok(path) => eprintln!(
             "airlock-executor: {id}: {summary} -> {} ({} ms)",

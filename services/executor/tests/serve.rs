@@ -553,3 +553,61 @@ fn source_capture_returns_files_and_denies_credentials() {
     let f: ExecFailure = serde_json::from_slice(&run(json!([".env"]), "cred")).unwrap();
     assert_eq!(f.code, "CREDENTIAL_PATH_DENIED");
 }
+
+#[test]
+fn run_once_as_an_unprivileged_user() {
+    // The production shape: the executor is not root (uid 4242 here), so
+    // airlock-confine keeps that uid and uses a user namespace.
+    const UID: u32 = 4242;
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(UID), Some(UID)).unwrap();
+    let archive = archive();
+    let probe = dir.path().join("probe");
+    let env = envelope(
+        "task-unpriv",
+        deterministic("task-unpriv", happy_commands(&probe)),
+    );
+    let request = exec_request(&env, &archive);
+    let req_path = dir.path().join("request.json");
+    let arc_path = dir.path().join("source.tar");
+    std::fs::write(&req_path, serde_json::to_vec(&request).unwrap()).unwrap();
+    std::fs::write(&arc_path, &archive).unwrap();
+    for p in [&req_path, &arc_path] {
+        std::os::unix::fs::chown(p, Some(UID), Some(UID)).unwrap();
+    }
+    let out_path = dir.path().join("result.json");
+    let confine = confine();
+    let out = Command::new("unshare")
+        .args([
+            "-n",
+            "setpriv",
+            "--reuid",
+            "4242",
+            "--regid",
+            "4242",
+            "--clear-groups",
+        ])
+        .arg(executor_bin())
+        .args([
+            "run-once",
+            "--request",
+            req_path.to_str().unwrap(),
+            "--archive",
+            arc_path.to_str().unwrap(),
+            "--out",
+            out_path.to_str().unwrap(),
+            "--confine",
+            confine.to_str().unwrap(),
+            "--work",
+            dir.path().join("work").to_str().unwrap(),
+        ])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let result: ExecResult = serde_json::from_slice(&std::fs::read(&out_path).unwrap()).unwrap();
+    check_happy_result(&result, &request);
+    assert!(result.confinement.namespaces.iter().any(|n| n == "user"));
+    assert!(!probe.exists());
+}
