@@ -69,7 +69,7 @@ fn leaves() -> impl Iterator<Item = &'static airlock_config::KeySpec> {
 fn example_file_parses_and_equals_the_defaults_it_claims() {
     let path = example_path();
     let config = Config::load(&path).expect("packaging/airlock.toml must parse");
-    assert_eq!(config.repository_names(), ["demo"]);
+    assert_eq!(config.repository_names().collect::<Vec<_>>(), ["demo"]);
     let demo = config.repository("demo").expect("demo repository");
     assert_eq!(demo.path, Path::new("/srv/airlock/demo.git"));
     let mut without_repositories = config.clone();
@@ -418,13 +418,36 @@ fn repository_paths_must_be_absolute_and_present() {
 fn repositories_are_found_by_name() {
     let text = TWO_REPOS.replacen("alpha", "one", 1);
     let config = parse(&text).expect("valid");
-    assert_eq!(config.repository_names(), ["one", "alpha"]);
+    assert_eq!(
+        config.repository_names().collect::<Vec<_>>(),
+        ["one", "alpha"]
+    );
     assert_eq!(
         config.repository("alpha").map(|r| r.path.clone()),
         Some(PathBuf::from("/srv/git/beta.git"))
     );
     assert!(config.repository("ALPHA").is_none());
     assert!(config.repository("missing").is_none());
+
+    // the names are what a binding is checked against
+    let binding = |repository: &str| {
+        airlock_proto::binding::Binding::from_value(&serde_json::json!({
+            "task_id": "task-1", "job_id": "job-1", "repository": repository,
+            "base_oid": "a".repeat(40), "expected_branch_oid": "a".repeat(40),
+            "target_branch": "agent/task-1", "branch_mode": "CREATE_NEW",
+            "generation": 1, "idempotency_key": "key-00000001",
+        }))
+        .expect("valid binding")
+    };
+    assert!(
+        binding("alpha")
+            .check_registered(config.repository_names())
+            .is_ok()
+    );
+    let err = binding("gamma")
+        .check_registered(config.repository_names())
+        .expect_err("not registered");
+    assert_eq!(err.code, Code::REPOSITORY_NOT_REGISTERED);
 }
 
 // ---- rules that tie keys together ----------------------------------------------
@@ -631,10 +654,8 @@ fn load_reads_a_file_and_names_it_in_errors() {
         b"[[repository]]\nname = \"r\"\npath = \"/srv/r.git\"\n",
         0o644,
     );
-    assert_eq!(
-        Config::load(&good).expect("loads").repository_names(),
-        ["r"]
-    );
+    let loaded = Config::load(&good).expect("loads");
+    assert_eq!(loaded.repository_names().collect::<Vec<_>>(), ["r"]);
 
     let bad = write_file(
         dir.path(),
