@@ -101,7 +101,7 @@ impl<'a> Source<'a> {
     }
 
     /// A refusal of the semantic pass where the problem is not "expected X,
-    /// found Y" (a missing table, say).
+    /// found Y" (a key this crate failed to declare, say).
     pub(crate) fn refuse_with(&self, key: impl Into<String>, problem: String) -> ConfigError {
         let key = key.into();
         let at = self
