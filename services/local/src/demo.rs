@@ -1,0 +1,281 @@
+//! The demo: a sample repository with a bug, a plan that fixes it, and the
+//! whole pipeline carrying it to a verified commit on an agent/ branch.
+
+use crate::layout::{self, Ids, Layout};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const CALC_PY: &str = "def add(a, b):\n    return a - b\n";
+const TEST_PY: &str = "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n    def test_adds(self):\n        self.assertEqual(add(2, 3), 5)\n\n\nif __name__ == \"__main__\":\n    unittest.main()\n";
+
+fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "airlock demo")
+        .env("GIT_AUTHOR_EMAIL", "demo@airlock.invalid")
+        .env("GIT_COMMITTER_NAME", "airlock demo")
+        .env("GIT_COMMITTER_EMAIL", "demo@airlock.invalid")
+        .args(["-c", "safe.directory=*"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("git: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Makes `repos/demo.git` (once): a tiny Python project whose `add` subtracts.
+pub fn create_repository(layout: &Layout, ids: &Ids) -> Result<(), String> {
+    let bare = layout.repos().join("demo.git");
+    if bare.exists() {
+        return Ok(());
+    }
+    let work = layout.path("repos/.demo-work");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+    git(&work, &["init", "-q", "-b", "main"])?;
+    std::fs::write(work.join("calc.py"), CALC_PY).map_err(|e| e.to_string())?;
+    std::fs::write(work.join("test_calc.py"), TEST_PY).map_err(|e| e.to_string())?;
+    git(&work, &["add", "-A"])?;
+    git(&work, &["commit", "-q", "-m", "calc: add two numbers"])?;
+    git(
+        layout.repos().as_path(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().unwrap_or_default(),
+            bare.to_str().unwrap_or_default(),
+        ],
+    )?;
+    std::fs::remove_dir_all(&work).map_err(|e| e.to_string())?;
+    layout::chown_tree(&bare, ids.worker, ids)
+        .map_err(|e| format!("giving {} to the worker: {e}", bare.display()))
+}
+
+async fn connect(address: &str) -> zbus::Result<zbus::Connection> {
+    zbus::connection::Builder::address(address)?.build().await
+}
+
+/// Waits until the supervisor owns its name on the bus.
+pub fn wait_for_name(address: &str, timeout: Duration) -> Result<(), String> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        let conn = connect(address).await.map_err(|e| e.to_string())?;
+        let dbus = zbus::fdo::DBusProxy::new(&conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let name = zbus::names::BusName::try_from("org.airlock.Supervisor1")
+                .map_err(|e| e.to_string())?;
+            if dbus.name_has_owner(name).await.unwrap_or(false) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err("the supervisor did not take org.airlock.Supervisor1 in time".to_owned())
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+async fn call(conn: &zbus::Connection, method: &str, arg: &str) -> Result<Value, String> {
+    let reply = conn
+        .call_method(
+            Some("org.airlock.Supervisor1"),
+            "/org/airlock/Supervisor1",
+            Some("org.airlock.Tasks1"),
+            method,
+            &(arg,),
+        )
+        .await
+        .map_err(|e| format!("{method}: {e}"))?;
+    let text: String = reply.body().deserialize().map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+fn submission(task_id: &str, base: &str) -> Value {
+    let sha = airlock_proto::canonical::sha256_hex(CALC_PY.as_bytes());
+    json!({
+        "schema": "airlock.task.v1",
+        "max_attempts": 2,
+        "binding": {
+            "task_id": task_id, "job_id": format!("job-{task_id}"), "repository": "demo",
+            "base_oid": base, "expected_branch_oid": base, "target_branch": format!("agent/{task_id}"),
+            "branch_mode": "CREATE_NEW", "generation": 1, "idempotency_key": format!("submit-{task_id}"),
+        },
+        "plan": {
+            "schema": "airlock.plan.v1", "task_id": task_id, "job_id": format!("job-{task_id}"),
+            "source_head_oid": base, "generation": 1, "idempotency_key": format!("plan-{task_id}"),
+            "execution": {
+                "action": "deterministic",
+                "capability_scope": ["git.read", "git.test"],
+                "change_set": [{"operation": "replace_text", "path": "calc.py", "old": "return a - b",
+                                "new": "return a + b", "count": 1, "expected_sha256": sha}],
+                "verification": [
+                    {"label": "compile", "argv": ["/usr/bin/python3", "-m", "py_compile", "calc.py"], "timeout_seconds": 60},
+                    {"label": "unit tests", "argv": ["/usr/bin/python3", "-m", "unittest", "-v", "test_calc"], "timeout_seconds": 120},
+                ],
+            },
+        },
+    })
+}
+
+/// Runs the demo end to end.
+pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), String> {
+    let temporary = state.is_none();
+    let state = state.unwrap_or_else(|| {
+        let mut r = [0u8; 6];
+        let _ = getrandom::getrandom(&mut r);
+        std::env::temp_dir().join(format!("airlock-demo-{}", hex::encode(r)))
+    });
+    let say = |s: &str| {
+        if !json_out {
+            println!("{s}");
+        }
+    };
+    say("airlock demo: starting the supervisor, worker, executor and retry API…");
+    let outcome = (|| {
+        let suite = crate::start(state.clone(), json_out)?;
+        say(&format!(
+            "  started ({}); logs in {}",
+            if suite.ids.separated {
+                "one uid per component"
+            } else {
+                "privilege separation OFF: not root"
+            },
+            suite.layout.logs().display()
+        ));
+        let bare = suite.layout.repos().join("demo.git");
+        let base = git(&bare, &["rev-parse", "refs/heads/main"])?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let task_id = format!("demo-{stamp}");
+        let rt = runtime()?;
+        let address = suite.bus.address().to_owned();
+        let (view, transitions) = rt.block_on(async {
+            let conn = connect(&address).await.map_err(|e| e.to_string())?;
+            let submitted = call(
+                &conn,
+                "SubmitTask",
+                &submission(&task_id, &base).to_string(),
+            )
+            .await?;
+            say(&format!(
+                "  submitted {task_id}: fix calc.add, verify with py_compile and unittest"
+            ));
+            let _ = submitted;
+            let mut last = String::new();
+            let mut transitions = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(180);
+            loop {
+                let view = call(&conn, "GetTask", &task_id).await?;
+                let state = view["state"].as_str().unwrap_or("?").to_owned();
+                if state != last {
+                    say(&format!(
+                        "  {:>9}  attempt {}/{}",
+                        state, view["attempt"], view["max_attempts"]
+                    ));
+                    transitions.push(state.clone());
+                    last = state.clone();
+                }
+                if matches!(state.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED") {
+                    return Ok::<_, String>((view, transitions));
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("{task_id} still {state} after 180 s"));
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        })?;
+        let result = view["result"].clone();
+        let commit = result["commit_oid"].as_str().map(str::to_owned);
+        let branch = view["binding"]["target_branch"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let diffstat = match &commit {
+            Some(c) => git(&bare, &["diff", "--stat", &base, c])?,
+            None => String::new(),
+        };
+        let branch_head = git(&bare, &["rev-parse", &format!("refs/heads/{branch}")]).ok();
+        if json_out {
+            println!(
+                "{}",
+                json!({
+                    "task_id": task_id, "state": view["state"], "commit_oid": commit, "target_branch": branch,
+                    "branch_head": branch_head, "base_oid": base, "diffstat": diffstat,
+                    "verification": result["verification"], "transitions": transitions,
+                    "privilege_separation": suite.ids.separated,
+                })
+            );
+        } else {
+            println!();
+            println!(
+                "task      {task_id}: {}",
+                view["state"].as_str().unwrap_or("?")
+            );
+            if let Some(c) = &commit {
+                println!(
+                    "commit    {c} on {branch} (branch head {})",
+                    branch_head.as_deref().unwrap_or("?")
+                );
+                println!("diff      {}", diffstat.replace('\n', "\n          "));
+            }
+            println!("evidence");
+            for c in result["verification"].as_array().into_iter().flatten() {
+                println!(
+                    "          {:<12} exit {}  {} ms{}",
+                    c["label"].as_str().unwrap_or(""),
+                    c["exit_code"],
+                    c["duration_ms"],
+                    if c["timed_out"] == true {
+                        "  TIMED OUT"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            if let Some(code) = result["failure_code"].as_str() {
+                println!("failure   {code}");
+            }
+        }
+        drop(suite);
+        if view["state"] == "SUCCEEDED" {
+            Ok(())
+        } else {
+            Err(format!("the demo task ended {}", view["state"]))
+        }
+    })();
+    if temporary {
+        if outcome.is_ok() {
+            let _ = std::fs::remove_dir_all(&state);
+        } else {
+            eprintln!(
+                "airlock-local: state kept for inspection in {}",
+                state.display()
+            );
+        }
+    }
+    outcome
+}

@@ -1,0 +1,277 @@
+//! The state directory, its owners and modes, and the configuration.
+
+use nix::unistd::{Gid, Uid, chown};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// A uid/gid pair a process runs as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Id {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Who runs what. As root each role gets its own uid (numeric ids with no
+/// passwd entry, so nothing on the host is reused); otherwise everything
+/// runs as the caller and privilege separation is off.
+#[derive(Clone, Copy, Debug)]
+pub struct Ids {
+    pub separated: bool,
+    pub supervisor: Id,
+    pub worker: Id,
+    pub executor: Id,
+    pub retry: Id,
+    pub exchange_gid: u32,
+    pub tasks_gid: u32,
+}
+
+/// The package's own sysusers file: airlock-local creates the same users.
+const SYSUSERS: &str = include_str!("../../../sysusers/airlock.conf");
+
+fn user(name: &str) -> Result<Id, String> {
+    let u = nix::unistd::User::from_name(name)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("user {name} does not exist"))?;
+    Ok(Id {
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+    })
+}
+
+fn group(name: &str) -> Result<u32, String> {
+    nix::unistd::Group::from_name(name)
+        .map_err(|e| e.to_string())?
+        .map(|g| g.gid.as_raw())
+        .ok_or_else(|| format!("group {name} does not exist"))
+}
+
+/// Creates the airlock system users and groups with systemd-sysusers from
+/// the package's sysusers file, unless they exist already.
+fn ensure_users() -> Result<(), String> {
+    if user("airlock-exec").is_ok() && group("airlock-tasks").is_ok() {
+        return Ok(());
+    }
+    let file = std::env::temp_dir().join(format!(
+        "airlock-local-sysusers-{}.conf",
+        std::process::id()
+    ));
+    std::fs::write(&file, SYSUSERS).map_err(|e| e.to_string())?;
+    let status = std::process::Command::new("systemd-sysusers")
+        .arg(&file)
+        .status();
+    let _ = std::fs::remove_file(&file);
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("systemd-sysusers failed ({s})")),
+        Err(e) => Err(format!("cannot run systemd-sysusers: {e}")),
+    }
+}
+
+impl Ids {
+    pub fn for_caller() -> Result<Self, String> {
+        let me = Id {
+            uid: Uid::current().as_raw(),
+            gid: Gid::current().as_raw(),
+        };
+        if Uid::effective().is_root() {
+            ensure_users()?;
+            let tasks_gid = group("airlock-tasks")?;
+            let retry = user("airlock-retry")?;
+            Ok(Ids {
+                separated: true,
+                supervisor: user("airlock")?,
+                worker: user("airlock-worker")?,
+                executor: user("airlock-exec")?,
+                retry: Id {
+                    uid: retry.uid,
+                    gid: tasks_gid,
+                },
+                exchange_gid: group("airlock-exchange")?,
+                tasks_gid,
+            })
+        } else {
+            Ok(Ids {
+                separated: false,
+                supervisor: me,
+                worker: me,
+                executor: me,
+                retry: me,
+                exchange_gid: me.gid,
+                tasks_gid: me.gid,
+            })
+        }
+    }
+
+    /// The user name of a role, as configuration and bus policy want it.
+    pub fn name(&self, who: Id) -> String {
+        nix::unistd::User::from_uid(Uid::from_raw(who.uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| who.uid.to_string())
+    }
+
+    /// Supplementary groups of a role.
+    pub fn groups(&self, who: Id) -> Vec<u32> {
+        if !self.separated {
+            return vec![];
+        }
+        if who == self.supervisor || who == self.retry {
+            vec![self.tasks_gid]
+        } else if who == self.worker || who == self.executor {
+            vec![self.exchange_gid]
+        } else {
+            vec![]
+        }
+    }
+}
+
+/// Paths inside the state directory.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+    pub fn config(&self) -> PathBuf {
+        self.path("airlock.toml")
+    }
+    pub fn tasks_db(&self) -> PathBuf {
+        self.path("tasks/tasks.sqlite3")
+    }
+    pub fn spool(&self) -> PathBuf {
+        self.path("spool")
+    }
+    pub fn repos(&self) -> PathBuf {
+        self.path("repos")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.path("logs")
+    }
+    pub fn token(&self) -> PathBuf {
+        self.path("retry/control-token")
+    }
+}
+
+fn dir(path: &Path, mode: u32, uid: u32, gid: u32, ids: &Ids) -> std::io::Result<()> {
+    std::fs::create_dir_all(path)?;
+    if ids.separated {
+        chown(path, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+            .map_err(std::io::Error::from)?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Creates the tree with the same ownership model as tmpfiles/airlock.conf:
+/// each side of the spool owns the directories it writes; the shared group
+/// may only read them.
+pub fn create(layout: &Layout, ids: &Ids) -> std::io::Result<()> {
+    let r = |p: &str| layout.path(p);
+    dir(
+        &layout.root,
+        0o755,
+        0,
+        0,
+        &Ids {
+            separated: false,
+            ..*ids
+        },
+    )?;
+    for (p, mode, owner, group) in [
+        ("bus", 0o755, 0, 0),
+        ("logs", 0o755, 0, 0),
+        ("tasks", 0o2770, ids.supervisor.uid, ids.tasks_gid),
+        ("worker", 0o700, ids.worker.uid, ids.worker.gid),
+        ("worker/workspaces", 0o700, ids.worker.uid, ids.worker.gid),
+        ("exec", 0o700, ids.executor.uid, ids.executor.gid),
+        ("repos", 0o750, ids.worker.uid, ids.worker.gid),
+        ("retry", 0o700, ids.retry.uid, ids.retry.gid),
+        ("spool", 0o750, 0, ids.exchange_gid),
+        ("spool/requests", 0o2750, ids.worker.uid, ids.exchange_gid),
+        ("spool/sources", 0o2750, ids.worker.uid, ids.exchange_gid),
+        ("spool/results", 0o2750, ids.executor.uid, ids.exchange_gid),
+        ("spool/failed", 0o2750, ids.executor.uid, ids.exchange_gid),
+    ] {
+        let (owner, group) = if ids.separated {
+            (owner, group)
+        } else {
+            (ids.supervisor.uid, ids.supervisor.gid)
+        };
+        dir(&r(p), mode, owner, group, ids)?;
+    }
+    Ok(())
+}
+
+/// Writes a file owned by `who` with `mode`.
+pub fn file(path: &Path, content: &[u8], mode: u32, who: Id, ids: &Ids) -> std::io::Result<()> {
+    std::fs::write(path, content)?;
+    if ids.separated {
+        chown(
+            path,
+            Some(Uid::from_raw(who.uid)),
+            Some(Gid::from_raw(who.gid)),
+        )
+        .map_err(std::io::Error::from)?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Gives a whole tree to `who` (the demo repository to the worker).
+pub fn chown_tree(path: &Path, who: Id, ids: &Ids) -> std::io::Result<()> {
+    if !ids.separated {
+        return Ok(());
+    }
+    chown(
+        path,
+        Some(Uid::from_raw(who.uid)),
+        Some(Gid::from_raw(who.gid)),
+    )
+    .map_err(std::io::Error::from)?;
+    if std::fs::symlink_metadata(path)?.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_tree(&entry?.path(), who, ids)?;
+        }
+    }
+    Ok(())
+}
+
+/// The configuration every component reads.
+pub fn config_text(layout: &Layout, ids: &Ids) -> String {
+    let p = |rel: &str| layout.path(rel).display().to_string();
+    format!(
+        r#"# Written by airlock-local for this state directory only.
+[supervisor]
+database = "{db}"
+lease_seconds = 60
+sweep_interval_seconds = 2
+auto_accept = true
+worker_user = "{worker_uid}"
+# airlock-local has no polkit: this authoriser allows every call and
+# announces itself in the log and on the bus. Never use it elsewhere.
+authorizer = "allow-all-for-tests"
+
+[worker]
+journal = "{journal}"
+workspace_root = "{workspaces}"
+parallel_tasks = 2
+renew_interval_seconds = 10
+
+[spool]
+root = "{spool}"
+
+[[repository]]
+name = "demo"
+path = "{repo}"
+description = "sample repository made by airlock-local demo"
+"#,
+        db = layout.tasks_db().display(),
+        worker_uid = ids.name(ids.worker),
+        journal = p("worker/checkpoints.sqlite3"),
+        workspaces = p("worker/workspaces"),
+        spool = layout.spool().display(),
+        repo = layout.repos().join("demo.git").display(),
+    )
+}
