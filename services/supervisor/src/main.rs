@@ -36,10 +36,11 @@ struct Args {
     bus_address: Option<String>,
 
     /// Authoriser to use instead of [supervisor] authorizer: "polkit", or,
-    /// for test harnesses only, "allow-all-for-tests", "deny-all-for-tests"
-    /// or "allow-for-tests:ACTION,..." with ACTION one of read, submit,
-    /// manage. A test authoriser is announced in the log and in the
-    /// org.airlock.Tasks1.Authorizer property.
+    /// for test harnesses only, "allow-all-for-tests", "deny-all-for-tests",
+    /// "interactive-for-tests" (allow only callers that allowed interactive
+    /// authorisation) or "allow-for-tests:ACTION,..." with ACTION one of
+    /// read, submit, manage. A test authoriser is announced in the log and
+    /// in the org.airlock.Tasks1.Authorizer property.
     #[arg(long, value_name = "NAME")]
     authorizer: Option<String>,
 
@@ -110,7 +111,7 @@ fn settings(args: &Args) -> Result<Settings, Error> {
                 return Err(Error::with(
                     Code::CONFIG_INVALID,
                     format!(
-                        "--authorizer {other:?}: expected polkit, allow-all-for-tests, deny-all-for-tests or allow-for-tests:ACTION,..."
+                        "--authorizer {other:?}: expected polkit, allow-all-for-tests, deny-all-for-tests, interactive-for-tests or allow-for-tests:ACTION,..."
                     ),
                 ));
             }
@@ -125,11 +126,7 @@ fn settings(args: &Args) -> Result<Settings, Error> {
         lease_seconds: sup.lease_seconds,
         sweep_interval: Duration::from_secs(u64::from(sup.sweep_interval_seconds.max(1))),
         auto_accept: sup.auto_accept,
-        repositories: config
-            .repository_names()
-            .into_iter()
-            .map(str::to_owned)
-            .collect(),
+        repositories: config.repositories.iter().map(|r| r.name.clone()).collect(),
         drain_timeout: Duration::from_secs(20),
         call_delay: args.debug_call_delay_ms.map(Duration::from_millis),
     })

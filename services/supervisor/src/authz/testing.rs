@@ -13,16 +13,22 @@ use std::collections::BTreeSet;
 /// Spellings (for `--authorizer`):
 /// - `allow-all-for-tests`: every action;
 /// - `deny-all-for-tests`: none;
-/// - `allow-for-tests:read,submit`: the listed actions only.
+/// - `allow-for-tests:read,submit`: the listed actions only;
+/// - `interactive-for-tests`: every action, but only for a caller whose
+///   message allowed interactive authorisation; others get
+///   `INTERACTIVE_AUTHORIZATION_REQUIRED`, as polkit's `auth_admin` does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TestAuthorizer {
     allowed: BTreeSet<Action>,
+    challenge_unless_interactive: bool,
 }
 
 /// The spelling of the allow-everything test authoriser.
 pub const ALLOW_ALL_FOR_TESTS: &str = "allow-all-for-tests";
 /// The spelling of the deny-everything test authoriser.
 pub const DENY_ALL_FOR_TESTS: &str = "deny-all-for-tests";
+/// The spelling of the test authoriser that behaves like `auth_admin`.
+pub const INTERACTIVE_FOR_TESTS: &str = "interactive-for-tests";
 /// The prefix of the allow-list test authoriser.
 pub const ALLOW_FOR_TESTS_PREFIX: &str = "allow-for-tests:";
 
@@ -31,6 +37,16 @@ impl TestAuthorizer {
     pub fn allow_all() -> Self {
         TestAuthorizer {
             allowed: Action::ALL.iter().copied().collect(),
+            challenge_unless_interactive: false,
+        }
+    }
+
+    /// Allows everything to callers that allowed interaction, challenges
+    /// the rest.
+    pub fn interactive() -> Self {
+        TestAuthorizer {
+            challenge_unless_interactive: true,
+            ..TestAuthorizer::allow_all()
         }
     }
 
@@ -38,6 +54,7 @@ impl TestAuthorizer {
     pub fn deny_all() -> Self {
         TestAuthorizer {
             allowed: BTreeSet::new(),
+            challenge_unless_interactive: false,
         }
     }
 
@@ -45,6 +62,7 @@ impl TestAuthorizer {
     pub fn allowing(actions: impl IntoIterator<Item = Action>) -> Self {
         TestAuthorizer {
             allowed: actions.into_iter().collect(),
+            challenge_unless_interactive: false,
         }
     }
 
@@ -55,6 +73,9 @@ impl TestAuthorizer {
         }
         if s == DENY_ALL_FOR_TESTS {
             return Some(Ok(TestAuthorizer::deny_all()));
+        }
+        if s == INTERACTIVE_FOR_TESTS {
+            return Some(Ok(TestAuthorizer::interactive()));
         }
         let list = s.strip_prefix(ALLOW_FOR_TESTS_PREFIX)?;
         let mut allowed = BTreeSet::new();
@@ -70,13 +91,15 @@ impl TestAuthorizer {
                 }
             }
         }
-        Some(Ok(TestAuthorizer { allowed }))
+        Some(Ok(TestAuthorizer::allowing(allowed)))
     }
 }
 
 impl Authorizer for TestAuthorizer {
     fn name(&self) -> String {
-        if self.allowed.len() == Action::ALL.len() {
+        if self.challenge_unless_interactive {
+            INTERACTIVE_FOR_TESTS.to_owned()
+        } else if self.allowed.len() == Action::ALL.len() {
             ALLOW_ALL_FOR_TESTS.to_owned()
         } else if self.allowed.is_empty() {
             DENY_ALL_FOR_TESTS.to_owned()
@@ -90,9 +113,16 @@ impl Authorizer for TestAuthorizer {
         true
     }
 
-    fn check<'a>(&'a self, action: Action, _caller: &'a Caller) -> BoxFuture<'a, Verdict> {
+    fn check<'a>(&'a self, action: Action, caller: &'a Caller) -> BoxFuture<'a, Verdict> {
         let verdict = if self.allowed.contains(&action) {
-            Verdict::Allow
+            if self.challenge_unless_interactive && !caller.interactive() {
+                Verdict::Deny(Error::with(
+                    Code::INTERACTIVE_AUTHORIZATION_REQUIRED,
+                    format!("{action} requires interactive authentication"),
+                ))
+            } else {
+                Verdict::Allow
+            }
         } else {
             Verdict::Deny(Error::with(
                 Code::AUTHORIZATION_DENIED,
@@ -112,6 +142,7 @@ mod tests {
         for s in [
             ALLOW_ALL_FOR_TESTS,
             DENY_ALL_FOR_TESTS,
+            INTERACTIVE_FOR_TESTS,
             "allow-for-tests:read",
             "allow-for-tests:read,submit",
         ] {
@@ -134,6 +165,18 @@ mod tests {
         match a.check(Action::Manage, &c).await {
             Verdict::Deny(e) => assert_eq!(e.code, Code::AUTHORIZATION_DENIED),
             Verdict::Allow => panic!("manage must be denied"),
+        }
+    }
+
+    #[tokio::test]
+    async fn interactive_mode_challenges_callers_that_did_not_allow_interaction() {
+        let a = TestAuthorizer::interactive();
+        let quiet = Caller::from_bus(":1.1", 0, None, false);
+        let asking = Caller::from_bus(":1.1", 0, None, true);
+        assert_eq!(a.check(Action::Read, &asking).await, Verdict::Allow);
+        match a.check(Action::Read, &quiet).await {
+            Verdict::Deny(e) => assert_eq!(e.code, Code::INTERACTIVE_AUTHORIZATION_REQUIRED),
+            Verdict::Allow => panic!("must challenge"),
         }
     }
 }

@@ -1,0 +1,251 @@
+//! The supervisor, seen from the CLI: one system-bus connection, calls that
+//! carry ALLOW_INTERACTIVE_AUTHORIZATION when a human can answer, and
+//! D-Bus errors mapped back to the error catalogue.
+
+use airlock_proto::{Class, Code};
+use serde_json::Value;
+use std::fmt;
+use std::io::IsTerminal;
+use zbus::proxy::{CacheProperties, MethodFlags};
+use zbus::zvariant::{DynamicDeserialize, DynamicType, OwnedValue};
+
+/// The supervisor's bus name.
+pub const BUS_NAME: &str = "org.airlock.Supervisor1";
+/// Its object.
+pub const OBJECT_PATH: &str = "/org/airlock/Supervisor1";
+/// The task interface.
+pub const TASKS_INTERFACE: &str = "org.airlock.Tasks1";
+
+/// Why a command failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CtlError {
+    /// The catalogue code, when known.
+    pub code: Option<Code>,
+    /// The D-Bus error name, when the failure came from the bus.
+    pub dbus_error: Option<String>,
+    /// What happened, for a human.
+    pub message: String,
+    /// The process exit status.
+    pub exit_code: u8,
+}
+
+impl CtlError {
+    /// A failure decided here, with a catalogue code.
+    pub fn local(code: Code, message: impl Into<String>) -> Self {
+        CtlError {
+            code: Some(code),
+            dbus_error: None,
+            message: message.into(),
+            exit_code: code.exit_code(),
+        }
+    }
+
+    /// A generic failure (exit 1).
+    pub fn generic(message: impl Into<String>) -> Self {
+        CtlError {
+            code: None,
+            dbus_error: None,
+            message: message.into(),
+            exit_code: 1,
+        }
+    }
+
+    /// Maps a D-Bus error name (and its message) back to the catalogue.
+    /// Bus-level failures to reach the supervisor count as unavailable.
+    pub fn from_dbus(name: &str, message: Option<String>) -> Self {
+        let code = Code::from_dbus_error_name(name);
+        let unreachable = matches!(
+            name,
+            "org.freedesktop.DBus.Error.ServiceUnknown"
+                | "org.freedesktop.DBus.Error.NameHasNoOwner"
+                | "org.freedesktop.DBus.Error.NoReply"
+                | "org.freedesktop.DBus.Error.Timeout"
+                | "org.freedesktop.DBus.Error.TimedOut"
+                | "org.freedesktop.DBus.Error.Disconnected"
+                | "org.freedesktop.DBus.Error.Spawn.ChildExited"
+        );
+        let exit_code = match code {
+            Some(c) => c.exit_code(),
+            None if unreachable => Class::Unavailable.exit_code(),
+            None => 1,
+        };
+        CtlError {
+            code,
+            dbus_error: Some(name.to_owned()),
+            message: message.unwrap_or_else(|| name.to_owned()),
+            exit_code,
+        }
+    }
+
+    /// The catalogue name, or the D-Bus name when there is none.
+    pub fn label(&self) -> String {
+        match (&self.code, &self.dbus_error) {
+            (Some(c), _) => c.as_str().to_owned(),
+            (None, Some(n)) => n.clone(),
+            (None, None) => "error".to_owned(),
+        }
+    }
+
+    /// A hint for the human, when there is a useful one.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self.code? {
+            Code::INTERACTIVE_AUTHORIZATION_REQUIRED => {
+                Some("run airlockctl from a terminal (without --no-ask-password) to authenticate")
+            }
+            Code::AUTHORITY_UNAVAILABLE => {
+                Some("polkit did not answer the supervisor; is polkit.service running?")
+            }
+            Code::RUNTIME_UNAVAILABLE => Some("the supervisor is restarting; retry shortly"),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for CtlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.label(), self.message)
+    }
+}
+
+impl From<zbus::Error> for CtlError {
+    fn from(e: zbus::Error) -> Self {
+        match e {
+            zbus::Error::MethodError(name, msg, _) => CtlError::from_dbus(name.as_str(), msg),
+            zbus::Error::FDO(fdo) => {
+                let name = zbus::DBusError::name(fdo.as_ref()).to_string();
+                let msg = zbus::DBusError::description(fdo.as_ref()).map(str::to_owned);
+                CtlError::from_dbus(&name, msg)
+            }
+            zbus::Error::InputOutput(io) => CtlError {
+                code: Some(Code::RUNTIME_UNAVAILABLE),
+                dbus_error: None,
+                message: format!("cannot reach the system bus: {io}"),
+                exit_code: Class::Unavailable.exit_code(),
+            },
+            other => CtlError::generic(other.to_string()),
+        }
+    }
+}
+
+/// Whether calls should allow interactive authorisation: stdin is a
+/// terminal and the user did not say `--no-ask-password`.
+pub fn wants_interaction(no_ask_password: bool) -> bool {
+    !no_ask_password && std::io::stdin().is_terminal()
+}
+
+/// A connection to the supervisor.
+#[derive(Debug, Clone)]
+pub struct Client {
+    conn: zbus::Connection,
+    tasks: zbus::Proxy<'static>,
+    interactive: bool,
+}
+
+impl Client {
+    /// Connects to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` if set).
+    pub async fn connect(interactive: bool) -> Result<Client, CtlError> {
+        let conn = zbus::Connection::system().await?;
+        let tasks = zbus::proxy::Builder::new(&conn)
+            .destination(BUS_NAME)?
+            .path(OBJECT_PATH)?
+            .interface(TASKS_INTERFACE)?
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await?;
+        Ok(Client {
+            conn,
+            tasks,
+            interactive,
+        })
+    }
+
+    /// The connection, for signal subscriptions.
+    pub fn connection(&self) -> &zbus::Connection {
+        &self.conn
+    }
+
+    /// Whether calls allow interactive authorisation.
+    pub fn interactive(&self) -> bool {
+        self.interactive
+    }
+
+    /// Calls a Tasks1 method.
+    pub async fn call<B, R>(&self, method: &str, body: &B) -> Result<R, CtlError>
+    where
+        B: serde::Serialize + DynamicType,
+        R: for<'d> DynamicDeserialize<'d>,
+    {
+        let flags = if self.interactive {
+            MethodFlags::AllowInteractiveAuth.into()
+        } else {
+            Default::default()
+        };
+        self.tasks
+            .call_with_flags::<_, B, R>(method, flags, body)
+            .await?
+            .ok_or_else(|| CtlError::generic(format!("{method} returned no reply")))
+    }
+
+    /// Calls a Tasks1 method that returns a JSON string.
+    pub async fn call_json<B>(&self, method: &str, body: &B) -> Result<Value, CtlError>
+    where
+        B: serde::Serialize + DynamicType,
+    {
+        let text: String = self.call(method, body).await?;
+        serde_json::from_str(&text).map_err(|e| {
+            CtlError::local(
+                Code::MESSAGE_INVALID,
+                format!("the supervisor's {method} reply is not JSON: {e}"),
+            )
+        })
+    }
+
+    /// Reads a Tasks1 property.
+    pub async fn property<T>(&self, name: &str) -> Result<T, CtlError>
+    where
+        T: TryFrom<OwnedValue>,
+        T::Error: Into<zbus::Error>,
+    {
+        Ok(self.tasks.get_property::<T>(name).await?)
+    }
+
+    /// The unique name currently owning the supervisor's name, if any.
+    pub async fn owner(&self) -> Result<Option<String>, CtlError> {
+        let dbus = zbus::fdo::DBusProxy::new(&self.conn).await?;
+        match dbus
+            .get_name_owner(BUS_NAME.try_into().expect("a valid bus name"))
+            .await
+        {
+            Ok(owner) => Ok(Some(owner.to_string())),
+            Err(zbus::fdo::Error::NameHasNoOwner(_)) => Ok(None),
+            Err(e) => Err(zbus::Error::from(e).into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dbus_error_names_map_back_to_catalogue_exit_codes() {
+        let e = CtlError::from_dbus("org.airlock.Error.TASK_NOT_FOUND", Some("task-x".into()));
+        assert_eq!(e.code, Some(Code::TASK_NOT_FOUND));
+        assert_eq!(e.exit_code, Code::TASK_NOT_FOUND.exit_code());
+        assert_eq!(e.to_string(), "TASK_NOT_FOUND: task-x");
+        let e = CtlError::from_dbus("org.freedesktop.DBus.Error.AccessDenied", None);
+        assert_eq!(e.code, Some(Code::AUTHORIZATION_DENIED));
+        assert_eq!(e.exit_code, 5);
+        let e = CtlError::from_dbus(
+            "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired",
+            None,
+        );
+        assert_eq!(e.exit_code, 11);
+        assert!(e.hint().is_some());
+        let e = CtlError::from_dbus("org.freedesktop.DBus.Error.ServiceUnknown", None);
+        assert_eq!(e.exit_code, 9);
+        let e = CtlError::from_dbus("com.example.Weird", None);
+        assert_eq!(e.exit_code, 1);
+        assert_eq!(e.label(), "com.example.Weird");
+    }
+}

@@ -1,0 +1,153 @@
+//! `airlockctl events [ID] [--follow]`: the audit log.
+
+use super::submit::task_changes;
+use crate::client::{Client, CtlError};
+use crate::output::{Ctx, emit, table, text, time};
+use futures_util::StreamExt;
+use serde_json::Value;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Arguments of `events`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Only this task's events.
+    pub task_id: Option<String>,
+
+    /// Keep printing new events as they are recorded (Ctrl-C to stop).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+
+    /// Only events after this event id.
+    #[arg(long, value_name = "ID", default_value_t = 0)]
+    pub after: i64,
+
+    /// At most this many events (default: all; with --follow, the backlog only).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+}
+
+/// Page size asked of the supervisor.
+const PAGE: u32 = 500;
+/// With --follow, how often to look even without a signal (denials change no task).
+const FOLLOW_POLL: Duration = Duration::from_secs(1);
+
+/// Fetches events after `after`, at most `limit`; returns them and the new cursor.
+async fn fetch(
+    client: &Client,
+    task: &str,
+    mut after: i64,
+    limit: Option<u32>,
+) -> Result<(Vec<Value>, i64), CtlError> {
+    let mut events = Vec::new();
+    loop {
+        let want = match limit {
+            Some(l) => (l as usize).saturating_sub(events.len()).min(PAGE as usize) as u32,
+            None => PAGE,
+        };
+        if want == 0 {
+            break;
+        }
+        let page = client.call_json("ListEvents", &(task, after, want)).await?;
+        let items = page["events"].as_array().cloned().unwrap_or_default();
+        after = page["next_after"].as_i64().unwrap_or(after);
+        let n = items.len();
+        events.extend(items);
+        if n < want as usize {
+            break;
+        }
+    }
+    Ok((events, after))
+}
+
+fn row(ctx: &Ctx, e: &Value) -> Vec<String> {
+    let outcome = e["outcome"].as_str().unwrap_or("?");
+    let outcome = if outcome == "denied" {
+        ctx.paint("31", outcome)
+    } else {
+        outcome.to_owned()
+    };
+    let detail = match e["payload"]
+        .get("detail")
+        .or_else(|| e["payload"].get("reason"))
+    {
+        Some(d) => text(d),
+        None => e["payload"].get("state").map(text).unwrap_or_default(),
+    };
+    vec![
+        text(&e["id"]),
+        e["at_ms"].as_i64().map(time).unwrap_or_default(),
+        text(&e["task_id"]),
+        format!(
+            "{} {}",
+            text(&e["actor"]["kind"]),
+            text(&e["actor"]["name"])
+        ),
+        text(&e["action"]),
+        outcome,
+        text(&e["code"]),
+        detail,
+    ]
+}
+
+const HEADER: [&str; 8] = [
+    "ID", "TIME", "TASK", "ACTOR", "ACTION", "OUTCOME", "CODE", "DETAIL",
+];
+
+fn print(ctx: &Ctx, events: &[Value], header: bool) {
+    if ctx.json {
+        for e in events {
+            ctx.print_json(e);
+        }
+        return;
+    }
+    if events.is_empty() {
+        return;
+    }
+    let rows: Vec<Vec<String>> = events.iter().map(|e| row(ctx, e)).collect();
+    let rendered = table(ctx, &HEADER, &rows);
+    if header {
+        emit(&rendered);
+    } else {
+        // Following: no header again, and columns only as wide as this batch.
+        emit(
+            &rendered
+                .lines()
+                .skip(1)
+                .map(|l| format!("{l}\n"))
+                .collect::<String>(),
+        );
+    }
+}
+
+/// Prints the log, and follows it when asked.
+pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
+    let task = args.task_id.clone().unwrap_or_default();
+    let mut changes = if args.follow {
+        Some(task_changes(client, args.task_id.as_deref()).await?)
+    } else {
+        None
+    };
+    let (events, mut after) = fetch(client, &task, args.after, args.limit).await?;
+    if events.is_empty() && !args.follow && !ctx.json {
+        println!("No events.");
+    }
+    print(ctx, &events, true);
+    let Some(changes) = changes.as_mut() else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut header = events.is_empty();
+    loop {
+        tokio::select! {
+            _ = changes.next() => {}
+            _ = tokio::time::sleep(FOLLOW_POLL) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+        let (events, next) = fetch(client, &task, after, None).await?;
+        after = next;
+        print(ctx, &events, header);
+        if !events.is_empty() {
+            header = false;
+        }
+    }
+}

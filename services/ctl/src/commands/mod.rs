@@ -1,0 +1,84 @@
+//! One module per subcommand: each declares its `Args` (clap) and `run`.
+//! New commands (`retry extend`, `doctor`) add a module here and a variant
+//! in [`crate::cli::Command`].
+
+pub mod cancel;
+pub mod completions;
+pub mod events;
+pub mod list;
+pub mod replan;
+pub mod show;
+pub mod status;
+pub mod submit;
+pub mod verify;
+
+use crate::agent::Agent;
+use crate::cli::{Cli, Command};
+use crate::client::{Client, CtlError, wants_interaction};
+use crate::output::Ctx;
+use airlock_proto::Code;
+use std::path::Path;
+use std::process::ExitCode;
+
+/// Runs one subcommand.
+pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
+    if let Command::Completions(args) = &cli.command {
+        return completions::run(args);
+    }
+    let interactive = wants_interaction(cli.no_ask_password);
+    let client = Client::connect(interactive).await?;
+    // A text agent lets polkit ask for a password on this terminal.
+    let _agent = if interactive { Agent::start() } else { None };
+    match cli.command {
+        Command::Submit(a) => submit::run(ctx, &client, a).await,
+        Command::List(a) => list::run(ctx, &client, a).await,
+        Command::Show(a) => show::run(ctx, &client, a).await,
+        Command::Cancel(a) => cancel::run(ctx, &client, a).await,
+        Command::Verify(a) => verify::run(ctx, &client, a).await,
+        Command::Replan(a) => replan::run(ctx, &client, a).await,
+        Command::Events(a) => events::run(ctx, &client, a).await,
+        Command::Status(a) => status::run(ctx, &client, a).await,
+        Command::Completions(_) => unreachable!("handled above"),
+    }
+}
+
+/// Reads a JSON file (`-` = stdin), bounded like any D-Bus argument.
+pub fn read_json_file(path: &Path) -> Result<(String, serde_json::Value), CtlError> {
+    use std::io::Read;
+    let limit = airlock_proto::limits::MAX_MESSAGE_BYTES as u64;
+    let mut text = String::new();
+    let read = if path == Path::new("-") {
+        std::io::stdin().take(limit + 1).read_to_string(&mut text)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(limit + 1).read_to_string(&mut text))
+    };
+    read.map_err(|e| CtlError::generic(format!("{}: {e}", path.display())))?;
+    if text.len() as u64 > limit {
+        return Err(CtlError::local(
+            Code::FIELD_BOUNDS_EXCEEDED,
+            format!("{} is larger than {limit} bytes", path.display()),
+        ));
+    }
+    let value = serde_json::from_str(&text).map_err(|e| {
+        CtlError::local(
+            Code::MESSAGE_INVALID,
+            format!("{} is not JSON: {e}", path.display()),
+        )
+    })?;
+    Ok((text, value))
+}
+
+/// Prints a task: JSON, or the one-line summary used after changes.
+pub fn print_task_line(ctx: &Ctx, verb: &str, task: &serde_json::Value) {
+    if ctx.json {
+        ctx.print_json(task);
+    } else {
+        println!(
+            "{verb} {} ({}, attempt {}/{})",
+            ctx.paint("1", task["task_id"].as_str().unwrap_or("?")),
+            ctx.state(task["state"].as_str().unwrap_or("?")),
+            task["attempt"],
+            task["max_attempts"]
+        );
+    }
+}

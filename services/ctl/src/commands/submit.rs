@@ -1,0 +1,130 @@
+//! `airlockctl submit FILE [--wait]`.
+
+use super::read_json_file;
+use crate::client::{BUS_NAME, Client, CtlError, TASKS_INTERFACE};
+use crate::output::Ctx;
+use futures_util::StreamExt;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Arguments of `submit`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The task (airlock.task.v1 JSON: schema, binding, plan, max_attempts), or - for stdin.
+    pub file: PathBuf,
+
+    /// Follow the task until it is SUCCEEDED, FAILED or CANCELLED, showing
+    /// each state change (exit 0 only if it SUCCEEDED). With --json, one
+    /// JSON line per change.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// How often the task is polled in case a signal was missed.
+const POLL: Duration = Duration::from_secs(5);
+
+fn is_terminal(state: &str) -> bool {
+    matches!(state, "SUCCEEDED" | "FAILED" | "CANCELLED")
+}
+
+/// A stream of TaskChanged signals for one task (all tasks if `task_id` is empty).
+pub async fn task_changes(
+    client: &Client,
+    task_id: Option<&str>,
+) -> Result<zbus::MessageStream, CtlError> {
+    let mut rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender(BUS_NAME)?
+        .interface(TASKS_INTERFACE)?
+        .member("TaskChanged")?;
+    if let Some(id) = task_id {
+        rule = rule.arg(0, id)?;
+    }
+    Ok(zbus::MessageStream::for_match_rule(rule.build(), client.connection(), None).await?)
+}
+
+/// Submits, and follows when asked.
+pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
+    let (text, value) = read_json_file(&args.file)?;
+    let task_id = value["binding"]["task_id"].as_str().map(str::to_owned);
+    // Subscribe before submitting, so no change can be missed.
+    let mut changes = if args.wait {
+        Some(task_changes(client, task_id.as_deref()).await?)
+    } else {
+        None
+    };
+    let out = client.call_json("SubmitTask", &(text.as_str(),)).await?;
+    let task = out["task"].clone();
+    if ctx.json {
+        ctx.print_json(&out);
+    } else {
+        let verb = if out["idempotent"] == true {
+            "Already submitted"
+        } else {
+            "Submitted"
+        };
+        super::print_task_line(ctx, verb, &task);
+    }
+    let Some(changes) = changes.as_mut() else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let id = task["task_id"].as_str().unwrap_or_default().to_owned();
+    let mut revision = task["revision"].as_i64().unwrap_or(0);
+    let mut state = task["state"].as_str().unwrap_or_default().to_owned();
+    loop {
+        if is_terminal(&state) {
+            let last: Value = client.call_json("GetTask", &(id.as_str(),)).await?;
+            if ctx.json {
+                ctx.print_json(&last);
+            } else {
+                super::print_task_line(ctx, "Finished", &last);
+            }
+            let succeeded = last["state"] == "SUCCEEDED";
+            return Ok(if succeeded {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            });
+        }
+        // The signal carries the state itself, so a quick succession of
+        // changes is shown change by change; the poll covers a lost signal.
+        let seen: Option<(String, i64)> = tokio::select! {
+            signal = changes.next() => match signal {
+                None => return Err(CtlError::generic("the bus connection closed while waiting")),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(msg)) => msg
+                    .body()
+                    .deserialize::<(String, String, i64)>()
+                    .ok()
+                    .filter(|(t, _, _)| *t == id)
+                    .map(|(_, s, r)| (s, r)),
+            },
+            _ = tokio::time::sleep(POLL) => {
+                let now: Value = client.call_json("GetTask", &(id.as_str(),)).await?;
+                Some((
+                    now["state"].as_str().unwrap_or_default().to_owned(),
+                    now["revision"].as_i64().unwrap_or(0),
+                ))
+            }
+        };
+        let Some((new_state, new_revision)) = seen else {
+            continue;
+        };
+        if new_revision <= revision {
+            continue;
+        }
+        revision = new_revision;
+        if new_state != state {
+            if ctx.json {
+                ctx.print_json(&serde_json::json!({
+                    "task_id": id, "state": new_state, "revision": new_revision,
+                }));
+            } else {
+                println!("  {id}: {}", ctx.state(&new_state));
+            }
+            state = new_state;
+        }
+    }
+}
