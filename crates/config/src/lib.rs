@@ -338,10 +338,10 @@ impl Config {
         self.repositories.iter().find(|r| r.name == name)
     }
 
-    /// Names of the registered repositories, in file order; what
-    /// `airlock_proto::binding::Binding::check_registered` takes.
-    pub fn repository_names(&self) -> impl Iterator<Item = &str> {
-        self.repositories.iter().map(|r| r.name.as_str())
+    /// Names of the registered repositories, in file order (pass
+    /// `.into_iter()` to `airlock_proto::binding::Binding::check_registered`).
+    pub fn repository_names(&self) -> Vec<&str> {
+        self.repositories.iter().map(|r| r.name.as_str()).collect()
     }
 }
 

@@ -69,7 +69,7 @@ fn leaves() -> impl Iterator<Item = &'static airlock_config::KeySpec> {
 fn example_file_parses_and_equals_the_defaults_it_claims() {
     let path = example_path();
     let config = Config::load(&path).expect("packaging/airlock.toml must parse");
-    assert_eq!(config.repository_names().collect::<Vec<_>>(), ["demo"]);
+    assert_eq!(config.repository_names(), ["demo"]);
     let demo = config.repository("demo").expect("demo repository");
     assert_eq!(demo.path, Path::new("/srv/airlock/demo.git"));
     let mut without_repositories = config.clone();
@@ -418,10 +418,7 @@ fn repository_paths_must_be_absolute_and_present() {
 fn repositories_are_found_by_name() {
     let text = TWO_REPOS.replacen("alpha", "one", 1);
     let config = parse(&text).expect("valid");
-    assert_eq!(
-        config.repository_names().collect::<Vec<_>>(),
-        ["one", "alpha"]
-    );
+    assert_eq!(config.repository_names(), ["one", "alpha"]);
     assert_eq!(
         config.repository("alpha").map(|r| r.path.clone()),
         Some(PathBuf::from("/srv/git/beta.git"))
@@ -441,11 +438,11 @@ fn repositories_are_found_by_name() {
     };
     assert!(
         binding("alpha")
-            .check_registered(config.repository_names())
+            .check_registered(config.repository_names().into_iter())
             .is_ok()
     );
     let err = binding("gamma")
-        .check_registered(config.repository_names())
+        .check_registered(config.repository_names().into_iter())
         .expect_err("not registered");
     assert_eq!(err.code, Code::REPOSITORY_NOT_REGISTERED);
 }
@@ -655,7 +652,7 @@ fn load_reads_a_file_and_names_it_in_errors() {
         0o644,
     );
     let loaded = Config::load(&good).expect("loads");
-    assert_eq!(loaded.repository_names().collect::<Vec<_>>(), ["r"]);
+    assert_eq!(loaded.repository_names(), ["r"]);
 
     let bad = write_file(
         dir.path(),
