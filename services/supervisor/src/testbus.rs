@@ -42,7 +42,7 @@ const SYSTEM_LIKE: &str = r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-B
     <deny send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus" send_member="UpdateActivationEnvironment"/>
   </policy>
   <include>@POLICY@</include>
-</busconfig>
+@EXTRA@</busconfig>
 "#;
 
 /// A running private bus; killed when dropped.
@@ -62,6 +62,12 @@ impl TestBus {
 
     /// Starts a bus whose airlock policy lets `owner` own the name.
     pub fn start_with_owner(owner: &str) -> std::io::Result<TestBus> {
+        TestBus::start_with(owner, &[])
+    }
+
+    /// Starts a bus whose airlock policy lets `owner` own the name, with
+    /// more policy files included (e.g. polkit's own, to run polkitd on it).
+    pub fn start_with(owner: &str, extra_policies: &[&Path]) -> std::io::Result<TestBus> {
         let dir = tempfile::Builder::new().prefix("airlock-bus-").tempdir()?;
         // Other uids (the tests' unprivileged clients) must reach the socket.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
@@ -76,7 +82,14 @@ impl TestBus {
             &config,
             SYSTEM_LIKE
                 .replace("@SOCKET@", &socket.display().to_string())
-                .replace("@POLICY@", &policy.display().to_string()),
+                .replace("@POLICY@", &policy.display().to_string())
+                .replace(
+                    "@EXTRA@",
+                    &extra_policies
+                        .iter()
+                        .map(|p| format!("  <include>{}</include>\n", p.display()))
+                        .collect::<String>(),
+                ),
         )?;
         // The daemon's own complaints (it cannot raise its fd limit in a
         // container) go to a log beside the socket, not into test output.

@@ -306,6 +306,13 @@ impl Gatekeeper {
                 Ok(Authorized::grant(actor))
             }
             Verdict::Deny(err) => {
+                tracing::debug!(
+                    target: "airlock::authz",
+                    action = P::ACTION.polkit_id(),
+                    sender = caller.sender(),
+                    interactive = caller.interactive(),
+                    "the authoriser said no"
+                );
                 self.refuse(&actor, event, task_id, &err, P::ACTION.polkit_id())
                     .await;
                 Err(err)

@@ -1,1 +1,322 @@
-fn main() {}
+//! `bench-bus`: round-trip latency and calls/s of the supervisor's D-Bus
+//! methods over a real bus.
+//!
+//! Starts a private dbus-daemon (the shipped policy included), runs the
+//! supervisor on its own runtime threads (test authoriser, a temporary
+//! task store with WAL and synchronous=FULL), and measures from a separate
+//! client connection: SubmitTask, GetTask (sequential and concurrent),
+//! Claim and SubmitResult. Prints median, p99 and calls/s for each.
+
+use airlock_supervisor::authz::testing::TestAuthorizer;
+use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use airlock_supervisor::testbus::TestBus;
+use clap::Parser;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use zbus::Connection;
+
+/// Measure the supervisor's D-Bus round trips on a private bus.
+#[derive(Debug, Parser)]
+#[command(name = "bench-bus", version)]
+struct Args {
+    /// Tasks to submit, then claim and complete.
+    #[arg(long, default_value_t = 300)]
+    tasks: usize,
+    /// Sequential GetTask calls.
+    #[arg(long, default_value_t = 2000)]
+    gets: usize,
+    /// Concurrent callers for the GetTask throughput run.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Print the results as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+const NAME: &str = "org.airlock.Supervisor1";
+const PATH: &str = "/org/airlock/Supervisor1";
+const HEAD: &str = "71523aef6e48b1e2fa516c456ca189b7a039104b";
+const BASE: &str = "a642b045775b9154a00ae78543037fbef4fb447b";
+
+/// Latencies of one kind of call.
+struct Series {
+    name: String,
+    samples: Vec<Duration>,
+    wall: Duration,
+    calls: usize,
+}
+
+impl Series {
+    fn quantile(&self, q: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        if s.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((s.len() as f64 * q).ceil() as usize).clamp(1, s.len()) - 1;
+        s[i]
+    }
+
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.wall.as_secs_f64()
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "calls": self.calls,
+            "median_us": self.quantile(0.5).as_micros() as u64,
+            "p99_us": self.quantile(0.99).as_micros() as u64,
+            "calls_per_s": (self.rate() * 10.0).round() / 10.0,
+        })
+    }
+}
+
+fn submission(i: usize) -> String {
+    let id = format!("bench-{i:06}");
+    json!({
+        "schema": "airlock.task.v1",
+        "binding": {
+            "task_id": id, "job_id": format!("job-{id}"), "repository": "demo",
+            "base_oid": BASE, "expected_branch_oid": HEAD, "target_branch": format!("agent/{id}"),
+            "branch_mode": "CONTINUE_EXISTING", "generation": 1, "idempotency_key": format!("key-{id}-0001"),
+        },
+        "plan": {
+            "schema": "airlock.plan.v1", "task_id": id, "job_id": format!("job-{id}"),
+            "source_head_oid": HEAD, "generation": 1, "idempotency_key": format!("plan-{id}-0001"),
+            "execution": {
+                "action": "deterministic",
+                "change_set": [{"path": "x.py", "operation": "write_file", "content": "x = 1\n"}],
+                "verification": [{"label": "compile", "argv": ["/usr/bin/python3", "-m", "py_compile", "x.py"]}],
+                "capability_scope": ["git.test"],
+            },
+        },
+        "max_attempts": 3,
+    })
+    .to_string()
+}
+
+async fn call<B, R>(conn: &Connection, iface: &str, method: &str, body: &B) -> R
+where
+    B: serde::Serialize + zbus::zvariant::DynamicType,
+    R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
+{
+    let reply = conn
+        .call_method(Some(NAME), PATH, Some(iface), method, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method}: {e}"));
+    reply
+        .body()
+        .deserialize::<R>()
+        .unwrap_or_else(|e| panic!("{method} reply: {e}"))
+}
+
+async fn timed<F, T>(samples: &mut Vec<Duration>, f: F) -> T
+where
+    F: std::future::Future<Output = T>,
+{
+    let t = Instant::now();
+    let out = f.await;
+    samples.push(t.elapsed());
+    out
+}
+
+async fn bench(args: &Args, bus: &TestBus) -> Vec<Series> {
+    let conn = bus.connect().await.expect("client connection");
+    let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
+    for _ in 0..400 {
+        if dbus.name_has_owner(NAME.try_into().unwrap()).await.unwrap() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut out = Vec::new();
+
+    // SubmitTask.
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    for i in 0..args.tasks {
+        let body = submission(i);
+        let _: String = timed(
+            &mut samples,
+            call(&conn, "org.airlock.Tasks1", "SubmitTask", &(body,)),
+        )
+        .await;
+    }
+    out.push(Series {
+        name: "SubmitTask".into(),
+        wall: start.elapsed(),
+        calls: args.tasks,
+        samples,
+    });
+
+    // GetTask, one caller.
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    for i in 0..args.gets {
+        let id = format!("bench-{:06}", i % args.tasks.max(1));
+        let _: String = timed(
+            &mut samples,
+            call(&conn, "org.airlock.Tasks1", "GetTask", &(id,)),
+        )
+        .await;
+    }
+    out.push(Series {
+        name: "GetTask".into(),
+        wall: start.elapsed(),
+        calls: args.gets,
+        samples,
+    });
+
+    // GetTask, concurrent callers on their own connections.
+    let mut clients = Vec::new();
+    for _ in 0..args.concurrency {
+        clients.push(bus.connect().await.unwrap());
+    }
+    let per = args.gets / args.concurrency.max(1);
+    let start = Instant::now();
+    let handles: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(c, conn)| {
+            let tasks = args.tasks.max(1);
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                for i in 0..per {
+                    let id = format!("bench-{:06}", (i + c) % tasks);
+                    let _: String = timed(
+                        &mut samples,
+                        call(&conn, "org.airlock.Tasks1", "GetTask", &(id,)),
+                    )
+                    .await;
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut samples = Vec::new();
+    for h in handles {
+        samples.extend(h.await.unwrap());
+    }
+    out.push(Series {
+        name: format!("GetTask x{} concurrent", args.concurrency),
+        wall: start.elapsed(),
+        calls: per * args.concurrency,
+        samples,
+    });
+
+    // Claim, then SubmitResult, task by task.
+    let (mut claims, mut results) = (Vec::new(), Vec::new());
+    let (mut claim_wall, mut result_wall) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..args.tasks {
+        let t = Instant::now();
+        let grant: String = timed(
+            &mut claims,
+            call(&conn, "org.airlock.Worker1", "Claim", &()),
+        )
+        .await;
+        claim_wall += t.elapsed();
+        let grant: Value = serde_json::from_str(&grant).unwrap();
+        let result = json!({
+            "schema": "airlock.task-result.v1",
+            "task_id": grant["task_id"], "attempt": grant["attempt"],
+            "execution_digest": grant["envelope"]["execution_digest"],
+            "outcome": "passed", "commit_oid": "c".repeat(40),
+            "target_branch": grant["envelope"]["target_branch"],
+            "exec_result_sha256": "e".repeat(64), "failure_code": null,
+            "verification": [{"label": "compile", "exit_code": 0, "timed_out": false, "duration_ms": 3}],
+        })
+        .to_string();
+        let body = (
+            grant["task_id"].as_str().unwrap().to_owned(),
+            grant["lease_epoch"].as_u64().unwrap(),
+            grant["lease_token"].as_str().unwrap().to_owned(),
+            format!("result-{}-1", grant["task_id"].as_str().unwrap()),
+            result,
+        );
+        let t = Instant::now();
+        let _: String = timed(
+            &mut results,
+            call(&conn, "org.airlock.Worker1", "SubmitResult", &body),
+        )
+        .await;
+        result_wall += t.elapsed();
+    }
+    out.push(Series {
+        name: "Claim".into(),
+        wall: claim_wall,
+        calls: args.tasks,
+        samples: claims,
+    });
+    out.push(Series {
+        name: "SubmitResult".into(),
+        wall: result_wall,
+        calls: args.tasks,
+        samples: results,
+    });
+    out
+}
+
+fn main() {
+    let args = Args::parse();
+    let bus = TestBus::start().expect("start dbus-daemon (apt-get install dbus)");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings = Settings {
+        database: dir.path().join("tasks.sqlite3"),
+        bus_address: Some(bus.address().to_owned()),
+        authorizer: AuthorizerChoice::ForTests(TestAuthorizer::allow_all()),
+        worker_uid: nix::unistd::getuid().as_raw(),
+        lease_seconds: 300,
+        sweep_interval: Duration::from_secs(15),
+        auto_accept: false,
+        repositories: vec!["demo".into()],
+        drain_timeout: Duration::from_secs(5),
+        call_delay: None,
+    };
+
+    // The supervisor on its own runtime and threads, as in its own process.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("server runtime")
+            .block_on(daemon::run(settings, async {
+                let _ = stop_rx.await;
+            }))
+    });
+
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let series = client.block_on(bench(&args, &bus));
+    let _ = stop_tx.send(());
+    if let Err(e) = server.join().expect("server thread") {
+        eprintln!("supervisor: {e}");
+    }
+
+    if args.json {
+        let all: Vec<Value> = series.iter().map(Series::to_json).collect();
+        println!("{}", json!({"bench": "bus", "results": all}));
+        return;
+    }
+    println!(
+        "airlock-supervisor over a private dbus-daemon (synchronous=FULL store, test authoriser)"
+    );
+    println!(
+        "{:<26} {:>7} {:>12} {:>12} {:>10}",
+        "call", "calls", "median", "p99", "calls/s"
+    );
+    for s in &series {
+        println!(
+            "{:<26} {:>7} {:>10.3}ms {:>10.3}ms {:>10.1}",
+            s.name,
+            s.calls,
+            s.quantile(0.5).as_secs_f64() * 1000.0,
+            s.quantile(0.99).as_secs_f64() * 1000.0,
+            s.rate()
+        );
+    }
+}

@@ -7,6 +7,7 @@
 
 use airlock_supervisor::testbus::TestBus;
 use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,11 @@ pub struct Opts {
     pub sweep_interval_seconds: u32,
     pub extra_args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Run the supervisor as this uid (and the bus policy lets `user` own
+    /// the name), instead of root.
+    pub run_as: Option<(u32, &'static str)>,
+    /// More bus policy files to include.
+    pub extra_policies: Vec<PathBuf>,
 }
 
 impl Default for Opts {
@@ -48,6 +54,8 @@ impl Default for Opts {
             sweep_interval_seconds: 1,
             extra_args: vec![],
             env: vec![],
+            run_as: None,
+            extra_policies: vec![],
         }
     }
 }
@@ -68,8 +76,14 @@ pub struct Supervisor {
 impl Supervisor {
     /// A new bus and a supervisor on it, ready (READY=1 received).
     pub fn start(opts: Opts) -> Supervisor {
-        let bus = TestBus::start().expect("start dbus-daemon");
+        let owner = opts.run_as.map_or("root", |(_, user)| user);
+        let extra: Vec<&Path> = opts.extra_policies.iter().map(PathBuf::as_path).collect();
+        let bus = TestBus::start_with(owner, &extra).expect("start dbus-daemon");
         let dir = tempfile::tempdir().unwrap();
+        if opts.run_as.is_some() {
+            // The unprivileged supervisor creates its store here.
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
         let db = dir.path().join("tasks.sqlite3");
         let config = dir.path().join("airlock.toml");
         std::fs::write(
@@ -99,6 +113,7 @@ path = "/srv/git/demo.git"
         .unwrap();
         let notify_path = dir.path().join("notify.sock");
         let notify = UnixDatagram::bind(&notify_path).unwrap();
+        std::fs::set_permissions(&notify_path, std::fs::Permissions::from_mode(0o666)).unwrap();
         notify
             .set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
@@ -114,6 +129,11 @@ path = "/srv/git/demo.git"
         };
         s.spawn();
         s
+    }
+
+    /// The supervisor's log (all its runs).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("supervisor.log")
     }
 
     fn notify_path(&self) -> PathBuf {
@@ -140,8 +160,18 @@ path = "/srv/git/demo.git"
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
         }
-        if std::env::var_os("AIRLOCK_TEST_QUIET").is_some() {
-            cmd.stderr(Stdio::null());
+        if let Some((uid, _)) = self.opts.run_as {
+            cmd.uid(uid).gid(uid);
+        }
+        // The supervisor's journal goes to a file (shown when a wait fails),
+        // or to the terminal with AIRLOCK_TEST_VERBOSE=1.
+        if std::env::var_os("AIRLOCK_TEST_VERBOSE").is_none() {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.log_path())
+                .unwrap();
+            cmd.stderr(Stdio::from(log));
         }
         self.child = Some(cmd.spawn().expect("spawn airlock-supervisor"));
         self.wait_notification("READY=1", Duration::from_secs(20));
@@ -157,13 +187,17 @@ path = "/srv/git/demo.git"
             }
             if Instant::now() > deadline {
                 panic!(
-                    "no {needle:?} notification within {timeout:?}; got {:?}",
-                    self.notifications
+                    "no {needle:?} notification within {timeout:?}; got {:?}\n{}",
+                    self.notifications,
+                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
                 );
             }
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    panic!("supervisor exited early: {status}");
+                    panic!(
+                        "supervisor exited early: {status}\n{}",
+                        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+                    );
                 }
             }
             if let Ok(n) = self.notify.recv(&mut buf) {
