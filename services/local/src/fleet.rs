@@ -17,6 +17,7 @@ pub struct Member {
     pub name: &'static str,
     pub child: Child,
     pub log: PathBuf,
+    pub spec: Spec,
 }
 
 /// Every component started so far; stopped in reverse order when dropped.
@@ -26,12 +27,12 @@ pub struct Fleet {
 }
 
 /// How to start one component.
-#[derive(Debug)]
-pub struct Spec<'a> {
+#[derive(Debug, Clone)]
+pub struct Spec {
     pub name: &'static str,
     pub program: PathBuf,
     pub args: Vec<String>,
-    pub env: Vec<(&'a str, String)>,
+    pub env: Vec<(String, String)>,
     pub id: Id,
     /// Run in a fresh network namespace (the executor: only `lo` exists).
     pub new_netns: bool,
@@ -40,7 +41,7 @@ pub struct Spec<'a> {
 impl Fleet {
     /// Starts `spec` with a clean environment, its own ids and groups, and
     /// stdout/stderr appended to `<logs>/<name>.log`.
-    pub fn start(&mut self, spec: Spec<'_>, ids: &Ids, logs: &Path) -> std::io::Result<()> {
+    pub fn start(&mut self, spec: Spec, ids: &Ids, logs: &Path) -> std::io::Result<()> {
         let log = logs.join(format!("{}.log", spec.name));
         let out = File::options().create(true).append(true).open(&log)?;
         let mut cmd = if spec.new_netns && !ids.separated {
@@ -105,7 +106,77 @@ impl Fleet {
             name: spec.name,
             child,
             log,
+            spec,
         });
+        Ok(())
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.members.iter().position(|m| m.name == name)
+    }
+
+    /// The pid of a running member.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.position(name).map(|i| self.members[i].child.id())
+    }
+
+    /// SIGKILLs a member and reaps it. True when it was still running (a
+    /// kill that landed), false when it had already exited.
+    pub fn kill(&mut self, name: &str) -> bool {
+        let Some(i) = self.position(name) else {
+            return false;
+        };
+        let m = &mut self.members[i];
+        let alive = matches!(m.child.try_wait(), Ok(None));
+        let _ = m.child.kill();
+        let _ = m.child.wait();
+        alive
+    }
+
+    /// Waits up to `timeout` for a member to exit by itself; returns its
+    /// status, or `None` if it is still running.
+    pub fn wait_exit(&mut self, name: &str, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let i = self.position(name)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.members[i].child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts a member again with the same spec plus `extra_env`, after it
+    /// was killed or exited; the new process takes its place.
+    pub fn restart(
+        &mut self,
+        name: &str,
+        extra_env: &[(&str, &str)],
+        ids: &Ids,
+        logs: &Path,
+    ) -> std::io::Result<()> {
+        let i = self
+            .position(name)
+            .ok_or_else(|| std::io::Error::other(format!("no member {name}")))?;
+        let mut old = self.members.remove(i);
+        let _ = old.child.kill();
+        let _ = old.child.wait();
+        let mut spec = old.spec;
+        spec.env.retain(|(k, _)| {
+            !extra_env.iter().any(|(e, _)| e == k) && !k.starts_with("AIRLOCK_FAULT_")
+        });
+        for (k, v) in extra_env {
+            spec.env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        self.start(spec, ids, logs)?;
+        let new = self
+            .members
+            .pop()
+            .ok_or_else(|| std::io::Error::other("start did not add a member"))?;
+        self.members.insert(i, new);
         Ok(())
     }
 

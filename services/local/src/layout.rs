@@ -239,14 +239,14 @@ pub fn chown_tree(path: &Path, who: Id, ids: &Ids) -> std::io::Result<()> {
 }
 
 /// The configuration every component reads.
-pub fn config_text(layout: &Layout, ids: &Ids) -> String {
+pub fn config_text(layout: &Layout, ids: &Ids, tuning: &crate::Tuning) -> String {
     let p = |rel: &str| layout.path(rel).display().to_string();
     format!(
         r#"# Written by airlock-local for this state directory only.
 [supervisor]
 database = "{db}"
-lease_seconds = 60
-sweep_interval_seconds = 2
+lease_seconds = {lease}
+sweep_interval_seconds = 1
 auto_accept = true
 worker_user = "{worker_uid}"
 # airlock-local has no polkit: this authoriser allows every call and
@@ -256,8 +256,8 @@ authorizer = "allow-all-for-tests"
 [worker]
 journal = "{journal}"
 workspace_root = "{workspaces}"
-parallel_tasks = 2
-renew_interval_seconds = 10
+parallel_tasks = {parallel}
+renew_interval_seconds = {renew}
 
 [spool]
 root = "{spool}"
@@ -273,5 +273,8 @@ description = "sample repository made by airlock-local demo"
         workspaces = p("worker/workspaces"),
         spool = layout.spool().display(),
         repo = layout.repos().join("demo.git").display(),
+        lease = tuning.lease_seconds,
+        parallel = tuning.parallel_tasks,
+        renew = (tuning.lease_seconds / 3).max(1),
     )
 }

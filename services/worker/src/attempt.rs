@@ -41,6 +41,9 @@ pub struct WorkerSettings {
     pub result_slack: Duration,
     /// How often a lease is renewed.
     pub renew_interval: Duration,
+    /// Fault injection for the crash matrix: SIGKILL this process right
+    /// after durably appending this phase (env AIRLOCK_FAULT_KILL_AFTER).
+    pub fault_kill_after: Option<Phase>,
 }
 
 /// A claimed attempt the worker holds a lease for.
@@ -146,6 +149,10 @@ impl Worker {
     fn append(&self, cb: &CheckpointBinding, phase: Phase, payload: Value) -> Step<Checkpoint> {
         let cp = self.with_journal(|j| j.append(cb, phase, &payload))?;
         tracing::info!(task = %cb.task_id, attempt = cb.attempt, phase = phase.as_str(), "checkpoint");
+        if self.settings.fault_kill_after == Some(phase) {
+            tracing::warn!(task = %cb.task_id, "fault injection: SIGKILL after {}", phase.as_str());
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
         Ok(cp)
     }
 

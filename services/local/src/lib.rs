@@ -1,0 +1,214 @@
+//! airlock-local as a library: start the whole suite on one machine, as
+//! the `airlock-local` binary and the crash matrix do.
+
+pub mod demo;
+pub mod fleet;
+pub mod layout;
+
+use airlock_supervisor::testbus::TestBus;
+use fleet::{Fleet, Spec, wait_for_log};
+use layout::{Ids, Layout};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The running suite.
+#[derive(Debug)]
+pub struct Suite {
+    pub layout: Layout,
+    pub ids: Ids,
+    pub bus: TestBus,
+    pub fleet: Fleet,
+    pub retry_url: String,
+}
+
+/// A component binary: next to the running executable, or one directory
+/// up (a test binary lives in target/<profile>/deps).
+pub fn sibling(name: &str) -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = me.parent().map(PathBuf::from).unwrap_or_default();
+    for candidate in [dir.join(name), dir.join("..").join(name)] {
+        if candidate.exists() {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "{name} not found next to {}; build the binaries first (cargo build --workspace --bins)",
+        me.display()
+    ))
+}
+
+/// Prepares the state directory and starts every component.
+pub fn start(state: PathBuf, quiet: bool) -> Result<Suite, String> {
+    start_with(state, quiet, &Tuning::default())
+}
+
+/// Knobs the crash matrix turns; the demo uses the defaults.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Lease length in seconds.
+    pub lease_seconds: u32,
+    /// Worker threads.
+    pub parallel_tasks: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            lease_seconds: 60,
+            parallel_tasks: 2,
+        }
+    }
+}
+
+/// Like [`start`], with tuning.
+pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite, String> {
+    let ids = Ids::for_caller()?;
+    if !ids.separated && !quiet {
+        eprintln!(
+            "airlock-local: WARNING: not running as root, so every component runs as your user: privilege separation is OFF."
+        );
+    }
+    let root = std::path::absolute(&state).map_err(|e| e.to_string())?;
+    let layout = Layout { root };
+    layout::create(&layout, &ids)
+        .map_err(|e| format!("preparing {}: {e}", layout.root.display()))?;
+    let supervisor_bin = sibling("airlock-supervisor")?;
+    let worker_bin = sibling("airlock-worker")?;
+    let executor_bin = sibling("airlock-executor")?;
+    let retryd_bin = sibling("airlock-retryd")?;
+    let confine_bin = sibling("airlock-confine")?;
+
+    std::fs::write(layout.config(), layout::config_text(&layout, &ids, tuning))
+        .map_err(|e| e.to_string())?;
+    let mut token = [0u8; 32];
+    getrandom::getrandom(&mut token).map_err(|e| e.to_string())?;
+    layout::file(
+        &layout.token(),
+        hex::encode(token).as_bytes(),
+        0o600,
+        ids.retry,
+        &ids,
+    )
+    .map_err(|e| e.to_string())?;
+    demo::create_repository(&layout, &ids)?;
+
+    let bus = TestBus::start_with_owner(&ids.name(ids.supervisor))
+        .map_err(|e| format!("starting dbus-daemon: {e}"))?;
+    let address = bus.address().to_owned();
+    let config = layout.config().display().to_string();
+    let logs = layout.logs();
+    let mut fleet = Fleet::default();
+    let s = |v: &str| v.to_owned();
+    fleet
+        .start(
+            Spec {
+                name: "supervisor",
+                program: supervisor_bin,
+                args: vec![
+                    s("--config"),
+                    config.clone(),
+                    s("--bus-address"),
+                    address.clone(),
+                ],
+                env: vec![],
+                id: ids.supervisor,
+                new_netns: false,
+            },
+            &ids,
+            &logs,
+        )
+        .map_err(|e| e.to_string())?;
+    demo::wait_for_name(&address, Duration::from_secs(20))
+        .map_err(|e| format!("{e}\n{}", fleet::tail(&logs.join("supervisor.log"), 15)))?;
+    fleet
+        .start(
+            Spec {
+                name: "executor",
+                program: executor_bin,
+                args: vec![
+                    s("serve"),
+                    s("--config"),
+                    config.clone(),
+                    s("--spool"),
+                    layout.spool().display().to_string(),
+                    s("--worker-uid"),
+                    ids.worker.uid.to_string(),
+                    s("--confine"),
+                    confine_bin.display().to_string(),
+                    s("--work"),
+                    layout.path("exec/work").display().to_string(),
+                ],
+                env: vec![],
+                id: ids.executor,
+                new_netns: true,
+            },
+            &ids,
+            &logs,
+        )
+        .map_err(|e| e.to_string())?;
+    fleet
+        .start(
+            Spec {
+                name: "worker",
+                program: worker_bin,
+                args: vec![
+                    s("--config"),
+                    config,
+                    s("--bus-address"),
+                    address,
+                    s("--executor-uid"),
+                    ids.executor.uid.to_string(),
+                ],
+                env: vec![],
+                id: ids.worker,
+                new_netns: false,
+            },
+            &ids,
+            &logs,
+        )
+        .map_err(|e| e.to_string())?;
+    fleet
+        .start(
+            Spec {
+                name: "retryd",
+                program: retryd_bin,
+                args: vec![
+                    s("--db"),
+                    layout.tasks_db().display().to_string(),
+                    s("--listen"),
+                    s("127.0.0.1:0"),
+                    s("--token-file"),
+                    layout.token().display().to_string(),
+                ],
+                env: vec![(
+                    s("AIRLOCK_RETRY_AUTHORIZATION_ID"),
+                    s("airlock-local-owner"),
+                )],
+                id: ids.retry,
+                new_netns: false,
+            },
+            &ids,
+            &logs,
+        )
+        .map_err(|e| e.to_string())?;
+    let retry_addr = wait_for_log(
+        &logs.join("retryd.log"),
+        "listening on ",
+        Duration::from_secs(15),
+    )
+    .ok_or_else(|| {
+        format!(
+            "retryd did not start:\n{}",
+            fleet::tail(&logs.join("retryd.log"), 15)
+        )
+    })?;
+    std::thread::sleep(Duration::from_millis(300));
+    fleet.check_alive()?;
+    Ok(Suite {
+        layout,
+        ids,
+        bus,
+        fleet,
+        retry_url: format!("http://{retry_addr}"),
+    })
+}
