@@ -19,7 +19,12 @@ use std::time::Duration;
 /// Stops in order on SIGTERM: new calls are refused, calls in flight
 /// finish, then the bus name is released.
 #[derive(Debug, Parser)]
-#[command(name = "airlock-supervisor", version, max_term_width = 100)]
+#[command(
+    name = "airlock-supervisor",
+    version,
+    max_term_width = 100,
+    after_help = "Environment:\n  AIRLOCK_LOG              log filter (default: info), e.g. airlock=debug\n  DBUS_SYSTEM_BUS_ADDRESS  the system bus, when --bus-address is not given\n  NOTIFY_SOCKET, WATCHDOG_USEC  set by systemd: READY/STATUS/STOPPING, watchdog at half the period\n\nExit status: 0 after an orderly stop; otherwise the error catalogue's exit code (3 bad configuration, 9 bus or store unavailable, ...)."
+)]
 struct Args {
     /// Configuration file (the [supervisor] section is used).
     #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
@@ -132,19 +137,18 @@ fn settings(args: &Args) -> Result<Settings, Error> {
     })
 }
 
-async fn terminated() {
+/// Registers SIGTERM and SIGINT now (so a signal during start-up is not
+/// fatal) and returns a future that completes on the first of them.
+fn terminated() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; running until killed");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = int.recv() => tracing::info!("SIGINT"),
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+    })
 }
 
 fn fail(e: &Error) -> ExitCode {
@@ -171,7 +175,12 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(&Error::with(Code::INTERNAL, format!("tokio runtime: {e}"))),
     };
-    match runtime.block_on(daemon::run(settings, terminated())) {
+    let served = runtime.block_on(async {
+        let shutdown = terminated()
+            .map_err(|e| Error::with(Code::INTERNAL, format!("installing signal handlers: {e}")))?;
+        daemon::run(settings, shutdown).await
+    });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
