@@ -11,7 +11,9 @@
 #   dbus             a private dbus-daemon for the D-Bus tests
 #   bubblewrap       sandbox tests
 #   python3          the verification commands the executor runs
-AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus bubblewrap python3)
+#   systemd          systemd-sysusers: airlock-local creates the package's users
+#   util-linux       unshare: the executor's network namespace when not root
+AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus bubblewrap python3 systemd util-linux)
 
 # Prints a section header.
 section() {
