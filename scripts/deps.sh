@@ -9,11 +9,12 @@
 #                    C toolchain for crates that build C (bundled SQLite)
 #   ca-certificates  cargo fetching crates over HTTPS
 #   dbus             a private dbus-daemon for the D-Bus tests
+#   polkitd          real polkit decisions in the supervisor tests
 #   bubblewrap       sandbox tests
 #   python3          the verification commands the executor runs
 #   systemd          systemd-sysusers: airlock-local creates the package's users
 #   util-linux       unshare: the executor's network namespace when not root
-AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus bubblewrap python3 systemd util-linux)
+AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 systemd util-linux)
 
 # Prints a section header.
 section() {
@@ -46,8 +47,8 @@ ensure_debian_packages() {
   fi
   echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update
-  apt-get install -y --no-install-recommends "${missing[@]}"
+  apt-get -o DPkg::Lock::Timeout=600 update
+  apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}"
 }
 
 # Fails with a plain message unless cargo (Rust >= the workspace's
