@@ -24,6 +24,7 @@ use landlock::{
 use crate::error::{Error, Result};
 use crate::policy::MAX_LANDLOCK_ABI;
 use crate::report::LandlockReport;
+use crate::seccomp_policy::LANDLOCK_ABI_UNIX;
 
 /// The paths to grant, and how.
 #[derive(Clone, Debug, Default)]
@@ -142,6 +143,16 @@ fn rule(
         source: std::io::Error::other(e.to_string()),
     })?;
     Ok(Some(PathBeneath::new(fd, access)))
+}
+
+/// True when the enforced ruleset confines pathname UNIX sockets
+/// (`connect(2)`/`sendto(2)` to a socket file need a grant): fully enforced
+/// at ABI [`LANDLOCK_ABI_UNIX`] or later. Otherwise seccomp closes that
+/// door instead ([`crate::seccomp_policy::UNIX_PATH_RULES`]).
+pub fn confines_unix_paths(r: &LandlockReport) -> bool {
+    r.status == "full"
+        && r.kernel_abi >= i32::from(LANDLOCK_ABI_UNIX)
+        && r.requested_abi >= LANDLOCK_ABI_UNIX
 }
 
 /// Why a Landlock result is not complete, or `None` when it is.

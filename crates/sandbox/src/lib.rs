@@ -63,6 +63,13 @@
 //!   orphans reparented to the (subreaper) init and helper, which covers
 //!   every descendant that did not escape by other means; /proc is then not
 //!   granted at all, because the host's would show every process.
+//! - Landlock before ABI 9 does not confine pathname UNIX sockets; on such
+//!   kernels seccomp denies `connect(2)` and datagram UNIX sockets instead
+//!   ([`seccomp_policy::UNIX_PATH_RULES`]), so a command cannot serve and
+//!   connect to a socket even in its own workspace there.
+//! - Landlock does not confine metadata changes (chmod, chown, utime,
+//!   xattrs): a command may change those of any file its uid owns, inside
+//!   or outside its grants. Run commands as a uid that owns nothing else.
 //! - Landlock's floor is `landlock_min_abi` (default 1: Landlock present,
 //!   every right of the kernel's ABI handled). Raise it to demand e.g. ABI 3
 //!   (truncate) or 6 (signal and abstract-socket scoping) everywhere.

@@ -1,5 +1,7 @@
 //! seccomp, the last confinement step: compiles [`crate::seccomp_policy`]
-//! into BPF with seccompiler and installs it. Three filters are stacked:
+//! into BPF with seccompiler and installs it, with the
+//! [`UNIX_PATH_RULES`](crate::seccomp_policy::UNIX_PATH_RULES) when
+//! Landlock does not confine pathname UNIX sockets. Three filters are stacked:
 //! the EPERM rules, the ENOSYS rules (clone3), and on x86-64 one that
 //! refuses x32-numbered calls. seccompiler's prologue kills the process
 //! on a foreign architecture (e.g. 32-bit `int 0x80` calls).
@@ -12,7 +14,7 @@ use seccompiler::{
 };
 
 use crate::error::{Error, Result};
-use crate::seccomp_policy::{Deny, RULES, When};
+use crate::seccomp_policy::{Deny, When, active};
 
 fn arch() -> Result<TargetArch> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| Error::Seccomp(e.to_string()))
@@ -33,6 +35,14 @@ fn rules_for(when: When) -> Result<Vec<SeccompRule>> {
                 arg,
                 SeccompCmpArgLen::Dword,
                 SeccompCmpOp::Ne,
+                u64::from(value),
+            )?)?]
+        }
+        When::ArgMaskedEq { arg, mask, value } => {
+            vec![rule(cond(
+                arg,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(u64::from(mask)),
                 u64::from(value),
             )?)?]
         }
@@ -59,16 +69,17 @@ fn rules_for(when: When) -> Result<Vec<SeccompRule>> {
     })
 }
 
-/// Compiles the policy into the BPF programs to install, in order.
-pub fn compile() -> Result<Vec<BpfProgram>> {
+/// Compiles the policy into the BPF programs to install, in order;
+/// `unix_paths` adds the rows that keep pathname UNIX sockets out of reach.
+pub fn compile(unix_paths: bool) -> Result<Vec<BpfProgram>> {
     let mut programs = Vec::new();
     for (deny, errno) in [(Deny::Eperm, libc::EPERM), (Deny::Enosys, libc::ENOSYS)] {
         let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-        for r in RULES.iter().filter(|r| r.deny == deny) {
+        for r in active(unix_paths).filter(|r| r.deny == deny) {
             // An empty rule list matches every invocation, so an
             // unconditional row makes argument rows of that call moot.
             let entry = map.entry(r.nr).or_default();
-            if !unconditional(r.nr) {
+            if !unconditional(r.nr, unix_paths) {
                 entry.extend(rules_for(r.when)?);
             }
         }
@@ -87,8 +98,8 @@ pub fn compile() -> Result<Vec<BpfProgram>> {
     Ok(programs)
 }
 
-fn unconditional(nr: libc::c_long) -> bool {
-    RULES.iter().any(|r| r.nr == nr && r.when == When::Always)
+fn unconditional(nr: libc::c_long, unix_paths: bool) -> bool {
+    active(unix_paths).any(|r| r.nr == nr && r.when == When::Always)
 }
 
 /// Refuses every x32-numbered call with ENOSYS (x86-64 only).
@@ -113,8 +124,9 @@ fn x32_filter() -> BpfProgram {
 }
 
 /// Installs the filters on the calling thread (no_new_privs must be set).
-pub fn install() -> Result<()> {
-    for program in compile()? {
+/// `unix_paths`: see [`compile`].
+pub fn install(unix_paths: bool) -> Result<()> {
+    for program in compile(unix_paths)? {
         seccompiler::apply_filter(&program).map_err(|e| Error::Seccomp(e.to_string()))?;
     }
     Ok(())
@@ -126,10 +138,13 @@ mod tests {
 
     #[test]
     fn policy_compiles_within_bpf_limits() {
-        let programs = compile().unwrap();
-        assert!(programs.len() >= 2);
-        for p in &programs {
-            assert!(!p.is_empty() && p.len() < 4096, "{}", p.len());
+        for unix_paths in [false, true] {
+            let programs = compile(unix_paths).unwrap();
+            assert!(programs.len() >= 2);
+            for p in &programs {
+                assert!(!p.is_empty() && p.len() < 4096, "{}", p.len());
+            }
         }
+        assert!(compile(true).unwrap()[0].len() > compile(false).unwrap()[0].len());
     }
 }

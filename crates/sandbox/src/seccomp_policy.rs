@@ -9,6 +9,15 @@
 //!
 //! Argument matches compare 32-bit values (`Dword`) where the kernel reads
 //! an `int`, so high bits set by the caller cannot slip past a rule.
+//!
+//! [`UNIX_PATH_RULES`] are added when Landlock cannot confine pathname UNIX
+//! sockets (a kernel below [`LANDLOCK_ABI_UNIX`]): Landlock then checks no
+//! `connect(2)` or `sendto(2)` to a socket file, so without these rows a
+//! command could talk to every listening socket its uid may write (the
+//! system D-Bus, journald, `/dev/log`, ...), whatever its ruleset says.
+//! The price: on such kernels a command cannot connect to a UNIX socket at
+//! all, even one it serves in its own workspace; `socketpair(2)` streams
+//! still work.
 
 /// How a matching call fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +45,15 @@ pub enum When {
         /// Argument index (0-based).
         arg: u8,
         /// The value denied.
+        value: u32,
+    },
+    /// When the 32-bit argument `arg`, masked with `mask`, equals `value`.
+    ArgMaskedEq {
+        /// Argument index (0-based).
+        arg: u8,
+        /// Bits compared.
+        mask: u32,
+        /// The masked value denied.
         value: u32,
     },
     /// When any bit of `mask` is set in the 64-bit argument `arg`.
@@ -80,6 +98,9 @@ macro_rules! paste_sys {
     };
     (socketpair) => {
         libc::SYS_socketpair
+    };
+    (connect) => {
+        libc::SYS_connect
     };
     (ptrace) => {
         libc::SYS_ptrace
@@ -480,6 +501,53 @@ pub const RULES: &[Rule] = &[
     ),
 ];
 
+/// The Landlock ABI whose `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` confines
+/// pathname UNIX sockets to the ruleset (Linux 7.1).
+pub const LANDLOCK_ABI_UNIX: u8 = 9;
+
+/// `SOCK_TYPE_MASK`: the socket type bits of `socket(2)`'s second argument
+/// (the rest are SOCK_CLOEXEC and SOCK_NONBLOCK).
+const SOCK_TYPE_MASK: u32 = 0xf;
+const SOCK_DGRAM: u32 = libc::SOCK_DGRAM as u32;
+
+/// Added below [`LANDLOCK_ABI_UNIX`]: every socket is AF_UNIX (see
+/// [`RULES`]), and these keep it from reaching any socket by path.
+pub const UNIX_PATH_RULES: &[Rule] = &[
+    rule!(
+        connect,
+        When::Always,
+        Eperm,
+        "Landlock below ABI 9 cannot confine connect(2) to a UNIX socket file: the host's would be reachable"
+    ),
+    rule!(
+        socket,
+        When::ArgMaskedEq {
+            arg: 1,
+            mask: SOCK_TYPE_MASK,
+            value: SOCK_DGRAM
+        },
+        Eperm,
+        "a datagram socket reaches any socket file with sendto(2), no connect needed"
+    ),
+    rule!(
+        socketpair,
+        When::ArgMaskedEq {
+            arg: 1,
+            mask: SOCK_TYPE_MASK,
+            value: SOCK_DGRAM
+        },
+        Eperm,
+        "a datagram pair can sendto(2) any socket file as well"
+    ),
+];
+
+/// The rows in force: [`RULES`], plus [`UNIX_PATH_RULES`] when Landlock
+/// does not confine pathname UNIX sockets.
+pub fn active(unix_paths: bool) -> impl Iterator<Item = &'static Rule> {
+    let extra: &'static [Rule] = if unix_paths { UNIX_PATH_RULES } else { &[] };
+    RULES.iter().chain(extra)
+}
+
 /// x86-64 only: the x32 ABI numbers its calls with bit 30 set, which no rule
 /// above matches; all of them fail with ENOSYS.
 pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
@@ -490,7 +558,7 @@ mod tests {
 
     #[test]
     fn every_rule_has_a_reason() {
-        for r in RULES {
+        for r in active(true) {
             assert!(r.reason.len() > 10, "{} needs a reason", r.name);
             assert!(!r.reason.contains('\n'));
         }
@@ -538,9 +606,29 @@ mod tests {
     }
 
     #[test]
+    fn unix_path_rules_deny_connect_and_datagrams() {
+        assert!(
+            UNIX_PATH_RULES
+                .iter()
+                .any(|r| r.name == "connect" && r.when == When::Always)
+        );
+        for name in ["socket", "socketpair"] {
+            assert!(UNIX_PATH_RULES.iter().any(|r| r.name == name
+                && r.when
+                    == When::ArgMaskedEq {
+                        arg: 1,
+                        mask: 0xf,
+                        value: libc::SOCK_DGRAM as u32
+                    }));
+        }
+        assert_eq!(active(false).count(), RULES.len());
+        assert_eq!(active(true).count(), RULES.len() + UNIX_PATH_RULES.len());
+    }
+
+    #[test]
     fn one_action_per_syscall() {
-        for a in RULES {
-            for b in RULES {
+        for a in active(true) {
+            for b in active(true) {
                 if a.nr == b.nr {
                     assert_eq!(a.deny, b.deny, "{}", a.name);
                     assert_eq!(a.name, b.name);

@@ -55,8 +55,10 @@ fn confine_and_exec(plan: &Plan, mounts: Mounts, status: &mut File) -> Result<In
             true
         }
     };
-    // 7. seccomp, last: after it, only the calls below are made.
-    seccomp::install()?;
+    // 7. seccomp, last: after it, only the calls below are made. Where
+    //    Landlock cannot confine pathname UNIX sockets, seccomp keeps them
+    //    out of reach instead.
+    seccomp::install(!landlock::confines_unix_paths(&landlock))?;
     // 8. Clean environment, working directory and signal state.
     let envp = env::build(&plan.workdir, mounts.tmp, &plan.env);
     let program = exec::resolve(&plan.command, path_of(&envp))?;

@@ -41,7 +41,10 @@ mount and the new mount API, umount, pivot_root, chroot, unshare, setns, clone w
 namespace flags, keyrings, bpf, perf_event_open, io_uring, userfaultfd, kexec, \
 module loading, reboot, swap, acct, quotactl, syslog and the TIOCSTI and TIOCLINUX \
 ioctls fail with EPERM; clone3 fails with ENOSYS so that glibc falls back to clone; \
-x32 system calls fail with ENOSYS and foreign-architecture calls kill the process.
+x32 system calls fail with ENOSYS and foreign-architecture calls kill the process. \
+Where Landlock cannot confine pathname UNIX sockets (ABI below 9), connect and \
+datagram UNIX sockets fail with EPERM too, so that the host's sockets (the system \
+bus, journald, /dev/log) stay out of reach; socketpair streams still work.
  7. A clean environment: only PATH, LC_ALL, HOME (the working directory), TMPDIR \
 (/tmp when private, else the working directory) and --env entries; default signal \
 dispositions; then a new session (setsid) and execve.

@@ -428,6 +428,73 @@ print("inet_high_bits", sc({socket}, (1 << 32) | socket.AF_INET, socket.SOCK_STR
     assert_eq!(r.value("unix_pair"), 0);
 }
 
+/// Regression (escape suite, `pathname_unix` and `unix_dgram`): Landlock
+/// below ABI 9 does not check connect(2) or sendto(2) on a socket file, so
+/// a command reached any host UNIX socket its uid could write (the system
+/// bus, journald). seccomp now denies connect and datagram UNIX sockets on
+/// such kernels; Landlock's ResolveUnix right does it from ABI 9.
+#[test]
+fn host_pathname_unix_sockets_are_unreachable() {
+    require_root!();
+    use std::os::unix::net::{UnixDatagram, UnixListener};
+    let s = Scratch::new(61030);
+    let outside = s.path("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o777)).unwrap();
+    let (stream_path, dgram_path) = (outside.join("stream"), outside.join("dgram"));
+    let listener = UnixListener::bind(&stream_path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let dgram = UnixDatagram::bind(&dgram_path).unwrap();
+    dgram.set_nonblocking(true).unwrap();
+    for p in [&stream_path, &dgram_path] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let body = format!(
+        r#"
+import socket
+def attempt(name, f):
+    try:
+        f(); print(name, 0)
+    except OSError as e:
+        print(name, e.errno)
+def stream_pair():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.send(b"x")
+    assert b.recv(1) == b"x"
+def pair_sendto():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"x", "{dgram}")
+attempt("connect", lambda: socket.socket(socket.AF_UNIX).connect("{stream}"))
+attempt("sendto", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"x", "{dgram}"))
+attempt("pair_sendto", pair_sendto)
+attempt("stream_pair", stream_pair)
+attempt("bind_in_ws", lambda: socket.socket(socket.AF_UNIX).bind("{ws}/sock"))
+"#,
+        stream = stream_path.display(),
+        dgram = dgram_path.display(),
+        ws = s.ws().display(),
+    );
+    let r = s.run(&[], &["python3", "-c", &py(&body)]);
+    r.ok();
+    let expected = if airlock_sandbox_kernel_abi() >= 9 {
+        i64::from(libc::EACCES)
+    } else {
+        EPERM
+    };
+    for name in ["connect", "sendto", "pair_sendto"] {
+        let v = r.value(name);
+        assert!(v == expected || v == EPERM, "{name}: {v}\n{}", r.stdout);
+    }
+    assert_eq!(r.value("stream_pair"), 0, "socketpair streams still work");
+    assert_eq!(r.value("bind_in_ws"), 0);
+    assert!(listener.accept().is_err(), "the host listener was reached");
+    let mut buf = [0u8; 16];
+    assert!(
+        dgram.recv(&mut buf).is_err(),
+        "the host datagram socket was reached"
+    );
+}
+
 #[test]
 fn dangerous_syscalls_fail_with_eperm() {
     require_root!();

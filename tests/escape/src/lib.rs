@@ -1,0 +1,1204 @@
+//! airlock's sandbox escape suite.
+//!
+//! Every probe in [`probes::PROBES`] is a hostile verification command sent
+//! through the real executor path: the harness builds a real `ExecRequest`
+//! (a valid envelope, a real source archive) whose one verification command
+//! is `/usr/bin/python3 -c <probe>`, and runs `airlock-executor run-once`
+//! as a non-root uid (one per probe) in a network namespace of its own, with
+//! the real `airlock-confine`. This is the production shape: a non-root
+//! executor, Landlocked itself, whose helper keeps its uid and creates a
+//! user namespace.
+//!
+//! ```text
+//!  harness (root)
+//!   ├─ listeners: executor netns (127.0.0.1 TCP/UDP, :53, ::1, abstract UNIX),
+//!   │             host netns (127.0.0.1, pathname UNIX stream + datagram),
+//!   │             a veth peer namespace (169.254.x.2)
+//!   ├─ marker (uid U, outside): secret in env, argv and memory; logs signals
+//!   └─ ip netns exec NS  unshare -m  (fake /run/credentials, optional tmpfs work volume)
+//!        └─ setpriv uid U: airlock-executor run-once --confine airlock-confine
+//!             └─ airlock-confine → python3 -c <probe> <fixtures as JSON>
+//! ```
+//!
+//! A probe is **blocked** when the command itself reports it could not
+//! reach its goal (exit 1, `BLOCKED: <errno or reason>`) *and* every
+//! independent harness check passes: no secret in the answer, the marker
+//! alive, untraced and unsignalled, no process of the probe's uid left, no
+//! file created in /etc, /tmp, /var/tmp, /dev/shm, the answer genuine and
+//! bound to its request, plus the probe's own checks; at the end, every
+//! listener log empty and the outside directory unchanged.
+
+pub mod probes;
+
+use airlock_proto::binding::Binding;
+use airlock_proto::bundle::{
+    EXEC_REQUEST_SCHEMA, ExecFailure, ExecRequest, ExecResult, request_id_for,
+};
+use airlock_proto::envelope::{Envelope, ExecutionRequest};
+use base64::Engine;
+use probes::{Check, Judge, Probe};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const LIB_PY: &str = include_str!("py/escape_lib.py");
+const MARKER_PY: &str = include_str!("py/marker.py");
+const LISTENER_PY: &str = include_str!("py/listener.py");
+
+/// The interpreter the program policy allows.
+pub const PYTHON: &str = "/usr/bin/python3";
+/// Probe `i` runs as uid `UID_BASE + i` (RLIMIT_NPROC counts per uid).
+pub const UID_BASE: u32 = 47100;
+/// Owner of the fake worker state directory.
+pub const OTHER_UID: u32 = 47099;
+/// Parallel probes.
+pub const WORKERS: usize = 4;
+/// Environment entries a sandboxed command may have (the executor's policy).
+const ALLOWED_ENV: &[&str] = &[
+    "PATH",
+    "LC_ALL",
+    "HOME",
+    "TMPDIR",
+    "GIT_CONFIG_NOSYSTEM",
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_TERMINAL_PROMPT",
+    "GIT_PAGER",
+    "PAGER",
+    "PYTHONNOUSERSITE",
+    "PYTHONHASHSEED",
+];
+
+type Res<T> = Result<T, String>;
+
+fn io<E: fmt::Display>(what: impl fmt::Display) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// How a probe ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Blocked, and how.
+    Blocked(String),
+    /// Escaped, and what got through.
+    Escaped(String),
+    /// Did not run as designed (counts as a failure).
+    Inconclusive(String),
+    /// A known gap that got through (reported, not counted).
+    Gap(String),
+    /// Not run: a fixture is missing here.
+    Skipped(String),
+}
+
+/// One probe's line of the report.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The probe's name.
+    pub name: &'static str,
+    /// What it tried.
+    pub goal: &'static str,
+    /// How it ended.
+    pub verdict: Verdict,
+    /// Wall time of the executor run.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (tag, text) = match &self.verdict {
+            Verdict::Blocked(s) => ("blocked", s),
+            Verdict::Escaped(s) => ("ESCAPED", s),
+            Verdict::Inconclusive(s) => ("INCONCLUSIVE", s),
+            Verdict::Gap(s) => ("KNOWN GAP", s),
+            Verdict::Skipped(s) => ("skipped", s),
+        };
+        let text: String = text.chars().take(300).collect();
+        write!(f, "{:<24} {:<12} {text}", self.name, tag)
+    }
+}
+
+/// The whole run.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// One per probe, in table order.
+    pub outcomes: Vec<Outcome>,
+    /// Problems found by the checks made once at the end.
+    pub global: Vec<String>,
+}
+
+impl Summary {
+    /// Probes counted (not skipped, not known gaps).
+    pub fn attempts(&self) -> usize {
+        self.outcomes
+            .iter()
+            .filter(|o| !matches!(o.verdict, Verdict::Skipped(_) | Verdict::Gap(_)))
+            .filter(|o| !is_gap(o.name))
+            .count()
+    }
+
+    /// Counted probes that were blocked.
+    pub fn blocked(&self) -> usize {
+        self.outcomes
+            .iter()
+            .filter(|o| !is_gap(o.name) && matches!(o.verdict, Verdict::Blocked(_)))
+            .count()
+    }
+
+    /// True when every counted probe was blocked and the final checks passed.
+    pub fn all_blocked(&self) -> bool {
+        self.global.is_empty() && self.attempts() == self.blocked()
+    }
+
+    /// Known gaps that got through.
+    pub fn gaps(&self) -> Vec<&Outcome> {
+        self.outcomes
+            .iter()
+            .filter(|o| matches!(o.verdict, Verdict::Gap(_)))
+            .collect()
+    }
+}
+
+fn is_gap(name: &str) -> bool {
+    probes::PROBES
+        .iter()
+        .any(|p| p.name == name && p.judge == Judge::KnownGap)
+}
+
+/// Why the suite cannot run here (not root, a tool missing, ...), if so.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (distinct uids, network namespaces)".into());
+    }
+    if !cfg!(target_arch = "x86_64") {
+        return Some("probes use x86-64 system call conventions".into());
+    }
+    for tool in [
+        "/usr/sbin/ip",
+        "/usr/bin/unshare",
+        "/usr/bin/setpriv",
+        PYTHON,
+    ] {
+        let alt = tool.replace("/usr/sbin/", "/sbin/");
+        if !Path::new(tool).exists() && !Path::new(&alt).exists() {
+            return Some(format!("{tool} is missing"));
+        }
+    }
+    None
+}
+
+/// The executor and helper binaries of this build.
+#[derive(Clone, Debug)]
+pub struct Bins {
+    /// airlock-executor.
+    pub executor: PathBuf,
+    /// airlock-confine.
+    pub confine: PathBuf,
+}
+
+impl Bins {
+    /// The binaries beside this test binary's profile (`target/<profile>`),
+    /// built with cargo first when run under cargo (a no-op when fresh).
+    pub fn locate() -> Res<Bins> {
+        let exe = std::env::current_exe().map_err(io("current_exe"))?;
+        // target/<profile>/deps/<test>-<hash>
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("no profile directory")?
+            .to_owned();
+        let bins = Bins {
+            executor: profile.join("airlock-executor"),
+            confine: profile.join("airlock-confine"),
+        };
+        if let (Ok(cargo), Some(target)) = (std::env::var("CARGO"), profile.parent()) {
+            let mut build = Command::new(cargo);
+            build
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "airlock-executor",
+                    "-p",
+                    "airlock-confine",
+                ])
+                .env("CARGO_TARGET_DIR", target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if profile.file_name().and_then(|n| n.to_str()) == Some("release") {
+                build.arg("--release");
+            }
+            let status = build.status().map_err(io("cargo build"))?;
+            if !status.success() {
+                return Err("cargo build -p airlock-executor -p airlock-confine failed".into());
+            }
+        }
+        for b in [&bins.executor, &bins.confine] {
+            if !b.exists() {
+                return Err(format!("{} is missing", b.display()));
+            }
+        }
+        Ok(bins)
+    }
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    getrandom::getrandom(&mut b).expect("getrandom");
+    hex::encode(b)
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn run(cmd: &mut Command) -> Res<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io(format!("{cmd:?}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn ip(args: &[&str]) -> Res<()> {
+    run(Command::new("ip").args(args))
+}
+
+fn chown(path: &Path, uid: u32) -> Res<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(io(path.display()))
+}
+
+fn mkdir(path: &Path, mode: u32, owner: Option<u32>) -> Res<()> {
+    fs::create_dir_all(path).map_err(io(path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io(path.display()))?;
+    if let Some(uid) = owner {
+        chown(path, uid)?;
+    }
+    Ok(())
+}
+
+fn put(path: &Path, data: &[u8], mode: u32, owner: Option<u32>) -> Res<()> {
+    fs::write(path, data).map_err(io(path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io(path.display()))?;
+    if let Some(uid) = owner {
+        chown(path, uid)?;
+    }
+    Ok(())
+}
+
+/// Waits for a JSON file another process renames into place.
+fn wait_json(path: &Path, what: &str) -> Res<Value> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(bytes) = fs::read(path) {
+            return serde_json::from_slice(&bytes).map_err(io(what));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what} did not start"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process killed and reaped on drop.
+#[derive(Debug)]
+struct Guarded(Child);
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Pids whose real uid is `uid`.
+pub fn processes_of(uid: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+                s.lines().any(|l| {
+                    l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&uid.to_string())
+                })
+            })
+        })
+        .collect()
+}
+
+fn status_field(pid: u32, field: &str) -> Option<String> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix(field).map(|v| v.trim().to_owned()))
+}
+
+/// Everything about a directory tree that a write would change.
+fn snapshot(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(m) = fs::symlink_metadata(&p) else {
+                continue;
+            };
+            let rel = p.strip_prefix(base).unwrap_or(&p).display().to_string();
+            let content = if m.is_file() {
+                fs::read(&p).map(|b| sha(&b)).unwrap_or_default()
+            } else {
+                String::new()
+            };
+            out.insert(
+                rel,
+                format!(
+                    "{:o} {} {} {} {}",
+                    m.mode(),
+                    m.uid(),
+                    m.len(),
+                    m.nlink(),
+                    content
+                ),
+            );
+            if m.is_dir() {
+                walk(base, &p, out);
+            }
+        }
+    }
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Fixtures shared by all probes, removed on drop.
+#[derive(Debug)]
+pub struct Suite {
+    tok: String,
+    base: PathBuf,
+    bins: Bins,
+    netns: String,
+    peer_netns: Option<String>,
+    peer_addr: String,
+    host_veth: Option<String>,
+    suid_dir: PathBuf,
+    ports: Value,
+    secrets: Vec<String>,
+    outside_before: BTreeMap<String, String>,
+    listener_logs: Vec<PathBuf>,
+    listeners: Vec<Guarded>,
+    fixtures: BTreeMap<&'static str, String>,
+}
+
+impl Drop for Suite {
+    fn drop(&mut self) {
+        self.listeners.clear();
+        let _ = ip(&["netns", "del", &self.netns]);
+        if let Some(p) = &self.peer_netns {
+            let _ = ip(&["netns", "del", p]);
+        }
+        if let Some(v) = &self.host_veth {
+            let _ = ip(&["link", "del", v]);
+        }
+        let _ = fs::remove_dir_all(&self.suid_dir);
+        if std::env::var_os("AIRLOCK_ESCAPE_KEEP").is_none() {
+            let _ = fs::remove_dir_all(&self.base);
+        }
+    }
+}
+
+impl Suite {
+    /// Creates the fixtures, namespaces and listeners.
+    pub fn new(bins: Bins) -> Res<Suite> {
+        let tok = random_hex(6);
+        let base = PathBuf::from(format!("/var/tmp/airlock-escape-{tok}"));
+        mkdir(&base, 0o755, None)?;
+        let octet = 20 + (u32::from_str_radix(&tok[..2], 16).unwrap_or(0) % 200);
+        let mut suite = Suite {
+            tok: tok.clone(),
+            base: base.clone(),
+            bins,
+            netns: format!("airlock-esc-{tok}"),
+            peer_netns: None,
+            peer_addr: format!("169.254.{octet}.2"),
+            host_veth: None,
+            suid_dir: PathBuf::from(format!("/usr/local/lib/airlock-escape-{tok}")),
+            ports: json!({}),
+            secrets: Vec::new(),
+            outside_before: BTreeMap::new(),
+            listener_logs: Vec::new(),
+            listeners: Vec::new(),
+            fixtures: BTreeMap::new(),
+        };
+        suite.files()?;
+        suite.privileged_binaries();
+        suite.networks(octet)?;
+        suite.outside_before = snapshot(&base.join("outside"));
+        Ok(suite)
+    }
+
+    fn files(&mut self) -> Res<()> {
+        let tok = &self.tok;
+        let outside = self.base.join("outside");
+        mkdir(&outside, 0o777, None)?;
+        let outside_secret = format!("outside-secret-{tok}");
+        put(
+            &outside.join("secret.txt"),
+            outside_secret.as_bytes(),
+            0o644,
+            None,
+        )?;
+        put(&outside.join("target.txt"), b"target\n", 0o666, None)?;
+        put(&outside.join("keep.txt"), b"keep\n", 0o644, None)?;
+        let state = self.base.join("state");
+        mkdir(&state, 0o700, Some(OTHER_UID))?;
+        let state_secret = format!("state-secret-{tok}");
+        put(
+            &state.join("secret"),
+            state_secret.as_bytes(),
+            0o600,
+            Some(OTHER_UID),
+        )?;
+        self.secrets = vec![
+            outside_secret,
+            state_secret,
+            format!("cred-secret-{tok}"),
+            format!("sibling-secret-{tok}"),
+            format!("marker-secret-{tok}"),
+            format!("canary-{tok}"),
+        ];
+        if let Ok(shadow) = fs::read_to_string("/etc/shadow") {
+            self.secrets
+                .extend(shadow.lines().filter(|l| l.len() > 24).map(str::to_owned));
+        }
+        let f = &mut self.fixtures;
+        let s = |p: &Path| p.display().to_string();
+        f.insert("outside", s(&outside));
+        f.insert("outside_secret", s(&outside.join("secret.txt")));
+        f.insert("target", s(&outside.join("target.txt")));
+        f.insert("keep", s(&outside.join("keep.txt")));
+        f.insert("state_dir", s(&state));
+        f.insert("state_secret", s(&state.join("secret")));
+        f.insert("sock", s(&outside.join("sock")));
+        f.insert("dgram", s(&outside.join("dgram")));
+        f.insert(
+            "cred_file",
+            "/run/credentials/airlock-worker.service/token".into(),
+        );
+        Ok(())
+    }
+
+    /// A setuid-root copy of `id` and a copy of `setpriv` with
+    /// cap_setuid,cap_setgid+ep, under /usr (which the sandbox may execute).
+    fn privileged_binaries(&mut self) {
+        if mkdir(&self.suid_dir, 0o755, None).is_err() {
+            return;
+        }
+        let id = self.suid_dir.join("id-setuid");
+        if fs::copy("/usr/bin/id", &id).is_ok()
+            && fs::set_permissions(&id, fs::Permissions::from_mode(0o4755)).is_ok()
+        {
+            self.fixtures.insert("suid_id", id.display().to_string());
+        }
+        let caps = self.suid_dir.join("setpriv-caps");
+        if fs::copy("/usr/bin/setpriv", &caps).is_ok()
+            && run(Command::new("setcap")
+                .arg("cap_setuid,cap_setgid+ep")
+                .arg(&caps))
+            .is_ok()
+        {
+            self.fixtures
+                .insert("caps_setpriv", caps.display().to_string());
+        }
+    }
+
+    fn listener(&mut self, netns: Option<&str>, name: &str, spec: Value) -> Res<Value> {
+        let log = self.base.join(format!("listener-{name}.log"));
+        let ready = self.base.join(format!("listener-{name}.json"));
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, PYTHON]);
+                c
+            }
+            None => Command::new(PYTHON),
+        };
+        cmd.arg("-c")
+            .arg(LISTENER_PY)
+            .arg(&log)
+            .arg(&ready)
+            .arg(spec.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let child = cmd.spawn().map_err(io("listener"))?;
+        self.listeners.push(Guarded(child));
+        self.listener_logs.push(log);
+        wait_json(&ready, &format!("listener {name}"))
+    }
+
+    fn networks(&mut self, octet: u32) -> Res<()> {
+        let tok = self.tok.clone();
+        ip(&["netns", "add", &self.netns])?;
+        let ns = self.netns.clone();
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        let abstract_name = format!("airlock-escape-{tok}");
+        let exec = self.listener(
+            Some(&ns),
+            "executor-netns",
+            json!({
+                "tcp": ["tcp4", ["127.0.0.1", 0]],
+                "udp": ["udp4", ["127.0.0.1", 0]],
+                "tcp6": ["tcp6", ["::1", 0]],
+                "dns_udp": ["udp4", ["127.0.0.1", 53]],
+                "dns_tcp": ["tcp4", ["127.0.0.1", 53]],
+                "abstract": ["unix", format!("@{abstract_name}")],
+            }),
+        )?;
+        let host = self.listener(
+            None,
+            "host",
+            json!({
+                "host_tcp": ["tcp4", ["127.0.0.1", 0]],
+                "host_udp": ["udp4", ["127.0.0.1", 0]],
+                "sock": ["unix", self.fixtures["sock"]],
+                "dgram": ["unixdgram", self.fixtures["dgram"]],
+            }),
+        )?;
+        // Another address: a veth peer in a namespace of our own. Optional.
+        let peer_ns = format!("airlock-esp-{tok}");
+        let host_veth = format!("aeh{}", &tok[..8]);
+        let peer_veth = format!("aep{}", &tok[..8]);
+        let mut peer = json!({});
+        let made = ip(&["netns", "add", &peer_ns]).is_ok();
+        if made {
+            self.peer_netns = Some(peer_ns.clone());
+            let ok = ip(&[
+                "link", "add", &host_veth, "type", "veth", "peer", "name", &peer_veth, "netns",
+                &peer_ns,
+            ])
+            .is_ok();
+            if ok {
+                self.host_veth = Some(host_veth.clone());
+                let host_addr = format!("169.254.{octet}.1/30");
+                let peer_cidr = format!("{}/30", self.peer_addr);
+                let configured = ip(&["addr", "add", &host_addr, "dev", &host_veth])
+                    .and_then(|()| ip(&["link", "set", &host_veth, "up"]))
+                    .and_then(|()| {
+                        ip(&["-n", &peer_ns, "addr", "add", &peer_cidr, "dev", &peer_veth])
+                    })
+                    .and_then(|()| ip(&["-n", &peer_ns, "link", "set", &peer_veth, "up"]))
+                    .and_then(|()| ip(&["-n", &peer_ns, "link", "set", "lo", "up"]));
+                if configured.is_ok() {
+                    peer = self.listener(
+                        Some(&peer_ns),
+                        "peer",
+                        json!({
+                            "peer_tcp": ["tcp4", [self.peer_addr, 0]],
+                            "peer_udp": ["udp4", [self.peer_addr, 0]],
+                        }),
+                    )?;
+                }
+            }
+        }
+        let mut ports = serde_json::Map::new();
+        for v in [exec, host, peer] {
+            if let Value::Object(m) = v {
+                ports.extend(m);
+            }
+        }
+        for k in ["peer_tcp", "peer_udp"] {
+            ports.entry(k).or_insert(json!(9));
+        }
+        self.ports = Value::Object(ports);
+        self.fixtures.insert("abstract", abstract_name);
+        Ok(())
+    }
+
+    /// Runs every probe, `WORKERS` at a time, printing one line each.
+    pub fn run_all(&self, filter: Option<&str>) -> Summary {
+        let list: Vec<(usize, &Probe)> = probes::PROBES
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| filter.is_none_or(|f| p.name.contains(f)))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..WORKERS {
+                s.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(&(index, probe)) = list.get(i) else {
+                            break;
+                        };
+                        let started = Instant::now();
+                        let verdict = self
+                            .probe(index, probe)
+                            .unwrap_or_else(|e| Verdict::Inconclusive(format!("harness: {e}")));
+                        let outcome = Outcome {
+                            name: probe.name,
+                            goal: probe.goal,
+                            verdict,
+                            elapsed: started.elapsed(),
+                        };
+                        println!("{outcome}");
+                        let _ = std::io::stdout().flush();
+                        results.lock().expect("no poison").push((index, outcome));
+                    }
+                });
+            }
+        });
+        let mut results = results.into_inner().expect("no poison");
+        results.sort_by_key(|(i, _)| *i);
+        let mut summary = Summary {
+            outcomes: results.into_iter().map(|(_, o)| o).collect(),
+            global: Vec::new(),
+        };
+        summary.global = self.final_checks();
+        summary
+    }
+
+    /// Checks made once, after every probe ran.
+    fn final_checks(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for log in &self.listener_logs {
+            if let Ok(text) = fs::read_to_string(log) {
+                if !text.trim().is_empty() {
+                    problems.push(format!(
+                        "listener {} received: {}",
+                        log.display(),
+                        text.trim()
+                    ));
+                }
+            }
+        }
+        let after = snapshot(&self.base.join("outside"));
+        if after != self.outside_before {
+            let mut diff = Vec::new();
+            for (k, v) in &after {
+                if self.outside_before.get(k) != Some(v) {
+                    diff.push(format!("{k} now {v}"));
+                }
+            }
+            for k in self.outside_before.keys() {
+                if !after.contains_key(k) {
+                    diff.push(format!("{k} removed"));
+                }
+            }
+            problems.push(format!("outside directory changed: {}", diff.join("; ")));
+        }
+        problems
+    }
+
+    fn pwned_paths(&self) -> Vec<PathBuf> {
+        ["/etc", "/tmp", "/var/tmp", "/dev/shm"]
+            .iter()
+            .map(|d| PathBuf::from(format!("{d}/airlock-pwned-{}", self.tok)))
+            .chain([self
+                .base
+                .join("outside")
+                .join(format!("moved-{}", self.tok))])
+            .collect()
+    }
+
+    /// Runs one probe through the executor and judges it.
+    fn probe(&self, index: usize, probe: &Probe) -> Res<Verdict> {
+        if let Some(need) = probe.needs {
+            if !self.fixtures.contains_key(need) {
+                return Ok(Verdict::Skipped(format!(
+                    "no {need} fixture on this machine"
+                )));
+            }
+        }
+        let uid = UID_BASE + u32::try_from(index).map_err(io("index"))?;
+        if !processes_of(uid).is_empty() {
+            return Err(format!("uid {uid} already has processes"));
+        }
+        let dir = self.base.join(format!("p-{}", probe.name));
+        mkdir(&dir, 0o755, None)?;
+        for sub in ["marker", "out", "work"] {
+            mkdir(&dir.join(sub), 0o755, Some(uid))?;
+        }
+        // A file outside that the probe's uid owns (hard link, rename, truncate).
+        mkdir(&dir.join("own"), 0o755, None)?;
+        let own = dir.join("own").join("file.txt");
+        let own_content = format!("own-{}\n", probe.name);
+        put(&own, own_content.as_bytes(), 0o644, Some(uid))?;
+        mkdir(&dir.join("gap"), 0o755, None)?;
+        let gap_file = dir.join("gap").join("file.txt");
+        put(&gap_file, b"gap\n", 0o644, Some(uid))?;
+        // A sibling request's workspace in the same work root (same uid).
+        let sibling = dir
+            .join("work")
+            .join(format!("r{}", "0".repeat(40)))
+            .join("src");
+        mkdir(&sibling, 0o711, Some(uid))?;
+        put(
+            &sibling.join("secret.txt"),
+            format!("sibling-secret-{}", self.tok).as_bytes(),
+            0o600,
+            Some(uid),
+        )?;
+        let marker = self.marker(uid, &dir)?;
+        let marker_info = wait_json(&dir.join("marker").join("info.json"), "marker")?;
+        let marker_pid = u32::try_from(marker_info["pid"].as_u64().ok_or("marker pid")?)
+            .map_err(io("marker pid"))?;
+
+        let out_path = dir.join("out").join("result.json");
+        let args = self.args(&own, &gap_file, &sibling, &out_path, &marker_info);
+        let (request, archive) = build_request(probe, index, &args)?;
+        let req_path = dir.join("request.json");
+        let arc_path = dir.join("source.tar");
+        put(
+            &req_path,
+            &serde_json::to_vec(&request).map_err(io("request"))?,
+            0o644,
+            Some(uid),
+        )?;
+        put(&arc_path, &archive, 0o644, Some(uid))?;
+
+        let started = Instant::now();
+        let executor_log = self.run_executor(probe, uid, &dir, &req_path, &arc_path, &out_path)?;
+        let _ = started;
+
+        // --- judge ---------------------------------------------------------
+        let answer = fs::read(&out_path).unwrap_or_default();
+        let mut problems = Vec::new();
+        for secret in &self.secrets {
+            let hit = |hay: &[u8]| hay.windows(secret.len()).any(|w| w == secret.as_bytes());
+            if hit(&answer) || hit(executor_log.as_bytes()) {
+                problems.push(format!(
+                    "a secret reached the answer: {}…",
+                    &secret[..secret.len().min(16)]
+                ));
+            }
+        }
+        // The marker: alive, untraced, unsignalled.
+        let tracer = status_field(marker_pid, "TracerPid:");
+        let state = status_field(marker_pid, "State:");
+        if state.as_deref().is_none_or(|s| s.starts_with('Z')) {
+            problems.push("the marker process died".into());
+        }
+        if tracer.as_deref().is_some_and(|t| t != "0") {
+            problems.push(format!(
+                "the marker is traced by {}",
+                tracer.unwrap_or_default()
+            ));
+        }
+        let signals =
+            fs::read_to_string(dir.join("marker").join("signals.log")).unwrap_or_default();
+        if !signals.trim().is_empty() {
+            problems.push(format!("the marker received {}", signals.trim()));
+        }
+        // Nothing of the probe's uid left but the marker (give the kernel a moment).
+        let mut left: Vec<u32> = Vec::new();
+        for _ in 0..20 {
+            left = processes_of(uid)
+                .into_iter()
+                .filter(|p| *p != marker_pid)
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !left.is_empty() {
+            let names: Vec<String> = left
+                .iter()
+                .map(|p| format!("{p} {}", status_field(*p, "Name:").unwrap_or_default()))
+                .collect();
+            problems.push(format!(
+                "processes of uid {uid} survived: {}",
+                names.join(", ")
+            ));
+            for p in &left {
+                // SAFETY: kill takes plain integers.
+                unsafe { libc::kill(i32::try_from(*p).unwrap_or(0), libc::SIGKILL) };
+            }
+        }
+        drop(marker);
+        for p in self.pwned_paths() {
+            if fs::symlink_metadata(&p).is_ok() {
+                problems.push(format!("{} was created", p.display()));
+                let _ = fs::remove_file(&p);
+            }
+        }
+        for check in probe.checks {
+            if let Err(e) = self.check(*check, &own, &own_content, &answer) {
+                problems.push(e);
+            }
+        }
+
+        let result: Option<ExecResult> = serde_json::from_slice(&answer).ok();
+        let Some(result) = result else {
+            let failure: Option<ExecFailure> = serde_json::from_slice(&answer).ok();
+            let why = match failure {
+                Some(f) => format!("executor answered {}: {}", f.code, f.detail),
+                None => format!(
+                    "no answer; executor said: {}",
+                    executor_log.lines().last().unwrap_or("")
+                ),
+            };
+            return Ok(if problems.is_empty() {
+                Verdict::Inconclusive(why)
+            } else {
+                Verdict::Escaped(problems.join("; "))
+            });
+        };
+        if let Err(e) = result.validate_against(&request) {
+            problems.push(format!("the answer is not bound to the request: {e}"));
+        }
+        if result.confinement.landlock != "full" || !result.confinement.seccomp {
+            return Ok(Verdict::Inconclusive(format!(
+                "sandbox not fully applied: {:?}",
+                result.confinement
+            )));
+        }
+        let Some(ev) = result.verification.first() else {
+            return Ok(Verdict::Inconclusive("no verification evidence".into()));
+        };
+        let said = |prefix: &str| {
+            ev.stdout_tail
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix).map(str::to_owned))
+        };
+        let tails = || {
+            format!(
+                "exit {:?} signal {:?} timed_out {}; stdout {:?}; stderr {:?}",
+                ev.exit_code,
+                ev.signal,
+                ev.timed_out,
+                ev.stdout_tail.trim(),
+                ev.stderr_tail.trim().lines().last().unwrap_or("")
+            )
+        };
+        if !problems.is_empty() {
+            return Ok(if probe.judge == Judge::KnownGap {
+                Verdict::Gap(problems.join("; "))
+            } else {
+                Verdict::Escaped(problems.join("; "))
+            });
+        }
+        let verdict = match probe.judge {
+            Judge::SelfReport | Judge::KnownGap => {
+                match (ev.exit_code, said("BLOCKED: "), said("ESCAPED: ")) {
+                    (Some(1), Some(how), None) => Verdict::Blocked(how),
+                    (Some(0), _, Some(what)) if probe.judge == Judge::KnownGap => {
+                        Verdict::Gap(what)
+                    }
+                    (Some(0), _, Some(what)) => Verdict::Escaped(what),
+                    _ => Verdict::Inconclusive(tails()),
+                }
+            }
+            Judge::Harness => match (ev.exit_code, said("PLANTED: ")) {
+                (Some(0), Some(what)) => {
+                    Verdict::Blocked(format!("{what}: {}", harness_how(probe)))
+                }
+                _ => Verdict::Inconclusive(tails()),
+            },
+            Judge::Timeout if ev.timed_out => Verdict::Blocked(format!(
+                "killed at the {} s timeout; no process of uid {uid} left",
+                probe.timeout
+            )),
+            Judge::Timeout => Verdict::Inconclusive(tails()),
+        };
+        Ok(verdict)
+    }
+
+    fn check(&self, check: Check, own: &Path, own_content: &str, answer: &[u8]) -> Res<()> {
+        match check {
+            Check::OwnFileIntact => {
+                let m = fs::symlink_metadata(own).map_err(io("own file"))?;
+                let content = fs::read_to_string(own).unwrap_or_default();
+                if m.nlink() != 1 || content != own_content || m.mode() & 0o7777 != 0o644 {
+                    return Err(format!(
+                        "own file changed: {} links, mode {:o}, {content:?}",
+                        m.nlink(),
+                        m.mode()
+                    ));
+                }
+            }
+            Check::ResultIsTheChangeSet => {
+                let r: ExecResult =
+                    serde_json::from_slice(answer).map_err(io("no result to check"))?;
+                let ok = r.changed_files.len() == 1
+                    && r.changed_files[0].path == "hello.py"
+                    && r.changed_files[0].content_b64.as_deref()
+                        == Some(
+                            base64::engine::general_purpose::STANDARD
+                                .encode(b"VALUE = 2\n")
+                                .as_str(),
+                        );
+                if !ok {
+                    return Err(format!(
+                        "the result carries {:?}",
+                        r.changed_files.iter().map(|f| &f.path).collect::<Vec<_>>()
+                    ));
+                }
+            }
+            Check::KeepSurvivesCleanup => {
+                let keep = self.base.join("outside").join("keep.txt");
+                if fs::read(&keep).ok().as_deref() != Some(b"keep\n") {
+                    return Err("the executor's clean-up removed an outside file".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn marker(&self, uid: u32, dir: &Path) -> Res<Guarded> {
+        let m = dir.join("marker");
+        let secret = format!("marker-secret-{}", self.tok);
+        let child = Command::new("setpriv")
+            .args([
+                "--reuid",
+                &uid.to_string(),
+                "--regid",
+                &uid.to_string(),
+                "--clear-groups",
+            ])
+            .args([
+                "env",
+                "-i",
+                &format!("AIRLOCK_MARKER_SECRET={secret}"),
+                PYTHON,
+                "-c",
+                MARKER_PY,
+            ])
+            .arg(&secret)
+            .arg(m.join("signals.log"))
+            .arg(m.join("info.json"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(io("marker"))?;
+        Ok(Guarded(child))
+    }
+
+    fn args(&self, own: &Path, gap: &Path, sibling: &Path, out: &Path, marker: &Value) -> Value {
+        let mut a = serde_json::Map::new();
+        for (k, v) in &self.fixtures {
+            a.insert((*k).into(), json!(v));
+        }
+        a.insert("own".into(), json!(own));
+        a.insert("gap_file".into(), json!(gap));
+        a.insert("sibling_secret".into(), json!(sibling.join("secret.txt")));
+        a.insert("out_path".into(), json!(out));
+        a.insert("marker".into(), marker.clone());
+        a.insert("ports".into(), self.ports.clone());
+        a.insert("peer".into(), json!(self.peer_addr));
+        a.insert("tok".into(), json!(self.tok));
+        a.insert("canary".into(), json!(format!("canary-{}", self.tok)));
+        a.insert("allowed_env".into(), json!(ALLOWED_ENV));
+        a.insert("nr".into(), syscall_numbers());
+        Value::Object(a)
+    }
+
+    /// `ip netns exec NS unshare -m sh -c SETUP; exec setpriv … airlock-executor run-once …`;
+    /// returns the executor's stderr.
+    fn run_executor(
+        &self,
+        probe: &Probe,
+        uid: u32,
+        dir: &Path,
+        request: &Path,
+        archive: &Path,
+        out: &Path,
+    ) -> Res<String> {
+        let work = dir.join("work");
+        let mut script = String::from(
+            "set -e
+mount -t tmpfs -o mode=0755,size=1m airlock-escape-run /run
+mkdir -m 0711 /run/credentials
+mkdir -m 0755 /run/credentials/airlock-worker.service
+printf %s \"$1\" > /run/credentials/airlock-worker.service/token
+chmod 0644 /run/credentials/airlock-worker.service/token
+",
+        );
+        if let Some(mib) = probe.work_tmpfs_mib {
+            script.push_str(&format!(
+                "mount -t tmpfs -o mode=0755,size={mib}m airlock-escape-work \"$2\"\nchown {uid}:{uid} \"$2\"\n"
+            ));
+        }
+        script.push_str("shift 2\nexec \"$@\"\n");
+        let log_path = dir.join("executor.log");
+        let log = fs::File::create(&log_path).map_err(io("executor log"))?;
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.netns,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+        ])
+        .args(["/bin/sh", "-c", &script, "sh"])
+        .arg(format!("cred-secret-{}", self.tok))
+        .arg(&work)
+        .args([
+            "setpriv",
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &uid.to_string(),
+            "--clear-groups",
+        ])
+        .arg(&self.bins.executor)
+        .arg("run-once")
+        .arg("--request")
+        .arg(request)
+        .arg("--archive")
+        .arg(archive)
+        .arg("--out")
+        .arg(out)
+        .arg("--confine")
+        .arg(&self.bins.confine)
+        .arg("--work")
+        .arg(&work)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("AIRLOCK_ESCAPE_CANARY", format!("canary-{}", self.tok))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+        let child = cmd.spawn().map_err(io("executor"))?;
+        let mut child = Guarded(child);
+        let deadline = Instant::now() + Duration::from_secs(u64::from(probe.timeout) + 60);
+        loop {
+            if child.0.try_wait().map_err(io("wait"))?.is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("the executor did not finish in time".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(fs::read_to_string(&log_path).unwrap_or_default())
+    }
+}
+
+fn harness_how(probe: &Probe) -> &'static str {
+    match probe.name {
+        "daemonize" => "no process of its uid outlived the command",
+        "git_hooks" => "the result carries only the change set",
+        "cleanup_symlink_trap" => "the clean-up followed no planted symlink",
+        _ => "side effects absent",
+    }
+}
+
+/// System call numbers the probes use, from libc (so no table in Python).
+fn syscall_numbers() -> Value {
+    let mut m = serde_json::Map::new();
+    for (name, nr) in [
+        ("ptrace", libc::SYS_ptrace),
+        ("process_vm_readv", libc::SYS_process_vm_readv),
+        ("process_vm_writev", libc::SYS_process_vm_writev),
+        ("pidfd_open", libc::SYS_pidfd_open),
+        ("mount", libc::SYS_mount),
+        ("fsopen", libc::SYS_fsopen),
+        ("open_tree", libc::SYS_open_tree),
+        ("chroot", libc::SYS_chroot),
+        ("pivot_root", libc::SYS_pivot_root),
+        ("unshare", libc::SYS_unshare),
+        ("clone", libc::SYS_clone),
+        ("clone3", libc::SYS_clone3),
+        ("setns", libc::SYS_setns),
+        ("keyctl", libc::SYS_keyctl),
+        ("add_key", libc::SYS_add_key),
+        ("request_key", libc::SYS_request_key),
+        ("bpf", libc::SYS_bpf),
+        ("perf_event_open", libc::SYS_perf_event_open),
+        ("io_uring_setup", libc::SYS_io_uring_setup),
+        ("userfaultfd", libc::SYS_userfaultfd),
+        ("syslog", libc::SYS_syslog),
+        ("finit_module", libc::SYS_finit_module),
+        ("init_module", libc::SYS_init_module),
+        ("kexec_load", libc::SYS_kexec_load),
+        ("name_to_handle_at", libc::SYS_name_to_handle_at),
+        ("open_by_handle_at", libc::SYS_open_by_handle_at),
+        ("capget", libc::SYS_capget),
+        #[cfg(target_arch = "x86_64")]
+        ("iopl", libc::SYS_iopl),
+        ("x32_socket", libc::SYS_socket | 0x4000_0000),
+    ] {
+        m.insert(name.into(), json!(nr));
+    }
+    Value::Object(m)
+}
+
+fn binding(task: &str) -> Res<Binding> {
+    Binding::from_value(&json!({
+        "task_id": task, "job_id": "job-escape", "repository": "demo",
+        "base_oid": "a".repeat(40), "expected_branch_oid": "a".repeat(40),
+        "target_branch": format!("agent/{task}"), "branch_mode": "CREATE_NEW",
+        "generation": 1, "idempotency_key": format!("idem-{task}"),
+    }))
+    .map_err(io("binding"))
+}
+
+/// A tar of regular files.
+fn tar_of(files: &[(&str, &[u8])]) -> Res<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, path, *data).map_err(io("tar"))?;
+    }
+    b.into_inner().map_err(io("tar"))
+}
+
+/// The request and archive for one probe: a real envelope (one change,
+/// one verification command), a real archive.
+pub fn build_request(probe: &Probe, index: usize, args: &Value) -> Res<(ExecRequest, Vec<u8>)> {
+    let archive = tar_of(&[
+        ("hello.py", b"VALUE = 1\n"),
+        ("escape_lib.py", LIB_PY.as_bytes()),
+    ])?;
+    let task = format!("task-escape-{index}-{}", probe.name.replace('_', "-"));
+    let code = format!("from escape_lib import *\n{}\n", probe.code);
+    let planner = json!({
+        "action": "deterministic",
+        "change_set": [{
+            "path": "hello.py", "operation": "replace_text",
+            "old": "VALUE = 1", "new": "VALUE = 2", "count": 1,
+            "expected_sha256": sha(b"VALUE = 1\n"),
+        }],
+        "verification": [{
+            "label": probe.name,
+            "argv": [PYTHON, "-c", code, args.to_string()],
+            "cwd": ".",
+            "timeout_seconds": probe.timeout,
+        }],
+        "capability_scope": ["git.test"],
+        "commit_idempotency_key": format!("commit-{task}"),
+    });
+    let req =
+        ExecutionRequest::from_value(&planner).map_err(io(format!("{} request", probe.name)))?;
+    let envelope = Envelope::project(&binding(&task)?, &req).map_err(io("envelope"))?;
+    let request = ExecRequest {
+        schema: EXEC_REQUEST_SCHEMA.into(),
+        request_id: request_id_for(&envelope.binding.task_id, 1, &envelope.execution_digest),
+        attempt: 1,
+        envelope: envelope.to_value(),
+        source_archive_sha256: sha(&archive),
+        source_archive_bytes: archive.len() as u64,
+    };
+    Ok((request, archive))
+}

@@ -1,0 +1,506 @@
+//! The hostile verification commands. Each is Python run as
+//! `/usr/bin/python3 -c CODE ARGS` (ARGS: JSON with the fixtures' paths,
+//! pids, ports and system call numbers), after `from escape_lib import *`.
+//!
+//! A probe judges itself ([`Judge::SelfReport`]): it exits 0 only when it
+//! reached its goal and 1 with a `BLOCKED:` line naming what stopped it.
+//! The harness then checks independently that the side effect did not
+//! happen (see [`Check`] and the checks every probe gets in `lib.rs`).
+
+/// How the outcome of a probe is decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judge {
+    /// Exit 1 with `BLOCKED: how` is blocked, exit 0 with `ESCAPED:` is an
+    /// escape, anything else is inconclusive. Harness checks apply as well.
+    SelfReport,
+    /// The command cannot tell (e.g. it must outlive its own run): only the
+    /// harness checks decide.
+    Harness,
+    /// The command must be killed by the timeout (evidence `timed_out`),
+    /// and the harness checks must pass.
+    Timeout,
+    /// A hole this suite knows is open and the sandbox cannot close on this
+    /// kernel in this mode; reported on its own line, not counted. See the
+    /// suite's documentation for each.
+    KnownGap,
+}
+
+/// Harness checks specific to one probe (on top of those every probe gets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// The probe's own outside file kept its content, size, links and mode.
+    OwnFileIntact,
+    /// The result carries exactly the change set's file with the content
+    /// the change set gave it, and no `.git` path.
+    ResultIsTheChangeSet,
+    /// The shared `keep` file outside is still there after the executor's
+    /// clean-up.
+    KeepSurvivesCleanup,
+}
+
+/// One hostile command.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// Unique, short.
+    pub name: &'static str,
+    /// What the command tries to achieve.
+    pub goal: &'static str,
+    /// The Python body.
+    pub code: &'static str,
+    /// How the outcome is decided.
+    pub judge: Judge,
+    /// timeout_seconds of the verification command.
+    pub timeout: u32,
+    /// Extra harness checks.
+    pub checks: &'static [Check],
+    /// Size in MiB of a private tmpfs put under the executor's work root
+    /// (standing for a bounded work volume), if any.
+    pub work_tmpfs_mib: Option<u64>,
+    /// Fixture this probe needs, skipped (not counted) when missing.
+    pub needs: Option<&'static str>,
+}
+
+const fn p(name: &'static str, goal: &'static str, code: &'static str) -> Probe {
+    Probe {
+        name,
+        goal,
+        code,
+        judge: Judge::SelfReport,
+        timeout: 30,
+        checks: &[],
+        work_tmpfs_mib: None,
+        needs: None,
+    }
+}
+
+impl Probe {
+    const fn judge(mut self, judge: Judge) -> Self {
+        self.judge = judge;
+        self
+    }
+    const fn checks(mut self, checks: &'static [Check]) -> Self {
+        self.checks = checks;
+        self
+    }
+    const fn timeout(mut self, t: u32) -> Self {
+        self.timeout = t;
+        self
+    }
+    const fn tmpfs(mut self, mib: u64) -> Self {
+        self.work_tmpfs_mib = Some(mib);
+        self
+    }
+    const fn needs(mut self, what: &'static str) -> Self {
+        self.needs = Some(what);
+        self
+    }
+}
+
+/// Every probe, in the order they are reported.
+pub const PROBES: &[Probe] = &[
+    // --- reading secrets ---------------------------------------------------
+    p("read_etc_shadow", "read /etc/shadow", r##"attempt("open /etc/shadow", lambda: read("/etc/shadow"))"##),
+    p("read_worker_state", "read a file in another uid's 0700 state directory",
+      r##"attempt("read state secret", lambda: read(A["state_secret"]))"##),
+    p("list_worker_state", "list another uid's 0700 state directory",
+      r##"attempt("list state dir", lambda: os.listdir(A["state_dir"]))"##),
+    p("read_run_credentials", "read a credential under /run/credentials that DAC lets it read",
+      r##"attempt("read " + A["cred_file"], lambda: read(A["cred_file"]))"##),
+    p("list_run_credentials", "list /run/credentials",
+      r##"attempt_all([("list /run/credentials", lambda: os.listdir("/run/credentials")),
+             ("list unit dir", lambda: os.listdir(os.path.dirname(A["cred_file"])))])"##),
+    p("read_outside_file", "read a world-readable file outside the workspace",
+      r##"attempt("read outside secret", lambda: read(A["outside_secret"]))"##),
+    p("read_sibling_workspace", "read another request's workspace (same uid)",
+      r##"attempt("read sibling workspace", lambda: read(A["sibling_secret"]))"##),
+    p("list_etc", "enumerate /etc", r##"attempt("list /etc", lambda: os.listdir("/etc"))"##),
+    p("read_devices", "read raw devices and the kernel log",
+      r##"attempt_all([(d, lambda d=d: os.read(os.open(d, os.O_RDONLY | os.O_NONBLOCK), 1))
+             for d in ("/dev/mem", "/dev/kmem", "/dev/port", "/dev/kmsg", "/dev/vda", "/dev/sda",
+                       "/dev/nvme0n1", "/dev/tty", "/dev/console") if os.path.exists(d)])"##),
+    p("inherited_env", "find the executor's environment (a canary) in its own",
+      r##"bad = [k for k, v in os.environ.items() if A["canary"] in v]
+extra = sorted(set(os.environ) - set(A["allowed_env"]))
+if bad or extra:
+    escaped(f"canary in {bad}, unexpected {extra}")
+blocked("clean environment: " + ",".join(sorted(os.environ)))"##),
+    p("inherited_fds", "use a descriptor inherited from the executor or helper",
+      r##"extra = []
+for fd in range(3, 1024):
+    try:
+        os.fstat(fd)
+        extra.append(fd)
+    except OSError:
+        pass
+if extra:
+    escaped(f"open descriptors {extra}")
+blocked("only 0, 1 and 2 are open")"##),
+    // --- writing outside ---------------------------------------------------
+    p("write_outside", "create a file in a world-writable directory outside",
+      r##"attempt("create outside file", lambda: write(A["outside"] + "/pwned-write"))"##),
+    p("write_etc", "create a file in /etc",
+      r##"attempt("create in /etc", lambda: write("/etc/airlock-pwned-" + A["tok"]))"##),
+    p("write_host_tmp", "create files in the host's /tmp, /var/tmp, /dev/shm",
+      r##"attempt_all([(d, lambda d=d: write(f"{d}/airlock-pwned-{A['tok']}"))
+             for d in ("/tmp", "/var/tmp", "/dev/shm")])"##),
+    p("write_via_symlink", "write a file outside through a symlink planted in the workspace",
+      r##"os.symlink(A["target"], "link")
+attempt("write through ws/link", lambda: write("link"))"##),
+    p("write_via_dir_symlink", "create a file outside through a planted directory symlink",
+      r##"os.symlink(A["outside"], "ldir")
+attempt("create ldir/pwned-dirlink", lambda: write("ldir/pwned-dirlink"))"##),
+    p("cleanup_symlink_trap", "make the executor's clean-up delete outside files via planted symlinks",
+      r##"os.symlink(A["outside"], "trapdir")
+os.symlink(A["keep"], "trapfile")
+os.symlink(A["outside"], os.path.join(os.environ["TMPDIR"], "trapdir"))
+os.makedirs("deep/er")
+os.symlink(A["outside"], "deep/er/trap")
+planted("symlinks to the outside directory and file")"##)
+        .judge(Judge::Harness)
+        .checks(&[Check::KeepSurvivesCleanup]),
+    p("hardlink_outside", "hard-link a file outside (of its own uid) into the workspace",
+      r##"attempt("link own file into ws", lambda: os.link(A["own"], "hl"))"##)
+        .checks(&[Check::OwnFileIntact]),
+    p("rename_out", "move a workspace file out of the workspace",
+      r##"write("mine")
+attempt("rename ws file out", lambda: os.rename("mine", A["outside"] + "/moved-" + A["tok"]))"##),
+    p("rename_in", "move a file outside (of its own uid) into the workspace",
+      r##"attempt("rename own file in", lambda: os.rename(A["own"], "stolen"))"##)
+        .checks(&[Check::OwnFileIntact]),
+    p("truncate_outside", "truncate a file outside (of its own uid)",
+      r##"attempt("truncate own file", lambda: os.truncate(A["own"], 0))"##)
+        .checks(&[Check::OwnFileIntact]),
+    p("chmod_foreign", "change the mode of a root-owned file outside",
+      r##"attempt("chmod outside secret", lambda: os.chmod(A["outside_secret"], 0o666))"##),
+    p("git_hooks", "get a .git hook, a config or extra edits into the commit",
+      r##"os.makedirs(".git/hooks", exist_ok=True)
+write(".git/hooks/pre-commit", b"#!/bin/sh\necho pwned\n")
+os.chmod(".git/hooks/pre-commit", 0o755)
+write(".git/config", b"[core]\n\thooksPath = .git/hooks\n")
+write("hello.py", b"VALUE = 666\n")
+write("extra.py", b"smuggled = True\n")
+planted(".git hooks and config, edits after the change set")"##)
+        .judge(Judge::Harness)
+        .checks(&[Check::ResultIsTheChangeSet]),
+    p("forge_report", "write the helper's report (to fake the outcome)",
+      r##"d = os.path.dirname(os.environ["TMPDIR"])
+attempt_all([(f"write {d}/report-0.json", lambda: write(d + "/report-0.json", b"{}")),
+             (f"create in {d}", lambda: write(d + "/x"))])"##),
+    p("forge_result", "write the executor's answer file (--out)",
+      r##"attempt("write --out", lambda: write(A["out_path"], b"{}"))"##),
+    // --- network -----------------------------------------------------------
+    p("tcp_loopback", "TCP to a listener on 127.0.0.1 in the executor's network namespace",
+      r##"import socket
+attempt("TCP 127.0.0.1", lambda: socket.create_connection(("127.0.0.1", A["ports"]["tcp"]), 3))"##),
+    p("udp_loopback", "UDP to a listener on 127.0.0.1 in the executor's network namespace",
+      r##"import socket
+attempt("UDP 127.0.0.1", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"udp_loopback", ("127.0.0.1", A["ports"]["udp"])))"##),
+    p("tcp_host_loopback", "TCP to a listener on 127.0.0.1 in the host's network namespace",
+      r##"import socket
+attempt("TCP host 127.0.0.1", lambda: socket.create_connection(("127.0.0.1", A["ports"]["host_tcp"]), 3))"##),
+    p("tcp_peer", "TCP to a listener at another address (a veth peer namespace)",
+      r##"import socket
+attempt("TCP " + A["peer"], lambda: socket.create_connection((A["peer"], A["ports"]["peer_tcp"]), 3))"##),
+    p("udp_peer", "UDP to a listener at another address (a veth peer namespace)",
+      r##"import socket
+attempt("UDP " + A["peer"], lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"udp_peer", (A["peer"], A["ports"]["peer_udp"])))"##),
+    p("ipv6", "TCP over AF_INET6 to ::1",
+      r##"import socket
+attempt("TCP [::1]", lambda: socket.create_connection(("::1", A["ports"]["tcp6"] or 9), 3))"##),
+    p("netlink", "open a netlink socket (routes, interfaces, audit)",
+      r##"import socket
+attempt_all([(f"AF_NETLINK proto {n}", lambda n=n: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, n)) for n in (0, 9, 15)])"##),
+    p("packet", "open an AF_PACKET socket (sniff or inject frames)",
+      r##"import socket
+attempt("AF_PACKET", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3)))"##),
+    p("raw_and_ping", "raw IP and ICMP sockets",
+      r##"import socket
+attempt_all([("SOCK_RAW ICMP", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),
+             ("ping socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP))])"##),
+    p("vsock", "AF_VSOCK to the hypervisor",
+      r##"import socket
+attempt("AF_VSOCK", lambda: socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM))"##),
+    p("dns", "resolve a name over the network (listeners on 127.0.0.1:53)",
+      r##"import socket
+try:
+    r = socket.getaddrinfo("airlock-escape.example", 80)
+except socket.gaierror as e:
+    blocked(f"getaddrinfo: {e}")
+escaped(f"resolved {r}")"##),
+    p("abstract_unix", "connect to an abstract UNIX socket in the executor's namespace",
+      r##"import socket
+attempt("connect @" + A["abstract"], lambda: socket.socket(socket.AF_UNIX).connect("\0" + A["abstract"]))"##),
+    p("pathname_unix", "connect to a host UNIX socket outside (like the system bus)",
+      r##"import socket
+attempt("connect " + A["sock"], lambda: socket.socket(socket.AF_UNIX).connect(A["sock"]))"##),
+    p("unix_dgram", "send a datagram to a host UNIX socket outside (like /dev/log)",
+      r##"import socket
+def pair():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"unix_dgram pair", A["dgram"])
+attempt_all([("sendto " + A["dgram"], lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"unix_dgram", A["dgram"])),
+             ("socketpair DGRAM sendto", pair)])"##),
+    // --- other processes ---------------------------------------------------
+    p("ptrace", "ptrace the marker, the sandbox's init, or itself",
+      r##"m = A["marker"]["pid"]
+r, e = sc("ptrace", 16, m, 0, 0)
+if r == 0: escaped("PTRACE_ATTACH marker")
+r2, e2 = sc("ptrace", 0x4206, 1, 0, 0)
+if r2 == 0: escaped("PTRACE_SEIZE init")
+r3, e3 = sc("ptrace", 0, 0, 0, 0)
+if r3 == 0: escaped("PTRACE_TRACEME")
+blocked(f"ATTACH marker: {en(e)}; SEIZE init: {en(e2)}; TRACEME: {en(e3)}")"##),
+    p("process_vm_readv", "read the marker's secret from its memory",
+      r##"m = A["marker"]
+buf = ctypes.create_string_buffer(m["len"])
+class iov(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+local, remote = iov(ctypes.addressof(buf), m["len"]), iov(m["addr"], m["len"])
+r, e = sc("process_vm_readv", m["pid"], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+if r > 0 or e == errno.EFAULT:
+    escaped(f"reached the marker's memory: {r} {buf.raw!r}")
+r2, e2 = sc("process_vm_writev", 1, ctypes.byref(local), 1, ctypes.byref(local), 1, 0)
+if r2 > 0: escaped("wrote the init's memory")
+blocked(f"readv marker: {en(e)}; writev init: {en(e2)}")"##),
+    p("kill_marker", "signal a process of the same uid outside the sandbox",
+      r##"import signal
+attempt_all([(f"signal {s} to marker", lambda s=s: os.kill(A["marker"]["pid"], s)) for s in (signal.SIGTERM, signal.SIGUSR1, 0)])"##),
+    p("kill_everything", "kill(-1): signal every process it may",
+      r##"import signal
+attempt("kill(-1, SIGUSR1)", lambda: os.kill(-1, signal.SIGUSR1))"##),
+    p("pidfd_marker", "get a pidfd for the marker (to signal or steal its fds)",
+      r##"attempt_sys("pidfd_open(marker)", "pidfd_open", A["marker"]["pid"], 0)"##),
+    p("proc_environ", "read the marker's /proc/<pid>/environ",
+      r##"attempt("read environ", lambda: read(f"/proc/{A['marker']['pid']}/environ"))"##),
+    p("proc_cmdline", "read the marker's /proc/<pid>/cmdline",
+      r##"attempt("read cmdline", lambda: read(f"/proc/{A['marker']['pid']}/cmdline"))"##),
+    p("proc_maps", "read the marker's /proc/<pid>/maps and mem",
+      r##"attempt_all([(f, lambda f=f: read(f"/proc/{A['marker']['pid']}/{f}")) for f in ("maps", "smaps", "stat")])"##),
+    p("proc_links", "follow the marker's /proc/<pid>/{cwd,root,exe,fd} links",
+      r##"pid = A["marker"]["pid"]
+attempt_all([(f, lambda f=f: os.readlink(f"/proc/{pid}/{f}")) for f in ("cwd", "root", "exe", "fd/0")]
+            + [("listdir fd", lambda: os.listdir(f"/proc/{pid}/fd"))])"##),
+    p("proc_list", "enumerate the host's processes in /proc",
+      r##"attempt("list /proc", lambda: os.listdir("/proc"))"##),
+    p("proc_sys_write", "write kernel knobs in /proc and /sys",
+      r##"attempt_all([(f, lambda f=f: write(f, b"1")) for f in ("/proc/sysrq-trigger", "/proc/sys/kernel/hostname", "/sys/kernel/uevent_helper", "/proc/self/oom_score_adj")])"##),
+    // --- kernel surface ----------------------------------------------------
+    p("mount", "mount a tmpfs", r##"attempt_sys("mount tmpfs on ws", "mount", "none", os.getcwd(), "tmpfs", 0, 0)"##),
+    p("new_mount_api", "fsopen / open_tree / move_mount",
+      r##"r1, e1 = sc("fsopen", "tmpfs", 0)
+r2, e2 = sc("open_tree", -100, "/", 1)
+if r1 >= 0 or r2 >= 0: escaped(f"fsopen {r1}, open_tree {r2}")
+blocked(f"fsopen: {en(e1)}; open_tree: {en(e2)}")"##),
+    p("chroot_pivot_root", "chroot or pivot_root",
+      r##"r1, e1 = sc("chroot", "/")
+r2, e2 = sc("pivot_root", ".", ".")
+if r1 == 0 or r2 == 0: escaped("changed root")
+blocked(f"chroot: {en(e1)}; pivot_root: {en(e2)}")"##),
+    p("unshare_user", "a user namespace (capabilities inside it)",
+      r##"attempt_sys("unshare(CLONE_NEWUSER)", "unshare", 0x10000000)"##),
+    p("unshare_net_mount", "new network and mount namespaces",
+      r##"attempt_sys("unshare(CLONE_NEWNET|CLONE_NEWNS)", "unshare", 0x40000000 | 0x20000)"##),
+    p("clone_namespaces", "clone() and clone3() with CLONE_NEWUSER",
+      r##"r, e = sc("clone", 0x10000000 | 17, 0, 0, 0, 0)
+if r == 0: os._exit(0)
+if r > 0: escaped("clone(CLONE_NEWUSER)")
+args = (ctypes.c_uint64 * 11)()
+args[0], args[4] = 0x10000000, 17
+r2, e2 = sc("clone3", ctypes.byref(args), 88)
+if r2 == 0: os._exit(0)
+if r2 > 0: escaped("clone3(CLONE_NEWUSER)")
+blocked(f"clone: {en(e)}; clone3: {en(e2)}")"##),
+    p("setns", "enter another namespace",
+      r##"fd, _ = sc("pidfd_open", os.getpid(), 0)
+attempt_sys("setns(pidfd of self, CLONE_NEWNET)", "setns", fd if fd >= 0 else 0, 0x40000000)"##),
+    p("keyctl", "kernel keyrings",
+      r##"r1, e1 = sc("keyctl", 1, 0)
+r2, e2 = sc("add_key", "user", "airlock-escape", "x", 1, -3)
+r3, e3 = sc("request_key", "user", "airlock-escape", 0, -3)
+if r1 >= 0 or r2 >= 0 or r3 >= 0: escaped(f"keyrings {r1} {r2} {r3}")
+blocked(f"keyctl: {en(e1)}; add_key: {en(e2)}; request_key: {en(e3)}")"##),
+    p("bpf", "create a BPF map",
+      r##"attr = (ctypes.c_uint32 * 32)()
+attr[0], attr[1], attr[2], attr[3] = 2, 4, 4, 1
+attempt_sys("bpf(BPF_MAP_CREATE)", "bpf", 0, ctypes.byref(attr), 128)"##),
+    p("perf_event_open", "open a performance counter on itself",
+      r##"import struct
+attr = ctypes.create_string_buffer(128)
+struct.pack_into("IIQ", attr, 0, 1, 128, 0)
+struct.pack_into("Q", attr, 40, (1 << 5) | (1 << 6))
+attempt_sys("perf_event_open(cpu-clock, self)", "perf_event_open", ctypes.byref(attr), 0, -1, -1, 0)"##),
+    p("io_uring", "set up an io_uring",
+      r##"params = ctypes.create_string_buffer(120)
+attempt_sys("io_uring_setup", "io_uring_setup", 4, ctypes.byref(params))"##),
+    p("userfaultfd", "create a userfaultfd",
+      r##"r1, e1 = sc("userfaultfd", 0o2000000 | 1)
+r2, e2 = sc("userfaultfd", 0o2000000)
+if r1 >= 0 or r2 >= 0: escaped("userfaultfd")
+blocked(f"user-mode-only: {en(e1)}; default: {en(e2)}")"##),
+    p("tiocsti", "push characters into a terminal's input (TIOCSTI, TIOCLINUX)",
+      r##"import fcntl, termios
+attempt_all([(f"{n} on fd {fd}", lambda fd=fd, req=req: fcntl.ioctl(fd, req, b"x"))
+             for fd in (0, 1, 2) for n, req in (("TIOCSTI", termios.TIOCSTI), ("TIOCLINUX", 0x541C))]
+            + [("open /dev/tty", lambda: os.open("/dev/tty", os.O_RDWR)), ("openpty", os.openpty)])"##),
+    p("syslog", "read the kernel log with syslog(2)",
+      r##"buf = ctypes.create_string_buffer(4096)
+attempt_sys("syslog(READ_ALL)", "syslog", 3, buf, 4096)"##),
+    p("kernel_modules", "load a kernel module or a new kernel",
+      r##"r1, e1 = sc("finit_module", 0, "", 0)
+r2, e2 = sc("init_module", 0, 0, "")
+r3, e3 = sc("kexec_load", 0, 0, 0, 0)
+if 0 in (r1, r2, r3): escaped("module or kexec")
+blocked(f"finit_module: {en(e1)}; init_module: {en(e2)}; kexec_load: {en(e3)}")"##),
+    p("x32_syscall", "reach filtered calls through the x32 ABI numbering",
+      r##"attempt_sys("x32 socket(AF_INET)", "x32_socket", 2, 1, 0)"##),
+    p("open_by_handle", "open /etc/shadow by file handle, bypassing path checks",
+      r##"fh = ctypes.create_string_buffer(8 + 128)
+ctypes.c_uint32.from_buffer(fh).value = 128
+mnt = ctypes.c_int(0)
+r1, e1 = sc("name_to_handle_at", -100, "/etc/shadow", fh, ctypes.byref(mnt), 0)
+dirfd = os.open("/usr", os.O_RDONLY)
+attempt_sys(f"open_by_handle_at (name_to_handle_at: {r1} {en(e1)})", "open_by_handle_at", dirfd, fh, 0)"##),
+    p("hardware_and_clock", "port I/O, setting the clock, the host name",
+      r##"import time, socket
+attempt_all([("iopl(3)", lambda: sysx("iopl", 3)),
+             ("clock_settime", lambda: time.clock_settime(time.CLOCK_REALTIME, time.time())),
+             ("sethostname", lambda: socket.sethostname("pwned"))])"##),
+    // --- privileges --------------------------------------------------------
+    p("setuid_binary", "gain euid 0 through a setuid-root binary",
+      r##"import subprocess
+try:
+    out = subprocess.run([A["suid_id"], "-u"], capture_output=True, text=True)
+except OSError as e:
+    blocked(f"exec: {en(e.errno)}")
+if out.stdout.strip() == "0": escaped("setuid-root id ran with euid 0")
+blocked(f"setuid-root id ran with euid {out.stdout.strip()} (no_new_privs)")"##)
+        .needs("suid_id"),
+    p("file_capabilities", "gain CAP_SETUID through a binary with file capabilities",
+      r##"import subprocess
+try:
+    out = subprocess.run([A["caps_setpriv"], "--reuid=0", "--regid=0", "--clear-groups", "/usr/bin/id", "-u"], capture_output=True, text=True)
+except OSError as e:
+    blocked(f"exec: {en(e.errno)}")
+if out.returncode == 0 and out.stdout.strip() == "0": escaped("became uid 0")
+blocked(f"setpriv with cap_setuid+ep failed: {out.stderr.strip()[-80:]}")"##)
+        .needs("caps_setpriv"),
+    p("setuid_root", "become root with setuid/setgid/setgroups",
+      r##"attempt_all([("setuid(0)", lambda: os.setuid(0)), ("setgid(0)", lambda: os.setgid(0)), ("setgroups([0])", lambda: os.setgroups([0]))])"##),
+    p("capabilities", "hold any capability",
+      r##"hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
+data = (ctypes.c_uint32 * 6)()
+r, e = sc("capget", ctypes.byref(hdr), ctypes.byref(data))
+if r < 0: escaped(f"capget failed {en(e)}")
+if any(data): escaped(f"capabilities {list(data)}")
+blocked("effective, permitted and inheritable sets are empty")"##),
+    p("raise_rlimits", "raise its resource limits",
+      r##"import resource
+hows = []
+for n in ("RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU"):
+    try:
+        resource.setrlimit(getattr(resource, n), (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        hows.append(n)
+        continue
+    escaped(f"raised {n}")
+blocked("hard limits: EPERM for " + ", ".join(hows))"##),
+    // --- resources ---------------------------------------------------------
+    p("fork_bomb", "run 2000 processes",
+      r##"import time
+n = 0
+try:
+    while n < 2000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    blocked(f"fork #{n + 1}: {en(e.errno)} (RLIMIT_NPROC)")
+escaped(f"{n} processes")"##),
+    p("thread_bomb", "run 5000 threads",
+      r##"import threading, time
+n = 0
+try:
+    while n < 5000:
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        n += 1
+except RuntimeError as e:
+    blocked(f"thread #{n + 1}: {e} (RLIMIT_NPROC)")
+escaped(f"{n} threads")"##),
+    p("memory_bomb", "allocate 6 GiB in one process",
+      r##"import mmap
+try:
+    b = bytearray(6 << 30)
+except MemoryError:
+    try:
+        mmap.mmap(-1, 6 << 30)
+    except OSError as e:
+        blocked(f"6 GiB: MemoryError, mmap {en(e.errno)} (RLIMIT_AS)")
+    escaped("mapped 6 GiB")
+escaped("allocated 6 GiB")"##),
+    p("disk_fill_one_file", "write one 400 MiB file",
+      r##"chunk, n = b"\0" * (1 << 20), 0
+try:
+    with open("big", "wb") as f:
+        while n < 400:
+            f.write(chunk)
+            n += 1
+except OSError as e:
+    os.remove("big")
+    blocked(f"after {n} MiB: {en(e.errno)} (RLIMIT_FSIZE)")
+escaped(f"wrote a {n} MiB file")"##),
+    p("disk_fill_many_files", "write 256 MiB in many files",
+      r##"import glob
+chunk, n, i = b"\0" * (1 << 20), 0, 0
+try:
+    while n < 256:
+        with open(f"fill-{i}", "wb") as f:
+            for _ in range(8):
+                f.write(chunk)
+                n += 1
+        i += 1
+except OSError as e:
+    for f in glob.glob("fill-*"):
+        os.remove(f)
+    blocked(f"after {n} MiB in {i + 1} files: {en(e.errno)} (the work volume is full)")
+escaped(f"wrote {n} MiB")"##)
+        .tmpfs(96),
+    p("outlive_timeout", "keep running past the command's timeout, ignoring SIGTERM",
+      r##"import signal, time
+for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(120)
+    os._exit(0)
+time.sleep(120)
+escaped("still running")"##)
+        .judge(Judge::Timeout)
+        .timeout(2),
+    p("daemonize", "leave a daemon running after the command exits",
+      r##"import time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        for fd in (0, 1, 2):
+            os.close(fd)
+        time.sleep(120)
+        os._exit(0)
+    os._exit(0)
+time.sleep(0.3)
+planted("a double-forked, setsid daemon")"##)
+        .judge(Judge::Harness),
+    // --- known gaps (reported, not counted) --------------------------------
+    p("metadata_same_uid", "chmod/utime/setxattr a file outside that its uid owns",
+      r##"did = []
+for what, fn in (("chmod", lambda: os.chmod(A["gap_file"], 0o600)), ("utime", lambda: os.utime(A["gap_file"], (0, 0))),
+                 ("setxattr", lambda: os.setxattr(A["gap_file"], "user.airlock", b"1"))):
+    try:
+        fn()
+        did.append(what)
+    except OSError as e:
+        pass
+if did: escaped("changed metadata outside: " + ", ".join(did))
+blocked("no metadata change")"##)
+        .judge(Judge::KnownGap),
+];
