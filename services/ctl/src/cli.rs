@@ -1,7 +1,9 @@
 //! The command line, declared once. The man page (`airlockctl.1`) and the
 //! shell completions are generated from these definitions.
 
-use crate::commands::{cancel, completions, events, list, replan, show, status, submit, verify};
+use crate::commands::{
+    cancel, completions, events, list, replan, retry, show, status, submit, verify,
+};
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -53,6 +55,8 @@ pub enum Command {
     Events(events::Args),
     /// Show the supervisor's state: authoriser, settings and queue counts.
     Status(status::Args),
+    /// Owner actions through airlock-retryd (not the bus): `retry extend ID`.
+    Retry(retry::Args),
     /// Print a shell completion script.
     Completions(completions::Args),
 }

@@ -249,6 +249,49 @@ fn extension_events(server: &Server, task: &str) -> Vec<Value> {
 }
 
 #[test]
+fn a_closed_log_stream_does_not_break_requests() {
+    // Regression: tracing's internal-error path panicked on EPIPE, so every
+    // request died once stderr (the journal stream) was gone.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t".repeat(48)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock-retryd"))
+        .args([
+            "--db",
+            dir.path().join("db.sqlite3").to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--token-file", token.to_str().unwrap()])
+        .env("AIRLOCK_RETRY_AUTHORIZATION_ID", AUTH_ID)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr: SocketAddr = first
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The reader (and with it the pipe) is gone now.
+    for _ in 0..3 {
+        let (status, body) = exchange(
+            addr,
+            b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            false,
+        );
+        assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
 fn health_answers_without_a_token() {
     let s = start();
     let (status, body) = exchange(

@@ -68,6 +68,8 @@ fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
+        // A closed stderr must not take the service down with it.
+        .log_internal_errors(false)
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     if std::env::var_os("JOURNAL_STREAM").is_some() {

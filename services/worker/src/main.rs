@@ -49,6 +49,8 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
+        // A closed stderr must not take the service down with it.
+        .log_internal_errors(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )

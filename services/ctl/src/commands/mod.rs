@@ -7,6 +7,7 @@ pub mod completions;
 pub mod events;
 pub mod list;
 pub mod replan;
+pub mod retry;
 pub mod show;
 pub mod status;
 pub mod submit;
@@ -38,6 +39,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Replan(a) => replan::run(ctx, &client, a).await,
         Command::Events(a) => events::run(ctx, &client, a).await,
         Command::Status(a) => status::run(ctx, &client, a).await,
+        Command::Retry(a) => retry::run(ctx, &client, a).await,
         Command::Completions(_) => unreachable!("handled above"),
     }
 }
