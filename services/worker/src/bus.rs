@@ -8,12 +8,15 @@
 use airlock_proto::task::{ClaimGrant, TaskResult};
 use airlock_proto::{Code, Error};
 use serde_json::Value;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 use tokio::runtime::Handle;
 use zbus::Connection;
 
 const DESTINATION: &str = "org.airlock.Supervisor1";
 const PATH: &str = "/org/airlock/Supervisor1";
 const INTERFACE: &str = "org.airlock.Worker1";
+const TASKS_INTERFACE: &str = "org.airlock.Tasks1";
 
 /// A connection to the supervisor's Worker1 interface.
 #[derive(Debug, Clone)]
@@ -122,5 +125,65 @@ impl Supervisor {
         let value: Value = serde_json::from_str(&reply)
             .map_err(|e| Error::with(Code::RUNTIME_UNAVAILABLE, e.to_string()))?;
         Ok(value["idempotent"].as_bool().unwrap_or(false))
+    }
+}
+
+/// Wakes claim loops when the supervisor announces a QUEUED task, so an
+/// idle worker claims at once instead of at its next poll.
+#[derive(Debug, Default)]
+pub struct Wakeup {
+    generation: Mutex<u64>,
+    ready: Condvar,
+}
+
+impl Wakeup {
+    /// Marks that work may be waiting and wakes every waiter.
+    pub fn notify(&self) {
+        if let Ok(mut g) = self.generation.lock() {
+            *g = g.wrapping_add(1);
+            self.ready.notify_all();
+        }
+    }
+
+    /// The current generation, to wait past.
+    pub fn generation(&self) -> u64 {
+        self.generation.lock().map(|g| *g).unwrap_or(0)
+    }
+
+    /// Waits until a notification after `seen`, or `timeout`.
+    pub fn wait_past(&self, seen: u64, timeout: Duration) {
+        if let Ok(g) = self.generation.lock() {
+            let _ = self.ready.wait_timeout_while(g, timeout, |g| *g == seen);
+        }
+    }
+}
+
+impl Supervisor {
+    /// Follows org.airlock.Tasks1.TaskChanged and notifies `wakeup` for
+    /// every task that becomes QUEUED. Polling remains the fallback, so a
+    /// lost signal only costs one poll interval.
+    pub fn follow_queued(&self, wakeup: Arc<Wakeup>) -> Result<(), Error> {
+        use futures_util::StreamExt;
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface(TASKS_INTERFACE)
+            .and_then(|b| b.member("TaskChanged"))
+            .map(|b| b.build())
+            .map_err(map_err)?;
+        let conn = self.conn.clone();
+        let mut stream = self
+            .rt
+            .block_on(zbus::MessageStream::for_match_rule(rule, &conn, Some(64)))
+            .map_err(map_err)?;
+        self.rt.spawn(async move {
+            while let Some(Ok(msg)) = stream.next().await {
+                if let Ok((_, state, _)) = msg.body().deserialize::<(String, String, i64)>() {
+                    if state == "QUEUED" {
+                        wakeup.notify();
+                    }
+                }
+            }
+        });
+        Ok(())
     }
 }

@@ -8,7 +8,7 @@ use airlock_proto::{Code, Error};
 use airlock_spool::Spool;
 use airlock_store::checkpoint::CheckpointJournal;
 use airlock_worker::attempt::{Grant, Worker, WorkerSettings};
-use airlock_worker::bus::{Supervisor, is_transient};
+use airlock_worker::bus::{Supervisor, Wakeup, is_transient};
 use airlock_worker::recover;
 use clap::Parser;
 use std::path::PathBuf;
@@ -41,8 +41,9 @@ struct Args {
     /// The executor's uid (results must be owned by it) [default: from executor.user].
     #[arg(long, value_name = "UID")]
     executor_uid: Option<u32>,
-    /// Seconds between claims when the queue is empty.
-    #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
+    /// Seconds between claims when the queue is empty and no TaskChanged
+    /// signal arrives (the signal wakes the worker at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
     poll_seconds: f64,
 }
 
@@ -169,11 +170,16 @@ fn run(args: Args) -> Result<(), Error> {
         }));
     }
     let poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
+    let wakeup = Arc::new(Wakeup::default());
+    if let Err(e) = worker.bus().follow_queued(Arc::clone(&wakeup)) {
+        tracing::warn!("not following TaskChanged signals, polling only: {e}");
+    }
     for _ in 0..config.worker.parallel_tasks.max(1) {
         let worker = Arc::clone(&worker);
         let stopping = Arc::clone(&stopping);
+        let wakeup = Arc::clone(&wakeup);
         threads.push(std::thread::spawn(move || {
-            claim_loop(&worker, &stopping, poll)
+            claim_loop(&worker, &stopping, &wakeup, poll)
         }));
     }
     let _ = sd_notify::notify(
@@ -213,9 +219,10 @@ fn report(grant: &Grant, outcome: Result<airlock_worker::Finish, Error>) {
     }
 }
 
-fn claim_loop(worker: &Worker, stopping: &AtomicBool, poll: Duration) {
+fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Duration) {
     let mut backoff = poll;
     while !stopping.load(Ordering::SeqCst) {
+        let seen = wakeup.generation();
         match worker.bus().claim() {
             Ok(Some(claim)) => {
                 backoff = poll;
@@ -238,7 +245,7 @@ fn claim_loop(worker: &Worker, stopping: &AtomicBool, poll: Duration) {
                     }
                 }
             }
-            Ok(None) => std::thread::sleep(poll),
+            Ok(None) => wakeup.wait_past(seen, poll),
             Err(e) if is_transient(e.code) => {
                 tracing::warn!("claim failed: {e}");
                 std::thread::sleep(backoff);

@@ -1,0 +1,249 @@
+//! bench-e2e: end-to-end tasks/s and latency of a trivial task (one file,
+//! `/bin/true` as verification) through the real suite — supervisor,
+//! worker, executor with full confinement, durable checkpoints at
+//! synchronous=FULL — with 1 and 4 tasks in flight, plus the number of
+//! fsyncs per task (counted with strace in a separate, untimed run), next
+//! to the raw write+fsync rate of the same disk measured in the same run.
+//! Prints figures; asserts nothing.
+
+use airlock_local::{Suite, Tuning, start_with};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Client {
+    rt: tokio::runtime::Runtime,
+    conn: zbus::Connection,
+}
+
+impl Client {
+    fn new(address: &str) -> Client {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let conn = rt
+            .block_on(async { zbus::connection::Builder::address(address)?.build().await })
+            .expect("bus");
+        Client { rt, conn }
+    }
+    fn call(&self, method: &str, arg: &str) -> Value {
+        self.rt.block_on(async {
+            let reply = self
+                .conn
+                .call_method(
+                    Some("org.airlock.Supervisor1"),
+                    "/org/airlock/Supervisor1",
+                    Some("org.airlock.Tasks1"),
+                    method,
+                    &(arg,),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{method}: {e}"));
+            let text: String = reply.body().deserialize().expect("string reply");
+            serde_json::from_str(&text).expect("json reply")
+        })
+    }
+}
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(repo)
+        .args(args)
+        .output()
+        .expect("git");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn task(id: &str, base: &str) -> String {
+    json!({
+        "schema": "airlock.task.v1", "max_attempts": 1,
+        "binding": {"task_id": id, "job_id": format!("job-{id}"), "repository": "demo", "base_oid": base,
+                    "expected_branch_oid": base, "target_branch": format!("agent/{id}"), "branch_mode": "CREATE_NEW",
+                    "generation": 1, "idempotency_key": format!("submit-{id}")},
+        "plan": {"schema": "airlock.plan.v1", "task_id": id, "job_id": format!("job-{id}"), "source_head_oid": base,
+                 "generation": 1, "idempotency_key": format!("plan-{id}"),
+                 "execution": {"action": "deterministic",
+                               "change_set": [{"operation": "write_file", "path": "bench.txt", "content": format!("{id}\n")}],
+                               "verification": [{"label": "true", "argv": ["/bin/true"], "timeout_seconds": 30}]}},
+    })
+    .to_string()
+}
+
+/// Runs `n` tasks keeping `inflight` outstanding; returns (elapsed, latencies).
+fn drive(suite: &Suite, prefix: &str, n: usize, inflight: usize) -> (Duration, Vec<Duration>) {
+    let client = Client::new(suite.bus.address());
+    let base = git(
+        &suite.layout.repos().join("demo.git"),
+        &["rev-parse", "refs/heads/main"],
+    );
+    let mut pending: Vec<(String, Instant)> = Vec::new();
+    let mut latencies = Vec::new();
+    let mut next = 0;
+    let started = Instant::now();
+    while latencies.len() < n {
+        while pending.len() < inflight && next < n {
+            let id = format!("{prefix}-{next:04}");
+            client.call("SubmitTask", &task(&id, &base));
+            pending.push((id, Instant::now()));
+            next += 1;
+        }
+        let mut still = Vec::new();
+        for (id, at) in pending {
+            let v = client.call("GetTask", &id);
+            match v["state"].as_str() {
+                Some("SUCCEEDED") => latencies.push(at.elapsed()),
+                Some("FAILED") | Some("CANCELLED") => {
+                    panic!("{id} ended {}: {}", v["state"], v["result"])
+                }
+                _ => still.push((id, at)),
+            }
+        }
+        pending = still;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (started.elapsed(), latencies)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+fn raw_fsync_rate(dir: &Path, seconds: f64) -> f64 {
+    let path = dir.join("raw-fsync.bin");
+    let mut f = std::fs::File::create(&path).expect("raw file");
+    let block = [0x5au8; 256];
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed().as_secs_f64() < seconds {
+        f.write_all(&block).expect("write");
+        f.sync_all().expect("fsync");
+        n += 1;
+    }
+    let _ = std::fs::remove_file(&path);
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Counts fsync-family calls of every component while `n` tasks run one at a time.
+fn fsyncs_per_task(state: PathBuf, n: usize) -> Option<f64> {
+    if Command::new("strace")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        return None;
+    }
+    let suite = start_with(
+        state.clone(),
+        true,
+        &Tuning {
+            lease_seconds: 60,
+            parallel_tasks: 1,
+        },
+    )
+    .expect("suite");
+    drive(&suite, "warm", 1, 1);
+    let out = state.join("strace.txt");
+    let mut cmd = Command::new("strace");
+    cmd.args([
+        "-f",
+        "-c",
+        "-e",
+        "trace=fsync,fdatasync,sync_file_range,syncfs",
+        "-o",
+    ])
+    .arg(&out);
+    for m in &suite.fleet.members {
+        cmd.args(["-p", &m.child.id().to_string()]);
+    }
+    let mut tracer = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_millis(500));
+    drive(&suite, "count", n, 1);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(tracer.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let _ = tracer.wait();
+    drop(suite);
+    let text = std::fs::read_to_string(&out).ok()?;
+    let calls: u64 = text
+        .lines()
+        .filter(|l| {
+            ["fsync", "fdatasync", "sync_file_range", "syncfs"]
+                .contains(&l.split_whitespace().last().unwrap_or(""))
+        })
+        .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+        .sum();
+    Some(calls as f64 / n as f64)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut tasks = 30usize;
+    let mut root = PathBuf::from("/var/tmp");
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--tasks" => tasks = args.next().and_then(|v| v.parse().ok()).expect("--tasks N"),
+            "--dir" => root = PathBuf::from(args.next().expect("--dir DIR")),
+            "-h" | "--help" => {
+                println!(
+                    "bench-e2e [--tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk."
+                );
+                return;
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let base = root.join(format!("airlock-bench-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&base).expect("bench dir");
+    let raw = raw_fsync_rate(&base, 2.0);
+    println!(
+        "raw write+fsync of 256 bytes on {}: {raw:.0}/s",
+        root.display()
+    );
+    println!(
+        "{:>9} {:>7} {:>9} {:>10} {:>10} {:>10} {:>14}",
+        "in flight", "tasks", "tasks/s", "p50 ms", "p99 ms", "max ms", "÷ raw fsync/s"
+    );
+    for inflight in [1usize, 4] {
+        let state = base.join(format!("run-{inflight}"));
+        let suite = start_with(
+            state,
+            true,
+            &Tuning {
+                lease_seconds: 60,
+                parallel_tasks: inflight as u32,
+            },
+        )
+        .expect("suite");
+        drive(&suite, &format!("warm{inflight}"), 2, 1);
+        let (elapsed, mut lat) = drive(&suite, &format!("b{inflight}"), tasks, inflight);
+        lat.sort();
+        let rate = tasks as f64 / elapsed.as_secs_f64();
+        println!(
+            "{inflight:>9} {tasks:>7} {rate:>9.2} {:>10.1} {:>10.1} {:>10.1} {:>14.4}",
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            pct(&lat, 1.0),
+            rate / raw
+        );
+        drop(suite);
+    }
+    match fsyncs_per_task(base.join("strace"), 10) {
+        Some(n) => println!(
+            "fsyncs per task (all components, strace, 10 tasks one at a time): {n:.1}  → at the raw rate alone ≤ {:.0} tasks/s",
+            raw / n
+        ),
+        None => println!("fsyncs per task: n/a (strace not installed)"),
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
