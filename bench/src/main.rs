@@ -7,10 +7,12 @@
 //!
 //! ```text
 //! airlock-bench store [--dir DIR] [--seconds N] [--rounds R]
+//! airlock-bench confine [--runs N] [--confine PATH] [--bwrap PATH]
 //! ```
 //!
 //! See `bench/README.md` for what each figure means.
 
+mod confine;
 mod store;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +43,19 @@ enum Command {
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
         rounds: u32,
     },
+    /// Confinement cost: /bin/true and python3 -c pass bare, under
+    /// airlock-confine (with and without namespaces) and under bubblewrap.
+    Confine {
+        /// Measured runs of each command under each variant.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(5..=10_000))]
+        runs: u32,
+        /// The airlock-confine binary (default: beside this binary).
+        #[arg(long)]
+        confine: Option<PathBuf>,
+        /// The bubblewrap binary (default: /usr/bin/bwrap; skipped when absent).
+        #[arg(long)]
+        bwrap: Option<PathBuf>,
+    },
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -60,6 +75,11 @@ fn main() -> ExitCode {
             seconds,
             rounds,
         } => store::run(dir.as_deref(), seconds, rounds),
+        Command::Confine {
+            runs,
+            confine,
+            bwrap,
+        } => confine::run(runs, confine.as_deref(), bwrap.as_deref()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

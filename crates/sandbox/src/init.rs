@@ -106,7 +106,7 @@ fn reap(command: Pid, namespace_init: bool) -> Outcome {
             Err(_) => break,
         }
         if outcome.is_some() {
-            reaper::kill_all(namespace_init);
+            reaper::kill_remaining(namespace_init);
         }
     }
     outcome.unwrap_or(Outcome::Failed {

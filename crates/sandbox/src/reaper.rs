@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::waitpid;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpid};
 
 /// Pids whose parent is `parent`, from /proc.
@@ -44,9 +44,30 @@ pub fn kill_all(namespace_init: bool) {
     }
 }
 
+/// True while this process has a child that is still running; reaps a
+/// child that already exited (its status is not needed here).
+fn has_live_child() -> bool {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => return true,
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(_) => return false, // ECHILD: no child at all
+        }
+    }
+}
+
+/// Like [`kill_all`], but without scanning /proc when this process has no
+/// live child: a scan for children could then find none. (Orphans are
+/// reparented before their parent's exit is reported, so none is missed.)
+pub fn kill_remaining(namespace_init: bool) {
+    if (namespace_init && getpid().as_raw() == 1) || has_live_child() {
+        kill_all(namespace_init);
+    }
+}
+
 /// Kills and reaps children until there are none left (never `kill(-1)`).
 pub fn kill_and_reap_all() {
-    loop {
+    while has_live_child() {
         kill_all(false);
         match waitpid(None, None) {
             Ok(_) | Err(Errno::EINTR) => continue,
