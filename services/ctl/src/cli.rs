@@ -2,7 +2,7 @@
 //! shell completions are generated from these definitions.
 
 use crate::commands::{
-    cancel, completions, events, list, replan, retry, show, status, submit, verify,
+    cancel, completions, doctor, events, list, replan, retry, show, status, submit, verify,
 };
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -57,6 +57,8 @@ pub enum Command {
     Status(status::Args),
     /// Owner actions through airlock-retryd (not the bus): `retry extend ID`.
     Retry(retry::Args),
+    /// Check this machine: users, directories, kernel features, bus, polkit, live unit hardening, databases, configuration.
+    Doctor(doctor::Args),
     /// Print a shell completion script.
     Completions(completions::Args),
 }

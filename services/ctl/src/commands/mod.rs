@@ -4,6 +4,7 @@
 
 pub mod cancel;
 pub mod completions;
+pub mod doctor;
 pub mod events;
 pub mod list;
 pub mod replan;
@@ -26,6 +27,9 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
     if let Command::Completions(args) = &cli.command {
         return completions::run(args);
     }
+    if let Command::Doctor(args) = cli.command {
+        return Ok(doctor::run(ctx, args).await);
+    }
     let interactive = wants_interaction(cli.no_ask_password);
     let client = Client::connect(interactive).await?;
     // A text agent lets polkit ask for a password on this terminal.
@@ -40,7 +44,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Events(a) => events::run(ctx, &client, a).await,
         Command::Status(a) => status::run(ctx, &client, a).await,
         Command::Retry(a) => retry::run(ctx, &client, a).await,
-        Command::Completions(_) => unreachable!("handled above"),
+        Command::Completions(_) | Command::Doctor(_) => unreachable!("handled above"),
     }
 }
 

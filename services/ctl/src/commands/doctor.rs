@@ -1,0 +1,580 @@
+//! `airlockctl doctor`: is this machine set up the way airlock needs?
+//!
+//! Each check passes, warns or fails, and says what to run to fix it. The
+//! expected users, groups, directories, owners and modes are read from the
+//! files the package ships (`sysusers/airlock.conf`, `tmpfiles/airlock.conf`,
+//! compiled in), so the doctor and the package cannot disagree.
+
+use crate::output::Ctx;
+use nix::unistd::{Group, User};
+use serde_json::{Value, json};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const SYSUSERS: &str = include_str!("../../../../sysusers/airlock.conf");
+const TMPFILES: &str = include_str!("../../../../tmpfiles/airlock.conf");
+const UNITS: &[&str] = &[
+    "airlock-supervisor.service",
+    "airlock-worker.service",
+    "airlock-executor.service",
+    "airlock-retryd.service",
+];
+const ACTIONS: &[&str] = &[
+    "org.airlock.tasks.read",
+    "org.airlock.tasks.submit",
+    "org.airlock.tasks.manage",
+];
+
+/// Arguments of `doctor`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Configuration file to validate.
+    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    pub config: PathBuf,
+    /// Check a tree other than / (an image or a test root) for files, owners and modes.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+}
+
+/// How a check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// As it should be.
+    Pass,
+    /// Works, but not as recommended, or could not be checked.
+    Warn,
+    /// airlock will not work, or not safely.
+    Fail,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+        }
+    }
+}
+
+/// One check's outcome.
+#[derive(Clone, Debug)]
+pub struct Check {
+    /// What was checked.
+    pub name: String,
+    /// The verdict.
+    pub status: Status,
+    /// What was found.
+    pub detail: String,
+    /// What to run or change, when not passing.
+    pub fix: Option<String>,
+}
+
+fn check(
+    name: impl Into<String>,
+    status: Status,
+    detail: impl Into<String>,
+    fix: Option<&str>,
+) -> Check {
+    Check {
+        name: name.into(),
+        status,
+        detail: detail.into(),
+        fix: fix.map(str::to_owned),
+    }
+}
+
+fn under(root: &Path, path: &str) -> PathBuf {
+    root.join(path.trim_start_matches('/'))
+}
+
+/// Users and groups of the sysusers file.
+pub fn users() -> Vec<Check> {
+    let fix = Some("systemd-sysusers /usr/lib/sysusers.d/airlock.conf");
+    let mut out = Vec::new();
+    for line in SYSUSERS
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["u", name, ..] => out.push(match User::from_name(name) {
+                Ok(Some(u)) => check(
+                    format!("user {name}"),
+                    Status::Pass,
+                    format!("uid {}", u.uid),
+                    None,
+                ),
+                _ => check(format!("user {name}"), Status::Fail, "missing", fix),
+            }),
+            ["g", name, ..] => out.push(match Group::from_name(name) {
+                Ok(Some(g)) => check(
+                    format!("group {name}"),
+                    Status::Pass,
+                    format!("gid {}", g.gid),
+                    None,
+                ),
+                _ => check(format!("group {name}"), Status::Fail, "missing", fix),
+            }),
+            ["m", user, group, ..] => {
+                let member = Group::from_name(group)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|g| g.mem.iter().any(|m| m == user));
+                out.push(if member {
+                    check(format!("{user} in {group}"), Status::Pass, "member", None)
+                } else {
+                    check(
+                        format!("{user} in {group}"),
+                        Status::Fail,
+                        "not a member",
+                        fix,
+                    )
+                });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Directories, owners and modes of the tmpfiles file.
+pub fn directories(root: &Path) -> Vec<Check> {
+    let fix = Some("systemd-tmpfiles --create /usr/lib/tmpfiles.d/airlock.conf");
+    let mut out = Vec::new();
+    for line in TMPFILES
+        .lines()
+        .filter(|l| l.starts_with("d ") || l.starts_with("d\t"))
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [_, path, mode, user, group, ..] = f.as_slice() else {
+            continue;
+        };
+        let want_mode = u32::from_str_radix(mode, 8).unwrap_or(0);
+        let name = format!("directory {path}");
+        let meta = match std::fs::symlink_metadata(under(root, path)) {
+            Ok(m) => m,
+            Err(_) => {
+                out.push(check(name, Status::Fail, "missing", fix));
+                continue;
+            }
+        };
+        if !meta.is_dir() {
+            out.push(check(
+                name,
+                Status::Fail,
+                "not a directory (or a symlink)",
+                fix,
+            ));
+            continue;
+        }
+        let uid = User::from_name(user).ok().flatten().map(|u| u.uid.as_raw());
+        let gid = Group::from_name(group)
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw());
+        let mut wrong = Vec::new();
+        if uid != Some(meta.uid()) {
+            wrong.push(format!("owner uid {} (want {user})", meta.uid()));
+        }
+        if gid != Some(meta.gid()) {
+            wrong.push(format!("group gid {} (want {group})", meta.gid()));
+        }
+        if meta.mode() & 0o7777 != want_mode {
+            wrong.push(format!("mode {:04o} (want {mode})", meta.mode() & 0o7777));
+        }
+        out.push(if wrong.is_empty() {
+            check(name, Status::Pass, format!("{mode} {user}:{group}"), None)
+        } else {
+            check(name, Status::Fail, wrong.join(", "), fix)
+        });
+    }
+    out
+}
+
+/// Kernel features the sandbox needs.
+pub fn kernel() -> Vec<Check> {
+    let abi = airlock_sandbox::landlock::kernel_abi();
+    let landlock = match abi {
+        a if a >= 1 => check("Landlock", Status::Pass, format!("ABI {a}"), None),
+        _ => check(
+            "Landlock",
+            Status::Fail,
+            "not available: the executor refuses to run without it",
+            Some(
+                "boot a kernel with CONFIG_SECURITY_LANDLOCK=y and lsm=landlock,... (or set executor.allow_degraded_landlock, which weakens confinement)",
+            ),
+        ),
+    };
+    let actions =
+        std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail").unwrap_or_default();
+    let seccomp = if ["errno", "kill_process"]
+        .iter()
+        .all(|a| actions.split_whitespace().any(|x| x == *a))
+    {
+        check(
+            "seccomp",
+            Status::Pass,
+            format!("actions: {}", actions.trim()),
+            None,
+        )
+    } else {
+        check(
+            "seccomp",
+            Status::Fail,
+            "seccomp filters are not available",
+            Some("use a kernel with CONFIG_SECCOMP_FILTER=y"),
+        )
+    };
+    vec![landlock, seccomp]
+}
+
+/// polkit actions installed.
+pub fn polkit(root: &Path) -> Check {
+    let path = under(root, "/usr/share/polkit-1/actions/org.airlock.policy");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let missing: Vec<&&str> = ACTIONS
+                .iter()
+                .filter(|a| !text.contains(&format!("\"{a}\"")))
+                .collect();
+            if missing.is_empty() {
+                check("polkit actions", Status::Pass, ACTIONS.join(", "), None)
+            } else {
+                check(
+                    "polkit actions",
+                    Status::Fail,
+                    format!("missing {missing:?}"),
+                    Some("reinstall the airlock package"),
+                )
+            }
+        }
+        Err(_) => check(
+            "polkit actions",
+            Status::Fail,
+            format!("{} is missing", path.display()),
+            Some("reinstall the airlock package"),
+        ),
+    }
+}
+
+/// The confinement a running process really has, from /proc/<pid>/status.
+pub fn live_hardening(unit: &str, status: &str) -> Check {
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let (nnp, seccomp, cap) = (field("NoNewPrivs:"), field("Seccomp:"), field("CapEff:"));
+    let ok = nnp == "1" && seccomp == "2" && cap.trim_start_matches('0').is_empty();
+    check(
+        format!("{unit} live hardening"),
+        if ok { Status::Pass } else { Status::Fail },
+        format!("NoNewPrivs {nnp}, Seccomp {seccomp}, CapEff {cap}"),
+        (!ok).then_some("use the shipped unit files (systemctl revert <unit>) and restart"),
+    )
+}
+
+fn units() -> Vec<Check> {
+    let mut out = Vec::new();
+    for unit in UNITS {
+        let shown = Command::new("systemctl")
+            .args([
+                "show",
+                "-p",
+                "MainPID",
+                "-p",
+                "ActiveState",
+                "--value",
+                unit,
+            ])
+            .output();
+        let Some(shown) = shown.ok().filter(|o| o.status.success()) else {
+            out.push(check(
+                unit.to_string(),
+                Status::Warn,
+                "systemctl not available (not booted with systemd?)",
+                None,
+            ));
+            continue;
+        };
+        let text = String::from_utf8_lossy(&shown.stdout);
+        let mut lines = text.lines();
+        let pid = lines.next().unwrap_or("0").trim().to_owned();
+        let state = lines.next().unwrap_or("").trim().to_owned();
+        if pid == "0" || pid.is_empty() {
+            out.push(check(
+                unit.to_string(),
+                Status::Warn,
+                format!("not running ({state})"),
+                Some("systemctl start airlock.target"),
+            ));
+            continue;
+        }
+        match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            Ok(status) => out.push(live_hardening(unit, &status)),
+            Err(e) => out.push(check(
+                format!("{unit} live hardening"),
+                Status::Warn,
+                format!("pid {pid}: {e}"),
+                None,
+            )),
+        }
+    }
+    out
+}
+
+/// `PRAGMA integrity_check`, opened read-only.
+pub fn database(name: &str, path: &Path) -> Check {
+    if !path.exists() {
+        return check(
+            name,
+            Status::Warn,
+            format!("{} does not exist yet", path.display()),
+            None,
+        );
+    }
+    let flags =
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let result = rusqlite::Connection::open_with_flags(path, flags).and_then(|c| {
+        let mut stmt = c.prepare("PRAGMA integrity_check")?;
+        let rows: Result<Vec<String>, _> = stmt.query_map([], |r| r.get(0))?.collect();
+        rows
+    });
+    match result {
+        Ok(rows) if rows == ["ok"] => check(
+            name,
+            Status::Pass,
+            format!("{}: integrity ok", path.display()),
+            None,
+        ),
+        Ok(rows) => check(
+            name,
+            Status::Fail,
+            format!("{}: {}", path.display(), rows.join("; ")),
+            Some("stop airlock.target, restore the database from a backup"),
+        ),
+        Err(e) => check(
+            name,
+            Status::Fail,
+            format!("{}: {e}", path.display()),
+            Some("check the file's owner and mode, and that it is an airlock database"),
+        ),
+    }
+}
+
+async fn bus_name() -> Check {
+    let address = std::env::var("DBUS_SYSTEM_BUS_ADDRESS").ok();
+    let conn = match address {
+        Some(a) => match zbus::connection::Builder::address(a.as_str()) {
+            Ok(b) => b.build().await,
+            Err(e) => Err(e),
+        },
+        None => zbus::Connection::system().await,
+    };
+    let owned = match conn {
+        Ok(conn) => match zbus::fdo::DBusProxy::new(&conn).await {
+            Ok(p) => match zbus::names::BusName::try_from(crate::client::BUS_NAME) {
+                Ok(name) => p.name_has_owner(name).await.ok(),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        },
+        Err(_) => None,
+    };
+    match owned {
+        Some(true) => check(
+            "bus name",
+            Status::Pass,
+            format!("{} is owned", crate::client::BUS_NAME),
+            None,
+        ),
+        Some(false) => check(
+            "bus name",
+            Status::Fail,
+            format!("nobody owns {}", crate::client::BUS_NAME),
+            Some("systemctl start airlock-supervisor.service; journalctl -u airlock-supervisor"),
+        ),
+        None => check(
+            "bus name",
+            Status::Fail,
+            "the system bus cannot be reached",
+            Some("systemctl start dbus.service"),
+        ),
+    }
+}
+
+fn config(path: &Path) -> (Check, Option<airlock_config::Config>) {
+    match airlock_config::Config::load(path) {
+        Ok(c) => {
+            let n = c.repositories.len();
+            let detail = format!(
+                "{}: valid, {n} repositor{}",
+                path.display(),
+                if n == 1 { "y" } else { "ies" }
+            );
+            (
+                check(
+                    "configuration",
+                    if n == 0 { Status::Warn } else { Status::Pass },
+                    detail,
+                    (n == 0).then_some("register a repository under [[repository]]"),
+                ),
+                Some(c),
+            )
+        }
+        Err(e) => (
+            check(
+                "configuration",
+                Status::Fail,
+                e.to_string(),
+                Some("fix the key named above; see docs/configuration.md"),
+            ),
+            None,
+        ),
+    }
+}
+
+fn repositories(c: &airlock_config::Config) -> Vec<Check> {
+    c.repositories
+        .iter()
+        .map(|r| {
+            let bare = r.path.join("HEAD").is_file() && r.path.join("objects").is_dir();
+            if bare {
+                check(
+                    format!("repository {}", r.name),
+                    Status::Pass,
+                    r.path.display().to_string(),
+                    None,
+                )
+            } else {
+                check(
+                    format!("repository {}", r.name),
+                    Status::Fail,
+                    format!("{} is not a bare git repository", r.path.display()),
+                    Some("git init --bare <path> (owned by airlock-worker) or fix repository.path"),
+                )
+            }
+        })
+        .collect()
+}
+
+/// Runs every check.
+pub async fn run(ctx: &Ctx, args: Args) -> ExitCode {
+    let mut checks = users();
+    checks.extend(directories(&args.root));
+    checks.extend(kernel());
+    checks.push(polkit(&args.root));
+    checks.push(bus_name().await);
+    checks.extend(units());
+    let (cfg_check, cfg) = config(&args.config);
+    checks.push(cfg_check);
+    if let Some(c) = &cfg {
+        checks.extend(repositories(c));
+        checks.push(database("task database", &c.supervisor.database));
+        checks.push(database("checkpoint journal", &c.worker.journal));
+    }
+    report(ctx, &checks)
+}
+
+fn report(ctx: &Ctx, checks: &[Check]) -> ExitCode {
+    let count = |s: Status| checks.iter().filter(|c| c.status == s).count();
+    let (pass, warn, fail) = (
+        count(Status::Pass),
+        count(Status::Warn),
+        count(Status::Fail),
+    );
+    if ctx.json {
+        let list: Vec<Value> = checks
+            .iter()
+            .map(|c| json!({"check": c.name, "status": c.status.as_str(), "detail": c.detail, "fix": c.fix}))
+            .collect();
+        ctx.print_json(
+            &json!({"checks": list, "summary": {"pass": pass, "warn": warn, "fail": fail}}),
+        );
+    } else {
+        for c in checks {
+            let mark = match c.status {
+                Status::Pass => ctx.paint("32", "pass"),
+                Status::Warn => ctx.paint("33", "warn"),
+                Status::Fail => ctx.paint("1;31", "FAIL"),
+            };
+            println!("{mark}  {:<40} {}", c.name, c.detail);
+            if let Some(fix) = &c.fix {
+                println!("      fix: {fix}");
+            }
+        }
+        println!("\n{pass} passed, {warn} warnings, {fail} failed");
+    }
+    if fail == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_hardening_reads_proc_status() {
+        let good =
+            "Name:\tairlock-executor\nNoNewPrivs:\t1\nSeccomp:\t2\nCapEff:\t0000000000000000\n";
+        assert_eq!(live_hardening("u", good).status, Status::Pass);
+        let caps = good.replace("CapEff:\t0000000000000000", "CapEff:\t0000000000000400");
+        assert_eq!(live_hardening("u", &caps).status, Status::Fail);
+        let no_filter = good.replace("Seccomp:\t2", "Seccomp:\t0");
+        assert_eq!(live_hardening("u", &no_filter).status, Status::Fail);
+    }
+
+    #[test]
+    fn directories_follow_the_shipped_tmpfiles_file() {
+        let root = tempfile::tempdir().unwrap();
+        let checks = directories(root.path());
+        assert!(!checks.is_empty());
+        assert!(
+            checks
+                .iter()
+                .all(|c| c.status == Status::Fail && c.detail == "missing"),
+            "{checks:?}"
+        );
+        // /etc/airlock is root:root 0755 in the shipped file: make it right and see it pass.
+        let etc = root.path().join("etc/airlock");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::set_permissions(&etc, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let c = directories(root.path())
+            .into_iter()
+            .find(|c| c.name == "directory /etc/airlock")
+            .unwrap();
+        if nix::unistd::getuid().is_root() {
+            assert_eq!(c.status, Status::Pass, "{c:?}");
+            std::fs::set_permissions(&etc, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+                .unwrap();
+            let c = directories(root.path())
+                .into_iter()
+                .find(|c| c.name == "directory /etc/airlock")
+                .unwrap();
+            assert_eq!(c.status, Status::Fail);
+            assert!(c.detail.contains("mode 0777 (want 0755)"), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn database_check_finds_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite3");
+        assert_eq!(database("db", &path).status, Status::Warn);
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        drop(c);
+        assert_eq!(database("db", &path).status, Status::Pass);
+        std::fs::write(&path, vec![0x42u8; 8192]).unwrap();
+        assert_eq!(database("db", &path).status, Status::Fail);
+    }
+}
