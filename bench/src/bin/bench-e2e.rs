@@ -6,47 +6,13 @@
 //! to the raw write+fsync rate of the same disk measured in the same run.
 //! Prints figures; asserts nothing.
 
+use airlock_local::client::{TasksClient, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Client {
-    rt: tokio::runtime::Runtime,
-    conn: zbus::Connection,
-}
-
-impl Client {
-    fn new(address: &str) -> Client {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let conn = rt
-            .block_on(async { zbus::connection::Builder::address(address)?.build().await })
-            .expect("bus");
-        Client { rt, conn }
-    }
-    fn call(&self, method: &str, arg: &str) -> Value {
-        self.rt.block_on(async {
-            let reply = self
-                .conn
-                .call_method(
-                    Some("org.airlock.Supervisor1"),
-                    "/org/airlock/Supervisor1",
-                    Some("org.airlock.Tasks1"),
-                    method,
-                    &(arg,),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("{method}: {e}"));
-            let text: String = reply.body().deserialize().expect("string reply");
-            serde_json::from_str(&text).expect("json reply")
-        })
-    }
-}
 
 fn git(repo: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
@@ -59,23 +25,19 @@ fn git(repo: &Path, args: &[&str]) -> String {
 }
 
 fn task(id: &str, base: &str) -> String {
-    json!({
-        "schema": "airlock.task.v1", "max_attempts": 1,
-        "binding": {"task_id": id, "job_id": format!("job-{id}"), "repository": "demo", "base_oid": base,
-                    "expected_branch_oid": base, "target_branch": format!("agent/{id}"), "branch_mode": "CREATE_NEW",
-                    "generation": 1, "idempotency_key": format!("submit-{id}")},
-        "plan": {"schema": "airlock.plan.v1", "task_id": id, "job_id": format!("job-{id}"), "source_head_oid": base,
-                 "generation": 1, "idempotency_key": format!("plan-{id}"),
-                 "execution": {"action": "deterministic",
-                               "change_set": [{"operation": "write_file", "path": "bench.txt", "content": format!("{id}\n")}],
-                               "verification": [{"label": "true", "argv": ["/bin/true"], "timeout_seconds": 30}]}},
-    })
+    task_on_demo(
+        id,
+        base,
+        1,
+        json!({"operation": "write_file", "path": "bench.txt", "content": format!("{id}\n")}),
+        json!([{"label": "true", "argv": ["/bin/true"], "timeout_seconds": 30}]),
+    )
     .to_string()
 }
 
 /// Runs `n` tasks keeping `inflight` outstanding; returns (elapsed, latencies).
 fn drive(suite: &Suite, prefix: &str, n: usize, inflight: usize) -> (Duration, Vec<Duration>) {
-    let client = Client::new(suite.bus.address());
+    let client = TasksClient::connect(suite.bus.address()).expect("bus");
     let base = git(
         &suite.layout.repos().join("demo.git"),
         &["rev-parse", "refs/heads/main"],
@@ -87,13 +49,15 @@ fn drive(suite: &Suite, prefix: &str, n: usize, inflight: usize) -> (Duration, V
     while latencies.len() < n {
         while pending.len() < inflight && next < n {
             let id = format!("{prefix}-{next:04}");
-            client.call("SubmitTask", &task(&id, &base));
+            client
+                .call("SubmitTask", &task(&id, &base))
+                .expect("SubmitTask");
             pending.push((id, Instant::now()));
             next += 1;
         }
         let mut still = Vec::new();
         for (id, at) in pending {
-            let v = client.call("GetTask", &id);
+            let v = client.call("GetTask", &id).expect("GetTask");
             match v["state"].as_str() {
                 Some("SUCCEEDED") => latencies.push(at.elapsed()),
                 Some("FAILED") | Some("CANCELLED") => {

@@ -1,6 +1,7 @@
 //! The demo: a sample repository with a bug, a plan that fixes it, and the
 //! whole pipeline carrying it to a verified commit on an agent/ branch.
 
+use crate::client::{TasksClient, task_on_demo};
 use crate::layout::{self, Ids, Layout};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -97,46 +98,19 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn call(conn: &zbus::Connection, method: &str, arg: &str) -> Result<Value, String> {
-    let reply = conn
-        .call_method(
-            Some("org.airlock.Supervisor1"),
-            "/org/airlock/Supervisor1",
-            Some("org.airlock.Tasks1"),
-            method,
-            &(arg,),
-        )
-        .await
-        .map_err(|e| format!("{method}: {e}"))?;
-    let text: String = reply.body().deserialize().map_err(|e| e.to_string())?;
-    serde_json::from_str(&text).map_err(|e| e.to_string())
-}
-
 fn submission(task_id: &str, base: &str) -> Value {
     let sha = airlock_proto::canonical::sha256_hex(CALC_PY.as_bytes());
-    json!({
-        "schema": "airlock.task.v1",
-        "max_attempts": 2,
-        "binding": {
-            "task_id": task_id, "job_id": format!("job-{task_id}"), "repository": "demo",
-            "base_oid": base, "expected_branch_oid": base, "target_branch": format!("agent/{task_id}"),
-            "branch_mode": "CREATE_NEW", "generation": 1, "idempotency_key": format!("submit-{task_id}"),
-        },
-        "plan": {
-            "schema": "airlock.plan.v1", "task_id": task_id, "job_id": format!("job-{task_id}"),
-            "source_head_oid": base, "generation": 1, "idempotency_key": format!("plan-{task_id}"),
-            "execution": {
-                "action": "deterministic",
-                "capability_scope": ["git.read", "git.test"],
-                "change_set": [{"operation": "replace_text", "path": "calc.py", "old": "return a - b",
-                                "new": "return a + b", "count": 1, "expected_sha256": sha}],
-                "verification": [
-                    {"label": "compile", "argv": ["/usr/bin/python3", "-m", "py_compile", "calc.py"], "timeout_seconds": 60},
-                    {"label": "unit tests", "argv": ["/usr/bin/python3", "-m", "unittest", "-v", "test_calc"], "timeout_seconds": 120},
-                ],
-            },
-        },
-    })
+    task_on_demo(
+        task_id,
+        base,
+        2,
+        json!({"operation": "replace_text", "path": "calc.py", "old": "return a - b",
+               "new": "return a + b", "count": 1, "expected_sha256": sha}),
+        json!([
+            {"label": "compile", "argv": ["/usr/bin/python3", "-m", "py_compile", "calc.py"], "timeout_seconds": 60},
+            {"label": "unit tests", "argv": ["/usr/bin/python3", "-m", "unittest", "-v", "test_calc"], "timeout_seconds": 120},
+        ]),
+    )
 }
 
 /// Runs the demo end to end.
@@ -171,25 +145,17 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let task_id = format!("demo-{stamp}");
-        let rt = runtime()?;
-        let address = suite.bus.address().to_owned();
-        let (view, transitions) = rt.block_on(async {
-            let conn = connect(&address).await.map_err(|e| e.to_string())?;
-            let submitted = call(
-                &conn,
-                "SubmitTask",
-                &submission(&task_id, &base).to_string(),
-            )
-            .await?;
-            say(&format!(
-                "  submitted {task_id}: fix calc.add, verify with py_compile and unittest"
-            ));
-            let _ = submitted;
+        let client = TasksClient::connect(suite.bus.address())?;
+        client.call("SubmitTask", &submission(&task_id, &base).to_string())?;
+        say(&format!(
+            "  submitted {task_id}: fix calc.add, verify with py_compile and unittest"
+        ));
+        let (view, transitions) = {
             let mut last = String::new();
             let mut transitions = Vec::new();
             let deadline = Instant::now() + Duration::from_secs(180);
             loop {
-                let view = call(&conn, "GetTask", &task_id).await?;
+                let view = client.call("GetTask", &task_id)?;
                 let state = view["state"].as_str().unwrap_or("?").to_owned();
                 if state != last {
                     say(&format!(
@@ -200,14 +166,14 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
                     last = state.clone();
                 }
                 if matches!(state.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED") {
-                    return Ok::<_, String>((view, transitions));
+                    break (view, transitions);
                 }
                 if Instant::now() > deadline {
                     return Err(format!("{task_id} still {state} after 180 s"));
                 }
-                tokio::time::sleep(Duration::from_millis(150)).await;
+                std::thread::sleep(Duration::from_millis(150));
             }
-        })?;
+        };
         let result = view["result"].clone();
         let commit = result["commit_oid"].as_str().map(str::to_owned);
         let branch = view["binding"]["target_branch"]

@@ -1,6 +1,7 @@
 //! airlock-local as a library: start the whole suite on one machine, as
 //! the `airlock-local` binary and the crash matrix do.
 
+pub mod client;
 pub mod demo;
 pub mod fleet;
 pub mod layout;

@@ -10,6 +10,7 @@
 //! - no stale worker workspace remains;
 //! - both databases pass their integrity checks.
 
+use airlock_local::client::{TasksClient, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_store::checkpoint::CheckpointJournal;
 use airlock_store::tasks::{EventOutcome, TaskStore};
@@ -53,74 +54,27 @@ fn submission(i: usize, base: &str) -> Value {
     } else {
         json!(["/bin/true"])
     };
-    json!({
-        "schema": "airlock.task.v1",
-        "max_attempts": 6,
-        "binding": {
-            "task_id": task, "job_id": format!("job-{task}"), "repository": "demo",
-            "base_oid": base, "expected_branch_oid": base, "target_branch": format!("agent/{task}"),
-            "branch_mode": "CREATE_NEW", "generation": 1, "idempotency_key": format!("submit-{task}"),
-        },
-        "plan": {
-            "schema": "airlock.plan.v1", "task_id": task, "job_id": format!("job-{task}"),
-            "source_head_oid": base, "generation": 1, "idempotency_key": format!("plan-{task}"),
-            "execution": {
-                "action": "deterministic",
-                "change_set": [{"operation": "write_file", "path": format!("crash/{task}.txt"), "content": format!("{task}\n")}],
-                "verification": [{"label": "check", "argv": argv, "timeout_seconds": 30}],
-            },
-        },
-    })
+    task_on_demo(
+        &task,
+        base,
+        6,
+        json!({"operation": "write_file", "path": format!("crash/{task}.txt"), "content": format!("{task}\n")}),
+        json!([{"label": "check", "argv": argv, "timeout_seconds": 30}]),
+    )
 }
 
-struct Client {
-    rt: tokio::runtime::Runtime,
-    conn: zbus::Connection,
-}
+/// The suite's task client, patient while the supervisor restarts.
+struct Client(TasksClient);
 
 impl Client {
     fn new(address: &str) -> Client {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let conn = rt
-            .block_on(async { zbus::connection::Builder::address(address)?.build().await })
-            .expect("bus connection");
-        Client { rt, conn }
+        Client(TasksClient::connect(address).expect("bus connection"))
     }
 
-    fn call(&self, method: &str, arg: &str) -> Result<Value, String> {
-        self.rt.block_on(async {
-            let reply = self
-                .conn
-                .call_method(
-                    Some("org.airlock.Supervisor1"),
-                    "/org/airlock/Supervisor1",
-                    Some("org.airlock.Tasks1"),
-                    method,
-                    &(arg,),
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            let text: String = reply.body().deserialize().map_err(|e| e.to_string())?;
-            serde_json::from_str(&text).map_err(|e| e.to_string())
-        })
-    }
-
-    /// Retries while the supervisor is restarting.
     fn call_retry(&self, method: &str, arg: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.call(method, arg) {
-                Ok(v) => return v,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => panic!("{method}: {e}"),
-            }
-        }
+        self.0
+            .call_retry(method, arg, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{method}: {e}"))
     }
 }
 
