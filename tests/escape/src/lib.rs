@@ -173,10 +173,15 @@ fn is_gap(name: &str) -> bool {
         .any(|p| p.name == name && p.judge == Judge::KnownGap)
 }
 
+/// True when running as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Why the suite cannot run here (not root, a tool missing, ...), if so.
 pub fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Some("needs root (distinct uids, network namespaces)".into());
     }
     if !cfg!(target_arch = "x86_64") {
