@@ -15,12 +15,11 @@
 //!    --die-with-parent`.
 //!
 //! Each figure is the median and p90 of wall time from spawn to exit over
-//! `--runs` runs (after a warm-up), and the mean CPU time (user + system of
-//! the whole process tree, from the children's times in /proc/self/stat),
-//! then the ratios helper/bare and helper/bwrap against the issue's
-//! targets, for wall time and for CPU time. CPU time does not depend on how
-//! busy the machine is; wall time does. Timings are printed, never
-//! asserted.
+//! `--runs` runs (after a warm-up), then the ratios helper/bare and
+//! helper/bwrap against the targets. Wall time depends on how busy
+//! the machine is; for CPU time use `perf stat -r N` on each command line
+//! (its task-clock follows every process of the tree; see the README).
+//! Timings are printed, never asserted.
 
 use std::error::Error;
 use std::ffi::OsString;
@@ -155,37 +154,17 @@ impl Setup {
         a
     }
 
-    /// Wall time of one run, and the CPU ticks its process tree used.
-    fn time_once(&self, variant: Variant, argv: &[&str]) -> BenchResult<(Duration, u64)> {
+    /// Wall time of one run.
+    fn time_once(&self, variant: Variant, argv: &[&str]) -> BenchResult<Duration> {
         let mut cmd = self.command(variant, argv);
-        let ticks = children_ticks()?;
         let start = Instant::now();
         let status = cmd.status()?;
         let elapsed = start.elapsed();
-        let used = children_ticks()?.saturating_sub(ticks);
         if !status.success() {
             return Err(format!("{} {:?}: {status}", variant.name(), argv.join(" ")).into());
         }
-        Ok((elapsed, used))
+        Ok(elapsed)
     }
-}
-
-/// Clock ticks per second of /proc's times (USER_HZ, 100 on Linux).
-const USER_HZ: f64 = 100.0;
-
-/// CPU time (user + system, in clock ticks) of this process's waited-for
-/// children and their waited-for descendants: fields 16 and 17 of
-/// /proc/self/stat. Cumulative and exact over many runs, so the mean over
-/// a cell is precise even though one run is shorter than a tick.
-fn children_ticks() -> BenchResult<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    let rest = &stat[stat.rfind(')').ok_or("/proc/self/stat")? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After "pid (comm) ", field 3 (state) is at index 0: cutime is field
-    // 16, cstime field 17.
-    let get =
-        |n: usize| -> BenchResult<u64> { Ok(fields.get(n - 3).ok_or("short stat")?.parse()?) };
-    Ok(get(16)? + get(17)?)
 }
 
 /// Median and p90 of a sample, in milliseconds.
@@ -257,45 +236,37 @@ pub fn run(runs: u32, confine: Option<&Path>, bwrap: Option<&Path>) -> BenchResu
             "an unprivileged user (user namespace)".into()
         }
     );
-    // samples[command][variant]: wall times, and summed CPU ticks.
+    // samples[command][variant]: wall times.
     let mut samples: Vec<Vec<Vec<Duration>>> =
         vec![vec![Vec::new(); variants.len()]; COMMANDS.len()];
-    let mut ticks = vec![vec![0u64; variants.len()]; COMMANDS.len()];
     for round in 0..(WARMUP + runs as usize) {
         for (ci, (_, argv)) in COMMANDS.iter().enumerate() {
             for (vi, v) in variants.iter().enumerate() {
-                let (t, cpu) = setup.time_once(*v, argv)?;
+                let t = setup.time_once(*v, argv)?;
                 if round >= WARMUP {
                     samples[ci][vi].push(t);
-                    ticks[ci][vi] += cpu;
                 }
             }
         }
     }
     println!();
     println!(
-        "{:<18} {:<32} {:>11} {:>9} {:>11}",
-        "command", "variant", "median ms", "p90 ms", "mean CPU ms"
+        "{:<18} {:<32} {:>11} {:>9}",
+        "command", "variant", "median ms", "p90 ms"
     );
     let mut medians = vec![vec![0.0; variants.len()]; COMMANDS.len()];
-    let mut cpus = vec![vec![0.0; variants.len()]; COMMANDS.len()];
     for (ci, (label, _)) in COMMANDS.iter().enumerate() {
         for (vi, v) in variants.iter().enumerate() {
             let (median, p90) = stats(&samples[ci][vi]);
-            let cpu = ticks[ci][vi] as f64 * 1e3 / USER_HZ / f64::from(runs);
             medians[ci][vi] = median;
-            cpus[ci][vi] = cpu;
-            println!(
-                "{label:<18} {:<32} {median:>11.2} {p90:>9.2} {cpu:>11.2}",
-                v.name()
-            );
+            println!("{label:<18} {:<32} {median:>11.2} {p90:>9.2}", v.name());
         }
     }
-    for (title, m) in [("median wall time", &medians), ("mean CPU time", &cpus)] {
-        println!();
-        println!("ratios of {title} (target in brackets):");
-        ratios(&variants, m);
-    }
+    println!();
+    println!("ratios of median wall times (target in brackets):");
+    ratios(&variants, &medians);
+    println!();
+    println!("CPU time, independent of the load: perf stat -r 50 <the same command lines>");
     Ok(())
 }
 
