@@ -56,7 +56,8 @@ const LISTENER_PY: &str = include_str!("py/listener.py");
 
 /// The interpreter the program policy allows.
 pub const PYTHON: &str = "/usr/bin/python3";
-/// Probe `i` runs as uid `UID_BASE + i` (RLIMIT_NPROC counts per uid).
+/// Probe `i` runs as uid `UID_BASE + i` (+ 100 in the second mode;
+/// RLIMIT_NPROC counts per uid).
 pub const UID_BASE: u32 = 47100;
 /// Owner of the fake worker state directory.
 pub const OTHER_UID: u32 = 47099;
@@ -82,6 +83,35 @@ type Res<T> = Result<T, String>;
 
 fn io<E: fmt::Display>(what: impl fmt::Display) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
+}
+
+/// How the executor's helper gets (or does not get) its namespaces.
+#[derive(Clone, Debug)]
+pub enum Mode {
+    /// The helper creates user, pid, net, ipc, uts and mount namespaces (an
+    /// executor run by hand or under another init).
+    Namespaces,
+    /// The executor unit's `RestrictNamespaces=yes`, emulated by running the
+    /// executor under this wrapper (`airlock-escape-restrict-namespaces`):
+    /// no namespace at all, as in production under systemd.
+    RestrictNamespaces(PathBuf),
+}
+
+impl Mode {
+    /// A short name for the report.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Namespaces => "namespaces",
+            Mode::RestrictNamespaces(_) => "restrict-namespaces",
+        }
+    }
+
+    fn uid_offset(&self) -> u32 {
+        match self {
+            Mode::Namespaces => 0,
+            Mode::RestrictNamespaces(_) => 100,
+        }
+    }
 }
 
 /// How a probe ended.
@@ -634,7 +664,7 @@ impl Suite {
     }
 
     /// Runs every probe, `WORKERS` at a time, printing one line each.
-    pub fn run_all(&self, filter: Option<&str>) -> Summary {
+    pub fn run_all(&self, filter: Option<&str>, mode: &Mode) -> Summary {
         let list: Vec<(usize, &Probe)> = probes::PROBES
             .iter()
             .enumerate()
@@ -652,7 +682,7 @@ impl Suite {
                         };
                         let started = Instant::now();
                         let verdict = self
-                            .probe(index, probe)
+                            .probe(index, probe, mode)
                             .unwrap_or_else(|e| Verdict::Inconclusive(format!("harness: {e}")));
                         let outcome = Outcome {
                             name: probe.name,
@@ -721,7 +751,7 @@ impl Suite {
     }
 
     /// Runs one probe through the executor and judges it.
-    fn probe(&self, index: usize, probe: &Probe) -> Res<Verdict> {
+    fn probe(&self, index: usize, probe: &Probe, mode: &Mode) -> Res<Verdict> {
         if let Some(need) = probe.needs {
             if !self.fixtures.contains_key(need) {
                 return Ok(Verdict::Skipped(format!(
@@ -729,11 +759,11 @@ impl Suite {
                 )));
             }
         }
-        let uid = UID_BASE + u32::try_from(index).map_err(io("index"))?;
+        let uid = UID_BASE + mode.uid_offset() + u32::try_from(index).map_err(io("index"))?;
         if !processes_of(uid).is_empty() {
             return Err(format!("uid {uid} already has processes"));
         }
-        let dir = self.base.join(format!("p-{}", probe.name));
+        let dir = self.base.join(format!("p-{}-{}", mode.name(), probe.name));
         mkdir(&dir, 0o755, None)?;
         for sub in ["marker", "out", "work"] {
             mkdir(&dir.join(sub), 0o755, Some(uid))?;
@@ -777,7 +807,8 @@ impl Suite {
         put(&arc_path, &archive, 0o644, Some(uid))?;
 
         let started = Instant::now();
-        let executor_log = self.run_executor(probe, uid, &dir, &req_path, &arc_path, &out_path)?;
+        let executor_log =
+            self.run_executor(probe, mode, uid, &dir, &req_path, &arc_path, &out_path)?;
         let _ = started;
 
         // --- judge ---------------------------------------------------------
@@ -1015,9 +1046,11 @@ impl Suite {
 
     /// `ip netns exec NS unshare -m sh -c SETUP; exec setpriv … airlock-executor run-once …`;
     /// returns the executor's stderr.
+    #[allow(clippy::too_many_arguments)]
     fn run_executor(
         &self,
         probe: &Probe,
+        mode: &Mode,
         uid: u32,
         dir: &Path,
         request: &Path,
@@ -1062,25 +1095,28 @@ chmod 0644 /run/credentials/airlock-worker.service/token
             "--regid",
             &uid.to_string(),
             "--clear-groups",
-        ])
-        .arg(&self.bins.executor)
-        .arg("run-once")
-        .arg("--request")
-        .arg(request)
-        .arg("--archive")
-        .arg(archive)
-        .arg("--out")
-        .arg(out)
-        .arg("--confine")
-        .arg(&self.bins.confine)
-        .arg("--work")
-        .arg(&work)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("AIRLOCK_ESCAPE_CANARY", format!("canary-{}", self.tok))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
+        ]);
+        if let Mode::RestrictNamespaces(wrapper) = mode {
+            cmd.arg(wrapper);
+        }
+        cmd.arg(&self.bins.executor)
+            .arg("run-once")
+            .arg("--request")
+            .arg(request)
+            .arg("--archive")
+            .arg(archive)
+            .arg("--out")
+            .arg(out)
+            .arg("--confine")
+            .arg(&self.bins.confine)
+            .arg("--work")
+            .arg(&work)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("AIRLOCK_ESCAPE_CANARY", format!("canary-{}", self.tok))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
         let child = cmd.spawn().map_err(io("executor"))?;
         let mut child = Guarded(child);
         let deadline = Instant::now() + Duration::from_secs(u64::from(probe.timeout) + 60);
@@ -1102,6 +1138,9 @@ fn harness_how(probe: &Probe) -> &'static str {
         "daemonize" => "no process of its uid outlived the command",
         "git_hooks" => "the result carries only the change set",
         "cleanup_symlink_trap" => "the clean-up followed no planted symlink",
+        "kill_everything" => {
+            "the marker, the executor and the helper of the same uid received nothing"
+        }
         _ => "side effects absent",
     }
 }
@@ -1114,6 +1153,8 @@ fn syscall_numbers() -> Value {
         ("process_vm_readv", libc::SYS_process_vm_readv),
         ("process_vm_writev", libc::SYS_process_vm_writev),
         ("pidfd_open", libc::SYS_pidfd_open),
+        ("pidfd_send_signal", libc::SYS_pidfd_send_signal),
+        ("pidfd_getfd", libc::SYS_pidfd_getfd),
         ("mount", libc::SYS_mount),
         ("fsopen", libc::SYS_fsopen),
         ("open_tree", libc::SYS_open_tree),
