@@ -339,7 +339,7 @@ fn put(path: &Path, data: &[u8], mode: u32, owner: Option<u32>) -> Res<()> {
 
 /// Waits for a JSON file another process renames into place.
 fn wait_json(path: &Path, what: &str) -> Res<Value> {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(bytes) = fs::read(path) {
             return serde_json::from_slice(&bytes).map_err(io(what));
