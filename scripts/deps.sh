@@ -13,8 +13,16 @@
 #   bubblewrap       sandbox tests
 #   python3          the verification commands the executor runs
 #   systemd          systemd-sysusers: airlock-local creates the package's users
-#   util-linux       unshare: the executor's network namespace when not root
-AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 systemd util-linux)
+#   util-linux       unshare: the executor's network namespace when not root;
+#                    nsenter: the systemd testbed drives its container
+#   dpkg-dev, lintian, rpm, help2man
+#                    scripts/package: dpkg-shlibdeps, lintian on the .deb,
+#                    rpmbuild, the daemons' man pages
+#   debootstrap, systemd-container
+#                    the systemd testbed (tests/systemd): a minimal Debian
+#                    root, booted with systemd-nspawn
+AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 systemd util-linux
+  dpkg-dev lintian rpm help2man debootstrap systemd-container)
 
 # Prints a section header.
 section() {
