@@ -21,8 +21,10 @@
 #   debootstrap, systemd-container
 #                    the systemd testbed (tests/systemd): a minimal Debian
 #                    root, booted with systemd-nspawn
+#   iproute2, libcap2-bin
+#                    the escape suite: ip netns and a veth peer; setcap
 AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 systemd util-linux
-  dpkg-dev lintian rpm help2man debootstrap systemd-container)
+  dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin)
 
 # Prints a section header.
 section() {
