@@ -61,8 +61,13 @@ fn bounding_has(cap: u32) -> Option<bool> {
 pub fn clear() -> Result<bool> {
     let err = |e: caps::errors::CapsError| Error::Capabilities(e.to_string());
     caps::clear(None, CapSet::Ambient).map_err(err)?;
+    // capset(2) only for a set that holds something: an unprivileged helper
+    // whose sets are already empty then runs under a seccomp filter that
+    // denies capset (the executor's unit denies @privileged).
     for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
-        caps::clear(None, set).map_err(err)?;
+        if !caps::read(None, set).map_err(err)?.is_empty() {
+            caps::clear(None, set).map_err(err)?;
+        }
     }
     for set in [
         CapSet::Ambient,

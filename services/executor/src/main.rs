@@ -79,9 +79,14 @@ struct ServeArgs {
     /// (default: spool.root of the configuration).
     #[arg(long, value_name = "DIR")]
     spool: Option<PathBuf>,
-    /// Uid that must own every request and source archive (the worker's).
-    #[arg(long, value_name = "UID")]
-    worker_uid: u32,
+    /// Uid that must own every request and source archive (the worker's)
+    /// [default: the uid of --worker-user].
+    #[arg(long, value_name = "UID", conflicts_with = "worker_user")]
+    worker_uid: Option<u32>,
+    /// User (name or numeric uid) that must own every request and source
+    /// archive [default: supervisor.worker_user of the configuration].
+    #[arg(long, value_name = "USER")]
+    worker_user: Option<String>,
     /// Remove own results and failures older than this many hours.
     #[arg(long, value_name = "HOURS", default_value_t = 168)]
     retain_hours: u64,
@@ -126,6 +131,30 @@ fn load_config(path: Option<&Path>) -> Result<airlock_config::Config> {
     match path {
         Some(p) => airlock_config::Config::load(p).map_err(|e| Error::Config(e.to_string())),
         None => Ok(airlock_config::Config::default()),
+    }
+}
+
+/// The worker's uid: --worker-uid, else --worker-user, else the
+/// configuration's supervisor.worker_user, looked up in the user database.
+fn worker_uid(args: &ServeArgs, config: &airlock_config::Config) -> Result<u32> {
+    if let Some(uid) = args.worker_uid {
+        return Ok(uid);
+    }
+    let user = args
+        .worker_user
+        .as_deref()
+        .unwrap_or(&config.supervisor.worker_user);
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok(u.uid.as_raw()),
+        Ok(None) => Err(Error::Config(format!(
+            "worker user {user:?} does not exist"
+        ))),
+        Err(e) => Err(Error::Config(format!(
+            "looking up worker user {user:?}: {e}"
+        ))),
     }
 }
 
@@ -211,6 +240,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     let isolation = selfcheck::run()?;
     // 2. Configuration.
     let config = load_config(args.common.config.as_deref())?;
+    let worker_uid = worker_uid(&args, &config)?;
     // 3. Spool, work root, helper.
     let root = args
         .spool
@@ -243,7 +273,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
         isolation.interfaces.join(","),
         own.status,
         own.abi,
-        args.worker_uid
+        worker_uid
     );
     settings.own = Some(own);
     let max_spool = config.spool.max_file_bytes;
@@ -256,7 +286,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
             if spool.exists(Kind::Results, &id)? || spool.exists(Kind::Failed, &id)? {
                 continue;
             }
-            handle_spooled(&spool, &settings, &id, args.worker_uid, max_spool);
+            handle_spooled(&spool, &settings, &id, worker_uid, max_spool);
         }
         if last_gc.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
             match spool.gc(

@@ -159,16 +159,44 @@ pub fn check_credentials(dirs: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-/// The network interfaces of this process's network namespace.
+/// The network interfaces of this process's network namespace: from the
+/// kernel over netlink, or, where netlink sockets are not allowed (the
+/// systemd unit's RestrictAddressFamilies=AF_UNIX), from
+/// `/proc/self/net/dev`, which also shows the reading process's own
+/// namespace. When neither answers, the check fails.
 pub fn interfaces() -> Result<Vec<String>> {
-    let list = nix::net::if_::if_nameindex().map_err(|e| Error::NotIsolated {
-        check: "network",
-        detail: format!("cannot list network interfaces: {e}"),
-    })?;
-    Ok(list
-        .iter()
-        .map(|i| i.name().to_string_lossy().into_owned())
-        .collect())
+    match nix::net::if_::if_nameindex() {
+        Ok(list) => Ok(list
+            .iter()
+            .map(|i| i.name().to_string_lossy().into_owned())
+            .collect()),
+        Err(netlink) => std::fs::read_to_string("/proc/self/net/dev")
+            .map_err(|e| e.to_string())
+            .and_then(|text| proc_net_dev_names(&text))
+            .map_err(|proc| Error::NotIsolated {
+                check: "network",
+                detail: format!(
+                    "cannot list network interfaces (netlink: {netlink}; /proc/self/net/dev: {proc})"
+                ),
+            }),
+    }
+}
+
+/// Interface names from the text of `/proc/<pid>/net/dev`: two header
+/// lines, then one `name: counters…` line per interface. Anything else is
+/// an error, never an empty list.
+pub fn proc_net_dev_names(text: &str) -> std::result::Result<Vec<String>, String> {
+    let mut lines = text.lines();
+    let header = (lines.next(), lines.next());
+    if !matches!(header, (Some(a), Some(b)) if a.contains("Receive") && b.contains("face")) {
+        return Err("unexpected header".into());
+    }
+    lines
+        .map(|line| match line.split_once(':') {
+            Some((name, _)) if !name.trim().is_empty() => Ok(name.trim().to_owned()),
+            _ => Err(format!("unexpected line {line:?}")),
+        })
+        .collect()
 }
 
 /// Check 3: no interface but `lo`.
@@ -251,6 +279,30 @@ mod tests {
         ] {
             assert_eq!(refused(&[("HARMLESS", value)]), None, "{value}");
         }
+    }
+
+    #[test]
+    fn proc_net_dev_lists_every_interface() {
+        let text = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n  eth0: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16\n";
+        assert_eq!(proc_net_dev_names(text).unwrap(), ["lo", "eth0"]);
+        assert!(check_network(&proc_net_dev_names(text).unwrap()).is_err());
+        assert!(proc_net_dev_names("").is_err());
+        assert!(proc_net_dev_names("garbage\n").is_err());
+        let broken = format!(
+            "{}\nno colon here\n",
+            &text[..text.find("    lo").unwrap() - 1]
+        );
+        assert!(proc_net_dev_names(&broken).is_err());
+    }
+
+    #[test]
+    fn the_own_namespace_lists_through_proc_as_through_netlink() {
+        let text = std::fs::read_to_string("/proc/self/net/dev").unwrap();
+        let mut from_proc = proc_net_dev_names(&text).unwrap();
+        let mut from_netlink = interfaces().unwrap();
+        from_proc.sort();
+        from_netlink.sort();
+        assert_eq!(from_proc, from_netlink);
     }
 
     #[test]

@@ -1,0 +1,1546 @@
+//! The testbed scenario: build the packages, boot the root, install the
+//! .deb and use airlock as an administrator would, then reinstall,
+//! upgrade, stop, remove and purge it. Every check is recorded in the
+//! [`Report`]; a check that fails does not stop the ones after it, except
+//! where they could not mean anything (no package, no container, no
+//! installation).
+
+use crate::units::{self, max_exposure};
+use crate::{Container, Out, Report, debian_root, run, tail, which, workspace_root};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Where things are.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Cargo's target directory (packages and the testbed's files go there).
+    pub target_dir: PathBuf,
+    /// Cache of the Debian root.
+    pub cache: PathBuf,
+    /// Debian mirror for debootstrap.
+    pub mirror: String,
+}
+
+const SEC: Duration = Duration::from_secs(1);
+const SERVICES: &[&str] = &[
+    "airlock-supervisor.service",
+    "airlock-worker.service",
+    "airlock-executor.service",
+    "airlock-retryd.service",
+];
+const STARTED_BY_TARGET: &[&str] = &[
+    "airlock.target",
+    "airlock-supervisor.service",
+    "airlock-worker.service",
+    "airlock-executor.service",
+    "airlock-retryd.socket",
+];
+const ALL_UNITS: &[&str] = &[
+    "airlock.target",
+    "airlock-supervisor.service",
+    "airlock-worker.service",
+    "airlock-executor.service",
+    "airlock-retryd.service",
+    "airlock-retryd.socket",
+];
+const USERS: &[&str] = &[
+    "airlock",
+    "airlock-worker",
+    "airlock-exec",
+    "airlock-retry",
+    "airlock-agent",
+];
+/// Depends the root made by debootstrap satisfies without a network.
+const ALLOWED_DEPENDS: &[&str] = &[
+    "libc6",
+    "libgcc-s1",
+    "git",
+    "python3",
+    "dbus",
+    "polkitd",
+    "systemd",
+];
+/// Files a verification command, the executor or its user must not read.
+const SECRETS: &[&str] = &[
+    "/var/lib/airlock-worker",
+    "/var/lib/airlock-worker/checkpoints.sqlite3",
+    "/var/lib/airlock/tasks.sqlite3",
+    "/etc/airlock/retry-control.token",
+    "/etc/airlock/retryd.env",
+    "/run/credentials",
+    "/run/credentials/airlock-retryd.service",
+    "/srv/airlock",
+    "/srv/airlock/calc.git/config",
+    "/etc/shadow",
+    "/root",
+];
+const REPO: &str = "/srv/airlock/calc.git";
+
+/// Helper programs run inside the container (python3 is in the root).
+const MKTASK_PY: &str = r#"
+import hashlib, json, subprocess, sys
+tid, mode, max_attempts, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+repo = "/srv/airlock/calc.git"
+def git(*a):
+    return subprocess.check_output(["git", "-c", "safe.directory=*", "-C", repo, *a])
+base = git("rev-parse", "main").decode().strip()
+calc = git("show", "main:calc.py")
+fix = {"operation": "replace_text", "path": "calc.py", "old": "return a - b",
+       "new": "return a + b", "count": 1, "expected_sha256": hashlib.sha256(calc).hexdigest()}
+compile_ = {"label": "compile", "argv": ["/usr/bin/python3", "-m", "py_compile", "calc.py"],
+            "timeout_seconds": 60}
+tests = {"label": "unit tests", "argv": ["/usr/bin/python3", "-m", "unittest", "-v", "test_calc"],
+         "timeout_seconds": 120}
+if mode == "fix":
+    changes, verification = [fix], [compile_, tests]
+elif mode == "nofix":
+    changes = [{"operation": "write_file", "path": "NOTES.txt", "content": "not fixed yet\n"}]
+    verification = [tests]
+elif mode == "probe":
+    changes = [{"operation": "write_file", "path": "test_probe.py",
+                "content": open("/tmp/tb/test_probe.py").read()}]
+    verification = [{"label": "sandbox probe",
+                     "argv": ["/usr/bin/python3", "-m", "unittest", "-v", "test_probe"],
+                     "timeout_seconds": 120}]
+else:
+    sys.exit("unknown mode " + mode)
+task = {
+    "schema": "airlock.task.v1", "max_attempts": max_attempts,
+    "binding": {"task_id": tid, "job_id": "job-" + tid, "repository": "calc", "base_oid": base,
+                "expected_branch_oid": base, "target_branch": "agent/" + tid,
+                "branch_mode": "CREATE_NEW", "generation": 1, "idempotency_key": "submit-" + tid},
+    "plan": {"schema": "airlock.plan.v1", "task_id": tid, "job_id": "job-" + tid,
+             "source_head_oid": base, "generation": 1, "idempotency_key": "plan-" + tid,
+             "execution": {"action": "deterministic", "capability_scope": ["git.read", "git.test"],
+                           "change_set": changes, "verification": verification}},
+}
+with open(out, "w") as f:
+    json.dump(task, f)
+print(base)
+"#;
+
+/// Runs as a verification command inside the executor's sandbox.
+const TEST_PROBE_PY: &str = r#"
+import os, unittest
+
+SECRETS = __SECRETS__
+
+def read(path):
+    if os.path.isdir(path):
+        return os.listdir(path)
+    with open(path, "rb") as f:
+        return f.read(1)
+
+class Probe(unittest.TestCase):
+    def test_secrets_are_out_of_reach(self):
+        for path in SECRETS:
+            with self.subTest(path=path):
+                with self.assertRaises(OSError):
+                    read(path)
+
+    def test_the_workspace_is_usable(self):
+        with open("probe-output.txt", "w") as f:
+            f.write("ok\n")
+        self.assertEqual(read("probe-output.txt"), b"o")
+"#;
+
+/// Reads paths and says which it could read (run as the executor's user).
+const PROBE_PATHS_PY: &str = r#"
+import json, os, sys
+out = {}
+for p in sys.argv[1:]:
+    try:
+        if os.path.isdir(p):
+            os.listdir(p)
+        else:
+            with open(p, "rb") as f:
+                f.read(1)
+        out[p] = "readable"
+    except OSError as e:
+        out[p] = type(e).__name__
+print(json.dumps(out))
+"#;
+
+/// Lists the processes that belong to airlock.
+const PROCS_PY: &str = r#"
+import json, os, pwd
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        uid = int([l for l in open(f"/proc/{pid}/status") if l.startswith("Uid:")][0].split()[1])
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, IndexError):
+        continue
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    if user.startswith("airlock") or "/usr/bin/airlock" in cmd or "airlock-confine" in cmd:
+        found.append({"pid": int(pid), "user": user, "cmd": cmd})
+print(json.dumps(found))
+"#;
+
+/// The owner's retry extension over HTTP, with a wrong token and then the
+/// right one.
+const RETRY_PY: &str = r#"
+import hashlib, json, subprocess, sys, urllib.request, urllib.error
+tid = sys.argv[1]
+t = json.loads(subprocess.check_output(["airlockctl", "--json", "show", tid]))
+canon = json.dumps(t["verification"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+token = open("/etc/airlock/retry-control.token").read().strip()
+auth = [l.split("=", 1)[1].strip() for l in open("/etc/airlock/retryd.env")
+        if l.startswith("AIRLOCK_RETRY_AUTHORIZATION_ID=")][0]
+body = {"expected_status": "FAILED", "expected_revision": t["revision"],
+        "expected_attempt": t["attempt"], "expected_max_attempts": t["max_attempts"],
+        "next_max_attempts": t["max_attempts"] + 1,
+        "previous_verification_sha256": hashlib.sha256(canon.encode()).hexdigest(),
+        "authorization_id": auth, "idempotency_key": "testbed-retry-" + tid}
+def post(tok):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:8941/v1/tasks/{tid}/retry-extension", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + tok, "Content-Type": "application/json"},
+        method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+wrong = post("x" * 48)
+right = post(token)
+replay = post(token)
+print(json.dumps({"wrong": wrong, "right": right, "replay": replay}))
+"#;
+
+const HEALTH_PY: &str = r#"
+import json, urllib.request
+with urllib.request.urlopen("http://127.0.0.1:8941/health", timeout=20) as r:
+    print(json.dumps({"status": r.status, "body": json.loads(r.read())}))
+"#;
+
+fn json(text: &str) -> Result<Value, String> {
+    serde_json::from_str(text.trim()).map_err(|e| format!("not JSON ({e}): {}", tail(text, 5)))
+}
+
+fn q(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn installed_deb(dir: &Path, suffix: &str) -> Result<PathBuf, String> {
+    fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("airlock_") && n.ends_with(suffix))
+        })
+        .ok_or_else(|| format!("no airlock_*{suffix} in {}", dir.display()))
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The packages `scripts/package` built.
+#[derive(Clone, Debug)]
+struct Packages {
+    deb: PathBuf,
+    rpm: PathBuf,
+    version: String,
+}
+
+impl crate::Detail for Packages {
+    fn detail(&self) -> String {
+        let size = |p: &Path| fs::metadata(p).map(|m| m.len() / 1024).unwrap_or(0);
+        format!(
+            "{} ({} KiB), {} ({} KiB)",
+            file_name(&self.deb),
+            size(&self.deb),
+            file_name(&self.rpm),
+            size(&self.rpm)
+        )
+    }
+}
+
+impl crate::Detail for PathBuf {
+    fn detail(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl crate::Detail for Container {
+    fn detail(&self) -> String {
+        format!("machine {} (init pid {})", self.name, self.leader())
+    }
+}
+
+fn package_checks(r: &mut Report, s: &Settings, work: &Path) -> Option<Packages> {
+    r.check("host tools present", |_| {
+        let missing: Vec<String> = crate::HOST_TOOLS
+            .iter()
+            .filter(|(tool, _)| which(tool).is_none())
+            .map(|(tool, pkg)| format!("{tool} (Debian package {pkg})"))
+            .collect();
+        if missing.is_empty() {
+            Ok(String::new())
+        } else {
+            Err(format!(
+                "missing: {}; scripts/test installs them from AIRLOCK_DEBIAN_PACKAGES in scripts/deps.sh",
+                missing.join(", ")
+            ))
+        }
+    })?;
+    let pkgs = r.check("scripts/package builds the .deb and the .rpm", |r| {
+        let log = work.join("package.log");
+        let out = run(
+            Command::new(workspace_root().join("scripts/package"))
+                .arg("--no-lintian")
+                .env("CARGO_TARGET_DIR", &s.target_dir)
+                .env("CARGO_TERM_COLOR", "never"),
+            None,
+            Duration::from_secs(30 * 60),
+        )?;
+        fs::write(&log, out.both()).map_err(|e| e.to_string())?;
+        r.log(&format!("scripts/package output: {}", log.display()));
+        let out = out.expect_ok("scripts/package")?;
+        let dir = s.target_dir.join("packages");
+        let deb = installed_deb(&dir, "_amd64.deb")?;
+        let version = file_name(&deb)
+            .trim_start_matches("airlock_")
+            .trim_end_matches("_amd64.deb")
+            .to_owned();
+        let rpm = dir.join(format!("airlock-{version}.x86_64.rpm"));
+        if !rpm.is_file() {
+            return Err(format!(
+                "{} is missing\n{}",
+                rpm.display(),
+                tail(&out.both(), 20)
+            ));
+        }
+        Ok(Packages { deb, rpm, version })
+    })?;
+    r.check("lintian accepts the .deb (no errors)", |_| {
+        let out = run(
+            Command::new("lintian")
+                .arg("--no-tag-display-limit")
+                .arg(&pkgs.deb),
+            None,
+            Duration::from_secs(600),
+        )?;
+        let tags: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter(|l| l.len() > 2 && l.as_bytes()[1] == b':')
+            .collect();
+        let errors: Vec<&&str> = tags.iter().filter(|l| l.starts_with("E:")).collect();
+        if !errors.is_empty() || out.code.is_none_or(|c| c > 1) {
+            return Err(format!("lintian ({}):\n{}", out.describe(), out.both()));
+        }
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for t in &tags {
+            let tag = t.split_whitespace().nth(2).unwrap_or("?");
+            *kinds.entry(format!("{} {tag}", &t[..1])).or_default() += 1;
+        }
+        let summary: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+        Ok(format!("0 errors; {}", summary.join(", ")))
+    });
+    r.check(
+        "deb: maintainer scripts name the files it installs; Depends",
+        |_| deb_structure(&pkgs.deb),
+    );
+    r.check("rpm: scriptlets equivalent, same files as the deb", |_| {
+        rpm_structure(&pkgs.rpm, &pkgs.deb)
+    });
+    Some(pkgs)
+}
+
+fn deb_structure(deb: &Path) -> Result<String, String> {
+    let limit = Duration::from_secs(60);
+    let listing = run(Command::new("dpkg-deb").arg("-c").arg(deb), None, limit)?
+        .expect_ok("dpkg-deb -c")?
+        .stdout;
+    let files: Vec<&str> = listing
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .collect();
+    let field = |name: &str| -> Result<String, String> {
+        Ok(run(
+            Command::new("dpkg-deb").args(["-f"]).arg(deb).arg(name),
+            None,
+            limit,
+        )?
+        .expect_ok("dpkg-deb -f")?
+        .stdout
+        .trim()
+        .to_owned())
+    };
+    let info = |name: &str| -> Result<String, String> {
+        Ok(run(
+            Command::new("dpkg-deb").args(["-I"]).arg(deb).arg(name),
+            None,
+            limit,
+        )?
+        .expect_ok(&format!("dpkg-deb -I {name}"))?
+        .stdout)
+    };
+    let mut problems = Vec::new();
+    let postinst = info("postinst")?;
+    for (file, command) in [
+        (
+            "./usr/lib/sysusers.d/airlock.conf",
+            "systemd-sysusers airlock.conf",
+        ),
+        (
+            "./usr/lib/tmpfiles.d/airlock.conf",
+            "systemd-tmpfiles --create airlock.conf",
+        ),
+    ] {
+        if !files.contains(&file) {
+            problems.push(format!("{file} is not in the package"));
+        }
+        if !postinst.contains(command) {
+            problems.push(format!("postinst does not run `{command}`"));
+        }
+    }
+    for expected in [
+        "./usr/bin/airlock-supervisor",
+        "./usr/bin/airlock-worker",
+        "./usr/bin/airlock-executor",
+        "./usr/bin/airlock-retryd",
+        "./usr/bin/airlockctl",
+        "./usr/libexec/airlock/airlock-confine",
+        "./usr/lib/systemd/system/airlock.target",
+        "./usr/share/dbus-1/system.d/org.airlock.Supervisor1.conf",
+        "./usr/share/dbus-1/system-services/org.airlock.Supervisor1.service",
+        "./usr/share/polkit-1/actions/org.airlock.policy",
+        "./usr/share/polkit-1/rules.d/50-airlock-agent.rules",
+        "./usr/share/man/man1/airlockctl.1.gz",
+        "./usr/share/man/man1/airlock-confine.1.gz",
+        "./usr/share/doc/airlock/copyright",
+        "./usr/share/doc/airlock/changelog.gz",
+        "./etc/airlock/airlock.toml",
+    ] {
+        if !files.contains(&expected) {
+            problems.push(format!("{expected} is not in the package"));
+        }
+    }
+    let conffiles = info("conffiles")?;
+    if conffiles.trim() != "/etc/airlock/airlock.toml" {
+        problems.push(format!("conffiles: {conffiles:?}"));
+    }
+    for script in ["prerm", "postrm"] {
+        info(script)?;
+    }
+    let depends = field("Depends")?;
+    for dep in depends.split(',') {
+        let name = dep.split_whitespace().next().unwrap_or("");
+        if !ALLOWED_DEPENDS.contains(&name) {
+            problems.push(format!("Depends on {name}, which the minimal root lacks"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(format!("Depends: {depends}"))
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+fn rpm_structure(rpm: &Path, deb: &Path) -> Result<String, String> {
+    let limit = Duration::from_secs(60);
+    let query = |fmt: &[&str]| -> Result<String, String> {
+        Ok(run(
+            Command::new("rpm").arg("-qp").args(fmt).arg(rpm),
+            None,
+            limit,
+        )?
+        .expect_ok("rpm -qp")?
+        .stdout)
+    };
+    let mut problems = Vec::new();
+    let scripts = query(&["--scripts"])?;
+    for needle in [
+        "systemd-sysusers airlock.conf",
+        "systemd-tmpfiles --create airlock.conf",
+        "/etc/airlock/retry-control.token",
+        "AIRLOCK_RETRY_AUTHORIZATION_ID=",
+        "systemctl enable airlock.target",
+        "systemctl start airlock.target",
+        "systemctl restart airlock.target",
+        "systemctl stop airlock.target",
+    ] {
+        if !scripts.contains(needle) {
+            problems.push(format!("the scriptlets lack `{needle}`"));
+        }
+    }
+    for tag in ["POSTIN", "PREUN", "POSTUN"] {
+        let body = query(&["--qf", &format!("%{{{tag}}}")])?;
+        let sh = run(Command::new("sh").arg("-n"), Some(body.as_bytes()), limit)?;
+        if !sh.ok() {
+            problems.push(format!("%{tag} is not valid sh: {}", sh.both()));
+        }
+    }
+    let config = query(&["-c"])?;
+    if config.trim() != "/etc/airlock/airlock.toml" {
+        problems.push(format!("rpm config files: {config:?}"));
+    }
+    let rpm_files: std::collections::BTreeSet<String> =
+        query(&["--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"])?
+            .lines()
+            .filter(|l| l.starts_with('-'))
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .collect();
+    let deb_files: std::collections::BTreeSet<String> =
+        run(Command::new("dpkg-deb").arg("-c").arg(deb), None, limit)?
+            .expect_ok("dpkg-deb -c")?
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with('-'))
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .map(|p| p.trim_start_matches('.').to_owned())
+            .collect();
+    if rpm_files != deb_files {
+        problems.push(format!(
+            "files only in the rpm: {:?}; only in the deb: {:?}",
+            rpm_files.difference(&deb_files).collect::<Vec<_>>(),
+            deb_files.difference(&rpm_files).collect::<Vec<_>>()
+        ));
+    }
+    if problems.is_empty() {
+        Ok(format!("{} files, as in the deb", rpm_files.len()))
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// The same package with version `<version>+testbed1`, to upgrade to.
+fn upgrade_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
+    let unpacked = dir.join("upgrade-root");
+    if unpacked.exists() {
+        fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
+    }
+    let limit = Duration::from_secs(120);
+    run(
+        Command::new("dpkg-deb")
+            .arg("-R")
+            .arg(&p.deb)
+            .arg(&unpacked),
+        None,
+        limit,
+    )?
+    .expect_ok("dpkg-deb -R")?;
+    let control = unpacked.join("DEBIAN/control");
+    let text = fs::read_to_string(&control).map_err(|e| e.to_string())?;
+    let new_version = format!("{}+testbed1", p.version);
+    let text = text.replace(
+        &format!("Version: {}\n", p.version),
+        &format!("Version: {new_version}\n"),
+    );
+    fs::write(&control, text).map_err(|e| e.to_string())?;
+    let out = dir.join(format!("airlock_{new_version}_amd64.deb"));
+    run(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zxz", "--build"])
+            .arg(&unpacked)
+            .arg(&out),
+        None,
+        limit,
+    )?
+    .expect_ok("dpkg-deb --build")?;
+    fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Runs the whole scenario.
+pub fn run_all(s: &Settings) -> Report {
+    let work = s.target_dir.join("testbed");
+    let _ = fs::create_dir_all(&work);
+    let mut r = match Report::new(&work.join("testbed.log")) {
+        Ok(r) => r,
+        Err(e) => panic!("cannot start the report: {e}"),
+    };
+    r.say(&format!(
+        "airlock systemd testbed: log in {}",
+        r.log_path().display()
+    ));
+    let Some(pkgs) = package_checks(&mut r, s, &work) else {
+        r.skip(&["everything in the booted root"], "no package was built");
+        return r;
+    };
+    let debs = work.join("debs");
+    let upgrade = r.check(
+        "upgrade .deb: the same package as version +testbed1",
+        |_| {
+            let _ = fs::remove_dir_all(&debs);
+            fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
+            fs::copy(&pkgs.deb, debs.join(file_name(&pkgs.deb))).map_err(|e| e.to_string())?;
+            upgrade_deb(&pkgs, &debs)
+        },
+    );
+    let Some(root) = r.check("minimal Debian root (debootstrap, cached)", |r| {
+        debian_root(&s.cache, &s.mirror, r)
+    }) else {
+        r.skip(&["everything in the booted root"], "no Debian root");
+        return r;
+    };
+    let Some(mut c) = r.check("boot the root with systemd-nspawn", |r| {
+        Container::boot(
+            &root,
+            &[(debs.clone(), "/debs")],
+            &work.join("nspawn.log"),
+            r,
+        )
+    }) else {
+        r.skip(
+            &["everything in the booted root"],
+            "the container did not boot",
+        );
+        return r;
+    };
+    in_container(&mut r, &c, &pkgs, upgrade.as_deref());
+    if !r.all_passed() {
+        if let Ok(out) = c.sh(
+            "journalctl --no-pager -o short-monotonic -n 400 -u 'airlock*' -u dbus -u polkit",
+            30 * SEC,
+        ) {
+            let path = work.join("journal.txt");
+            let _ = fs::write(&path, out.both());
+            r.say(&format!("the container's journal: {}", path.display()));
+        }
+    }
+    r.check("the container powers off", |_| {
+        c.shutdown(Duration::from_secs(60)).map(|()| String::new())
+    });
+    r
+}
+
+/// `systemctl is-active` of each unit.
+fn states(c: &Container, units: &[&str]) -> Result<BTreeMap<String, String>, String> {
+    let out = c.sh(
+        &format!("systemctl is-active {}", units.join(" ")),
+        30 * SEC,
+    )?;
+    let states: Vec<&str> = out.stdout.lines().collect();
+    if states.len() != units.len() {
+        return Err(format!("systemctl is-active: {}", out.both()));
+    }
+    Ok(units
+        .iter()
+        .zip(states)
+        .map(|(u, s)| ((*u).to_owned(), s.to_owned()))
+        .collect())
+}
+
+fn all_active(c: &Container, units: &[&str]) -> Result<String, String> {
+    let deadline = Instant::now() + 30 * SEC;
+    loop {
+        let st = states(c, units)?;
+        let bad: Vec<String> = st
+            .iter()
+            .filter(|(_, s)| *s != "active")
+            .map(|(u, s)| format!("{u} {s}"))
+            .collect();
+        if bad.is_empty() {
+            return Ok(format!("{} units active", st.len()));
+        }
+        if Instant::now() > deadline || bad.iter().any(|b| b.ends_with("failed")) {
+            let status = c
+                .sh("systemctl status --no-pager -n 20 'airlock*'", 30 * SEC)
+                .map(|o| o.both())
+                .unwrap_or_default();
+            return Err(format!("not active: {}\n{status}", bad.join(", ")));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn main_pids(c: &Container) -> Result<BTreeMap<String, String>, String> {
+    let mut pids = BTreeMap::new();
+    for unit in SERVICES {
+        let pid = c.sh_ok(
+            &format!("systemctl show -p MainPID --value {unit}"),
+            10 * SEC,
+        )?;
+        pids.insert((*unit).to_owned(), pid.trim().to_owned());
+    }
+    Ok(pids)
+}
+
+fn airlock_processes(c: &Container) -> Result<Vec<Value>, String> {
+    let out = c.sh_ok("python3 /tmp/tb/procs.py", 30 * SEC)?;
+    Ok(json(&out)?.as_array().cloned().unwrap_or_default())
+}
+
+fn no_airlock_process(c: &Container) -> Result<String, String> {
+    let deadline = Instant::now() + 15 * SEC;
+    loop {
+        let procs = airlock_processes(c)?;
+        if procs.is_empty() {
+            return Ok("no process of an airlock user or binary".to_owned());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("still running: {procs:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn show(c: &Container, id: &str) -> Result<Value, String> {
+    json(&c.sh_ok(&format!("airlockctl --json show {}", q(id)), 30 * SEC)?)
+}
+
+fn wait_state(c: &Container, id: &str, wanted: &[&str], limit: Duration) -> Result<Value, String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let task = show(c, id)?;
+        let state = task["state"].as_str().unwrap_or_default();
+        if wanted.contains(&state) {
+            return Ok(task);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{id} is {state} after {limit:?}, not {wanted:?}: {}",
+                serde_json::to_string(&task).unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn tasks(c: &Container) -> Result<BTreeMap<String, String>, String> {
+    let list = json(&c.sh_ok("airlockctl --json list", 30 * SEC)?)?;
+    let items = match &list {
+        Value::Array(a) => a.clone(),
+        other => other["tasks"].as_array().cloned().unwrap_or_default(),
+    };
+    Ok(items
+        .iter()
+        .map(|t| {
+            (
+                t["task_id"].as_str().unwrap_or_default().to_owned(),
+                format!(
+                    "{} {}/{}",
+                    t["state"].as_str().unwrap_or_default(),
+                    t["attempt"],
+                    t["max_attempts"]
+                ),
+            )
+        })
+        .collect())
+}
+
+/// What must survive a reinstall or an upgrade.
+#[derive(Debug, PartialEq, Eq)]
+struct Kept {
+    tasks: BTreeMap<String, String>,
+    secrets: String,
+    config_has_repository: bool,
+}
+
+fn kept(c: &Container) -> Result<Kept, String> {
+    Ok(Kept {
+        tasks: tasks(c)?,
+        secrets: c.sh_ok(
+            "sha256sum /etc/airlock/retry-control.token /etc/airlock/retryd.env",
+            10 * SEC,
+        )?,
+        config_has_repository: c
+            .sh_ok("cat /etc/airlock/airlock.toml", 10 * SEC)?
+            .contains("path = \"/srv/airlock/calc.git\""),
+    })
+}
+
+fn reinstall(c: &Container, command: &str) -> Result<String, String> {
+    let before = kept(c)?;
+    let pids_before = main_pids(c)?;
+    if before.tasks.is_empty() {
+        return Err("no tasks to keep".into());
+    }
+    let out = c.sh(command, 300 * SEC)?.expect_ok(command)?;
+    all_active(c, STARTED_BY_TARGET)?;
+    let after = kept(c)?;
+    if after != before {
+        return Err(format!("before: {before:?}\nafter: {after:?}"));
+    }
+    let pids_after = main_pids(c)?;
+    let not_restarted: Vec<&str> = [
+        "airlock-supervisor.service",
+        "airlock-worker.service",
+        "airlock-executor.service",
+    ]
+    .into_iter()
+    .filter(|u| pids_before.get(*u) == pids_after.get(*u))
+    .collect();
+    if !not_restarted.is_empty() {
+        return Err(format!(
+            "not restarted: {not_restarted:?} (before {pids_before:?}, after {pids_after:?})\n{}",
+            tail(&out.both(), 10)
+        ));
+    }
+    Ok(format!(
+        "{} tasks kept, secrets and configuration kept, services restarted",
+        after.tasks.len()
+    ))
+}
+
+fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Path>) {
+    let deb = format!("/debs/{}", file_name(&p.deb));
+    let helpers = || -> Result<(), String> {
+        c.write("/tmp/tb/mktask.py", MKTASK_PY)?;
+        c.write("/tmp/tb/procs.py", PROCS_PY)?;
+        c.write("/tmp/tb/retry.py", RETRY_PY)?;
+        c.write("/tmp/tb/health.py", HEALTH_PY)?;
+        c.write("/tmp/tb/probe_paths.py", PROBE_PATHS_PY)?;
+        let secrets = serde_json::to_string(SECRETS).map_err(|e| e.to_string())?;
+        c.write(
+            "/tmp/tb/test_probe.py",
+            &TEST_PROBE_PY.replace("__SECRETS__", &secrets),
+        )?;
+        c.sh_ok("chmod 755 /tmp/tb && chmod 644 /tmp/tb/*", 10 * SEC)
+            .map(|_| ())
+    };
+    let installed = r.check(&format!("apt-get install {deb}"), |_| {
+        helpers()?;
+        if c.sh("getent passwd airlock", 10 * SEC)?.ok() {
+            return Err("the fresh root already has an airlock user".into());
+        }
+        let out = c.sh(
+            &format!("apt-get install -y --no-install-recommends {deb}"),
+            300 * SEC,
+        )?;
+        let out = out.expect_ok("apt-get install")?;
+        Ok(tail(&out.stdout, 1))
+    });
+    if installed.is_none() {
+        r.skip(
+            &["everything after the installation"],
+            "the package did not install",
+        );
+        return;
+    }
+    r.check(
+        "postinst: users, directories (tmpfiles), secrets, target enabled",
+        |_| after_install(c),
+    );
+    r.check("started on install: target, services and socket active", |_| {
+        std::thread::sleep(SEC);
+        let active = all_active(c, STARTED_BY_TARGET)?;
+        let restarts = c.sh_ok(
+            "systemctl show -p NRestarts --value airlock-supervisor.service airlock-worker.service airlock-executor.service",
+            10 * SEC,
+        )?;
+        // One value per unit, separated by blank lines.
+        if restarts.split_whitespace().any(|n| n != "0") {
+            return Err(format!("services restarted: {restarts}"));
+        }
+        Ok(format!("{active}, no restarts"))
+    });
+    r.check(
+        "retryd: socket activation, LoadCredential token, env file",
+        |_| {
+            let health = json(&c.sh_ok("python3 /tmp/tb/health.py", 60 * SEC)?)?;
+            if health["status"] != 200 {
+                return Err(format!("/health: {health}"));
+            }
+            all_active(c, &["airlock-retryd.service"])?;
+            Ok("GET /health 200; airlock-retryd.service active".to_owned())
+        },
+    );
+    r.check(
+        "systemd-analyze verify in the booted root: no output",
+        |_| {
+            let out = c.sh(
+                &format!(
+                    "systemd-analyze verify --man=no {} 2>&1",
+                    ALL_UNITS.join(" ")
+                ),
+                120 * SEC,
+            )?;
+            if out.ok() && out.both().trim().is_empty() {
+                Ok(format!("{} units, nothing printed", ALL_UNITS.len()))
+            } else {
+                Err(format!(
+                    "systemd-analyze verify ({}):\n{}",
+                    out.describe(),
+                    out.both()
+                ))
+            }
+        },
+    );
+    r.check("Documentation= of every unit is installed", |_| {
+        let mut missing = Vec::new();
+        let mut n = 0;
+        for unit in ALL_UNITS {
+            let docs = c.sh_ok(
+                &format!("systemctl show -p Documentation --value {unit}"),
+                10 * SEC,
+            )?;
+            for doc in docs.split_whitespace() {
+                n += 1;
+                let path = if let Some(man) = doc.strip_prefix("man:") {
+                    let (name, section) = man
+                        .trim_end_matches(')')
+                        .split_once('(')
+                        .ok_or_else(|| format!("{unit}: {doc}"))?;
+                    format!("/usr/share/man/man{section}/{name}.{section}.gz")
+                } else if let Some(file) = doc.strip_prefix("file:") {
+                    file.to_owned()
+                } else {
+                    continue;
+                };
+                if !c.sh(&format!("test -f {}", q(&path)), 10 * SEC)?.ok() {
+                    missing.push(format!("{unit}: {doc} ({path})"));
+                }
+            }
+        }
+        if missing.is_empty() {
+            Ok(format!("{n} references, all installed"))
+        } else {
+            Err(missing.join("\n"))
+        }
+    });
+    r.check(
+        "systemd-analyze security: live ≤ 1.5, executor ≤ 0.5 (and offline)",
+        |_| {
+            let mut figures = Vec::new();
+            let mut bad = Vec::new();
+            for unit in SERVICES {
+                let live = c.sh(
+                    &format!("systemd-analyze security --no-pager {unit}"),
+                    60 * SEC,
+                )?;
+                let live = units::parse_exposure(&live.stdout)
+                    .ok_or_else(|| format!("{unit}: {}", live.both()))?;
+                let file = units::unit_files()?
+                    .into_iter()
+                    .find(|f| f.name == *unit)
+                    .ok_or_else(|| format!("units/{unit} is missing"))?;
+                let (offline, _) = units::offline_exposure(&file)?;
+                let short = unit
+                    .trim_start_matches("airlock-")
+                    .trim_end_matches(".service");
+                figures.push(format!("{short} {live:.1}/{offline:.1}"));
+                if live > max_exposure(unit) || offline > max_exposure(unit) {
+                    bad.push(format!(
+                        "{unit}: live {live}, offline {offline} > {}",
+                        max_exposure(unit)
+                    ));
+                }
+            }
+            if bad.is_empty() {
+                Ok(format!("live/offline: {}", figures.join(", ")))
+            } else {
+                Err(bad.join("\n"))
+            }
+        },
+    );
+    let repo = r.check(
+        "a bare repository under /srv/airlock, registered; restart",
+        |_| setup_repository(c),
+    );
+    r.check(
+        "airlockctl doctor: no check fails on the installed system",
+        |_| doctor(c),
+    );
+    if repo.is_some() {
+        r.check(
+            "demo task by root with airlockctl: SUCCEEDED, commit on agent/*",
+            |_| demo_task(c),
+        );
+        r.check("airlock-agent submits without a password (polkit rule)", |_| {
+            c.sh_ok("python3 /tmp/tb/mktask.py tb-probe probe 1 /tmp/tb/probe.json", 30 * SEC)?;
+            let out = c.sh(
+                "runuser -u airlock-agent -- airlockctl --no-ask-password --json submit /tmp/tb/probe.json",
+                60 * SEC,
+            )?;
+            let out = out.expect_ok("airlockctl submit as airlock-agent")?;
+            let v = json(&out.stdout)?;
+            Ok(format!("tb-probe {}", v["task"]["state"]))
+        });
+        r.check(
+            "a verification command cannot read worker state or secrets",
+            |_| {
+                let task = wait_state(
+                    c,
+                    "tb-probe",
+                    &["VERIFYING", "SUCCEEDED", "FAILED"],
+                    120 * SEC,
+                )?;
+                let result = &task["result"];
+                if result["outcome"] != "passed" {
+                    return Err(format!(
+                        "the probe did not pass inside the sandbox: {}",
+                        serde_json::to_string_pretty(result).unwrap_or_default()
+                    ));
+                }
+                c.sh_ok(
+                    "airlockctl verify tb-probe reject --reason 'testbed probe, not a change'",
+                    30 * SEC,
+                )?;
+                Ok(format!(
+                    "{} paths refused inside the sandbox",
+                    SECRETS.len()
+                ))
+            },
+        );
+        r.check(
+            "ordinary user: submit denied by polkit, denial audited",
+            |_| ordinary_user_denied(c),
+        );
+    } else {
+        r.skip(
+            &[
+                "demo task by root with airlockctl",
+                "airlock-agent submits",
+                "sandbox probe",
+                "ordinary user denied",
+            ],
+            "no repository",
+        );
+    }
+    r.check(
+        "live executor: NoNewPrivs 1, Seccomp 2, no capabilities",
+        |_| executor_status(c),
+    );
+    r.check(
+        "executor's namespace and user: worker state and secrets unreadable",
+        |_| executor_namespace(c),
+    );
+    if repo.is_some() {
+        r.check(
+            "retryd: one more attempt for a failed task, with the owner's token",
+            |_| retry_extension(c),
+        );
+    }
+    r.check(
+        "systemctl stop airlock.target leaves no airlock process",
+        |_| stop_target(c),
+    );
+    r.check("systemctl start airlock.target", |_| {
+        c.sh_ok("systemctl start airlock.target", 120 * SEC)?;
+        all_active(c, STARTED_BY_TARGET)
+    });
+    r.check(
+        "reinstall keeps tasks, config, secrets; restarts services",
+        |_| reinstall(c, &format!("apt-get install -y --reinstall {deb}")),
+    );
+    match upgrade {
+        Some(up) => {
+            let up = format!("/debs/{}", file_name(up));
+            r.check(
+                "upgrade keeps tasks, config, secrets; restarts services",
+                |_| {
+                    let detail = reinstall(c, &format!("apt-get install -y {up}"))?;
+                    let version = c.sh_ok("dpkg-query -W -f '${Version}' airlock", 10 * SEC)?;
+                    if !version.ends_with("+testbed1") {
+                        return Err(format!("installed version {version}"));
+                    }
+                    Ok(format!("{detail}; now {version}"))
+                },
+            );
+        }
+        None => r.skip(&["upgrade"], "no upgrade package"),
+    }
+    r.check("remove: stopped, state and configuration kept", |_| {
+        c.sh_ok("apt-get remove -y airlock", 300 * SEC)?;
+        no_airlock_process(c)?;
+        let status = c.sh_ok("dpkg-query -W -f '${Status}' airlock", 10 * SEC)?;
+        if status.trim() != "deinstall ok config-files" {
+            return Err(format!("dpkg status {status:?}"));
+        }
+        expect_paths(
+            c,
+            &[
+                "/var/lib/airlock/tasks.sqlite3",
+                "/var/lib/airlock-worker/checkpoints.sqlite3",
+                "/var/spool/airlock",
+                "/etc/airlock/airlock.toml",
+                "/etc/airlock/retry-control.token",
+                "/etc/airlock/retryd.env",
+            ],
+            &[
+                "/usr/bin/airlock-supervisor",
+                "/usr/lib/systemd/system/airlock.target",
+            ],
+        )?;
+        Ok(format!("dpkg: {status}"))
+    });
+    r.check("purge: state removed; repositories and users kept", |_| {
+        c.sh_ok("apt-get purge -y airlock", 300 * SEC)?;
+        no_airlock_process(c)?;
+        expect_paths(
+            c,
+            &[REPO],
+            &[
+                "/var/lib/airlock",
+                "/var/lib/airlock-worker",
+                "/var/lib/airlock-exec",
+                "/var/lib/airlock-agent",
+                "/var/spool/airlock",
+                "/etc/airlock",
+                "/etc/systemd/system/multi-user.target.wants/airlock.target",
+            ],
+        )?;
+        if c.sh(
+            "dpkg-query -W -f '${Status}' airlock | grep -q installed",
+            10 * SEC,
+        )?
+        .ok()
+        {
+            return Err("dpkg still knows airlock as installed".into());
+        }
+        let users = c.sh_ok(
+            &format!("getent passwd {} | cut -d: -f1", USERS.join(" ")),
+            10 * SEC,
+        )?;
+        Ok(format!(
+            "state gone; {REPO} kept; users kept: {}",
+            users.split_whitespace().collect::<Vec<_>>().join(" ")
+        ))
+    });
+    r.check("install after purge: fresh secrets, started again", |_| {
+        c.sh_ok(
+            &format!("apt-get install -y --no-install-recommends {deb}"),
+            300 * SEC,
+        )?;
+        all_active(c, STARTED_BY_TARGET)?;
+        let mode = c.sh_ok("stat -c '%a %U' /etc/airlock/retry-control.token", 10 * SEC)?;
+        if mode.trim() != "600 root" {
+            return Err(format!("token mode {mode}"));
+        }
+        Ok("token regenerated (600 root), all active".to_owned())
+    });
+}
+
+fn expect_paths(c: &Container, present: &[&str], absent: &[&str]) -> Result<(), String> {
+    let mut problems = Vec::new();
+    for p in present {
+        if !c.sh(&format!("test -e {}", q(p)), 10 * SEC)?.ok() {
+            problems.push(format!("{p} is missing"));
+        }
+    }
+    for p in absent {
+        if c.sh(&format!("test -e {} || test -L {}", q(p), q(p)), 10 * SEC)?
+            .ok()
+        {
+            problems.push(format!("{p} is still there"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+fn after_install(c: &Container) -> Result<String, String> {
+    let mut problems = Vec::new();
+    for user in USERS {
+        if !c.sh(&format!("getent passwd {user}"), 10 * SEC)?.ok() {
+            problems.push(format!("user {user} missing"));
+        }
+    }
+    for group in ["airlock-exchange", "airlock-tasks"] {
+        if !c.sh(&format!("getent group {group}"), 10 * SEC)?.ok() {
+            problems.push(format!("group {group} missing"));
+        }
+    }
+    // Every line of tmpfiles.d/airlock.conf, as systemd-tmpfiles left it.
+    let tmpfiles = fs::read_to_string(workspace_root().join("tmpfiles/airlock.conf"))
+        .map_err(|e| e.to_string())?;
+    let mut n = 0;
+    for line in tmpfiles.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [kind, path, mode, user, group, ..] = f[..] else {
+            return Err(format!("tmpfiles line {line:?}"));
+        };
+        n += 1;
+        let st = c.sh(&format!("stat -c '%F|%a|%U|%G' {}", q(path)), 10 * SEC)?;
+        if !st.ok() {
+            problems.push(format!("{path} missing"));
+            continue;
+        }
+        let got: Vec<&str> = st.stdout.trim().split('|').collect();
+        let want_kind = if kind == "d" { "directory" } else { "regular" };
+        let want_mode = u32::from_str_radix(mode, 8).unwrap_or(0);
+        let got_mode = u32::from_str_radix(got.get(1).unwrap_or(&""), 8).unwrap_or(u32::MAX);
+        if !got[0].starts_with(want_kind)
+            || got_mode != want_mode
+            || got.get(2) != Some(&user)
+            || got.get(3) != Some(&group)
+        {
+            problems.push(format!(
+                "{path}: {} (tmpfiles.d: {kind} {mode} {user} {group})",
+                st.stdout.trim()
+            ));
+        }
+    }
+    let token = c.sh_ok(
+        "stat -c '%a %U %G' /etc/airlock/retry-control.token && cat /etc/airlock/retry-control.token",
+        10 * SEC,
+    )?;
+    let mut lines = token.lines();
+    let mode = lines.next().unwrap_or("");
+    let value = lines.next().unwrap_or("");
+    if mode != "600 root root"
+        || value.len() != 48
+        || !value.chars().all(|ch| ch.is_ascii_alphanumeric())
+    {
+        problems.push(format!(
+            "retry-control.token: {mode}, {} characters",
+            value.len()
+        ));
+    }
+    let env = c.sh_ok(
+        "stat -c '%a %U' /etc/airlock/retryd.env && grep '^AIRLOCK_RETRY_AUTHORIZATION_ID=' /etc/airlock/retryd.env",
+        10 * SEC,
+    )?;
+    if !env.starts_with("600 root\nAIRLOCK_RETRY_AUTHORIZATION_ID=owner-") {
+        problems.push(format!("retryd.env: {}", env.lines().next().unwrap_or("")));
+    }
+    let enabled = c.sh("systemctl is-enabled airlock.target", 10 * SEC)?;
+    if enabled.stdout.trim() != "enabled" {
+        problems.push(format!("airlock.target is {}", enabled.stdout.trim()));
+    }
+    if problems.is_empty() {
+        Ok(format!(
+            "{} users, {n} tmpfiles entries as declared, token 600 root (48 chars), retryd.env, target enabled",
+            USERS.len()
+        ))
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+fn setup_repository(c: &Container) -> Result<String, String> {
+    let script = r#"set -e
+work=$(mktemp -d)
+cd "$work"
+printf 'def add(a, b):\n    return a - b\n' > calc.py
+cat > test_calc.py <<'PY'
+import unittest
+
+from calc import add
+
+
+class AddTest(unittest.TestCase):
+    def test_adds(self):
+        self.assertEqual(add(2, 3), 5)
+
+
+if __name__ == "__main__":
+    unittest.main()
+PY
+git init -q -b main .
+git add -A
+git -c user.name=admin -c user.email=admin@testbed.invalid commit -q -m 'calc: add two numbers'
+git clone -q --bare "$work" /srv/airlock/calc.git
+chown -R airlock-worker:airlock-worker /srv/airlock/calc.git
+rm -rf "$work"
+cat >> /etc/airlock/airlock.toml <<'TOML'
+
+[[repository]]
+name = "calc"
+path = "/srv/airlock/calc.git"
+description = "testbed repository"
+TOML
+systemctl restart airlock.target
+git -c safe.directory='*' -C /srv/airlock/calc.git rev-parse main
+"#;
+    let base = c.sh_ok(script, 120 * SEC)?;
+    all_active(c, STARTED_BY_TARGET)?;
+    Ok(format!("calc.git at {}", base.trim()))
+}
+
+fn demo_task(c: &Container) -> Result<String, String> {
+    let base = c.sh_ok(
+        "python3 /tmp/tb/mktask.py tb-demo fix 2 /tmp/tb/demo.json",
+        30 * SEC,
+    )?;
+    let base = base.trim().to_owned();
+    let t = Instant::now();
+    let submitted = json(&c.sh_ok("airlockctl --json submit /tmp/tb/demo.json", 60 * SEC)?)?;
+    if submitted["task"]["task_id"] != "tb-demo" {
+        return Err(format!("submit answered {submitted}"));
+    }
+    let task = wait_state(
+        c,
+        "tb-demo",
+        &["VERIFYING", "SUCCEEDED", "FAILED"],
+        180 * SEC,
+    )?;
+    let to_verifying = t.elapsed();
+    if task["state"] == "VERIFYING" {
+        c.sh_ok(
+            "airlockctl verify tb-demo accept --reason 'testbed: tests pass'",
+            60 * SEC,
+        )?;
+    }
+    let task = wait_state(c, "tb-demo", &["SUCCEEDED", "FAILED"], 60 * SEC)?;
+    if task["state"] != "SUCCEEDED" {
+        return Err(format!(
+            "tb-demo ended {}: {}",
+            task["state"], task["result"]
+        ));
+    }
+    let commit = task["result"]["commit_oid"]
+        .as_str()
+        .ok_or("no commit in the result")?
+        .to_owned();
+    let git = |args: &str| {
+        c.sh_ok(
+            &format!("git -c safe.directory='*' -C {REPO} {args}"),
+            30 * SEC,
+        )
+    };
+    let head = git("rev-parse refs/heads/agent/tb-demo")?;
+    let parent = git("rev-parse agent/tb-demo^")?;
+    let calc = git("show agent/tb-demo:calc.py")?;
+    let main = git("rev-parse main")?;
+    if head.trim() != commit
+        || parent.trim() != base
+        || !calc.contains("return a + b")
+        || main.trim() != base
+    {
+        return Err(format!(
+            "agent/tb-demo {} (result {commit}), parent {} (base {base}), main {}, calc.py:\n{calc}",
+            head.trim(),
+            parent.trim(),
+            main.trim()
+        ));
+    }
+    Ok(format!(
+        "commit {} on agent/tb-demo (VERIFYING after {:.1}s, accepted), main untouched",
+        &commit[..12.min(commit.len())],
+        to_verifying.as_secs_f64()
+    ))
+}
+
+fn ordinary_user_denied(c: &Container) -> Result<String, String> {
+    c.sh_ok(
+        "id alice >/dev/null 2>&1 || useradd --create-home alice; python3 /tmp/tb/mktask.py tb-alice fix 1 /tmp/tb/alice.json && chmod 644 /tmp/tb/alice.json",
+        30 * SEC,
+    )?;
+    let out: Out = c.sh(
+        "runuser -u alice -- airlockctl --no-ask-password --json submit /tmp/tb/alice.json",
+        60 * SEC,
+    )?;
+    if !matches!(out.code, Some(5 | 11)) {
+        return Err(format!(
+            "alice's submit: {} (want exit 5 or 11)\n{}",
+            out.describe(),
+            out.both()
+        ));
+    }
+    let error = json(out.stderr.lines().last().unwrap_or(""))?;
+    let code = error["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let missing = c.sh("airlockctl --json show tb-alice", 30 * SEC)?;
+    if missing.code != Some(6) {
+        return Err(format!(
+            "tb-alice exists after a denied submit: {}",
+            missing.both()
+        ));
+    }
+    let events = c.sh_ok("airlockctl --json events", 30 * SEC)?;
+    let audited = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| {
+            e["outcome"] == "denied"
+                && e["action"] == "TASK_SUBMITTED"
+                && e["actor"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("alice@"))
+        })
+        .ok_or_else(|| {
+            format!(
+                "no denied TASK_SUBMITTED event for alice in:\n{}",
+                tail(&events, 10)
+            )
+        })?;
+    Ok(format!(
+        "exit {} {code}; audited as event {} ({})",
+        out.code.unwrap_or(-1),
+        audited["id"],
+        audited["code"].as_str().unwrap_or_default()
+    ))
+}
+
+fn executor_status(c: &Container) -> Result<String, String> {
+    let out = c.sh_ok(
+        "pid=$(systemctl show -p MainPID --value airlock-executor.service); cat /proc/$pid/status; id -u airlock-exec",
+        10 * SEC,
+    )?;
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let uid = out.lines().last().unwrap_or("").trim().to_owned();
+    let mut problems = Vec::new();
+    if field("NoNewPrivs") != "1" {
+        problems.push(format!("NoNewPrivs {}", field("NoNewPrivs")));
+    }
+    if field("Seccomp") != "2" {
+        problems.push(format!("Seccomp {}", field("Seccomp")));
+    }
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        if !field(cap).trim_start_matches('0').is_empty() {
+            problems.push(format!("{cap} {}", field(cap)));
+        }
+    }
+    if field("Uid").split_whitespace().any(|u| u != uid) {
+        problems.push(format!("Uid {} (airlock-exec is {uid})", field("Uid")));
+    }
+    if problems.is_empty() {
+        Ok(format!(
+            "NoNewPrivs 1, Seccomp 2 ({} filters), every capability set 0, uid {uid}",
+            field("Seccomp_filters")
+        ))
+    } else {
+        Err(problems.join(", "))
+    }
+}
+
+fn executor_namespace(c: &Container) -> Result<String, String> {
+    let readable = ["/var/spool/airlock/requests", "/var/lib/airlock-exec/work"];
+    let mut paths: Vec<&str> = SECRETS.to_vec();
+    paths.extend(readable);
+    let script = format!(
+        "pid=$(systemctl show -p MainPID --value airlock-executor.service); \
+         nsenter -t $pid -m -n setpriv --reuid=airlock-exec --regid=airlock-exchange --init-groups --no-new-privs \
+         python3 - {} < /tmp/tb/probe_paths.py",
+        paths.join(" ")
+    );
+    let found = json(&c.sh_ok(&script, 30 * SEC)?)?;
+    let mut problems = Vec::new();
+    for p in SECRETS {
+        if found[*p] == "readable" {
+            problems.push(format!("{p} is readable"));
+        }
+    }
+    for p in readable {
+        if found[p] != "readable" {
+            problems.push(format!("{p}: {} (the executor needs it)", found[p]));
+        }
+    }
+    if problems.is_empty() {
+        Ok(format!(
+            "{} paths refused, its spool and work dir readable",
+            SECRETS.len()
+        ))
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+fn retry_extension(c: &Container) -> Result<String, String> {
+    c.sh_ok(
+        "python3 /tmp/tb/mktask.py tb-retry nofix 1 /tmp/tb/retry.json",
+        30 * SEC,
+    )?;
+    c.sh_ok("airlockctl --json submit /tmp/tb/retry.json", 60 * SEC)?;
+    let failed = wait_state(c, "tb-retry", &["FAILED", "SUCCEEDED"], 180 * SEC)?;
+    if failed["state"] != "FAILED" || failed["max_attempts"] != 1 {
+        return Err(format!("tb-retry: {failed}"));
+    }
+    let out = json(&c.sh_ok("python3 /tmp/tb/retry.py tb-retry", 60 * SEC)?)?;
+    let (wrong, right, replay) = (&out["wrong"], &out["right"], &out["replay"]);
+    if wrong[0] != 401 || right[0] != 201 || replay[0] != 200 || right[1]["max_attempts"] != 2 {
+        return Err(format!("retry-extension answers: {out}"));
+    }
+    let again = wait_state(c, "tb-retry", &["FAILED"], 180 * SEC)?;
+    if again["attempt"] != 2 {
+        // It may still be between attempts; the budget is what matters.
+        let t = show(c, "tb-retry")?;
+        if t["max_attempts"] != 2 {
+            return Err(format!("tb-retry after the extension: {t}"));
+        }
+    }
+    Ok(
+        "wrong token 401; owner's token 201 (max_attempts 1 -> 2); replay 200; second attempt ran"
+            .to_owned(),
+    )
+}
+
+fn stop_target(c: &Container) -> Result<String, String> {
+    // The target is ordered after the services, so its stop job ends first;
+    // PartOf= stops the services after it, in reverse start order (worker,
+    // then supervisor), each within its TimeoutStopSec=.
+    let t = Instant::now();
+    c.sh_ok("systemctl stop airlock.target", 120 * SEC)?;
+    let deadline = Instant::now() + 90 * SEC;
+    loop {
+        let st = states(c, ALL_UNITS)?;
+        let running: Vec<String> = st
+            .iter()
+            .filter(|(_, s)| *s != "inactive" && *s != "failed")
+            .map(|(u, s)| format!("{u} {s}"))
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("still {}", running.join(", ")));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stopped = t.elapsed();
+    let failed = c
+        .sh(
+            "systemctl list-units --state=failed --no-legend --plain 'airlock*'",
+            10 * SEC,
+        )?
+        .stdout;
+    if !failed.trim().is_empty() {
+        return Err(format!("failed on stop: {failed}"));
+    }
+    no_airlock_process(c)?;
+    Ok(format!(
+        "every unit inactive {:.1}s after the stop began; no airlock process",
+        stopped.as_secs_f64()
+    ))
+}
+
+fn doctor(c: &Container) -> Result<String, String> {
+    let out = c.sh("airlockctl --json doctor", 120 * SEC)?;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut notes = Vec::new();
+    if let Ok(v) = json(&out.stdout) {
+        let checks = match &v {
+            Value::Array(a) => a.clone(),
+            other => other["checks"].as_array().cloned().unwrap_or_default(),
+        };
+        for ch in &checks {
+            let status = ch["status"].as_str().unwrap_or("?").to_owned();
+            if status != "pass" {
+                notes.push(format!("{status}: {} {}", ch["name"], ch["detail"]));
+            }
+            *counts.entry(status).or_default() += 1;
+        }
+    }
+    if !out.ok() {
+        return Err(format!(
+            "airlockctl doctor {}:\n{}\n{}",
+            out.describe(),
+            notes.join("\n"),
+            tail(&out.both(), 30)
+        ));
+    }
+    let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    Ok(format!("{}\n{}", counts.join(", "), notes.join("\n")))
+}

@@ -1,0 +1,233 @@
+//! The unit files as data, and the checks that need no booted system:
+//! `systemd-analyze security --offline=true` and `systemd-analyze verify`
+//! against a scratch root that holds the host's units and ours.
+
+use crate::{Out, run, workspace_root};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Highest exposure allowed for any airlock service.
+pub const MAX_EXPOSURE: f64 = 1.5;
+/// Highest exposure allowed for the executor, which runs untrusted commands.
+pub const MAX_EXPOSURE_EXECUTOR: f64 = 0.5;
+
+/// The exposure limit of one service.
+pub fn max_exposure(unit: &str) -> f64 {
+    if unit == "airlock-executor.service" {
+        MAX_EXPOSURE_EXECUTOR
+    } else {
+        MAX_EXPOSURE
+    }
+}
+
+/// One file of `units/`.
+#[derive(Clone, Debug)]
+pub struct UnitFile {
+    /// File name, e.g. `airlock-worker.service`.
+    pub name: String,
+    /// Where it is in the tree.
+    pub path: PathBuf,
+    /// Its text.
+    pub text: String,
+}
+
+impl UnitFile {
+    /// Every value of `key=` in the file (all sections), in order; a line
+    /// holding several space-separated values counts once.
+    pub fn values(&self, key: &str) -> Vec<String> {
+        self.text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with('#') && !l.starts_with(';'))
+            .filter_map(|l| l.split_once('='))
+            .filter(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().to_owned())
+            .collect()
+    }
+
+    /// True for a `.service` file.
+    pub fn is_service(&self) -> bool {
+        self.name.ends_with(".service")
+    }
+
+    /// The programs the unit executes (`ExecStart=` and friends), without
+    /// the `-@:+!` prefixes.
+    pub fn programs(&self) -> Vec<String> {
+        [
+            "ExecStart",
+            "ExecStartPre",
+            "ExecStartPost",
+            "ExecStop",
+            "ExecReload",
+        ]
+        .iter()
+        .flat_map(|k| self.values(k))
+        .filter_map(|v| {
+            v.split_whitespace()
+                .next()
+                .map(|p| p.trim_start_matches(['-', '@', ':', '+', '!']).to_owned())
+        })
+        .filter(|p| !p.is_empty())
+        .collect()
+    }
+
+    /// `Documentation=` entries.
+    pub fn documentation(&self) -> Vec<String> {
+        self.values("Documentation")
+            .iter()
+            .flat_map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .collect()
+    }
+}
+
+/// The files of `units/`, sorted by name.
+pub fn unit_files() -> Result<Vec<UnitFile>, String> {
+    let dir = workspace_root().join("units");
+    let mut files = Vec::new();
+    for e in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let path = e.map_err(|e| e.to_string())?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if [".service", ".socket", ".target", ".timer", ".path"]
+            .iter()
+            .any(|s| name.ends_with(s))
+        {
+            let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            files.push(UnitFile { name, path, text });
+        }
+    }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    if files.is_empty() {
+        return Err(format!("no unit files in {}", dir.display()));
+    }
+    Ok(files)
+}
+
+/// The overall exposure in `systemd-analyze security` output.
+pub fn parse_exposure(output: &str) -> Option<f64> {
+    output
+        .lines()
+        .find(|l| l.contains("Overall exposure level for"))
+        .and_then(|l| l.rsplit_once(": "))
+        .and_then(|(_, v)| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `systemd-analyze security --offline=true` of one unit file.
+pub fn offline_exposure(unit: &UnitFile) -> Result<(f64, String), String> {
+    let dir = unit.path.parent().ok_or("unit file without a directory")?;
+    let out = run(
+        Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(&unit.name)
+            .current_dir(dir)
+            .env("SYSTEMD_COLORS", "0"),
+        None,
+        Duration::from_secs(60),
+    )?;
+    let exposure = parse_exposure(&out.stdout)
+        .ok_or_else(|| format!("{}: no exposure in the output:\n{}", unit.name, out.both()))?;
+    let findings: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with('✗')).collect();
+    Ok((exposure, findings.join("\n")))
+}
+
+/// A scratch root for `systemd-analyze verify --root`: the host's system
+/// units (so that sysinit.target and friends resolve), the airlock units,
+/// and each program the units execute. `programs` maps an absolute path to
+/// the file to put there; a path without one gets an executable stub,
+/// since verify only checks that the path is executable.
+pub fn verify_root(dir: &Path, programs: &[(String, Option<PathBuf>)]) -> Result<(), String> {
+    let units_dir = dir.join("usr/lib/systemd/system");
+    fs::create_dir_all(&units_dir).map_err(|e| e.to_string())?;
+    let host_units = ["/usr/lib/systemd/system", "/lib/systemd/system"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_dir())
+        .ok_or("the host has no /usr/lib/systemd/system")?;
+    let out = run(
+        Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", host_units.display()))
+            .arg(&units_dir),
+        None,
+        Duration::from_secs(60),
+    )?;
+    if !out.ok() {
+        return Err(format!("copying the host's units: {}", out.both()));
+    }
+    for unit in unit_files()? {
+        fs::copy(&unit.path, units_dir.join(&unit.name)).map_err(|e| e.to_string())?;
+    }
+    fs::create_dir_all(dir.join("etc/systemd/system")).map_err(|e| e.to_string())?;
+    for (path, source) in programs {
+        let target = dir.join(path.trim_start_matches('/'));
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+        }
+        match source {
+            Some(src) => {
+                fs::copy(src, &target).map_err(|e| format!("{}: {e}", src.display()))?;
+            }
+            None => fs::write(&target, "#!/bin/sh\nexit 0\n").map_err(|e| e.to_string())?,
+        }
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// `systemd-analyze verify --man=no --generators=no --root=DIR UNITS…`.
+pub fn verify_in_root(dir: &Path, units: &[String]) -> Result<Out, String> {
+    run(
+        Command::new("systemd-analyze")
+            .args(["verify", "--man=no", "--generators=no"])
+            .arg(format!("--root={}", dir.display()))
+            .args(units)
+            .env("SYSTEMD_COLORS", "0")
+            .env("SYSTEMD_LOG_COLOR", "0"),
+        None,
+        Duration::from_secs(120),
+    )
+}
+
+/// Man pages the package ships: `(name, section)` of the pages kept in the
+/// tree, and of those `scripts/package` generates for the daemons.
+pub fn packaged_man_pages() -> Result<Vec<(String, String)>, String> {
+    let root = workspace_root();
+    let mut pages = vec![
+        ("airlockctl".to_owned(), "1".to_owned()),
+        ("airlock-confine".to_owned(), "1".to_owned()),
+    ];
+    for (name, section) in &pages {
+        let path = if name == "airlockctl" {
+            root.join("services/ctl/airlockctl.1")
+        } else {
+            root.join("services/confine/airlock-confine.1")
+        };
+        if !path.is_file() {
+            return Err(format!(
+                "{name}({section}) is packaged from {}, which is missing",
+                path.display()
+            ));
+        }
+    }
+    let script = fs::read_to_string(root.join("scripts/package")).map_err(|e| e.to_string())?;
+    let block = script
+        .split("daemons=(")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .ok_or("scripts/package has no daemons=( … ) list")?;
+    for line in block.lines() {
+        let name = line.trim().trim_start_matches('"').split(':').next();
+        if let Some(name) = name.filter(|n| n.starts_with("airlock")) {
+            pages.push((name.to_owned(), "8".to_owned()));
+        }
+    }
+    Ok(pages)
+}

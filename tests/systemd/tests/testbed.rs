@@ -1,0 +1,41 @@
+//! The systemd testbed (see the crate docs and tests/systemd/README.md):
+//! builds the packages, boots a cached minimal Debian root with
+//! systemd-nspawn, installs the .deb and checks it as an administrator would.
+//!
+//! Needs root (debootstrap, systemd-nspawn); as another user it says so and
+//! passes without checking anything. Everything else it needs is in
+//! AIRLOCK_DEBIAN_PACKAGES (scripts/deps.sh); a missing tool is a failure.
+
+use airlock_systemd_tests::scenario::{Settings, run_all};
+use airlock_systemd_tests::{DEFAULT_CACHE, DEFAULT_MIRROR, is_root};
+use std::path::PathBuf;
+
+#[test]
+fn package_installs_and_runs_under_systemd() {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED: the systemd testbed needs root (debootstrap, systemd-nspawn); run the tests as root to check the package under systemd"
+        );
+        return;
+    }
+    // CARGO_TARGET_TMPDIR is <target dir>/tmp.
+    let target_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(PathBuf::from)
+        .expect("CARGO_TARGET_TMPDIR has a parent");
+    let settings = Settings {
+        target_dir,
+        cache: std::env::var_os("AIRLOCK_TESTBED_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE)),
+        mirror: std::env::var("AIRLOCK_TESTBED_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.into()),
+    };
+    let report = run_all(&settings);
+    let summary = report.summary();
+    report.say(&summary);
+    assert!(
+        report.all_passed(),
+        "the systemd testbed found problems: see the summary above and {}",
+        report.log_path().display()
+    );
+}
