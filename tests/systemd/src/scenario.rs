@@ -1381,7 +1381,7 @@ fn ordinary_user_denied(c: &Container) -> Result<String, String> {
 
 fn executor_status(c: &Container) -> Result<String, String> {
     let out = c.sh_ok(
-        "pid=$(systemctl show -p MainPID --value airlock-executor.service); cat /proc/$pid/status; id -u airlock-exec",
+        "pid=$(systemctl show -p MainPID --value airlock-executor.service); cat /proc/$pid/status; getent group airlock-exchange | cut -d: -f3; id -u airlock-exec",
         10 * SEC,
     )?;
     let field = |name: &str| {
@@ -1390,7 +1390,9 @@ fn executor_status(c: &Container) -> Result<String, String> {
             .map(|v| v.trim().to_owned())
             .unwrap_or_default()
     };
-    let uid = out.lines().last().unwrap_or("").trim().to_owned();
+    let mut tail_lines = out.lines().rev();
+    let uid = tail_lines.next().unwrap_or("").trim().to_owned();
+    let gid = tail_lines.next().unwrap_or("").trim().to_owned();
     let mut problems = Vec::new();
     if field("NoNewPrivs") != "1" {
         problems.push(format!("NoNewPrivs {}", field("NoNewPrivs")));
@@ -1406,9 +1408,17 @@ fn executor_status(c: &Container) -> Result<String, String> {
     if field("Uid").split_whitespace().any(|u| u != uid) {
         problems.push(format!("Uid {} (airlock-exec is {uid})", field("Uid")));
     }
+    // Its only group is the exchange group (Group=, no supplementary ones).
+    if field("Gid").split_whitespace().any(|g| g != gid) || field("Groups") != gid {
+        problems.push(format!(
+            "Gid {}, Groups {} (airlock-exchange is {gid})",
+            field("Gid"),
+            field("Groups")
+        ));
+    }
     if problems.is_empty() {
         Ok(format!(
-            "NoNewPrivs 1, Seccomp 2 ({} filters), every capability set 0, uid {uid}",
+            "NoNewPrivs 1, Seccomp 2 ({} filters), every capability set 0, uid {uid}, only group {gid}",
             field("Seccomp_filters")
         ))
     } else {
