@@ -618,7 +618,86 @@ pub fn run_all(s: &Settings) -> Report {
     r.check("the container powers off", |_| {
         c.shutdown(Duration::from_secs(60)).map(|()| String::new())
     });
+    drop(c);
+    r.check(
+        "rpm scriptlets on a fresh booted root: install, upgrade, erase",
+        |r| rpm_scriptlets(r, &root, &pkgs.rpm, &work),
+    );
     r
+}
+
+/// The RPM's scriptlets, run by sh on a freshly booted copy of the root
+/// after its payload is unpacked there (rpm itself is not in the Debian
+/// root): %post 1 (install), %post 2 (upgrade), %preun 0 and %postun 0
+/// (erase, with the payload's files removed in between, as rpm does).
+fn rpm_scriptlets(r: &Report, root: &Path, rpm: &Path, work: &Path) -> Result<String, String> {
+    let mut c = Container::boot(root, &[], &work.join("nspawn-rpm.log"), r)?;
+    let limit = Duration::from_secs(120);
+    let into = format!("/proc/{}/root", c.leader());
+    run(
+        Command::new("sh")
+            .arg("-c")
+            .arg("rpm2archive - < \"$1\" | tar -xzf - -C \"$2\"")
+            .arg("sh")
+            .arg(rpm)
+            .arg(&into),
+        None,
+        limit,
+    )?
+    .expect_ok("unpacking the rpm's payload")?;
+    let query = |fmt: &str| -> Result<String, String> {
+        Ok(run(
+            Command::new("rpm").args(["-qp", "--qf", fmt]).arg(rpm),
+            None,
+            limit,
+        )?
+        .expect_ok("rpm -qp")?
+        .stdout)
+    };
+    for (tag, file) in [("POSTIN", "post"), ("PREUN", "preun"), ("POSTUN", "postun")] {
+        c.write(
+            &format!("/tmp/tb/rpm-{file}.sh"),
+            &query(&format!("%{{{tag}}}\n"))?,
+        )?;
+    }
+    c.write("/tmp/tb/procs.py", PROCS_PY)?;
+    c.sh_ok("sh /tmp/tb/rpm-post.sh 1", 300 * SEC)?;
+    let installed = after_install(&c)?;
+    all_active(&c, STARTED_BY_TARGET)?;
+    let before = main_pids(&c)?;
+    c.sh_ok("sh /tmp/tb/rpm-post.sh 2", 300 * SEC)?;
+    all_active(&c, STARTED_BY_TARGET)?;
+    let after = main_pids(&c)?;
+    if before.get("airlock-supervisor.service") == after.get("airlock-supervisor.service") {
+        return Err(format!("%post 2 did not restart: {before:?} {after:?}"));
+    }
+    c.sh_ok("sh /tmp/tb/rpm-preun.sh 0", 300 * SEC)?;
+    no_airlock_process(&c)?;
+    let files = query("[%{FILEMODES:perms} %{FILENAMES}\n]")?;
+    let files: Vec<&str> = files
+        .lines()
+        .filter(|l| l.starts_with('-'))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|f| *f != "/etc/airlock/airlock.toml")
+        .collect();
+    c.sh_ok(&format!("rm -f {}", files.join(" ")), 60 * SEC)?;
+    c.sh_ok("sh /tmp/tb/rpm-postun.sh 0", 300 * SEC)?;
+    let enabled = c.sh("systemctl is-enabled airlock.target", 10 * SEC)?;
+    if enabled.stdout.trim() == "enabled" {
+        return Err("airlock.target still enabled after the erase".into());
+    }
+    expect_paths(
+        &c,
+        &[
+            "/var/lib/airlock/tasks.sqlite3",
+            "/etc/airlock/retry-control.token",
+        ],
+        &["/usr/bin/airlock-supervisor"],
+    )?;
+    c.shutdown(Duration::from_secs(60))?;
+    Ok(format!(
+        "%post 1: {installed}, all active; %post 2 restarted; %preun 0 stopped everything; state kept"
+    ))
 }
 
 /// `systemctl is-active` of each unit.
