@@ -1059,12 +1059,25 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
                         serde_json::to_string_pretty(result).unwrap_or_default()
                     ));
                 }
+                // The planner may submit but never decide (no polkit rule
+                // grants it org.airlock.tasks.manage).
+                let agent = c.sh(
+                    "runuser -u airlock-agent -- airlockctl --no-ask-password verify tb-probe accept --reason 'self-approval'",
+                    30 * SEC,
+                )?;
+                if !matches!(agent.code, Some(5 | 11)) {
+                    return Err(format!(
+                        "airlock-agent's own verify: {} (want exit 5 or 11)\n{}",
+                        agent.describe(),
+                        agent.both()
+                    ));
+                }
                 c.sh_ok(
                     "airlockctl verify tb-probe reject --reason 'testbed probe, not a change'",
                     30 * SEC,
                 )?;
                 Ok(format!(
-                    "{} paths refused inside the sandbox",
+                    "{} paths refused inside the sandbox; airlock-agent may not verify it",
                     SECRETS.len()
                 ))
             },
@@ -1102,6 +1115,17 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
         "systemctl stop airlock.target leaves no airlock process",
         |_| stop_target(c),
     );
+    r.check("D-Bus activation: a call starts the stopped supervisor", |_| {
+        // airlockctl does not ask the bus to start the supervisor (it says
+        // "not running"); any other client does, through the activation
+        // file and systemd. busctl auto-starts by default.
+        c.sh_ok(
+            "busctl --system call org.airlock.Supervisor1 /org/airlock/Supervisor1 org.freedesktop.DBus.Peer Ping",
+            60 * SEC,
+        )?;
+        all_active(c, &["airlock-supervisor.service"])?;
+        Ok("airlock-supervisor.service started by the bus (SystemdService=)".to_owned())
+    });
     r.check("systemctl start airlock.target", |_| {
         c.sh_ok("systemctl start airlock.target", 120 * SEC)?;
         all_active(c, STARTED_BY_TARGET)
