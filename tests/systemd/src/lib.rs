@@ -540,6 +540,16 @@ impl Container {
         for (host, inside) in binds {
             cmd.arg(format!("--bind-ro={}:{inside}", host.display()));
         }
+        // If the test process dies without powering the container off (a
+        // test-runner timeout, ^C), nspawn gets SIGTERM and shuts it down.
+        // SAFETY: the closure runs in the forked child before exec and only
+        // makes the async-signal-safe prctl(PR_SET_PDEATHSIG) call.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                    .map_err(std::io::Error::from)
+            });
+        }
         let nspawn = cmd
             .stdin(Stdio::null())
             .stdout(log_file)
