@@ -10,7 +10,7 @@ use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key
 use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::task::{CommandSummary, Outcome, RESULT_SCHEMA, TaskResult};
 use airlock_proto::{Code, Error};
-use airlock_spool::{Expect, Kind, Spool, Wake};
+use airlock_spool::{Expect, Kind, Spool};
 use airlock_store::checkpoint::{Checkpoint, CheckpointJournal};
 use base64::Engine;
 use serde_json::{Value, json};
@@ -362,7 +362,7 @@ impl Worker {
                 }
                 Some(Phase::ResultPending) => {
                     let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
-                    return self.submit(&cb, grant, &payload, lost);
+                    return self.submit(&cb, grant, &payload);
                 }
                 Some(Phase::ResultSubmitted) => {
                     let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
@@ -575,9 +575,9 @@ impl Worker {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_secs(1));
-            match watcher.wait(wait).map_err(spool_err)? {
-                Wake::Published(_) | Wake::Rescan | Wake::Timeout => {}
-            }
+            // Any wake-up (a publication, an overflow, the timeout) leads to
+            // the same re-check of both directories above.
+            watcher.wait(wait).map_err(spool_err)?;
         }
     }
 
@@ -654,8 +654,7 @@ impl Worker {
             verification: evidence.unwrap_or_default(),
         };
         let head = self.pending(cb, grant, &result)?;
-        let lost = Mutex::new(None);
-        self.submit(cb, grant, &head.payload, &lost)
+        self.submit(cb, grant, &head.payload)
     }
 
     /// Durably records the result, its hash and its idempotency key before
@@ -678,13 +677,7 @@ impl Worker {
         )
     }
 
-    fn submit(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        pending: &Value,
-        lost: &Mutex<Option<Code>>,
-    ) -> Step<Finish> {
+    fn submit(&self, cb: &CheckpointBinding, grant: &Grant, pending: &Value) -> Step<Finish> {
         let key = pending["idempotency_key"].as_str().unwrap_or_default();
         let result: TaskResult = serde_json::from_value(pending["result"].clone())
             .map_err(|e| Error::with(Code::STORE_CORRUPT, e.to_string()))?;
@@ -732,10 +725,8 @@ impl Worker {
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) if is_transient(e.code) => return Err(e),
-                Err(e) => {
-                    let _ = Self::lease_lost(lost);
-                    return self.reconcile(cb, e.code, &e.to_string());
-                }
+                // A refusal (lease lost, conflicting result) is not retried.
+                Err(e) => return self.reconcile(cb, e.code, &e.to_string()),
             }
         }
     }

@@ -191,15 +191,14 @@ fn run(args: Args) -> Result<(), Error> {
     );
     let mut watchdog_usec = 0;
     let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+    // Wake at least twice a second to notice SIGTERM, and at half the
+    // watchdog interval when systemd asks for pings.
+    let mut tick = Duration::from_millis(500);
+    if watchdog {
+        tick = tick.min(Duration::from_micros(watchdog_usec / 2));
+    }
     while !stopping.load(Ordering::SeqCst) {
-        std::thread::sleep(
-            if watchdog {
-                Duration::from_micros(watchdog_usec / 2)
-            } else {
-                Duration::from_millis(500)
-            }
-            .min(Duration::from_millis(500)),
-        );
+        std::thread::sleep(tick);
         if watchdog {
             let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
         }
