@@ -771,3 +771,74 @@ fn summaries(evidence: Vec<airlock_proto::bundle::CommandEvidence>) -> Vec<Comma
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_proto::binding::Binding;
+    use airlock_proto::bundle::{ConfinementReport, EXEC_RESULT_SCHEMA, FileEntry};
+    use airlock_proto::envelope::ExecutionRequest;
+
+    fn envelope() -> Envelope {
+        let base = "a".repeat(40);
+        let binding = Binding::from_value(&json!({
+            "task_id": "task-w", "job_id": "job-w", "repository": "demo", "base_oid": base,
+            "expected_branch_oid": base, "target_branch": "agent/task-w", "branch_mode": "CREATE_NEW",
+            "generation": 1, "idempotency_key": "key-task-w",
+        }))
+        .unwrap();
+        let request = ExecutionRequest::from_value(&json!({
+            "action": "deterministic",
+            "change_set": [
+                {"operation": "write_file", "path": "a.txt", "content": "a\n"},
+                {"operation": "delete_file", "path": "b.txt"},
+            ],
+        }))
+        .unwrap();
+        Envelope::project(&binding, &request).unwrap()
+    }
+
+    fn result(paths: &[&str]) -> ExecResult {
+        ExecResult {
+            schema: EXEC_RESULT_SCHEMA.into(),
+            request_id: "r".into(),
+            request_sha256: "0".repeat(64),
+            execution_digest: "0".repeat(64),
+            source_archive_sha256: "0".repeat(64),
+            passed: true,
+            changed_files: paths
+                .iter()
+                .map(|p| FileEntry {
+                    path: (*p).into(),
+                    deleted: true,
+                    sha256: None,
+                    executable: false,
+                    content_b64: None,
+                })
+                .collect(),
+            captured_files: vec![],
+            verification: vec![],
+            confinement: ConfinementReport {
+                landlock_abi: 7,
+                landlock: "full".into(),
+                seccomp: true,
+                namespaces: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn only_the_change_sets_paths_are_accepted_from_the_executor() {
+        let env = envelope();
+        assert!(check_changed_files(&env, &result(&["a.txt", "b.txt"])).is_ok());
+        for bad in [
+            &["a.txt", "b.txt", "extra.txt"][..],
+            &["a.txt"],
+            &["a.txt", "a.txt", "b.txt"],
+            &["a.txt", ".github/workflows/x.yml"],
+        ] {
+            let err = check_changed_files(&env, &result(bad)).unwrap_err();
+            assert_eq!(err.code, Code::SPOOL_DIGEST_MISMATCH, "{bad:?}");
+        }
+    }
+}
