@@ -65,6 +65,8 @@ pub enum Item {
     Capability,
     /// A repository-relative path the credential policy would otherwise refuse.
     CredentialPath,
+    /// A unix user name (root included).
+    User,
 }
 
 impl Kind {
@@ -130,6 +132,7 @@ impl Item {
                 "a repository-relative path that airlock treats as a credential, such as \".env\" or \"config/server.pem\""
                     .to_owned()
             }
+            Item::User => "a unix user name".to_owned(),
         }
     }
 
@@ -140,6 +143,7 @@ impl Item {
             Item::GitSubcommand => "read-only git subcommands",
             Item::Capability => "capability names",
             Item::CredentialPath => "credential-like repository-relative paths",
+            Item::User => "unix user names",
         }
     }
 }
@@ -298,9 +302,18 @@ pub const KEYS: &[KeySpec] = &[
     ),
     key(
         "supervisor.authorizer",
-        Kind::Choice(&["polkit", "allow-all-for-tests"]),
+        Kind::Choice(&["polkit", "local", "allow-all-for-tests"]),
         "\"polkit\"",
-        "Who authorises privileged D-Bus methods. \"polkit\" asks polkit and denies when it cannot be reached. \"allow-all-for-tests\" approves every call; it exists for test harnesses only and is never the default.",
+        "Who authorises privileged D-Bus methods. \"polkit\" asks polkit and denies when it cannot be reached. \"local\", for machines without polkit (airlock-local uses it), allows exactly the users in supervisor.local_users and denies everyone else. \"allow-all-for-tests\" approves every call; only test builds of airlock-supervisor accept it, and a packaged supervisor refuses to start with CONFIG_INVALID when it is set.",
+    ),
+    key(
+        "supervisor.local_users",
+        Kind::List {
+            item: Item::User,
+            max: 64,
+        },
+        "[]",
+        "With supervisor.authorizer = \"local\": the users allowed every org.airlock.Tasks1 method (read, submit, manage). Ignored with polkit.",
     ),
     // ---- [worker] ----------------------------------------------------------
     section(
@@ -496,6 +509,12 @@ pub const KEYS: &[KeySpec] = &[
         "retry",
         Kind::Table,
         "airlock-retryd: the owner-only HTTP API that grants a failed task exactly one more attempt.",
+    ),
+    key(
+        "retry.user",
+        Kind::User,
+        "\"airlock-retry\"",
+        "The unix user airlock-retryd runs as. The supervisor accepts calls to its Retry1 interface from this uid only (the peer's uid is checked), and airlock-retryd never opens the task database itself.",
     ),
     key(
         "retry.listen",

@@ -97,7 +97,10 @@ pub enum Authorizer {
     /// Ask polkit; deny when polkit cannot be reached.
     #[default]
     Polkit,
-    /// Approve every call. For test harnesses only; must be chosen explicitly.
+    /// Allow exactly `supervisor.local_users`, deny everyone else (no polkit).
+    Local,
+    /// Approve every call. For test harnesses only; must be chosen
+    /// explicitly, and only test builds of the supervisor accept it.
     AllowAllForTests,
 }
 
@@ -117,6 +120,8 @@ pub struct Supervisor {
     pub worker_user: String,
     /// Who authorises privileged D-Bus methods.
     pub authorizer: Authorizer,
+    /// With the local authoriser: the users allowed every Tasks1 method.
+    pub local_users: Vec<String>,
 }
 
 impl Default for Supervisor {
@@ -128,6 +133,7 @@ impl Default for Supervisor {
             auto_accept: false,
             worker_user: "airlock-worker".to_owned(),
             authorizer: Authorizer::Polkit,
+            local_users: Vec::new(),
         }
     }
 }
@@ -275,6 +281,9 @@ impl Default for Limits {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Retry {
+    /// The unix user airlock-retryd runs as; only its calls to the
+    /// supervisor's Retry1 interface are accepted.
+    pub user: String,
     /// Loopback address the retry API listens on.
     pub listen: SocketAddr,
     /// File holding the bearer token the owner presents.
@@ -287,6 +296,7 @@ pub struct Retry {
 impl Default for Retry {
     fn default() -> Self {
         Retry {
+            user: "airlock-retry".to_owned(),
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 8941)),
             token_file: PathBuf::from("/etc/airlock/retry-control.token"),
             authorization_id: None,

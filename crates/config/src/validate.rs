@@ -38,6 +38,7 @@ pub const RULES: &[&str] = &[
     "`worker.renew_interval_seconds` ≤ `supervisor.lease_seconds` / 2",
     "`worker.journal` ≠ `supervisor.database`",
     "`executor.user` ≠ `supervisor.worker_user`",
+    "`retry.user` ≠ `supervisor.worker_user` and ≠ `executor.user`",
     "`spool.max_file_bytes` ≥ `executor.limits.max_archive_bytes`",
     "`executor.limits.max_file_bytes` ≤ `executor.limits.max_total_bytes`",
     "repository names are unique, and so are repository paths",
@@ -55,7 +56,8 @@ impl Check<'_, '_> {
             "supervisor.sweep_interval_seconds",
             s.sweep_interval_seconds,
         )?;
-        self.user("supervisor.worker_user", &s.worker_user)
+        self.user("supervisor.worker_user", &s.worker_user)?;
+        self.list("supervisor.local_users", &s.local_users)
     }
 
     fn worker(&self, w: &Worker) -> Result {
@@ -143,6 +145,13 @@ impl Check<'_, '_> {
                 format_args!("{:?}", c.executor.user),
             ));
         }
+        if c.retry.user == s.worker_user || c.retry.user == c.executor.user {
+            return Err(self.src.refuse(
+                "retry.user",
+                "a user other than supervisor.worker_user and executor.user: each trust domain has its own uid",
+                format_args!("{:?}", c.retry.user),
+            ));
+        }
         if c.spool.max_file_bytes < limits.max_archive_bytes {
             return Err(self.src.refuse(
                 "spool.max_file_bytes",
@@ -167,6 +176,7 @@ impl Check<'_, '_> {
     }
 
     fn retry(&self, r: &Retry) -> Result {
+        self.user("retry.user", &r.user)?;
         let key = "retry.listen";
         if !r.listen.ip().is_loopback() || r.listen.port() == 0 {
             return Err(self
@@ -353,6 +363,7 @@ fn item_ok(item: Item, value: &str) -> bool {
                 })
         }
         Item::CredentialPath => check_relative_path(value).is_ok() && is_credential_path(value),
+        Item::User => is_unix_name(value),
     }
 }
 

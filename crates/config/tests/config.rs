@@ -513,6 +513,19 @@ fn executor_and_worker_are_different_users() {
 }
 
 #[test]
+fn retry_runs_as_its_own_user() {
+    for other in ["airlock-worker", "airlock-exec"] {
+        let message = refused(&format!("[retry]\nuser = \"{other}\"\n"), "retry.user");
+        assert!(
+            message.contains("each trust domain has its own uid"),
+            "{message}"
+        );
+    }
+    let message = refused("[retry]\nuser = \"root\"\n", "retry.user");
+    assert!(message.contains("other than root"), "{message}");
+}
+
+#[test]
 fn journal_and_task_store_are_different_files() {
     refused(
         "[worker]\njournal = \"/var/lib/airlock/tasks.sqlite3\"\n",
@@ -591,8 +604,21 @@ fn the_test_authorizer_must_be_chosen_explicitly() {
     assert_eq!(
         message,
         format!(
-            "{ORIGIN}:2:14: supervisor.authorizer: expected one of \"polkit\", \"allow-all-for-tests\", found \"allow-all\""
+            "{ORIGIN}:2:14: supervisor.authorizer: expected one of \"polkit\", \"local\", \"allow-all-for-tests\", found \"allow-all\""
         )
+    );
+}
+
+#[test]
+fn the_local_authorizer_names_its_users() {
+    let config =
+        parse("[supervisor]\nauthorizer = \"local\"\nlocal_users = [\"root\", \"alice\"]\n")
+            .expect("valid");
+    assert_eq!(config.supervisor.authorizer, Authorizer::Local);
+    assert_eq!(config.supervisor.local_users, ["root", "alice"]);
+    refused(
+        "[supervisor]\nlocal_users = [\"not a user\"]\n",
+        "supervisor.local_users[0]",
     );
 }
 

@@ -40,6 +40,7 @@
 
 pub mod binding;
 pub mod bundle;
+pub mod bus;
 pub mod canonical;
 pub mod checkpoint;
 pub mod envelope;

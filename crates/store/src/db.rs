@@ -40,6 +40,7 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Opens (creating if needed) a database with WAL, synchronous=FULL, a busy
 /// timeout and foreign keys, checks its identity and applies migrations.
 pub fn open(path: &Path, kind: Kind, migrations: &[Migration]) -> StoreResult<Connection> {
+    create_private(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -61,6 +62,28 @@ pub fn open(path: &Path, kind: Kind, migrations: &[Migration]) -> StoreResult<Co
         .map_err(|e| StoreError::sqlite("setting pragmas", e))?;
     migrate(&mut conn, kind, migrations)?;
     Ok(conn)
+}
+
+/// Creates the database file owner-only (0600) when it does not exist yet:
+/// one process owns each store, and SQLite gives the `-wal` and `-shm`
+/// files the database's mode. An existing file keeps its mode (the
+/// package's maintainer scripts migrate the modes of older installs).
+fn create_private(path: &Path) -> StoreResult<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::Refused(Error::with(
+            Code::STORE_UNAVAILABLE,
+            format!("creating {}: {e}", path.display()),
+        ))),
+    }
 }
 
 fn migrate(conn: &mut Connection, kind: Kind, migrations: &[Migration]) -> StoreResult<()> {

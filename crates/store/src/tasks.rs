@@ -247,18 +247,23 @@ pub struct Event {
 }
 
 impl Event {
+    /// The event as the bus shows it (`airlock_proto::bus::EventRecord`).
+    pub fn to_record(&self) -> airlock_proto::bus::EventRecord {
+        airlock_proto::bus::EventRecord {
+            id: self.id,
+            task_id: self.task_id.clone(),
+            at_ms: self.at_ms,
+            actor: serde_json::to_value(&self.actor).unwrap_or(Value::Null),
+            action: self.action.clone(),
+            outcome: self.outcome.as_str().to_owned(),
+            code: self.code.map(|c| c.as_str().to_owned()),
+            payload: self.payload.clone(),
+        }
+    }
+
     /// The event as a JSON object (the code by its name), for CLIs and logs.
     pub fn to_value(&self) -> Value {
-        serde_json::json!({
-            "id": self.id,
-            "task_id": self.task_id,
-            "at_ms": self.at_ms,
-            "actor": self.actor,
-            "action": self.action,
-            "outcome": self.outcome,
-            "code": self.code.map(Code::as_str),
-            "payload": self.payload,
-        })
+        serde_json::to_value(self.to_record()).unwrap_or(Value::Null)
     }
 }
 

@@ -2,10 +2,10 @@
 //! binary as a child process with DBUS_SYSTEM_BUS_ADDRESS pointing at the
 //! test bus, the supervisor in-process with a test authoriser.
 
+use airlock_localbus::PrivateBus;
 use airlock_proto::Code;
 use airlock_supervisor::authz::testing::TestAuthorizer;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
-use airlock_supervisor::testbus::TestBus;
 use serde_json::{Value, json};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ const HEAD: &str = "71523aef6e48b1e2fa516c456ca189b7a039104b";
 
 /// A supervisor running inside the test, on its own bus.
 struct Sup {
-    bus: TestBus,
+    bus: PrivateBus,
     dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), airlock_proto::Error>>>,
@@ -26,7 +26,7 @@ struct Sup {
 
 impl Sup {
     async fn start(authorizer: TestAuthorizer) -> Sup {
-        let bus = TestBus::start().expect("dbus-daemon");
+        let bus = PrivateBus::start().expect("dbus-daemon");
         let dir = tempfile::tempdir().unwrap();
         let settings = Settings {
             database: dir.path().join("tasks.sqlite3"),
@@ -34,6 +34,7 @@ impl Sup {
             authorizer: AuthorizerChoice::ForTests(authorizer),
             // The test process itself plays the worker.
             worker_uid: nix::unistd::getuid().as_raw(),
+            retry_uid: nix::unistd::getuid().as_raw(),
             lease_seconds: 300,
             sweep_interval: Duration::from_secs(1),
             auto_accept: false,
@@ -526,7 +527,7 @@ async fn exit_codes_come_from_the_error_catalogue() {
     sup.stop().await;
 
     // Nobody owns the name: unavailable.
-    let bus = TestBus::start().unwrap();
+    let bus = PrivateBus::start().unwrap();
     let o = ctl_at(bus.address(), &["list"], Stdio::null()).await;
     assert_eq!(code(&o), 9, "{}", stderr(&o));
     let o = ctl_at(bus.address(), &["status"], Stdio::null()).await;

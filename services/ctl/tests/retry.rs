@@ -1,25 +1,15 @@
-//! `airlockctl retry extend` against the real services: a supervisor and an
-//! airlock-retryd as child processes on one task database, a private bus.
+//! `airlockctl retry extend` against the real services: a supervisor (the
+//! task database's one owner) and an airlock-retryd (which reaches it over
+//! Retry1) as child processes on a private bus.
 
-use airlock_supervisor::testbus::TestBus;
+use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 const BASE: &str = "a642b045775b9154a00ae78543037fbef4fb447b";
 const AUTH_ID: &str = "owner-scheme-a-20261129";
-
-/// A service binary of another package, built by `cargo build --workspace --bins`.
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap();
-    [dir.join(name), dir.join("..").join(name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} is not built; run cargo build --workspace --bins first"))
-}
 
 struct Kill(Child);
 impl Drop for Kill {
@@ -30,7 +20,7 @@ impl Drop for Kill {
 }
 
 fn call(
-    bus: &TestBus,
+    bus: &PrivateBus,
     iface: &str,
     method: &str,
     body: impl serde::Serialize + zbus::zvariant::DynamicType,
@@ -55,7 +45,7 @@ fn call(
     })
 }
 
-fn ctl(bus: &TestBus, args: &[&str]) -> (i32, String, String) {
+fn ctl(bus: &PrivateBus, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_airlockctl"))
         .args(args)
         .env("DBUS_SYSTEM_BUS_ADDRESS", bus.address())
@@ -70,7 +60,7 @@ fn ctl(bus: &TestBus, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn failed_exhausted_task(bus: &TestBus) {
+fn failed_exhausted_task(bus: &PrivateBus) {
     let task = json!({
         "schema": "airlock.task.v1", "max_attempts": 1,
         "binding": {"task_id": "task-r", "job_id": "job-r", "repository": "demo", "base_oid": BASE,
@@ -104,7 +94,7 @@ fn failed_exhausted_task(bus: &TestBus) {
     );
 }
 
-fn start(dir: &Path, bus: &TestBus) -> (Kill, Kill, String, PathBuf) {
+fn start(dir: &Path, bus: &PrivateBus) -> (SupervisorProcess, Kill, String, PathBuf) {
     let db = dir.join("tasks.sqlite3");
     let config = dir.join("airlock.toml");
     std::fs::write(
@@ -112,44 +102,23 @@ fn start(dir: &Path, bus: &TestBus) -> (Kill, Kill, String, PathBuf) {
         "[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/demo.git\"\n",
     )
     .unwrap();
-    let sup = Command::new(binary("airlock-supervisor"))
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "--db",
-            db.to_str().unwrap(),
-            "--bus-address",
-            bus.address(),
-        ])
-        .args(["--authorizer", "allow-all-for-tests", "--worker-user", "0"])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let sup = Kill(sup);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let conn = bus.connect().await.unwrap();
-        let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
-        while !dbus
-            .name_has_owner("org.airlock.Supervisor1".try_into().unwrap())
-            .await
-            .unwrap()
-        {
-            assert!(Instant::now() < deadline, "supervisor did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    let sup = SupervisorProcess::start(
+        &sibling_binary("airlock-supervisor").unwrap(),
+        bus,
+        &config,
+        &db,
+        &[],
+    )
+    .expect("the supervisor starts");
     failed_exhausted_task(bus);
     let token = dir.join("token");
     std::fs::write(&token, "k".repeat(48)).unwrap();
-    let mut retryd = Command::new(binary("airlock-retryd"))
+    let mut retryd = Command::new(sibling_binary("airlock-retryd").unwrap())
         .args([
-            "--db",
-            db.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--bus-address",
+            bus.address(),
             "--listen",
             "127.0.0.1:0",
             "--token-file",
@@ -177,7 +146,7 @@ fn start(dir: &Path, bus: &TestBus) -> (Kill, Kill, String, PathBuf) {
 #[test]
 fn retry_extend_fills_the_cas_from_the_task_and_applies_once() {
     let dir = tempfile::tempdir().unwrap();
-    let bus = TestBus::start().unwrap();
+    let bus = PrivateBus::start().unwrap();
     let (_sup, _retryd, url, token) = start(dir.path(), &bus);
     let token = token.to_str().unwrap();
     let before = call(&bus, "org.airlock.Tasks1", "GetTask", ("task-r",));

@@ -21,8 +21,9 @@ pub struct Ids {
     pub worker: Id,
     pub executor: Id,
     pub retry: Id,
+    /// Whoever runs airlock-local: the local authoriser's one user.
+    pub admin: Id,
     pub exchange_gid: u32,
-    pub tasks_gid: u32,
 }
 
 /// The package's own sysusers file: airlock-local creates the same users.
@@ -48,7 +49,7 @@ fn group(name: &str) -> Result<u32, String> {
 /// Creates the airlock system users and groups with systemd-sysusers from
 /// the package's sysusers file, unless they exist already.
 fn ensure_users() -> Result<(), String> {
-    if user("airlock-exec").is_ok() && group("airlock-tasks").is_ok() {
+    if user("airlock-exec").is_ok() && user("airlock-retry").is_ok() {
         return Ok(());
     }
     let file = std::env::temp_dir().join(format!(
@@ -75,19 +76,14 @@ impl Ids {
         };
         if Uid::effective().is_root() {
             ensure_users()?;
-            let tasks_gid = group("airlock-tasks")?;
-            let retry = user("airlock-retry")?;
             Ok(Ids {
                 separated: true,
                 supervisor: user("airlock")?,
                 worker: user("airlock-worker")?,
                 executor: user("airlock-exec")?,
-                retry: Id {
-                    uid: retry.uid,
-                    gid: tasks_gid,
-                },
+                retry: user("airlock-retry")?,
+                admin: me,
                 exchange_gid: group("airlock-exchange")?,
-                tasks_gid,
             })
         } else {
             Ok(Ids {
@@ -96,8 +92,8 @@ impl Ids {
                 worker: me,
                 executor: me,
                 retry: me,
+                admin: me,
                 exchange_gid: me.gid,
-                tasks_gid: me.gid,
             })
         }
     }
@@ -116,9 +112,7 @@ impl Ids {
         if !self.separated {
             return vec![];
         }
-        if who == self.supervisor || who == self.retry {
-            vec![self.tasks_gid]
-        } else if who == self.worker || who == self.executor {
+        if who == self.worker || who == self.executor {
             vec![self.exchange_gid]
         } else {
             vec![]
@@ -183,7 +177,7 @@ pub fn create(layout: &Layout, ids: &Ids) -> std::io::Result<()> {
     for (p, mode, owner, group) in [
         ("bus", 0o755, 0, 0),
         ("logs", 0o755, 0, 0),
-        ("tasks", 0o2770, ids.supervisor.uid, ids.tasks_gid),
+        ("tasks", 0o700, ids.supervisor.uid, ids.supervisor.gid),
         ("worker", 0o700, ids.worker.uid, ids.worker.gid),
         ("worker/workspaces", 0o700, ids.worker.uid, ids.worker.gid),
         ("exec", 0o700, ids.executor.uid, ids.executor.gid),
@@ -249,9 +243,15 @@ lease_seconds = {lease}
 sweep_interval_seconds = 1
 auto_accept = true
 worker_user = "{worker_uid}"
-# airlock-local has no polkit: this authoriser allows every call and
-# announces itself in the log and on the bus. Never use it elsewhere.
-authorizer = "allow-all-for-tests"
+# airlock-local has no polkit: the local authoriser lets the user who runs
+# airlock-local (and nobody else) call every Tasks1 method.
+authorizer = "local"
+local_users = ["{admin}"]
+
+[retry]
+user = "{retry_user}"
+token_file = "{token}"
+authorization_id = "airlock-local-owner"
 
 [worker]
 journal = "{journal}"
@@ -269,6 +269,9 @@ description = "sample repository made by airlock-local demo"
 "#,
         db = layout.tasks_db().display(),
         worker_uid = ids.name(ids.worker),
+        admin = ids.name(ids.admin),
+        retry_user = ids.name(ids.retry),
+        token = layout.token().display(),
         journal = p("worker/checkpoints.sqlite3"),
         workspaces = p("worker/workspaces"),
         spool = layout.spool().display(),

@@ -6,7 +6,7 @@ pub mod demo;
 pub mod fleet;
 pub mod layout;
 
-use airlock_supervisor::testbus::TestBus;
+use airlock_localbus::PrivateBus;
 use fleet::{Fleet, Spec, wait_for_log};
 use layout::{Ids, Layout};
 use std::path::PathBuf;
@@ -17,7 +17,7 @@ use std::time::Duration;
 pub struct Suite {
     pub layout: Layout,
     pub ids: Ids,
-    pub bus: TestBus,
+    pub bus: PrivateBus,
     pub fleet: Fleet,
     pub retry_url: String,
 }
@@ -93,7 +93,7 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     .map_err(|e| e.to_string())?;
     demo::create_repository(&layout, &ids)?;
 
-    let bus = TestBus::start_with_owner(&ids.name(ids.supervisor))
+    let bus = PrivateBus::start_with_owner(&ids.name(ids.supervisor))
         .map_err(|e| format!("starting dbus-daemon: {e}"))?;
     let address = bus.address().to_owned();
     let config = layout.config().display().to_string();
@@ -154,9 +154,9 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                 program: worker_bin,
                 args: vec![
                     s("--config"),
-                    config,
+                    config.clone(),
                     s("--bus-address"),
-                    address,
+                    address.clone(),
                     s("--executor-uid"),
                     ids.executor.uid.to_string(),
                 ],
@@ -174,17 +174,14 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                 name: "retryd",
                 program: retryd_bin,
                 args: vec![
-                    s("--db"),
-                    layout.tasks_db().display().to_string(),
+                    s("--config"),
+                    config.clone(),
+                    s("--bus-address"),
+                    address.clone(),
                     s("--listen"),
                     s("127.0.0.1:0"),
-                    s("--token-file"),
-                    layout.token().display().to_string(),
                 ],
-                env: vec![(
-                    s("AIRLOCK_RETRY_AUTHORIZATION_ID"),
-                    s("airlock-local-owner"),
-                )],
+                env: vec![],
                 id: ids.retry,
                 new_netns: false,
             },

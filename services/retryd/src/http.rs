@@ -4,13 +4,14 @@
 //! (401) → Content-Length present, numeric, 1..=64 KiB (413 or 400) before
 //! a byte of the body is read → body within its deadline → UTF-8 JSON
 //! object (400) → the request's exact field set and values → the store's
-//! compare-and-swap transaction. Anything else is 404.
+//! compare-and-swap transaction, run by the supervisor (`Retry1`). Anything
+//! else is 404.
 
 use crate::token::ControlToken;
+use airlock_client::Supervisor;
+use airlock_proto::Code;
 use airlock_proto::limits::MAX_HTTP_BODY_BYTES;
 use airlock_proto::retry::RetryExtensionRequest;
-use airlock_proto::{Code, Error};
-use airlock_store::tasks::TaskStore;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -18,15 +19,15 @@ use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Everything a request handler needs.
 #[derive(Debug)]
 pub struct State {
-    /// The task store; one writer at a time inside this process, SQLite
-    /// serialises against other processes.
-    pub store: Arc<Mutex<TaskStore>>,
+    /// The supervisor, reached over its Retry1 interface: retryd holds no
+    /// database of its own.
+    pub supervisor: Supervisor,
     /// The owner's bearer token.
     pub token: ControlToken,
     /// The owner authorization id this service was started with.
@@ -154,25 +155,12 @@ async fn route(req: Request<Incoming>, state: &State) -> Answer {
         Ok(r) => r,
         Err(e) => return Answer::refuse(e.code),
     };
-    let store = Arc::clone(&state.store);
-    let authorization_id = state.authorization_id.clone();
-    let outcome = tokio::task::spawn_blocking(move || {
-        let mut store = store
-            .lock()
-            .map_err(|_| Error::new(Code::RUNTIME_UNAVAILABLE))?;
-        store
-            .extend_retry(&task_id, &request, &authorization_id)
-            .map_err(|e| match e.refusal() {
-                Some(r) => r.clone(),
-                None => {
-                    tracing::error!("store failure: {e}");
-                    Error::new(Code::RUNTIME_UNAVAILABLE)
-                }
-            })
-    })
-    .await;
+    let outcome = state
+        .supervisor
+        .extend_retry(&task_id, &request, &state.authorization_id)
+        .await;
     match outcome {
-        Ok(Ok(outcome)) => {
+        Ok(outcome) => {
             let status = if outcome.idempotent {
                 StatusCode::OK
             } else {
@@ -180,8 +168,12 @@ async fn route(req: Request<Incoming>, state: &State) -> Answer {
             };
             Answer::ok(status, serde_json::to_value(outcome).unwrap_or(Value::Null))
         }
-        Ok(Err(e)) => Answer::refuse(e.code),
-        Err(_) => Answer::refuse(Code::RUNTIME_UNAVAILABLE),
+        Err(e) => {
+            if e.code == Code::RUNTIME_UNAVAILABLE {
+                tracing::error!("the supervisor did not answer: {e}");
+            }
+            Answer::refuse(e.code)
+        }
     }
 }
 

@@ -2,26 +2,32 @@
 //!
 //! `POST /v1/tasks/{task_id}/retry-extension` raises a FAILED task's
 //! `max_attempts` by exactly one, under compare-and-swap and idempotency
-//! rules enforced in one SQLite transaction (`airlock_store`). It is the
-//! only code in airlock that raises an attempt budget.
+//! rules. retryd holds no database: it authenticates the owner, checks the
+//! request's shape, and asks the supervisor over `org.airlock.Retry1`
+//! (admitted by retryd's uid alone), which runs the one store transaction.
+//! A compromised retryd can therefore ask for exactly what the owner could:
+//! one extension step per request, under the same CAS.
 //!
-//! Start-up refuses to serve unless AIRLOCK_RETRY_AUTHORIZATION_ID is a
-//! valid id and the control token file is a regular file of at least 32
-//! characters. It listens on a socket passed by systemd (LISTEN_FDS) or on
-//! `--listen ADDR`.
+//! Start-up refuses to serve unless the owner authorization id
+//! (AIRLOCK_RETRY_AUTHORIZATION_ID, else `[retry] authorization_id`) is
+//! valid and the control token file is a regular file of at least 32
+//! characters. It listens on a socket passed by systemd (LISTEN_FDS), else
+//! on `--listen ADDR`, else on `[retry] listen`.
 
 mod http;
 mod token;
 
+use airlock_client::Supervisor;
+use airlock_config::Config;
 use airlock_proto::retry::check_configured_authorization_id;
 use airlock_proto::{Code, Error};
-use airlock_store::tasks::TaskStore;
+use airlock_service::{init_logging, load_config};
 use clap::Parser;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -38,22 +44,30 @@ const MAX_CONNECTIONS: usize = 256;
 /// verification hash the owner saw. Requests need `Authorization: Bearer
 /// <token>`; the token is read from --token-file (under systemd:
 /// $CREDENTIALS_DIRECTORY/control-token). The owner authorization id comes
-/// from the environment variable AIRLOCK_RETRY_AUTHORIZATION_ID.
+/// from the environment variable AIRLOCK_RETRY_AUTHORIZATION_ID, else from
+/// [retry] authorization_id. The extension itself is made by the supervisor
+/// (org.airlock.Retry1 on the system bus, reserved for [retry] user).
 #[derive(Debug, Parser)]
-#[command(name = "airlock-retryd", version, about, long_about)]
+#[command(
+    name = "airlock-retryd",
+    version,
+    about,
+    long_about,
+    after_help = "Environment:\n  AIRLOCK_LOG                     log filter (default: info)\n  AIRLOCK_RETRY_AUTHORIZATION_ID  the owner authorization id (over [retry] authorization_id)\n  CREDENTIALS_DIRECTORY           set by systemd: the token is its control-token\n  DBUS_SYSTEM_BUS_ADDRESS         the system bus, when --bus-address is not given\n  LISTEN_FDS                      set by systemd: the listening socket"
+)]
 struct Args {
-    /// The supervisor's task database.
-    #[arg(
-        long,
-        value_name = "PATH",
-        default_value = "/var/lib/airlock/tasks.sqlite3"
-    )]
-    db: PathBuf,
-    /// Listen on this address instead of a socket passed by systemd.
+    /// Configuration file (the [retry] section is used).
+    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    config: PathBuf,
+    /// D-Bus address of the supervisor's bus [default: the system bus].
+    #[arg(long, value_name = "ADDRESS")]
+    bus_address: Option<String>,
+    /// Listen on this address instead of a socket passed by systemd
+    /// [default without one: [retry] listen].
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// The bearer token file [default: $CREDENTIALS_DIRECTORY/control-token,
-    /// else /etc/airlock/retry-control.token].
+    /// else [retry] token_file].
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Seconds a client may take to send its request headers.
@@ -67,27 +81,19 @@ struct Args {
     connection_timeout: u64,
 }
 
-fn token_path(args: &Args) -> PathBuf {
+fn token_path(args: &Args, config: &Config) -> PathBuf {
     if let Some(p) = &args.token_file {
         return p.clone();
     }
     match std::env::var_os("CREDENTIALS_DIRECTORY") {
         Some(dir) => PathBuf::from(dir).join("control-token"),
-        None => PathBuf::from("/etc/airlock/retry-control.token"),
+        None => config.retry.token_file.clone(),
     }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        // A closed stderr must not take the service down with it.
-        .log_internal_errors(false)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -109,16 +115,21 @@ fn refuse(e: &Error) -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Error> {
-    let authorization_id =
-        check_configured_authorization_id(std::env::var(AUTHORIZATION_ID_ENV).ok().as_deref())?;
-    let token = token::ControlToken::load(&token_path(&args))?;
-    let store = TaskStore::open(&args.db).map_err(|e| Error::with(e.code(), e.to_string()))?;
-    let listener = listener(&args).await?;
+    let config = load_config(&args.config)?;
+    let configured_id = std::env::var(AUTHORIZATION_ID_ENV)
+        .ok()
+        .or_else(|| config.retry.authorization_id.clone());
+    let authorization_id = check_configured_authorization_id(configured_id.as_deref())?;
+    let token = token::ControlToken::load(&token_path(&args, &config))?;
+    let listener = listener(&args, &config).await?;
+    // The bus connection comes last: the supervisor may start after us
+    // (socket activation); each request reaches it afresh by name.
+    let supervisor = Supervisor::connect(args.bus_address.as_deref()).await?;
     let local = listener
         .local_addr()
         .map_err(|e| Error::with(Code::RUNTIME_UNAVAILABLE, e.to_string()))?;
     let state = Arc::new(http::State {
-        store: Arc::new(Mutex::new(store)),
+        supervisor,
         token,
         authorization_id,
         body_timeout: Duration::from_secs(args.body_timeout),
@@ -175,7 +186,7 @@ async fn run(args: Args) -> Result<(), Error> {
     Ok(())
 }
 
-async fn listener(args: &Args) -> Result<TcpListener, Error> {
+async fn listener(args: &Args, config: &Config) -> Result<TcpListener, Error> {
     let unavailable = |e: std::io::Error| Error::with(Code::RUNTIME_UNAVAILABLE, e.to_string());
     if let Some(addr) = args.listen {
         return TcpListener::bind(addr).await.map_err(unavailable);
@@ -186,9 +197,11 @@ async fn listener(args: &Args) -> Result<TcpListener, Error> {
             std.set_nonblocking(true).map_err(unavailable)?;
             TcpListener::from_std(std).map_err(unavailable)
         }
-        None => Err(Error::with(
-            Code::RUNTIME_UNAVAILABLE,
-            "no socket passed by systemd (LISTEN_FDS) and no --listen ADDR given",
-        )),
+        None => TcpListener::bind(config.retry.listen).await.map_err(|e| {
+            Error::with(
+                Code::RUNTIME_UNAVAILABLE,
+                format!("[retry] listen {}: {e}", config.retry.listen),
+            )
+        }),
     }
 }

@@ -1,6 +1,9 @@
 //! airlock-retryd at the HTTP level: the real binary on loopback, a real
-//! task database, raw HTTP/1.1 so malformed requests are really malformed.
+//! supervisor owning a real task database on a private bus (retryd reaches
+//! it over Retry1 only), raw HTTP/1.1 so malformed requests are really
+//! malformed.
 
+use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use airlock_proto::canonical::digest_of;
 use airlock_proto::task::{Outcome, RESULT_SCHEMA, TaskResult, TaskState, TaskSubmission};
 use airlock_store::tasks::{Actor, ActorKind, TaskStore};
@@ -16,6 +19,8 @@ const AUTH_ID: &str = "owner-scheme-a-20260817";
 
 struct Server {
     child: Child,
+    _supervisor: SupervisorProcess,
+    _bus: PrivateBus,
     addr: SocketAddr,
     db: PathBuf,
     token: String,
@@ -105,12 +110,25 @@ fn start_with(
     let mut store = TaskStore::open(&db).unwrap();
     prepare(&mut store);
     drop(store);
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, "").unwrap();
+    let bus = PrivateBus::start().expect("dbus-daemon");
+    let supervisor = SupervisorProcess::start(
+        &sibling_binary("airlock-supervisor").unwrap(),
+        &bus,
+        &config,
+        &db,
+        &[],
+    )
+    .expect("the supervisor starts");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, token).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock-retryd"));
     cmd.args([
-        "--db",
-        db.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--bus-address",
+        bus.address(),
         "--listen",
         "127.0.0.1:0",
         "--token-file",
@@ -118,7 +136,7 @@ fn start_with(
     ])
     .args(["--header-timeout", "1", "--body-timeout", "1"])
     .env_remove("AIRLOCK_RETRY_AUTHORIZATION_ID")
-    .env("RUST_LOG", "info")
+    .env("AIRLOCK_LOG", "info")
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
@@ -152,6 +170,8 @@ fn start_with(
     });
     Ok(Server {
         child,
+        _supervisor: supervisor,
+        _bus: bus,
         addr,
         db,
         token: token.to_owned(),
@@ -255,13 +275,12 @@ fn a_closed_log_stream_does_not_break_requests() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "t".repeat(48)).unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, "").unwrap();
+    let bus = PrivateBus::start().expect("dbus-daemon");
     let mut child = Command::new(env!("CARGO_BIN_EXE_airlock-retryd"))
-        .args([
-            "--db",
-            dir.path().join("db.sqlite3").to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
+        .args(["--config", config.to_str().unwrap()])
+        .args(["--bus-address", bus.address(), "--listen", "127.0.0.1:0"])
         .args(["--token-file", token.to_str().unwrap()])
         .env("AIRLOCK_RETRY_AUTHORIZATION_ID", AUTH_ID)
         .stderr(Stdio::piped())

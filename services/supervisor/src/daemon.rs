@@ -1,16 +1,19 @@
 //! The daemon's life: start in order, serve, stop in order.
 //!
 //! Start: open and check the store; connect to the bus; choose and announce
-//! the authoriser; export both interfaces; sweep once (leases that expired
+//! the authoriser; export the three interfaces; sweep once (leases that expired
 //! while the supervisor was down); take the well-known name; READY=1.
 //!
 //! Stop (SIGTERM): STOPPING=1; refuse new calls; let the calls in flight
 //! finish (each commits or rolls back as a whole); release the name; answer
 //! stragglers for a moment; close the connection.
 
+use crate::authz::local::LocalAuthorizer;
 use crate::authz::polkit::PolkitAuthorizer;
+#[cfg(any(test, feature = "test-authorizers"))]
 use crate::authz::testing::TestAuthorizer;
-use crate::authz::{Authorizer, Gatekeeper};
+use crate::authz::{Authorizer, Gatekeeper, PeerUids};
+use crate::bus::retry::Retry;
 use crate::bus::tasks::Tasks;
 use crate::bus::worker::Worker;
 use crate::bus::{BUS_NAME, Info, OBJECT_PATH, Shared};
@@ -29,7 +32,10 @@ use zbus::object_server::SignalEmitter;
 pub enum AuthorizerChoice {
     /// polkit on the bus the daemon serves.
     Polkit,
-    /// A test authoriser, chosen explicitly.
+    /// A fixed list of uids (machines without polkit).
+    Local(LocalAuthorizer),
+    /// A test authoriser, chosen explicitly; only in test builds.
+    #[cfg(any(test, feature = "test-authorizers"))]
     ForTests(TestAuthorizer),
 }
 
@@ -45,6 +51,8 @@ pub struct Settings {
     pub authorizer: AuthorizerChoice,
     /// The uid Worker1 is reserved for.
     pub worker_uid: u32,
+    /// The uid Retry1 is reserved for (airlock-retryd).
+    pub retry_uid: u32,
     /// Lease lifetime.
     pub lease_seconds: u32,
     /// Sweeper period.
@@ -84,6 +92,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
 
     let authorizer: Arc<dyn Authorizer> = match &settings.authorizer {
         AuthorizerChoice::Polkit => Arc::new(PolkitAuthorizer::new(conn.clone())),
+        AuthorizerChoice::Local(l) => Arc::new(l.clone()),
+        #[cfg(any(test, feature = "test-authorizers"))]
         AuthorizerChoice::ForTests(t) => Arc::new(t.clone()),
     };
     if authorizer.is_for_tests() {
@@ -92,7 +102,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
             "TEST AUTHORISER IN USE: Tasks1 calls are decided without polkit; never run this in production"
         );
     } else {
-        tracing::info!(authorizer = %authorizer.name(), "Tasks1 calls are authorised by polkit");
+        tracing::info!(authorizer = %authorizer.name(), "Tasks1 calls are authorised");
     }
 
     let info = Info {
@@ -102,7 +112,11 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         worker_uid: settings.worker_uid,
     };
     let ops = Ops::new(store.clone(), settings.lease_seconds, settings.auto_accept);
-    let gate = Gatekeeper::new(authorizer, settings.worker_uid, store);
+    let peers = PeerUids {
+        worker: settings.worker_uid,
+        retry: settings.retry_uid,
+    };
+    let gate = Gatekeeper::new(authorizer, peers, store);
     let shared = Arc::new(Shared::new(
         ops.clone(),
         gate,
@@ -120,6 +134,10 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         .at(OBJECT_PATH, Worker::new(Arc::clone(&shared)))
         .await
         .map_err(|e| unavailable("exporting Worker1", e))?;
+    server
+        .at(OBJECT_PATH, Retry::new(Arc::clone(&shared)))
+        .await
+        .map_err(|e| unavailable("exporting Retry1", e))?;
     let emitter = SignalEmitter::new(&conn, OBJECT_PATH)
         .map_err(|e| unavailable("signal emitter", e))?
         .into_owned();
@@ -159,6 +177,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
             .map(|n| n.to_string())
             .unwrap_or_default(),
         worker_uid = settings.worker_uid,
+        retry_uid = settings.retry_uid,
         lease_seconds = settings.lease_seconds,
         auto_accept = settings.auto_accept,
         "ready: {status}"
@@ -203,6 +222,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
     for removed in [
         server.remove::<Tasks, _>(OBJECT_PATH).await,
         server.remove::<Worker, _>(OBJECT_PATH).await,
+        server.remove::<Retry, _>(OBJECT_PATH).await,
     ] {
         if let Err(e) = removed {
             tracing::warn!("unexporting an interface: {e}");

@@ -4,22 +4,25 @@
 //!  planner / airlockctl ──Tasks1──▶ ┌──────────────────────────────┐
 //!      (polkit decides)             │ airlock-supervisor (airlock) │──▶ task store (SQLite)
 //!  airlock-worker ───────Worker1──▶ │  org.airlock.Supervisor1     │
+//!  airlock-retryd ────────Retry1──▶ │                              │
 //!      (peer uid decides)           └──────────────────────────────┘
 //! ```
 //!
 //! Modules, in the order a call meets them:
 //!
-//! - [`bus`]: the two interfaces, the in-flight counter, the caller's
+//! - [`bus`]: the three interfaces (their contract is
+//!   [`airlock_proto::bus`]), the in-flight counter, the caller's
 //!   bus-verified identity, and the mapping of refusals to D-Bus errors;
-//! - [`authz`]: the [`authz::Authorizer`] trait (polkit, or an explicitly
-//!   chosen test authoriser), the Worker1 uid check, and the
+//! - [`authz`]: the [`authz::Authorizer`] trait (polkit, the local
+//!   authoriser for machines without polkit, and — only in builds with the
+//!   `test-authorizers` feature, which packages never enable — test
+//!   authorisers), the Worker1 and Retry1 uid checks, and the
 //!   [`authz::Authorized`] tokens only it can make;
 //! - [`ops`]: what each method does to the task store, each operation
 //!   demanding the token of its permission;
 //! - [`sweeper`]: expired leases back to the queue, or failed;
 //! - [`notify`]: READY, STATUS, STOPPING, WATCHDOG;
-//! - [`daemon`]: start-up and orderly shutdown;
-//! - [`testbus`]: a private system-like dbus-daemon for tests and benches.
+//! - [`daemon`]: start-up and orderly shutdown.
 
 pub mod authz;
 pub mod bus;
@@ -27,4 +30,3 @@ pub mod daemon;
 pub mod notify;
 pub mod ops;
 pub mod sweeper;
-pub mod testbus;

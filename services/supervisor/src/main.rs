@@ -1,19 +1,21 @@
 //! `airlock-supervisor`: owns `org.airlock.Supervisor1` on the system bus.
 
-use airlock_config::Config;
 use airlock_proto::{Code, Error};
+use airlock_service::{init_logging, load_config, uid_of};
+use airlock_supervisor::authz::local::LocalAuthorizer;
+#[cfg(feature = "test-authorizers")]
 use airlock_supervisor::authz::testing::TestAuthorizer;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
 use clap::Parser;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 /// The airlock supervisor: owns the task queue and serves it on the D-Bus
 /// system bus as org.airlock.Supervisor1 (interfaces org.airlock.Tasks1 for
-/// planners and admins, authorised by polkit, and org.airlock.Worker1 for
-/// the worker, admitted by unix uid).
+/// planners and admins, authorised by polkit; org.airlock.Worker1 for the
+/// worker and org.airlock.Retry1 for airlock-retryd, each admitted by its
+/// unix uid).
 ///
 /// Normally started by systemd (airlock-supervisor.service, Type=notify).
 /// Stops in order on SIGTERM: new calls are refused, calls in flight
@@ -40,12 +42,10 @@ struct Args {
     #[arg(long, value_name = "ADDRESS")]
     bus_address: Option<String>,
 
-    /// Authoriser to use instead of [supervisor] authorizer: "polkit", or,
-    /// for test harnesses only, "allow-all-for-tests", "deny-all-for-tests",
-    /// "interactive-for-tests" (allow only callers that allowed interactive
-    /// authorisation) or "allow-for-tests:ACTION,..." with ACTION one of
-    /// read, submit, manage. A test authoriser is announced in the log and
-    /// in the org.airlock.Tasks1.Authorizer property.
+    /// Authoriser to use instead of [supervisor] authorizer: "polkit" or
+    /// "local" (the users of [supervisor] local_users). Test builds also
+    /// accept the test authorisers ("allow-all-for-tests", …); packaged
+    /// builds refuse them.
     #[arg(long, value_name = "NAME")]
     authorizer: Option<String>,
 
@@ -54,88 +54,94 @@ struct Args {
     #[arg(long, value_name = "USER")]
     worker_user: Option<String>,
 
+    /// With the local authoriser: a user (name or numeric uid) allowed every
+    /// org.airlock.Tasks1 method, instead of [supervisor] local_users.
+    /// Repeatable.
+    #[arg(long = "local-user", value_name = "USER")]
+    local_users: Vec<String>,
+
+    /// User (name or numeric uid) whose calls to org.airlock.Retry1 are
+    /// accepted, instead of [retry] user.
+    #[arg(long, value_name = "USER")]
+    retry_user: Option<String>,
+
     /// Check the configuration, print the resolved settings and exit.
     #[arg(long)]
     check_config: bool,
 
     /// Delay every call by this many milliseconds (tests of orderly
-    /// shutdown only).
+    /// shutdown; test builds only).
+    #[cfg(feature = "test-authorizers")]
     #[arg(long, value_name = "MS", hide = true)]
     debug_call_delay_ms: Option<u64>,
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        // A closed stderr must not take the service down with it.
-        .log_internal_errors(false)
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if std::env::var_os("JOURNAL_STREAM").is_some() {
-        // The journal stamps time itself and shows no colours.
-        builder.without_time().with_ansi(false).init();
-    } else {
-        let colour = std::io::stderr().is_terminal()
-            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        builder.with_ansi(colour).init();
-    }
-}
-
-fn resolve_user(user: &str) -> Result<u32, Error> {
-    if let Ok(uid) = user.parse::<u32>() {
-        return Ok(uid);
-    }
-    match nix::unistd::User::from_name(user) {
-        Ok(Some(u)) => Ok(u.uid.as_raw()),
-        Ok(None) => Err(Error::with(
+/// The authoriser named `name` (from the flag or the configuration).
+fn authorizer(name: &str, local_users: &[String]) -> Result<AuthorizerChoice, Error> {
+    match name {
+        "polkit" => Ok(AuthorizerChoice::Polkit),
+        "local" => {
+            let uids = local_users
+                .iter()
+                .map(|u| uid_of("supervisor.local_users", u))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(AuthorizerChoice::Local(LocalAuthorizer::new(uids)))
+        }
+        #[cfg(feature = "test-authorizers")]
+        other => match TestAuthorizer::parse(other) {
+            Some(Ok(t)) => Ok(AuthorizerChoice::ForTests(t)),
+            Some(Err(why)) => Err(Error::with(Code::CONFIG_INVALID, why)),
+            None => Err(Error::with(
+                Code::CONFIG_INVALID,
+                format!(
+                    "authorizer {other:?}: expected polkit, local, allow-all-for-tests, deny-all-for-tests, interactive-for-tests or allow-for-tests:ACTION,..."
+                ),
+            )),
+        },
+        #[cfg(not(feature = "test-authorizers"))]
+        other => Err(Error::with(
             Code::CONFIG_INVALID,
-            format!("worker user {user:?} does not exist"),
-        )),
-        Err(e) => Err(Error::with(
-            Code::CONFIG_INVALID,
-            format!("looking up worker user {user:?}: {e}"),
+            format!(
+                "authorizer {other:?}: this airlock-supervisor is a production build and accepts only \"polkit\" or \"local\"; test authorisers exist only in test builds"
+            ),
         )),
     }
 }
 
 fn settings(args: &Args) -> Result<Settings, Error> {
-    let config =
-        Config::load(&args.config).map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))?;
+    let config = load_config(&args.config)?;
     let sup = &config.supervisor;
-    let authorizer = match args.authorizer.as_deref() {
-        None => match sup.authorizer {
-            airlock_config::Authorizer::Polkit => AuthorizerChoice::Polkit,
-            airlock_config::Authorizer::AllowAllForTests => {
-                AuthorizerChoice::ForTests(TestAuthorizer::allow_all())
-            }
-        },
-        Some("polkit") => AuthorizerChoice::Polkit,
-        Some(other) => match TestAuthorizer::parse(other) {
-            Some(Ok(t)) => AuthorizerChoice::ForTests(t),
-            Some(Err(why)) => return Err(Error::with(Code::CONFIG_INVALID, why)),
-            None => {
-                return Err(Error::with(
-                    Code::CONFIG_INVALID,
-                    format!(
-                        "--authorizer {other:?}: expected polkit, allow-all-for-tests, deny-all-for-tests, interactive-for-tests or allow-for-tests:ACTION,..."
-                    ),
-                ));
-            }
-        },
+    let configured = match sup.authorizer {
+        airlock_config::Authorizer::Polkit => "polkit",
+        airlock_config::Authorizer::Local => "local",
+        airlock_config::Authorizer::AllowAllForTests => "allow-all-for-tests",
     };
+    let local_users = if args.local_users.is_empty() {
+        &sup.local_users
+    } else {
+        &args.local_users
+    };
+    let authorizer = authorizer(
+        args.authorizer.as_deref().unwrap_or(configured),
+        local_users,
+    )?;
     let worker_user = args.worker_user.as_deref().unwrap_or(&sup.worker_user);
+    let retry_user = args.retry_user.as_deref().unwrap_or(&config.retry.user);
     Ok(Settings {
         database: args.db.clone().unwrap_or_else(|| sup.database.clone()),
         bus_address: args.bus_address.clone(),
         authorizer,
-        worker_uid: resolve_user(worker_user)?,
+        worker_uid: uid_of("supervisor.worker_user", worker_user)?,
+        retry_uid: uid_of("retry.user", retry_user)?,
         lease_seconds: sup.lease_seconds,
         sweep_interval: Duration::from_secs(u64::from(sup.sweep_interval_seconds.max(1))),
         auto_accept: sup.auto_accept,
         repositories: config.repositories.iter().map(|r| r.name.clone()).collect(),
         drain_timeout: Duration::from_secs(20),
+        #[cfg(feature = "test-authorizers")]
         call_delay: args.debug_call_delay_ms.map(Duration::from_millis),
+        #[cfg(not(feature = "test-authorizers"))]
+        call_delay: None,
     })
 }
 

@@ -7,8 +7,9 @@
 //! time (`BEGIN IMMEDIATE`, `synchronous=FULL`): a reply is sent only after
 //! its change is durable.
 
-use crate::authz::{Authorized, Manage, Read, Submit, Worker};
+use crate::authz::{Authorized, Manage, Read, Retry, Submit, Worker};
 use airlock_proto::plan::PlanRequest;
+use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, Decision, TaskResult, TaskState, TaskSubmission, TaskView};
 use airlock_proto::{Code, Error};
 use airlock_store::StoreError;
@@ -213,6 +214,20 @@ impl Ops {
                     &actor,
                 )
             })
+            .await
+    }
+
+    /// ExtendRetry: the store's one-step, compare-and-swap transaction
+    /// (a refusal is recorded by the store itself, with its code).
+    pub async fn extend_retry(
+        &self,
+        _auth: &Authorized<Retry>,
+        task_id: String,
+        request: RetryExtensionRequest,
+        authorization_id: String,
+    ) -> Result<RetryExtensionOutcome, Error> {
+        self.store
+            .call(move |s| s.extend_retry(&task_id, &request, &authorization_id))
             .await
     }
 

@@ -1028,6 +1028,10 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
         "airlockctl doctor: no check fails on the installed system",
         |_| doctor(c),
     );
+    r.check(
+        "the packaged binaries have no test switches (allow-all-for-tests refused)",
+        |_| no_test_switches(c),
+    );
     if repo.is_some() {
         r.check(
             "demo task by root with airlockctl: SUCCEEDED, commit on agent/*",
@@ -1250,7 +1254,7 @@ fn after_install(c: &Container) -> Result<String, String> {
             problems.push(format!("user {user} missing"));
         }
     }
-    for group in ["airlock-exchange", "airlock-tasks"] {
+    for group in ["airlock-exchange"] {
         if !c.sh(&format!("getent group {group}"), 10 * SEC)?.ok() {
             problems.push(format!("group {group} missing"));
         }
@@ -1268,6 +1272,22 @@ fn after_install(c: &Container) -> Result<String, String> {
             return Err(format!("tmpfiles line {line:?}"));
         };
         n += 1;
+        if kind == "z" {
+            // An adjustment of files that may or may not exist yet (the
+            // supervisor creates the task database): every match, if any.
+            let st = c.sh(
+                &format!(
+                    "for f in {path}; do [ -e \"$f\" ] && stat -c '%n|%a|%U|%G' \"$f\"; done; true"
+                ),
+                10 * SEC,
+            )?;
+            for got in st.stdout.lines() {
+                if !got.ends_with(&format!("|{}|{user}|{group}", mode.trim_start_matches('0'))) {
+                    problems.push(format!("{got} (tmpfiles.d: z {mode} {user} {group})"));
+                }
+            }
+            continue;
+        }
         let st = c.sh(&format!("stat -c '%F|%a|%U|%G' {}", q(path)), 10 * SEC)?;
         if !st.ok() {
             problems.push(format!("{path} missing"));
@@ -1597,9 +1617,29 @@ fn retry_extension(c: &Container) -> Result<String, String> {
     if third["attempt"] != 3 {
         return Err(format!("tb-retry after airlockctl retry extend: {third}"));
     }
+    // retryd went through the supervisor: as its own uid it cannot even
+    // open the task database, which is 0600 airlock:airlock.
+    let db = c.sh_ok(
+        "stat -c '%a %U %G' /var/lib/airlock/tasks.sqlite3",
+        10 * SEC,
+    )?;
+    if db.trim() != "600 airlock airlock" {
+        return Err(format!("the task database is {}", db.trim()));
+    }
+    let open = c.sh(
+        "setpriv --reuid=airlock-retry --regid=airlock-retry --clear-groups cat /var/lib/airlock/tasks.sqlite3 >/dev/null",
+        10 * SEC,
+    )?;
+    if open.ok() || !open.stderr.contains("Permission denied") {
+        return Err(format!(
+            "as airlock-retry, opening the task database: {}",
+            open.both()
+        ));
+    }
     Ok(
         "HTTP: wrong token 401, owner's token 201 (max_attempts 1 -> 2), replay 200; \
-        second attempt ran; airlockctl retry extend: 2 -> 3, third attempt ran"
+        second attempt ran; airlockctl retry extend: 2 -> 3, third attempt ran; \
+        the task database is 600 airlock airlock and airlock-retry gets EACCES opening it"
             .to_owned(),
     )
 }
@@ -1641,6 +1681,30 @@ fn stop_target(c: &Container) -> Result<String, String> {
         "every unit inactive {:.1}s after the stop began; no airlock process",
         stopped.as_secs_f64()
     ))
+}
+
+/// The packaged supervisor refuses a test authoriser, from the
+/// configuration file and from the flag, with CONFIG_INVALID (exit 3).
+fn no_test_switches(c: &Container) -> Result<String, String> {
+    c.sh_ok(
+        "mkdir -p /tmp/tb && printf '[supervisor]\\nauthorizer = \"allow-all-for-tests\"\\n' > /tmp/tb/allow-all.toml",
+        10 * SEC,
+    )?;
+    let mut seen = Vec::new();
+    for cmd in [
+        "airlock-supervisor --check-config --config /tmp/tb/allow-all.toml",
+        "airlock-supervisor --check-config --authorizer allow-all-for-tests",
+    ] {
+        let out = c.sh(cmd, 30 * SEC)?;
+        if out.code != Some(3)
+            || !out.both().contains("CONFIG_INVALID")
+            || !out.both().contains("production build")
+        {
+            return Err(format!("{cmd}: {}\n{}", out.describe(), out.both()));
+        }
+        seen.push("exit 3 CONFIG_INVALID");
+    }
+    Ok(format!("config file and flag: {}", seen.join(", ")))
 }
 
 fn doctor(c: &Container) -> Result<String, String> {

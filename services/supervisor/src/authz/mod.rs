@@ -3,7 +3,7 @@
 //! # Contract
 //!
 //! Every D-Bus handler calls [`Gatekeeper::authorize`] (Tasks1) or
-//! [`Gatekeeper::authorize_worker`] (Worker1) **before** it reads or changes
+//! [`Gatekeeper::authorize_peer`] (Worker1, Retry1) **before** it reads or changes
 //! any state for the caller. The operations in [`crate::ops`] take the token
 //! by reference, so a handler that forgets the check does not compile.
 //!
@@ -20,14 +20,17 @@
 //!   `AUTHORIZATION_DENIED`; authorised only after authenticating →
 //!   `INTERACTIVE_AUTHORIZATION_REQUIRED`; polkit unreachable, erroring,
 //!   slow or answering nonsense → `AUTHORITY_UNAVAILABLE`.
-//! - Worker1 methods are reserved for one unix uid; any other is
-//!   `PEER_UID_DENIED`. No polkit is involved.
+//! - Worker1 methods are reserved for the worker's unix uid and Retry1's
+//!   for airlock-retryd's; any other is `PEER_UID_DENIED`. No polkit is
+//!   involved: these are components, not people.
 //! - Every decision goes to the journal; every refusal also goes to the
 //!   task event log ([`airlock_store::tasks::TaskStore::record_denial`]).
 //!   Allowed mutations are recorded by the store itself, in the same
 //!   transaction as the change.
 
+pub mod local;
 pub mod polkit;
+#[cfg(any(test, feature = "test-authorizers"))]
 pub mod testing;
 
 use crate::ops::Store;
@@ -212,12 +215,53 @@ permission!(
     ActorKind::Admin
 );
 
+/// A permission reserved for one peer uid (a component, not a person).
+pub trait PeerPermission: Permission {
+    /// The interface the uid is reserved for, for refusal messages.
+    const INTERFACE: &'static str;
+    /// How the actor is recorded in the event log.
+    const ACTOR_KIND: ActorKind;
+    /// The reserved uid among the gatekeeper's.
+    fn uid(uids: &PeerUids) -> u32;
+}
+
 /// The Worker1 permission: the caller's uid is the configured worker's.
 #[derive(Debug)]
 pub enum Worker {}
 impl sealed::Sealed for Worker {}
 impl Permission for Worker {
     const NAME: &'static str = "Worker";
+}
+impl PeerPermission for Worker {
+    const INTERFACE: &'static str = airlock_proto::bus::worker::INTERFACE;
+    const ACTOR_KIND: ActorKind = ActorKind::Worker;
+    fn uid(uids: &PeerUids) -> u32 {
+        uids.worker
+    }
+}
+
+/// The Retry1 permission: the caller's uid is airlock-retryd's.
+#[derive(Debug)]
+pub enum Retry {}
+impl sealed::Sealed for Retry {}
+impl Permission for Retry {
+    const NAME: &'static str = "Retry";
+}
+impl PeerPermission for Retry {
+    const INTERFACE: &'static str = airlock_proto::bus::retry::INTERFACE;
+    const ACTOR_KIND: ActorKind = ActorKind::Owner;
+    fn uid(uids: &PeerUids) -> u32 {
+        uids.retry
+    }
+}
+
+/// The uids the component interfaces are reserved for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerUids {
+    /// `supervisor.worker_user`: Worker1.
+    pub worker: u32,
+    /// `retry.user`: Retry1.
+    pub retry: u32,
 }
 
 /// Proof that one caller was authorised for permission `P`. Only this
@@ -255,17 +299,17 @@ impl<P: Permission> fmt::Debug for Authorized<P> {
 #[derive(Clone, Debug)]
 pub struct Gatekeeper {
     authorizer: Arc<dyn Authorizer>,
-    worker_uid: u32,
+    peers: PeerUids,
     store: Store,
 }
 
 impl Gatekeeper {
-    /// A gatekeeper asking `authorizer`, reserving Worker1 for
-    /// `worker_uid`, and recording refusals in `store`.
-    pub fn new(authorizer: Arc<dyn Authorizer>, worker_uid: u32, store: Store) -> Self {
+    /// A gatekeeper asking `authorizer`, reserving Worker1 and Retry1 for
+    /// the `peers` uids, and recording refusals in `store`.
+    pub fn new(authorizer: Arc<dyn Authorizer>, peers: PeerUids, store: Store) -> Self {
         Gatekeeper {
             authorizer,
-            worker_uid,
+            peers,
             store,
         }
     }
@@ -277,7 +321,7 @@ impl Gatekeeper {
 
     /// The uid Worker1 is reserved for.
     pub fn worker_uid(&self) -> u32 {
-        self.worker_uid
+        self.peers.worker
     }
 
     /// Asks the authoriser about `P::ACTION` for `caller`. `event` names
@@ -320,35 +364,37 @@ impl Gatekeeper {
         }
     }
 
-    /// Admits only the configured worker uid to Worker1.
-    pub async fn authorize_worker(
+    /// Admits only the uid `P` is reserved for (Worker1: the worker;
+    /// Retry1: airlock-retryd), as the bus daemon reports the peer.
+    pub async fn authorize_peer<P: PeerPermission>(
         &self,
         caller: &Caller,
         event: &'static str,
         task_id: Option<&str>,
-    ) -> Result<Authorized<Worker>, Error> {
-        let actor = caller.actor(ActorKind::Worker);
-        if caller.uid() == self.worker_uid {
+    ) -> Result<Authorized<P>, Error> {
+        let actor = caller.actor(P::ACTOR_KIND);
+        let reserved = P::uid(&self.peers);
+        if caller.uid() == reserved {
             tracing::debug!(
                 target: "airlock::authz",
                 sender = caller.sender(),
                 uid = caller.uid(),
                 task_id,
                 operation = event,
-                "worker peer admitted"
+                interface = P::INTERFACE,
+                "component peer admitted"
             );
             return Ok(Authorized::grant(actor));
         }
         let err = Error::with(
             Code::PEER_UID_DENIED,
             format!(
-                "uid {} may not call org.airlock.Worker1 (reserved for uid {})",
+                "uid {} may not call {} (reserved for uid {reserved})",
                 caller.uid(),
-                self.worker_uid
+                P::INTERFACE,
             ),
         );
-        self.refuse(&actor, event, task_id, &err, "worker-peer-uid")
-            .await;
+        self.refuse(&actor, event, task_id, &err, "peer-uid").await;
         Err(err)
     }
 
@@ -423,6 +469,11 @@ mod tests {
         (dir, store)
     }
 
+    const PEERS: PeerUids = PeerUids {
+        worker: 4242,
+        retry: 4343,
+    };
+
     fn caller(uid: u32) -> Caller {
         Caller::from_bus(":1.7", uid, Some("alice".into()), false)
     }
@@ -430,7 +481,7 @@ mod tests {
     #[tokio::test]
     async fn allowed_action_yields_a_token_with_the_callers_identity() {
         let (_d, store) = store();
-        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), 4242, store);
+        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store);
         let token: Authorized<Manage> = gate
             .authorize(&caller(1000), "TASK_CANCELLED", Some("task-a"))
             .await
@@ -443,7 +494,7 @@ mod tests {
     #[tokio::test]
     async fn denial_is_returned_and_recorded() {
         let (_d, store) = store();
-        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::deny_all()), 4242, store.clone());
+        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::deny_all()), PEERS, store.clone());
         let err = gate
             .authorize::<Submit>(&caller(1000), "TASK_SUBMITTED", Some("task-a"))
             .await
@@ -461,14 +512,14 @@ mod tests {
     #[tokio::test]
     async fn worker_methods_are_reserved_for_one_uid() {
         let (_d, store) = store();
-        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), 4242, store.clone());
+        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store.clone());
         assert!(
-            gate.authorize_worker(&caller(4242), "TASK_CLAIMED", None)
+            gate.authorize_peer::<Worker>(&caller(4242), "TASK_CLAIMED", None)
                 .await
                 .is_ok()
         );
         let err = gate
-            .authorize_worker(&caller(0), "TASK_CLAIMED", None)
+            .authorize_peer::<Worker>(&caller(0), "TASK_CLAIMED", None)
             .await
             .unwrap_err();
         assert_eq!(err.code, Code::PEER_UID_DENIED);
@@ -476,6 +527,38 @@ mod tests {
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].code, Some(Code::PEER_UID_DENIED));
         assert_eq!(events[0].actor.kind, ActorKind::Worker);
+    }
+
+    #[tokio::test]
+    async fn retry_methods_are_reserved_for_retryd_alone() {
+        let (_d, store) = store();
+        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store.clone());
+        let token = gate
+            .authorize_peer::<Retry>(&caller(4343), "TASK_RETRY_EXTENSION_AUTHORIZED", None)
+            .await
+            .unwrap();
+        assert_eq!(token.actor().kind, ActorKind::Owner);
+        // Not the worker, not root, not an admin polkit would allow.
+        for uid in [4242, 0, 1000] {
+            let err = gate
+                .authorize_peer::<Retry>(
+                    &caller(uid),
+                    "TASK_RETRY_EXTENSION_AUTHORIZED",
+                    Some("task-a"),
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(err.code, Code::PEER_UID_DENIED);
+        }
+        // Nor may retryd call Worker1.
+        let err = gate
+            .authorize_peer::<Worker>(&caller(4343), "TASK_CLAIMED", None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::PEER_UID_DENIED);
+        let events = store.run(|s| s.events(None, 0, 10)).await.unwrap().unwrap();
+        assert_eq!(events.len(), 4);
+        assert!(events.iter().all(|e| e.code == Some(Code::PEER_UID_DENIED)));
     }
 
     #[test]

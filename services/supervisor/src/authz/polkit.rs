@@ -375,7 +375,7 @@ mod tests {
     #[tokio::test]
     async fn unreachable_polkit_denies() {
         // A bus with no polkit on it: the real call fails, and that is a denial.
-        let bus = crate::testbus::TestBus::start().expect("dbus-daemon");
+        let bus = airlock_localbus::PrivateBus::start().expect("dbus-daemon");
         let conn = zbus::connection::Builder::address(bus.address())
             .unwrap()
             .build()

@@ -7,9 +7,9 @@
 //! client connection: SubmitTask, GetTask (sequential and concurrent),
 //! Claim and SubmitResult. Prints median, p99 and calls/s for each.
 
-use airlock_supervisor::authz::testing::TestAuthorizer;
+use airlock_localbus::PrivateBus;
+use airlock_supervisor::authz::local::LocalAuthorizer;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
-use airlock_supervisor::testbus::TestBus;
 use clap::Parser;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -121,7 +121,7 @@ where
     out
 }
 
-async fn bench(args: &Args, bus: &TestBus) -> Vec<Series> {
+async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
     let conn = bus.connect().await.expect("client connection");
     let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
     for _ in 0..400 {
@@ -259,13 +259,15 @@ async fn bench(args: &Args, bus: &TestBus) -> Vec<Series> {
 
 fn main() {
     let args = Args::parse();
-    let bus = TestBus::start().expect("start dbus-daemon (apt-get install dbus)");
+    let bus = PrivateBus::start().expect("start dbus-daemon (apt-get install dbus)");
     let dir = tempfile::tempdir().expect("temp dir");
     let settings = Settings {
         database: dir.path().join("tasks.sqlite3"),
         bus_address: Some(bus.address().to_owned()),
-        authorizer: AuthorizerChoice::ForTests(TestAuthorizer::allow_all()),
+        // The benchmark is its own admin: the local authoriser, no polkit.
+        authorizer: AuthorizerChoice::Local(LocalAuthorizer::new([nix::unistd::getuid().as_raw()])),
         worker_uid: nix::unistd::getuid().as_raw(),
+        retry_uid: nix::unistd::getuid().as_raw(),
         lease_seconds: 300,
         sweep_interval: Duration::from_secs(15),
         auto_accept: false,

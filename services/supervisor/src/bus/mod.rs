@@ -1,20 +1,8 @@
 //! The D-Bus face of the supervisor: `org.airlock.Supervisor1` at
-//! `/org/airlock/Supervisor1` with two interfaces.
-//!
-//! | interface | method | in | out | permission |
-//! |---|---|---|---|---|
-//! | `org.airlock.Tasks1` | `SubmitTask` | `s` submission JSON | `s` `{"task", "idempotent"}` | polkit `tasks.submit` |
-//! | | `ReplacePlan` | `s` task id, `s` plan JSON (CAS: `expected_previous_plan_digest`) | `s` task | polkit `tasks.submit` |
-//! | | `GetTask` | `s` task id | `s` task | polkit `tasks.read` |
-//! | | `ListTasks` | `s` state or `""`, `s` after task id or `""`, `u` limit (0 = 100) | `s` `{"tasks", "next_after"}` | polkit `tasks.read` |
-//! | | `ListEvents` | `s` task id or `""`, `x` after event id, `u` limit (0 = 100) | `s` `{"events", "next_after"}` | polkit `tasks.read` |
-//! | | `CancelTask` | `s` task id, `s` reason | `s` task | polkit `tasks.manage` |
-//! | | `Verify` | `s` task id, `s` accept/rework/reject, `s` reason | `s` task | polkit `tasks.manage` |
-//! | | signal `TaskChanged` | `s` task id, `s` state, `x` revision | | |
-//! | | properties `Authorizer` `s`, `AutoAccept` `b`, `LeaseSeconds` `u`, `WorkerUid` `u`, `Version` `s`, `Queued` `Running` `Verifying` `Succeeded` `Failed` `Cancelled` `t` | | | none (counts only) |
-//! | `org.airlock.Worker1` | `Claim` | | `s` grant JSON or `null` | peer uid = worker |
-//! | | `Renew` | `s` task id, `t` lease epoch, `s` lease token | `x` new expiry (unix ms) | peer uid = worker |
-//! | | `SubmitResult` | `s` task id, `t` lease epoch, `s` lease token, `s` idempotency key, `s` result JSON | `s` `{"task", "idempotent"}` | peer uid = worker |
+//! `/org/airlock/Supervisor1` with three interfaces — `Tasks1` (people,
+//! polkit), `Worker1` (the worker's uid) and `Retry1` (airlock-retryd's
+//! uid). The contract — names, arguments, reply types and who may call —
+//! is declared once in [`airlock_proto::bus`]; the handlers here serve it.
 //!
 //! Every refusal is a D-Bus error named by the code's `dbus_error_name()`
 //! with the human detail as its message ([`error::BusError`]).
@@ -22,6 +10,7 @@
 pub mod caller;
 pub mod error;
 pub mod inflight;
+pub mod retry;
 pub mod tasks;
 pub mod worker;
 
@@ -37,17 +26,7 @@ use std::time::Duration;
 use zbus::Connection;
 use zbus::message::Header;
 
-/// The well-known name.
-pub const BUS_NAME: &str = "org.airlock.Supervisor1";
-/// The one object.
-pub const OBJECT_PATH: &str = "/org/airlock/Supervisor1";
-/// The task interface.
-pub const TASKS_INTERFACE: &str = "org.airlock.Tasks1";
-/// The worker interface.
-pub const WORKER_INTERFACE: &str = "org.airlock.Worker1";
-
-/// Page size when a caller passes 0.
-pub const DEFAULT_PAGE: u32 = 100;
+pub use airlock_proto::bus::{BUS_NAME, DEFAULT_PAGE, OBJECT_PATH};
 
 /// Names of operations in the event log. Mutations use the store's action
 /// names; reads, which the store does not log when allowed, have their own

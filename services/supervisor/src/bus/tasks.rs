@@ -9,9 +9,9 @@
 use super::error::BusError;
 use super::{DEFAULT_PAGE, Shared, event, non_empty, parse_json, to_json};
 use crate::authz::{Manage, Read, Submit};
+use airlock_proto::bus::{EventPage, EventRecord, SubmitReply, TaskPage};
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::task::{Decision, TaskState, TaskSubmission, TaskView};
-use serde_json::json;
 use std::sync::Arc;
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
@@ -94,9 +94,10 @@ impl Tasks {
         if !out.idempotent {
             announce_view(&emitter, &out.task).await;
         }
-        Ok(to_json(
-            &json!({"task": out.task, "idempotent": out.idempotent}),
-        )?)
+        Ok(to_json(&SubmitReply {
+            task: out.task,
+            idempotent: out.idempotent,
+        })?)
     }
 
     /// Replaces a QUEUED task's plan. The plan must name the digest of the
@@ -179,7 +180,7 @@ impl Tasks {
             } else {
                 None
             };
-        Ok(to_json(&json!({"tasks": tasks, "next_after": next_after}))?)
+        Ok(to_json(&TaskPage { tasks, next_after })?)
     }
 
     /// The event log in id order, allowed and denied alike: `task_id`
@@ -209,10 +210,8 @@ impl Tasks {
             .events(&auth, task, after_event_id, limit)
             .await?;
         let next_after = events.last().map_or(after_event_id, |e| e.id);
-        let events: Vec<_> = events.iter().map(|e| e.to_value()).collect();
-        Ok(to_json(
-            &json!({"events": events, "next_after": next_after}),
-        )?)
+        let events: Vec<EventRecord> = events.iter().map(|e| e.to_record()).collect();
+        Ok(to_json(&EventPage { events, next_after })?)
     }
 
     /// Cancels a task that is not terminal; the reason goes to the event

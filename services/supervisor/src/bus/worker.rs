@@ -8,9 +8,10 @@
 use super::error::BusError;
 use super::tasks::announce;
 use super::{Shared, event, parse_json, to_json};
+use crate::authz::Worker as WorkerPermission;
+use airlock_proto::bus::ResultReceipt;
 use airlock_proto::task::TaskResult;
 use airlock_proto::{Code, Error};
-use serde_json::json;
 use std::sync::Arc;
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
@@ -43,7 +44,11 @@ impl Worker {
     ) -> Result<String, BusError> {
         let ev = event::TASK_CLAIMED;
         let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self.shared.gate.authorize_worker(&caller, ev, None).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize_peer::<WorkerPermission>(&caller, ev, None)
+            .await?;
         let grant = self.shared.ops.claim(&auth).await?;
         if let Some(g) = &grant {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(g.task_id.clone()).await {
@@ -69,7 +74,7 @@ impl Worker {
         let auth = self
             .shared
             .gate
-            .authorize_worker(&caller, ev, Some(&task_id))
+            .authorize_peer::<WorkerPermission>(&caller, ev, Some(&task_id))
             .await?;
         Ok(self
             .shared
@@ -100,7 +105,7 @@ impl Worker {
         let auth = self
             .shared
             .gate
-            .authorize_worker(&caller, ev, Some(&task_id))
+            .authorize_peer::<WorkerPermission>(&caller, ev, Some(&task_id))
             .await?;
         let parsed = parse_json(&result, "the result").and_then(|v| {
             serde_json::from_value::<TaskResult>(v)
@@ -131,8 +136,9 @@ impl Worker {
             )
             .await;
         }
-        Ok(to_json(
-            &json!({"task": receipt.task, "idempotent": receipt.idempotent}),
-        )?)
+        Ok(to_json(&ResultReceipt {
+            task: receipt.task,
+            idempotent: receipt.idempotent,
+        })?)
     }
 }

@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use airlock_supervisor::testbus::TestBus;
+use airlock_localbus::PrivateBus;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
@@ -63,7 +63,7 @@ impl Default for Opts {
 /// A supervisor child process on a test bus.
 #[derive(Debug)]
 pub struct Supervisor {
-    pub bus: TestBus,
+    pub bus: PrivateBus,
     dir: tempfile::TempDir,
     pub db: PathBuf,
     pub config: PathBuf,
@@ -78,7 +78,7 @@ impl Supervisor {
     pub fn start(opts: Opts) -> Supervisor {
         let owner = opts.run_as.map_or("root", |(_, user)| user);
         let extra: Vec<&Path> = opts.extra_policies.iter().map(PathBuf::as_path).collect();
-        let bus = TestBus::start_with(owner, &extra).expect("start dbus-daemon");
+        let bus = PrivateBus::start_with(owner, &extra).expect("start dbus-daemon");
         let dir = tempfile::tempdir().unwrap();
         if opts.run_as.is_some() {
             // The unprivileged supervisor creates its store here.

@@ -1,4 +1,5 @@
-//! A private, system-like D-Bus daemon for tests and benchmarks.
+//! airlock-localbus: a private, system-like D-Bus daemon, for airlock-local
+//! (which runs the suite without a system bus), the tests and the benchmarks.
 //!
 //! The bus is a real `dbus-daemon` (Debian package `dbus`) on a unix socket
 //! in a temporary directory, with the system bus's default policy (anyone
@@ -47,27 +48,27 @@ const SYSTEM_LIKE: &str = r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-B
 
 /// A running private bus; killed when dropped.
 #[derive(Debug)]
-pub struct TestBus {
+pub struct PrivateBus {
     dir: tempfile::TempDir,
     child: Child,
     address: String,
 }
 
-impl TestBus {
+impl PrivateBus {
     /// Starts a bus whose airlock policy lets `root` own the name (tests
     /// run the supervisor as root).
-    pub fn start() -> std::io::Result<TestBus> {
-        TestBus::start_with_owner("root")
+    pub fn start() -> std::io::Result<PrivateBus> {
+        PrivateBus::start_with_owner("root")
     }
 
     /// Starts a bus whose airlock policy lets `owner` own the name.
-    pub fn start_with_owner(owner: &str) -> std::io::Result<TestBus> {
-        TestBus::start_with(owner, &[])
+    pub fn start_with_owner(owner: &str) -> std::io::Result<PrivateBus> {
+        PrivateBus::start_with(owner, &[])
     }
 
     /// Starts a bus whose airlock policy lets `owner` own the name, with
     /// more policy files included (e.g. polkit's own, to run polkitd on it).
-    pub fn start_with(owner: &str, extra_policies: &[&Path]) -> std::io::Result<TestBus> {
+    pub fn start_with(owner: &str, extra_policies: &[&Path]) -> std::io::Result<PrivateBus> {
         let dir = tempfile::Builder::new().prefix("airlock-bus-").tempdir()?;
         // Other uids (the tests' unprivileged clients) must reach the socket.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
@@ -119,7 +120,7 @@ impl TestBus {
                 ));
             }
         };
-        Ok(TestBus {
+        Ok(PrivateBus {
             dir,
             child,
             address,
@@ -144,7 +145,7 @@ impl TestBus {
     }
 }
 
-impl Drop for TestBus {
+impl Drop for PrivateBus {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -156,4 +157,100 @@ pub fn dbus_daemon() -> PathBuf {
     std::env::var_os("AIRLOCK_DBUS_DAEMON")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/dbus-daemon"))
+}
+
+/// A service binary of the workspace beside the running test or program
+/// (`target/<profile>/NAME`), as `cargo build --workspace --bins` leaves it.
+pub fn sibling_binary(name: &str) -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    [dir.join(name), dir.join("..").join(name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "{name} is not built beside {}; run cargo build --workspace --bins first",
+                    exe.display()
+                ),
+            )
+        })
+}
+
+/// A real airlock-supervisor process on a [`PrivateBus`], killed when
+/// dropped. It uses the local authoriser for the invoking uid (no test
+/// switch), and reserves Worker1 and Retry1 for that uid too, so one test
+/// process can play every role.
+#[derive(Debug)]
+pub struct SupervisorProcess {
+    child: Child,
+}
+
+impl SupervisorProcess {
+    /// Starts `binary` on `bus` with the task store `db` and the
+    /// configuration file `config`, and waits until it owns its name.
+    pub fn start(
+        binary: &Path,
+        bus: &PrivateBus,
+        config: &Path,
+        db: &Path,
+        extra: &[&str],
+    ) -> std::io::Result<SupervisorProcess> {
+        let uid = nix_uid().to_string();
+        let child = Command::new(binary)
+            .arg("--config")
+            .arg(config)
+            .arg("--db")
+            .arg(db)
+            .args(["--bus-address", bus.address()])
+            .args(["--authorizer", "local", "--local-user", &uid])
+            .args(["--worker-user", &uid, "--retry-user", &uid])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut me = SupervisorProcess { child };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let owned = rt.block_on(async {
+            let conn = bus.connect().await.map_err(std::io::Error::other)?;
+            let dbus = zbus::fdo::DBusProxy::new(&conn)
+                .await
+                .map_err(std::io::Error::other)?;
+            let name = zbus::names::BusName::try_from("org.airlock.Supervisor1")
+                .map_err(std::io::Error::other)?;
+            for _ in 0..400 {
+                if dbus
+                    .name_has_owner(name.clone())
+                    .await
+                    .map_err(std::io::Error::other)?
+                {
+                    return Ok::<bool, std::io::Error>(true);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(false)
+        })?;
+        if !owned {
+            let status = me.child.try_wait()?;
+            return Err(std::io::Error::other(format!(
+                "the supervisor did not take its name within 20 s (exit status {status:?})"
+            )));
+        }
+        Ok(me)
+    }
+}
+
+impl Drop for SupervisorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nix_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
 }

@@ -1,0 +1,377 @@
+//! airlock-client: the one client of `org.airlock.Supervisor1`.
+//!
+//! Every process that talks to the supervisor — airlockctl, the worker,
+//! airlock-retryd, airlock-local and the benchmarks — calls it through
+//! [`Supervisor`]: one zbus proxy per interface, built from the names in
+//! [`airlock_proto::bus`], typed replies decoded strictly (a missing field
+//! is an error, never a default), and every D-Bus error mapped back to its
+//! catalogue [`Code`]. The server handlers name the same constants, so a
+//! client call and its handler pair by name.
+//!
+//! Calls are bounded: each one is raced against [`Supervisor::timeout`]
+//! (30 s unless changed) and a late answer is dropped with its future.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), airlock_proto::Error> {
+//! let sup = airlock_client::Supervisor::connect(None).await?;
+//! let task = sup.get_task("task-1").await?;
+//! println!("{} is {}", task.task_id, task.state.as_str());
+//! # Ok(()) }
+//! ```
+
+pub mod blocking;
+mod error;
+
+pub use error::{from_zbus, is_unreachable};
+
+use airlock_proto::bus::{
+    self, BUS_NAME, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
+};
+use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
+use airlock_proto::task::{ClaimGrant, TaskResult, TaskView};
+use airlock_proto::{Code, Error};
+use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::time::Duration;
+use zbus::proxy::{CacheProperties, MethodFlags};
+use zbus::zvariant::{DynamicType, OwnedValue};
+
+/// How long a call may take unless [`Supervisor::with_timeout`] says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connection to the supervisor, with a proxy per interface.
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    conn: zbus::Connection,
+    tasks: zbus::Proxy<'static>,
+    worker: zbus::Proxy<'static>,
+    retry: zbus::Proxy<'static>,
+    interactive: bool,
+    timeout: Duration,
+}
+
+/// Connects to the bus at `address`, or to the system bus
+/// (`DBUS_SYSTEM_BUS_ADDRESS` when set) when `None`. This is the one way
+/// every airlock process names its bus.
+pub async fn connect_bus(address: Option<&str>) -> Result<zbus::Connection, Error> {
+    let conn = match address {
+        Some(a) => match zbus::connection::Builder::address(a) {
+            Ok(b) => b.build().await,
+            Err(e) => Err(e),
+        },
+        None => zbus::Connection::system().await,
+    };
+    conn.map_err(|e| {
+        Error::with(
+            Code::RUNTIME_UNAVAILABLE,
+            format!(
+                "cannot connect to the bus {}: {e}",
+                address.unwrap_or("(system)")
+            ),
+        )
+    })
+}
+
+async fn proxy(
+    conn: &zbus::Connection,
+    interface: &'static str,
+) -> Result<zbus::Proxy<'static>, Error> {
+    zbus::proxy::Builder::new(conn)
+        .destination(BUS_NAME)
+        .and_then(|b| b.path(OBJECT_PATH))
+        .and_then(|b| b.interface(interface))
+        .map(|b| b.cache_properties(CacheProperties::No))
+        .map_err(from_zbus)?
+        .build()
+        .await
+        .map_err(from_zbus)
+}
+
+impl Supervisor {
+    /// Connects to the supervisor on the bus at `address` (see [`connect_bus`]).
+    pub async fn connect(address: Option<&str>) -> Result<Supervisor, Error> {
+        Supervisor::on(connect_bus(address).await?).await
+    }
+
+    /// The supervisor on an existing connection.
+    pub async fn on(conn: zbus::Connection) -> Result<Supervisor, Error> {
+        Ok(Supervisor {
+            tasks: proxy(&conn, bus::tasks::INTERFACE).await?,
+            worker: proxy(&conn, bus::worker::INTERFACE).await?,
+            retry: proxy(&conn, bus::retry::INTERFACE).await?,
+            conn,
+            interactive: false,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// Calls from now on carry ALLOW_INTERACTIVE_AUTHORIZATION when
+    /// `interactive` (a human can answer polkit's challenge).
+    pub fn interactive(mut self, interactive: bool) -> Self {
+        self.interactive = interactive;
+        self
+    }
+
+    /// Bounds every call by `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The bound on each call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether calls allow interactive authorisation.
+    pub fn is_interactive(&self) -> bool {
+        self.interactive
+    }
+
+    /// The connection, for signal subscriptions and the bus daemon.
+    pub fn connection(&self) -> &zbus::Connection {
+        &self.conn
+    }
+
+    async fn bounded<T>(
+        &self,
+        method: &str,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::with(
+                Code::RUNTIME_UNAVAILABLE,
+                format!("{method}: no answer within {:?}", self.timeout),
+            )),
+        }
+    }
+
+    async fn raw<B, R>(
+        &self,
+        proxy: &zbus::Proxy<'static>,
+        method: &'static str,
+        body: &B,
+    ) -> Result<R, Error>
+    where
+        B: serde::Serialize + DynamicType,
+        R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
+    {
+        let flags = if self.interactive {
+            MethodFlags::AllowInteractiveAuth.into()
+        } else {
+            Default::default()
+        };
+        self.bounded(method, async {
+            proxy
+                .call_with_flags::<_, B, R>(method, flags, body)
+                .await
+                .map_err(from_zbus)?
+                .ok_or_else(|| {
+                    Error::with(Code::MESSAGE_INVALID, format!("{method} returned no reply"))
+                })
+        })
+        .await
+    }
+
+    async fn json<B, T>(
+        &self,
+        proxy: &zbus::Proxy<'static>,
+        method: &'static str,
+        body: &B,
+    ) -> Result<T, Error>
+    where
+        B: serde::Serialize + DynamicType,
+        T: DeserializeOwned,
+    {
+        let text: String = self.raw(proxy, method, body).await?;
+        bus::decode(method, &text)
+    }
+
+    // ---- org.airlock.Tasks1 --------------------------------------------
+
+    /// `SubmitTask`: `submission` is an `airlock.task.v1` document.
+    pub async fn submit_task(&self, submission: &serde_json::Value) -> Result<SubmitReply, Error> {
+        self.json(
+            &self.tasks,
+            bus::tasks::SUBMIT_TASK,
+            &(submission.to_string(),),
+        )
+        .await
+    }
+
+    /// `ReplacePlan`.
+    pub async fn replace_plan(
+        &self,
+        task_id: &str,
+        plan: &serde_json::Value,
+    ) -> Result<TaskView, Error> {
+        self.json(
+            &self.tasks,
+            bus::tasks::REPLACE_PLAN,
+            &(task_id, plan.to_string()),
+        )
+        .await
+    }
+
+    /// `GetTask`.
+    pub async fn get_task(&self, task_id: &str) -> Result<TaskView, Error> {
+        self.json(&self.tasks, bus::tasks::GET_TASK, &(task_id,))
+            .await
+    }
+
+    /// `ListTasks`: `state` and `after` empty for none; `limit` 0 for the default page.
+    pub async fn list_tasks(
+        &self,
+        state: &str,
+        after: &str,
+        limit: u32,
+    ) -> Result<TaskPage, Error> {
+        self.json(&self.tasks, bus::tasks::LIST_TASKS, &(state, after, limit))
+            .await
+    }
+
+    /// `ListEvents`: `task_id` empty for every task.
+    pub async fn list_events(
+        &self,
+        task_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<EventPage, Error> {
+        self.json(
+            &self.tasks,
+            bus::tasks::LIST_EVENTS,
+            &(task_id, after, limit),
+        )
+        .await
+    }
+
+    /// `CancelTask`.
+    pub async fn cancel_task(&self, task_id: &str, reason: &str) -> Result<TaskView, Error> {
+        self.json(&self.tasks, bus::tasks::CANCEL_TASK, &(task_id, reason))
+            .await
+    }
+
+    /// `Verify`: `decision` is accept, rework or reject.
+    pub async fn verify(
+        &self,
+        task_id: &str,
+        decision: &str,
+        reason: &str,
+    ) -> Result<TaskView, Error> {
+        self.json(
+            &self.tasks,
+            bus::tasks::VERIFY,
+            &(task_id, decision, reason),
+        )
+        .await
+    }
+
+    /// Reads a Tasks1 property.
+    pub async fn property<T>(&self, name: &str) -> Result<T, Error>
+    where
+        T: TryFrom<OwnedValue>,
+        T::Error: Into<zbus::Error>,
+    {
+        self.bounded(name, async {
+            self.tasks.get_property::<T>(name).await.map_err(from_zbus)
+        })
+        .await
+    }
+
+    /// The unique name owning the supervisor's name, if any.
+    pub async fn owner(&self) -> Result<Option<String>, Error> {
+        let dbus = zbus::fdo::DBusProxy::new(&self.conn)
+            .await
+            .map_err(from_zbus)?;
+        let name = zbus::names::BusName::try_from(BUS_NAME).map_err(|e| from_zbus(e.into()))?;
+        match dbus.get_name_owner(name).await {
+            Ok(owner) => Ok(Some(owner.to_string())),
+            Err(zbus::fdo::Error::NameHasNoOwner(_)) => Ok(None),
+            Err(e) => Err(from_zbus(e.into())),
+        }
+    }
+
+    /// A stream of `TaskChanged` signals: (task id, state, revision).
+    pub async fn task_changes(
+        &self,
+    ) -> Result<impl futures_util::Stream<Item = (String, String, i64)> + use<>, Error> {
+        use futures_util::StreamExt;
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender(BUS_NAME)
+            .and_then(|b| b.interface(bus::tasks::INTERFACE))
+            .and_then(|b| b.member(bus::tasks::TASK_CHANGED))
+            .map(|b| b.build())
+            .map_err(from_zbus)?;
+        let stream = zbus::MessageStream::for_match_rule(rule, &self.conn, Some(256))
+            .await
+            .map_err(from_zbus)?;
+        Ok(stream.filter_map(|m| async move {
+            let m = m.ok()?;
+            m.body().deserialize::<(String, String, i64)>().ok()
+        }))
+    }
+
+    // ---- org.airlock.Worker1 -------------------------------------------
+
+    /// `Claim`: the next task under a fresh lease, or `None`.
+    pub async fn claim(&self) -> Result<Option<ClaimGrant>, Error> {
+        self.json(&self.worker, bus::worker::CLAIM, &()).await
+    }
+
+    /// `Renew`: the lease's new expiry (unix ms).
+    pub async fn renew(&self, lease: &LeaseRef) -> Result<i64, Error> {
+        self.raw(
+            &self.worker,
+            bus::worker::RENEW,
+            &(
+                lease.task_id.as_str(),
+                lease.lease_epoch,
+                lease.lease_token.as_str(),
+            ),
+        )
+        .await
+    }
+
+    /// `SubmitResult` under `key`.
+    pub async fn submit_result(
+        &self,
+        lease: &LeaseRef,
+        key: &str,
+        result: &TaskResult,
+    ) -> Result<ResultReceipt, Error> {
+        let json = bus::encode(result)?;
+        self.json(
+            &self.worker,
+            bus::worker::SUBMIT_RESULT,
+            &(
+                lease.task_id.as_str(),
+                lease.lease_epoch,
+                lease.lease_token.as_str(),
+                key,
+                json.as_str(),
+            ),
+        )
+        .await
+    }
+
+    // ---- org.airlock.Retry1 --------------------------------------------
+
+    /// `ExtendRetry`: one more attempt for a FAILED, exhausted task, for
+    /// the owner `authorization_id`.
+    pub async fn extend_retry(
+        &self,
+        task_id: &str,
+        request: &RetryExtensionRequest,
+        authorization_id: &str,
+    ) -> Result<RetryExtensionOutcome, Error> {
+        let json = bus::encode(request)?;
+        self.json(
+            &self.retry,
+            bus::retry::EXTEND_RETRY,
+            &(task_id, json.as_str(), authorization_id),
+        )
+        .await
+    }
+}

@@ -1,0 +1,254 @@
+//! The D-Bus contract of `org.airlock.Supervisor1`, declared once.
+//!
+//! Every bus name, object path, interface and method name that the
+//! supervisor serves and its clients call is a constant here, and every
+//! reply that is not a plain value is a typed struct, so a server handler
+//! and its client stub agree by construction: both name the same constant
+//! and (de)serialise the same struct. `services/supervisor/tests/contract.rs`
+//! introspects the running supervisor and checks it against [`INTERFACES`].
+//!
+//! | interface | method | in | out | admitted by |
+//! |---|---|---|---|---|
+//! | [`tasks::INTERFACE`] | `SubmitTask` | `s` submission JSON | `s` [`SubmitReply`] | polkit `tasks.submit` |
+//! | | `ReplacePlan` | `s` task id, `s` plan JSON | `s` [`TaskView`] | polkit `tasks.submit` |
+//! | | `GetTask` | `s` task id | `s` [`TaskView`] | polkit `tasks.read` |
+//! | | `ListTasks` | `s` state or `""`, `s` after task id or `""`, `u` limit | `s` [`TaskPage`] | polkit `tasks.read` |
+//! | | `ListEvents` | `s` task id or `""`, `x` after event id, `u` limit | `s` [`EventPage`] | polkit `tasks.read` |
+//! | | `CancelTask` | `s` task id, `s` reason | `s` [`TaskView`] | polkit `tasks.manage` |
+//! | | `Verify` | `s` task id, `s` decision, `s` reason | `s` [`TaskView`] | polkit `tasks.manage` |
+//! | [`worker::INTERFACE`] | `Claim` | | `s` [`ClaimGrant`] or `null` | peer uid = `supervisor.worker_user` |
+//! | | `Renew` | [`LeaseRef`] as `s` `t` `s` | `x` new expiry (unix ms) | peer uid = `supervisor.worker_user` |
+//! | | `SubmitResult` | [`LeaseRef`] as `s` `t` `s`, `s` key, `s` result JSON | `s` [`ResultReceipt`] | peer uid = `supervisor.worker_user` |
+//! | [`retry::INTERFACE`] | `ExtendRetry` | `s` task id, `s` request JSON, `s` owner id | `s` [`RetryExtensionOutcome`] | peer uid = `retry.user` |
+//!
+//! A refusal is a D-Bus error named by [`Code::dbus_error_name`], with the
+//! human detail as its message; [`Code::from_dbus_error_name`] maps it back.
+
+use crate::retry::RetryExtensionOutcome;
+use crate::task::{ClaimGrant, TaskView};
+use crate::{Code, Error};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The supervisor's well-known name.
+pub const BUS_NAME: &str = "org.airlock.Supervisor1";
+/// Its one object.
+pub const OBJECT_PATH: &str = "/org/airlock/Supervisor1";
+/// Page size when a caller passes a limit of 0.
+pub const DEFAULT_PAGE: u32 = 100;
+
+/// `org.airlock.Tasks1`: admins and planners, authorised by polkit.
+pub mod tasks {
+    /// The interface.
+    pub const INTERFACE: &str = "org.airlock.Tasks1";
+    /// Submit a task.
+    pub const SUBMIT_TASK: &str = "SubmitTask";
+    /// Replace a queued task's plan (CAS on the previous plan's digest).
+    pub const REPLACE_PLAN: &str = "ReplacePlan";
+    /// Read one task.
+    pub const GET_TASK: &str = "GetTask";
+    /// Page through tasks.
+    pub const LIST_TASKS: &str = "ListTasks";
+    /// Page through the event log.
+    pub const LIST_EVENTS: &str = "ListEvents";
+    /// Cancel a task that is not terminal.
+    pub const CANCEL_TASK: &str = "CancelTask";
+    /// Decide on a VERIFYING task.
+    pub const VERIFY: &str = "Verify";
+    /// Signal: `s` task id, `s` state, `x` revision.
+    pub const TASK_CHANGED: &str = "TaskChanged";
+    /// Methods, in declaration order.
+    pub const METHODS: &[&str] = &[
+        SUBMIT_TASK,
+        REPLACE_PLAN,
+        GET_TASK,
+        LIST_TASKS,
+        LIST_EVENTS,
+        CANCEL_TASK,
+        VERIFY,
+    ];
+}
+
+/// `org.airlock.Worker1`: the worker only, admitted by its peer uid.
+pub mod worker {
+    /// The interface.
+    pub const INTERFACE: &str = "org.airlock.Worker1";
+    /// Claim the next task under a fresh lease.
+    pub const CLAIM: &str = "Claim";
+    /// Extend a lease.
+    pub const RENEW: &str = "Renew";
+    /// Submit an attempt's result.
+    pub const SUBMIT_RESULT: &str = "SubmitResult";
+    /// Methods, in declaration order.
+    pub const METHODS: &[&str] = &[CLAIM, RENEW, SUBMIT_RESULT];
+}
+
+/// `org.airlock.Retry1`: airlock-retryd only, admitted by its peer uid.
+pub mod retry {
+    /// The interface.
+    pub const INTERFACE: &str = "org.airlock.Retry1";
+    /// Grant a FAILED, exhausted task one more attempt (the store's
+    /// compare-and-swap transaction).
+    pub const EXTEND_RETRY: &str = "ExtendRetry";
+    /// Methods, in declaration order.
+    pub const METHODS: &[&str] = &[EXTEND_RETRY];
+}
+
+/// Every interface the supervisor serves with its methods.
+pub const INTERFACES: &[(&str, &[&str])] = &[
+    (tasks::INTERFACE, tasks::METHODS),
+    (worker::INTERFACE, worker::METHODS),
+    (retry::INTERFACE, retry::METHODS),
+];
+
+/// The lease a worker holds on one attempt: every call after a claim names
+/// it, and the supervisor fences on all three parts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRef {
+    /// The task.
+    pub task_id: String,
+    /// The fencing epoch the claim returned.
+    pub lease_epoch: u64,
+    /// The bearer secret the claim returned (only its SHA-256 is stored).
+    pub lease_token: String,
+}
+
+impl LeaseRef {
+    /// The lease a claim granted.
+    pub fn of(grant: &ClaimGrant) -> Self {
+        LeaseRef {
+            task_id: grant.task_id.clone(),
+            lease_epoch: grant.lease_epoch,
+            lease_token: grant.lease_token.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for LeaseRef {
+    /// Never shows the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (epoch {})", self.task_id, self.lease_epoch)
+    }
+}
+
+/// `SubmitTask`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitReply {
+    /// The task as stored.
+    pub task: TaskView,
+    /// True when an identical submission had been made before.
+    pub idempotent: bool,
+}
+
+/// `SubmitResult`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultReceipt {
+    /// The task after the result.
+    pub task: TaskView,
+    /// True when this exact result had been accepted before (a replay).
+    pub idempotent: bool,
+}
+
+/// `ListTasks`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskPage {
+    /// Up to `limit` tasks, ordered by task id.
+    pub tasks: Vec<TaskView>,
+    /// Pass as `after` for the next page; `None` when this one was short.
+    pub next_after: Option<String>,
+}
+
+/// One entry of the event log as the bus shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventRecord {
+    /// Increasing id.
+    pub id: i64,
+    /// The task, when the event concerns one.
+    pub task_id: Option<String>,
+    /// When (store time, unix ms).
+    pub at_ms: i64,
+    /// Who: `kind` (admin, planner, worker, owner, system), `uid`, `name`.
+    pub actor: Value,
+    /// What (an action name).
+    pub action: String,
+    /// `allowed` or `denied`.
+    pub outcome: String,
+    /// The refusal code of a denied event.
+    pub code: Option<String>,
+    /// Details; never a secret.
+    pub payload: Value,
+}
+
+/// `ListEvents`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventPage {
+    /// Up to `limit` events, oldest first.
+    pub events: Vec<EventRecord>,
+    /// Pass as `after` for the next page.
+    pub next_after: i64,
+}
+
+/// Serialises a reply for the wire.
+pub fn encode<T: Serialize>(reply: &T) -> Result<String, Error> {
+    serde_json::to_string(reply)
+        .map_err(|e| Error::with(Code::INTERNAL, format!("serialising a reply: {e}")))
+}
+
+/// Parses a reply from the wire: a missing or unknown field is a
+/// `MESSAGE_INVALID` error, never a default.
+pub fn decode<T: serde::de::DeserializeOwned>(method: &str, text: &str) -> Result<T, Error> {
+    serde_json::from_str(text).map_err(|e| {
+        Error::with(
+            Code::MESSAGE_INVALID,
+            format!("the supervisor's {method} reply does not parse: {e}"),
+        )
+    })
+}
+
+/// The reply type of `ExtendRetry`.
+pub type RetryReply = RetryExtensionOutcome;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_well_formed() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (iface, methods) in INTERFACES {
+            assert!(iface.starts_with("org.airlock.") && iface.ends_with('1'));
+            for m in *methods {
+                assert!(m.chars().next().unwrap().is_ascii_uppercase(), "{m}");
+                assert!(m.chars().all(|c| c.is_ascii_alphanumeric()), "{m}");
+                assert!(seen.insert((*iface, *m)), "{iface}.{m} twice");
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_field_is_a_decode_error_not_a_default() {
+        let e = decode::<EventPage>("ListEvents", r#"{"events": []}"#).unwrap_err();
+        assert_eq!(e.code, Code::MESSAGE_INVALID);
+        let e = decode::<EventPage>("ListEvents", r#"{"events": [], "next_after": 1, "x": 1}"#)
+            .unwrap_err();
+        assert_eq!(e.code, Code::MESSAGE_INVALID);
+        let ok: EventPage = decode("ListEvents", r#"{"events": [], "next_after": 7}"#).unwrap();
+        assert_eq!(ok.next_after, 7);
+    }
+
+    #[test]
+    fn a_lease_never_shows_its_token() {
+        let l = LeaseRef {
+            task_id: "t".into(),
+            lease_epoch: 3,
+            lease_token: "secret-token".into(),
+        };
+        assert!(!l.to_string().contains("secret"));
+    }
+}

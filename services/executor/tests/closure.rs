@@ -1,0 +1,108 @@
+//! What the uncredentialed side may link: the executor's and
+//! airlock-confine's dependency closures stay free of bus, database, HTTP
+//! and git code, and airlock-retryd's free of SQLite (it asks the
+//! supervisor instead). `cargo metadata` gives the resolved graph; only
+//! normal dependencies count (build and dev dependencies never reach the
+//! binary).
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+fn resolved() -> (BTreeMap<String, String>, BTreeMap<String, Vec<String>>) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: BTreeMap<String, String> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["id"].as_str().unwrap().to_owned(),
+                p["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut deps = BTreeMap::new();
+    for node in meta["resolve"]["nodes"].as_array().unwrap() {
+        let normal: Vec<String> = node["deps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                d["dep_kinds"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k["kind"].is_null())
+            })
+            .map(|d| d["pkg"].as_str().unwrap().to_owned())
+            .collect();
+        deps.insert(node["id"].as_str().unwrap().to_owned(), normal);
+    }
+    (names, deps)
+}
+
+fn closure(root: &str) -> BTreeSet<String> {
+    let (names, deps) = resolved();
+    let start = names
+        .iter()
+        .find(|(_, n)| *n == root)
+        .map(|(id, _)| id.clone())
+        .unwrap_or_else(|| panic!("{root} is not in the workspace"));
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![start];
+    while let Some(id) = todo.pop() {
+        if seen.insert(id.clone()) {
+            todo.extend(deps.get(&id).cloned().unwrap_or_default());
+        }
+    }
+    seen.iter().map(|id| names[id].clone()).collect()
+}
+
+#[test]
+fn the_executor_and_confine_link_no_bus_database_http_or_git_code() {
+    const FORBIDDEN: &[&str] = &[
+        "zbus",
+        "rusqlite",
+        "libsqlite3-sys",
+        "postgres",
+        "tokio-postgres",
+        "hyper",
+        "airlock-git",
+        "airlock-client",
+        "airlock-store",
+        "airlock-supervisor",
+    ];
+    for root in ["airlock-executor", "airlock-confine"] {
+        let linked = closure(root);
+        assert!(
+            linked.len() > 5,
+            "{root}: the closure looks empty: {linked:?}"
+        );
+        let found: Vec<_> = FORBIDDEN.iter().filter(|f| linked.contains(**f)).collect();
+        assert!(found.is_empty(), "{root} links {found:?}");
+    }
+}
+
+#[test]
+fn retryd_links_no_database() {
+    let linked = closure("airlock-retryd");
+    assert!(
+        linked.contains("hyper") && linked.contains("zbus"),
+        "{linked:?}"
+    );
+    for f in ["rusqlite", "libsqlite3-sys", "airlock-store"] {
+        assert!(!linked.contains(f), "airlock-retryd links {f}");
+    }
+}
