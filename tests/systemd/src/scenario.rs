@@ -1985,7 +1985,10 @@ const DOCTOR_EXPECTED_WARNINGS: &[ExpectedWarning] = &[];
 /// "summary": {pass, warn, fail}}`, exit 0 when nothing fails. Every
 /// warning must be in [`DOCTOR_EXPECTED_WARNINGS`].
 fn doctor(c: &Container) -> Result<String, String> {
-    let out = c.sh("airlockctl --json doctor", 120 * SEC)?;
+    judge_doctor(&c.sh("airlockctl --json doctor", 120 * SEC)?)
+}
+
+fn judge_doctor(out: &Out) -> Result<String, String> {
     let v =
         json(&out.stdout).map_err(|e| format!("airlockctl --json doctor: {e}\n{}", out.both()))?;
     let checks = v["checks"].as_array().cloned().unwrap_or_default();
@@ -2038,4 +2041,60 @@ fn doctor(c: &Container) -> Result<String, String> {
     Ok(format!("{}\n{}", counts.join(", "), expected.join("\n"))
         .trim_end()
         .to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(code: i32, stdout: &str, stderr: &str) -> Out {
+        Out {
+            code: Some(code),
+            stdout: stdout.to_owned(),
+            stderr: stderr.to_owned(),
+            timed_out: false,
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_another_code_of_the_class_fails() {
+        let want = &INTERACTIVE_AUTHORIZATION_REQUIRED;
+        let action = "org.airlock.tasks.submit";
+        let right = format!(
+            r#"{{"error":{{"code":"{}","dbus_error":"{}","message":"{action} requires interactive authentication","exit_code":11}}}}"#,
+            want.code, want.dbus_error
+        );
+        assert!(expect_refusal(&out(11, "", &right), want, action).is_ok());
+        let unavailable = r#"{"error":{"code":"AUTHORITY_UNAVAILABLE","dbus_error":"org.airlock.Error.AUTHORITY_UNAVAILABLE","message":"polkit could not decide org.airlock.tasks.submit","exit_code":5}}"#;
+        assert!(expect_refusal(&out(5, "", unavailable), want, action).is_err());
+        // The right code for another action is not the refusal asked about.
+        assert!(expect_refusal(&out(11, "", &right), want, "org.airlock.tasks.manage").is_err());
+    }
+
+    #[test]
+    fn enoent_counts_only_for_a_path_root_sees() {
+        let all: BTreeMap<String, String> = SECRETS
+            .iter()
+            .map(|p| ((*p).to_owned(), "exists".to_owned()))
+            .collect();
+        assert!(judge_unreachable(|_| "EACCES".into(), &all).is_ok());
+        assert!(judge_unreachable(|_| "ENOENT".into(), &all).is_ok());
+        let mut one_absent = all.clone();
+        one_absent.insert("/root".into(), "ENOENT".into());
+        assert!(judge_unreachable(|_| "ENOENT".into(), &one_absent).is_err());
+        let root_readable = |p: &str| if p == "/root" { "readable" } else { "EACCES" }.to_owned();
+        assert!(judge_unreachable(root_readable, &all).is_err());
+        assert!(judge_unreachable(|_| "ELOOP".into(), &all).is_err());
+    }
+
+    #[test]
+    fn a_doctor_warning_off_the_list_fails() {
+        let pass = r#"{"checks":[{"check":"seccomp","status":"pass","detail":"","fix":null}],"summary":{"pass":1,"warn":0,"fail":0}}"#;
+        assert!(judge_doctor(&out(0, pass, "")).is_ok());
+        let warn = r#"{"checks":[{"check":"seccomp","status":"pass","detail":"","fix":null},{"check":"airlock-retryd.service","status":"warn","detail":"not running (inactive)","fix":null}],"summary":{"pass":1,"warn":1,"fail":0}}"#;
+        assert!(judge_doctor(&out(0, warn, "")).is_err());
+        let miscounted = r#"{"checks":[{"check":"seccomp","status":"pass","detail":"","fix":null}],"summary":{"pass":2,"warn":0,"fail":0}}"#;
+        assert!(judge_doctor(&out(0, miscounted, "")).is_err());
+        assert!(judge_doctor(&out(1, pass, "")).is_err());
+    }
 }
