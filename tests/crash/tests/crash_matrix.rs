@@ -270,7 +270,7 @@ struct Harness {
 
 impl Harness {
     fn restart(&mut self, name: &str, env: &[(&str, &str)]) {
-        let ids = self.suite.ids.clone();
+        let ids = self.suite.ids;
         self.suite
             .fleet
             .restart(name, env, &ids, &self.logs)
