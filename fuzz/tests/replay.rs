@@ -1,7 +1,9 @@
 //! The fuzz targets as stable tests: the generated corpora replayed, then
-//! a seeded random-mutation loop. `AIRLOCK_FUZZ_ITERATIONS=N` runs longer;
-//! `AIRLOCK_FUZZ_SEED=S` picks another seed; `AIRLOCK_FUZZ_WRITE_CORPUS=DIR`
-//! writes the seeds for cargo-fuzz (`fuzz/corpus`).
+//! a seeded random-mutation loop, and the corpora written out as cargo-fuzz
+//! reads them and replayed from disk. `AIRLOCK_FUZZ_ITERATIONS=N` runs
+//! longer; `AIRLOCK_FUZZ_SEED=S` picks another seed;
+//! `AIRLOCK_FUZZ_WRITE_CORPUS=DIR` keeps the written seeds in DIR
+//! (`fuzz/corpus`) instead of a temporary directory.
 
 use airlock_fuzz::{Rng, archive_corpus, extract, mutate, request, request_corpus};
 
@@ -76,10 +78,28 @@ fn random_archives_stay_inside_the_workspace() {
     }
 }
 
+/// Writes the seed corpora as cargo-fuzz reads them (one file per seed),
+/// into a temporary directory, or into `AIRLOCK_FUZZ_WRITE_CORPUS` when set
+/// (`fuzz/corpus`), then reads every file back: it holds its seed's exact
+/// bytes, and replays from disk as the seed does.
 #[test]
-fn corpora_can_be_written_for_cargo_fuzz() {
-    let Some(dir) = std::env::var_os("AIRLOCK_FUZZ_WRITE_CORPUS") else {
-        return;
-    };
-    airlock_fuzz::write_corpora(std::path::Path::new(&dir)).unwrap();
+fn corpora_are_written_for_cargo_fuzz_and_replay_from_disk() {
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = std::env::var_os("AIRLOCK_FUZZ_WRITE_CORPUS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| scratch.path().to_owned());
+    airlock_fuzz::write_corpora(&dir).unwrap();
+    for (target, corpus) in [("request", request_corpus()), ("extract", archive_corpus())] {
+        for (i, seed) in corpus.iter().enumerate() {
+            let path = dir.join(target).join(format!("seed-{i:03}"));
+            let on_disk =
+                std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(&on_disk, seed, "{} differs from its seed", path.display());
+            if target == "request" {
+                request(&on_disk);
+            } else if let Err(e) = extract(&on_disk) {
+                panic!("{}: {e}", path.display());
+            }
+        }
+    }
 }

@@ -1,10 +1,19 @@
 //! Crash test on real processes: a child appends checkpoints in a tight
-//! loop and the parent `SIGKILL`s it at random moments, well over a hundred
-//! times. After every kill the parent reopens the journal and proves that
-//! nothing is corrupt, nothing the child saw committed is lost, and the
-//! journal's rules still hold on disk: sequences contiguous from 1 in every
-//! attempt, phases monotonic, one binding per attempt, heads equal to the
-//! latest rows.
+//! loop and the parent `SIGKILL`s it at random moments, [`KILLS`] times
+//! once the child has reported its journal open (asserted; kills aimed at
+//! the child's start-up are extra and counted apart). After every kill the
+//! parent reopens the journal and proves that nothing is corrupt, nothing
+//! the child saw committed is lost, and the journal's rules still hold on
+//! disk: sequences contiguous from 1 in every attempt, phases monotonic,
+//! one binding per attempt, heads equal to the latest rows.
+//!
+//! What this proves, and what it does not: a process kill leaves the
+//! kernel's page cache alone, so this shows that an append is atomic and
+//! that an acknowledged append survives the death of the *process*. It
+//! says nothing about durability across power loss or a kernel crash: the
+//! test would pass just as well with `synchronous=OFF`. That the journal
+//! runs at `synchronous=FULL` is checked by `db.rs`'s own test of the
+//! pragma; no test here cuts power (docs/privsep.md).
 //!
 //! The child is this same test binary, re-executed to run the ignored test
 //! [`crash_child_writer`] with [`DB_ENV`] set.
@@ -32,12 +41,11 @@ const DB_ENV: &str = "AIRLOCK_CKPT_CRASH_DB";
 const SEED_ENV: &str = "AIRLOCK_CKPT_CRASH_SEED";
 /// Tasks the child spreads its appends over.
 const TASKS: u32 = 12;
-/// Kills to aim for; the test fails below [`MIN_KILLS`].
-const TARGET_KILLS: u32 = 250;
-const MIN_KILLS: u32 = 100;
-/// Stop starting new children after this long (the test must stay well
-/// under a minute on a 2-core machine).
-const TIME_BUDGET: Duration = Duration::from_secs(40);
+/// Kills that must land after the child opened the journal.
+const KILLS: u32 = 250;
+/// The test fails if [`KILLS`] take longer than this (a few dozen seconds
+/// are usual on a 2-core machine).
+const TIME_LIMIT: Duration = Duration::from_secs(180);
 
 /// The coordinates of `attempt` of `task`, derived so that a restarted
 /// child rebuilds exactly the binding its predecessor used. Every third
@@ -240,10 +248,17 @@ fn CHECKPOINT_CRASH_sigkill_at_random_moments_never_corrupts_or_loses() {
     println!("crash test seed {seed}, journal {}", path.display());
 
     let started = Instant::now();
-    let (mut kills, mut early_kills, mut commits, mut replays) = (0u32, 0u32, 0u64, 0u64);
+    // `kills` land after the child printed READY (its journal open);
+    // `start_up_kills` are aimed at its start-up and may land before it
+    // opened anything, so they do not count towards KILLS.
+    let (mut kills, mut start_up_kills, mut commits, mut replays) = (0u32, 0u32, 0u64, 0u64);
     let mut committed: BTreeSet<Key> = BTreeSet::new();
     let mut rows = 0;
-    while kills < TARGET_KILLS && started.elapsed() < TIME_BUDGET {
+    while kills < KILLS {
+        assert!(
+            started.elapsed() < TIME_LIMIT,
+            "only {kills} of {KILLS} kills after {TIME_LIMIT:?}"
+        );
         let stderr_path = dir.path().join("child.stderr");
         let mut child = Command::new(&exe)
             .args(["crash_child_writer", "--exact", "--ignored", "--nocapture"])
@@ -282,11 +297,10 @@ fn CHECKPOINT_CRASH_sigkill_at_random_moments_never_corrupts_or_loses() {
             report
         });
 
-        // One kill in ten lands while the child is still starting (open,
-        // WAL recovery, migrations); the rest land in the append loop.
-        if rng.gen_ratio(1, 10) {
-            early_kills += 1;
-        } else if ready_rx.recv_timeout(Duration::from_secs(20)).is_err() {
+        // One kill in ten is aimed at the child's start-up (open, WAL
+        // recovery, migrations); the rest land in the append loop.
+        let at_start_up = rng.gen_ratio(1, 10);
+        if !at_start_up && ready_rx.recv_timeout(Duration::from_secs(20)).is_err() {
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
             let _ = child.wait();
             panic!(
@@ -304,7 +318,11 @@ fn CHECKPOINT_CRASH_sigkill_at_random_moments_never_corrupts_or_loses() {
         kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.signal(), Some(Signal::SIGKILL as i32), "{status}");
-        kills += 1;
+        if at_start_up {
+            start_up_kills += 1;
+        } else {
+            kills += 1;
+        }
         let report = reader.join().unwrap();
         commits += report.committed.len() as u64;
         replays += report.replays;
@@ -320,11 +338,11 @@ fn CHECKPOINT_CRASH_sigkill_at_random_moments_never_corrupts_or_loses() {
     let journal = CheckpointJournal::open(&path).unwrap();
     let unfinished = journal.unfinished().unwrap().len();
     println!(
-        "crash test: {kills} SIGKILLs ({early_kills} during start-up) in {:.1}s; \
+        "crash test: {kills} SIGKILLs with the journal open (+{start_up_kills} aimed at start-up) in {:.1}s; \
          {commits} appends acknowledged, {replays} exact replays, {rows} rows on disk, \
          {unfinished} of {TASKS} tasks unfinished; integrity ok after every kill",
         started.elapsed().as_secs_f64()
     );
-    assert!(kills >= MIN_KILLS, "only {kills} kills in the time budget");
+    assert_eq!(kills, KILLS);
     assert!(commits > 0, "the child never committed anything");
 }

@@ -41,9 +41,10 @@ pub struct WorkerSettings {
     pub result_slack: Duration,
     /// How often a lease is renewed.
     pub renew_interval: Duration,
-    /// Fault injection for the crash matrix: SIGKILL this process right
-    /// after durably appending this phase (env AIRLOCK_FAULT_KILL_AFTER).
-    pub fault_kill_after: Option<Phase>,
+    /// Fault injection for the crash matrix: SIGKILL this process at this
+    /// point (env AIRLOCK_FAULT_KILL_AFTER; see [`crate::fault`]).
+    #[cfg(feature = "fault-injection")]
+    pub fault: Option<crate::fault::FaultPoint>,
 }
 
 /// A claimed attempt the worker holds a lease for.
@@ -149,10 +150,12 @@ impl Worker {
     fn append(&self, cb: &CheckpointBinding, phase: Phase, payload: Value) -> Step<Checkpoint> {
         let cp = self.with_journal(|j| j.append(cb, phase, &payload))?;
         tracing::info!(task = %cb.task_id, attempt = cb.attempt, phase = phase.as_str(), "checkpoint");
-        if self.settings.fault_kill_after == Some(phase) {
-            tracing::warn!(task = %cb.task_id, "fault injection: SIGKILL after {}", phase.as_str());
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-        }
+        #[cfg(feature = "fault-injection")]
+        crate::fault::hit(
+            self.settings.fault,
+            crate::fault::FaultPoint::AfterPhase(phase),
+            &cb.task_id,
+        );
         Ok(cp)
     }
 
@@ -628,6 +631,12 @@ impl Worker {
             .cas_update(&b.target_branch, &oid, expected)
             .map_err(git_err)?;
         tracing::info!(task = %b.task_id, commit = %oid, branch = %b.target_branch, ?update, "governed commit");
+        #[cfg(feature = "fault-injection")]
+        crate::fault::hit(
+            self.settings.fault,
+            crate::fault::FaultPoint::RefUpdated,
+            &b.task_id,
+        );
         let _ = std::fs::remove_dir_all(&scratch);
         Ok(oid)
     }
@@ -697,6 +706,12 @@ impl Worker {
                 &result,
             ) {
                 Ok(replay) => {
+                    #[cfg(feature = "fault-injection")]
+                    crate::fault::hit(
+                        self.settings.fault,
+                        crate::fault::FaultPoint::ResultAccepted,
+                        &cb.task_id,
+                    );
                     self.append(
                         cb,
                         Phase::ResultSubmitted,

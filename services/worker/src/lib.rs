@@ -15,6 +15,8 @@
 
 pub mod attempt;
 pub mod bus;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod recover;
 
 pub use attempt::{Finish, Grant, Worker, WorkerSettings};

@@ -2,7 +2,6 @@
 //! through its checkpointed phases (see the crate docs of `airlock_worker`).
 
 use airlock_config::Config;
-use airlock_proto::checkpoint::Phase;
 use airlock_proto::envelope::Envelope;
 use airlock_proto::{Code, Error};
 use airlock_spool::Spool;
@@ -16,10 +15,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-/// Fault injection for the crash matrix (tests/crash): the worker SIGKILLs
-/// itself right after durably appending the named checkpoint phase.
-const FAULT_ENV: &str = "AIRLOCK_FAULT_KILL_AFTER";
 
 /// The credentialed airlock worker.
 ///
@@ -107,17 +102,8 @@ fn settings(config: &Config, executor_uid: Option<u32>) -> Result<WorkerSettings
         },
         result_slack: Duration::from_secs(120),
         renew_interval: Duration::from_secs(u64::from(config.worker.renew_interval_seconds.max(1))),
-        fault_kill_after: match std::env::var(FAULT_ENV) {
-            Ok(name) => {
-                let phase = Phase::parse(&name)
-                    .map_err(|e| Error::with(Code::CONFIG_INVALID, format!("{FAULT_ENV}: {e}")))?;
-                tracing::warn!(
-                    "FAULT INJECTION ACTIVE: this worker kills itself after the {name} checkpoint"
-                );
-                Some(phase)
-            }
-            Err(_) => None,
-        },
+        #[cfg(feature = "fault-injection")]
+        fault: airlock_worker::fault::FaultPoint::from_env()?,
     })
 }
 

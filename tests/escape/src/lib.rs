@@ -36,7 +36,7 @@ use airlock_proto::bundle::{
 };
 use airlock_proto::envelope::{Envelope, ExecutionRequest};
 use base64::Engine;
-use probes::{Check, Judge, Probe};
+use probes::{Check, Evidence, Judge, Probe};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -95,6 +95,11 @@ pub enum Mode {
     /// executor under this wrapper (`airlock-escape-restrict-namespaces`):
     /// no namespace at all, as in production under systemd.
     RestrictNamespaces(PathBuf),
+    /// The control: the same command as the same kind of uid, in the same
+    /// network and mount namespace setup with the same fixtures, run
+    /// directly (`setpriv … python3`), without the executor or any sandbox.
+    /// A probe that claims to test the sandbox must escape here.
+    Control,
 }
 
 impl Mode {
@@ -103,6 +108,7 @@ impl Mode {
         match self {
             Mode::Namespaces => "namespaces",
             Mode::RestrictNamespaces(_) => "restrict-namespaces",
+            Mode::Control => "control",
         }
     }
 
@@ -110,6 +116,7 @@ impl Mode {
         match self {
             Mode::Namespaces => 0,
             Mode::RestrictNamespaces(_) => 100,
+            Mode::Control => 200,
         }
     }
 }
@@ -138,6 +145,8 @@ pub struct Outcome {
     pub goal: &'static str,
     /// How it ended.
     pub verdict: Verdict,
+    /// What its "blocked" proves (from the probe table).
+    pub evidence: Evidence,
     /// Wall time of the executor run.
     pub elapsed: Duration,
 }
@@ -145,6 +154,9 @@ pub struct Outcome {
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (tag, text) = match &self.verdict {
+            Verdict::Blocked(s) if matches!(self.evidence, Evidence::Host(_)) => {
+                ("host-blocked", s)
+            }
             Verdict::Blocked(s) => ("blocked", s),
             Verdict::Escaped(s) => ("ESCAPED", s),
             Verdict::Inconclusive(s) => ("INCONCLUSIVE", s),
@@ -166,41 +178,68 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Probes counted (not skipped, not known gaps).
-    pub fn attempts(&self) -> usize {
-        self.outcomes
-            .iter()
-            .filter(|o| !matches!(o.verdict, Verdict::Skipped(_) | Verdict::Gap(_)))
-            .filter(|o| !is_gap(o.name))
-            .count()
+    fn count(&self, f: impl Fn(&Outcome) -> bool) -> usize {
+        self.outcomes.iter().filter(|o| f(o)).count()
     }
 
-    /// Counted probes that were blocked.
-    pub fn blocked(&self) -> usize {
-        self.outcomes
-            .iter()
-            .filter(|o| !is_gap(o.name) && matches!(o.verdict, Verdict::Blocked(_)))
-            .count()
+    /// Probes run (every verdict but skipped).
+    pub fn probes(&self) -> usize {
+        self.count(|o| !matches!(o.verdict, Verdict::Skipped(_)))
     }
 
-    /// True when every counted probe was blocked and the final checks passed.
-    pub fn all_blocked(&self) -> bool {
-        self.global.is_empty() && self.attempts() == self.blocked()
+    /// Blocked probes whose control escaped: blocked by the sandbox.
+    pub fn blocked_by_sandbox(&self) -> usize {
+        self.count(|o| matches!(o.verdict, Verdict::Blocked(_)) && o.evidence == Evidence::Sandbox)
     }
 
-    /// Known gaps that got through.
-    pub fn gaps(&self) -> Vec<&Outcome> {
-        self.outcomes
-            .iter()
-            .filter(|o| matches!(o.verdict, Verdict::Gap(_)))
-            .collect()
+    /// Blocked probes the control cannot make escape either.
+    pub fn blocked_by_host(&self) -> usize {
+        self.count(|o| {
+            matches!(o.verdict, Verdict::Blocked(_)) && matches!(o.evidence, Evidence::Host(_))
+        })
     }
-}
 
-fn is_gap(name: &str) -> bool {
-    probes::PROBES
-        .iter()
-        .any(|p| p.name == name && p.judge == Judge::KnownGap)
+    /// Escaped probes, plus one for every problem of the final checks.
+    pub fn escaped(&self) -> usize {
+        self.count(|o| matches!(o.verdict, Verdict::Escaped(_))) + self.global.len()
+    }
+
+    /// Known gaps that got through (by their own report only).
+    pub fn gaps(&self) -> usize {
+        self.count(|o| matches!(o.verdict, Verdict::Gap(_)))
+    }
+
+    /// Probes that did not run as designed.
+    pub fn inconclusive(&self) -> usize {
+        self.count(|o| matches!(o.verdict, Verdict::Inconclusive(_)))
+    }
+
+    /// Probes not run.
+    pub fn skipped(&self) -> usize {
+        self.count(|o| matches!(o.verdict, Verdict::Skipped(_)))
+    }
+
+    /// The summary line, from the same figures the test asserts.
+    pub fn line(&self, mode: &str) -> String {
+        format!(
+            "{mode}: {} probes: {} blocked by the sandbox, {} blocked by the host anyway, \
+             {} escaped, {} known gap{}{}{}",
+            self.probes(),
+            self.blocked_by_sandbox(),
+            self.blocked_by_host(),
+            self.escaped(),
+            self.gaps(),
+            if self.gaps() == 1 { "" } else { "s" },
+            match self.inconclusive() {
+                0 => String::new(),
+                n => format!(", {n} INCONCLUSIVE"),
+            },
+            match self.skipped() {
+                0 => String::new(),
+                n => format!(", {n} skipped"),
+            },
+        )
+    }
 }
 
 /// True when running as root.
@@ -221,6 +260,8 @@ pub fn unavailable() -> Option<String> {
         "/usr/sbin/ip",
         "/usr/bin/unshare",
         "/usr/bin/setpriv",
+        "/usr/sbin/setcap",
+        "/usr/sbin/sysctl",
         PYTHON,
     ] {
         let alt = tool.replace("/usr/sbin/", "/sbin/");
@@ -480,7 +521,7 @@ impl Suite {
             fixtures: BTreeMap::new(),
         };
         suite.files()?;
-        suite.privileged_binaries();
+        suite.privileged_binaries()?;
         suite.networks(octet)?;
         suite.outside_before = snapshot(&base.join("outside"));
         Ok(suite)
@@ -539,26 +580,20 @@ impl Suite {
 
     /// A setuid-root copy of `id` and a copy of `setpriv` with
     /// cap_setuid,cap_setgid+ep, under /usr (which the sandbox may execute).
-    fn privileged_binaries(&mut self) {
-        if mkdir(&self.suid_dir, 0o755, None).is_err() {
-            return;
-        }
+    fn privileged_binaries(&mut self) -> Res<()> {
+        mkdir(&self.suid_dir, 0o755, None)?;
         let id = self.suid_dir.join("id-setuid");
-        if fs::copy("/usr/bin/id", &id).is_ok()
-            && fs::set_permissions(&id, fs::Permissions::from_mode(0o4755)).is_ok()
-        {
-            self.fixtures.insert("suid_id", id.display().to_string());
-        }
+        fs::copy("/usr/bin/id", &id).map_err(io("copy /usr/bin/id"))?;
+        fs::set_permissions(&id, fs::Permissions::from_mode(0o4755)).map_err(io("chmod 4755"))?;
+        self.fixtures.insert("suid_id", id.display().to_string());
         let caps = self.suid_dir.join("setpriv-caps");
-        if fs::copy("/usr/bin/setpriv", &caps).is_ok()
-            && run(Command::new("setcap")
-                .arg("cap_setuid,cap_setgid+ep")
-                .arg(&caps))
-            .is_ok()
-        {
-            self.fixtures
-                .insert("caps_setpriv", caps.display().to_string());
-        }
+        fs::copy("/usr/bin/setpriv", &caps).map_err(io("copy /usr/bin/setpriv"))?;
+        run(Command::new("setcap")
+            .arg("cap_setuid,cap_setgid+ep")
+            .arg(&caps))?;
+        self.fixtures
+            .insert("caps_setpriv", caps.display().to_string());
+        Ok(())
     }
 
     fn listener(&mut self, netns: Option<&str>, name: &str, spec: Value) -> Res<Value> {
@@ -582,7 +617,23 @@ impl Suite {
         let child = cmd.spawn().map_err(io("listener"))?;
         self.listeners.push(Guarded(child));
         self.listener_logs.push(log);
-        wait_json(&ready, &format!("listener {name}"))
+        // A listener that cannot bind exits: fatal, not a fallback.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(bytes) = fs::read(&ready) {
+                return serde_json::from_slice(&bytes).map_err(io(format!("listener {name}")));
+            }
+            let guard = self.listeners.last_mut().ok_or("no listener")?;
+            if let Some(status) = guard.0.try_wait().map_err(io("listener"))? {
+                return Err(format!(
+                    "listener {name} failed ({status}); see its stderr above"
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("listener {name} did not start"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn networks(&mut self, octet: u32) -> Res<()> {
@@ -590,6 +641,18 @@ impl Suite {
         ip(&["netns", "add", &self.netns])?;
         let ns = self.netns.clone();
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        // Ping sockets for every group, as systemd sets it on the host (a
+        // new namespace starts with "1 0", nobody): the control can open
+        // one, so raw_and_ping tests the sandbox, not this default.
+        ip(&[
+            "netns",
+            "exec",
+            &ns,
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.ping_group_range=0 2147483647",
+        ])?;
         let abstract_name = format!("airlock-escape-{tok}");
         let exec = self.listener(
             Some(&ns),
@@ -613,50 +676,44 @@ impl Suite {
                 "dgram": ["unixdgram", self.fixtures["dgram"]],
             }),
         )?;
-        // Another address: a veth peer in a namespace of our own. Optional.
+        // Another address: a veth peer in a namespace of our own, linked to
+        // the host's namespace (the executor's may have only lo: its
+        // self-check). Any failure is fatal.
         let peer_ns = format!("airlock-esp-{tok}");
         let host_veth = format!("aeh{}", &tok[..8]);
         let peer_veth = format!("aep{}", &tok[..8]);
-        let mut peer = json!({});
-        let made = ip(&["netns", "add", &peer_ns]).is_ok();
-        if made {
-            self.peer_netns = Some(peer_ns.clone());
-            let ok = ip(&[
-                "link", "add", &host_veth, "type", "veth", "peer", "name", &peer_veth, "netns",
-                &peer_ns,
-            ])
-            .is_ok();
-            if ok {
-                self.host_veth = Some(host_veth.clone());
-                let host_addr = format!("169.254.{octet}.1/30");
-                let peer_cidr = format!("{}/30", self.peer_addr);
-                let configured = ip(&["addr", "add", &host_addr, "dev", &host_veth])
-                    .and_then(|()| ip(&["link", "set", &host_veth, "up"]))
-                    .and_then(|()| {
-                        ip(&["-n", &peer_ns, "addr", "add", &peer_cidr, "dev", &peer_veth])
-                    })
-                    .and_then(|()| ip(&["-n", &peer_ns, "link", "set", &peer_veth, "up"]))
-                    .and_then(|()| ip(&["-n", &peer_ns, "link", "set", "lo", "up"]));
-                if configured.is_ok() {
-                    peer = self.listener(
-                        Some(&peer_ns),
-                        "peer",
-                        json!({
-                            "peer_tcp": ["tcp4", [self.peer_addr, 0]],
-                            "peer_udp": ["udp4", [self.peer_addr, 0]],
-                        }),
-                    )?;
-                }
-            }
-        }
+        ip(&["netns", "add", &peer_ns])?;
+        self.peer_netns = Some(peer_ns.clone());
+        ip(&[
+            "link", "add", &host_veth, "type", "veth", "peer", "name", &peer_veth, "netns",
+            &peer_ns,
+        ])?;
+        self.host_veth = Some(host_veth.clone());
+        let host_addr = format!("169.254.{octet}.1/30");
+        let peer_cidr = format!("{}/30", self.peer_addr);
+        ip(&["addr", "add", &host_addr, "dev", &host_veth])?;
+        ip(&["link", "set", &host_veth, "up"])?;
+        ip(&["-n", &peer_ns, "addr", "add", &peer_cidr, "dev", &peer_veth])?;
+        ip(&["-n", &peer_ns, "link", "set", &peer_veth, "up"])?;
+        ip(&["-n", &peer_ns, "link", "set", "lo", "up"])?;
+        let peer = self.listener(
+            Some(&peer_ns),
+            "peer",
+            json!({
+                "peer_tcp": ["tcp4", [self.peer_addr, 0]],
+                "peer_udp": ["udp4", [self.peer_addr, 0]],
+            }),
+        )?;
         let mut ports = serde_json::Map::new();
         for v in [exec, host, peer] {
             if let Value::Object(m) = v {
                 ports.extend(m);
             }
         }
-        for k in ["peer_tcp", "peer_udp"] {
-            ports.entry(k).or_insert(json!(9));
+        for (k, v) in &ports {
+            if !v.is_u64() {
+                return Err(format!("listener {k} has no port: {v}"));
+            }
         }
         self.ports = Value::Object(ports);
         self.fixtures.insert("abstract", abstract_name);
@@ -688,6 +745,7 @@ impl Suite {
                             name: probe.name,
                             goal: probe.goal,
                             verdict,
+                            evidence: probe.evidence,
                             elapsed: started.elapsed(),
                         };
                         println!("{outcome}");
@@ -705,6 +763,48 @@ impl Suite {
         };
         summary.global = self.final_checks();
         summary
+    }
+
+    /// After the control run: empties the listener logs (the control was
+    /// meant to reach them) and puts the outside directory back as it was.
+    /// Returns what the control left in them (evidence, not failures).
+    pub fn reset_after_control(&mut self) -> Res<Vec<String>> {
+        let found = self.final_checks();
+        for log in &self.listener_logs {
+            if log.exists() {
+                fs::write(log, b"").map_err(io(log.display()))?;
+            }
+        }
+        let outside = self.base.join("outside");
+        for e in fs::read_dir(&outside).map_err(io(outside.display()))? {
+            let e = e.map_err(io("outside"))?;
+            let rel = e.file_name().to_string_lossy().into_owned();
+            if !self.outside_before.contains_key(&rel) {
+                let p = e.path();
+                let m = fs::symlink_metadata(&p).map_err(io(p.display()))?;
+                if m.is_dir() {
+                    fs::remove_dir_all(&p).map_err(io(p.display()))?;
+                } else {
+                    fs::remove_file(&p).map_err(io(p.display()))?;
+                }
+            }
+        }
+        let tok = &self.tok;
+        put(
+            &outside.join("secret.txt"),
+            format!("outside-secret-{tok}").as_bytes(),
+            0o644,
+            Some(0),
+        )?;
+        put(&outside.join("target.txt"), b"target\n", 0o666, Some(0))?;
+        put(&outside.join("keep.txt"), b"keep\n", 0o644, Some(0))?;
+        let after = snapshot(&outside);
+        if after != self.outside_before {
+            return Err(format!(
+                "the outside directory could not be restored after the control: {after:?}"
+            ));
+        }
+        Ok(found)
     }
 
     /// Checks made once, after every probe ran.
@@ -739,14 +839,14 @@ impl Suite {
         problems
     }
 
-    fn pwned_paths(&self) -> Vec<PathBuf> {
+    /// Files one probe may try to create outside (named after it, so that
+    /// parallel probes do not see each other's).
+    fn pwned_paths(&self, probe: &Probe) -> Vec<PathBuf> {
+        let tok = format!("{}-{}", self.tok, probe.name);
         ["/etc", "/tmp", "/var/tmp", "/dev/shm"]
             .iter()
-            .map(|d| PathBuf::from(format!("{d}/airlock-pwned-{}", self.tok)))
-            .chain([self
-                .base
-                .join("outside")
-                .join(format!("moved-{}", self.tok))])
+            .map(|d| PathBuf::from(format!("{d}/airlock-pwned-{tok}")))
+            .chain([self.base.join("outside").join(format!("moved-{tok}"))])
             .collect()
     }
 
@@ -768,8 +868,9 @@ impl Suite {
         for sub in ["marker", "out", "work"] {
             mkdir(&dir.join(sub), 0o755, Some(uid))?;
         }
-        // A file outside that the probe's uid owns (hard link, rename, truncate).
-        mkdir(&dir.join("own"), 0o755, None)?;
+        // A file outside that the probe's uid owns, in a directory it owns
+        // (hard link, rename, truncate).
+        mkdir(&dir.join("own"), 0o755, Some(uid))?;
         let own = dir.join("own").join("file.txt");
         let own_content = format!("own-{}\n", probe.name);
         put(&own, own_content.as_bytes(), 0o644, Some(uid))?;
@@ -794,7 +895,7 @@ impl Suite {
             .map_err(io("marker pid"))?;
 
         let out_path = dir.join("out").join("result.json");
-        let args = self.args(&own, &gap_file, &sibling, &out_path, &marker_info);
+        let args = self.args(probe, &own, &gap_file, &sibling, &out_path, &marker_info);
         let (request, archive) = build_request(probe, index, &args)?;
         let req_path = dir.join("request.json");
         let arc_path = dir.join("source.tar");
@@ -806,10 +907,21 @@ impl Suite {
         )?;
         put(&arc_path, &archive, 0o644, Some(uid))?;
 
-        let started = Instant::now();
+        if let Mode::Control = mode {
+            let ran = self.run_control(probe, uid, &dir, &req_path, &args)?;
+            return self.judge_control(
+                probe,
+                uid,
+                &dir,
+                marker,
+                marker_pid,
+                &own,
+                &own_content,
+                ran,
+            );
+        }
         let executor_log =
             self.run_executor(probe, mode, uid, &dir, &req_path, &arc_path, &out_path)?;
-        let _ = started;
 
         // --- judge ---------------------------------------------------------
         let answer = fs::read(&out_path).unwrap_or_default();
@@ -867,7 +979,7 @@ impl Suite {
             }
         }
         drop(marker);
-        for p in self.pwned_paths() {
+        for p in self.pwned_paths(probe) {
             if fs::symlink_metadata(&p).is_ok() {
                 problems.push(format!("{} was created", p.display()));
                 let _ = fs::remove_file(&p);
@@ -922,12 +1034,10 @@ impl Suite {
                 ev.stderr_tail.trim().lines().last().unwrap_or("")
             )
         };
+        // A harness finding is an escape for every probe, a known gap too:
+        // the gap's verdict covers only what the probe itself reports.
         if !problems.is_empty() {
-            return Ok(if probe.judge == Judge::KnownGap {
-                Verdict::Gap(problems.join("; "))
-            } else {
-                Verdict::Escaped(problems.join("; "))
-            });
+            return Ok(Verdict::Escaped(problems.join("; ")));
         }
         let verdict = match probe.judge {
             Judge::SelfReport | Judge::KnownGap => {
@@ -1025,8 +1135,17 @@ impl Suite {
         Ok(Guarded(child))
     }
 
-    fn args(&self, own: &Path, gap: &Path, sibling: &Path, out: &Path, marker: &Value) -> Value {
+    fn args(
+        &self,
+        probe: &Probe,
+        own: &Path,
+        gap: &Path,
+        sibling: &Path,
+        out: &Path,
+        marker: &Value,
+    ) -> Value {
         let mut a = serde_json::Map::new();
+        a.insert("errnos".into(), json!(probe.errnos));
         for (k, v) in &self.fixtures {
             a.insert((*k).into(), json!(v));
         }
@@ -1037,7 +1156,8 @@ impl Suite {
         a.insert("marker".into(), marker.clone());
         a.insert("ports".into(), self.ports.clone());
         a.insert("peer".into(), json!(self.peer_addr));
-        a.insert("tok".into(), json!(self.tok));
+        // Names of files a probe may create outside (see pwned_paths).
+        a.insert("tok".into(), json!(format!("{}-{}", self.tok, probe.name)));
         a.insert("canary".into(), json!(format!("canary-{}", self.tok)));
         a.insert("allowed_env".into(), json!(ALLOWED_ENV));
         a.insert("nr".into(), syscall_numbers());
@@ -1058,20 +1178,7 @@ impl Suite {
         out: &Path,
     ) -> Res<String> {
         let work = dir.join("work");
-        let mut script = String::from(
-            "set -e
-mount -t tmpfs -o mode=0755,size=1m airlock-escape-run /run
-mkdir -m 0711 /run/credentials
-mkdir -m 0755 /run/credentials/airlock-worker.service
-printf %s \"$1\" > /run/credentials/airlock-worker.service/token
-chmod 0644 /run/credentials/airlock-worker.service/token
-",
-        );
-        if let Some(mib) = probe.work_tmpfs_mib {
-            script.push_str(&format!(
-                "mount -t tmpfs -o mode=0755,size={mib}m airlock-escape-work \"$2\"\nchown {uid}:{uid} \"$2\"\n"
-            ));
-        }
+        let mut script = setup_script(probe, uid);
         script.push_str("shift 2\nexec \"$@\"\n");
         let log_path = dir.join("executor.log");
         let log = fs::File::create(&log_path).map_err(io("executor log"))?;
@@ -1131,6 +1238,346 @@ chmod 0644 /run/credentials/airlock-worker.service/token
         }
         Ok(fs::read_to_string(&log_path).unwrap_or_default())
     }
+}
+
+/// The shell run (as root) in the suite's network namespace and a private
+/// mount namespace before the probe's command, the same for the control and
+/// the sandboxed runs: a fake /run/credentials (`$1` is the token), the
+/// optional tmpfs work volume on `$2`, and a resolv.conf naming the DNS
+/// listener on 127.0.0.1.
+fn setup_script(probe: &Probe, uid: u32) -> String {
+    let mut script = String::from(
+        "set -e
+mount -t tmpfs -o mode=0755,size=1m airlock-escape-run /run
+mkdir -m 0711 /run/credentials
+mkdir -m 0755 /run/credentials/airlock-worker.service
+printf %s \"$1\" > /run/credentials/airlock-worker.service/token
+chmod 0644 /run/credentials/airlock-worker.service/token
+printf 'nameserver 127.0.0.1\\noptions attempts:1 timeout:2\\n' > /run/resolv.conf
+chmod 0644 /run/resolv.conf
+mount --bind /run/resolv.conf /etc/resolv.conf
+",
+    );
+    if let Some(mib) = probe.work_tmpfs_mib {
+        script.push_str(&format!(
+            "mount -t tmpfs -o mode=0755,size={mib}m airlock-escape-work \"$2\"\nchown {uid}:{uid} \"$2\"\n"
+        ));
+    }
+    script
+}
+
+/// What the control run of one probe left: its exit, its output, whether it
+/// was still running at its timeout and survived SIGTERM.
+#[derive(Debug)]
+struct ControlRun {
+    exit: Option<i32>,
+    stdout: String,
+    stderr: String,
+    outlived: Vec<String>,
+    workspace: PathBuf,
+}
+
+impl Suite {
+    /// Runs the probe's command without the sandbox: the same setup script
+    /// (network namespace, private mount namespace, fake credentials, work
+    /// volume, resolv.conf), then `setpriv` to the probe's uid and python3
+    /// directly, in a workspace laid out as the executor's (`src/` with the
+    /// change set applied, `tmp/` as HOME and TMPDIR, their parent as the
+    /// scratch directory), with the environment the executor itself has
+    /// plus the one the executor gives, and descriptor 3 open on the request
+    /// (as an unconfined launcher would leave it).
+    fn run_control(
+        &self,
+        probe: &Probe,
+        uid: u32,
+        dir: &Path,
+        request: &Path,
+        args: &Value,
+    ) -> Res<ControlRun> {
+        let template = dir.join("control-src");
+        mkdir(&template, 0o755, None)?;
+        put(&template.join("hello.py"), b"VALUE = 2\n", 0o644, None)?;
+        put(
+            &template.join("escape_lib.py"),
+            LIB_PY.as_bytes(),
+            0o644,
+            None,
+        )?;
+        let work = dir.join("work");
+        let scratch = work.join(format!("r{}", "c".repeat(40)));
+        let ws = scratch.join("src");
+        let tmp = scratch.join("tmp");
+        let mut script = setup_script(probe, uid);
+        script.push_str(&format!(
+            "R=\"$3\"; T=\"$4\"; REQ=\"$5\"
+mkdir -p \"$R/src\" \"$R/tmp\"
+cp \"$T/hello.py\" \"$T/escape_lib.py\" \"$R/src/\"
+chown -R {uid}:{uid} \"$R\"
+chmod 0700 \"$R\" \"$R/src\" \"$R/tmp\"
+cd \"$R/src\"
+exec 3<\"$REQ\"
+shift 5
+exec \"$@\"
+"
+        ));
+        let tmp_s = tmp.display().to_string();
+        let ceiling = scratch.display().to_string();
+        let env = [
+            ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin".to_owned()),
+            ("AIRLOCK_ESCAPE_CANARY", format!("canary-{}", self.tok)),
+            ("LC_ALL", "C.UTF-8".to_owned()),
+            ("HOME", tmp_s.clone()),
+            ("TMPDIR", tmp_s),
+            ("GIT_CONFIG_NOSYSTEM", "1".to_owned()),
+            ("GIT_CONFIG_GLOBAL", "/dev/null".to_owned()),
+            ("GIT_CEILING_DIRECTORIES", ceiling),
+            ("GIT_TERMINAL_PROMPT", "0".to_owned()),
+            ("GIT_PAGER", "cat".to_owned()),
+            ("PAGER", "cat".to_owned()),
+            ("PYTHONNOUSERSITE", "1".to_owned()),
+            ("PYTHONHASHSEED", "0".to_owned()),
+        ];
+        let stdout_path = dir.join("control.stdout");
+        let stderr_path = dir.join("control.stderr");
+        let stdout = fs::File::create(&stdout_path).map_err(io("control stdout"))?;
+        let stderr = fs::File::create(&stderr_path).map_err(io("control stderr"))?;
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.netns,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+        ])
+        .args(["/bin/sh", "-c", &script, "sh"])
+        .arg(format!("cred-secret-{}", self.tok))
+        .arg(&work)
+        .arg(&scratch)
+        .arg(&template)
+        .arg(request)
+        .args([
+            "setpriv",
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &uid.to_string(),
+            "--clear-groups",
+            "env",
+            "-i",
+        ])
+        .args(env.iter().map(|(k, v)| format!("{k}={v}")))
+        .args([
+            PYTHON,
+            "-c",
+            &format!("from escape_lib import *\n{}\n", probe.code),
+        ])
+        .arg(args.to_string())
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("AIRLOCK_ESCAPE_CANARY", format!("canary-{}", self.tok))
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr);
+        let mut child = Guarded(cmd.spawn().map_err(io("control"))?);
+        let limit = if probe.judge == Judge::Timeout {
+            u64::from(probe.timeout)
+        } else {
+            u64::from(probe.timeout) + 30
+        };
+        let deadline = Instant::now() + Duration::from_secs(limit);
+        let mut outlived = Vec::new();
+        let exit = loop {
+            if let Some(status) = child.0.try_wait().map_err(io("wait"))? {
+                break status.code();
+            }
+            if Instant::now() > deadline {
+                if probe.judge != Judge::Timeout {
+                    return Err(format!("the control did not finish in {limit} s"));
+                }
+                // What the executor does at the timeout, without the sandbox:
+                // SIGTERM to every process of the command.
+                let marker = marker_pid_of(dir);
+                let targets: Vec<u32> = processes_of(uid)
+                    .into_iter()
+                    .filter(|p| Some(*p) != marker)
+                    .collect();
+                for p in &targets {
+                    // SAFETY: kill takes plain integers.
+                    unsafe { libc::kill(i32::try_from(*p).unwrap_or(0), libc::SIGTERM) };
+                }
+                std::thread::sleep(Duration::from_secs(1));
+                outlived = processes_of(uid)
+                    .into_iter()
+                    .filter(|p| Some(*p) != marker)
+                    .map(|p| format!("{p} {}", status_field(p, "Name:").unwrap_or_default()))
+                    .collect();
+                let _ = child.0.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Ok(ControlRun {
+            exit,
+            stdout: fs::read_to_string(&stdout_path).unwrap_or_default(),
+            stderr: fs::read_to_string(&stderr_path).unwrap_or_default(),
+            outlived,
+            workspace: ws,
+        })
+    }
+
+    /// Judges a control run: the harness's own observations first (the
+    /// marker, processes left, files created, the probe's checks read as
+    /// "could the command do it"), then the command's report.
+    #[allow(clippy::too_many_arguments)]
+    fn judge_control(
+        &self,
+        probe: &Probe,
+        uid: u32,
+        dir: &Path,
+        marker: Guarded,
+        marker_pid: u32,
+        own: &Path,
+        own_content: &str,
+        ran: ControlRun,
+    ) -> Res<Verdict> {
+        let mut seen = Vec::new();
+        if !ran.outlived.is_empty() {
+            seen.push(format!(
+                "still running after SIGTERM at the {} s timeout: {}",
+                probe.timeout,
+                ran.outlived.join(", ")
+            ));
+        }
+        let tracer = status_field(marker_pid, "TracerPid:");
+        if tracer.as_deref().is_some_and(|t| t != "0") {
+            seen.push("the marker is traced".into());
+        }
+        let signals =
+            fs::read_to_string(dir.join("marker").join("signals.log")).unwrap_or_default();
+        if !signals.trim().is_empty() {
+            seen.push(format!("the marker received {}", signals.trim()));
+        }
+        let left = kill_all_of(uid, marker_pid);
+        if !left.is_empty() && ran.outlived.is_empty() {
+            seen.push(format!(
+                "{} processes of uid {uid} outlived the command",
+                left.len()
+            ));
+        }
+        drop(marker);
+        kill_all_of(uid, 0);
+        if !processes_of(uid).is_empty() {
+            return Err(format!("processes of uid {uid} cannot be killed"));
+        }
+        for p in self.pwned_paths(probe) {
+            if fs::symlink_metadata(&p).is_ok() {
+                seen.push(format!("{} was created", p.display()));
+                let _ = fs::remove_file(&p);
+            }
+        }
+        for check in probe.checks {
+            match check {
+                Check::OwnFileIntact => {
+                    if let Err(e) = self.check(*check, own, own_content, b"") {
+                        seen.push(e);
+                    }
+                }
+                // No executor, no clean-up: the trap is in place when a
+                // clean-up following links would reach the outside file.
+                Check::KeepSurvivesCleanup => {
+                    if fs::read(ran.workspace.join("trapfile")).ok().as_deref() == Some(b"keep\n") {
+                        seen.push(
+                            "a planted link leads a clean-up to the outside keep file".into(),
+                        );
+                    }
+                }
+                // No executor, no result: whatever the workspace holds
+                // beyond the change set is what a naive copy would carry.
+                Check::ResultIsTheChangeSet => {
+                    let mut extra = Vec::new();
+                    for (k, v) in snapshot(&ran.workspace) {
+                        let ok = k == "escape_lib.py"
+                            || k.starts_with("__pycache__")
+                            || (k == "hello.py" && v.ends_with(&sha(b"VALUE = 2\n")));
+                        if !ok {
+                            extra.push(k);
+                        }
+                    }
+                    if !extra.is_empty() {
+                        seen.push(format!("the workspace holds {}", extra.join(", ")));
+                    }
+                }
+            }
+        }
+        let said = |prefix: &str| {
+            ran.stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix).map(str::to_owned))
+        };
+        let tails = || {
+            format!(
+                "exit {:?}; stdout {:?}; stderr {:?}",
+                ran.exit,
+                ran.stdout.trim(),
+                ran.stderr.trim().lines().last().unwrap_or("")
+            )
+        };
+        Ok(
+            match (
+                ran.exit,
+                said("ESCAPED: "),
+                said("BLOCKED: "),
+                said("PLANTED: "),
+            ) {
+                (Some(0), Some(what), None, _) => {
+                    seen.insert(0, what);
+                    Verdict::Escaped(seen.join("; "))
+                }
+                _ if !seen.is_empty() => Verdict::Escaped(seen.join("; ")),
+                (Some(1), None, Some(how), _) => Verdict::Blocked(how),
+                (Some(0), None, None, Some(what)) => {
+                    Verdict::Blocked(format!("{what}, and the harness saw nothing"))
+                }
+                _ if probe.judge == Judge::Timeout => {
+                    Verdict::Blocked(format!("no process outlived the timeout: {}", tails()))
+                }
+                _ => Verdict::Inconclusive(tails()),
+            },
+        )
+    }
+}
+
+/// The marker's pid from its info file, if it started.
+fn marker_pid_of(dir: &Path) -> Option<u32> {
+    let info = fs::read(dir.join("marker").join("info.json")).ok()?;
+    let v: Value = serde_json::from_slice(&info).ok()?;
+    u32::try_from(v["pid"].as_u64()?).ok()
+}
+
+/// Kills every process of `uid` but `spare` (again while any is left, a
+/// fork bomb's children included); returns those found the first time.
+fn kill_all_of(uid: u32, spare: u32) -> Vec<u32> {
+    let first: Vec<u32> = processes_of(uid)
+        .into_iter()
+        .filter(|p| *p != spare)
+        .collect();
+    for _ in 0..100 {
+        let now: Vec<u32> = processes_of(uid)
+            .into_iter()
+            .filter(|p| *p != spare)
+            .collect();
+        if now.is_empty() {
+            break;
+        }
+        for p in &now {
+            // SAFETY: kill takes plain integers.
+            unsafe { libc::kill(i32::try_from(*p).unwrap_or(0), libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first
 }
 
 fn harness_how(probe: &Probe) -> &'static str {

@@ -1,26 +1,48 @@
 //! Checks of units/ that need no booted system and no root:
-//! `systemd-analyze security --offline=true` (every service at 1.5 or lower,
-//! the executor at 0.5 or lower) and `systemd-analyze verify` against a
+//! `systemd-analyze security --offline=true` (every service within its limit
+//! in `EXPOSURE_LIMITS`, which README.md quotes) and `systemd-analyze verify` against a
 //! scratch root holding the host's units and ours (nothing printed). The
 //! same checks run again inside the booted root in tests/testbed.rs.
 
+use airlock_systemd_tests::scenario::REFUSALS;
 use airlock_systemd_tests::units::{
-    max_exposure, offline_exposure, packaged_man_pages, unit_files, verify_in_root, verify_root,
+    EXPOSURE_LIMITS, max_exposure, offline_exposure, packaged_man_pages, readme_exposure_statement,
+    unit_files, verify_in_root, verify_root,
 };
+use airlock_systemd_tests::workspace_root;
 use std::path::PathBuf;
 
 #[test]
 fn offline_exposure_is_within_limits() {
     let mut figures = Vec::new();
     let mut over = Vec::new();
-    for unit in unit_files().unwrap().iter().filter(|u| u.is_service()) {
+    let services: Vec<_> = unit_files()
+        .unwrap()
+        .into_iter()
+        .filter(|u| u.is_service())
+        .collect();
+    for unit in &services {
         let (exposure, findings) = offline_exposure(unit).unwrap();
         figures.push(format!("{} {exposure}", unit.name));
-        if exposure > max_exposure(&unit.name) {
+        match max_exposure(&unit.name) {
+            None => over.push(format!(
+                "{}: no limit in EXPOSURE_LIMITS (tests/systemd/src/units.rs)",
+                unit.name
+            )),
+            Some(limit) if exposure > limit.offline => {
+                over.push(format!(
+                    "{}: {exposure} > {}\n{findings}",
+                    unit.name, limit.offline
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for limit in EXPOSURE_LIMITS {
+        if !services.iter().any(|s| s.name == limit.unit) {
             over.push(format!(
-                "{}: {exposure} > {}\n{findings}",
-                unit.name,
-                max_exposure(&unit.name)
+                "EXPOSURE_LIMITS names {}, which units/ lacks",
+                limit.unit
             ));
         }
     }
@@ -29,6 +51,21 @@ fn offline_exposure_is_within_limits() {
         figures.join(", ")
     );
     assert!(over.is_empty(), "{}", over.join("\n"));
+}
+
+/// README.md and tests/systemd/README.md state the limits the checks use.
+#[test]
+fn readmes_quote_the_exposure_limits() {
+    let statement = readme_exposure_statement();
+    for readme in ["README.md", "tests/systemd/README.md"] {
+        let text = std::fs::read_to_string(workspace_root().join(readme)).unwrap();
+        // Markdown may wrap the statement; compare with whitespace folded.
+        let fold = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            fold(&text).contains(&fold(&statement)),
+            "{readme} does not say {statement:?} (the limits in EXPOSURE_LIMITS, tests/systemd/src/units.rs)"
+        );
+    }
 }
 
 #[test]
@@ -80,5 +117,30 @@ fn every_program_and_man_page_a_unit_names_is_packaged() {
                 unit.name
             );
         }
+    }
+}
+
+/// The refusals the testbed asserts are docs/errors.md's (generated from
+/// crates/proto/src/error.rs): code, HTTP status, D-Bus name, exit code.
+#[test]
+fn asserted_refusals_are_the_catalogue_s() {
+    let catalogue = std::fs::read_to_string(workspace_root().join("docs/errors.md")).unwrap();
+    for r in REFUSALS {
+        let row = catalogue
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", r.code)))
+            .unwrap_or_else(|| panic!("{} is not in docs/errors.md", r.code));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // "", code, meaning, status, D-Bus name, exit, ""
+        assert_eq!(
+            (cells[3], cells[4], cells[5]),
+            (
+                r.http_status.to_string().as_str(),
+                format!("`{}`", r.dbus_error).as_str(),
+                r.exit_code.to_string().as_str()
+            ),
+            "{}: the testbed's figures differ from docs/errors.md: {row}",
+            r.code
+        );
     }
 }

@@ -3,6 +3,11 @@
 A probe calls blocked(how) when its attempt failed (exit 1) and escaped(what)
 when it reached its goal (exit 0). Anything else (a traceback, another exit
 status) is inconclusive and fails the suite as well.
+
+Every failure that is to count as blocked goes through why(): the errno must
+be one the probe names (A["errnos"], from the probe table); any other errno
+(ENOENT from a wrong fixture path, EINVAL from a malformed argument, a
+timeout without an errno, ...) ends the probe as inconclusive (exit 3).
 """
 import ctypes
 import errno
@@ -12,6 +17,7 @@ import sys
 
 A = json.loads(sys.argv[1])
 NR = A["nr"]
+BLOCKED_BY = A["errnos"]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 
@@ -30,13 +36,28 @@ def escaped(what):
     _done(0, "ESCAPED: " + what)
 
 
+def inconclusive(what):
+    _done(3, "INCONCLUSIVE: " + what)
+
+
 def planted(what):
     """For probes only the harness can judge: the setup is in place."""
     _done(0, "PLANTED: " + what)
 
 
 def en(e):
+    if e is None:
+        return "no errno"
     return errno.errorcode.get(e, str(e))
+
+
+def why(what, e):
+    """`what: ERRNO` when e is an errno that means blocked for this probe;
+    otherwise the probe is inconclusive."""
+    name = e if isinstance(e, str) else en(e)
+    if name not in BLOCKED_BY:
+        inconclusive(f"{what}: {name} is not an errno that means blocked here ({', '.join(BLOCKED_BY) or 'none named'})")
+    return f"{what}: {name}"
 
 
 def arg(a):
@@ -61,7 +82,7 @@ def attempt(what, fn):
     try:
         fn()
     except OSError as e:
-        blocked(f"{what}: {en(e.errno)}")
+        blocked(why(what, e.errno))
     escaped(what)
 
 
@@ -72,7 +93,7 @@ def attempt_all(items):
         try:
             fn()
         except OSError as e:
-            hows.append(f"{what}: {en(e.errno)}")
+            hows.append(why(what, e.errno))
             continue
         escaped(what)
     blocked("; ".join(hows))
@@ -82,7 +103,7 @@ def attempt_sys(what, name, *args):
     """A raw system call: any non-negative return is an escape."""
     r, e = sc(name, *args)
     if r < 0:
-        blocked(f"{what}: {en(e)}")
+        blocked(why(what, e))
     escaped(f"{what} returned {r}")
 
 

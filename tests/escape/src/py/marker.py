@@ -18,6 +18,10 @@ for s in range(1, signal.NSIG):
         signal.signal(s, on_signal)
     except (OSError, ValueError, RuntimeError):
         pass
+# Any process of this uid may trace it (where Yama restricts ptrace), so that
+# only the sandbox, not the host's ptrace policy, stands between a probe and
+# the marker. EINVAL without Yama.
+ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)
 with open(info + ".tmp", "w") as f:
     json.dump({"pid": os.getpid(), "addr": ctypes.addressof(buf), "len": len(tok)}, f)
 os.rename(info + ".tmp", info)
