@@ -140,18 +140,33 @@ fn main() {
     let body = failed_task(&db).to_string();
     let token = "b".repeat(48);
     std::fs::write(dir.join("token"), &token).expect("token");
+    // retryd holds no database: a real supervisor on a private bus owns it.
+    let config = dir.join("airlock.toml");
+    std::fs::write(&config, "").expect("config");
+    let bus = airlock_localbus::PrivateBus::start().expect("dbus-daemon");
+    let _supervisor = airlock_localbus::SupervisorProcess::start(
+        &airlock_local::sibling("airlock-supervisor")
+            .expect("airlock-supervisor next to this binary"),
+        &bus,
+        &config,
+        &db,
+        &[],
+    )
+    .expect("supervisor");
     let bin = airlock_local::sibling("airlock-retryd").expect("airlock-retryd next to this binary");
     let mut child = Command::new(bin)
+        .arg("--config")
+        .arg(&config)
         .args([
-            "--db",
-            db.to_str().unwrap_or_default(),
+            "--bus-address",
+            bus.address(),
             "--listen",
             "127.0.0.1:0",
             "--token-file",
         ])
         .arg(dir.join("token"))
         .env("AIRLOCK_RETRY_AUTHORIZATION_ID", AUTH_ID)
-        .env("RUST_LOG", "warn,airlock_retryd=info")
+        .env("AIRLOCK_LOG", "warn,airlock_retryd=info")
         .stderr(Stdio::piped())
         .spawn()
         .expect("retryd");

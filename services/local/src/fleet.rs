@@ -58,8 +58,8 @@ impl Fleet {
             .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
             .env("LC_ALL", "C.UTF-8")
             .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                "AIRLOCK_LOG",
+                std::env::var("AIRLOCK_LOG").unwrap_or_else(|_| "info".into()),
             )
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)

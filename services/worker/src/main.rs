@@ -44,15 +44,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        // A closed stderr must not take the service down with it.
-        .log_internal_errors(false)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    airlock_service::init_logging();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
