@@ -17,13 +17,13 @@
 //! Each figure is the median over the rounds; latencies are pooled over all
 //! rounds.
 
+use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_proto::canonical::sha256_hex;
 use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key};
 use airlock_proto::task::{
     CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, TaskState, TaskSubmission,
 };
-use airlock_store::checkpoint::CheckpointJournal;
-use airlock_store::tasks::{Actor, TaskStore};
+use airlock_taskdb::tasks::{Actor, TaskStore};
 use serde_json::json;
 use std::error::Error;
 use std::fs::{self, File, OpenOptions};

@@ -6,7 +6,7 @@
 
 use airlock_proto::canonical::digest_of;
 use airlock_proto::task::{Outcome, RESULT_SCHEMA, TaskResult, TaskSubmission};
-use airlock_store::tasks::{Actor, TaskStore};
+use airlock_taskdb::tasks::{Actor, TaskStore};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

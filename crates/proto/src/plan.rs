@@ -1,6 +1,6 @@
 //! Plan registration: idempotent by key, replaced only by compare-and-swap.
 //!
-//! This module holds the rules; `airlock-store` holds the records and calls
+//! This module holds the rules; `airlock-taskdb` holds the records and calls
 //! [`register_plan`] inside its transaction, so the rules cannot drift
 //! between the store and anything else that checks a plan.
 

@@ -81,7 +81,9 @@ fn the_executor_and_confine_link_no_bus_database_http_or_git_code() {
         "hyper",
         "airlock-git",
         "airlock-client",
-        "airlock-store",
+        "airlock-sqlite",
+        "airlock-taskdb",
+        "airlock-journal",
         "airlock-supervisor",
     ];
     for root in ["airlock-executor", "airlock-confine"] {
@@ -102,7 +104,33 @@ fn retryd_links_no_database() {
         linked.contains("hyper") && linked.contains("zbus"),
         "{linked:?}"
     );
-    for f in ["rusqlite", "libsqlite3-sys", "airlock-store"] {
+    for f in [
+        "rusqlite",
+        "libsqlite3-sys",
+        "airlock-sqlite",
+        "airlock-taskdb",
+        "airlock-journal",
+    ] {
         assert!(!linked.contains(f), "airlock-retryd links {f}");
+    }
+}
+
+#[test]
+fn each_store_is_linked_by_its_owner_only() {
+    let supervisor = closure("airlock-supervisor");
+    assert!(supervisor.contains("airlock-taskdb"), "{supervisor:?}");
+    for f in ["airlock-journal", "airlock-git", "hyper"] {
+        assert!(!supervisor.contains(f), "airlock-supervisor links {f}");
+    }
+    let worker = closure("airlock-worker");
+    assert!(worker.contains("airlock-journal"), "{worker:?}");
+    for f in ["airlock-taskdb", "hyper"] {
+        assert!(!worker.contains(f), "airlock-worker links {f}");
+    }
+    for ctl in ["airlockctl", "airlock-local"] {
+        let linked = closure(ctl);
+        for f in ["airlock-taskdb", "airlock-journal", "airlock-supervisor"] {
+            assert!(!linked.contains(f), "{ctl} links {f}");
+        }
     }
 }

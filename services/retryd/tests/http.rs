@@ -6,7 +6,7 @@
 use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use airlock_proto::canonical::digest_of;
 use airlock_proto::task::{Outcome, RESULT_SCHEMA, TaskResult, TaskState, TaskSubmission};
-use airlock_store::tasks::{Actor, ActorKind, TaskStore};
+use airlock_taskdb::tasks::{Actor, ActorKind, TaskStore};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -262,7 +262,7 @@ fn extension_events(server: &Server, task: &str) -> Vec<Value> {
         .into_iter()
         .filter(|e| {
             e.action == "TASK_RETRY_EXTENSION_AUTHORIZED"
-                && e.outcome == airlock_store::tasks::EventOutcome::Allowed
+                && e.outcome == airlock_taskdb::tasks::EventOutcome::Allowed
         })
         .map(|e| e.payload)
         .collect()

@@ -12,8 +12,8 @@ use airlock_proto::plan::PlanRequest;
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, Decision, TaskResult, TaskState, TaskSubmission, TaskView};
 use airlock_proto::{Code, Error};
-use airlock_store::StoreError;
-use airlock_store::tasks::{Event, QueueSummary, ResultReceipt, Submitted, TaskStore};
+use airlock_taskdb::StoreError;
+use airlock_taskdb::tasks::{Event, QueueSummary, ResultReceipt, Submitted, TaskStore};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -5,7 +5,7 @@
 mod common;
 
 use airlock_proto::Code;
-use airlock_store::tasks::EventOutcome;
+use airlock_taskdb::tasks::EventOutcome;
 use common::*;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -741,7 +741,7 @@ async fn sweeper_requeues_an_expired_lease_and_fences_the_old_holder() {
     assert_eq!(expired.len(), 1);
     assert_eq!(
         expired[0].actor.kind,
-        airlock_store::tasks::ActorKind::System
+        airlock_taskdb::tasks::ActorKind::System
     );
     // The current holder is not disturbed.
     worker_submit(&sup, WORKER_UID, &second, 2, &passed_result(&second)).unwrap();

@@ -9,7 +9,7 @@
 mod common;
 
 use airlock_proto::Code;
-use airlock_store::tasks::EventOutcome;
+use airlock_taskdb::tasks::EventOutcome;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -2,6 +2,7 @@
 
 use crate::bus::{Supervisor, is_transient};
 use airlock_git::{ArchiveLimits, AuthorityRepo, CommitSpec, FileChange, GitError};
+use airlock_journal::checkpoint::{Checkpoint, CheckpointJournal};
 use airlock_proto::bundle::{
     EXEC_REQUEST_SCHEMA, ExecFailure, ExecRequest, ExecResult, request_id_for,
 };
@@ -11,7 +12,6 @@ use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::task::{CommandSummary, Outcome, RESULT_SCHEMA, TaskResult};
 use airlock_proto::{Code, Error};
 use airlock_spool::{Expect, Kind, Spool};
-use airlock_store::checkpoint::{Checkpoint, CheckpointJournal};
 use base64::Engine;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -87,7 +87,7 @@ pub struct Worker {
 
 type Step<T> = Result<T, Error>;
 
-fn refused(e: airlock_store::StoreError) -> Error {
+fn refused(e: airlock_journal::StoreError) -> Error {
     match e.refusal() {
         Some(r) => r.clone(),
         None => Error::with(e.code(), e.to_string()),
@@ -138,7 +138,7 @@ impl Worker {
     /// Runs `f` on the journal.
     pub fn with_journal<T>(
         &self,
-        f: impl FnOnce(&mut CheckpointJournal) -> Result<T, airlock_store::StoreError>,
+        f: impl FnOnce(&mut CheckpointJournal) -> Result<T, airlock_journal::StoreError>,
     ) -> Step<T> {
         let mut j = self
             .journal

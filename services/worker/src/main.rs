@@ -2,10 +2,10 @@
 //! through its checkpointed phases (see the crate docs of `airlock_worker`).
 
 use airlock_config::Config;
+use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_proto::envelope::Envelope;
 use airlock_proto::{Code, Error};
 use airlock_spool::Spool;
-use airlock_store::checkpoint::CheckpointJournal;
 use airlock_worker::attempt::{Grant, Worker, WorkerSettings};
 use airlock_worker::bus::{Supervisor, Wakeup, is_transient};
 use airlock_worker::recover;

@@ -57,11 +57,11 @@
 //! The summary printed at the end is built from the same values the
 //! assertions check, and printed before them.
 
+use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_local::client::{TasksClient, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::bundle::request_id_for;
-use airlock_store::checkpoint::CheckpointJournal;
-use airlock_store::tasks::{EventOutcome, TaskStore};
+use airlock_taskdb::tasks::{EventOutcome, TaskStore};
 use rand::Rng;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};

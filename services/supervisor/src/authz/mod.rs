@@ -24,7 +24,7 @@
 //!   for airlock-retryd's; any other is `PEER_UID_DENIED`. No polkit is
 //!   involved: these are components, not people.
 //! - Every decision goes to the journal; every refusal also goes to the
-//!   task event log ([`airlock_store::tasks::TaskStore::record_denial`]).
+//!   task event log ([`airlock_taskdb::tasks::TaskStore::record_denial`]).
 //!   Allowed mutations are recorded by the store itself, in the same
 //!   transaction as the change.
 
@@ -35,7 +35,7 @@ pub mod testing;
 
 use crate::ops::Store;
 use airlock_proto::{Code, Error};
-use airlock_store::tasks::{Actor, ActorKind};
+use airlock_taskdb::tasks::{Actor, ActorKind};
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -461,7 +461,7 @@ impl Gatekeeper {
 mod tests {
     use super::testing::TestAuthorizer;
     use super::*;
-    use airlock_store::tasks::EventOutcome;
+    use airlock_taskdb::tasks::EventOutcome;
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();

@@ -32,7 +32,7 @@ pub use airlock_proto::bus::{BUS_NAME, DEFAULT_PAGE, OBJECT_PATH};
 /// names; reads, which the store does not log when allowed, have their own
 /// so that a refused read is still on record.
 pub mod event {
-    pub use airlock_store::tasks::action::*;
+    pub use airlock_taskdb::tasks::action::*;
     /// GetTask.
     pub const TASK_READ: &str = "TASK_READ";
     /// ListTasks.

@@ -175,7 +175,7 @@ impl Tasks {
             .list(&auth, state, non_empty(after_task_id), limit)
             .await?;
         let next_after =
-            if tasks.len() as u64 >= u64::from(limit.min(airlock_store::tasks::MAX_PAGE)) {
+            if tasks.len() as u64 >= u64::from(limit.min(airlock_taskdb::tasks::MAX_PAGE)) {
                 tasks.last().map(|t| t.task_id.clone())
             } else {
                 None

@@ -250,8 +250,8 @@ path = "/srv/git/demo.git"
     }
 
     /// Opens the task store directly (a second connection; WAL).
-    pub fn store(&self) -> airlock_store::tasks::TaskStore {
-        airlock_store::tasks::TaskStore::open(&self.db).unwrap()
+    pub fn store(&self) -> airlock_taskdb::tasks::TaskStore {
+        airlock_taskdb::tasks::TaskStore::open(&self.db).unwrap()
     }
 
     pub fn dir(&self) -> &Path {

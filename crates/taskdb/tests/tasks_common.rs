@@ -7,9 +7,9 @@ use airlock_proto::Code;
 use airlock_proto::task::{
     ClaimGrant, CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, TaskSubmission, TaskView,
 };
-use airlock_store::StoreResult;
-use airlock_store::clock::ManualClock;
-use airlock_store::tasks::{Actor, EventOutcome, TaskStore};
+use airlock_taskdb::StoreResult;
+use airlock_taskdb::clock::ManualClock;
+use airlock_taskdb::tasks::{Actor, EventOutcome, TaskStore};
 use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 use serde_json::{Value, json};

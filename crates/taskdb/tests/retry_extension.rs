@@ -8,7 +8,7 @@ mod common;
 use airlock_proto::Code;
 use airlock_proto::retry::RetryExtensionRequest;
 use airlock_proto::task::{Outcome, TaskState};
-use airlock_store::tasks::{
+use airlock_taskdb::tasks::{
     ActorKind, EventOutcome, OWNER_CONTROL_ACTOR, RETRY_EXTENSION_EVENT_SCHEMA, action,
     verification_sha256,
 };
@@ -81,7 +81,7 @@ fn claim_and_lease(fx: &Fixture) -> Lease {
         .unwrap()
 }
 
-fn extension_events(fx: &Fixture) -> Vec<airlock_store::tasks::Event> {
+fn extension_events(fx: &Fixture) -> Vec<airlock_taskdb::tasks::Event> {
     fx.store
         .events(Some("task-a"), 0, 1000)
         .unwrap()

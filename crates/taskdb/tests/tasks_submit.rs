@@ -7,7 +7,7 @@ use airlock_proto::Code;
 use airlock_proto::binding::BranchMode;
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::task::{Outcome, TaskState};
-use airlock_store::tasks::{ActorKind, EventOutcome, TaskStore, action, verification_sha256};
+use airlock_taskdb::tasks::{ActorKind, EventOutcome, TaskStore, action, verification_sha256};
 use common::*;
 use serde_json::json;
 
@@ -481,7 +481,7 @@ fn reopening_keeps_everything_and_passes_the_integrity_check() {
     // A checkpoint journal is not a task store.
     let dir = tempfile::tempdir().unwrap();
     let journal = dir.path().join("j.sqlite3");
-    airlock_store::db::open(&journal, airlock_store::db::Kind::Checkpoints, &[]).unwrap();
+    airlock_sqlite::db::open(&journal, airlock_sqlite::db::Kind::Checkpoints, &[]).unwrap();
     assert_eq!(
         TaskStore::open(&journal).unwrap_err().code(),
         Code::STORE_UNAVAILABLE

@@ -2,10 +2,10 @@
 //! execution gates (CHECKPOINT_DURABLE_WRITE, CHECKPOINT_SCOPE_ISOLATION,
 //! RESUME_FROM_CHECKPOINT) and the refusal codes they pin.
 
+use airlock_journal::StoreError;
+use airlock_journal::checkpoint::{CheckpointJournal, MAX_PAYLOAD_BYTES};
 use airlock_proto::Code;
 use airlock_proto::checkpoint::{CheckpointBinding, Phase};
-use airlock_store::StoreError;
-use airlock_store::checkpoint::{CheckpointJournal, MAX_PAYLOAD_BYTES};
 use rusqlite::Connection;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -706,10 +706,10 @@ fn a_task_store_file_is_not_opened_as_a_journal() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tasks.sqlite3");
     drop(
-        airlock_store::db::open(
+        airlock_sqlite::db::open(
             &path,
-            airlock_store::db::Kind::Tasks,
-            &[airlock_store::db::Migration {
+            airlock_sqlite::db::Kind::Tasks,
+            &[airlock_sqlite::db::Migration {
                 version: 1,
                 sql: "CREATE TABLE t(x);",
             }],

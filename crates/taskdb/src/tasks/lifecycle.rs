@@ -2,7 +2,6 @@
 
 use super::row::{self, TaskRow};
 use super::{Actor, Submitted, TaskStore, action, audit, check_task_id, not_found};
-use crate::error::StoreResult;
 use airlock_proto::binding::Binding;
 use airlock_proto::canonical::{digest_of, to_canonical_string};
 use airlock_proto::limits::MAX_ATTEMPTS_CAP;
@@ -11,6 +10,7 @@ use airlock_proto::task::{
     Decision, TASK_SCHEMA, TaskState, TaskSubmission, TaskView, check_reason,
 };
 use airlock_proto::{Code, Error};
+use airlock_sqlite::error::StoreResult;
 use rusqlite::params;
 use serde_json::{Value, json};
 
@@ -127,7 +127,7 @@ impl TaskStore {
                     now,
                 ],
             )
-            .map_err(|e| crate::StoreError::sqlite("inserting a task", e))?;
+            .map_err(|e| airlock_sqlite::StoreError::sqlite("inserting a task", e))?;
             audit::append_allowed(
                 conn,
                 now,

@@ -18,9 +18,9 @@
 //! The child is this same test binary, re-executed to run the ignored test
 //! [`crash_child_writer`] with [`DB_ENV`] set.
 
+use airlock_journal::checkpoint::{Checkpoint, CheckpointJournal};
 use airlock_proto::canonical::sha256_hex;
 use airlock_proto::checkpoint::{CheckpointBinding, Phase};
-use airlock_store::checkpoint::{Checkpoint, CheckpointJournal};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;

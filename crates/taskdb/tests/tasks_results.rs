@@ -5,7 +5,7 @@ mod common;
 
 use airlock_proto::Code;
 use airlock_proto::task::{CommandSummary, Decision, Outcome, TaskResult, TaskState};
-use airlock_store::tasks::{EventOutcome, action, verification_sha256};
+use airlock_taskdb::tasks::{EventOutcome, action, verification_sha256};
 use common::*;
 use serde_json::json;
 
@@ -15,7 +15,7 @@ fn submit_result(
     key: &str,
     result: &TaskResult,
     auto_accept: bool,
-) -> airlock_store::StoreResult<airlock_store::tasks::ResultReceipt> {
+) -> airlock_taskdb::StoreResult<airlock_taskdb::tasks::ResultReceipt> {
     fx.store.submit_result(
         &grant.task_id,
         grant.lease_epoch,

@@ -1,6 +1,6 @@
 //! The task store's schema, as versioned migrations.
 
-use crate::db::Migration;
+use airlock_sqlite::db::Migration;
 
 /// Every schema step of the task store, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[Migration {

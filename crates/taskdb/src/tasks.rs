@@ -37,7 +37,7 @@
 //! # Example
 //!
 //! ```
-//! use airlock_store::tasks::{Actor, TaskStore};
+//! use airlock_taskdb::tasks::{Actor, TaskStore};
 //! let dir = tempfile::tempdir().unwrap();
 //! let mut store = TaskStore::open(&dir.path().join("tasks.sqlite3")).unwrap();
 //! // Nothing is queued yet, so a worker's claim finds nothing.
@@ -52,12 +52,12 @@ mod retry;
 mod row;
 mod schema;
 
-use crate::clock::{Clock, SystemClock};
-use crate::db::{self, Kind};
-use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_task_id;
 use airlock_proto::canonical::digest_of;
 use airlock_proto::{Code, Error};
+use airlock_sqlite::clock::{Clock, SystemClock};
+use airlock_sqlite::db::{self, Kind};
+use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

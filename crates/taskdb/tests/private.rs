@@ -2,7 +2,7 @@
 //! are the `-wal` and `-shm` files SQLite makes beside it, so no other
 //! uid — airlock-retry included — can open it (docs/privsep.md).
 
-use airlock_store::tasks::TaskStore;
+use airlock_taskdb::tasks::TaskStore;
 use std::os::unix::fs::PermissionsExt;
 
 fn mode(path: &std::path::Path) -> u32 {

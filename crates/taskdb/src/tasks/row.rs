@@ -1,10 +1,10 @@
 //! A task row: reading it, checking it, writing it back under its revision.
 
-use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::Binding;
 use airlock_proto::plan::PlanRecord;
 use airlock_proto::task::{TaskState, TaskView};
 use airlock_proto::{Code, Error};
+use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 

@@ -41,7 +41,7 @@
 //!
 //! ```
 //! use airlock_proto::checkpoint::{CheckpointBinding, Phase};
-//! use airlock_store::checkpoint::CheckpointJournal;
+//! use airlock_journal::checkpoint::CheckpointJournal;
 //! use serde_json::json;
 //!
 //! let dir = tempfile::tempdir()?;
@@ -68,12 +68,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::clock::{Clock, SystemClock};
-use crate::db::{self, Kind, Migration};
-use crate::error::{StoreError, StoreResult};
 use airlock_proto::canonical::{sha256_hex, to_canonical_string};
 use airlock_proto::checkpoint::{CheckpointBinding, Phase};
 use airlock_proto::{Code, Error};
+use airlock_sqlite::clock::{Clock, SystemClock};
+use airlock_sqlite::db::{self, Kind, Migration};
+use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

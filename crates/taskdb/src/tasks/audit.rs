@@ -1,10 +1,10 @@
 //! The append-only event log: writing allowed and denied events, reading them.
 
 use super::{Actor, ActorKind, Event, EventOutcome, MAX_DENIAL_DETAIL_LEN};
-use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_task_id;
 use airlock_proto::canonical::to_canonical_string;
 use airlock_proto::{Code, Error};
+use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 

@@ -6,7 +6,7 @@ mod common;
 use airlock_proto::Code;
 use airlock_proto::canonical::sha256_hex;
 use airlock_proto::task::{Outcome, TaskState};
-use airlock_store::tasks::{ActorKind, EventOutcome, MAX_LEASE_MS, action};
+use airlock_taskdb::tasks::{ActorKind, EventOutcome, MAX_LEASE_MS, action};
 use common::*;
 use serde_json::json;
 

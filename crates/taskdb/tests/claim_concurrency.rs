@@ -11,7 +11,7 @@
 mod common;
 
 use airlock_proto::task::{Outcome, TaskState};
-use airlock_store::tasks::{Actor, EventOutcome, TaskStore, action};
+use airlock_taskdb::tasks::{Actor, EventOutcome, TaskStore, action};
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -4,12 +4,12 @@
 
 use super::row;
 use super::{Actor, TaskStore, action, audit, not_found, verification_sha256};
-use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_task_id;
 use airlock_proto::retry::{
     RetryExtensionOutcome, RetryExtensionRequest, check_configured_authorization_id,
 };
 use airlock_proto::{Code, Error};
+use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::{OptionalExtension, params};
 use serde_json::json;
 

@@ -1,0 +1,15 @@
+//! airlock-sqlite: how every airlock database is opened, and nothing else.
+//!
+//! Two databases exist, each owned by one privilege domain and each in its
+//! own crate: the supervisor's task database (`airlock-taskdb`) and the
+//! worker's checkpoint journal (`airlock-journal`). Both open through
+//! [`db::open`]: created owner-only (0600), WAL mode, `synchronous=FULL`, a
+//! busy timeout, an `application_id` that names the kind of file, and
+//! versioned migrations that refuse a newer schema. They share the error
+//! type ([`StoreError`]) and the clock ([`clock`]).
+
+pub mod clock;
+pub mod db;
+pub mod error;
+
+pub use error::{StoreError, StoreResult};
