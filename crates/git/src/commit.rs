@@ -97,8 +97,11 @@ impl AuthorityRepo {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
+        // In the scratch directory `with_scratch` chose (the worker's
+        // workspace; its lockdown grants no /tmp).
         let index = TempIndex(
-            std::env::temp_dir().join(format!("airlock-index-{}-{nanos}", std::process::id())),
+            self.scratch
+                .join(format!("airlock-index-{}-{nanos}", std::process::id())),
         );
         let index_path = index.0.to_string_lossy().into_owned();
         let env = [("GIT_INDEX_FILE", index_path.as_str())];

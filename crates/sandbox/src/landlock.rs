@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
+    ABI, Access as _, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
@@ -57,10 +57,99 @@ pub fn kernel_abi() -> i32 {
     v.max(0) as i32
 }
 
-/// Builds and enforces the ruleset on the calling thread.
+/// How a path is granted: the rights beneath a directory, or of a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Read files and list directories.
+    Read,
+    /// Read, list and execute.
+    ReadExec,
+    /// Every right of the ABI: create, write, remove, rename, truncate, ...
+    All,
+    /// Read a file (devices).
+    FileRead,
+    /// Read and write a file, no ioctl (devices).
+    FileReadWrite,
+    /// Read and execute a file (one program).
+    FileExec,
+    /// Write and truncate files beneath (the /proc id maps).
+    FileWrite,
+}
+
+impl Access {
+    /// The Landlock rights of this grant under `abi`.
+    pub fn flags(self, abi: ABI) -> BitFlags<AccessFs> {
+        let flags = match self {
+            Access::Read => AccessFs::ReadFile | AccessFs::ReadDir,
+            Access::ReadExec => AccessFs::from_read(abi),
+            Access::All => AccessFs::from_all(abi),
+            Access::FileRead => AccessFs::ReadFile.into(),
+            Access::FileReadWrite => AccessFs::ReadFile | AccessFs::WriteFile,
+            Access::FileExec => AccessFs::ReadFile | AccessFs::Execute,
+            Access::FileWrite => AccessFs::WriteFile | AccessFs::Truncate,
+        };
+        flags & AccessFs::from_all(abi)
+    }
+
+    /// How docs name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::ReadExec => "read + execute",
+            Access::All => "every right",
+            Access::FileRead => "read (file)",
+            Access::FileReadWrite => "read + write (file, no ioctl)",
+            Access::FileExec => "read + execute (file)",
+            Access::FileWrite => "write + truncate",
+        }
+    }
+}
+
+/// One path to grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// The path (a directory grants beneath it).
+    pub path: PathBuf,
+    /// The rights.
+    pub access: Access,
+    /// Refuse when the path is missing (otherwise it is skipped).
+    pub required: bool,
+}
+
+impl Grants {
+    /// The grants as rules, in a fixed order.
+    pub fn rules(&self) -> Vec<Rule> {
+        let sets: [(&[PathBuf], Access, bool); 5] = [
+            (&self.ro, Access::ReadExec, true),
+            (&self.ro_if_present, Access::ReadExec, false),
+            (&self.rw, Access::All, true),
+            (&self.rw_files_if_present, Access::FileReadWrite, false),
+            (&self.ro_files_if_present, Access::FileRead, false),
+        ];
+        sets.into_iter()
+            .flat_map(|(paths, access, required)| {
+                paths.iter().map(move |p| Rule {
+                    path: p.clone(),
+                    access,
+                    required,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Builds and enforces the ruleset on the calling thread (airlock-confine).
 pub fn restrict(grants: &Grants, min_abi: u8) -> Result<LandlockReport> {
+    enforce(&grants.rules(), min_abi, MAX_LANDLOCK_ABI)
+}
+
+/// Builds and enforces a ruleset of `rules` on the calling thread. Every
+/// right of the kernel's ABI (at most `max_abi`, at least `min_abi`) is
+/// handled, so what `rules` do not grant is denied. The one Landlock
+/// routine of airlock: airlock-confine and every daemon's lockdown use it.
+pub fn enforce(rules: &[Rule], min_abi: u8, max_abi: u8) -> Result<LandlockReport> {
     let kernel = kernel_abi();
-    let requested = (kernel.clamp(0, i32::from(MAX_LANDLOCK_ABI)) as u8).max(min_abi);
+    let requested = (kernel.clamp(0, i32::from(max_abi)) as u8).max(min_abi);
     // The crate discourages building an ABI from the running kernel because
     // behaviour then varies between machines. Here that is the requirement:
     // handle every right this kernel knows. The variation is bounded below
@@ -81,25 +170,11 @@ pub fn restrict(grants: &Grants, min_abi: u8) -> Result<LandlockReport> {
         ruleset = ruleset.scope(scopes).map_err(ll)?;
     }
     let mut created = ruleset.create().map_err(ll)?;
-
-    let read = AccessFs::from_read(abi);
-    let all = AccessFs::from_all(abi);
-    let file_rw = AccessFs::ReadFile | AccessFs::WriteFile;
-    let file_ro: BitFlags<AccessFs> = AccessFs::ReadFile.into();
-    let sets: [(&[PathBuf], BitFlags<AccessFs>, bool); 5] = [
-        (&grants.ro, read, true),
-        (&grants.ro_if_present, read, false),
-        (&grants.rw, all, true),
-        (&grants.rw_files_if_present, file_rw, false),
-        (&grants.ro_files_if_present, file_ro, false),
-    ];
-    for (paths, access, required) in sets {
-        for path in paths {
-            let Some(rule) = rule(path, access, abi, required)? else {
-                continue;
-            };
-            created = created.add_rule(rule).map_err(ll)?;
-        }
+    for r in rules {
+        let Some(rule) = rule(&r.path, r.access.flags(abi), abi, r.required)? else {
+            continue;
+        };
+        created = created.add_rule(rule).map_err(ll)?;
     }
     let status = created.restrict_self().map_err(ll)?;
     let status = match status.ruleset {

@@ -30,6 +30,14 @@
 //! enforced refuses to run (`SANDBOX_UNAVAILABLE`) unless the policy allows
 //! a degraded mode, which warns loudly and is recorded in the [`Report`].
 //!
+//! # The daemons' own confinement
+//!
+//! The same steps confine the daemons themselves: [`role`] holds each
+//! daemon's policy as data (Landlock grants and seccomp denials with a
+//! reason each), and [`lockdown::lockdown`] applies one at the top of the
+//! daemon's main, through the same [`landlock::enforce`] and
+//! [`seccomp::install_rules`] as the command sandbox.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -84,12 +92,16 @@ pub mod fds;
 pub mod ids;
 mod init;
 pub mod landlock;
+pub mod lockdown;
 pub mod namespaces;
 pub mod no_new_privs;
 mod policy;
+#[cfg(feature = "lockdown-probe")]
+pub mod probe;
 pub mod reaper;
 mod report;
 pub mod rlimits;
+pub mod role;
 pub mod seccomp;
 pub mod seccomp_policy;
 mod target;

@@ -14,7 +14,7 @@ use seccompiler::{
 };
 
 use crate::error::{Error, Result};
-use crate::seccomp_policy::{Deny, When, active};
+use crate::seccomp_policy::{Deny, Rule, When, active};
 
 fn arch() -> Result<TargetArch> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| Error::Seccomp(e.to_string()))
@@ -72,14 +72,21 @@ fn rules_for(when: When) -> Result<Vec<SeccompRule>> {
 /// Compiles the policy into the BPF programs to install, in order;
 /// `unix_paths` adds the rows that keep pathname UNIX sockets out of reach.
 pub fn compile(unix_paths: bool) -> Result<Vec<BpfProgram>> {
+    compile_rules(&active(unix_paths).collect::<Vec<_>>())
+}
+
+/// Compiles any set of rows of the policy's form (a daemon's role uses a
+/// subset of [`crate::seccomp_policy::RULES`]) into the BPF programs to
+/// install, in order. Calls not listed are allowed.
+pub fn compile_rules(rules: &[&Rule]) -> Result<Vec<BpfProgram>> {
     let mut programs = Vec::new();
     for (deny, errno) in [(Deny::Eperm, libc::EPERM), (Deny::Enosys, libc::ENOSYS)] {
         let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-        for r in active(unix_paths).filter(|r| r.deny == deny) {
+        for r in rules.iter().filter(|r| r.deny == deny) {
             // An empty rule list matches every invocation, so an
             // unconditional row makes argument rows of that call moot.
             let entry = map.entry(r.nr).or_default();
-            if !unconditional(r.nr, unix_paths) {
+            if !rules.iter().any(|o| o.nr == r.nr && o.when == When::Always) {
                 entry.extend(rules_for(r.when)?);
             }
         }
@@ -96,10 +103,6 @@ pub fn compile(unix_paths: bool) -> Result<Vec<BpfProgram>> {
         programs.push(x32_filter());
     }
     Ok(programs)
-}
-
-fn unconditional(nr: libc::c_long, unix_paths: bool) -> bool {
-    active(unix_paths).any(|r| r.nr == nr && r.when == When::Always)
 }
 
 /// Refuses every x32-numbered call with ENOSYS (x86-64 only).
@@ -126,7 +129,13 @@ fn x32_filter() -> BpfProgram {
 /// Installs the filters on the calling thread (no_new_privs must be set).
 /// `unix_paths`: see [`compile`].
 pub fn install(unix_paths: bool) -> Result<()> {
-    for program in compile(unix_paths)? {
+    install_rules(&active(unix_paths).collect::<Vec<_>>())
+}
+
+/// Installs the filters compiled from `rules` on the calling thread
+/// (no_new_privs must be set); threads it starts later inherit them.
+pub fn install_rules(rules: &[&Rule]) -> Result<()> {
+    for program in compile_rules(rules)? {
         seccompiler::apply_filter(&program).map_err(|e| Error::Seccomp(e.to_string()))?;
     }
     Ok(())

@@ -4,13 +4,14 @@
 //! 1. isolation self-check (EXECUTOR_NOT_ISOLATED naming the check);
 //! 2. configuration;
 //! 3. spool, work root and the airlock-confine helper opened and checked;
-//! 4. the executor confines itself with Landlock;
+//! 4. the executor confines itself (`lockdown`: bounding set, no_new_privs,
+//!    rlimits, Landlock, seccomp), before any thread is started;
 //! 5. then, and only then, requests are read.
 
 use airlock_executor::apply::CredentialPolicy;
 use airlock_executor::error::{Error, Result};
 use airlock_executor::extract::ArchiveLimits;
-use airlock_executor::lockdown::{self, Grants};
+use airlock_executor::lockdown::{self, Paths, Slot};
 use airlock_executor::policy::ProgramPolicy;
 use airlock_executor::request::{self, Settings};
 use airlock_executor::result::Answer;
@@ -251,22 +252,16 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     check_helper(&args.common.confine)?;
     let mut settings = settings(&config, &args.common, work_root.clone());
     let mut watcher = spool.watch(&[Kind::Requests])?;
-    // 4. Landlock.
-    let own = lockdown::apply(
-        &Grants {
-            read: vec![
-                spool.dir_path(Kind::Requests),
-                spool.dir_path(Kind::Sources),
-            ],
-            write: vec![
-                spool.dir_path(Kind::Results),
-                spool.dir_path(Kind::Failed),
-                work_root,
-            ],
-            exec_files: vec![args.common.confine.clone()],
-        },
-        config.executor.allow_degraded_landlock,
-    )?;
+    // 4. Confinement: bounding set, no_new_privs, rlimits, Landlock, seccomp.
+    let mut paths = Paths::new()
+        .with(Slot::SpoolRequests, spool.dir_path(Kind::Requests))
+        .with(Slot::SpoolSources, spool.dir_path(Kind::Sources))
+        .with(Slot::SpoolResults, spool.dir_path(Kind::Results))
+        .with(Slot::SpoolFailed, spool.dir_path(Kind::Failed))
+        .with(Slot::WorkRoot, work_root)
+        .with(Slot::Helper, args.common.confine.clone());
+    paths.allow_degraded = config.executor.allow_degraded_landlock;
+    let own = lockdown::apply(&paths)?;
     eprintln!(
         "airlock-executor: serving {} (interfaces: {}; landlock {} ABI {}; worker uid {})",
         root.display(),
@@ -394,14 +389,12 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
-    let own = lockdown::apply(
-        &Grants {
-            read: Vec::new(),
-            write: vec![work_root, out_dir],
-            exec_files: vec![args.common.confine.clone()],
-        },
-        config.executor.allow_degraded_landlock,
-    )?;
+    let mut paths = Paths::new()
+        .with(Slot::WorkRoot, work_root)
+        .with(Slot::OutputDir, out_dir)
+        .with(Slot::Helper, args.common.confine.clone());
+    paths.allow_degraded = config.executor.allow_degraded_landlock;
+    let own = lockdown::apply(&paths)?;
     settings.own = Some(own);
     let answer = request::handle(&settings, None, request_bytes, |_| archive_bytes);
     let bytes = answer.to_bytes()?;

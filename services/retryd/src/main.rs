@@ -12,7 +12,9 @@
 //! (AIRLOCK_RETRY_AUTHORIZATION_ID, else `[retry] authorization_id`) is
 //! valid and the control token file is a regular file of at least 32
 //! characters. It listens on a socket passed by systemd (LISTEN_FDS), else
-//! on `--listen ADDR`, else on `[retry] listen`.
+//! on `--listen ADDR`, else on `[retry] listen`. Once the token and the
+//! socket are open it confines itself (`Role::Retryd` of
+//! airlock_sandbox::role), before its runtime starts any thread.
 
 mod http;
 mod token;
@@ -21,6 +23,8 @@ use airlock_client::Supervisor;
 use airlock_config::Config;
 use airlock_proto::retry::check_configured_authorization_id;
 use airlock_proto::{Code, Error};
+use airlock_sandbox::lockdown::lockdown;
+use airlock_sandbox::role::{Paths, Role};
 use airlock_service::{init_logging, load_config};
 use clap::Parser;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -94,6 +98,16 @@ fn token_path(args: &Args, config: &Config) -> PathBuf {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging();
+    // Everything is opened first, then the process confines itself, and
+    // only then does the runtime start its threads.
+    let opened = match open(&args) {
+        Ok(o) => o,
+        Err(e) => return refuse(&e),
+    };
+    let confined = match confine() {
+        Ok(report) => report,
+        Err(e) => return refuse(&e),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -102,10 +116,42 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return refuse(&Error::with(Code::INTERNAL, e.to_string())),
     };
-    match runtime.block_on(run(args)) {
+    match runtime.block_on(run(args, opened, confined)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => refuse(&e),
     }
+}
+
+/// What retryd opens before it confines itself.
+struct Opened {
+    authorization_id: String,
+    token: token::ControlToken,
+    listener: std::net::TcpListener,
+}
+
+fn open(args: &Args) -> Result<Opened, Error> {
+    let config = load_config(&args.config)?;
+    let configured_id = std::env::var(AUTHORIZATION_ID_ENV)
+        .ok()
+        .or_else(|| config.retry.authorization_id.clone());
+    let authorization_id = check_configured_authorization_id(configured_id.as_deref())?;
+    let token = token::ControlToken::load(&token_path(args, &config))?;
+    let listener = listener(args, &config)?;
+    Ok(Opened {
+        authorization_id,
+        token,
+        listener,
+    })
+}
+
+/// retryd's lockdown (`Role::Retryd` in airlock_sandbox::role): the token
+/// and the listening socket are open; no path of the configuration stays
+/// reachable. The bus is connected after it (Landlock, at the ABI
+/// requested, does not check connect(2) to the bus socket).
+fn confine() -> Result<String, Error> {
+    let report = lockdown(Role::Retryd, &Paths::new())
+        .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
+    Ok(report.to_string())
 }
 
 fn refuse(e: &Error) -> ExitCode {
@@ -114,14 +160,14 @@ fn refuse(e: &Error) -> ExitCode {
     ExitCode::from(e.code.exit_code())
 }
 
-async fn run(args: Args) -> Result<(), Error> {
-    let config = load_config(&args.config)?;
-    let configured_id = std::env::var(AUTHORIZATION_ID_ENV)
-        .ok()
-        .or_else(|| config.retry.authorization_id.clone());
-    let authorization_id = check_configured_authorization_id(configured_id.as_deref())?;
-    let token = token::ControlToken::load(&token_path(&args, &config))?;
-    let listener = listener(&args, &config).await?;
+async fn run(args: Args, opened: Opened, confined: String) -> Result<(), Error> {
+    let Opened {
+        authorization_id,
+        token,
+        listener,
+    } = opened;
+    let listener = TcpListener::from_std(listener)
+        .map_err(|e| Error::with(Code::RUNTIME_UNAVAILABLE, e.to_string()))?;
     // The bus connection comes last: the supervisor may start after us
     // (socket activation); each request reaches it afresh by name.
     let supervisor = Supervisor::connect(args.bus_address.as_deref()).await?;
@@ -134,7 +180,9 @@ async fn run(args: Args) -> Result<(), Error> {
         authorization_id,
         body_timeout: Duration::from_secs(args.body_timeout),
     });
+    // The first line stays the address (what tests and admins look for).
     tracing::info!("airlock-retryd listening on {local}");
+    tracing::info!("{confined}");
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -186,22 +234,24 @@ async fn run(args: Args) -> Result<(), Error> {
     Ok(())
 }
 
-async fn listener(args: &Args, config: &Config) -> Result<TcpListener, Error> {
+/// The listening socket: `--listen ADDR`, else the one systemd passed, else
+/// `[retry] listen`.
+fn listener(args: &Args, config: &Config) -> Result<std::net::TcpListener, Error> {
     let unavailable = |e: std::io::Error| Error::with(Code::RUNTIME_UNAVAILABLE, e.to_string());
-    if let Some(addr) = args.listen {
-        return TcpListener::bind(addr).await.map_err(unavailable);
-    }
-    let mut fds = listenfd::ListenFd::from_env();
-    match fds.take_tcp_listener(0).map_err(unavailable)? {
-        Some(std) => {
-            std.set_nonblocking(true).map_err(unavailable)?;
-            TcpListener::from_std(std).map_err(unavailable)
+    let listener = if let Some(addr) = args.listen {
+        std::net::TcpListener::bind(addr).map_err(unavailable)?
+    } else {
+        let mut fds = listenfd::ListenFd::from_env();
+        match fds.take_tcp_listener(0).map_err(unavailable)? {
+            Some(std) => std,
+            None => std::net::TcpListener::bind(config.retry.listen).map_err(|e| {
+                Error::with(
+                    Code::RUNTIME_UNAVAILABLE,
+                    format!("[retry] listen {}: {e}", config.retry.listen),
+                )
+            })?,
         }
-        None => TcpListener::bind(config.retry.listen).await.map_err(|e| {
-            Error::with(
-                Code::RUNTIME_UNAVAILABLE,
-                format!("[retry] listen {}: {e}", config.retry.listen),
-            )
-        }),
-    }
+    };
+    listener.set_nonblocking(true).map_err(unavailable)?;
+    Ok(listener)
 }

@@ -1,6 +1,8 @@
 //! `airlock-supervisor`: owns `org.airlock.Supervisor1` on the system bus.
 
 use airlock_proto::{Code, Error};
+use airlock_sandbox::lockdown::lockdown;
+use airlock_sandbox::role::{Paths, Role, Slot};
 use airlock_service::{init_logging, load_config, uid_of};
 use airlock_supervisor::authz::local::LocalAuthorizer;
 #[cfg(feature = "test-authorizers")]
@@ -164,6 +166,24 @@ fn fail(e: &Error) -> ExitCode {
     ExitCode::from(e.code.exit_code())
 }
 
+/// The supervisor's lockdown (`Role::Supervisor` in airlock_sandbox::role).
+/// The store is opened, and the bus connected, after it: the database's
+/// directory is granted, and Landlock (at the ABI requested) does not check
+/// connect(2) to the bus socket.
+fn confine(settings: &Settings) -> Result<(), Error> {
+    let dir = match settings.database.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    // The store creates its directory; so must we, to grant it.
+    let _ = std::fs::create_dir_all(&dir);
+    let paths = Paths::new().with(Slot::DatabaseDir, dir);
+    let report = lockdown(Role::Supervisor, &paths)
+        .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
+    tracing::info!("{report}");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging();
@@ -174,6 +194,11 @@ fn main() -> ExitCode {
     if args.check_config {
         println!("{settings:#?}");
         return ExitCode::SUCCESS;
+    }
+    // Confinement, before the runtime starts any thread: bounding set,
+    // no_new_privs, rlimits, Landlock (the database's directory), seccomp.
+    if let Err(e) = confine(&settings) {
+        return fail(&e);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

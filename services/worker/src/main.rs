@@ -103,6 +103,18 @@ fn run(args: Args) -> Result<(), Error> {
     let config =
         Config::load(&args.config).map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))?;
     let settings = settings(&config, args.executor_uid)?;
+    // Open what the worker keeps: its state, the journal, the spool.
+    std::fs::create_dir_all(&settings.envelope_dir)
+        .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, e.to_string()))?;
+    let removed = recover::clean_workspaces(&settings.workspace_root)?;
+    let journal = CheckpointJournal::open(&config.worker.journal)
+        .map_err(|e| Error::with(e.code(), e.to_string()))?;
+    let spool = Spool::open(&config.spool.root).map_err(|e| e.to_proto())?;
+    // Confinement, before the runtime starts any thread.
+    confine(&config, &settings, &spool)?;
+    if removed > 0 {
+        tracing::info!("removed {removed} stale workspaces");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -121,15 +133,6 @@ fn run(args: Args) -> Result<(), Error> {
             stopping.store(true, Ordering::SeqCst);
         });
     }
-    std::fs::create_dir_all(&settings.envelope_dir)
-        .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, e.to_string()))?;
-    let removed = recover::clean_workspaces(&settings.workspace_root)?;
-    if removed > 0 {
-        tracing::info!("removed {removed} stale workspaces");
-    }
-    let journal = CheckpointJournal::open(&config.worker.journal)
-        .map_err(|e| Error::with(e.code(), e.to_string()))?;
-    let spool = Spool::open(&config.spool.root).map_err(|e| e.to_proto())?;
     let bus = Supervisor::connect(rt.handle().clone(), args.bus_address.as_deref())?;
     let worker = Arc::new(Worker::new(
         settings,
@@ -185,6 +188,32 @@ fn run(args: Args) -> Result<(), Error> {
     for t in threads {
         let _ = t.join();
     }
+    Ok(())
+}
+
+/// The worker's lockdown (`Role::Worker` in airlock_sandbox::role): its
+/// journal's directory, workspaces, its side of the spool (and read access
+/// to the executor's), the authority repositories, and git. The bus is
+/// connected after it (Landlock, at the ABI requested, does not check
+/// connect(2) to the bus socket).
+fn confine(config: &Config, settings: &WorkerSettings, spool: &Spool) -> Result<(), Error> {
+    use airlock_sandbox::role::{Paths, Role, Slot};
+    use airlock_spool::Kind;
+    let journal_dir = match config.worker.journal.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let paths = Paths::new()
+        .with(Slot::JournalDir, journal_dir)
+        .with(Slot::WorkspaceRoot, settings.workspace_root.clone())
+        .with(Slot::SpoolRequests, spool.dir_path(Kind::Requests))
+        .with(Slot::SpoolSources, spool.dir_path(Kind::Sources))
+        .with(Slot::SpoolResults, spool.dir_path(Kind::Results))
+        .with(Slot::SpoolFailed, spool.dir_path(Kind::Failed))
+        .with_all(Slot::Repositories, settings.repositories.values().cloned());
+    let report = airlock_sandbox::lockdown::lockdown(Role::Worker, &paths)
+        .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
+    tracing::info!("{report}");
     Ok(())
 }
 

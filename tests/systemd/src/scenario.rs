@@ -1242,6 +1242,10 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
         |_| executor_status(c),
     );
     r.check(
+        "every running daemon confined itself: lockdown logged, NoNewPrivs 1, Seccomp 2",
+        |_| daemons_locked_down(c),
+    );
+    r.check(
         "executor's namespace and user: worker state and secrets unreadable",
         |_| executor_namespace(c),
     );
@@ -1816,6 +1820,51 @@ fn sandbox_probe(c: &Container, host_before: &BTreeMap<String, String>) -> Resul
         want.code,
         audited["id"]
     ))
+}
+
+/// Each running airlock daemon logged its own lockdown (full Landlock) and
+/// its /proc status shows NoNewPrivs 1 and Seccomp 2. A unit that is not
+/// running (retryd waits for its socket) is skipped.
+fn daemons_locked_down(c: &Container) -> Result<String, String> {
+    let mut seen = Vec::new();
+    let mut problems = Vec::new();
+    for unit in [
+        "airlock-supervisor",
+        "airlock-worker",
+        "airlock-executor",
+        "airlock-retryd",
+    ] {
+        let out = c.sh_ok(
+            &format!(
+                "pid=$(systemctl show -p MainPID --value {unit}.service); echo pid=$pid; \
+                 [ \"$pid\" = 0 ] || grep -E '^(NoNewPrivs|Seccomp):' /proc/$pid/status; \
+                 echo logged=$(journalctl -b -u {unit}.service -o cat | grep -c 'lockdown {unit}: .*landlock full')"
+            ),
+            10 * SEC,
+        )?;
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        if field("pid=") == "0" {
+            continue;
+        }
+        let (nnp, seccomp, logged) = (field("NoNewPrivs:"), field("Seccomp:"), field("logged="));
+        if nnp != "1" || seccomp != "2" || logged == "0" || logged.is_empty() {
+            problems.push(format!(
+                "{unit}: NoNewPrivs {nnp}, Seccomp {seccomp}, lockdown lines {logged}"
+            ));
+        } else {
+            seen.push(unit);
+        }
+    }
+    if problems.is_empty() {
+        Ok(format!("{} locked down", seen.join(", ")))
+    } else {
+        Err(problems.join("; "))
+    }
 }
 
 fn executor_status(c: &Container) -> Result<String, String> {

@@ -278,8 +278,69 @@ pub fn live_hardening(unit: &str, status: &str) -> Check {
     )
 }
 
+/// The airlock daemons' program names.
+const DAEMONS: &[&str] = &[
+    "airlock-supervisor",
+    "airlock-worker",
+    "airlock-executor",
+    "airlock-retryd",
+];
+
+/// A daemon's own lockdown, from /proc/<pid>/status: every daemon confines
+/// itself (airlock_sandbox::lockdown), so NoNewPrivs 1 and Seccomp 2 hold
+/// however it was started.
+pub fn lockdown_status(what: &str, status: &str) -> Check {
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let (nnp, seccomp) = (field("NoNewPrivs:"), field("Seccomp:"));
+    let ok = nnp == "1" && seccomp == "2";
+    check(
+        format!("{what} lockdown"),
+        if ok { Status::Pass } else { Status::Fail },
+        format!("NoNewPrivs {nnp}, Seccomp {seccomp}"),
+        (!ok).then_some("an airlock binary that does not confine itself: reinstall the package"),
+    )
+}
+
+/// Airlock daemons running outside their units (by hand, another init):
+/// their own lockdown must hold all the same.
+fn other_daemons(unit_pids: &[String]) -> Vec<Check> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || unit_pids.contains(&pid) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        let name = String::from_utf8_lossy(argv0.rsplit(|b| *b == b'/').next().unwrap_or_default())
+            .into_owned();
+        if !DAEMONS.contains(&name.as_str()) {
+            continue;
+        }
+        if let Ok(status) = std::fs::read_to_string(entry.path().join("status")) {
+            out.push(lockdown_status(
+                &format!("{name} (pid {pid}, not a unit)"),
+                &status,
+            ));
+        }
+    }
+    out
+}
+
 fn units() -> Vec<Check> {
     let mut out = Vec::new();
+    let mut pids = Vec::new();
     for unit in UNITS {
         let shown = Command::new("systemctl")
             .args([
@@ -314,6 +375,7 @@ fn units() -> Vec<Check> {
             ));
             continue;
         }
+        pids.push(pid.clone());
         match std::fs::read_to_string(format!("/proc/{pid}/status")) {
             Ok(status) => out.push(live_hardening(unit, &status)),
             Err(e) => out.push(check(
@@ -324,6 +386,7 @@ fn units() -> Vec<Check> {
             )),
         }
     }
+    out.extend(other_daemons(&pids));
     out
 }
 
@@ -529,6 +592,11 @@ mod tests {
         assert_eq!(live_hardening("u", &caps).status, Status::Fail);
         let no_filter = good.replace("Seccomp:\t2", "Seccomp:\t0");
         assert_eq!(live_hardening("u", &no_filter).status, Status::Fail);
+        // A daemon outside its unit: its own lockdown, capabilities aside.
+        assert_eq!(lockdown_status("d", &caps).status, Status::Pass);
+        assert_eq!(lockdown_status("d", &no_filter).status, Status::Fail);
+        let no_nnp = good.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
+        assert_eq!(lockdown_status("d", &no_nnp).status, Status::Fail);
     }
 
     #[test]

@@ -1,0 +1,194 @@
+//! A daemon confines itself: [`lockdown`] applies a [`Role`]'s policy to
+//! the calling process, once its configuration is read and its resources
+//! are open, before it starts any thread (Landlock and seccomp bind the
+//! calling thread and the threads and children it creates afterwards; a
+//! thread started before would stay unconfined, so that is refused).
+//!
+//! The steps, in order, each failing hard:
+//! 1. one thread (checked);
+//! 2. the capability bounding set emptied, securebits locked (when held);
+//! 3. no_new_privs;
+//! 4. RLIMIT_CORE 0 and the role's limits;
+//! 5. Landlock: the role's grants, every other right of the ABI denied;
+//! 6. seccomp, last: the role's deny-list.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+
+use crate::error::{Error, Result, errno};
+use crate::landlock::{self, Rule};
+use crate::report::LandlockReport;
+use crate::role::{Bounding, Degraded, Limit, Paths, Place, Role, Who};
+use crate::{caps, no_new_privs, seccomp};
+
+/// What [`lockdown`] did, for the daemon's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The role applied.
+    pub role: Role,
+    /// The capability bounding set: "emptied", "not held" or "kept".
+    pub bounding: &'static str,
+    /// Landlock's result.
+    pub landlock: LandlockReport,
+    /// Landlock is not fully enforced (and the role allowed that).
+    pub degraded: bool,
+    /// Number of seccomp rows installed.
+    pub seccomp_rules: usize,
+    /// Anything a reader of the log should know.
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// "full" or "degraded".
+    pub fn status(&self) -> &'static str {
+        if self.degraded { "degraded" } else { "full" }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lockdown {}: bounding set {}, no_new_privs, RLIMIT_CORE 0, landlock {} (kernel ABI {}, requested {}), seccomp {} rules",
+            self.role.program(),
+            self.bounding,
+            self.status(),
+            self.landlock.kernel_abi,
+            self.landlock.requested_abi,
+            self.seccomp_rules
+        )?;
+        for n in &self.notes {
+            write!(f, "; {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Confines the calling process as `role`, with `paths` resolved from the
+/// daemon's configuration. See the module documentation for the order.
+pub fn lockdown(role: Role, paths: &Paths) -> Result<Report> {
+    let policy = role.policy();
+    let mut notes = Vec::new();
+    // 1. One thread: a thread started earlier would escape Landlock.
+    let threads = std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
+    if threads != 1 {
+        return Err(Error::NotSingleThreaded { threads });
+    }
+    let root = nix::unistd::geteuid().is_root();
+    // 2. The capability bounding set.
+    let holds_setpcap = ::caps::has_cap(
+        None,
+        ::caps::CapSet::Effective,
+        ::caps::Capability::CAP_SETPCAP,
+    )
+    .unwrap_or(false);
+    let bounding = match (policy.bounding, holds_setpcap) {
+        (Bounding::Empty, true) => {
+            caps::drop_bounding()?;
+            "emptied"
+        }
+        (Bounding::Empty, false) => "not held",
+        (Bounding::Keep(why), held) => {
+            if held {
+                notes.push(format!("bounding set kept: {why}"));
+            }
+            "kept"
+        }
+    };
+    // 3. execve can never grant privileges again.
+    no_new_privs::set()?;
+    // 4. Resource limits: no core dumps, and the role's.
+    let mut limits = vec![(Resource::RLIMIT_CORE, "RLIMIT_CORE", 0)];
+    for (limit, value, _) in policy.limits {
+        limits.push(match limit {
+            Limit::OpenFiles => (Resource::RLIMIT_NOFILE, limit.name(), *value),
+        });
+    }
+    for (resource, name, value) in limits {
+        set_limit(resource, name, value)?;
+    }
+    // 5. Landlock.
+    let rules = landlock_rules(role, paths, root, &mut notes);
+    let landlock = landlock::enforce(&rules, 1, policy.max_abi.0)?;
+    if let Some(w) = landlock::newer_kernel_warning(&landlock) {
+        notes.push(w);
+    }
+    let degraded = match landlock::degraded_reason(&landlock) {
+        None => false,
+        Some(reason) => {
+            let allowed = match policy.degraded {
+                Degraded::Warn => true,
+                Degraded::RefuseUnlessAllowed => paths.allow_degraded,
+            };
+            if !allowed {
+                return Err(Error::Degraded { reason });
+            }
+            eprintln!(
+                "{}: WARNING: SANDBOX DEGRADED: {reason}; running without Landlock's filesystem confinement",
+                role.program()
+            );
+            notes.push(format!("DEGRADED: {reason}"));
+            true
+        }
+    };
+    // 6. seccomp, last.
+    let seccomp_rules = role.seccomp_rules();
+    seccomp::install_rules(&seccomp_rules)?;
+    #[cfg(feature = "lockdown-probe")]
+    crate::probe::arm(role);
+    Ok(Report {
+        role,
+        bounding,
+        landlock,
+        degraded,
+        seccomp_rules: seccomp_rules.len(),
+        notes,
+    })
+}
+
+/// Lowers `resource` to `value` unless it is already at or below (a unit's
+/// `LimitCORE=0` under a filter that denies setrlimit(2) then suffices).
+fn set_limit(resource: Resource, name: &'static str, value: u64) -> Result<()> {
+    if let Ok((soft, hard)) = getrlimit(resource) {
+        if soft <= value && hard <= value {
+            return Ok(());
+        }
+    }
+    setrlimit(resource, value, value).map_err(|e| Error::Rlimit {
+        resource: name,
+        source: errno(e),
+    })
+}
+
+/// The role's grants resolved against `paths`.
+fn landlock_rules(role: Role, paths: &Paths, root: bool, notes: &mut Vec<String>) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    for g in role.grants() {
+        if g.who == Who::NotRoot && root {
+            continue;
+        }
+        match g.place {
+            Place::Fixed(p) => rules.push(Rule {
+                path: PathBuf::from(p),
+                access: g.access,
+                required: false,
+            }),
+            Place::Config(slot) => {
+                for p in paths.get(slot) {
+                    if !g.required && !p.exists() {
+                        notes.push(format!("{} does not exist: not granted", p.display()));
+                        continue;
+                    }
+                    rules.push(Rule {
+                        path: p.clone(),
+                        access: g.access,
+                        required: true,
+                    });
+                }
+            }
+        }
+    }
+    rules
+}

@@ -1,0 +1,684 @@
+//! Each daemon's confinement policy, as reviewed data: which paths it may
+//! reach and how (Landlock grants), which denials of the command sandbox's
+//! seccomp table it does not need to lift (and why it lifts the others),
+//! what happens to the capability bounding set, which resource limits hold,
+//! and what a kernel without Landlock means for it. [`crate::lockdown`]
+//! applies a role; `docs/privsep.md` shows these tables (generated from
+//! them by [`markdown`] and checked by a test).
+//!
+//! The seccomp policies deny, and allow everything else: the daemons run
+//! tokio, zbus, SQLite and git, whose system calls vary with versions and
+//! paths taken, so a default-deny allowlist would fail in production on a
+//! rarely taken path. The deny-lists close the kernel interfaces a daemon
+//! never needs and an attacker in it would want.
+
+use std::path::PathBuf;
+
+use crate::landlock::Access;
+use crate::seccomp_policy::{RULES, Rule};
+
+/// A daemon, each its own binary and user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// airlock-supervisor: the task database and the D-Bus service.
+    Supervisor,
+    /// airlock-worker: the journal, the authority repositories, git.
+    Worker,
+    /// airlock-executor: the spool's answers and airlock-confine.
+    Executor,
+    /// airlock-retryd: its passed socket and the bus.
+    Retryd,
+}
+
+/// A path the daemon resolves from its configuration and hands to
+/// [`crate::lockdown::lockdown`] in [`Paths`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// The directory of the task database (`supervisor.database`).
+    DatabaseDir,
+    /// The directory of the worker's checkpoint journal (`worker.journal`).
+    JournalDir,
+    /// `worker.workspace_root`.
+    WorkspaceRoot,
+    /// Every `[[repository]] path`.
+    Repositories,
+    /// The spool's `requests/`.
+    SpoolRequests,
+    /// The spool's `sources/`.
+    SpoolSources,
+    /// The spool's `results/`.
+    SpoolResults,
+    /// The spool's `failed/`.
+    SpoolFailed,
+    /// The executor's `--work` root.
+    WorkRoot,
+    /// The directory of the executor's `run-once --out`.
+    OutputDir,
+    /// The airlock-confine program.
+    Helper,
+}
+
+impl Slot {
+    fn describe(self) -> &'static str {
+        match self {
+            Slot::DatabaseDir => "directory of `supervisor.database`",
+            Slot::JournalDir => "directory of `worker.journal`",
+            Slot::WorkspaceRoot => "`worker.workspace_root`",
+            Slot::Repositories => "each `[[repository]] path`",
+            Slot::SpoolRequests => "spool `requests/`",
+            Slot::SpoolSources => "spool `sources/`",
+            Slot::SpoolResults => "spool `results/`",
+            Slot::SpoolFailed => "spool `failed/`",
+            Slot::WorkRoot => "`--work` root",
+            Slot::OutputDir => "directory of `run-once --out`",
+            Slot::Helper => "airlock-confine (`--confine`)",
+        }
+    }
+}
+
+/// Where a grant points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// A fixed system path, skipped when it does not exist.
+    Fixed(&'static str),
+    /// Paths from the configuration, each of which must exist (unless the
+    /// row says `required: false`). A slot the daemon does not fill grants
+    /// nothing.
+    Config(Slot),
+}
+
+/// Who the grant is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Who {
+    /// Always.
+    Any,
+    /// Only when the daemon does not run as root.
+    NotRoot,
+}
+
+/// One Landlock grant, with its reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The path.
+    pub place: Place,
+    /// The rights.
+    pub access: Access,
+    /// When the grant applies.
+    pub who: Who,
+    /// Refuse to start when a configured path is missing.
+    pub required: bool,
+    /// Why (one line).
+    pub reason: &'static str,
+}
+
+const fn fixed(path: &'static str, access: Access, reason: &'static str) -> Grant {
+    Grant {
+        place: Place::Fixed(path),
+        access,
+        who: Who::Any,
+        required: false,
+        reason,
+    }
+}
+
+const fn config(slot: Slot, access: Access, reason: &'static str) -> Grant {
+    Grant {
+        place: Place::Config(slot),
+        access,
+        who: Who::Any,
+        required: true,
+        reason,
+    }
+}
+
+/// What happens to the capability bounding set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bounding {
+    /// Emptied (and securebits locked) when the daemon holds CAP_SETPCAP,
+    /// i.e. runs as root; otherwise it holds no capability to give up and
+    /// its bounding set is its parent's (systemd's `CapabilityBoundingSet=`
+    /// empties it in the units).
+    Empty,
+    /// Kept, for this reason.
+    Keep(&'static str),
+}
+
+/// What a kernel that cannot enforce the whole Landlock ruleset means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Degraded {
+    /// Start anyway with a loud warning (recorded in the report).
+    Warn,
+    /// Refuse to start unless the configuration allows it.
+    RefuseUnlessAllowed,
+}
+
+/// A seccomp row of the sandbox's table that the role lifts, with why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifted {
+    /// The system call's name as in [`RULES`].
+    pub name: &'static str,
+    /// Why the daemon needs it.
+    pub reason: &'static str,
+}
+
+/// A role's whole policy.
+#[derive(Clone, Copy, Debug)]
+pub struct RolePolicy {
+    /// Landlock grants, in groups.
+    pub grants: &'static [&'static [Grant]],
+    /// Rows of [`RULES`] this role does not deny.
+    pub lifted: &'static [Lifted],
+    /// The bounding set.
+    pub bounding: Bounding,
+    /// Resource limits beyond RLIMIT_CORE = 0 (which every role gets):
+    /// (name, value, reason).
+    pub limits: &'static [(Limit, u64, &'static str)],
+    /// Without full Landlock.
+    pub degraded: Degraded,
+    /// Highest Landlock ABI to request, and why.
+    pub max_abi: (u8, &'static str),
+}
+
+/// A resource limit a role sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// RLIMIT_NOFILE.
+    OpenFiles,
+}
+
+impl Limit {
+    /// Its C name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::OpenFiles => "RLIMIT_NOFILE",
+        }
+    }
+}
+
+/// Resolved configuration paths for a role's [`Place::Config`] grants.
+#[derive(Clone, Debug, Default)]
+pub struct Paths {
+    entries: Vec<(Slot, PathBuf)>,
+    /// The configuration allows running with degraded Landlock (only
+    /// consulted by roles with [`Degraded::RefuseUnlessAllowed`]).
+    pub allow_degraded: bool,
+}
+
+impl Paths {
+    /// No paths.
+    pub fn new() -> Paths {
+        Paths::default()
+    }
+
+    /// Adds `path` for `slot`.
+    pub fn with(mut self, slot: Slot, path: impl Into<PathBuf>) -> Paths {
+        self.entries.push((slot, path.into()));
+        self
+    }
+
+    /// Adds every path of `paths` for `slot`.
+    pub fn with_all<P: Into<PathBuf>>(
+        mut self,
+        slot: Slot,
+        paths: impl IntoIterator<Item = P>,
+    ) -> Paths {
+        self.entries
+            .extend(paths.into_iter().map(|p| (slot, p.into())));
+        self
+    }
+
+    /// The paths given for `slot`.
+    pub fn get(&self, slot: Slot) -> impl Iterator<Item = &PathBuf> {
+        self.entries
+            .iter()
+            .filter(move |(s, _)| *s == slot)
+            .map(|(_, p)| p)
+    }
+}
+
+// --- shared groups of grants ------------------------------------------------
+
+/// Libraries, read only: the daemons load NSS modules and other shared
+/// objects after start (mmap of a library needs read, not execute).
+const LIBS_READ: &[Grant] = &[
+    fixed(
+        "/usr",
+        Access::Read,
+        "shared libraries and NSS modules loaded after start",
+    ),
+    fixed("/lib", Access::Read, "shared libraries (non-merged /usr)"),
+    fixed("/lib64", Access::Read, "the dynamic linker's directory"),
+];
+
+/// Programs and libraries, read + execute.
+const SYSTEM_EXEC: &[Grant] = &[
+    fixed(
+        "/usr",
+        Access::ReadExec,
+        "programs and libraries the daemon's children execute",
+    ),
+    fixed("/bin", Access::ReadExec, "programs (non-merged /usr)"),
+    fixed("/sbin", Access::ReadExec, "programs (non-merged /usr)"),
+    fixed("/lib", Access::ReadExec, "libraries (non-merged /usr)"),
+    fixed("/lib32", Access::ReadExec, "libraries of other ABIs"),
+    fixed("/lib64", Access::ReadExec, "the dynamic linker"),
+    fixed("/libx32", Access::ReadExec, "libraries of other ABIs"),
+];
+
+/// The few files of /etc a daemon reads after start. /etc as a whole (with
+/// /etc/shadow, the retry token, TLS keys) stays out of reach, even for uid 0.
+const ETC_READ: &[Grant] = &[
+    fixed(
+        "/etc/passwd",
+        Access::FileRead,
+        "user and group lookups (NSS)",
+    ),
+    fixed(
+        "/etc/group",
+        Access::FileRead,
+        "user and group lookups (NSS)",
+    ),
+    fixed("/etc/nsswitch.conf", Access::FileRead, "NSS configuration"),
+    fixed(
+        "/etc/ld.so.cache",
+        Access::FileRead,
+        "finding NSS modules to load",
+    ),
+    fixed("/etc/localtime", Access::FileRead, "local time in logs"),
+    fixed(
+        "/etc/machine-id",
+        Access::FileRead,
+        "D-Bus Peer.GetMachineId",
+    ),
+];
+
+/// Device files.
+const DEVICES: &[Grant] = &[
+    fixed(
+        "/dev/null",
+        Access::FileReadWrite,
+        "children's standard streams; git's empty global config",
+    ),
+    fixed(
+        "/dev/urandom",
+        Access::FileRead,
+        "randomness where getrandom(2) is not used",
+    ),
+];
+
+/// A command's devices (the executor's commands inherit its domain).
+const COMMAND_DEVICES: &[Grant] = &[
+    fixed(
+        "/dev/zero",
+        Access::FileReadWrite,
+        "commands' standard devices",
+    ),
+    fixed(
+        "/dev/full",
+        Access::FileReadWrite,
+        "commands' standard devices",
+    ),
+    fixed("/dev/random", Access::FileRead, "commands' randomness"),
+];
+
+/// Landlock from ABI 9 checks connect(2) to pathname UNIX sockets; the
+/// daemons reach the bus and systemd's notify socket after lockdown.
+const DAEMON_MAX_ABI: (u8, &str) = (
+    8,
+    "ABI 9 would check connect(2) to the bus and notify sockets, whose paths are not granted yet",
+);
+
+// --- the roles --------------------------------------------------------------
+
+const SUPERVISOR: RolePolicy = RolePolicy {
+    grants: &[
+        LIBS_READ,
+        ETC_READ,
+        DEVICES,
+        &[config(
+            Slot::DatabaseDir,
+            Access::All,
+            "the task database and the WAL, shared-memory and journal files SQLite creates beside it",
+        )],
+    ],
+    lifted: &[],
+    bounding: Bounding::Empty,
+    limits: &[],
+    degraded: Degraded::Warn,
+    max_abi: DAEMON_MAX_ABI,
+};
+
+const WORKER: RolePolicy = RolePolicy {
+    grants: &[
+        SYSTEM_EXEC,
+        ETC_READ,
+        DEVICES,
+        &[
+            config(
+                Slot::JournalDir,
+                Access::All,
+                "the checkpoint journal (with its WAL and shared memory) and envelopes/ beside it",
+            ),
+            config(
+                Slot::WorkspaceRoot,
+                Access::All,
+                "per-attempt scratch directories: git's temporary index, the archive",
+            ),
+            config(
+                Slot::SpoolRequests,
+                Access::All,
+                "publishes requests (write, fsync, rename) and removes its old ones",
+            ),
+            config(
+                Slot::SpoolSources,
+                Access::All,
+                "publishes source archives and removes its old ones",
+            ),
+            config(
+                Slot::SpoolResults,
+                Access::Read,
+                "reads the executor's results",
+            ),
+            config(
+                Slot::SpoolFailed,
+                Access::Read,
+                "reads the executor's failures",
+            ),
+            Grant {
+                required: false,
+                ..config(
+                    Slot::Repositories,
+                    Access::All,
+                    "git writes objects and agent/* refs of the authority repositories (a missing one is skipped and its tasks fail)",
+                )
+            },
+        ],
+    ],
+    lifted: &[],
+    bounding: Bounding::Empty,
+    limits: &[],
+    degraded: Degraded::Warn,
+    max_abi: DAEMON_MAX_ABI,
+};
+
+const EXECUTOR: RolePolicy = RolePolicy {
+    grants: &[
+        SYSTEM_EXEC,
+        &[
+            fixed(
+                "/etc",
+                Access::ReadExec,
+                "commands' configuration; airlock-confine narrows it to a few files per command",
+            ),
+            fixed(
+                "/proc",
+                Access::Read,
+                "airlock-confine's reaper finds survivors in /proc",
+            ),
+            Grant {
+                who: Who::NotRoot,
+                ..fixed(
+                    "/proc",
+                    Access::FileWrite,
+                    "an unprivileged airlock-confine writes its user namespace's id maps",
+                )
+            },
+        ],
+        DEVICES,
+        COMMAND_DEVICES,
+        &[
+            config(
+                Slot::SpoolRequests,
+                Access::Read,
+                "reads the worker's requests",
+            ),
+            config(
+                Slot::SpoolSources,
+                Access::Read,
+                "reads the worker's source archives",
+            ),
+            config(
+                Slot::SpoolResults,
+                Access::All,
+                "publishes results and removes its old ones",
+            ),
+            config(
+                Slot::SpoolFailed,
+                Access::All,
+                "publishes failures and removes its old ones",
+            ),
+            config(
+                Slot::WorkRoot,
+                Access::All,
+                "per-request workspaces and each command's private TMPDIR",
+            ),
+            config(
+                Slot::OutputDir,
+                Access::All,
+                "run-once writes its answer there",
+            ),
+            config(
+                Slot::Helper,
+                Access::FileExec,
+                "the only program the executor starts",
+            ),
+        ],
+    ],
+    lifted: &[Lifted {
+        name: "unshare",
+        reason: "airlock-confine, the executor's child, gives each command its own namespaces",
+    }],
+    bounding: Bounding::Keep(
+        "run as root, the executor hands airlock-confine the capabilities it needs to switch ids and build namespaces; the command's process empties every set",
+    ),
+    limits: &[],
+    degraded: Degraded::RefuseUnlessAllowed,
+    max_abi: (
+        crate::policy::MAX_LANDLOCK_ABI,
+        "the executor makes no connection after lockdown; its commands get the kernel's whole ABI",
+    ),
+};
+
+const RETRYD: RolePolicy = RolePolicy {
+    // retryd holds no database: it asks the supervisor over the bus.
+    grants: &[LIBS_READ, ETC_READ, DEVICES],
+    lifted: &[],
+    bounding: Bounding::Empty,
+    limits: &[(
+        Limit::OpenFiles,
+        4096,
+        "256 connections at a time; a descriptor leak stops at this bound",
+    )],
+    degraded: Degraded::Warn,
+    max_abi: DAEMON_MAX_ABI,
+};
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 4] = [Role::Supervisor, Role::Worker, Role::Executor, Role::Retryd];
+
+    /// The daemon's program name.
+    pub fn program(self) -> &'static str {
+        match self {
+            Role::Supervisor => "airlock-supervisor",
+            Role::Worker => "airlock-worker",
+            Role::Executor => "airlock-executor",
+            Role::Retryd => "airlock-retryd",
+        }
+    }
+
+    /// The role's policy.
+    pub fn policy(self) -> &'static RolePolicy {
+        match self {
+            Role::Supervisor => &SUPERVISOR,
+            Role::Worker => &WORKER,
+            Role::Executor => &EXECUTOR,
+            Role::Retryd => &RETRYD,
+        }
+    }
+
+    /// Every Landlock grant, in order.
+    pub fn grants(self) -> impl Iterator<Item = &'static Grant> {
+        self.policy().grants.iter().flat_map(|g| g.iter())
+    }
+
+    /// The seccomp rows in force: the sandbox's [`RULES`] minus the lifted.
+    pub fn seccomp_rules(self) -> Vec<&'static Rule> {
+        let lifted = self.policy().lifted;
+        RULES
+            .iter()
+            .filter(|r| !lifted.iter().any(|l| l.name == r.name))
+            .collect()
+    }
+}
+
+/// The roles' policies as the Markdown section of `docs/privsep.md`
+/// between the `role-policy` markers.
+pub fn markdown() -> String {
+    let mut out = String::new();
+    for role in Role::ALL {
+        let p = role.policy();
+        out.push_str(&format!("### {}\n\n", role.program()));
+        out.push_str("| Landlock grant | access | why |\n|---|---|---|\n");
+        for g in role.grants() {
+            let place = match g.place {
+                Place::Fixed(path) => format!("`{path}`"),
+                Place::Config(slot) => slot.describe().to_owned(),
+            };
+            let who = match g.who {
+                Who::Any => "",
+                Who::NotRoot => " (not root)",
+            };
+            out.push_str(&format!(
+                "| {place}{who} | {} | {} |\n",
+                g.access.describe(),
+                g.reason
+            ));
+        }
+        out.push('\n');
+        let denied: Vec<&str> = role.seccomp_rules().iter().map(|r| r.name).collect();
+        let mut names = denied.clone();
+        names.dedup();
+        out.push_str(&format!(
+            "seccomp denies (rows of the command sandbox's table, with their reasons): {}.\n",
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        for l in p.lifted {
+            out.push_str(&format!("Lifted: `{}` — {}.\n", l.name, l.reason));
+        }
+        out.push_str(&match p.bounding {
+            Bounding::Empty => "Capability bounding set: emptied when held (root).\n".to_owned(),
+            Bounding::Keep(why) => format!("Capability bounding set: kept — {why}.\n"),
+        });
+        out.push_str("Resource limits: RLIMIT_CORE 0");
+        for (limit, value, why) in p.limits {
+            out.push_str(&format!("; {} {value} ({why})", limit.name()));
+        }
+        out.push_str(".\n");
+        out.push_str(&format!(
+            "Landlock ABI at most {} ({}); without full Landlock: {}.\n\n",
+            p.max_abi.0,
+            p.max_abi.1,
+            match p.degraded {
+                Degraded::Warn => "starts with a loud warning",
+                Degraded::RefuseUnlessAllowed =>
+                    "refuses to start unless `executor.allow_degraded_landlock`",
+            }
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_grant_and_lift_has_a_reason() {
+        for role in Role::ALL {
+            for g in role.grants() {
+                assert!(g.reason.len() > 10, "{role:?} {:?}", g.place);
+                assert!(!g.reason.contains('\n') && !g.reason.contains('|'));
+            }
+            for l in role.policy().lifted {
+                assert!(l.reason.len() > 10, "{role:?} {}", l.name);
+                assert!(RULES.iter().any(|r| r.name == l.name), "{} unknown", l.name);
+            }
+        }
+    }
+
+    #[test]
+    fn every_role_denies_what_no_daemon_needs() {
+        for role in Role::ALL {
+            let rules = role.seccomp_rules();
+            for name in [
+                "ptrace",
+                "process_vm_readv",
+                "process_vm_writev",
+                "pidfd_getfd",
+                "mount",
+                "umount2",
+                "pivot_root",
+                "chroot",
+                "fsopen",
+                "move_mount",
+                "open_tree",
+                "open_by_handle_at",
+                "setns",
+                "clone",
+                "clone3",
+                "keyctl",
+                "add_key",
+                "request_key",
+                "bpf",
+                "perf_event_open",
+                "io_uring_setup",
+                "io_uring_enter",
+                "io_uring_register",
+                "userfaultfd",
+                "kexec_load",
+                "kexec_file_load",
+                "init_module",
+                "finit_module",
+                "delete_module",
+                "socket",
+                "ioctl",
+            ] {
+                assert!(
+                    rules.iter().any(|r| r.name == name),
+                    "{role:?} lacks {name}"
+                );
+            }
+            let unshare = rules.iter().any(|r| r.name == "unshare");
+            assert_eq!(unshare, role != Role::Executor, "{role:?}");
+        }
+    }
+
+    #[test]
+    fn role_filters_compile() {
+        for role in Role::ALL {
+            let programs = crate::seccomp::compile_rules(&role.seccomp_rules()).unwrap();
+            assert!(programs.iter().all(|p| !p.is_empty() && p.len() < 4096));
+        }
+    }
+
+    #[test]
+    fn only_the_executor_may_exec_or_reach_etc_whole() {
+        for role in Role::ALL {
+            let exec = role
+                .grants()
+                .any(|g| matches!(g.access, Access::ReadExec | Access::FileExec));
+            assert_eq!(
+                exec,
+                matches!(role, Role::Executor | Role::Worker),
+                "{role:?}"
+            );
+            let etc = role.grants().any(|g| g.place == Place::Fixed("/etc"));
+            assert_eq!(etc, role == Role::Executor, "{role:?}");
+        }
+    }
+}
