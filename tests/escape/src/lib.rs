@@ -283,7 +283,12 @@ pub struct Bins {
 
 impl Bins {
     /// The binaries beside this test binary's profile (`target/<profile>`),
-    /// built with cargo first when run under cargo (a no-op when fresh).
+    /// built with cargo only when they are missing. Never rebuilt when
+    /// present: a rebuild with this package's feature set would replace
+    /// the binaries other tests are running at that moment (a running
+    /// executor's Landlock grant names the old airlock-confine inode, so it
+    /// could no longer start its helper). `./scripts/test` builds them all
+    /// first.
     pub fn locate() -> Res<Bins> {
         let exe = std::env::current_exe().map_err(io("current_exe"))?;
         // target/<profile>/deps/<test>-<hash>
@@ -296,7 +301,9 @@ impl Bins {
             executor: profile.join("airlock-executor"),
             confine: profile.join("airlock-confine"),
         };
-        if let (Ok(cargo), Some(target)) = (std::env::var("CARGO"), profile.parent()) {
+        let missing = !bins.executor.exists() || !bins.confine.exists();
+        if let (true, Ok(cargo), Some(target)) = (missing, std::env::var("CARGO"), profile.parent())
+        {
             let mut build = Command::new(cargo);
             build
                 .args([
