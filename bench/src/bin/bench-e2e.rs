@@ -6,8 +6,9 @@
 //! to the raw write+fsync rate of the same disk measured in the same run.
 //! Prints figures; asserts nothing.
 
-use airlock_local::client::{TasksClient, task_on_demo};
+use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
+use airlock_proto::task::TaskState;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ fn git(repo: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-fn task(id: &str, base: &str) -> String {
+fn task(id: &str, base: &str) -> serde_json::Value {
     task_on_demo(
         id,
         base,
@@ -32,12 +33,11 @@ fn task(id: &str, base: &str) -> String {
         json!({"operation": "write_file", "path": "bench.txt", "content": format!("{id}\n")}),
         json!([{"label": "true", "argv": ["/bin/true"], "timeout_seconds": 30}]),
     )
-    .to_string()
 }
 
 /// Runs `n` tasks keeping `inflight` outstanding; returns (elapsed, latencies).
 fn drive(suite: &Suite, prefix: &str, n: usize, inflight: usize) -> (Duration, Vec<Duration>) {
-    let client = TasksClient::connect(suite.bus.address()).expect("bus");
+    let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
     let base = git(
         &suite.layout.repos().join("demo.git"),
         &["rev-parse", "refs/heads/main"],
@@ -49,19 +49,17 @@ fn drive(suite: &Suite, prefix: &str, n: usize, inflight: usize) -> (Duration, V
     while latencies.len() < n {
         while pending.len() < inflight && next < n {
             let id = format!("{prefix}-{next:04}");
-            client
-                .call("SubmitTask", &task(&id, &base))
-                .expect("SubmitTask");
+            client.submit_task(&task(&id, &base)).expect("SubmitTask");
             pending.push((id, Instant::now()));
             next += 1;
         }
         let mut still = Vec::new();
         for (id, at) in pending {
-            let v = client.call("GetTask", &id).expect("GetTask");
-            match v["state"].as_str() {
-                Some("SUCCEEDED") => latencies.push(at.elapsed()),
-                Some("FAILED") | Some("CANCELLED") => {
-                    panic!("{id} ended {}: {}", v["state"], v["result"])
+            let v = client.get_task(&id).expect("GetTask");
+            match v.state {
+                TaskState::Succeeded => latencies.push(at.elapsed()),
+                TaskState::Failed | TaskState::Cancelled => {
+                    panic!("{id} ended {}: {:?}", v.state.as_str(), v.result)
                 }
                 _ => still.push((id, at)),
             }

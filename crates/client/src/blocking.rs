@@ -6,6 +6,7 @@ use airlock_proto::Error;
 use airlock_proto::bus::{EventPage, LeaseRef, ResultReceipt, SubmitReply, TaskPage};
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, TaskResult, TaskView};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::{Handle, Runtime};
 
@@ -15,10 +16,10 @@ enum Rt {
     Lent(Handle),
 }
 
-/// A blocking connection to the supervisor.
-#[derive(Debug)]
+/// A blocking connection to the supervisor. Clones share the connection.
+#[derive(Debug, Clone)]
 pub struct Supervisor {
-    rt: Rt,
+    rt: Arc<Rt>,
     inner: Async,
 }
 
@@ -31,7 +32,7 @@ impl Supervisor {
             .map_err(|e| Error::with(airlock_proto::Code::INTERNAL, e.to_string()))?;
         let inner = rt.block_on(Async::connect(address))?;
         Ok(Supervisor {
-            rt: Rt::Owned(rt),
+            rt: Arc::new(Rt::Owned(rt)),
             inner,
         })
     }
@@ -41,7 +42,7 @@ impl Supervisor {
     pub fn connect_on(handle: Handle, address: Option<&str>) -> Result<Supervisor, Error> {
         let inner = handle.block_on(Async::connect(address))?;
         Ok(Supervisor {
-            rt: Rt::Lent(handle),
+            rt: Arc::new(Rt::Lent(handle)),
             inner,
         })
     }
@@ -59,7 +60,7 @@ impl Supervisor {
 
     /// Runs `f` to completion.
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        match &self.rt {
+        match &*self.rt {
             Rt::Owned(rt) => rt.block_on(f),
             Rt::Lent(h) => h.block_on(f),
         }
@@ -67,7 +68,7 @@ impl Supervisor {
 
     /// The runtime handle, to spawn signal followers on.
     pub fn handle(&self) -> Handle {
-        match &self.rt {
+        match &*self.rt {
             Rt::Owned(rt) => rt.handle().clone(),
             Rt::Lent(h) => h.clone(),
         }

@@ -1,20 +1,13 @@
-//! The supervisor, seen from the CLI: one system-bus connection, calls that
-//! carry ALLOW_INTERACTIVE_AUTHORIZATION when a human can answer, and
-//! D-Bus errors mapped back to the error catalogue.
+//! The supervisor, seen from the CLI: the shared client (`airlock-client`)
+//! on the system bus, calls that carry ALLOW_INTERACTIVE_AUTHORIZATION when
+//! a human can answer, and refusals mapped to the CLI's exit codes.
 
+pub use airlock_proto::bus::BUS_NAME;
 use airlock_proto::{Class, Code};
 use serde_json::Value;
 use std::fmt;
 use std::io::IsTerminal;
-use zbus::proxy::{CacheProperties, MethodFlags};
-use zbus::zvariant::{DynamicDeserialize, DynamicType, OwnedValue};
-
-/// The supervisor's bus name.
-pub const BUS_NAME: &str = "org.airlock.Supervisor1";
-/// Its object.
-pub const OBJECT_PATH: &str = "/org/airlock/Supervisor1";
-/// The task interface.
-pub const TASKS_INTERFACE: &str = "org.airlock.Tasks1";
+use zbus::zvariant::OwnedValue;
 
 /// Why a command failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,71 +126,60 @@ pub fn wants_interaction(no_ask_password: bool) -> bool {
     !no_ask_password && std::io::stdin().is_terminal()
 }
 
+impl From<airlock_proto::Error> for CtlError {
+    fn from(e: airlock_proto::Error) -> Self {
+        CtlError {
+            code: Some(e.code),
+            dbus_error: Some(e.code.dbus_error_name()),
+            message: e
+                .detail
+                .clone()
+                .unwrap_or_else(|| e.code.as_str().to_owned()),
+            exit_code: e.code.exit_code(),
+        }
+    }
+}
+
+/// A reply, as the CLI prints it (`--json`) and renders it.
+pub fn shown<T: serde::Serialize>(reply: &T) -> Value {
+    serde_json::to_value(reply).unwrap_or(Value::Null)
+}
+
 /// A connection to the supervisor.
 #[derive(Debug, Clone)]
 pub struct Client {
-    conn: zbus::Connection,
-    tasks: zbus::Proxy<'static>,
-    interactive: bool,
+    sup: airlock_client::Supervisor,
 }
 
 impl Client {
     /// Connects to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` if set).
     pub async fn connect(interactive: bool) -> Result<Client, CtlError> {
-        let conn = zbus::Connection::system().await?;
-        let tasks = zbus::proxy::Builder::new(&conn)
-            .destination(BUS_NAME)?
-            .path(OBJECT_PATH)?
-            .interface(TASKS_INTERFACE)?
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await?;
-        Ok(Client {
-            conn,
-            tasks,
-            interactive,
-        })
+        // A human answering polkit's password prompt needs more time than
+        // the default bound on a call.
+        let sup = airlock_client::Supervisor::connect(None)
+            .await?
+            .interactive(interactive)
+            .with_timeout(std::time::Duration::from_secs(if interactive {
+                300
+            } else {
+                30
+            }));
+        Ok(Client { sup })
+    }
+
+    /// The typed client: every method of the bus contract.
+    pub fn sup(&self) -> &airlock_client::Supervisor {
+        &self.sup
     }
 
     /// The connection, for signal subscriptions.
     pub fn connection(&self) -> &zbus::Connection {
-        &self.conn
+        self.sup.connection()
     }
 
     /// Whether calls allow interactive authorisation.
     pub fn interactive(&self) -> bool {
-        self.interactive
-    }
-
-    /// Calls a Tasks1 method.
-    pub async fn call<B, R>(&self, method: &str, body: &B) -> Result<R, CtlError>
-    where
-        B: serde::Serialize + DynamicType,
-        R: for<'d> DynamicDeserialize<'d>,
-    {
-        let flags = if self.interactive {
-            MethodFlags::AllowInteractiveAuth.into()
-        } else {
-            Default::default()
-        };
-        self.tasks
-            .call_with_flags::<_, B, R>(method, flags, body)
-            .await?
-            .ok_or_else(|| CtlError::generic(format!("{method} returned no reply")))
-    }
-
-    /// Calls a Tasks1 method that returns a JSON string.
-    pub async fn call_json<B>(&self, method: &str, body: &B) -> Result<Value, CtlError>
-    where
-        B: serde::Serialize + DynamicType,
-    {
-        let text: String = self.call(method, body).await?;
-        serde_json::from_str(&text).map_err(|e| {
-            CtlError::local(
-                Code::MESSAGE_INVALID,
-                format!("the supervisor's {method} reply is not JSON: {e}"),
-            )
-        })
+        self.sup.is_interactive()
     }
 
     /// Reads a Tasks1 property.
@@ -206,20 +188,12 @@ impl Client {
         T: TryFrom<OwnedValue>,
         T::Error: Into<zbus::Error>,
     {
-        Ok(self.tasks.get_property::<T>(name).await?)
+        Ok(self.sup.property::<T>(name).await?)
     }
 
     /// The unique name currently owning the supervisor's name, if any.
     pub async fn owner(&self) -> Result<Option<String>, CtlError> {
-        let dbus = zbus::fdo::DBusProxy::new(&self.conn).await?;
-        match dbus
-            .get_name_owner(BUS_NAME.try_into().expect("a valid bus name"))
-            .await
-        {
-            Ok(owner) => Ok(Some(owner.to_string())),
-            Err(zbus::fdo::Error::NameHasNoOwner(_)) => Ok(None),
-            Err(e) => Err(zbus::Error::from(e).into()),
-        }
+        Ok(self.sup.owner().await?)
     }
 }
 

@@ -1,63 +1,9 @@
-//! A small blocking client for org.airlock.Tasks1, and the task shape the
-//! demo, the crash matrix and the end-to-end benchmark submit.
+//! The task shape the demo, the crash matrix and the end-to-end benchmark
+//! submit. They talk to the supervisor through the one client,
+//! [`airlock_client::blocking::Supervisor`] (re-exported here).
 
+pub use airlock_client::blocking::Supervisor;
 use serde_json::{Value, json};
-use std::time::{Duration, Instant};
-
-/// One connection to the bus, driven from ordinary threads.
-#[derive(Debug)]
-pub struct TasksClient {
-    rt: tokio::runtime::Runtime,
-    conn: zbus::Connection,
-}
-
-impl TasksClient {
-    /// Connects to the bus at `address`.
-    pub fn connect(address: &str) -> Result<TasksClient, String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        let conn = rt
-            .block_on(async { zbus::connection::Builder::address(address)?.build().await })
-            .map_err(|e| format!("connecting to {address}: {e}"))?;
-        Ok(TasksClient { rt, conn })
-    }
-
-    /// Calls a Tasks1 method that takes one string and answers JSON.
-    pub fn call(&self, method: &str, arg: &str) -> Result<Value, String> {
-        self.rt.block_on(async {
-            let reply = self
-                .conn
-                .call_method(
-                    Some("org.airlock.Supervisor1"),
-                    "/org/airlock/Supervisor1",
-                    Some("org.airlock.Tasks1"),
-                    method,
-                    &(arg,),
-                )
-                .await
-                .map_err(|e| format!("{method}: {e}"))?;
-            let text: String = reply.body().deserialize().map_err(|e| e.to_string())?;
-            serde_json::from_str(&text).map_err(|e| e.to_string())
-        })
-    }
-
-    /// Like [`TasksClient::call`], retrying for up to `patience` while the
-    /// supervisor is away (restarting).
-    pub fn call_retry(&self, method: &str, arg: &str, patience: Duration) -> Result<Value, String> {
-        let deadline = Instant::now() + patience;
-        loop {
-            match self.call(method, arg) {
-                Ok(v) => return Ok(v),
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100))
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
 
 /// A task on the demo repository that creates `agent/<task_id>` from
 /// `base`, applies `change` and runs `verification`.

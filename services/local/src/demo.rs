@@ -1,7 +1,7 @@
 //! The demo: a sample repository with a bug, a plan that fixes it, and the
 //! whole pipeline carrying it to a verified commit on an agent/ branch.
 
-use crate::client::{TasksClient, task_on_demo};
+use crate::client::{Supervisor, task_on_demo};
 use crate::layout::{self, Ids, Layout};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -145,8 +145,10 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let task_id = format!("demo-{stamp}");
-        let client = TasksClient::connect(suite.bus.address())?;
-        client.call("SubmitTask", &submission(&task_id, &base).to_string())?;
+        let client = Supervisor::connect(Some(suite.bus.address())).map_err(|e| e.to_string())?;
+        client
+            .submit_task(&submission(&task_id, &base))
+            .map_err(|e| e.to_string())?;
         say(&format!(
             "  submitted {task_id}: fix calc.add, verify with py_compile and unittest"
         ));
@@ -155,12 +157,12 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
             let mut transitions = Vec::new();
             let deadline = Instant::now() + Duration::from_secs(180);
             loop {
-                let view = client.call("GetTask", &task_id)?;
-                let state = view["state"].as_str().unwrap_or("?").to_owned();
+                let view = client.get_task(&task_id).map_err(|e| e.to_string())?;
+                let state = view.state.as_str().to_owned();
                 if state != last {
                     say(&format!(
                         "  {:>9}  attempt {}/{}",
-                        state, view["attempt"], view["max_attempts"]
+                        state, view.attempt, view.max_attempts
                     ));
                     transitions.push(state.clone());
                     last = state.clone();
@@ -174,12 +176,9 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
                 std::thread::sleep(Duration::from_millis(150));
             }
         };
-        let result = view["result"].clone();
+        let result = view.result.clone().unwrap_or_default();
         let commit = result["commit_oid"].as_str().map(str::to_owned);
-        let branch = view["binding"]["target_branch"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let branch = view.binding.target_branch.clone();
         let diffstat = match &commit {
             Some(c) => git(&bare, &["diff", "--stat", &base, c])?,
             None => String::new(),
@@ -189,7 +188,7 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
             println!(
                 "{}",
                 json!({
-                    "task_id": task_id, "state": view["state"], "commit_oid": commit, "target_branch": branch,
+                    "task_id": task_id, "state": view.state.as_str(), "commit_oid": commit, "target_branch": branch,
                     "branch_head": branch_head, "base_oid": base, "diffstat": diffstat,
                     "verification": result["verification"], "transitions": transitions,
                     "privilege_separation": suite.ids.separated,
@@ -197,10 +196,7 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
             );
         } else {
             println!();
-            println!(
-                "task      {task_id}: {}",
-                view["state"].as_str().unwrap_or("?")
-            );
+            println!("task      {task_id}: {}", view.state.as_str());
             if let Some(c) = &commit {
                 println!(
                     "commit    {c} on {branch} (branch head {})",
@@ -227,10 +223,10 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
             }
         }
         drop(suite);
-        if view["state"] == "SUCCEEDED" {
+        if view.state == airlock_proto::task::TaskState::Succeeded {
             Ok(())
         } else {
-            Err(format!("the demo task ended {}", view["state"]))
+            Err(format!("the demo task ended {}", view.state.as_str()))
         }
     })();
     if temporary {

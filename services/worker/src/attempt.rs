@@ -6,6 +6,7 @@ use airlock_journal::checkpoint::{Checkpoint, CheckpointJournal};
 use airlock_proto::bundle::{
     EXEC_REQUEST_SCHEMA, ExecFailure, ExecRequest, ExecResult, request_id_for,
 };
+use airlock_proto::bus::LeaseRef;
 use airlock_proto::canonical::{digest_of, sha256_hex};
 use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key};
 use airlock_proto::envelope::{Action, Envelope};
@@ -52,10 +53,8 @@ pub struct WorkerSettings {
 pub struct Grant {
     /// The attempt number.
     pub attempt: u32,
-    /// The lease's fencing epoch.
-    pub lease_epoch: u64,
-    /// The lease's bearer token.
-    pub lease_token: String,
+    /// The lease the claim granted (task, fencing epoch, bearer token).
+    pub lease: LeaseRef,
     /// The validated envelope.
     pub envelope: Envelope,
 }
@@ -235,7 +234,7 @@ impl Worker {
     ) -> std::thread::JoinHandle<()> {
         let bus = self.bus.clone();
         let task = grant.envelope.binding.task_id.clone();
-        let (epoch, token) = (grant.lease_epoch, grant.lease_token.clone());
+        let lease = grant.lease.clone();
         let every = self.settings.renew_interval;
         std::thread::spawn(move || {
             loop {
@@ -243,7 +242,7 @@ impl Worker {
                 if done.load(Ordering::SeqCst) {
                     return;
                 }
-                match bus.renew(&task, epoch, &token) {
+                match bus.renew(&lease) {
                     Ok(_) => {}
                     Err(e) if is_transient(e.code) => {
                         tracing::warn!(%task, "lease renewal failed, will retry: {e}")
@@ -288,7 +287,7 @@ impl Worker {
             head = Some(match phase {
                 None => {
                     self.keep_envelope(env)?;
-                    self.append(&cb, Phase::Claimed, json!({"lease_epoch": grant.lease_epoch, "lease_token": grant.lease_token, "request_id": rid}))?
+                    self.append(&cb, Phase::Claimed, json!({"lease_epoch": grant.lease.lease_epoch, "lease_token": grant.lease.lease_token, "request_id": rid}))?
                 }
                 Some(Phase::Claimed) => match self.prepare(env, grant.attempt, &rid) {
                     Ok(payload) => self.append(&cb, Phase::WorkspacePrepared, payload)?,
@@ -698,14 +697,9 @@ impl Worker {
         }
         let mut backoff = Duration::from_millis(200);
         loop {
-            match self.bus.submit_result(
-                &cb.task_id,
-                grant.lease_epoch,
-                &grant.lease_token,
-                key,
-                &result,
-            ) {
-                Ok(replay) => {
+            match self.bus.submit_result(&grant.lease, key, &result) {
+                Ok(receipt) => {
+                    let replay = receipt.idempotent;
                     #[cfg(feature = "fault-injection")]
                     crate::fault::hit(
                         self.settings.fault,

@@ -3,11 +3,12 @@
 
 use airlock_config::Config;
 use airlock_journal::checkpoint::CheckpointJournal;
+use airlock_proto::bus::LeaseRef;
 use airlock_proto::envelope::Envelope;
 use airlock_proto::{Code, Error};
 use airlock_spool::Spool;
 use airlock_worker::attempt::{Grant, Worker, WorkerSettings};
-use airlock_worker::bus::{Supervisor, Wakeup, is_transient};
+use airlock_worker::bus::{Supervisor, Wakeup, follow_queued, is_transient};
 use airlock_worker::recover;
 use clap::Parser;
 use std::path::PathBuf;
@@ -133,7 +134,7 @@ fn run(args: Args) -> Result<(), Error> {
             stopping.store(true, Ordering::SeqCst);
         });
     }
-    let bus = Supervisor::connect(rt.handle().clone(), args.bus_address.as_deref())?;
+    let bus = Supervisor::connect_on(rt.handle().clone(), args.bus_address.as_deref())?;
     let worker = Arc::new(Worker::new(
         settings,
         journal,
@@ -152,7 +153,7 @@ fn run(args: Args) -> Result<(), Error> {
     }
     let poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
     let wakeup = Arc::new(Wakeup::default());
-    if let Err(e) = worker.bus().follow_queued(Arc::clone(&wakeup)) {
+    if let Err(e) = follow_queued(worker.bus(), Arc::clone(&wakeup)) {
         tracing::warn!("not following TaskChanged signals, polling only: {e}");
     }
     for _ in 0..config.worker.parallel_tasks.max(1) {
@@ -240,8 +241,7 @@ fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Dur
                     Ok(envelope) => {
                         let grant = Grant {
                             attempt: claim.attempt,
-                            lease_epoch: claim.lease_epoch,
-                            lease_token: claim.lease_token,
+                            lease: LeaseRef::of(&claim),
                             envelope,
                         };
                         report(&grant, worker.run(&grant));

@@ -73,8 +73,11 @@ pub fn resumable(worker: &Worker) -> Result<Vec<Grant>, Error> {
             (Some((lease_epoch, lease_token)), Ok(envelope)) => {
                 grants.push(Grant {
                     attempt: head.attempt,
-                    lease_epoch,
-                    lease_token,
+                    lease: airlock_proto::bus::LeaseRef {
+                        task_id: head.task_id.clone(),
+                        lease_epoch,
+                        lease_token,
+                    },
                     envelope,
                 });
             }

@@ -58,9 +58,10 @@
 //! assertions check, and printed before them.
 
 use airlock_journal::checkpoint::CheckpointJournal;
-use airlock_local::client::{TasksClient, task_on_demo};
+use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::bundle::request_id_for;
+use airlock_proto::task::{TaskState, TaskView};
 use airlock_taskdb::tasks::{EventOutcome, TaskStore};
 use rand::Rng;
 use serde_json::{Value, json};
@@ -134,17 +135,23 @@ fn submission(i: usize, base: &str) -> Value {
 }
 
 /// The suite's task client, patient while the supervisor restarts.
-struct Client(TasksClient);
+struct Client(Supervisor);
 
 impl Client {
     fn new(address: &str) -> Client {
-        Client(TasksClient::connect(address).expect("bus connection"))
+        Client(Supervisor::connect(Some(address)).expect("bus connection"))
     }
 
-    fn call_retry(&self, method: &str, arg: &str) -> Value {
+    fn get(&self, task: &str) -> TaskView {
         self.0
-            .call_retry(method, arg, Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("{method}: {e}"))
+            .patiently(Duration::from_secs(30), |s| s.get_task(task))
+            .unwrap_or_else(|e| panic!("GetTask {task}: {e}"))
+    }
+
+    fn submit(&self, submission: &Value) {
+        self.0
+            .patiently(Duration::from_secs(30), |s| s.submit_task(submission))
+            .unwrap_or_else(|e| panic!("SubmitTask: {e}"));
     }
 }
 
@@ -194,15 +201,8 @@ impl Kills {
     }
 }
 
-fn terminal(state: &str) -> bool {
-    matches!(state, "SUCCEEDED" | "FAILED" | "CANCELLED")
-}
-
-fn states(client: &Client, tasks: &[String]) -> BTreeMap<String, Value> {
-    tasks
-        .iter()
-        .map(|t| (t.clone(), client.call_retry("GetTask", t)))
-        .collect()
+fn states(client: &Client, tasks: &[String]) -> BTreeMap<String, TaskView> {
+    tasks.iter().map(|t| (t.clone(), client.get(t))).collect()
 }
 
 fn file_len(path: &Path) -> u64 {
@@ -312,10 +312,10 @@ impl Harness {
                         );
                     }
                     "result_accepted" => {
-                        let v = self.client.call_retry("GetTask", &task);
+                        let v = self.client.get(&task);
                         assert!(
-                            v["result"].is_object(),
-                            "{task}: killed at result_accepted but the supervisor holds no result: {v}"
+                            v.result.as_ref().is_some_and(Value::is_object),
+                            "{task}: killed at result_accepted but the supervisor holds no result: {v:?}"
                         );
                     }
                     _ => {}
@@ -388,20 +388,14 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         let start = tasks.len();
         for i in start..start + n {
             let s = submission(i, &base);
-            client.call_retry("SubmitTask", &s.to_string());
+            client.submit(&s);
             tasks.push(format!("crash-{i:03}"));
         }
     };
     // Tasks not yet seen terminal; terminal states are final here.
     let open = |client: &Client, tasks: &[String], finished: &mut BTreeSet<String>| {
         for t in tasks {
-            if !finished.contains(t)
-                && terminal(
-                    client.call_retry("GetTask", t)["state"]
-                        .as_str()
-                        .unwrap_or(""),
-                )
-            {
+            if !finished.contains(t) && client.get(t).state.is_terminal() {
                 finished.insert(t.clone());
             }
         }
@@ -461,14 +455,10 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         .expect("the final ref_updated kill never landed");
     let kill_phase = started.elapsed();
     // Before the last worker starts: the killed attempt's workspace is there.
-    let last = h.client.call_retry("GetTask", &last_task);
+    let last = h.client.get(&last_task);
     let last_workspace = format!(
         "task-{}",
-        request_id_for(
-            &last_task,
-            last["attempt"].as_u64().unwrap_or(0) as u32,
-            last["execution_digest"].as_str().unwrap_or("")
-        )
+        request_id_for(&last_task, last.attempt, &last.execution_digest)
     );
     let workspace_root = h.suite.layout.path("worker/workspaces");
     let stale_before = list_dir(&workspace_root);
@@ -481,17 +471,15 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
             panic!("{e}");
         }
         let s = states(&h.client, &tasks);
-        if s.values()
-            .all(|v| terminal(v["state"].as_str().unwrap_or("")))
-        {
+        if s.values().all(|v| v.state.is_terminal()) {
             break s;
         }
         assert!(
             Instant::now() < deadline,
             "tasks not terminal after 300 s: {:?}",
             s.iter()
-                .filter(|(_, v)| !terminal(v["state"].as_str().unwrap_or("")))
-                .map(|(k, v)| (k.clone(), v["state"].clone()))
+                .filter(|(_, v)| !v.state.is_terminal())
+                .map(|(k, v)| (k.clone(), v.state.as_str()))
                 .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(500));
@@ -504,23 +492,23 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
     // Outcomes.
     let mut by_state: BTreeMap<String, usize> = BTreeMap::new();
     for v in finals.values() {
-        *by_state
-            .entry(v["state"].as_str().unwrap_or("?").to_owned())
-            .or_default() += 1;
+        *by_state.entry(v.state.as_str().to_owned()).or_default() += 1;
     }
     let not_succeeded: Vec<String> = finals
         .iter()
-        .filter(|(_, v)| v["state"] != "SUCCEEDED")
+        .filter(|(_, v)| v.state != TaskState::Succeeded)
         .map(|(task, v)| {
             format!(
-                "{task}: {} at attempt {}, failure {}",
-                v["state"], v["attempt"], v["result"]["failure_code"]
+                "{task}: {} at attempt {}, failure {:?}",
+                v.state.as_str(),
+                v.attempt,
+                v.result.as_ref().map(|r| r["failure_code"].clone())
             )
         })
         .collect();
     let succeeded: BTreeSet<String> = finals
         .iter()
-        .filter(|(_, v)| v["state"] == "SUCCEEDED")
+        .filter(|(_, v)| v.state == TaskState::Succeeded)
         .map(|(t, _)| t.clone())
         .collect();
     // Commits: one per SUCCEEDED task at its reported OID, none elsewhere.
@@ -541,14 +529,14 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
             if count != 1 {
                 commit_errors.push(format!("{task}: SUCCEEDED with {count} commits"));
             }
-            if v["result"]["commit_oid"].as_str() != Some(head.as_str()) {
+            let reported = v.result.as_ref().and_then(|r| r["commit_oid"].as_str());
+            if reported != Some(head.as_str()) {
                 commit_errors.push(format!(
-                    "{task}: branch at {head:?}, result reports {}",
-                    v["result"]["commit_oid"]
+                    "{task}: branch at {head:?}, result reports {reported:?}"
                 ));
             }
         } else if !head.is_empty() {
-            commit_errors.push(format!("{task}: {} but has a branch", v["state"]));
+            commit_errors.push(format!("{task}: {} but has a branch", v.state.as_str()));
         }
     }
     // Accepted results, from the store's events.

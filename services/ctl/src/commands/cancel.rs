@@ -1,7 +1,7 @@
 //! `airlockctl cancel ID --reason TEXT`.
 
 use super::print_task_line;
-use crate::client::{Client, CtlError};
+use crate::client::{Client, CtlError, shown};
 use crate::output::Ctx;
 use std::process::ExitCode;
 
@@ -18,9 +18,12 @@ pub struct Args {
 
 /// Cancels the task.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
-    let task = client
-        .call_json("CancelTask", &(args.task_id.as_str(), args.reason.as_str()))
-        .await?;
+    let task = shown(
+        &client
+            .sup()
+            .cancel_task(&args.task_id, &args.reason)
+            .await?,
+    );
     print_task_line(ctx, "Cancelled", &task);
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! `airlockctl events [ID] [--follow]`: the audit log.
 
 use super::submit::task_changes;
-use crate::client::{Client, CtlError};
+use crate::client::{Client, CtlError, shown};
 use crate::output::{Ctx, emit, table, text, time};
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -48,11 +48,10 @@ async fn fetch(
         if want == 0 {
             break;
         }
-        let page = client.call_json("ListEvents", &(task, after, want)).await?;
-        let items = page["events"].as_array().cloned().unwrap_or_default();
-        after = page["next_after"].as_i64().unwrap_or(after);
-        let n = items.len();
-        events.extend(items);
+        let page = client.sup().list_events(task, after, want).await?;
+        after = page.next_after;
+        let n = page.events.len();
+        events.extend(page.events.iter().map(shown));
         if n < want as usize {
             break;
         }

@@ -1,6 +1,6 @@
 //! `airlockctl list [--state S]`: tasks, paged through to the end.
 
-use crate::client::{Client, CtlError};
+use crate::client::{Client, CtlError, shown};
 use crate::output::{Ctx, emit, table, text, time_of};
 use airlock_proto::task::TaskState;
 use serde_json::Value;
@@ -43,14 +43,10 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         if want == 0 {
             break;
         }
-        let page = client
-            .call_json("ListTasks", &(state.as_str(), after.as_str(), want))
-            .await?;
-        if let Some(items) = page["tasks"].as_array() {
-            tasks.extend(items.iter().cloned());
-        }
-        match page["next_after"].as_str() {
-            Some(next) => after = next.to_owned(),
+        let page = client.sup().list_tasks(&state, &after, want).await?;
+        tasks.extend(page.tasks.iter().map(shown));
+        match page.next_after {
+            Some(next) => after = next,
             None => break,
         }
     }

@@ -1,7 +1,7 @@
 //! `airlockctl replan ID FILE`: replace a queued task's plan.
 
 use super::{print_task_line, read_json_file};
-use crate::client::{Client, CtlError};
+use crate::client::{Client, CtlError, shown};
 use crate::output::Ctx;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,10 +20,8 @@ pub struct Args {
 
 /// Replaces the plan.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
-    let (text, _) = read_json_file(&args.file)?;
-    let task = client
-        .call_json("ReplacePlan", &(args.task_id.as_str(), text.as_str()))
-        .await?;
+    let (_, plan) = read_json_file(&args.file)?;
+    let task = shown(&client.sup().replace_plan(&args.task_id, &plan).await?);
     print_task_line(ctx, "Replanned", &task);
     if !ctx.json {
         println!(

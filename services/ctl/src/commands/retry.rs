@@ -8,7 +8,7 @@
 //! running the same command again after a lost answer replays it instead
 //! of asking twice.
 
-use crate::client::{Client, CtlError};
+use crate::client::{Client, CtlError, shown};
 use crate::output::Ctx;
 use airlock_proto::Code;
 use airlock_proto::canonical::{digest_of, sha256_hex};
@@ -169,9 +169,7 @@ async fn extend(ctx: &Ctx, client: &Client, args: ExtendArgs) -> Result<ExitCode
         .trim()
         .to_owned();
 
-    let before = client
-        .call_json("GetTask", &(args.task_id.as_str(),))
-        .await?;
+    let before = shown(&client.sup().get_task(&args.task_id).await?);
     let body = request_for(&before, &authorization_id, args.idempotency_key.as_deref())?;
     let endpoint = format!(
         "{}/v1/tasks/{}/retry-extension",

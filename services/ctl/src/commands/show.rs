@@ -1,6 +1,6 @@
 //! `airlockctl show ID`: one task in detail.
 
-use crate::client::{Client, CtlError};
+use crate::client::{Client, CtlError, shown};
 use crate::output::{Ctx, text, time_of};
 use serde_json::Value;
 use std::process::ExitCode;
@@ -14,9 +14,7 @@ pub struct Args {
 
 /// Fetches and prints the task.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
-    let task = client
-        .call_json("GetTask", &(args.task_id.as_str(),))
-        .await?;
+    let task = shown(&client.sup().get_task(&args.task_id).await?);
     if ctx.json {
         ctx.print_json(&task);
     } else {

@@ -1,10 +1,10 @@
 //! `airlockctl submit FILE [--wait]`.
 
 use super::read_json_file;
-use crate::client::{BUS_NAME, Client, CtlError, TASKS_INTERFACE};
+use crate::client::{BUS_NAME, Client, CtlError, shown};
 use crate::output::Ctx;
+use airlock_proto::bus::tasks;
 use futures_util::StreamExt;
-use serde_json::Value;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -37,8 +37,8 @@ pub async fn task_changes(
     let mut rule = zbus::MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .sender(BUS_NAME)?
-        .interface(TASKS_INTERFACE)?
-        .member("TaskChanged")?;
+        .interface(tasks::INTERFACE)?
+        .member(tasks::TASK_CHANGED)?;
     if let Some(id) = task_id {
         rule = rule.arg(0, id)?;
     }
@@ -47,7 +47,7 @@ pub async fn task_changes(
 
 /// Submits, and follows when asked.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
-    let (text, value) = read_json_file(&args.file)?;
+    let (_, value) = read_json_file(&args.file)?;
     let task_id = value["binding"]["task_id"].as_str().map(str::to_owned);
     // Subscribe before submitting, so no change can be missed.
     let mut changes = if args.wait {
@@ -55,12 +55,12 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
     } else {
         None
     };
-    let out = client.call_json("SubmitTask", &(text.as_str(),)).await?;
-    let task = out["task"].clone();
+    let out = client.sup().submit_task(&value).await?;
+    let task = shown(&out.task);
     if ctx.json {
-        ctx.print_json(&out);
+        ctx.print_json(&shown(&out));
     } else {
-        let verb = if out["idempotent"] == true {
+        let verb = if out.idempotent {
             "Already submitted"
         } else {
             "Submitted"
@@ -70,18 +70,18 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
     let Some(changes) = changes.as_mut() else {
         return Ok(ExitCode::SUCCESS);
     };
-    let id = task["task_id"].as_str().unwrap_or_default().to_owned();
-    let mut revision = task["revision"].as_i64().unwrap_or(0);
-    let mut state = task["state"].as_str().unwrap_or_default().to_owned();
+    let id = out.task.task_id.clone();
+    let mut revision = out.task.revision;
+    let mut state = out.task.state.as_str().to_owned();
     loop {
         if is_terminal(&state) {
-            let last: Value = client.call_json("GetTask", &(id.as_str(),)).await?;
+            let last = client.sup().get_task(&id).await?;
             if ctx.json {
-                ctx.print_json(&last);
+                ctx.print_json(&shown(&last));
             } else {
-                super::print_task_line(ctx, "Finished", &last);
+                super::print_task_line(ctx, "Finished", &shown(&last));
             }
-            let succeeded = last["state"] == "SUCCEEDED";
+            let succeeded = last.state == airlock_proto::task::TaskState::Succeeded;
             return Ok(if succeeded {
                 ExitCode::SUCCESS
             } else {
@@ -102,11 +102,8 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
                     .map(|(_, s, r)| (s, r)),
             },
             _ = tokio::time::sleep(POLL) => {
-                let now: Value = client.call_json("GetTask", &(id.as_str(),)).await?;
-                Some((
-                    now["state"].as_str().unwrap_or_default().to_owned(),
-                    now["revision"].as_i64().unwrap_or(0),
-                ))
+                let now = client.sup().get_task(&id).await?;
+                Some((now.state.as_str().to_owned(), now.revision))
             }
         };
         let Some((new_state, new_revision)) = seen else {

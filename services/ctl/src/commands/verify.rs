@@ -1,7 +1,7 @@
 //! `airlockctl verify ID accept|rework|reject --reason TEXT`.
 
 use super::print_task_line;
-use crate::client::{Client, CtlError};
+use crate::client::{Client, CtlError, shown};
 use crate::output::Ctx;
 use std::process::ExitCode;
 
@@ -43,16 +43,12 @@ pub struct Args {
 
 /// Records the decision.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
-    let task = client
-        .call_json(
-            "Verify",
-            &(
-                args.task_id.as_str(),
-                args.decision.as_str(),
-                args.reason.as_str(),
-            ),
-        )
-        .await?;
+    let task = shown(
+        &client
+            .sup()
+            .verify(&args.task_id, args.decision.as_str(), &args.reason)
+            .await?,
+    );
     print_task_line(ctx, "Decided", &task);
     Ok(ExitCode::SUCCESS)
 }
