@@ -50,6 +50,7 @@ pub mod limits;
 pub mod path;
 pub mod plan;
 pub mod retry;
+pub mod states;
 pub mod task;
 
 pub use error::{Class, Code, Error, Result};

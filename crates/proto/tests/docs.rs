@@ -92,3 +92,73 @@ fn every_code_has_a_row() {
         );
     }
 }
+
+const STATES_DOC: &str = "docs/states.md";
+
+fn render_states() -> String {
+    use airlock_proto::states::{Op, Outcome, outcome};
+    use airlock_proto::task::TaskState;
+    let mut out = String::new();
+    out.push_str(
+        "<!-- Generated from crates/proto/src/states.rs by crates/proto/tests/docs.rs.\n     Do not edit by hand: change the table, then run\n     UPDATE_DOCS=1 cargo test -p airlock-proto --test docs -->\n\n",
+    );
+    out.push_str("# Task states\n\n");
+    out.push_str(
+        "What each operation does to a task in each state: the states it may move the \
+         task to, or the one code it is refused with (nothing changes then). The task \
+         database checks these preconditions through `airlock_proto::states::check`, and \
+         `services/supervisor/tests/contract.rs` calls every method in every state over \
+         the bus and compares the outcome with this table.\n\n\
+         `QUEUED → RUNNING (claimed, leased) → VERIFYING → SUCCEEDED`, or `FAILED`, or \
+         `CANCELLED`; a failed attempt or a rework goes back to `QUEUED` while attempts \
+         remain. An expired lease is swept back to `QUEUED` (or `FAILED` when no attempt \
+         is left) with `LEASE_EXPIRED`.\n\n",
+    );
+    out.push_str("| operation |");
+    for s in TaskState::ALL {
+        let _ = write!(out, " {} |", s.as_str());
+    }
+    out.push_str("\n|---|");
+    for _ in TaskState::ALL {
+        out.push_str("---|");
+    }
+    out.push('\n');
+    for op in Op::ALL {
+        let _ = write!(out, "| `{}` |", op.method());
+        for s in TaskState::ALL {
+            let text = match outcome(*op, *s) {
+                Outcome::To(states, why) => {
+                    let to: Vec<&str> = states.iter().map(|t| t.as_str()).collect();
+                    if why.is_empty() {
+                        format!("→ {}", to.join(" or "))
+                    } else {
+                        format!("→ {} ({})", to.join(" or "), cell(why))
+                    }
+                }
+                Outcome::Refused(code, why) => format!("`{}` ({})", code.as_str(), cell(why)),
+                Outcome::NotClaimed => "never claimed".to_owned(),
+            };
+            let _ = write!(out, " {text} |");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn state_table_document_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(STATES_DOC);
+    let wanted = render_states();
+    if std::env::var_os("UPDATE_DOCS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &wanted).expect("write docs/states.md");
+        return;
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        actual == wanted,
+        "{STATES_DOC} is out of date with crates/proto/src/states.rs.\n\
+         Regenerate it with:\n\n    UPDATE_DOCS=1 cargo test -p airlock-proto --test docs\n"
+    );
+}

@@ -35,13 +35,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// fixed order: state, epoch (older is stale, newer is invalid), token,
 /// expiry (expired when `expires <= now`).
 fn check_lease(row: &TaskRow, lease_epoch: u64, lease_token: &str, now: i64) -> StoreResult<()> {
-    if row.status != TaskState::Running {
-        return Err(Error::with(
-            Code::TASK_STATE_INVALID,
-            format!("the task is {}, not RUNNING", row.status.as_str()),
-        )
-        .into());
-    }
+    airlock_proto::states::check(airlock_proto::states::Op::Renew, row.status)?;
     if lease_epoch < row.lease_epoch {
         return Err(Error::with(
             Code::LEASE_EPOCH_STALE,

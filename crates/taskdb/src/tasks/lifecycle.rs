@@ -6,11 +6,12 @@ use airlock_proto::binding::Binding;
 use airlock_proto::canonical::{digest_of, to_canonical_string};
 use airlock_proto::limits::MAX_ATTEMPTS_CAP;
 use airlock_proto::plan::{PLAN_SCHEMA, PlanRecord, PlanRequest, register_plan};
+use airlock_proto::states::{self, Op};
 use airlock_proto::task::{
     Decision, TASK_SCHEMA, TaskState, TaskSubmission, TaskView, check_reason,
 };
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::StoreResult;
+use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::params;
 use serde_json::{Value, json};
 
@@ -37,14 +38,9 @@ fn record_json(record: &PlanRecord) -> StoreResult<String> {
     Ok(airlock_proto::canonical::canonical_of(record)?)
 }
 
-fn state_invalid(row: &TaskRow, what: &str) -> Error {
-    Error::with(
-        Code::TASK_STATE_INVALID,
-        format!(
-            "{what} is not allowed while the task is {}",
-            row.status.as_str()
-        ),
-    )
+/// The state table's verdict on `op` for this row (`docs/states.md`).
+fn permitted(row: &TaskRow, op: Op) -> StoreResult<()> {
+    states::check(op, row.status).map_err(StoreError::from)
 }
 
 impl TaskStore {
@@ -187,9 +183,7 @@ impl TaskStore {
                     return row.view();
                 }
             }
-            if row.status != TaskState::Queued {
-                return Err(state_invalid(&row, "replacing the plan").into());
-            }
+            permitted(&row, Op::ReplacePlan)?;
             let registration = registration?;
             let previous_plan_digest = std::mem::replace(
                 &mut row.plan_digest,
@@ -243,15 +237,20 @@ impl TaskStore {
         let reason = check_reason(reason)?.to_owned();
         self.write("a verification decision", |conn, now| {
             let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
-            if row.status != TaskState::Verifying {
-                return Err(state_invalid(&row, "a verification decision").into());
-            }
-            row.status = match decision {
+            let op = match decision {
+                Decision::Accept => Op::Accept,
+                Decision::Reject => Op::Reject,
+                Decision::Rework => Op::Rework,
+            };
+            permitted(&row, op)?;
+            let next = match decision {
                 Decision::Accept => TaskState::Succeeded,
                 Decision::Reject => TaskState::Failed,
                 Decision::Rework if row.has_attempts_left() => TaskState::Queued,
                 Decision::Rework => TaskState::Failed,
             };
+            debug_assert!(states::may_move(op, row.status, next));
+            row.status = next;
             row.verification_json = Some(to_canonical_string(&json!({
                 "decision": decision.record_name(),
                 "reason": reason,
@@ -294,9 +293,7 @@ impl TaskStore {
         let reason = check_reason(reason)?.to_owned();
         self.write("a cancellation", |conn, now| {
             let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
-            if row.status.is_terminal() {
-                return Err(state_invalid(&row, "cancelling").into());
-            }
+            permitted(&row, Op::Cancel)?;
             let previous = row.status;
             row.status = TaskState::Cancelled;
             row.clear_lease();

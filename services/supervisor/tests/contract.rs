@@ -1,0 +1,327 @@
+//! The bus contract, checked against the running supervisor:
+//!
+//! - the object it exports has exactly the interfaces and methods that
+//!   `airlock_proto::bus::INTERFACES` declares (a handler renamed on one
+//!   side only fails here);
+//! - every operation of `airlock_proto::states::TABLE`, called through the
+//!   one client (`airlock-client`) on a task in every state, ends as the
+//!   table says: the task moves to one of the states listed, or the call is
+//!   refused with exactly the listed code and the task does not change.
+//!
+//! A real supervisor process on a private dbus-daemon with the shipped bus
+//! policy; the local authoriser admits this test's uid, which also plays
+//! the worker (Worker1) and airlock-retryd (Retry1).
+
+mod common;
+
+use airlock_client::Supervisor;
+use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
+use airlock_proto::Code;
+use airlock_proto::bus::{INTERFACES, LeaseRef, OBJECT_PATH};
+use airlock_proto::retry::RetryExtensionRequest;
+use airlock_proto::states::{self, Op, Outcome};
+use airlock_proto::task::{ClaimGrant, TaskResult, TaskState, TaskView};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+const OWNER: &str = "owner-contract-20261130";
+
+struct Stack {
+    _dir: tempfile::TempDir,
+    _bus: PrivateBus,
+    _sup: SupervisorProcess,
+    client: Supervisor,
+    rt: tokio::runtime::Runtime,
+}
+
+fn stack() -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[retry]\nauthorization_id = \"{OWNER}\"\n\n[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/demo.git\"\n"
+        ),
+    )
+    .unwrap();
+    let bus = PrivateBus::start().expect("dbus-daemon");
+    let sup = SupervisorProcess::start(
+        &sibling_binary("airlock-supervisor").unwrap(),
+        &bus,
+        &config,
+        &dir.path().join("tasks.sqlite3"),
+        &[],
+    )
+    .expect("the supervisor starts");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(Supervisor::connect(Some(bus.address())))
+        .unwrap();
+    Stack {
+        _dir: dir,
+        _bus: bus,
+        _sup: sup,
+        client,
+        rt,
+    }
+}
+
+impl Stack {
+    fn submit(&self, task: &str) {
+        let mut s = common::submission(task);
+        s["max_attempts"] = json!(1);
+        self.rt.block_on(self.client.submit_task(&s)).unwrap();
+    }
+
+    fn claim(&self, task: &str) -> ClaimGrant {
+        let grant = self
+            .rt
+            .block_on(self.client.claim())
+            .unwrap()
+            .expect("a grant");
+        assert_eq!(grant.task_id, task, "the claim took another task");
+        grant
+    }
+
+    fn result(
+        &self,
+        grant: &ClaimGrant,
+        passed: bool,
+        key: &str,
+    ) -> Result<(), airlock_proto::Error> {
+        let mut v = common::passed_result(&serde_json::to_value(grant).unwrap());
+        if !passed {
+            v["outcome"] = json!("failed");
+            v["commit_oid"] = Value::Null;
+            v["failure_code"] = json!("VERIFICATION_FAILED");
+            v["verification"][0]["exit_code"] = json!(1);
+        }
+        let r: TaskResult = serde_json::from_value(v).unwrap();
+        self.rt
+            .block_on(self.client.submit_result(&LeaseRef::of(grant), key, &r))
+            .map(|_| ())
+    }
+
+    fn get(&self, task: &str) -> TaskView {
+        self.rt.block_on(self.client.get_task(task)).unwrap()
+    }
+}
+
+/// Makes one task in each of `states`; returns each task's id and its last
+/// lease. QUEUED must come last, so that every claim here takes the task it
+/// means to.
+fn tasks_in(
+    s: &Stack,
+    prefix: &str,
+    states: &[&'static str],
+) -> Vec<(&'static str, String, Option<ClaimGrant>)> {
+    let mut out = Vec::new();
+    for &state in states {
+        let task = format!("{prefix}-{}", state.to_lowercase());
+        s.submit(&task);
+        let grant = match state {
+            "QUEUED" => None,
+            "CANCELLED" => {
+                s.rt.block_on(s.client.cancel_task(&task, "contract test"))
+                    .unwrap();
+                None
+            }
+            _ => {
+                let g = s.claim(&task);
+                match state {
+                    "VERIFYING" => s.result(&g, true, "result-verifying-0001").unwrap(),
+                    "SUCCEEDED" => {
+                        s.result(&g, true, "result-succeeded-0001").unwrap();
+                        s.rt.block_on(s.client.verify(&task, "accept", "contract test"))
+                            .unwrap();
+                    }
+                    "FAILED" => s.result(&g, false, "result-failed-0001").unwrap(),
+                    _ => {}
+                }
+                Some(g)
+            }
+        };
+        assert_eq!(s.get(&task).state.as_str(), state, "{task}");
+        out.push((state, task, grant));
+    }
+    out
+}
+
+const NOT_QUEUED: &[&str] = &["RUNNING", "VERIFYING", "SUCCEEDED", "FAILED", "CANCELLED"];
+
+fn retry_request(view: &TaskView) -> RetryExtensionRequest {
+    // The digest the store compares: of the verification record, `{}` when none.
+    let record = view.verification.clone().unwrap_or_else(|| json!({}));
+    let sha = airlock_proto::canonical::digest_of(&record).unwrap();
+    RetryExtensionRequest::from_value(&json!({
+        "expected_status": "FAILED",
+        "expected_revision": view.revision,
+        "expected_attempt": view.max_attempts,
+        "expected_max_attempts": view.max_attempts,
+        "next_max_attempts": view.max_attempts + 1,
+        "previous_verification_sha256": sha,
+        "authorization_id": OWNER,
+        "idempotency_key": format!("retry-{}-0001", view.task_id),
+    }))
+    .unwrap()
+}
+
+/// Applies `op` to `task` (state `state`); returns the refusal, if any.
+fn apply(
+    s: &Stack,
+    op: Op,
+    task: &str,
+    grant: Option<&ClaimGrant>,
+) -> Result<(), airlock_proto::Error> {
+    let c = &s.client;
+    let fake = ClaimGrant {
+        task_id: task.to_owned(),
+        attempt: 1,
+        lease_epoch: 1,
+        lease_token: "0".repeat(64),
+        lease_expires_at_ms: 0,
+        envelope: json!({"execution_digest": "d".repeat(64), "target_branch": format!("agent/{task}")}),
+    };
+    let lease_grant = grant.unwrap_or(&fake);
+    let view = s.get(task);
+    match op {
+        Op::ReplacePlan => {
+            let plan = common::plan(task, 2, Some(&view.plan_digest));
+            s.rt.block_on(c.replace_plan(task, &plan)).map(|_| ())
+        }
+        Op::Cancel => {
+            s.rt.block_on(c.cancel_task(task, "contract test"))
+                .map(|_| ())
+        }
+        Op::Accept => {
+            s.rt.block_on(c.verify(task, "accept", "contract test"))
+                .map(|_| ())
+        }
+        Op::Rework => {
+            s.rt.block_on(c.verify(task, "rework", "contract test"))
+                .map(|_| ())
+        }
+        Op::Reject => {
+            s.rt.block_on(c.verify(task, "reject", "contract test"))
+                .map(|_| ())
+        }
+        Op::Claim => match s.rt.block_on(c.claim())? {
+            Some(g) if g.task_id == task => Ok(()),
+            Some(g) => panic!("Claim took {} while probing {task}", g.task_id),
+            None => Err(airlock_proto::Error::new(Code::TASK_NOT_FOUND)),
+        },
+        Op::Renew => {
+            s.rt.block_on(c.renew(&LeaseRef::of(lease_grant)))
+                .map(|_| ())
+        }
+        Op::SubmitPassed => s.result(lease_grant, true, "contract-passed-0001"),
+        Op::SubmitFailed => s.result(lease_grant, false, "contract-failed-0001"),
+        Op::ExtendRetry => {
+            s.rt.block_on(c.extend_retry(task, &retry_request(&view), OWNER))
+                .map(|_| ())
+        }
+    }
+}
+
+#[test]
+fn every_operation_in_every_state_ends_as_the_state_table_says() {
+    let mut checked = 0;
+    for (i, op) in Op::ALL.iter().enumerate() {
+        // A stack per operation: a claim must find only the task it probes.
+        let s = stack();
+        let prefix = format!("op{i}");
+        // The QUEUED task is made only after the others were probed: a
+        // claim must not find it while a non-QUEUED task is being probed.
+        let mut tasks = tasks_in(&s, &prefix, NOT_QUEUED);
+        let mut probed = 0;
+        while probed < TaskState::ALL.len() {
+            if probed == tasks.len() {
+                tasks.extend(tasks_in(&s, &prefix, &["QUEUED"]));
+            }
+            let (state, task, grant) = &tasks[probed];
+            probed += 1;
+            let state = TaskState::parse(state).unwrap();
+            let before = s.get(task);
+            let got = apply(&s, *op, task, grant.as_ref());
+            let after = s.get(task);
+            match states::outcome(*op, state) {
+                Outcome::To(allowed, _) => {
+                    assert!(got.is_ok(), "{op:?} in {state:?}: refused {:?}", got.err());
+                    assert!(
+                        allowed.contains(&after.state),
+                        "{op:?} in {state:?}: ended {:?}, table says {allowed:?}",
+                        after.state
+                    );
+                }
+                Outcome::Refused(code, _) => {
+                    let e = got.expect_err(&format!("{op:?} in {state:?} must be refused"));
+                    assert_eq!(e.code, code, "{op:?} in {state:?}: {e}");
+                    assert_eq!(
+                        (after.state, after.revision),
+                        (before.state, before.revision),
+                        "{op:?} in {state:?}: a refusal changed the task"
+                    );
+                }
+                Outcome::NotClaimed => {
+                    assert_eq!(
+                        got.map_err(|e| e.code),
+                        Err(Code::TASK_NOT_FOUND),
+                        "{op:?} in {state:?}: the claim must return no grant"
+                    );
+                    assert_eq!(after.revision, before.revision, "{op:?} in {state:?}");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, Op::ALL.len() * TaskState::ALL.len());
+}
+
+#[test]
+fn the_exported_object_is_exactly_the_declared_contract() {
+    let s = stack();
+    let xml: String =
+        s.rt.block_on(async {
+            let reply = s
+                .client
+                .connection()
+                .call_method(
+                    Some(airlock_proto::bus::BUS_NAME),
+                    OBJECT_PATH,
+                    Some("org.freedesktop.DBus.Introspectable"),
+                    "Introspect",
+                    &(),
+                )
+                .await?;
+            reply.body().deserialize::<String>()
+        })
+        .unwrap();
+    // The introspection document: <interface name="…"> … <method name="…">.
+    let mut exported: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for block in xml.split("<interface name=\"").skip(1) {
+        let name = block.split('"').next().unwrap().to_owned();
+        let body = block.split("</interface>").next().unwrap();
+        if !name.starts_with("org.airlock.") {
+            continue;
+        }
+        let mut methods: Vec<String> = body
+            .split("<method name=\"")
+            .skip(1)
+            .map(|m| m.split('"').next().unwrap().to_owned())
+            .collect();
+        methods.sort();
+        exported.insert(name, methods);
+    }
+    let declared: BTreeMap<String, Vec<String>> = INTERFACES
+        .iter()
+        .map(|(i, methods)| {
+            let mut m: Vec<String> = methods.iter().map(|s| (*s).to_owned()).collect();
+            m.sort();
+            ((*i).to_owned(), m)
+        })
+        .collect();
+    assert_eq!(exported, declared);
+}
