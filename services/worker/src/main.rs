@@ -59,16 +59,7 @@ fn main() -> ExitCode {
 fn settings(config: &Config, executor_uid: Option<u32>) -> Result<WorkerSettings, Error> {
     let executor_uid = match executor_uid {
         Some(uid) => uid,
-        None => nix::unistd::User::from_name(&config.executor.user)
-            .ok()
-            .flatten()
-            .map(|u| u.uid.as_raw())
-            .ok_or_else(|| {
-                Error::with(
-                    Code::CONFIG_INVALID,
-                    format!("executor.user {:?} does not exist", config.executor.user),
-                )
-            })?,
+        None => airlock_service::uid_of("executor.user", &config.executor.user)?,
     };
     let state_dir = config
         .worker
@@ -101,8 +92,7 @@ fn settings(config: &Config, executor_uid: Option<u32>) -> Result<WorkerSettings
 }
 
 fn run(args: Args) -> Result<(), Error> {
-    let config =
-        Config::load(&args.config).map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))?;
+    let config = airlock_service::load_config(&args.config)?;
     let settings = settings(&config, args.executor_uid)?;
     // Open what the worker keeps: its state, the journal, the spool.
     std::fs::create_dir_all(&settings.envelope_dir)

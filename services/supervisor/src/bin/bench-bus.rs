@@ -7,13 +7,15 @@
 //! client connection: SubmitTask, GetTask (sequential and concurrent),
 //! Claim and SubmitResult. Prints median, p99 and calls/s for each.
 
+use airlock_client::Supervisor;
 use airlock_localbus::PrivateBus;
+use airlock_proto::bus::LeaseRef;
+use airlock_proto::task::TaskResult;
 use airlock_supervisor::authz::local::LocalAuthorizer;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
 use clap::Parser;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use zbus::Connection;
 
 /// Measure the supervisor's D-Bus round trips on a private bus.
 #[derive(Debug, Parser)]
@@ -33,8 +35,7 @@ struct Args {
     json: bool,
 }
 
-const NAME: &str = "org.airlock.Supervisor1";
-const PATH: &str = "/org/airlock/Supervisor1";
+use airlock_proto::bus::BUS_NAME as NAME;
 const HEAD: &str = "71523aef6e48b1e2fa516c456ca189b7a039104b";
 const BASE: &str = "a642b045775b9154a00ae78543037fbef4fb447b";
 
@@ -72,7 +73,7 @@ impl Series {
     }
 }
 
-fn submission(i: usize) -> String {
+fn submission(i: usize) -> Value {
     let id = format!("bench-{i:06}");
     json!({
         "schema": "airlock.task.v1",
@@ -93,22 +94,6 @@ fn submission(i: usize) -> String {
         },
         "max_attempts": 3,
     })
-    .to_string()
-}
-
-async fn call<B, R>(conn: &Connection, iface: &str, method: &str, body: &B) -> R
-where
-    B: serde::Serialize + zbus::zvariant::DynamicType,
-    R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
-{
-    let reply = conn
-        .call_method(Some(NAME), PATH, Some(iface), method, body)
-        .await
-        .unwrap_or_else(|e| panic!("{method}: {e}"));
-    reply
-        .body()
-        .deserialize::<R>()
-        .unwrap_or_else(|e| panic!("{method} reply: {e}"))
 }
 
 async fn timed<F, T>(samples: &mut Vec<Duration>, f: F) -> T
@@ -123,6 +108,7 @@ where
 
 async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
     let conn = bus.connect().await.expect("client connection");
+    let client = Supervisor::on(conn.clone()).await.expect("client");
     let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
     for _ in 0..400 {
         if dbus.name_has_owner(NAME.try_into().unwrap()).await.unwrap() {
@@ -137,11 +123,9 @@ async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
     let start = Instant::now();
     for i in 0..args.tasks {
         let body = submission(i);
-        let _: String = timed(
-            &mut samples,
-            call(&conn, "org.airlock.Tasks1", "SubmitTask", &(body,)),
-        )
-        .await;
+        timed(&mut samples, client.submit_task(&body))
+            .await
+            .expect("SubmitTask");
     }
     out.push(Series {
         name: "SubmitTask".into(),
@@ -155,11 +139,9 @@ async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
     let start = Instant::now();
     for i in 0..args.gets {
         let id = format!("bench-{:06}", i % args.tasks.max(1));
-        let _: String = timed(
-            &mut samples,
-            call(&conn, "org.airlock.Tasks1", "GetTask", &(id,)),
-        )
-        .await;
+        timed(&mut samples, client.get_task(&id))
+            .await
+            .expect("GetTask");
     }
     out.push(Series {
         name: "GetTask".into(),
@@ -171,24 +153,22 @@ async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
     // GetTask, concurrent callers on their own connections.
     let mut clients = Vec::new();
     for _ in 0..args.concurrency {
-        clients.push(bus.connect().await.unwrap());
+        clients.push(Supervisor::on(bus.connect().await.unwrap()).await.unwrap());
     }
     let per = args.gets / args.concurrency.max(1);
     let start = Instant::now();
     let handles: Vec<_> = clients
         .into_iter()
         .enumerate()
-        .map(|(c, conn)| {
+        .map(|(c, client)| {
             let tasks = args.tasks.max(1);
             tokio::spawn(async move {
                 let mut samples = Vec::new();
                 for i in 0..per {
                     let id = format!("bench-{:06}", (i + c) % tasks);
-                    let _: String = timed(
-                        &mut samples,
-                        call(&conn, "org.airlock.Tasks1", "GetTask", &(id,)),
-                    )
-                    .await;
+                    timed(&mut samples, client.get_task(&id))
+                        .await
+                        .expect("GetTask");
                 }
                 samples
             })
@@ -210,36 +190,29 @@ async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
     let (mut claim_wall, mut result_wall) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..args.tasks {
         let t = Instant::now();
-        let grant: String = timed(
-            &mut claims,
-            call(&conn, "org.airlock.Worker1", "Claim", &()),
-        )
-        .await;
+        let grant = timed(&mut claims, client.claim())
+            .await
+            .expect("Claim")
+            .expect("a queued task");
         claim_wall += t.elapsed();
-        let grant: Value = serde_json::from_str(&grant).unwrap();
-        let result = json!({
+        let result: TaskResult = serde_json::from_value(json!({
             "schema": "airlock.task-result.v1",
-            "task_id": grant["task_id"], "attempt": grant["attempt"],
-            "execution_digest": grant["envelope"]["execution_digest"],
+            "task_id": grant.task_id, "attempt": grant.attempt,
+            "execution_digest": grant.envelope["execution_digest"],
             "outcome": "passed", "commit_oid": "c".repeat(40),
-            "target_branch": grant["envelope"]["target_branch"],
+            "target_branch": grant.envelope["target_branch"],
             "exec_result_sha256": "e".repeat(64), "failure_code": null,
             "verification": [{"label": "compile", "exit_code": 0, "timed_out": false, "duration_ms": 3}],
-        })
-        .to_string();
-        let body = (
-            grant["task_id"].as_str().unwrap().to_owned(),
-            grant["lease_epoch"].as_u64().unwrap(),
-            grant["lease_token"].as_str().unwrap().to_owned(),
-            format!("result-{}-1", grant["task_id"].as_str().unwrap()),
-            result,
-        );
+        }))
+        .expect("a result");
+        let key = format!("result-{}-1", grant.task_id);
         let t = Instant::now();
-        let _: String = timed(
+        timed(
             &mut results,
-            call(&conn, "org.airlock.Worker1", "SubmitResult", &body),
+            client.submit_result(&LeaseRef::of(&grant), &key, &result),
         )
-        .await;
+        .await
+        .expect("SubmitResult");
         result_wall += t.elapsed();
     }
     out.push(Series {
@@ -305,7 +278,7 @@ fn main() {
         return;
     }
     println!(
-        "airlock-supervisor over a private dbus-daemon (synchronous=FULL store, test authoriser)"
+        "airlock-supervisor over a private dbus-daemon (synchronous=FULL store, local authoriser)"
     );
     println!(
         "{:<26} {:>7} {:>12} {:>12} {:>10}",
