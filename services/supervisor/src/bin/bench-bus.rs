@@ -2,7 +2,7 @@
 //! methods over a real bus.
 //!
 //! Starts a private dbus-daemon (the shipped policy included), runs the
-//! supervisor on its own runtime threads (test authoriser, a temporary
+//! supervisor on its own runtime threads (the local authoriser for its own uid, a temporary
 //! task store with WAL and synchronous=FULL), and measures from a separate
 //! client connection: SubmitTask, GetTask (sequential and concurrent),
 //! Claim and SubmitResult. Prints median, p99 and calls/s for each.
