@@ -197,6 +197,18 @@ impl SupervisorProcess {
         db: &Path,
         extra: &[&str],
     ) -> std::io::Result<SupervisorProcess> {
+        SupervisorProcess::start_logging(binary, bus, config, db, extra, Stdio::null())
+    }
+
+    /// Like [`SupervisorProcess::start`], its log (stderr) going to `log`.
+    pub fn start_logging(
+        binary: &Path,
+        bus: &PrivateBus,
+        config: &Path,
+        db: &Path,
+        extra: &[&str],
+        log: impl Into<Stdio>,
+    ) -> std::io::Result<SupervisorProcess> {
         let uid = nix_uid().to_string();
         let child = Command::new(binary)
             .arg("--config")
@@ -208,7 +220,7 @@ impl SupervisorProcess {
             .args(["--worker-user", &uid, "--retry-user", &uid])
             .args(extra)
             .stdin(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log.into())
             .spawn()?;
         let mut me = SupervisorProcess { child };
         let rt = tokio::runtime::Builder::new_current_thread()

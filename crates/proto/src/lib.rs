@@ -49,6 +49,7 @@ pub mod fields;
 pub mod limits;
 pub mod path;
 pub mod plan;
+pub mod redact;
 pub mod retry;
 pub mod states;
 pub mod task;

@@ -30,6 +30,9 @@ pub struct State {
     pub supervisor: Supervisor,
     /// The owner's bearer token.
     pub token: ControlToken,
+    /// What the access log runs every client-chosen string through (the
+    /// token included).
+    pub redactor: airlock_proto::redact::Redactor,
     /// The owner authorization id this service was started with.
     pub authorization_id: String,
     /// How long a client may take to send its body.
@@ -77,7 +80,7 @@ pub async fn serve(
         target: "access",
         %peer,
         %method,
-        path = %sanitise(&path),
+        path = %state.redactor.text(&sanitise(&path)),
         status = answer.status.as_u16(),
         code = answer.code.map(|c| c.as_str()).unwrap_or("-"),
         ms = started.elapsed().as_millis() as u64,

@@ -176,6 +176,7 @@ async fn run(args: Args, opened: Opened, confined: String) -> Result<(), Error> 
         .map_err(|e| Error::with(Code::RUNTIME_UNAVAILABLE, e.to_string()))?;
     let state = Arc::new(http::State {
         supervisor,
+        redactor: token.redactor(),
         token,
         authorization_id,
         body_timeout: Duration::from_secs(args.body_timeout),

@@ -60,6 +60,12 @@ impl ControlToken {
         Ok(ControlToken(token.as_bytes().to_vec()))
     }
 
+    /// A redactor that also replaces this token wherever it appears (in a
+    /// request path a client sent, for the access log).
+    pub fn redactor(&self) -> airlock_proto::redact::Redactor {
+        airlock_proto::redact::Redactor::new().with_literal(&String::from_utf8_lossy(&self.0))
+    }
+
     /// True when `header` is exactly `Bearer <token>`. The comparison of the
     /// secret takes the same time wherever the first difference is.
     pub fn accepts(&self, header: Option<&[u8]>) -> bool {

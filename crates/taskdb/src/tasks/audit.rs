@@ -76,7 +76,9 @@ fn insert(
     code: Option<Code>,
     payload: &Value,
 ) -> StoreResult<()> {
-    let payload = to_canonical_string(payload)?;
+    // Every event passes here, so every event is redacted here: reasons,
+    // denial details and anything else a caller's words reach.
+    let payload = to_canonical_string(&airlock_proto::redact::value(payload))?;
     conn.execute(
         "INSERT INTO events (task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, \
          code, payload_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",

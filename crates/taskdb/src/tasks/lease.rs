@@ -276,7 +276,13 @@ impl TaskStore {
             )
             .into());
         }
+        // The digest binds the bytes the worker sent (its durable record
+        // names it); what is kept and shown is the redacted form.
         let result_sha256 = sha256_hex(canonical.as_bytes());
+        let canonical = to_canonical_string(&airlock_proto::redact::value(
+            &serde_json::to_value(result)
+                .map_err(|e| Error::with(Code::INTERNAL, format!("a result: {e}")))?,
+        ))?;
         self.write("a result submission", |conn, now| {
             let stored: Option<String> = conn
                 .query_row(

@@ -234,7 +234,7 @@ impl TaskStore {
         actor: &Actor,
     ) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
-        let reason = check_reason(reason)?.to_owned();
+        let reason = airlock_proto::redact::text(check_reason(reason)?).into_owned();
         self.write("a verification decision", |conn, now| {
             let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
             let op = match decision {
@@ -290,7 +290,7 @@ impl TaskStore {
         actor: &Actor,
     ) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
-        let reason = check_reason(reason)?.to_owned();
+        let reason = airlock_proto::redact::text(check_reason(reason)?).into_owned();
         self.write("a cancellation", |conn, now| {
             let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
             permitted(&row, Op::Cancel)?;

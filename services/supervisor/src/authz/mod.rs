@@ -434,7 +434,8 @@ impl Gatekeeper {
         err: &Error,
         check: &str,
     ) {
-        let detail = err.detail.clone().unwrap_or_default();
+        let detail =
+            airlock_proto::redact::text(err.detail.as_deref().unwrap_or_default()).into_owned();
         tracing::warn!(
             target: "airlock::authz",
             check,

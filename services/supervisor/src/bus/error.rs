@@ -29,8 +29,9 @@ impl From<Error> for BusError {
     fn from(e: Error) -> Self {
         let name = OwnedErrorName::try_from(e.code.dbus_error_name())
             .unwrap_or_else(|_| OwnedErrorName::try_from("org.airlock.Error.INTERNAL").unwrap());
+        // A refusal may quote what the caller sent; it leaves redacted.
         let message = match e.detail {
-            Some(d) if !d.is_empty() => d,
+            Some(d) if !d.is_empty() => airlock_proto::redact::text(&d).into_owned(),
             _ => e.code.meaning().to_owned(),
         };
         BusError {
