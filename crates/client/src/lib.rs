@@ -11,6 +11,10 @@
 //! Calls are bounded: each one is raced against [`Supervisor::timeout`]
 //! (30 s unless changed) and a late answer is dropped with its future.
 //!
+//! Before its first call a client reads the supervisor's
+//! `ProtocolVersion` and refuses a different major version with
+//! `PROTOCOL_VERSION_MISMATCH`, naming both (`docs/protocol.md`).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), airlock_proto::Error> {
 //! let sup = airlock_client::Supervisor::connect(None).await?;
@@ -32,7 +36,9 @@ use airlock_proto::task::{ClaimGrant, TaskResult, TaskView};
 use airlock_proto::{Code, Error};
 use serde::de::DeserializeOwned;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::OnceCell;
 use zbus::proxy::{CacheProperties, MethodFlags};
 use zbus::zvariant::{DynamicType, OwnedValue};
 
@@ -48,6 +54,10 @@ pub struct Supervisor {
     retry: zbus::Proxy<'static>,
     interactive: bool,
     timeout: Duration,
+    /// The protocol this client speaks, and whether the supervisor's was
+    /// found compatible (checked once, before the first call).
+    protocol: (u32, u32),
+    checked: Arc<OnceCell<()>>,
 }
 
 /// Connects to the bus at `address`, or to the system bus
@@ -102,7 +112,42 @@ impl Supervisor {
             conn,
             interactive: false,
             timeout: DEFAULT_TIMEOUT,
+            protocol: bus::PROTOCOL_VERSION,
+            checked: Arc::new(OnceCell::new()),
         })
+    }
+
+    /// Declares the protocol this client speaks (normally this build's,
+    /// [`bus::PROTOCOL_VERSION`]); an embedding built against an older
+    /// airlock states its own so the check compares the right versions.
+    pub fn speaking(mut self, protocol: (u32, u32)) -> Self {
+        self.protocol = protocol;
+        self.checked = Arc::new(OnceCell::new());
+        self
+    }
+
+    /// Reads the supervisor's `ProtocolVersion` and refuses another major
+    /// version (once; later calls reuse the answer).
+    pub async fn check_protocol(&self) -> Result<(), Error> {
+        self.checked
+            .get_or_try_init(|| async {
+                let server: String = tokio::time::timeout(
+                    self.timeout,
+                    self.tasks
+                        .get_property::<String>(bus::tasks::PROTOCOL_VERSION),
+                )
+                .await
+                .map_err(|_| {
+                    Error::with(
+                        Code::RUNTIME_UNAVAILABLE,
+                        "ProtocolVersion: no answer in time",
+                    )
+                })?
+                .map_err(from_zbus)?;
+                bus::check_protocol(self.protocol, &server)
+            })
+            .await
+            .map(|_| ())
     }
 
     /// Calls from now on carry ALLOW_INTERACTIVE_AUTHORIZATION when
@@ -138,6 +183,7 @@ impl Supervisor {
         method: &str,
         call: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
+        self.check_protocol().await?;
         match tokio::time::timeout(self.timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(Error::with(

@@ -30,6 +30,39 @@ use crate::{Code, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The protocol this build speaks, `(major, minor)`; see
+/// `docs/protocol.md` for what bumps which. The supervisor shows it as the
+/// `Tasks1.ProtocolVersion` property (`"major.minor"`); clients check it
+/// before their first call ([`check_protocol`]).
+pub const PROTOCOL_VERSION: (u32, u32) = (1, 1);
+
+/// `"major.minor"`.
+pub fn protocol_string(v: (u32, u32)) -> String {
+    format!("{}.{}", v.0, v.1)
+}
+
+/// Whether a client speaking `client` may talk to a supervisor speaking
+/// `server` (`"major.minor"`): the majors must be equal; any minor works
+/// (a client one minor behind uses a subset; one ahead must not use what
+/// the supervisor lacks, and the newer minor's additions are optional by
+/// the bump rules). A different major, or a version that does not parse,
+/// is `PROTOCOL_VERSION_MISMATCH` naming both.
+pub fn check_protocol(client: (u32, u32), server: &str) -> Result<(), Error> {
+    let parsed = server
+        .split_once('.')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)));
+    match parsed {
+        Some((major, _)) if major == client.0 => Ok(()),
+        _ => Err(Error::with(
+            Code::PROTOCOL_VERSION_MISMATCH,
+            format!(
+                "this client speaks airlock bus protocol {}, the supervisor speaks {server:?}; use an airlockctl or library of the supervisor's major version",
+                protocol_string(client)
+            ),
+        )),
+    }
+}
+
 /// The supervisor's well-known name.
 pub const BUS_NAME: &str = "org.airlock.Supervisor1";
 /// Its one object.
@@ -57,6 +90,8 @@ pub mod tasks {
     pub const VERIFY: &str = "Verify";
     /// Signal: `s` task id, `s` state, `x` revision.
     pub const TASK_CHANGED: &str = "TaskChanged";
+    /// Property: the protocol the supervisor speaks, `"major.minor"`.
+    pub const PROTOCOL_VERSION: &str = "ProtocolVersion";
     /// Methods, in declaration order.
     pub const METHODS: &[&str] = &[
         SUBMIT_TASK,
@@ -240,6 +275,18 @@ mod tests {
         assert_eq!(e.code, Code::MESSAGE_INVALID);
         let ok: EventPage = decode("ListEvents", r#"{"events": [], "next_after": 7}"#).unwrap();
         assert_eq!(ok.next_after, 7);
+    }
+
+    #[test]
+    fn only_the_major_version_must_agree() {
+        assert!(check_protocol((1, 0), "1.1").is_ok());
+        assert!(check_protocol((1, 1), "1.0").is_ok());
+        for server in ["2.0", "0.9", "1", "x.y", ""] {
+            let e = check_protocol((1, 1), server).unwrap_err();
+            assert_eq!(e.code, Code::PROTOCOL_VERSION_MISMATCH);
+            let text = e.to_string();
+            assert!(text.contains("1.1") && text.contains(server), "{text}");
+        }
     }
 
     #[test]

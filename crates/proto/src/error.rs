@@ -111,6 +111,8 @@ catalogue! {
     FIELD_BOUNDS_EXCEEDED => Invalid, None;
     /// A message's declared schema is not the one this endpoint accepts.
     SCHEMA_INVALID => Invalid, None;
+    /// The client speaks another major version of the bus protocol than the supervisor.
+    PROTOCOL_VERSION_MISMATCH => Conflict, None;
     /// A JSON value cannot be put in canonical form (floats, or nesting too deep).
     CANONICAL_JSON_UNSUPPORTED => Invalid, None;
 

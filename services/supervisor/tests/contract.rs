@@ -325,3 +325,29 @@ fn the_exported_object_is_exactly_the_declared_contract() {
         .collect();
     assert_eq!(exported, declared);
 }
+
+#[test]
+fn an_older_minor_client_works_and_another_major_is_refused_by_name() {
+    use airlock_proto::bus::{PROTOCOL_VERSION, protocol_string};
+    let s = stack();
+    let (major, minor) = PROTOCOL_VERSION;
+    assert!(
+        minor >= 1,
+        "the current protocol has an older minor to test"
+    );
+    let older = s.client.clone().speaking((major, minor - 1));
+    s.rt.block_on(older.list_tasks("", "", 1))
+        .expect("a client one minor behind works");
+    for other in [(major + 1, 0), (major - 1, minor)] {
+        let e =
+            s.rt.block_on(s.client.clone().speaking(other).list_tasks("", "", 1))
+                .unwrap_err();
+        assert_eq!(e.code, Code::PROTOCOL_VERSION_MISMATCH, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&protocol_string(other))
+                && text.contains(&protocol_string(PROTOCOL_VERSION)),
+            "{text}"
+        );
+    }
+}

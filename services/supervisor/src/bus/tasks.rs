@@ -309,6 +309,13 @@ impl Tasks {
         env!("CARGO_PKG_VERSION").to_owned()
     }
 
+    /// The bus protocol it speaks, `"major.minor"`
+    /// (`airlock_proto::bus::PROTOCOL_VERSION`; docs/protocol.md).
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn protocol_version(&self) -> String {
+        airlock_proto::bus::protocol_string(airlock_proto::bus::PROTOCOL_VERSION)
+    }
+
     /// Tasks QUEUED.
     #[zbus(property(emits_changed_signal = "false"))]
     async fn queued(&self) -> zbus::fdo::Result<u64> {
