@@ -366,6 +366,29 @@ async fn admin_commands_end_to_end_with_tables_and_json() {
         .collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["action"], "TASK_SUBMITTED");
+    assert!(
+        lines[0]["at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z') && t.contains('T')),
+        "every JSON line carries its RFC 3339 time: {}",
+        lines[0]
+    );
+    // --since: everything recorded in the last hour, nothing from the future.
+    let all = stdout(&sup.ctl(&["events", "--json"]).await)
+        .lines()
+        .count();
+    let recent = stdout(&sup.ctl(&["events", "--json", "--since", "1h"]).await)
+        .lines()
+        .count();
+    assert_eq!(recent, all);
+    assert!(all > 5, "{all}");
+    let later = stdout(
+        &sup.ctl(&["events", "--json", "--since", "2999-01-01T00:00:00Z"])
+            .await,
+    );
+    assert_eq!(later.lines().count(), 0, "{later}");
+    let o = sup.ctl(&["events", "--since", "yesterday-ish"]).await;
+    assert_eq!(code(&o), 2, "a bad --since is a usage error");
 
     // status
     let o = sup.ctl(&["status"]).await;

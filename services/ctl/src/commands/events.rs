@@ -1,4 +1,6 @@
-//! `airlockctl events [ID] [--follow]`: the audit log.
+//! `airlockctl events [ID] [--since WHEN] [--follow]`: the audit log. With
+//! `--json`, one JSON object per line (an event as the supervisor keeps it,
+//! plus `at`, its time in RFC 3339), for a log pipeline.
 
 use super::submit::task_changes;
 use crate::client::{Client, CtlError, shown};
@@ -25,6 +27,29 @@ pub struct Args {
     /// At most this many events (default: all; with --follow, the backlog only).
     #[arg(long, value_name = "N")]
     pub limit: Option<u32>,
+
+    /// Only events recorded at or after WHEN: an RFC 3339 time
+    /// ("2026-11-30T05:00:00Z", "2026-11-30 05:00:00" is UTC) or a duration
+    /// ago ("15m", "2h", "7days").
+    #[arg(long, value_name = "WHEN", value_parser = parse_since)]
+    pub since: Option<i64>,
+}
+
+/// `--since` as unix milliseconds.
+fn parse_since(s: &str) -> Result<i64, String> {
+    let at = match humantime::parse_duration(s) {
+        Ok(ago) => std::time::SystemTime::now()
+            .checked_sub(ago)
+            .ok_or_else(|| format!("{s:?} reaches before 1970"))?,
+        Err(_) => humantime::parse_rfc3339_weak(s).map_err(|e| {
+            format!("{s:?} is neither an RFC 3339 time nor a duration like 2h: {e}")
+        })?,
+    };
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{s:?} is before 1970"))?
+        .as_millis();
+    i64::try_from(ms).map_err(|_| format!("{s:?} is too far ahead"))
 }
 
 /// Page size asked of the supervisor.
@@ -96,7 +121,12 @@ const HEADER: [&str; 8] = [
 fn print(ctx: &Ctx, events: &[Value], header: bool) {
     if ctx.json {
         for e in events {
-            ctx.print_json(e);
+            let mut line = e.clone();
+            if let Some(ms) = e["at_ms"].as_i64().and_then(|ms| u64::try_from(ms).ok()) {
+                let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+                line["at"] = Value::String(humantime::format_rfc3339_millis(at).to_string());
+            }
+            ctx.print_json(&line);
         }
         return;
     }
@@ -127,7 +157,24 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
     } else {
         None
     };
-    let (events, mut after) = fetch(client, &task, args.after, args.limit).await?;
+    let since = args.since.unwrap_or(i64::MIN);
+    let recent = |events: Vec<Value>| -> Vec<Value> {
+        events
+            .into_iter()
+            .filter(|e| e["at_ms"].as_i64().is_some_and(|t| t >= since))
+            .collect()
+    };
+    // With --since the limit counts the events that qualify.
+    let fetch_limit = if args.since.is_some() {
+        None
+    } else {
+        args.limit
+    };
+    let (events, mut after) = fetch(client, &task, args.after, fetch_limit).await?;
+    let mut events = recent(events);
+    if let Some(limit) = args.limit {
+        events.truncate(limit as usize);
+    }
     if events.is_empty() && !args.follow && !ctx.json {
         println!("No events.");
     }
@@ -144,6 +191,7 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         }
         let (events, next) = fetch(client, &task, after, None).await?;
         after = next;
+        let events = recent(events);
         print(ctx, &events, header);
         if !events.is_empty() {
             header = false;
