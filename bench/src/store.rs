@@ -353,6 +353,8 @@ fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult
                 exit_code: Some(0),
                 timed_out: false,
                 duration_ms: 1,
+                stdout_tail: None,
+                stderr_tail: None,
             }],
         };
         let receipt = store.submit_result(

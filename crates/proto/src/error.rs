@@ -224,6 +224,28 @@ catalogue! {
     /// A verification timeout is outside 1..=1800 seconds.
     COMMAND_TIMEOUT_INVALID => Invalid, None;
 
+    // ---- proposals (the task builder: airlockctl propose) ------------------------
+    /// A proposal adds or edits a file that is not UTF-8 text; binary content cannot be proposed.
+    PROPOSAL_BINARY_CHANGE => Invalid, None;
+    /// A proposal sets or clears a file's executable bit; file modes cannot be proposed.
+    PROPOSAL_MODE_CHANGE => Invalid, None;
+    /// A proposal adds, edits or removes a symbolic link or a submodule.
+    PROPOSAL_SYMLINK_CHANGE => Invalid, None;
+    /// A proposal changes nothing relative to its base.
+    PROPOSAL_EMPTY => Invalid, None;
+    /// A patch is not a unified diff the task builder can read (the detail names the line).
+    PATCH_INVALID => Invalid, None;
+    /// A patch hunk does not apply to the base (the detail names the file and the hunk's line).
+    PATCH_HUNK_FAILED => Conflict, None;
+    /// A revision does not name a commit in the repository.
+    REVISION_NOT_FOUND => NotFound, None;
+    /// The repository's files cannot be read by this user (not in the readers group, or not there).
+    SOURCE_ACCESS_DENIED => Denied, None;
+    /// A repository of that name is already registered, or its directory already exists.
+    REPOSITORY_EXISTS => Conflict, None;
+    /// The path given to repo add (or airlock-local --repo) is not a git repository.
+    REPOSITORY_SOURCE_INVALID => Invalid, None;
+
     // ---- plan store ----------------------------------------------------------
     /// The plan's schema is not airlock.plan.v1.
     EXECUTION_PLAN_SCHEMA_INVALID => Invalid, None;

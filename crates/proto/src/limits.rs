@@ -53,5 +53,8 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 pub const MAX_REASON_LEN: usize = 1024;
 /// Longest stdout/stderr tail kept in evidence.
 pub const MAX_OUTPUT_TAIL_BYTES: usize = 4096;
+/// Most bytes of each output tail a task result keeps for a failed command
+/// (the evidence a planner reads to see which test failed).
+pub const MAX_SUMMARY_TAIL_BYTES: usize = 2048;
 /// Largest task result accepted by the supervisor, canonical bytes.
 pub const MAX_RESULT_BYTES: usize = 256 * 1024;

@@ -205,6 +205,32 @@ pub struct CommandSummary {
     pub timed_out: bool,
     /// Wall-clock duration.
     pub duration_ms: u64,
+    /// For a command that failed: the last bytes of its stdout (at most
+    /// [`MAX_SUMMARY_TAIL_BYTES`](crate::limits::MAX_SUMMARY_TAIL_BYTES)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_tail: Option<String>,
+    /// For a command that failed: the last bytes of its stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+}
+
+impl CommandSummary {
+    /// True when the command exited 0 within its time.
+    pub fn passed(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out
+    }
+}
+
+/// The last at most `max` bytes of `text`, cut at a character boundary.
+pub fn tail_of(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
 }
 
 /// Schema tag of a task result.
@@ -271,6 +297,19 @@ impl TaskResult {
         }
         if self.verification.len() > crate::limits::MAX_COMMANDS {
             return Err(Error::new(Code::FIELD_BOUNDS_EXCEEDED));
+        }
+        for c in &self.verification {
+            let tails = [&c.stdout_tail, &c.stderr_tail];
+            if tails.iter().any(|t| t.is_some()) && c.passed() {
+                return bad("only a failed command carries output tails");
+            }
+            if tails
+                .iter()
+                .flat_map(|t| t.as_deref())
+                .any(|t| t.len() > crate::limits::MAX_SUMMARY_TAIL_BYTES)
+            {
+                return Err(Error::with(Code::FIELD_BOUNDS_EXCEEDED, "output tail"));
+            }
         }
         Ok(())
     }
@@ -378,6 +417,31 @@ mod tests {
         assert!(r.validate().is_err());
         r.failure_code = Some("VERIFICATION_FAILED".into());
         assert!(r.validate().is_ok());
+        let mut failed = CommandSummary {
+            label: "tests".into(),
+            exit_code: Some(1),
+            timed_out: false,
+            duration_ms: 5,
+            stdout_tail: None,
+            stderr_tail: Some("FAIL: test_adds".into()),
+        };
+        r.verification = vec![failed.clone()];
+        assert!(r.validate().is_ok(), "a failed command keeps its tail");
+        let old = serde_json::to_value(&failed).unwrap();
+        failed.stderr_tail = Some("x".repeat(crate::limits::MAX_SUMMARY_TAIL_BYTES + 1));
+        r.verification = vec![failed.clone()];
+        assert_eq!(r.validate().unwrap_err().code, Code::FIELD_BOUNDS_EXCEEDED);
+        failed.exit_code = Some(0);
+        failed.stderr_tail = Some("ok".into());
+        r.verification = vec![failed];
+        assert_eq!(r.validate().unwrap_err().code, Code::MESSAGE_INVALID);
+        // A summary without tails (an older worker's) still reads.
+        let mut older = old;
+        older.as_object_mut().unwrap().remove("stderr_tail");
+        assert!(serde_json::from_value::<CommandSummary>(older).is_ok());
+        assert_eq!(tail_of("aé", 1), "");
+        assert_eq!(tail_of("abc", 2), "bc");
+        r.verification = vec![];
         let v = serde_json::to_value(&r).unwrap();
         let mut extra = v.clone();
         extra["x"] = json!(1);

@@ -100,6 +100,8 @@ pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
             exit_code: Some(if outcome == Outcome::Failed { 1 } else { 0 }),
             timed_out: false,
             duration_ms: 12,
+            stdout_tail: None,
+            stderr_tail: None,
         }],
     }
 }

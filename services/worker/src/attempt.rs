@@ -10,7 +10,8 @@ use airlock_proto::bus::LeaseRef;
 use airlock_proto::canonical::{digest_of, sha256_hex};
 use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key};
 use airlock_proto::envelope::{Action, Envelope};
-use airlock_proto::task::{CommandSummary, Outcome, RESULT_SCHEMA, TaskResult};
+use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
+use airlock_proto::task::{CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, tail_of};
 use airlock_proto::{Code, Error};
 use airlock_spool::{Expect, Kind, Spool};
 use base64::Engine;
@@ -772,11 +773,21 @@ fn check_changed_files(env: &Envelope, result: &ExecResult) -> Step<()> {
 fn summaries(evidence: Vec<airlock_proto::bundle::CommandEvidence>) -> Vec<CommandSummary> {
     evidence
         .into_iter()
-        .map(|c| CommandSummary {
-            label: c.label,
-            exit_code: c.exit_code,
-            timed_out: c.timed_out,
-            duration_ms: c.duration_ms,
+        .map(|c| {
+            let passed = c.exit_code == Some(0) && !c.timed_out;
+            // A failed command keeps the end of its output: the evidence a
+            // planner reads to see which test failed.
+            let tail = |t: &str| {
+                (!passed && !t.is_empty()).then(|| tail_of(t, MAX_SUMMARY_TAIL_BYTES).to_owned())
+            };
+            CommandSummary {
+                stdout_tail: tail(&c.stdout_tail),
+                stderr_tail: tail(&c.stderr_tail),
+                label: c.label,
+                exit_code: c.exit_code,
+                timed_out: c.timed_out,
+                duration_ms: c.duration_ms,
+            }
         })
         .collect()
 }

@@ -1,0 +1,439 @@
+//! The task builder: from "these files changed" to an `airlock.task.v1`
+//! submission (the one `airlockctl propose` submits; a Rust agent calls it
+//! directly).
+//!
+//! It reads the authority repository (read-only, see [`SourceRepo`]),
+//! resolves the base and the branch to object ids, takes the changes from
+//! a work tree ([`Changes::Worktree`]) or a unified diff
+//! ([`Changes::Patch`]), turns each touched file into a `write_file` (its
+//! whole new content) or `delete_file`, each guarded by the SHA-256 the
+//! file has in the source head, and fills in the binding and the plan.
+//! The result is checked the way the supervisor will check it (strict
+//! parse, plan registration, envelope projection) before it is returned,
+//! so a task the builder returns is one the supervisor accepts, unless the
+//! repository moves or is not registered there.
+//!
+//! `docs/tasks.md` describes the JSON for agents in other languages.
+//!
+//! ```no_run
+//! use airlock_client::builder::{Changes, Proposal, SourceRepo, verify_command};
+//! # fn demo() -> Result<(), airlock_proto::Error> {
+//! let repo = SourceRepo::open("/srv/airlock/calc.git".as_ref())?;
+//! let mut proposal = Proposal::new("calc", "main");
+//! proposal.verification.push(verify_command(
+//!     "python3 -m unittest -q",
+//!     300,
+//!     &["/usr/bin/python3".into()],
+//! )?);
+//! let built = proposal.build(&repo, Changes::Worktree("/tmp/calc".as_ref()))?;
+//! println!("{}", built.task);
+//! # Ok(()) }
+//! ```
+
+pub mod patch;
+mod source;
+mod worktree;
+
+pub use source::{Entry, Kind, SourceRepo};
+
+use airlock_proto::binding::{AGENT_BRANCH_PREFIX, check_target_branch, is_task_id};
+use airlock_proto::canonical::sha256_hex;
+use airlock_proto::envelope::Command;
+use airlock_proto::limits::{COMMAND_TIMEOUT_RANGE, DEFAULT_MAX_ATTEMPTS, MAX_LABEL_LEN};
+use airlock_proto::path::check_relative_path;
+use airlock_proto::plan::{PLAN_SCHEMA, PlanRequest, register_plan};
+use airlock_proto::task::{TASK_SCHEMA, TaskSubmission};
+use airlock_proto::{Code, Error};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// One file the proposal changes, against the source head.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edit {
+    /// The file's whole new content; `base_sha256` is the content's digest
+    /// in the source head (`None` for a new file).
+    Write {
+        /// Repository-relative path.
+        path: String,
+        /// The new content.
+        content: String,
+        /// SHA-256 of the file in the source head.
+        base_sha256: Option<String>,
+    },
+    /// The file goes.
+    Delete {
+        /// Repository-relative path.
+        path: String,
+        /// SHA-256 of the file in the source head.
+        base_sha256: String,
+    },
+}
+
+impl Edit {
+    /// The path.
+    pub fn path(&self) -> &str {
+        match self {
+            Edit::Write { path, .. } | Edit::Delete { path, .. } => path,
+        }
+    }
+
+    /// `add`, `edit` or `delete`, for summaries.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Edit::Write {
+                base_sha256: None, ..
+            } => "add",
+            Edit::Write { .. } => "edit",
+            Edit::Delete { .. } => "delete",
+        }
+    }
+
+    fn change(&self) -> Value {
+        match self {
+            Edit::Write {
+                path,
+                content,
+                base_sha256,
+            } => {
+                let mut c = json!({"operation": "write_file", "path": path, "content": content});
+                if let Some(sha) = base_sha256 {
+                    c["expected_sha256"] = json!(sha);
+                }
+                c
+            }
+            Edit::Delete { path, base_sha256 } => {
+                json!({"operation": "delete_file", "path": path, "expected_sha256": base_sha256})
+            }
+        }
+    }
+}
+
+/// Where the changes come from.
+#[derive(Clone, Copy, Debug)]
+pub enum Changes<'a> {
+    /// A directory holding the changed tree (usually a clone of the
+    /// repository the planner edited).
+    Worktree(&'a Path),
+    /// A unified diff against the source head.
+    Patch(&'a str),
+}
+
+/// What a planner proposes; [`Proposal::build`] makes the task.
+#[derive(Clone, Debug)]
+pub struct Proposal {
+    /// The registered repository's name.
+    pub repository: String,
+    /// The base revision (a branch, tag or commit id of the repository).
+    pub base: String,
+    /// The `agent/…` branch; `agent/<task id>` when `None`. An existing
+    /// branch is continued (its head becomes the source head).
+    pub branch: Option<String>,
+    /// The task id; generated when `None`.
+    pub task_id: Option<String>,
+    /// The verification commands, in order.
+    pub verification: Vec<Command>,
+    /// The attempt budget (default 3).
+    pub max_attempts: u32,
+}
+
+/// A built task.
+#[derive(Clone, Debug)]
+pub struct Built {
+    /// The `airlock.task.v1` submission.
+    pub task: Value,
+    /// Its task id.
+    pub task_id: String,
+    /// Its branch.
+    pub target_branch: String,
+    /// The base commit.
+    pub base_oid: String,
+    /// The commit the changes apply to (the base, or the branch's head).
+    pub source_head: String,
+    /// The files it changes.
+    pub edits: Vec<Edit>,
+}
+
+/// A fresh task id: `p-` and 16 random hex digits.
+pub fn new_task_id() -> Result<String, Error> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| Error::with(Code::INTERNAL, format!("no randomness: {e}")))?;
+    Ok(format!(
+        "p-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+/// A verification command from a line of text: split the way a POSIX shell
+/// splits words (quotes and backslashes), never run by one. A bare program
+/// name is looked up among `programs` (the executor's allowlist,
+/// `executor.programs`) by file name; a path must be absolute.
+pub fn verify_command(
+    text: &str,
+    timeout_seconds: u32,
+    programs: &[PathBuf],
+) -> Result<Command, Error> {
+    let bad = |why: String| Error::with(Code::COMMAND_INVALID, format!("{text:?}: {why}"));
+    let mut argv = shlex::split(text).ok_or_else(|| bad("unbalanced quotes".into()))?;
+    if argv.is_empty() {
+        return Err(bad("empty command".into()));
+    }
+    if !COMMAND_TIMEOUT_RANGE.contains(&timeout_seconds) {
+        return Err(Error::with(
+            Code::COMMAND_TIMEOUT_INVALID,
+            format!("{timeout_seconds} s is outside {COMMAND_TIMEOUT_RANGE:?}"),
+        ));
+    }
+    if !argv[0].contains('/') {
+        let name = argv[0].clone();
+        let found = programs
+            .iter()
+            .find(|p| p.file_name().is_some_and(|f| f == name.as_str()))
+            .ok_or_else(|| {
+                let list: Vec<String> = programs.iter().map(|p| p.display().to_string()).collect();
+                Error::with(
+                    Code::COMMAND_PROGRAM_DENY,
+                    format!(
+                        "{name:?} is not one of the executor's programs ({})",
+                        list.join(", ")
+                    ),
+                )
+            })?;
+        argv[0] = found.display().to_string();
+    } else if !argv[0].starts_with('/') {
+        return Err(bad("a program path must be absolute".into()));
+    }
+    let label: String = text
+        .chars()
+        .map(|c| if c.is_ascii_graphic() { c } else { ' ' })
+        .collect::<String>()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(MAX_LABEL_LEN)
+        .collect();
+    Ok(Command {
+        label,
+        argv,
+        cwd: ".".into(),
+        timeout_seconds,
+    })
+}
+
+/// True for bytes a `write_file` can carry: UTF-8 without NUL.
+pub fn is_text(bytes: &[u8]) -> bool {
+    !bytes.contains(&0) && std::str::from_utf8(bytes).is_ok()
+}
+
+pub(crate) fn refuse(code: Code, path: &str, why: &str) -> Error {
+    Error::with(code, format!("{path}: {why}"))
+}
+
+impl Proposal {
+    /// A proposal on `repository` from `base`, with defaults otherwise.
+    pub fn new(repository: &str, base: &str) -> Proposal {
+        Proposal {
+            repository: repository.to_owned(),
+            base: base.to_owned(),
+            branch: None,
+            task_id: None,
+            verification: Vec::new(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+        }
+    }
+
+    /// Builds the task from `changes` read against `repo` (see the module docs).
+    pub fn build(&self, repo: &SourceRepo, changes: Changes<'_>) -> Result<Built, Error> {
+        let task_id = match &self.task_id {
+            Some(id) if is_task_id(id) => id.clone(),
+            Some(id) => return Err(Error::with(Code::TASK_ID_INVALID, id.clone())),
+            None => new_task_id()?,
+        };
+        let target_branch = self
+            .branch
+            .clone()
+            .unwrap_or_else(|| format!("{AGENT_BRANCH_PREFIX}{task_id}"));
+        check_target_branch(&target_branch)?;
+        let base_oid = repo.resolve_commit(&self.base)?;
+        let (mode, expected) = match repo.branch_head(&target_branch)? {
+            Some(head) if self.branch.is_some() => ("CONTINUE_EXISTING", head),
+            Some(_) => {
+                return Err(Error::with(
+                    Code::REF_CAS_MISMATCH,
+                    format!("{target_branch} exists already; name it as the branch to continue it"),
+                ));
+            }
+            None => ("CREATE_NEW", base_oid.clone()),
+        };
+        let source_head = expected.clone();
+        let edits = match changes {
+            Changes::Worktree(dir) => worktree::edits(repo, &source_head, dir)?,
+            Changes::Patch(text) => patch_edits(repo, &source_head, text)?,
+        };
+        if edits.is_empty() {
+            return Err(Error::with(
+                Code::PROPOSAL_EMPTY,
+                format!("nothing differs from {source_head}"),
+            ));
+        }
+        for e in &edits {
+            check_relative_path(e.path())?;
+        }
+        let job_id = format!("job-{task_id}");
+        let task = json!({
+            "schema": TASK_SCHEMA,
+            "max_attempts": self.max_attempts,
+            "binding": {
+                "task_id": task_id, "job_id": job_id, "repository": self.repository,
+                "base_oid": base_oid, "expected_branch_oid": expected,
+                "target_branch": target_branch, "branch_mode": mode, "generation": 1,
+                "idempotency_key": format!("propose-{task_id}"),
+            },
+            "plan": {
+                "schema": PLAN_SCHEMA, "task_id": task_id, "job_id": job_id,
+                "source_head_oid": source_head, "generation": 1,
+                "idempotency_key": format!("plan-{task_id}-1"),
+                "execution": {
+                    "action": "deterministic",
+                    "change_set": edits.iter().map(Edit::change).collect::<Vec<_>>(),
+                    "verification": self.verification,
+                },
+            },
+        });
+        // The supervisor's own checks, before anything is sent.
+        let parsed = TaskSubmission::from_value(&task)?;
+        let plan: &PlanRequest = &parsed.plan;
+        register_plan(&parsed.binding, plan, None)?;
+        Ok(Built {
+            task,
+            task_id,
+            target_branch,
+            base_oid,
+            source_head,
+            edits,
+        })
+    }
+}
+
+/// The edits a unified diff makes to `head`.
+fn patch_edits(repo: &SourceRepo, head: &str, text: &str) -> Result<Vec<Edit>, Error> {
+    let files = patch::parse(text)?;
+    let tree = repo.tree(head)?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut edits = Vec::new();
+    let base_text = |path: &str| -> Result<(String, String), Error> {
+        let entry = tree.get(path).ok_or_else(|| {
+            Error::with(
+                Code::PATCH_HUNK_FAILED,
+                format!("{path}: the patch changes a file the base does not have"),
+            )
+        })?;
+        match entry.kind {
+            Kind::File | Kind::Executable => {}
+            _ => {
+                return Err(refuse(
+                    Code::PROPOSAL_SYMLINK_CHANGE,
+                    path,
+                    "a symbolic link or submodule in the base",
+                ));
+            }
+        }
+        let bytes = repo.blobs(&[entry.oid.as_str()])?.remove(0);
+        let sha = sha256_hex(&bytes);
+        if !is_text(&bytes) {
+            return Err(refuse(
+                Code::PROPOSAL_BINARY_CHANGE,
+                path,
+                "a binary file in the base",
+            ));
+        }
+        Ok((String::from_utf8(bytes).unwrap_or_default(), sha))
+    };
+    for file in &files {
+        for p in [&file.old_path, &file.new_path].into_iter().flatten() {
+            check_relative_path(p)?;
+        }
+        let mut touched: Vec<&String> = [
+            (!file.copy).then_some(file.old_path.as_ref()).flatten(),
+            file.new_path.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        touched.dedup();
+        for p in touched {
+            if !seen.insert(p.clone()) {
+                return Err(Error::with(
+                    Code::PATCH_INVALID,
+                    format!("patch line {}: {p} is changed twice", file.patch_line),
+                ));
+            }
+        }
+        match (&file.old_path, &file.new_path) {
+            (None, Some(new)) => {
+                if tree.contains_key(new) {
+                    return Err(Error::with(
+                        Code::PATCH_HUNK_FAILED,
+                        format!(
+                            "{new}: the patch creates a file the base already has (patch line {})",
+                            file.patch_line
+                        ),
+                    ));
+                }
+                edits.push(Edit::Write {
+                    path: new.clone(),
+                    content: patch::apply(file, "")?,
+                    base_sha256: None,
+                });
+            }
+            (Some(old), None) => {
+                let (content, sha) = base_text(old)?;
+                // The removal must match the base, like any hunk.
+                if !patch::apply(file, &content)?.is_empty() {
+                    return Err(Error::with(
+                        Code::PATCH_HUNK_FAILED,
+                        format!("{old}: the patch deletes the file but leaves lines behind"),
+                    ));
+                }
+                edits.push(Edit::Delete {
+                    path: old.clone(),
+                    base_sha256: sha,
+                });
+            }
+            (Some(old), Some(new)) => {
+                let (content, sha) = base_text(old)?;
+                let after = patch::apply(file, &content)?;
+                if old != new {
+                    if tree.contains_key(new) {
+                        return Err(Error::with(
+                            Code::PATCH_HUNK_FAILED,
+                            format!("{new}: the patch renames onto a file the base already has"),
+                        ));
+                    }
+                    if !file.copy {
+                        edits.push(Edit::Delete {
+                            path: old.clone(),
+                            base_sha256: sha,
+                        });
+                    }
+                    edits.push(Edit::Write {
+                        path: new.clone(),
+                        content: after,
+                        base_sha256: None,
+                    });
+                } else if after != content {
+                    edits.push(Edit::Write {
+                        path: new.clone(),
+                        content: after,
+                        base_sha256: Some(sha),
+                    });
+                }
+            }
+            (None, None) => unreachable!("the parser refuses a section without paths"),
+        }
+    }
+    edits.sort_by(|a, b| a.path().cmp(b.path()));
+    Ok(edits)
+}
