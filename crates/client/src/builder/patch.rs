@@ -256,13 +256,16 @@ fn git_section(
                 Code::PROPOSAL_BINARY_CHANGE,
                 format!("{path}: the patch changes a binary file (patch line {ln})"),
             ));
-        } else if line.starts_with("--- ") {
-            let plus = lines.get(i + 1).map(|l| l.trim_end_matches(['\n', '\r']));
-            let Some(plus) = plus.filter(|l| l.starts_with("+++ ")) else {
+        } else if let Some(minus) = line.strip_prefix("--- ") {
+            let plus = lines
+                .get(i + 1)
+                .map(|l| l.trim_end_matches(['\n', '\r']))
+                .and_then(|l| l.strip_prefix("+++ "));
+            let Some(plus) = plus else {
                 return Err(invalid(ln, "`---` without `+++`"));
             };
-            file.old_path = header_path(&line[4..], true);
-            file.new_path = header_path(&plus[4..], true);
+            file.old_path = header_path(minus, true);
+            file.new_path = header_path(plus, true);
             i += 1;
         } else if line.starts_with("similarity index")
             || line.starts_with("dissimilarity index")
