@@ -354,6 +354,18 @@ pub const KEYS: &[KeySpec] = &[
         "60",
         "How often the worker renews the lease of each task it runs. At most half of supervisor.lease_seconds, so one late renewal does not lose the lease.",
     ),
+    key(
+        "worker.repository_root",
+        Kind::Path,
+        "\"/srv/airlock\"",
+        "Directory under which `airlockctl repo add` makes the authority repositories. The worker may write anywhere beneath it (its Landlock grant), so a repository added here is served after `systemctl reload airlock-worker` without a restart; a repository registered elsewhere needs a restart of the worker.",
+    ),
+    key(
+        "worker.readers_group",
+        Kind::Group,
+        "\"airlock-readers\"",
+        "The group that may read the authority repositories (planners such as airlock-agent, and admins added to it): `airlockctl repo add` makes each repository readable by it and writable by the worker alone.",
+    ),
     // ---- [spool] -----------------------------------------------------------
     section(
         "spool",

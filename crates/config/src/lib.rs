@@ -152,6 +152,10 @@ pub struct Worker {
     pub capabilities: Vec<String>,
     /// How often the worker renews its leases, in seconds.
     pub renew_interval_seconds: u32,
+    /// Where `airlockctl repo add` makes authority repositories.
+    pub repository_root: PathBuf,
+    /// The group that may read the authority repositories.
+    pub readers_group: String,
 }
 
 impl Default for Worker {
@@ -162,6 +166,8 @@ impl Default for Worker {
             parallel_tasks: 2,
             capabilities: vec!["git.read".to_owned(), "git.test".to_owned()],
             renew_interval_seconds: 60,
+            repository_root: PathBuf::from("/srv/airlock"),
+            readers_group: "airlock-readers".to_owned(),
         }
     }
 }
@@ -315,6 +321,10 @@ pub struct Repository {
     /// Free text for admins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The drop-in file that registered it (`repositories.d/NAME.toml`);
+    /// `None` for a table in the main file.
+    #[serde(skip)]
+    pub drop_in: Option<PathBuf>,
 }
 
 impl Config {
@@ -322,9 +332,41 @@ impl Config {
     /// [`DEFAULT_PATH`]). The file must be a regular file (symlinks are
     /// followed), at most [`MAX_CONFIG_BYTES`], UTF-8, and not writable by
     /// other users.
+    ///
+    /// Repositories may also be registered one per file in the drop-in
+    /// directory beside it ([`drop_in_dir`]): `repositories.d/NAME.toml`
+    /// holding one `[[repository]]` table whose name is `NAME` and nothing
+    /// else (what `airlockctl repo add` writes). Files not ending in
+    /// `.toml` are ignored; each drop-in is read like the main file, and a
+    /// name or path registered twice is refused naming the drop-in.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = read_config_file(path)?;
-        Config::parse(&text, path)
+        let mut config = Config::parse(&text, path)?;
+        for file in drop_in_files(&drop_in_dir(path))? {
+            let repo = read_drop_in(&file)?;
+            let clash = config
+                .repositories
+                .iter()
+                .find(|r| r.name == repo.name || r.path == repo.path);
+            if let Some(other) = clash {
+                let origin = other
+                    .drop_in
+                    .as_deref()
+                    .unwrap_or(path)
+                    .display()
+                    .to_string();
+                return Err(ConfigError::Unacceptable {
+                    file,
+                    expected: format!(
+                        "a repository whose name and path no other registers ({origin} already registers {:?} at {})",
+                        other.name,
+                        other.path.display()
+                    ),
+                });
+            }
+            config.repositories.push(repo);
+        }
+        Ok(config)
     }
 
     /// Parses and validates configuration text; `origin` names the file in
@@ -353,6 +395,97 @@ impl Config {
     pub fn repository_names(&self) -> Vec<&str> {
         self.repositories.iter().map(|r| r.name.as_str()).collect()
     }
+}
+
+/// Name of the drop-in directory beside the configuration file.
+pub const DROP_IN_DIR_NAME: &str = "repositories.d";
+
+/// The drop-in directory of the configuration file at `config`
+/// (`/etc/airlock/repositories.d` for the default).
+pub fn drop_in_dir(config: &Path) -> PathBuf {
+    config
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(DROP_IN_DIR_NAME)
+}
+
+/// The drop-in files in `dir`, sorted; none when it does not exist.
+pub fn drop_in_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(ConfigError::Unreadable {
+                file: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| ConfigError::Unreadable {
+            file: dir.to_owned(),
+            source,
+        })?;
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Reads one drop-in: a file holding exactly one `[[repository]]` table
+/// named like the file.
+pub fn read_drop_in(file: &Path) -> Result<Repository, ConfigError> {
+    let text = read_config_file(file)?;
+    let parsed = Config::parse(&text, file)?;
+    let refuse = |expected: String| ConfigError::Unacceptable {
+        file: file.to_owned(),
+        expected,
+    };
+    let only_repositories = toml::from_str::<toml::Table>(&text)
+        .map(|t| t.keys().all(|k| k == "repository"))
+        .unwrap_or(false);
+    if !only_repositories || parsed.repositories.len() != 1 {
+        return Err(refuse(
+            "exactly one [[repository]] table and nothing else".to_owned(),
+        ));
+    }
+    let mut repo = parsed
+        .repositories
+        .into_iter()
+        .next()
+        .expect("one repository");
+    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if repo.name != stem {
+        return Err(refuse(format!(
+            "a repository named like its file, {stem:?}, found {:?}",
+            repo.name
+        )));
+    }
+    repo.drop_in = Some(file.to_owned());
+    Ok(repo)
+}
+
+/// The text of the drop-in registering `repo` (what `airlockctl repo add` writes).
+pub fn drop_in_text(repo: &Repository) -> String {
+    let mut out = String::from(
+        "# Written by `airlockctl repo add`; `airlockctl repo remove` deletes it.\n\
+         # The supervisor and the worker read it at start and on `systemctl reload`.\n\
+         [[repository]]\n",
+    );
+    let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
+    out.push_str(&format!("name = {}\n", quote(&repo.name)));
+    out.push_str(&format!(
+        "path = {}\n",
+        quote(&repo.path.display().to_string())
+    ));
+    if let Some(d) = &repo.description {
+        out.push_str(&format!("description = {}\n", quote(d)));
+    }
+    out
 }
 
 fn read_config_file(path: &Path) -> Result<String, ConfigError> {

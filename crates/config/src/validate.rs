@@ -65,7 +65,9 @@ impl Check<'_, '_> {
         self.path("worker.workspace_root", &w.workspace_root)?;
         self.int("worker.parallel_tasks", w.parallel_tasks)?;
         self.list("worker.capabilities", &w.capabilities)?;
-        self.int("worker.renew_interval_seconds", w.renew_interval_seconds)
+        self.int("worker.renew_interval_seconds", w.renew_interval_seconds)?;
+        self.path("worker.repository_root", &w.repository_root)?;
+        self.name("worker.readers_group", &w.readers_group)
     }
 
     fn spool(&self, sp: &Spool) -> Result {

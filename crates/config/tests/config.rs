@@ -752,3 +752,99 @@ fn files_airlock_will_not_read() {
         "{err}"
     );
 }
+
+// ---- repositories.d drop-ins ------------------------------------------------
+
+fn drop_in_fixture(
+    main: &str,
+    drop_ins: &[(&str, &str)],
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, main).unwrap();
+    let d = airlock_config::drop_in_dir(&config);
+    std::fs::create_dir(&d).unwrap();
+    for (name, text) in drop_ins {
+        std::fs::write(d.join(name), text).unwrap();
+    }
+    (dir, config)
+}
+
+#[test]
+fn drop_ins_register_repositories_after_the_main_file() {
+    let calc = airlock_config::Repository {
+        name: "calc".into(),
+        path: "/srv/airlock/calc.git".into(),
+        description: Some("a \"quoted\" description".into()),
+        drop_in: None,
+    };
+    let (_d, config) = drop_in_fixture(
+        "[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/demo.git\"\n",
+        &[
+            ("calc.toml", &airlock_config::drop_in_text(&calc)),
+            ("calc.toml.dpkg-old", "garbage"),
+            ("notes.txt", "garbage"),
+        ],
+    );
+    let c = airlock_config::Config::load(&config).unwrap();
+    assert_eq!(c.repository_names(), ["demo", "calc"]);
+    let got = c.repository("calc").unwrap();
+    assert_eq!(got.description, calc.description);
+    assert_eq!(
+        got.drop_in.as_deref(),
+        Some(
+            airlock_config::drop_in_dir(&config)
+                .join("calc.toml")
+                .as_path()
+        )
+    );
+    assert_eq!(c.repository("demo").unwrap().drop_in, None);
+    // Config::parse reads no other file.
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert_eq!(
+        airlock_config::Config::parse(&text, &config)
+            .unwrap()
+            .repository_names(),
+        ["demo"]
+    );
+}
+
+#[test]
+fn bad_drop_ins_are_refused_naming_the_drop_in() {
+    let main = "[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/demo.git\"\n";
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "other.toml",
+            "[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/calc.git\"\n",
+            "named like its file",
+        ),
+        (
+            "demo.toml",
+            "[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/demo2.git\"\n",
+            "already registers \"demo\"",
+        ),
+        (
+            "calc.toml",
+            "[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/demo.git\"\n",
+            "already registers \"demo\"",
+        ),
+        (
+            "calc.toml",
+            "[worker]\nparallel_tasks = 4\n[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/calc.git\"\n",
+            "exactly one [[repository]] table and nothing else",
+        ),
+        (
+            "calc.toml",
+            "[[repository]]\nname = \"calc\"\npath = \"relative\"\n",
+            "repository[0].path",
+        ),
+    ];
+    for (file, text, says) in cases {
+        let (_d, config) = drop_in_fixture(main, &[(file, text)]);
+        let e = airlock_config::Config::load(&config).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(file), "{file}: {msg}");
+        assert!(msg.contains(says), "{file}: {msg}");
+        assert_eq!(e.code(), airlock_proto::Code::CONFIG_INVALID);
+    }
+}

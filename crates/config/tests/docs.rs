@@ -28,6 +28,11 @@ fn render() -> String {
          and carries the code `CONFIG_INVALID`.\n\
          - The file must be a regular file, at most {MAX_CONFIG_BYTES} bytes of UTF-8, \
          not writable by other users.\n\
+         - Repositories may also be registered one per file in `repositories.d/` beside \
+         the file (`/etc/airlock/repositories.d/NAME.toml`, what `airlockctl repo add` \
+         writes): one `[[repository]]` table named like the file and nothing else, read \
+         like the main file; a name or path registered twice is refused. The supervisor \
+         and the worker read them at start and again on SIGHUP (`systemctl reload`).\n\
          - Parsing opens no other file: whether a repository path is a bare repository, \
          or a user exists, is checked by the service that uses it.\n\
          - This page describes what each key is for. The services that act on most of \
