@@ -342,10 +342,24 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = read_config_file(path)?;
         let mut config = Config::parse(&text, path)?;
+        config.repositories = config.repositories_now(path)?;
+        Ok(config)
+    }
+
+    /// The repositories registered now: those of the main file as this
+    /// configuration has them, then the drop-ins currently in the drop-in
+    /// directory of `path` (what a reload re-reads; the main file itself is
+    /// read once, at start).
+    pub fn repositories_now(&self, path: &Path) -> Result<Vec<Repository>, ConfigError> {
+        let mut repositories: Vec<Repository> = self
+            .repositories
+            .iter()
+            .filter(|r| r.drop_in.is_none())
+            .cloned()
+            .collect();
         for file in drop_in_files(&drop_in_dir(path))? {
             let repo = read_drop_in(&file)?;
-            let clash = config
-                .repositories
+            let clash = repositories
                 .iter()
                 .find(|r| r.name == repo.name || r.path == repo.path);
             if let Some(other) = clash {
@@ -364,9 +378,9 @@ impl Config {
                     ),
                 });
             }
-            config.repositories.push(repo);
+            repositories.push(repo);
         }
-        Ok(config)
+        Ok(repositories)
     }
 
     /// Parses and validates configuration text; `origin` names the file in

@@ -42,6 +42,10 @@ pub enum Slot {
     WorkspaceRoot,
     /// Every `[[repository]] path`.
     Repositories,
+    /// `worker.repository_root`.
+    RepositoryRoot,
+    /// The drop-in directory beside the configuration file (`repositories.d/`).
+    DropInDir,
     /// The spool's `requests/`.
     SpoolRequests,
     /// The spool's `sources/`.
@@ -65,6 +69,8 @@ impl Slot {
             Slot::JournalDir => "directory of `worker.journal`",
             Slot::WorkspaceRoot => "`worker.workspace_root`",
             Slot::Repositories => "each `[[repository]] path`",
+            Slot::RepositoryRoot => "`worker.repository_root`",
+            Slot::DropInDir => "`repositories.d/` beside `--config`",
             Slot::SpoolRequests => "spool `requests/`",
             Slot::SpoolSources => "spool `sources/`",
             Slot::SpoolResults => "spool `results/`",
@@ -339,11 +345,21 @@ const SUPERVISOR: RolePolicy = RolePolicy {
             "names of callers for the audit log (NSS reads /etc/passwd and /etc/group, which useradd and usermod replace with new files, so a grant on the files themselves goes stale on the first new user); the secrets in /etc stay behind their modes (/etc/shadow 0640 root:shadow, the retry token 0600 root) for the airlock user",
         )],
         DEVICES,
-        &[config(
-            Slot::DatabaseDir,
-            Access::All,
-            "the task database and the WAL, shared-memory and journal files SQLite creates beside it",
-        )],
+        &[
+            config(
+                Slot::DatabaseDir,
+                Access::All,
+                "the task database and the WAL, shared-memory and journal files SQLite creates beside it",
+            ),
+            Grant {
+                required: false,
+                ..config(
+                    Slot::DropInDir,
+                    Access::Read,
+                    "re-reads the repository drop-ins on SIGHUP (systemctl reload); airlock.toml itself is read once, before lockdown",
+                )
+            },
+        ],
     ],
     lifted: &[],
     bounding: Bounding::Empty,
@@ -394,6 +410,22 @@ const WORKER: RolePolicy = RolePolicy {
                     Slot::Repositories,
                     Access::All,
                     "git writes objects and agent/* refs of the authority repositories (a missing one is skipped and its tasks fail)",
+                )
+            },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::RepositoryRoot,
+                    Access::All,
+                    "repositories `airlockctl repo add` makes there after start are served on reload without a restart",
+                )
+            },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::DropInDir,
+                    Access::Read,
+                    "re-reads the repository drop-ins on SIGHUP (systemctl reload); airlock.toml itself is read once, before lockdown",
                 )
             },
         ],

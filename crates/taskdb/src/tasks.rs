@@ -113,7 +113,13 @@ pub mod action {
     /// The owner raised an exhausted task's attempt budget by one (the
     /// seed's event type, kept verbatim).
     pub const TASK_RETRY_EXTENSION_AUTHORIZED: &str = "TASK_RETRY_EXTENSION_AUTHORIZED";
+    /// A queued task failed because its repository is no longer registered.
+    pub const TASK_REPOSITORY_UNREGISTERED: &str = "TASK_REPOSITORY_UNREGISTERED";
 }
+
+/// The name of the system actor that fails the tasks of a repository no
+/// longer registered ([`TaskStore::fail_unregistered`]).
+pub const REPOSITORY_REGISTRY: &str = "repository-registry";
 
 /// Who is acting, as recorded in events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

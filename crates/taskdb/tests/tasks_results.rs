@@ -616,3 +616,57 @@ fn cancel_from_every_live_state_and_never_from_a_terminal_one() {
         s.cancel("task-zz", "gone", &admin())
     });
 }
+
+#[test]
+fn queued_tasks_of_a_removed_repository_fail_with_repository_not_registered_and_stay() {
+    let mut fx = Fixture::new();
+    fx.submit("task-gone-1", 3);
+    fx.submit("task-gone-2", 3);
+    let running = fx.claim();
+    assert_eq!(running.task_id, "task-gone-1");
+    // "demo" is still registered: nothing happens.
+    assert!(
+        fx.store
+            .fail_unregistered(&["demo".to_owned()])
+            .unwrap()
+            .is_empty()
+    );
+    // "demo" removed: the queued task fails; the running one is the worker's to fail.
+    let failed = fx.store.fail_unregistered(&["other".to_owned()]).unwrap();
+    assert_eq!(failed, ["task-gone-2"]);
+    let view = fx.store.get("task-gone-2").unwrap();
+    assert_eq!(view.state, TaskState::Failed);
+    assert_eq!(
+        view.verification.as_ref().unwrap()["reason"],
+        "REPOSITORY_NOT_REGISTERED"
+    );
+    let events = fx.store.events(Some("task-gone-2"), 0, 100).unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last.action, action::TASK_REPOSITORY_UNREGISTERED);
+    assert_eq!(last.outcome, EventOutcome::Allowed);
+    assert_eq!(
+        fx.store.get("task-gone-1").unwrap().state,
+        TaskState::Running
+    );
+    // The worker's failed result with that code ends the task at once,
+    // attempts left or not.
+    let mut result = result_for(&running, Outcome::Failed);
+    result.failure_code = Some("REPOSITORY_NOT_REGISTERED".into());
+    let receipt = fx
+        .store
+        .submit_result(
+            &running.task_id,
+            running.lease_epoch,
+            &running.lease_token,
+            &result_key(&running),
+            &result,
+            false,
+            &worker(),
+        )
+        .unwrap();
+    assert_eq!(receipt.task.state, TaskState::Failed);
+    assert_eq!(receipt.task.attempt, 1);
+    assert_eq!(receipt.task.max_attempts, 3);
+    // Nothing vanished.
+    assert_eq!(fx.store.summary().unwrap().total(), 2);
+}

@@ -72,8 +72,70 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// How long stragglers are still answered after the name is released.
 const LINGER: Duration = Duration::from_millis(200);
 
+/// How the daemon re-reads the registered repositories: on each signal
+/// (SIGHUP under `systemctl reload`), `reread` gives the names now.
+pub struct Reload {
+    /// The signals, installed by the caller before anything could be
+    /// interrupted by one.
+    pub signals: tokio::signal::unix::Signal,
+    /// The registered names now, or why the configuration was refused.
+    pub reread: Box<dyn Fn() -> Result<Vec<String>, Error> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Reload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reload").finish_non_exhaustive()
+    }
+}
+
 /// Runs the supervisor until `shutdown` completes, then stops in order.
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    run_with_reload(settings, shutdown, None).await
+}
+
+/// Fails the queued tasks of repositories no longer registered, announcing each.
+async fn fail_unregistered(shared: &Shared, emitter: &SignalEmitter<'_>) {
+    let Ok(_guard) = shared.inflight.enter() else {
+        return;
+    };
+    match shared.ops.fail_unregistered(shared.repositories()).await {
+        Ok(failed) => {
+            for task_id in failed {
+                tracing::warn!(
+                    task_id,
+                    "FAILED: its repository is no longer registered (REPOSITORY_NOT_REGISTERED)"
+                );
+                if let Ok((state, revision)) = shared.ops.signal_facts(task_id.clone()).await {
+                    crate::bus::tasks::announce(emitter, &task_id, state, revision).await;
+                }
+            }
+        }
+        Err(e) => tracing::error!("failing the tasks of unregistered repositories: {e}"),
+    }
+}
+
+/// Applies one reload: new names, then the queued tasks of removed
+/// repositories fail. A refused configuration changes nothing.
+async fn reload(shared: &Shared, emitter: &SignalEmitter<'_>, reload: &Reload) {
+    match (reload.reread)() {
+        Ok(names) => {
+            let before = shared.repositories();
+            let added: Vec<&String> = names.iter().filter(|n| !before.contains(n)).collect();
+            let removed: Vec<&String> = before.iter().filter(|n| !names.contains(n)).collect();
+            tracing::info!(?added, ?removed, "reloaded the registered repositories");
+            shared.set_repositories(names.clone());
+            fail_unregistered(shared, emitter).await;
+        }
+        Err(e) => tracing::error!("reload refused, repositories unchanged: {e}"),
+    }
+}
+
+/// [`run`], re-reading the registered repositories on each of `reload`'s signals.
+pub async fn run_with_reload(
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+    reload_on: Option<Reload>,
+) -> Result<(), Error> {
     let unavailable =
         |what: &str, e: zbus::Error| Error::with(Code::RUNTIME_UNAVAILABLE, format!("{what}: {e}"));
 
@@ -143,6 +205,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         .into_owned();
 
     sweeper::sweep_once(&shared, &emitter).await;
+    // A repository removed while the supervisor was down: its queued tasks fail.
+    fail_unregistered(&shared, &emitter).await;
 
     match conn
         .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
@@ -184,6 +248,15 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
     );
     notify::ready(&status);
 
+    let reloader = reload_on.map(|mut r| {
+        let shared = Arc::clone(&shared);
+        let emitter = emitter.clone();
+        tokio::spawn(async move {
+            while r.signals.recv().await.is_some() {
+                reload(&shared, &emitter, &r).await;
+            }
+        })
+    });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sweeper = tokio::spawn(sweeper::run(
         Arc::clone(&shared),
@@ -210,6 +283,9 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
         );
     }
     let _ = sweeper.await;
+    if let Some(r) = reloader {
+        r.abort();
+    }
     if let Some(w) = watchdog {
         w.abort();
     }

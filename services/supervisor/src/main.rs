@@ -110,7 +110,7 @@ fn authorizer(name: &str, local_users: &[String]) -> Result<AuthorizerChoice, Er
     }
 }
 
-fn settings(args: &Args) -> Result<Settings, Error> {
+fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
     let config = load_config(&args.config)?;
     let sup = &config.supervisor;
     let configured = match sup.authorizer {
@@ -129,7 +129,7 @@ fn settings(args: &Args) -> Result<Settings, Error> {
     )?;
     let worker_user = args.worker_user.as_deref().unwrap_or(&sup.worker_user);
     let retry_user = args.retry_user.as_deref().unwrap_or(&config.retry.user);
-    Ok(Settings {
+    let settings = Settings {
         database: args.db.clone().unwrap_or_else(|| sup.database.clone()),
         bus_address: args.bus_address.clone(),
         authorizer,
@@ -144,7 +144,8 @@ fn settings(args: &Args) -> Result<Settings, Error> {
         call_delay: args.debug_call_delay_ms.map(Duration::from_millis),
         #[cfg(not(feature = "test-authorizers"))]
         call_delay: None,
-    })
+    };
+    Ok((settings, config))
 }
 
 /// Registers SIGTERM and SIGINT now (so a signal during start-up is not
@@ -170,14 +171,16 @@ fn fail(e: &Error) -> ExitCode {
 /// The store is opened, and the bus connected, after it: the database's
 /// directory is granted, and Landlock (at the ABI requested) does not check
 /// connect(2) to the bus socket.
-fn confine(settings: &Settings) -> Result<(), Error> {
+fn confine(settings: &Settings, drop_ins: &std::path::Path) -> Result<(), Error> {
     let dir = match settings.database.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     // The store creates its directory; so must we, to grant it.
     let _ = std::fs::create_dir_all(&dir);
-    let paths = Paths::new().with(Slot::DatabaseDir, dir);
+    let paths = Paths::new()
+        .with(Slot::DatabaseDir, dir)
+        .with(Slot::DropInDir, drop_ins.to_path_buf());
     let report = lockdown(Role::Supervisor, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
     tracing::info!("{report}");
@@ -187,17 +190,24 @@ fn confine(settings: &Settings) -> Result<(), Error> {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging();
-    let settings = match settings(&args) {
+    let (settings, config) = match settings(&args) {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
+    let drop_ins = airlock_config::drop_in_dir(&args.config);
+    if !drop_ins.is_dir() {
+        tracing::warn!(
+            "{} does not exist: repositories registered there after start need a restart, not a reload",
+            drop_ins.display()
+        );
+    }
     if args.check_config {
         println!("{settings:#?}");
         return ExitCode::SUCCESS;
     }
     // Confinement, before the runtime starts any thread: bounding set,
     // no_new_privs, rlimits, Landlock (the database's directory), seccomp.
-    if let Err(e) = confine(&settings) {
+    if let Err(e) = confine(&settings, &drop_ins) {
         return fail(&e);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -211,7 +221,21 @@ fn main() -> ExitCode {
     let served = runtime.block_on(async {
         let shutdown = terminated()
             .map_err(|e| Error::with(Code::INTERNAL, format!("installing signal handlers: {e}")))?;
-        daemon::run(settings, shutdown).await
+        // SIGHUP (systemctl reload): the main file's repositories as read
+        // at start, and the drop-ins as they are at the signal.
+        let signals = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| Error::with(Code::INTERNAL, format!("installing SIGHUP: {e}")))?;
+        let path = args.config.clone();
+        let reload = daemon::Reload {
+            signals,
+            reread: Box::new(move || {
+                config
+                    .repositories_now(&path)
+                    .map(|r| r.into_iter().map(|r| r.name).collect())
+                    .map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))
+            }),
+        };
+        daemon::run_with_reload(settings, shutdown, Some(reload)).await
     });
     match served {
         Ok(()) => ExitCode::SUCCESS,

@@ -236,6 +236,14 @@ impl Ops {
         self.store.call(|s| s.sweep_expired()).await
     }
 
+    /// Fails the queued tasks of repositories not in `registered` (airlock
+    /// itself acts, after a start or a reload).
+    pub async fn fail_unregistered(&self, registered: Vec<String>) -> Result<Vec<String>, Error> {
+        self.store
+            .call(move |s| s.fail_unregistered(&registered))
+            .await
+    }
+
     /// Counts per state, for the queue-summary properties and the status
     /// line. Counts only: no task content, so no authorisation.
     pub async fn summary(&self) -> Result<QueueSummary, Error> {

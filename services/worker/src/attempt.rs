@@ -79,6 +79,11 @@ pub enum Finish {
 #[derive(Debug)]
 pub struct Worker {
     settings: WorkerSettings,
+    /// The registered repositories now: `settings.repositories` at start,
+    /// replaced on reload (SIGHUP). An attempt looks its repository up at
+    /// each step, so one removed meanwhile fails with
+    /// REPOSITORY_NOT_REGISTERED.
+    registry: std::sync::RwLock<BTreeMap<String, PathBuf>>,
     journal: Mutex<CheckpointJournal>,
     spool: Spool,
     bus: Supervisor,
@@ -112,6 +117,7 @@ impl Worker {
         stopping: Arc<AtomicBool>,
     ) -> Self {
         Worker {
+            registry: std::sync::RwLock::new(settings.repositories.clone()),
             settings,
             journal: Mutex::new(journal),
             spool,
@@ -128,6 +134,39 @@ impl Worker {
     /// The settings.
     pub fn settings(&self) -> &WorkerSettings {
         &self.settings
+    }
+
+    /// Replaces the registered repositories (a reload); returns the names
+    /// added and removed.
+    pub fn set_repositories(
+        &self,
+        repositories: BTreeMap<String, PathBuf>,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut now = self
+            .registry
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let added = repositories
+            .iter()
+            .filter(|(n, p)| now.get(*n) != Some(p))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let removed = now
+            .keys()
+            .filter(|n| !repositories.contains_key(*n))
+            .cloned()
+            .collect();
+        *now = repositories;
+        (added, removed)
+    }
+
+    /// The path of a registered repository.
+    pub fn repository_path(&self, name: &str) -> Option<PathBuf> {
+        self.registry
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
     }
 
     /// The spool.
@@ -206,11 +245,9 @@ impl Worker {
     fn repo(&self, envelope: &Envelope, scratch: &Path) -> Step<AuthorityRepo> {
         let name = &envelope.binding.repository;
         let path = self
-            .settings
-            .repositories
-            .get(name)
+            .repository_path(name)
             .ok_or_else(|| Error::with(Code::REPOSITORY_NOT_REGISTERED, name.clone()))?;
-        Ok(AuthorityRepo::open(path)
+        Ok(AuthorityRepo::open(&path)
             .map_err(git_err)?
             .with_scratch(scratch.to_path_buf()))
     }
@@ -327,7 +364,12 @@ impl Worker {
                             json!({"commit_oid": oid, "exec_result_sha256": sha}),
                         )?,
                         Err(e)
-                            if e.code == Code::REF_CAS_MISMATCH || e.code == Code::PATH_ESCAPE =>
+                            if matches!(
+                                e.code,
+                                Code::REF_CAS_MISMATCH
+                                    | Code::PATH_ESCAPE
+                                    | Code::REPOSITORY_NOT_REGISTERED
+                            ) =>
                         {
                             let evidence = self
                                 .read_result(env, &rid, Some(&sha))

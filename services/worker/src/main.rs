@@ -94,6 +94,13 @@ fn settings(config: &Config, executor_uid: Option<u32>) -> Result<WorkerSettings
 fn run(args: Args) -> Result<(), Error> {
     let config = airlock_service::load_config(&args.config)?;
     let settings = settings(&config, args.executor_uid)?;
+    let drop_ins = airlock_config::drop_in_dir(&args.config);
+    if !drop_ins.is_dir() {
+        tracing::warn!(
+            "{} does not exist: repositories registered there after start need a restart, not a reload",
+            drop_ins.display()
+        );
+    }
     // Open what the worker keeps: its state, the journal, the spool.
     std::fs::create_dir_all(&settings.envelope_dir)
         .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, e.to_string()))?;
@@ -102,7 +109,7 @@ fn run(args: Args) -> Result<(), Error> {
         .map_err(|e| Error::with(e.code(), e.to_string()))?;
     let spool = Spool::open(&config.spool.root).map_err(|e| e.to_proto())?;
     // Confinement, before the runtime starts any thread.
-    confine(&config, &settings, &spool)?;
+    confine(&config, &settings, &spool, &drop_ins)?;
     if removed > 0 {
         tracing::info!("removed {removed} stale workspaces");
     }
@@ -111,6 +118,11 @@ fn run(args: Args) -> Result<(), Error> {
         .enable_all()
         .build()
         .map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+    // SIGHUP (systemctl reload) re-reads the repository drop-ins; its
+    // handler is installed before anything else can be interrupted by it.
+    let hangups = rt
+        .block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) })
+        .map_err(|e| Error::with(Code::INTERNAL, format!("installing SIGHUP: {e}")))?;
     let stopping = Arc::new(AtomicBool::new(false));
     {
         let stopping = Arc::clone(&stopping);
@@ -132,6 +144,18 @@ fn run(args: Args) -> Result<(), Error> {
         bus,
         Arc::clone(&stopping),
     ));
+
+    {
+        let worker = Arc::clone(&worker);
+        let path = args.config.clone();
+        let config = config.clone();
+        let mut hangups = hangups;
+        rt.spawn(async move {
+            while hangups.recv().await.is_some() {
+                reload(&worker, &config, &path);
+            }
+        });
+    }
 
     let mut threads = Vec::new();
     for grant in recover::resumable(&worker)? {
@@ -187,7 +211,12 @@ fn run(args: Args) -> Result<(), Error> {
 /// to the executor's), the authority repositories, and git. The bus is
 /// connected after it (Landlock, at the ABI requested, does not check
 /// connect(2) to the bus socket).
-fn confine(config: &Config, settings: &WorkerSettings, spool: &Spool) -> Result<(), Error> {
+fn confine(
+    config: &Config,
+    settings: &WorkerSettings,
+    spool: &Spool,
+    drop_ins: &std::path::Path,
+) -> Result<(), Error> {
     use airlock_sandbox::role::{Paths, Role, Slot};
     use airlock_spool::Kind;
     let journal_dir = match config.worker.journal.parent() {
@@ -201,11 +230,36 @@ fn confine(config: &Config, settings: &WorkerSettings, spool: &Spool) -> Result<
         .with(Slot::SpoolSources, spool.dir_path(Kind::Sources))
         .with(Slot::SpoolResults, spool.dir_path(Kind::Results))
         .with(Slot::SpoolFailed, spool.dir_path(Kind::Failed))
-        .with_all(Slot::Repositories, settings.repositories.values().cloned());
+        .with_all(Slot::Repositories, settings.repositories.values().cloned())
+        .with(Slot::RepositoryRoot, config.worker.repository_root.clone())
+        .with(Slot::DropInDir, drop_ins.to_path_buf());
     let report = airlock_sandbox::lockdown::lockdown(Role::Worker, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
     tracing::info!("{report}");
     Ok(())
+}
+
+/// A reload: the main file's repositories as read at start, and the
+/// drop-ins as they are now. A refused drop-in keeps the previous set.
+fn reload(worker: &Worker, config: &Config, path: &std::path::Path) {
+    let repositories = match config.repositories_now(path) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("reload refused, repositories unchanged: {e}");
+            return;
+        }
+    };
+    for r in &repositories {
+        if let Err(e) = airlock_git::AuthorityRepo::open(&r.path) {
+            tracing::warn!(
+                repository = %r.name,
+                "{e}; its tasks will fail (a repository outside worker.repository_root needs a restart of the worker to be reachable)"
+            );
+        }
+    }
+    let map = repositories.into_iter().map(|r| (r.name, r.path)).collect();
+    let (added, removed) = worker.set_repositories(map);
+    tracing::info!(?added, ?removed, "reloaded the registered repositories");
 }
 
 fn report(grant: &Grant, outcome: Result<airlock_worker::Finish, Error>) {

@@ -203,6 +203,68 @@ impl TaskStore {
         self.audited(result, None, &sweeper, action::TASK_LEASE_EXPIRED)
     }
 
+    /// Fails every QUEUED task whose repository is not in `registered`
+    /// (after a reload removed it): FAILED, with the verification record
+    /// `{"decision": "REPOSITORY_NOT_REGISTERED", …}` and a
+    /// `TASK_REPOSITORY_UNREGISTERED` event each, in one transaction. A
+    /// task never vanishes with its repository. Returns the failed tasks,
+    /// in queue order. (A RUNNING task fails through its worker, which
+    /// finds the repository gone; a VERIFYING one has its commit already.)
+    pub fn fail_unregistered(&mut self, registered: &[String]) -> StoreResult<Vec<String>> {
+        let registry = Actor::system(super::REPOSITORY_REGISTRY);
+        let result = self.write("failing tasks of unregistered repositories", |conn, now| {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {} FROM tasks WHERE status = 'QUEUED' ORDER BY seq",
+                    row::COLUMNS
+                ))
+                .map_err(|e| StoreError::sqlite("finding queued tasks", e))?;
+            let queued = stmt
+                .query_map([], RawRow::from_sql)
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| StoreError::sqlite("finding queued tasks", e))?;
+            let mut failed = Vec::new();
+            for raw in queued {
+                let mut row = raw.into_row()?;
+                let repository = row.binding()?.repository;
+                if registered.contains(&repository) {
+                    continue;
+                }
+                row.status = TaskState::Failed;
+                row.verification_json = Some(to_canonical_string(&json!({
+                    "decision": "REPOSITORY_NOT_REGISTERED",
+                    "automatic": true,
+                    "reason": Code::REPOSITORY_NOT_REGISTERED.as_str(),
+                    "actor": registry.name,
+                    "attempt": row.attempt,
+                    "repository": repository,
+                }))?);
+                row.save(conn, now)?;
+                audit::append_allowed(
+                    conn,
+                    now,
+                    &row.task_id,
+                    &registry,
+                    action::TASK_REPOSITORY_UNREGISTERED,
+                    json!({
+                        "repository": repository,
+                        "code": Code::REPOSITORY_NOT_REGISTERED.as_str(),
+                        "state": row.status.as_str(),
+                        "revision": row.revision,
+                    }),
+                )?;
+                failed.push(row.task_id);
+            }
+            Ok(failed)
+        });
+        self.audited(
+            result,
+            None,
+            &registry,
+            action::TASK_REPOSITORY_UNREGISTERED,
+        )
+    }
+
     /// Accepts the result of the caller's attempt.
     ///
     /// A result is first looked up by `(task_id, idempotency_key)`: the
@@ -384,7 +446,11 @@ impl TaskStore {
                 }
                 Outcome::Failed => {
                     automatic = true;
-                    row.status = if row.has_attempts_left() {
+                    // Another attempt cannot help a task whose repository
+                    // is gone: it fails now, with its code.
+                    let retryable = result.failure_code.as_deref()
+                        != Some(Code::REPOSITORY_NOT_REGISTERED.as_str());
+                    row.status = if retryable && row.has_attempts_left() {
                         TaskState::Queued
                     } else {
                         TaskState::Failed

@@ -61,7 +61,7 @@ pub struct Shared {
     pub(crate) gate: Gatekeeper,
     pub(crate) inflight: InFlight,
     pub(crate) info: Info,
-    pub(crate) repositories: Vec<String>,
+    repositories: std::sync::RwLock<Vec<String>>,
     resolver: CallerResolver,
     call_delay: Option<Duration>,
 }
@@ -82,10 +82,26 @@ impl Shared {
             gate,
             inflight: InFlight::default(),
             info,
-            repositories,
+            repositories: std::sync::RwLock::new(repositories),
             resolver: CallerResolver::default(),
             call_delay,
         }
+    }
+
+    /// The repository names submissions may use now.
+    pub fn repositories(&self) -> Vec<String> {
+        self.repositories
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the registered names (a reload).
+    pub fn set_repositories(&self, names: Vec<String>) {
+        *self
+            .repositories
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = names;
     }
 
     /// Admits one call: counts it in flight (refused once shutdown began)

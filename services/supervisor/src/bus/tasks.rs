@@ -82,8 +82,9 @@ impl Tasks {
             .await?;
         let parsed = parse_json(&submission, "the submission").and_then(|v| {
             let s = TaskSubmission::from_value(&v)?;
+            let registered = self.shared.repositories();
             s.binding
-                .check_registered(self.shared.repositories.iter().map(String::as_str))?;
+                .check_registered(registered.iter().map(String::as_str))?;
             Ok(s)
         });
         let submission = self
