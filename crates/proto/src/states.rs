@@ -144,7 +144,7 @@ pub const TABLE: &[(Op, TaskState, Outcome)] = &{
             Verifying,
             To(
                 &[Queued, Failed],
-                "QUEUED while attempts remain, else FAILED",
+                "QUEUED while attempts remain, else FAILED; FAILED at once when the failure is REPOSITORY_NOT_REGISTERED",
             ),
         ),
         (Op::Rework, Succeeded, Refused(INVALID, "terminal")),

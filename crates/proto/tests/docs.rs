@@ -112,7 +112,9 @@ fn render_states() -> String {
          `QUEUED → RUNNING (claimed, leased) → VERIFYING → SUCCEEDED`, or `FAILED`, or \
          `CANCELLED`; a failed attempt or a rework goes back to `QUEUED` while attempts \
          remain. An expired lease is swept back to `QUEUED` (or `FAILED` when no attempt \
-         is left) with `LEASE_EXPIRED`.\n\n",
+         is left) with `LEASE_EXPIRED`. A `QUEUED` task whose repository is no longer \
+         registered (removed, then `systemctl reload`, or a restart) goes to `FAILED` with \
+         `REPOSITORY_NOT_REGISTERED` (event `TASK_REPOSITORY_UNREGISTERED`); it never vanishes.\n\n",
     );
     out.push_str("| operation |");
     for s in TaskState::ALL {
