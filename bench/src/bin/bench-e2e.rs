@@ -106,6 +106,7 @@ fn fsyncs_per_task(state: PathBuf, n: usize) -> Option<f64> {
         &Tuning {
             lease_seconds: 60,
             parallel_tasks: 1,
+            ..Default::default()
         },
     )
     .expect("suite");
@@ -184,6 +185,7 @@ fn main() {
             &Tuning {
                 lease_seconds: 60,
                 parallel_tasks: inflight as u32,
+                ..Default::default()
             },
         )
         .expect("suite");

@@ -2,7 +2,8 @@
 //! shell completions are generated from these definitions.
 
 use crate::commands::{
-    cancel, completions, doctor, events, list, replan, retry, show, status, submit, verify,
+    cancel, completions, doctor, events, list, propose, replan, repo, retry, show, status, submit,
+    verify,
 };
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -39,6 +40,9 @@ pub struct Cli {
 /// The subcommands, one module each under `commands/`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Propose changes: build a task from a work tree or a diff against a
+    /// registered repository, and submit it (the planner's one command).
+    Propose(propose::Args),
     /// Submit a task (an airlock.task.v1 JSON file, or - for stdin).
     Submit(submit::Args),
     /// List tasks, optionally only those in one state.
@@ -57,6 +61,8 @@ pub enum Command {
     Status(status::Args),
     /// Owner actions through airlock-retryd (not the bus): `retry extend ID`.
     Retry(retry::Args),
+    /// Authority repositories: add (import and register), list, remove, clone.
+    Repo(repo::Args),
     /// Check this machine: users, directories, kernel features, bus, polkit, live unit hardening, databases, configuration.
     Doctor(doctor::Args),
     /// Print a shell completion script.

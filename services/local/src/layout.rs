@@ -176,6 +176,8 @@ pub fn create(layout: &Layout, ids: &Ids) -> std::io::Result<()> {
     )?;
     for (p, mode, owner, group) in [
         ("bus", 0o755, 0, 0),
+        // Repository drop-ins: re-read by the supervisor and the worker on SIGHUP.
+        ("repositories.d", 0o755, 0, 0),
         ("logs", 0o755, 0, 0),
         ("tasks", 0o700, ids.supervisor.uid, ids.supervisor.gid),
         ("worker", 0o700, ids.worker.uid, ids.worker.gid),
@@ -258,6 +260,7 @@ journal = "{journal}"
 workspace_root = "{workspaces}"
 parallel_tasks = {parallel}
 renew_interval_seconds = {renew}
+repository_root = "{repos}"
 
 [spool]
 root = "{spool}"
@@ -266,7 +269,7 @@ root = "{spool}"
 name = "demo"
 path = "{repo}"
 description = "sample repository made by airlock-local demo"
-"#,
+{extra}"#,
         db = layout.tasks_db().display(),
         worker_uid = ids.name(ids.worker),
         admin = ids.name(ids.admin),
@@ -276,6 +279,17 @@ description = "sample repository made by airlock-local demo"
         workspaces = p("worker/workspaces"),
         spool = layout.spool().display(),
         repo = layout.repos().join("demo.git").display(),
+        repos = layout.repos().display(),
+        extra = tuning
+            .repositories
+            .iter()
+            .map(|(name, _)| {
+                format!(
+                    "\n[[repository]]\nname = \"{name}\"\npath = \"{}\"\ndescription = \"imported by airlock-local up --repo {name}=…\"\n",
+                    layout.repos().join(format!("{name}.git")).display(),
+                )
+            })
+            .collect::<String>(),
         lease = tuning.lease_seconds,
         parallel = tuning.parallel_tasks,
         renew = (tuning.lease_seconds / 3).max(1),

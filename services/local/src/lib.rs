@@ -4,7 +4,9 @@
 pub mod client;
 pub mod demo;
 pub mod fleet;
+pub mod import;
 pub mod layout;
+pub mod preflight;
 
 use airlock_localbus::PrivateBus;
 use fleet::{Fleet, Spec, wait_for_log};
@@ -50,6 +52,10 @@ pub struct Tuning {
     pub lease_seconds: u32,
     /// Worker threads.
     pub parallel_tasks: u32,
+    /// The caller's repositories to serve next to the demo one: (name,
+    /// path of a git repository, bare or not). Each is imported into the
+    /// state directory, where the worker is its only writer.
+    pub repositories: Vec<(String, PathBuf)>,
 }
 
 impl Default for Tuning {
@@ -57,6 +63,7 @@ impl Default for Tuning {
         Tuning {
             lease_seconds: 60,
             parallel_tasks: 2,
+            repositories: Vec::new(),
         }
     }
 }
@@ -71,6 +78,15 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     }
     let root = std::path::absolute(&state).map_err(|e| e.to_string())?;
     let layout = Layout { root };
+    for (name, _) in &tuning.repositories {
+        if !airlock_proto::binding::is_repository_name(name) || name == "demo" {
+            return Err(format!(
+                "--repo {name}=…: a name is 1 to 64 characters [A-Za-z0-9._-] starting with a letter or digit, other than demo"
+            ));
+        }
+    }
+    // Every component must reach its paths before anything starts.
+    preflight::check(&layout, &ids)?;
     layout::create(&layout, &ids)
         .map_err(|e| format!("preparing {}: {e}", layout.root.display()))?;
     let supervisor_bin = sibling("airlock-supervisor")?;
@@ -79,8 +95,18 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     let retryd_bin = sibling("airlock-retryd")?;
     let confine_bin = sibling("airlock-confine")?;
 
-    std::fs::write(layout.config(), layout::config_text(&layout, &ids, tuning))
-        .map_err(|e| e.to_string())?;
+    // Readable by every component user, whatever the caller's umask.
+    layout::file(
+        &layout.config(),
+        layout::config_text(&layout, &ids, tuning).as_bytes(),
+        0o644,
+        layout::Id { uid: 0, gid: 0 },
+        &layout::Ids {
+            separated: false,
+            ..ids
+        },
+    )
+    .map_err(|e| format!("{}: {e}", layout.config().display()))?;
     let mut token = [0u8; 32];
     getrandom::getrandom(&mut token).map_err(|e| e.to_string())?;
     layout::file(
@@ -92,6 +118,10 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     )
     .map_err(|e| e.to_string())?;
     demo::create_repository(&layout, &ids)?;
+    for (name, path) in &tuning.repositories {
+        import::repository(&layout, &ids, name, path)?;
+    }
+    preflight::check_config(&layout, &ids)?;
 
     let bus = PrivateBus::start_with_owner(&ids.name(ids.supervisor))
         .map_err(|e| format!("starting dbus-daemon: {e}"))?;

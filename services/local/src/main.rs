@@ -7,7 +7,7 @@
 //! same in a fresh state directory, makes a sample repository, submits a
 //! task, shows its progress and the result, and exits.
 
-use airlock_local::{demo, start};
+use airlock_local::demo;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,9 +25,18 @@ struct Args {
 enum Command {
     /// Start every component and run until Ctrl-C; prints how to reach them.
     Up {
-        /// State directory (created; kept afterwards).
-        #[arg(long, value_name = "DIR", default_value = "airlock-local-state")]
-        state: PathBuf,
+        /// State directory (created; kept afterwards) [default: as root
+        /// /var/lib/airlock-local, which every component user can reach;
+        /// otherwise ./airlock-local-state].
+        #[arg(long, value_name = "DIR")]
+        state: Option<PathBuf>,
+        /// Serve your own repository as NAME: PATH is an existing git
+        /// repository (bare or not). It is imported into the state
+        /// directory, where the worker is its only writer; a later `up`
+        /// brings its branches and tags up to date (agent/* stays the
+        /// worker's). Repeatable.
+        #[arg(long = "repo", value_name = "NAME=PATH", value_parser = parse_repo)]
+        repos: Vec<(String, PathBuf)>,
     },
     /// Start everything in a fresh state directory, run a sample task end to end, print the result, stop.
     Demo {
@@ -43,7 +52,7 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.command {
-        Command::Up { state } => up(state),
+        Command::Up { state, repos } => up(state.unwrap_or_else(default_state), repos),
         Command::Demo { json, state } => demo::run(json, state),
     };
     match result {
@@ -55,8 +64,32 @@ fn main() -> ExitCode {
     }
 }
 
-fn up(state: PathBuf) -> Result<(), String> {
-    let mut suite = start(state, false)?;
+fn parse_repo(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=PATH"))?;
+    if name.is_empty() || path.is_empty() {
+        return Err(format!("{s:?}: expected NAME=PATH"));
+    }
+    Ok((name.to_owned(), PathBuf::from(path)))
+}
+
+/// As root, a directory every component user can reach; otherwise one
+/// beside the caller.
+fn default_state() -> PathBuf {
+    if nix::unistd::Uid::effective().is_root() {
+        PathBuf::from("/var/lib/airlock-local")
+    } else {
+        PathBuf::from("airlock-local-state")
+    }
+}
+
+fn up(state: PathBuf, repos: Vec<(String, PathBuf)>) -> Result<(), String> {
+    let tuning = airlock_local::Tuning {
+        repositories: repos.clone(),
+        ..Default::default()
+    };
+    let mut suite = airlock_local::start_with(state, false, &tuning)?;
     println!(
         "airlock is running (state in {}).",
         suite.layout.root.display()
@@ -75,6 +108,27 @@ fn up(state: PathBuf) -> Result<(), String> {
         suite.layout.token().display()
     );
     println!("  logs:       {}", suite.layout.logs().display());
+    let config = suite.layout.config();
+    let bus = suite.bus.address().to_owned();
+    for (name, from) in std::iter::once(("demo".to_owned(), None))
+        .chain(repos.iter().map(|(n, p)| (n.clone(), Some(p))))
+    {
+        let at = suite.layout.repos().join(format!("{name}.git"));
+        println!("  repository: {name} at {}", at.display());
+        if let Some(from) = from {
+            println!(
+                "    propose:  DBUS_SYSTEM_BUS_ADDRESS='{bus}' airlockctl propose --config {} --repo {name} --base main --worktree {} --verify '…' --wait",
+                config.display(),
+                from.display()
+            );
+            println!(
+                "    results:  git -C {} fetch --upload-pack='git -c safe.directory={} upload-pack' {} 'refs/heads/agent/*:refs/remotes/airlock/agent/*'",
+                from.display(),
+                at.display(),
+                at.display()
+            );
+        }
+    }
     println!(
         "  separation: {}",
         if suite.ids.separated {

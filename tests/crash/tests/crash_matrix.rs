@@ -369,6 +369,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         &Tuning {
             lease_seconds: 10,
             parallel_tasks: 2,
+            ..Default::default()
         },
     )
     .unwrap_or_else(|e| panic!("starting the suite: {e}"));

@@ -7,7 +7,9 @@ pub mod completions;
 pub mod doctor;
 pub mod events;
 pub mod list;
+pub mod propose;
 pub mod replan;
+pub mod repo;
 pub mod retry;
 pub mod show;
 pub mod status;
@@ -27,9 +29,16 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
     if let Command::Completions(args) = &cli.command {
         return completions::run(args);
     }
-    if let Command::Doctor(args) = cli.command {
-        return Ok(doctor::run(ctx, args).await);
-    }
+    let cli = match cli.command {
+        Command::Doctor(args) => return Ok(doctor::run(ctx, args).await),
+        // Repositories are files and git, not the bus.
+        Command::Repo(args) => return repo::run(ctx, args),
+        // A dry run builds the task without the supervisor.
+        Command::Propose(args) if args.dry_run => {
+            return propose::run(ctx, None, args).await;
+        }
+        command => Cli { command, ..cli },
+    };
     let interactive = wants_interaction(cli.no_ask_password);
     let client = Client::connect(interactive).await?;
     // A text agent lets polkit ask for a password on this terminal.
@@ -44,7 +53,10 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Events(a) => events::run(ctx, &client, a).await,
         Command::Status(a) => status::run(ctx, &client, a).await,
         Command::Retry(a) => retry::run(ctx, &client, a).await,
-        Command::Completions(_) | Command::Doctor(_) => unreachable!("handled above"),
+        Command::Propose(a) => propose::run(ctx, Some(&client), a).await,
+        Command::Completions(_) | Command::Doctor(_) | Command::Repo(_) => {
+            unreachable!("handled above")
+        }
     }
 }
 

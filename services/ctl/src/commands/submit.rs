@@ -48,14 +48,26 @@ pub async fn task_changes(
 /// Submits, and follows when asked.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
     let (_, value) = read_json_file(&args.file)?;
+    Ok(submit_and_follow(ctx, client, &value, args.wait).await?.0)
+}
+
+/// Submits `value` (an airlock.task.v1 document) and, with `wait`, follows
+/// the task to its end: exit 0 only if it SUCCEEDED. Returns the last view
+/// of the task when it was followed.
+pub async fn submit_and_follow(
+    ctx: &Ctx,
+    client: &Client,
+    value: &serde_json::Value,
+    wait: bool,
+) -> Result<(ExitCode, Option<airlock_proto::task::TaskView>), CtlError> {
     let task_id = value["binding"]["task_id"].as_str().map(str::to_owned);
     // Subscribe before submitting, so no change can be missed.
-    let mut changes = if args.wait {
+    let mut changes = if wait {
         Some(task_changes(client, task_id.as_deref()).await?)
     } else {
         None
     };
-    let out = client.sup().submit_task(&value).await?;
+    let out = client.sup().submit_task(value).await?;
     let task = shown(&out.task);
     if ctx.json {
         ctx.print_json(&shown(&out));
@@ -68,7 +80,7 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         super::print_task_line(ctx, verb, &task);
     }
     let Some(changes) = changes.as_mut() else {
-        return Ok(ExitCode::SUCCESS);
+        return Ok((ExitCode::SUCCESS, None));
     };
     let id = out.task.task_id.clone();
     let mut revision = out.task.revision;
@@ -82,11 +94,12 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
                 super::print_task_line(ctx, "Finished", &shown(&last));
             }
             let succeeded = last.state == airlock_proto::task::TaskState::Succeeded;
-            return Ok(if succeeded {
+            let code = if succeeded {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
-            });
+            };
+            return Ok((code, Some(last)));
         }
         // The signal carries the state itself, so a quick succession of
         // changes is shown change by change; the poll covers a lost signal.

@@ -1,0 +1,214 @@
+//! `airlockctl propose`: the planner's one command. Builds a task from a
+//! work tree or a unified diff against a registered repository (the task
+//! builder of airlock-client, read-only on the repository) and submits it.
+
+use super::submit::submit_and_follow;
+use crate::client::{Client, CtlError};
+use crate::output::Ctx;
+use airlock_client::builder::{Built, Changes, Proposal, SourceRepo, verify_command};
+use airlock_proto::Code;
+use airlock_proto::limits::{DEFAULT_COMMAND_TIMEOUT_SECONDS, DEFAULT_MAX_ATTEMPTS};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `propose`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("changes").required(true).args(["worktree", "patch"])))]
+pub struct Args {
+    /// The registered repository (see `airlockctl repo list`).
+    #[arg(long, value_name = "NAME")]
+    pub repo: String,
+
+    /// The revision the changes are made against: a branch, a tag or a
+    /// commit id of the repository.
+    #[arg(long, value_name = "REV")]
+    pub base: String,
+
+    /// A directory holding the changed tree (usually your clone): every
+    /// file that differs from the base is proposed — additions, edits,
+    /// deletions. In a git work tree, ignored files are left out. File
+    /// modes, symbolic links and binary files cannot be proposed.
+    #[arg(long, value_name = "DIR")]
+    pub worktree: Option<PathBuf>,
+
+    /// A unified diff (as `git diff` writes it), or - for stdin, applied to
+    /// the base in memory; a hunk that does not apply is refused with
+    /// PATCH_HUNK_FAILED naming the file and line.
+    #[arg(long, value_name = "FILE")]
+    pub patch: Option<PathBuf>,
+
+    /// A verification command, split like a shell would split it but never
+    /// run by one (e.g. 'python3 -m unittest -q'); a bare program name is
+    /// looked up in executor.programs. Repeatable; run in order.
+    #[arg(long = "verify", value_name = "COMMAND", required = true)]
+    pub verify: Vec<String>,
+
+    /// Time limit of each verification command, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_COMMAND_TIMEOUT_SECONDS)]
+    pub timeout: u32,
+
+    /// The task id [default: p- and 16 random hex digits].
+    #[arg(long, value_name = "ID")]
+    pub task_id: Option<String>,
+
+    /// The agent/ branch [default: agent/<task id>, created]. An existing
+    /// branch is continued from its head.
+    #[arg(long, value_name = "BRANCH")]
+    pub branch: Option<String>,
+
+    /// Attempts before the task fails.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ATTEMPTS)]
+    pub max_attempts: u32,
+
+    /// Print the task JSON that would be submitted, and submit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Follow the task until it is SUCCEEDED, FAILED or CANCELLED (exit 0
+    /// only if it SUCCEEDED), then show its evidence.
+    #[arg(long)]
+    pub wait: bool,
+
+    /// Configuration file: where the repository is, which programs the
+    /// executor runs.
+    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    pub config: PathBuf,
+}
+
+/// Builds the task (no bus needed).
+pub fn build(args: &Args) -> Result<Built, CtlError> {
+    let config = airlock_config::Config::load(&args.config)
+        .map_err(|e| CtlError::local(Code::CONFIG_INVALID, e.to_string()))?;
+    let registered = config.repository(&args.repo).ok_or_else(|| {
+        CtlError::local(
+            Code::REPOSITORY_NOT_REGISTERED,
+            format!(
+                "{:?} is not registered in {} (registered: {})",
+                args.repo,
+                args.config.display(),
+                config.repository_names().join(", ")
+            ),
+        )
+    })?;
+    let repo = SourceRepo::open(&registered.path)?;
+    let mut proposal = Proposal::new(&args.repo, &args.base);
+    proposal.task_id = args.task_id.clone();
+    proposal.branch = args.branch.clone();
+    proposal.max_attempts = args.max_attempts;
+    for text in &args.verify {
+        proposal.verification.push(verify_command(
+            text,
+            args.timeout,
+            &config.executor.programs,
+        )?);
+    }
+    let patch_text;
+    let changes = match (&args.worktree, &args.patch) {
+        (Some(dir), _) => Changes::Worktree(dir),
+        (None, Some(file)) => {
+            patch_text = read_patch(file)?;
+            Changes::Patch(&patch_text)
+        }
+        (None, None) => unreachable!("clap requires one of --worktree and --patch"),
+    };
+    Ok(proposal.build(&repo, changes)?)
+}
+
+fn read_patch(file: &std::path::Path) -> Result<String, CtlError> {
+    use std::io::Read;
+    let limit = airlock_proto::limits::MAX_MESSAGE_BYTES as u64;
+    let mut bytes = Vec::new();
+    let read = if file == std::path::Path::new("-") {
+        std::io::stdin().take(limit + 1).read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(file).and_then(|f| f.take(limit + 1).read_to_end(&mut bytes))
+    };
+    read.map_err(|e| CtlError::generic(format!("{}: {e}", file.display())))?;
+    if bytes.len() as u64 > limit {
+        return Err(CtlError::local(
+            Code::FIELD_BOUNDS_EXCEEDED,
+            format!("{} is larger than {limit} bytes", file.display()),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        CtlError::local(
+            Code::PROPOSAL_BINARY_CHANGE,
+            format!("{}: the patch is not UTF-8 text", file.display()),
+        )
+    })
+}
+
+/// Builds, then prints (`--dry-run`) or submits.
+pub async fn run(ctx: &Ctx, client: Option<&Client>, args: Args) -> Result<ExitCode, CtlError> {
+    let built = build(&args)?;
+    if args.dry_run {
+        if ctx.json {
+            ctx.print_json(&built.task);
+        } else {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&built.task).unwrap_or_default()
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = client.expect("a client unless --dry-run");
+    if !ctx.json {
+        println!(
+            "Proposing {} change{} to {} at {} on {}:",
+            built.edits.len(),
+            if built.edits.len() == 1 { "" } else { "s" },
+            args.repo,
+            &built.source_head[..12.min(built.source_head.len())],
+            built.target_branch
+        );
+        for e in &built.edits {
+            println!("  {:<6} {}", e.verb(), e.path());
+        }
+    }
+    let (code, last) = submit_and_follow(ctx, client, &built.task, args.wait).await?;
+    if let Some(task) = last {
+        let result = task.result.unwrap_or(Value::Null);
+        if ctx.json {
+            ctx.print_json(
+                &json!({"task_id": task.task_id, "state": task.state, "result": result}),
+            );
+        } else {
+            print_evidence(ctx, &result, &task.binding.target_branch);
+        }
+    }
+    Ok(code)
+}
+
+/// The result's commit and each command's evidence; a failed command's
+/// output tails.
+fn print_evidence(ctx: &Ctx, result: &Value, branch: &str) {
+    if let Some(commit) = result["commit_oid"].as_str() {
+        println!("commit    {commit} on {branch}");
+    }
+    if let Some(code) = result["failure_code"].as_str() {
+        println!("failure   {code}");
+    }
+    for c in result["verification"].as_array().into_iter().flatten() {
+        let status = match (c["exit_code"].as_i64(), c["timed_out"].as_bool()) {
+            (_, Some(true)) => "timed out".to_owned(),
+            (Some(n), _) => format!("exit {n}"),
+            (None, _) => "killed".to_owned(),
+        };
+        println!(
+            "  {:<40} {:<10} {} ms",
+            c["label"].as_str().unwrap_or("?"),
+            ctx.paint(if status == "exit 0" { "32" } else { "31" }, &status),
+            c["duration_ms"]
+        );
+        for stream in ["stdout_tail", "stderr_tail"] {
+            if let Some(tail) = c[stream].as_str() {
+                println!("    --- {} (last bytes) ---", &stream[..6]);
+                for line in tail.lines() {
+                    println!("    {line}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! `airlockctl repo` and read-only source access, with the package's real
+//! users (run as root; systemd-sysusers makes them from sysusers/airlock.conf
+//! when missing): an administrator imports a repository, and uid
+//! airlock-agent clones and reads it but cannot write a ref, an object or
+//! the configuration, nor read the worker's state; what the worker writes
+//! later stays readable; `propose --dry-run` works as airlock-agent. Also
+//! `repo list`, `remove` (data kept) and `remove --purge`.
+
+use serde_json::Value;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+/// The package's users and groups, made as the package makes them.
+fn users() -> (nix::unistd::User, nix::unistd::User, u32) {
+    let sysusers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sysusers/airlock.conf");
+    let status = Command::new("systemd-sysusers")
+        .arg(&sysusers)
+        .status()
+        .unwrap();
+    assert!(status.success(), "systemd-sysusers {}", sysusers.display());
+    let user = |n: &str| nix::unistd::User::from_name(n).unwrap().unwrap();
+    let readers = nix::unistd::Group::from_name("airlock-readers")
+        .unwrap()
+        .unwrap();
+    (
+        user("airlock-agent"),
+        user("airlock-worker"),
+        readers.gid.as_raw(),
+    )
+}
+
+/// `program args…` as `user`, with the user's own groups (as a login would
+/// give them), HOME in `home`.
+fn as_user(user: &nix::unistd::User, home: &Path, program: &str, args: &[&str]) -> Output {
+    let name = std::ffi::CString::new(user.name.clone()).unwrap();
+    let groups = nix::unistd::getgrouplist(&name, user.gid).unwrap();
+    let (uid, gid) = (user.uid, user.gid);
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .current_dir(home);
+    // SAFETY: between fork and exec only setgroups/setresgid/setresuid on
+    // values prepared before the fork; nothing allocates or locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setgroups(&groups)?;
+            nix::unistd::setresgid(gid, gid, gid)?;
+            nix::unistd::setresuid(uid, uid, uid)?;
+            Ok(())
+        });
+    }
+    cmd.output().unwrap()
+}
+
+fn ctl() -> &'static str {
+    env!("CARGO_BIN_EXE_airlockctl")
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+struct Site {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    config: PathBuf,
+    source: PathBuf,
+    home: PathBuf,
+}
+
+fn site(agent: &nix::unistd::User) -> Site {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let etc = root.join("etc");
+    std::fs::create_dir(&etc).unwrap();
+    let config = etc.join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[worker]\nrepository_root = \"{}\"\n",
+            root.join("srv").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The administrator's own repository, in a work tree.
+    let source = root.join("src");
+    std::fs::create_dir(&source).unwrap();
+    git(&source, &["init", "-q", "-b", "main"]);
+    std::fs::write(source.join("calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
+    git(&source, &["add", "-A"]);
+    git(&source, &["commit", "-q", "-m", "base"]);
+    let home = root.join("agent-home");
+    std::fs::create_dir(&home).unwrap();
+    nix::unistd::chown(&home, Some(agent.uid), Some(agent.gid)).unwrap();
+    Site {
+        _dir: dir,
+        root,
+        config,
+        source,
+        home,
+    }
+}
+
+fn run_ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_reader_clones_and_reads_an_added_repository_but_cannot_write_it() {
+    if !is_root() {
+        eprintln!("skipped: needs root (distinct uids)");
+        return;
+    }
+    let (agent, worker, readers) = users();
+    let s = site(&agent);
+    let cfg = s.config.to_str().unwrap();
+    let added: Value = serde_json::from_str(&run_ok(
+        &Command::new(ctl())
+            .args(["--json", "repo", "--config", cfg, "add", "calc", "--from"])
+            .arg(&s.source)
+            .arg("--no-reload")
+            .output()
+            .unwrap(),
+    ))
+    .unwrap();
+    let bare = s.root.join("srv/calc.git");
+    assert_eq!(added["path"], bare.to_str().unwrap());
+    assert_eq!(added["branches"], serde_json::json!(["main"]));
+    // Owners and modes: the worker's, the readers' group, nobody else.
+    for path in [s.root.join("srv"), bare.clone(), bare.join("objects")] {
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            (m.uid(), m.gid()),
+            (worker.uid.as_raw(), readers),
+            "{}",
+            path.display()
+        );
+        assert_eq!(m.mode() & 0o7777, 0o2750, "{}", path.display());
+    }
+    assert_eq!(
+        std::fs::metadata(bare.join("config")).unwrap().mode() & 0o777,
+        0o640
+    );
+    // No hard link into the administrator's repository, no remote back to it.
+    for entry in walk(&bare) {
+        assert_eq!(
+            std::fs::metadata(&entry).unwrap().nlink(),
+            1,
+            "{}",
+            entry.display()
+        );
+    }
+    assert!(
+        !std::fs::read_to_string(bare.join("config"))
+            .unwrap()
+            .contains("remote")
+    );
+    let drop_in = airlock_config::drop_in_dir(&s.config).join("calc.toml");
+    assert!(drop_in.is_file());
+    // The same name again, or a path that is no repository: refused with their codes.
+    let again = Command::new(ctl())
+        .args(["repo", "--config", cfg, "add", "calc", "--from"])
+        .arg(&s.source)
+        .output()
+        .unwrap();
+    assert_eq!(
+        again.status.code(),
+        Some(airlock_proto::Code::REPOSITORY_EXISTS.exit_code().into())
+    );
+    let bogus = Command::new(ctl())
+        .args([
+            "--json",
+            "repo",
+            "--config",
+            cfg,
+            "add",
+            "other",
+            "--from",
+            "/etc",
+            "--no-reload",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bogus.stderr).contains("REPOSITORY_SOURCE_INVALID"));
+
+    // As airlock-agent: clone and read.
+    let clone = s.home.join("calc");
+    run_ok(&as_user(
+        &agent,
+        &s.home,
+        ctl(),
+        &[
+            "repo",
+            "--config",
+            cfg,
+            "clone",
+            "calc",
+            clone.to_str().unwrap(),
+        ],
+    ));
+    let log = run_ok(&as_user(
+        &agent,
+        &s.home,
+        "/usr/bin/git",
+        &["-C", clone.to_str().unwrap(), "log", "--oneline"],
+    ));
+    assert!(log.contains("base"), "{log}");
+    let b = bare.to_str().unwrap();
+    let git_dir = format!("--git-dir={b}");
+    let shown = run_ok(&as_user(
+        &agent,
+        &s.home,
+        "/usr/bin/git",
+        &[&git_dir, "show", "main:calc.py"],
+    ));
+    assert!(shown.contains("return a - b"));
+    // … but not write a ref, an object or the configuration.
+    let denied = |args: &[&str]| {
+        let mut full = vec!["-c", "safe.directory=*", git_dir.as_str()];
+        full.extend_from_slice(args);
+        let out = as_user(&agent, &s.home, "/usr/bin/git", &full);
+        assert!(
+            !out.status.success(),
+            "git {args:?} succeeded as airlock-agent"
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for (args, says) in [
+        (
+            &["update-ref", "refs/heads/agent/mine", "main"][..],
+            "cannot lock ref",
+        ),
+        (&["update-ref", "refs/heads/main", "main^{tree}"][..], ""),
+        (
+            &["hash-object", "-w", "/etc/hostname"][..],
+            "insufficient permission",
+        ),
+        (
+            &["config", "core.hooksPath", "/tmp"][..],
+            "Permission denied",
+        ),
+    ] {
+        let err = denied(args);
+        assert!(err.contains(says), "git {args:?}: {err}");
+    }
+    assert_eq!(
+        git(&s.root, &[&git_dir, "rev-parse", "main"]),
+        git(&s.source, &["rev-parse", "main"])
+    );
+    // Nor read the worker's state (its state directory is 0700).
+    let state = s.root.join("worker-state");
+    std::fs::create_dir(&state).unwrap();
+    nix::unistd::chown(&state, Some(worker.uid), Some(worker.gid)).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let ls = as_user(&agent, &s.home, "/bin/ls", &[state.to_str().unwrap()]);
+    assert!(!ls.status.success());
+    // The agent's git configuration was not touched (no global safe.directory).
+    assert!(!s.home.join(".gitconfig").exists());
+
+    // What the worker writes later (umask 0027, as its unit) stays readable.
+    let commit = run_ok(&as_user_umask(
+        &worker,
+        &s.home,
+        &[
+            "-c",
+            &format!("safe.directory={b}"),
+            &git_dir,
+            "-c",
+            "user.name=w",
+            "-c",
+            "user.email=w@w.invalid",
+            "commit-tree",
+            "-p",
+            "main",
+            "-m",
+            "worker",
+            "main^{tree}",
+        ],
+    ));
+    let commit = commit.trim();
+    run_ok(&as_user_umask(
+        &worker,
+        &s.home,
+        &[
+            "-c",
+            &format!("safe.directory={b}"),
+            &git_dir,
+            "update-ref",
+            "refs/heads/agent/w",
+            commit,
+        ],
+    ));
+    let fetched = as_user(
+        &agent,
+        &s.home,
+        "/usr/bin/git",
+        &["-C", clone.to_str().unwrap(), "fetch", "origin", "agent/w"],
+    );
+    run_ok(&fetched);
+    let seen = run_ok(&as_user(
+        &agent,
+        &s.home,
+        "/usr/bin/git",
+        &["-C", clone.to_str().unwrap(), "rev-parse", "FETCH_HEAD"],
+    ));
+    assert_eq!(seen.trim(), commit);
+
+    // The planner's dry run, as airlock-agent, from its clone.
+    std::fs::write(clone.join("calc.py"), "def add(a, b):\n    return a + b\n").unwrap();
+    let task: Value = serde_json::from_str(&run_ok(&as_user(
+        &agent,
+        &s.home,
+        ctl(),
+        &[
+            "--json",
+            "propose",
+            "--config",
+            cfg,
+            "--repo",
+            "calc",
+            "--base",
+            "main",
+            "--worktree",
+            clone.to_str().unwrap(),
+            "--verify",
+            "python3 -m unittest",
+            "--dry-run",
+        ],
+    )))
+    .unwrap();
+    assert_eq!(task["binding"]["repository"], "calc");
+    assert_eq!(
+        task["plan"]["execution"]["change_set"][0]["path"],
+        "calc.py"
+    );
+
+    // list, remove (data kept), remove --purge.
+    let listed: Value = serde_json::from_str(&run_ok(
+        &Command::new(ctl())
+            .args(["--json", "repo", "--config", cfg, "list"])
+            .output()
+            .unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(listed[0]["name"], "calc");
+    assert_eq!(listed[0]["registered_in"], drop_in.to_str().unwrap());
+    run_ok(
+        &Command::new(ctl())
+            .args(["repo", "--config", cfg, "remove", "calc", "--no-reload"])
+            .output()
+            .unwrap(),
+    );
+    assert!(!drop_in.exists());
+    assert!(bare.join("objects").is_dir(), "remove keeps the data");
+    // Re-adding over kept data is refused; a purge after re-registering removes it.
+    std::fs::remove_dir_all(&bare).unwrap();
+    run_ok(
+        &Command::new(ctl())
+            .args(["repo", "--config", cfg, "add", "calc", "--from"])
+            .arg(&s.source)
+            .arg("--no-reload")
+            .output()
+            .unwrap(),
+    );
+    run_ok(
+        &Command::new(ctl())
+            .args([
+                "repo",
+                "--config",
+                cfg,
+                "remove",
+                "calc",
+                "--purge",
+                "--no-reload",
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert!(!bare.exists());
+    // Not as root: refused.
+    let out = as_user(
+        &agent,
+        &s.home,
+        ctl(),
+        &["repo", "--config", cfg, "add", "x", "--from", "/tmp"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(airlock_proto::Code::AUTHORIZATION_DENIED.exit_code().into())
+    );
+}
+
+/// git as `user` with the worker unit's umask.
+fn as_user_umask(user: &nix::unistd::User, home: &Path, args: &[&str]) -> Output {
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o027));
+    let out = as_user(user, home, "/usr/bin/git", args);
+    nix::sys::stat::umask(old);
+    out
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
