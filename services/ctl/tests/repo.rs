@@ -114,6 +114,12 @@ fn site(agent: &nix::unistd::User) -> Site {
     std::fs::write(source.join("calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
     git(&source, &["add", "-A"]);
     git(&source, &["commit", "-q", "-m", "base"]);
+    // Another user's checkout, as an administrator usually imports.
+    Command::new("chown")
+        .args(["-R", "nobody:nogroup"])
+        .arg(&source)
+        .status()
+        .unwrap();
     let home = root.join("agent-home");
     std::fs::create_dir(&home).unwrap();
     nix::unistd::chown(&home, Some(agent.uid), Some(agent.gid)).unwrap();
@@ -276,7 +282,14 @@ fn a_reader_clones_and_reads_an_added_repository_but_cannot_write_it() {
     }
     assert_eq!(
         git(&s.root, &[&git_dir, "rev-parse", "main"]),
-        git(&s.source, &["rev-parse", "main"])
+        git(
+            &s.root,
+            &[
+                &format!("--git-dir={}", s.source.join(".git").display()),
+                "rev-parse",
+                "main"
+            ]
+        )
     );
     // Nor read the worker's state (its state directory is 0700).
     let state = s.root.join("worker-state");

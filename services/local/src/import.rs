@@ -17,7 +17,9 @@ fn git(trusted: &Path) -> Command {
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_TERMINAL_PROMPT", "0")
         .arg("-c")
-        .arg(format!("safe.directory={}", trusted.display()));
+        .arg(format!("safe.directory={}", trusted.display()))
+        .arg("-c")
+        .arg(format!("safe.directory={}/.git", trusted.display()));
     c
 }
 
@@ -57,7 +59,7 @@ pub fn repository(layout: &Layout, ids: &Ids, name: &str, from: &Path) -> Result
             .arg(format!("safe.directory={}", source.display()))
             .args(["fetch", "--quiet", "--no-write-fetch-head", "--upload-pack"])
             .arg(format!(
-                "git -c safe.directory={} upload-pack",
+                "git -c safe.directory={0} -c safe.directory={0}/.git upload-pack",
                 source.display()
             ))
             .arg(&source)
@@ -69,8 +71,13 @@ pub fn repository(layout: &Layout, ids: &Ids, name: &str, from: &Path) -> Result
         run(fetch, &format!("updating {name} from {}", source.display()))?;
     } else {
         let mut clone = git(&source);
+        // The source may be another user's: trusted for this clone only.
         clone
-            .args(["clone", "--quiet", "--bare", "--no-local"])
+            .args(["clone", "--quiet", "--bare", "--no-local", "--upload-pack"])
+            .arg(format!(
+                "git -c safe.directory={0} -c safe.directory={0}/.git upload-pack",
+                source.display()
+            ))
             .arg(&source)
             .arg(&target);
         run(

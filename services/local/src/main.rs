@@ -122,10 +122,9 @@ fn up(state: PathBuf, repos: Vec<(String, PathBuf)>) -> Result<(), String> {
                 from.display()
             );
             println!(
-                "    results:  git -C {} fetch --upload-pack='git -c safe.directory={} upload-pack' {} 'refs/heads/agent/*:refs/remotes/airlock/agent/*'",
+                "    results:  git -c safe.directory={0} -C {0} fetch --upload-pack='git -c safe.directory={1} upload-pack' {1} 'refs/heads/agent/*:refs/remotes/airlock/agent/*'",
                 from.display(),
                 at.display(),
-                at.display()
             );
         }
     }

@@ -40,10 +40,28 @@ fn sdist() -> PathBuf {
     if !file.exists() {
         let pip = ["pip3", "pip"]
             .into_iter()
-            .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
-            .unwrap_or_else(|| panic!("{} is not cached and pip is not installed to fetch it from PyPI", file.display()));
+            .find(|p| {
+                Command::new(p)
+                    .arg("--version")
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "{} is not cached and pip is not installed to fetch it from PyPI",
+                    file.display()
+                )
+            });
         let out = Command::new(pip)
-            .args(["download", "--no-deps", "--no-binary", ":all:", "--timeout", "60", "-d"])
+            .args([
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--timeout",
+                "60",
+                "-d",
+            ])
             .arg(&cache)
             .arg(format!("{PROJECT}=={VERSION}"))
             .output()
@@ -54,7 +72,12 @@ fn sdist() -> PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    assert_eq!(sha256_of(&file), SDIST_SHA256, "{} is not the pinned sdist", file.display());
+    assert_eq!(
+        sha256_of(&file),
+        SDIST_SHA256,
+        "{} is not the pinned sdist",
+        file.display()
+    );
     file
 }
 
@@ -69,7 +92,11 @@ fn git(dir: &Path, args: &[&str]) -> String {
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
@@ -86,7 +113,15 @@ fn project(dir: &Path) -> PathBuf {
     let src = dir.join(format!("{PROJECT}-{VERSION}"));
     git(&src, &["init", "-q", "-b", "main"]);
     git(&src, &["add", "-A"]);
-    git(&src, &["commit", "-q", "-m", &format!("{PROJECT} {VERSION} (sdist)")]);
+    git(
+        &src,
+        &[
+            "commit",
+            "-q",
+            "-m",
+            &format!("{PROJECT} {VERSION} (sdist)"),
+        ],
+    );
     src
 }
 
@@ -107,7 +142,11 @@ fn bare_suite(src: &Path, scratch: &Path) -> Duration {
                 .current_dir(&copy)
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "the bare suite fails: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "the bare suite fails: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             t.elapsed()
         })
         .collect();
@@ -128,9 +167,16 @@ fn propose(bus: &str, args: &[&str]) -> (Output, Duration) {
 /// The last JSON line `propose --json --wait` printed: task, state, result.
 fn last_json(out: &Output) -> Value {
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| {
-        panic!("no JSON in {text}\n{}", String::from_utf8_lossy(&out.stderr))
-    });
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| {
+            panic!(
+                "no JSON in {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
     serde_json::from_str(line).unwrap()
 }
 
@@ -159,7 +205,12 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
     let branch_head = |branch: &str| {
         Command::new("git")
             .arg(format!("--git-dir={}", authority.display()))
-            .args(["rev-parse", "--verify", "--quiet", &format!("refs/heads/{branch}")])
+            .args([
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                &format!("refs/heads/{branch}"),
+            ])
             .output()
             .ok()
             .filter(|o| o.status.success())
@@ -170,10 +221,21 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
     let work = scratch.path().join("planner-1");
     let ctl = airlock_local::sibling("airlockctl").unwrap();
     let cloned = Command::new(&ctl)
-        .args(["repo", "--config", cfg, "clone", "moreit", work.to_str().unwrap()])
+        .args([
+            "repo",
+            "--config",
+            cfg,
+            "clone",
+            "moreit",
+            work.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert!(cloned.status.success(), "{}", String::from_utf8_lossy(&cloned.stderr));
+    assert!(
+        cloned.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cloned.stderr)
+    );
     let more = work.join("more_itertools/more.py");
     let text = std::fs::read_to_string(&more).unwrap();
     std::fs::write(
@@ -196,26 +258,69 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
         ),
     )
     .unwrap();
-    let (out, good_time) = propose(&bus, &[
-        "--json", "propose", "--config", cfg, "--repo", "moreit", "--base", "main",
-        "--worktree", work.to_str().unwrap(), "--verify", SUITE, "--timeout", "600",
-        "--max-attempts", "1", "--wait",
-    ]);
+    let (out, good_time) = propose(
+        &bus,
+        &[
+            "--json",
+            "propose",
+            "--config",
+            cfg,
+            "--repo",
+            "moreit",
+            "--base",
+            "main",
+            "--worktree",
+            work.to_str().unwrap(),
+            "--verify",
+            SUITE,
+            "--timeout",
+            "600",
+            "--max-attempts",
+            "1",
+            "--wait",
+        ],
+    );
     let good = last_json(&out);
-    assert!(out.status.success(), "{good}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{good}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(good["state"], "SUCCEEDED", "{good}");
-    let commit = good["result"]["commit_oid"].as_str().expect("a commit").to_owned();
+    let commit = good["result"]["commit_oid"]
+        .as_str()
+        .expect("a commit")
+        .to_owned();
     let good_id = good["task_id"].as_str().unwrap();
-    assert_eq!(branch_head(&format!("agent/{good_id}")).as_deref(), Some(commit.as_str()));
-    let changed = git(&work, &["fetch", "-q", "origin", &format!("agent/{good_id}")]);
+    assert_eq!(
+        branch_head(&format!("agent/{good_id}")).as_deref(),
+        Some(commit.as_str())
+    );
+    let changed = git(
+        &work,
+        &["fetch", "-q", "origin", &format!("agent/{good_id}")],
+    );
     let _ = changed;
     let diff = git(&work, &["diff", "--stat", "HEAD", "FETCH_HEAD"]);
-    assert!(diff.contains("more_itertools/more.py") && diff.contains("tests/test_more.py"), "{diff}");
-    let good_suite_ms = good["result"]["verification"][0]["duration_ms"].as_u64().unwrap();
+    assert!(
+        diff.contains("more_itertools/more.py") && diff.contains("tests/test_more.py"),
+        "{diff}"
+    );
+    let good_suite_ms = good["result"]["verification"][0]["duration_ms"]
+        .as_u64()
+        .unwrap();
 
     // Planner two: a breaking patch, as `git diff` writes it.
     let other = scratch.path().join("planner-2");
-    git(scratch.path(), &["clone", "-q", src.to_str().unwrap(), other.to_str().unwrap()]);
+    git(
+        scratch.path(),
+        &[
+            "clone",
+            "-q",
+            src.to_str().unwrap(),
+            other.to_str().unwrap(),
+        ],
+    );
     let more = other.join("more_itertools/more.py");
     let text = std::fs::read_to_string(&more).unwrap();
     let broken = text.replacen(
@@ -227,17 +332,38 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
     std::fs::write(&more, broken).unwrap();
     let patch = scratch.path().join("break.patch");
     std::fs::write(&patch, git(&other, &["diff"]) + "\n").unwrap();
-    let (out, bad_time) = propose(&bus, &[
-        "--json", "propose", "--config", cfg, "--repo", "moreit", "--base", "main",
-        "--patch", patch.to_str().unwrap(), "--verify", SUITE, "--timeout", "600",
-        "--max-attempts", "1", "--wait",
-    ]);
+    let (out, bad_time) = propose(
+        &bus,
+        &[
+            "--json",
+            "propose",
+            "--config",
+            cfg,
+            "--repo",
+            "moreit",
+            "--base",
+            "main",
+            "--patch",
+            patch.to_str().unwrap(),
+            "--verify",
+            SUITE,
+            "--timeout",
+            "600",
+            "--max-attempts",
+            "1",
+            "--wait",
+        ],
+    );
     let bad = last_json(&out);
     assert_eq!(out.status.code(), Some(1), "a FAILED task exits 1: {bad}");
     assert_eq!(bad["state"], "FAILED", "{bad}");
     assert_eq!(bad["result"]["failure_code"], "VERIFICATION_FAILED");
     let bad_id = bad["task_id"].as_str().unwrap();
-    assert_eq!(branch_head(&format!("agent/{bad_id}")), None, "no branch for a failed task");
+    assert_eq!(
+        branch_head(&format!("agent/{bad_id}")),
+        None,
+        "no branch for a failed task"
+    );
     let evidence = &bad["result"]["verification"][0];
     assert_ne!(evidence["exit_code"], 0);
     let tail = format!(
@@ -245,10 +371,16 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
         evidence["stdout_tail"].as_str().unwrap_or(""),
         evidence["stderr_tail"].as_str().unwrap_or("")
     );
-    assert!(tail.contains("FirstTests.test_default"), "the tail names the failing test: {tail}");
+    assert!(
+        tail.contains("FirstTests.test_default"),
+        "the tail names the failing test: {tail}"
+    );
 
     println!("\n{PROJECT} {VERSION}: {SUITE}");
-    println!("  bare suite, median of 3 runs        {:>8.2} s", bare.as_secs_f64());
+    println!(
+        "  bare suite, median of 3 runs        {:>8.2} s",
+        bare.as_secs_f64()
+    );
     println!(
         "  --worktree task, submit → SUCCEEDED  {:>8.2} s  (suite inside the sandbox {:.2} s; task / bare {:.1}x)",
         good_time.as_secs_f64(),

@@ -119,7 +119,9 @@ fn git(trusted: &Path) -> Command {
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_TERMINAL_PROMPT", "0")
         .arg("-c")
-        .arg(format!("safe.directory={}", trusted.display()));
+        .arg(format!("safe.directory={}", trusted.display()))
+        .arg("-c")
+        .arg(format!("safe.directory={}/.git", trusted.display()));
     c
 }
 
@@ -295,8 +297,14 @@ fn add(
     // --no-local: a copy, never hard links into the caller's repository
     // (the chown below would otherwise take their files too).
     let mut clone = git(&source);
+    // The source may be another user's (an administrator importing a
+    // colleague's checkout): trusted for this clone only.
     clone
-        .args(["clone", "--quiet", "--bare", "--no-local"])
+        .args(["clone", "--quiet", "--bare", "--no-local", "--upload-pack"])
+        .arg(format!(
+            "git -c safe.directory={0} -c safe.directory={0}/.git upload-pack",
+            source.display()
+        ))
         .arg(&source)
         .arg(&tmp);
     let imported = run_git(clone, &format!("importing {}", source.display())).and_then(|_| {
