@@ -49,7 +49,7 @@ pub fn reach(path: &Path, who: Id, groups: &[u32], want: Want) -> Result<(), (Pa
             return Err((
                 walked.clone(),
                 format!(
-                    "cannot enter it (mode {:04o}, owner uid {})",
+                    "the user cannot enter it (mode {:04o}, owner uid {})",
                     meta.mode() & 0o7777,
                     meta.uid()
                 ),
@@ -69,9 +69,9 @@ pub fn reach(path: &Path, who: Id, groups: &[u32], want: Want) -> Result<(), (Pa
             };
             if !allowed(&meta, who, groups, bit) {
                 let what = match want {
-                    Want::Read => "cannot read it",
-                    Want::Execute => "cannot execute it",
-                    Want::Enter => "cannot enter it",
+                    Want::Read => "the user cannot read it",
+                    Want::Execute => "the user cannot execute it",
+                    Want::Enter => "the user cannot enter it",
                 };
                 return Err((
                     walked.clone(),
@@ -108,7 +108,7 @@ pub fn check(layout: &Layout, ids: &Ids) -> Result<(), String> {
         let name = ids.name(who);
         if let Err((dir, why)) = reach(&layout.root, who, &groups, Want::Enter) {
             problems.push(format!(
-                "the {role} (user {name}) cannot reach the state directory {}: {} {why}.\n  \
+                "the {role} (user {name}) cannot reach the state directory {}: {}: {why}.\n  \
                  Fix: choose a state directory every component user can reach, e.g. --state /var/lib/airlock-local (the default as root), or give others search permission: chmod o+x {}",
                 layout.root.display(),
                 dir.display(),
@@ -137,7 +137,7 @@ pub fn check(layout: &Layout, ids: &Ids) -> Result<(), String> {
             }
             if let Err((dir, why)) = reach(&path, who, &groups, Want::Execute) {
                 problems.push(format!(
-                    "the {role} (user {name}) cannot run {}: {} {why}.\n  \
+                    "the {role} (user {name}) cannot run {}: {}: {why}.\n  \
                      Fix: build or install the binaries where every user can reach them (e.g. a checkout under /opt or /srv, or the package), or chmod o+x {}",
                     path.display(),
                     dir.display(),
@@ -164,7 +164,7 @@ pub fn check_config(layout: &Layout, ids: &Ids) -> Result<(), String> {
     for (role, who) in components(ids) {
         if let Err((path, why)) = reach(&layout.config(), who, &ids.groups(who), Want::Read) {
             return Err(format!(
-                "nothing was started; the {role} (user {}) cannot read its configuration: {} {why}",
+                "nothing was started; the {role} (user {}) cannot read its configuration: {}: {why}",
                 ids.name(who),
                 path.display()
             ));
