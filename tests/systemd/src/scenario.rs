@@ -1226,6 +1226,10 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
             "ordinary user: submit refused by polkit (exact code), refusal audited",
             |_| ordinary_user_denied(c),
         );
+        r.check(
+            "repo add + reload (same PIDs); airlock-agent clones it, cannot write it, proposes a --worktree: commit on agent/*",
+            |_| own_repository(c),
+        );
     } else {
         r.skip(
             &[
@@ -1636,6 +1640,102 @@ fn demo_task(c: &Container) -> Result<String, String> {
         "commit {} on agent/tb-demo (VERIFYING after {:.1}s, accepted), main untouched",
         &commit[..12.min(commit.len())],
         to_verifying.as_secs_f64()
+    ))
+}
+
+/// The README's "use it on your own repository", on the installed package:
+/// `repo add` (which reloads the units through systemd), a clone and a
+/// `propose --worktree` as airlock-agent, the admin's decision.
+fn own_repository(c: &Container) -> Result<String, String> {
+    let before = main_pids(c)?;
+    let added = c.sh_ok(
+        r#"set -e
+work=$(mktemp -d)
+cd "$work"
+printf 'def mul(a, b):
+    return a + b
+' > mul.py
+printf 'import unittest
+from mul import mul
+
+class MulTest(unittest.TestCase):
+    def test_mul(self):
+        self.assertEqual(mul(2, 3), 6)
+' > test_mul.py
+git init -q -b main .
+git add -A
+git -c user.name=alice -c user.email=alice@testbed.invalid commit -q -m 'mul: multiply'
+airlockctl --json repo add mul --from "$work"
+stat -c '%U:%G %a' /srv/airlock/mul.git /srv/airlock/mul.git/objects
+"#,
+        120 * SEC,
+    )?;
+    let mut lines = added.lines();
+    let reply = json(lines.next().unwrap_or_default())?;
+    if reply["reloaded"] != true {
+        return Err(format!("repo add did not reload the units: {reply}"));
+    }
+    let modes: Vec<&str> = lines.collect();
+    if modes != ["airlock-worker:airlock-readers 2750"; 2] {
+        return Err(format!("modes of /srv/airlock/mul.git: {modes:?}"));
+    }
+    all_active(c, STARTED_BY_TARGET)?;
+    let after = main_pids(c)?;
+    if after != before {
+        return Err(format!("reload restarted a unit: {before:?} → {after:?}"));
+    }
+    let agent = |cmd: &str| {
+        c.sh(
+            &format!(
+                "cd /var/lib/airlock-agent && runuser -u airlock-agent -- sh -c {}",
+                q(cmd)
+            ),
+            120 * SEC,
+        )
+    };
+    agent("rm -rf mul && airlockctl repo clone mul mul")?
+        .expect_ok("repo clone as airlock-agent")?;
+    let write = agent("git --git-dir=/srv/airlock/mul.git update-ref refs/heads/agent/x main")?;
+    if write.code == Some(0) {
+        return Err("airlock-agent wrote a ref of /srv/airlock/mul.git".into());
+    }
+    agent("sed -i 's/a + b/a * b/' mul/mul.py")?.expect_ok("edit")?;
+    let proposed = agent(
+        "airlockctl --no-ask-password --json propose --repo mul --base main --worktree mul --verify 'python3 -m unittest -q' --max-attempts 1 --task-id tb-propose",
+    )?
+    .expect_ok("propose as airlock-agent")?;
+    let task = wait_state(
+        c,
+        "tb-propose",
+        &["VERIFYING", "SUCCEEDED", "FAILED"],
+        180 * SEC,
+    )?;
+    if task["state"] == "VERIFYING" {
+        c.sh_ok(
+            "airlockctl verify tb-propose accept --reason 'testbed: the suite passes'",
+            60 * SEC,
+        )?;
+    }
+    let task = wait_state(c, "tb-propose", &["SUCCEEDED", "FAILED"], 60 * SEC)?;
+    let commit = task["result"]["commit_oid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let head = c.sh_ok(
+        "git --git-dir=/srv/airlock/mul.git rev-parse refs/heads/agent/tb-propose",
+        30 * SEC,
+    )?;
+    if task["state"] != "SUCCEEDED" || head.trim() != commit {
+        return Err(format!(
+            "tb-propose {} (commit {commit}, agent/tb-propose {}): {}",
+            task["state"],
+            head.trim(),
+            proposed.stdout
+        ));
+    }
+    Ok(format!(
+        "mul.git added and served after a reload (PIDs unchanged); tb-propose SUCCEEDED at {}",
+        &commit[..12.min(commit.len())]
     ))
 }
 
