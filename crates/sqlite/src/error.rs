@@ -17,6 +17,19 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// Another database engine (the task store's PostgreSQL backend) failed
+    /// while doing `context`; `code` is the catalogue code it maps to
+    /// (`STORE_UNAVAILABLE` when the server cannot be reached).
+    #[error("database error while {context}: {source}")]
+    Engine {
+        /// What the store was doing.
+        context: String,
+        /// The catalogue code of the failure.
+        code: Code,
+        /// The underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl StoreError {
@@ -37,6 +50,7 @@ impl StoreError {
                 | Some(rusqlite::ErrorCode::NotADatabase) => Code::STORE_CORRUPT,
                 _ => Code::STORE_UNAVAILABLE,
             },
+            StoreError::Engine { code, .. } => *code,
         }
     }
 
@@ -44,7 +58,7 @@ impl StoreError {
     pub fn refusal(&self) -> Option<&Error> {
         match self {
             StoreError::Refused(e) => Some(e),
-            StoreError::Sqlite { .. } => None,
+            StoreError::Sqlite { .. } | StoreError::Engine { .. } => None,
         }
     }
 }

@@ -2,21 +2,37 @@
 //! decisions, the owner-controlled retry extension, and an append-only
 //! event log.
 //!
+//! One contract, [`TaskStore`], two engines: [`SqliteStore`] (the default,
+//! embedded, one host) and [`PgStore`] (PostgreSQL, one queue shared by
+//! several hosts). The rules below are written once, against a
+//! transaction seam (`tx`), and each engine supplies only its SQL; the
+//! same test suites run against both.
+//!
 //! # Rules every method keeps
 //!
-//! - Every mutation runs in one `BEGIN IMMEDIATE` transaction, bumps the
-//!   task's `revision`, and appends an `allowed` [`Event`] in that same
-//!   transaction, so a change and its audit record commit together or not
-//!   at all.
+//! - Every mutation runs in one transaction (SQLite: `BEGIN IMMEDIATE`;
+//!   PostgreSQL: READ COMMITTED with the task's row locked `FOR UPDATE`),
+//!   bumps the task's `revision`, and appends an `allowed` [`Event`] in
+//!   that same transaction, so a change and its audit record commit
+//!   together or not at all.
+//! - Every write after a claim is fenced in its `UPDATE … WHERE`: a renewal
+//!   or a result by (task, attempt, lease epoch, token hash, unexpired), a
+//!   verification decision by (task, VERIFYING, attempt, lease epoch), and
+//!   every write by the revision it read. Zero rows changed means the
+//!   caller lost the race, never that it won it twice.
 //! - Every refusal ([`StoreError::Refused`]) of a mutating method rolls its
 //!   transaction back (nothing changes) and then appends a `denied` event
 //!   with the refusal's [`Code`] in a transaction of its own.
 //! - Idempotent replays (the same submission, plan, result or retry
 //!   extension again) change nothing and append nothing.
-//! - The events table is append-only: SQLite triggers abort any `UPDATE` or
-//!   `DELETE` on it.
+//! - The events table is append-only: triggers abort any `UPDATE` or
+//!   `DELETE` on it (on PostgreSQL also `TRUNCATE`, and the supervisor's
+//!   role holds no UPDATE or DELETE privilege on it).
 //! - Time is `max(clock, high-water mark)` and the high-water mark is
-//!   persisted, so rewinding the wall clock never extends a lease.
+//!   persisted, so rewinding a clock never extends a lease. The clock is
+//!   the database's: SQLite's is this host's (the store is embedded);
+//!   PostgreSQL's is the server's `clock_timestamp()`, so every host's
+//!   leases are judged by one clock and no client clock enters a lease.
 //! - A lease is a 256-bit random token handed out once in the
 //!   [`ClaimGrant`]; only its SHA-256 is stored. A lease epoch fences stale
 //!   holders.
@@ -37,9 +53,9 @@
 //! # Example
 //!
 //! ```
-//! use airlock_taskdb::tasks::{Actor, TaskStore};
+//! use airlock_taskdb::tasks::{Actor, SqliteStore, TaskStore};
 //! let dir = tempfile::tempdir().unwrap();
-//! let mut store = TaskStore::open(&dir.path().join("tasks.sqlite3")).unwrap();
+//! let mut store = SqliteStore::open(&dir.path().join("tasks.sqlite3")).unwrap();
 //! // Nothing is queued yet, so a worker's claim finds nothing.
 //! assert!(store.claim(&Actor::worker(Some(1000), "worker-1"), 60_000).unwrap().is_none());
 //! assert_eq!(store.summary().unwrap().total(), 0);
@@ -48,21 +64,23 @@
 mod audit;
 mod lease;
 mod lifecycle;
+pub mod postgres;
 mod retry;
 mod row;
 mod schema;
+pub mod sqlite;
+mod tx;
 
 use airlock_proto::binding::is_task_id;
 use airlock_proto::canonical::digest_of;
 use airlock_proto::{Code, Error};
-use airlock_sqlite::clock::{Clock, SystemClock};
-use airlock_sqlite::db::{self, Kind};
 use airlock_sqlite::error::{StoreError, StoreResult};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::path::Path;
-use std::sync::Arc;
+use tx::Backend;
+
+pub use postgres::{PgBackend, PgLocation};
+pub use sqlite::SqliteBackend;
 
 pub use airlock_proto::plan::{PlanRecord, PlanRequest};
 pub use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
@@ -355,39 +373,134 @@ pub fn verification_sha256(verification_json: Option<&str>) -> StoreResult<Strin
         .map_err(|e| Error::with(Code::TASK_VERIFICATION_INVALID, e.to_string()).into())
 }
 
-/// The supervisor's task store. One value per connection; a second process
-/// may open the same file (writers serialise on `BEGIN IMMEDIATE`).
-#[derive(Debug)]
-pub struct TaskStore {
-    conn: Connection,
-    clock: Arc<dyn Clock>,
+/// The supervisor's task store: every operation the supervisor performs on
+/// it. [`SqliteStore`] and [`PgStore`] implement it with the same rules;
+/// [`crate::open`] picks one from `[supervisor] database`.
+///
+/// Each method is documented on [`Store`], which implements them once for
+/// both engines.
+pub trait TaskStore: Send + std::fmt::Debug {
+    /// See [`Store::now_ms`].
+    fn now_ms(&self) -> StoreResult<i64>;
+    /// See [`Store::get`].
+    fn get(&self, task_id: &str) -> StoreResult<TaskView>;
+    /// See [`Store::list`].
+    fn list(
+        &self,
+        state: Option<TaskState>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<TaskView>>;
+    /// See [`Store::summary`].
+    fn summary(&self) -> StoreResult<QueueSummary>;
+    /// See [`Store::events`].
+    fn events(
+        &self,
+        task_id: Option<&str>,
+        after_event_id: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<Event>>;
+    /// See [`Store::record_denial`].
+    fn record_denial(
+        &mut self,
+        task_id: Option<&str>,
+        actor: &Actor,
+        action: &str,
+        code: Code,
+        detail: &str,
+    ) -> StoreResult<()>;
+    /// See [`Store::integrity_check`].
+    fn integrity_check(&self) -> StoreResult<()>;
+    /// See [`Store::submit`].
+    fn submit(&mut self, s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted>;
+    /// See [`Store::replace_plan`].
+    fn replace_plan(
+        &mut self,
+        task_id: &str,
+        plan: &PlanRequest,
+        actor: &Actor,
+    ) -> StoreResult<TaskView>;
+    /// See [`Store::decide`].
+    fn decide(
+        &mut self,
+        task_id: &str,
+        decision: Decision,
+        reason: &str,
+        actor: &Actor,
+    ) -> StoreResult<TaskView>;
+    /// See [`Store::cancel`].
+    fn cancel(&mut self, task_id: &str, reason: &str, actor: &Actor) -> StoreResult<TaskView>;
+    /// See [`Store::claim`].
+    fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>>;
+    /// See [`Store::claim_in`].
+    fn claim_in(
+        &mut self,
+        worker: &Actor,
+        lease_ms: i64,
+        repositories: Option<&[String]>,
+    ) -> StoreResult<Option<ClaimGrant>>;
+    /// See [`Store::renew`].
+    fn renew(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        lease_ms: i64,
+        worker: &Actor,
+    ) -> StoreResult<i64>;
+    /// See [`Store::sweep_expired`].
+    fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>>;
+    /// See [`Store::fail_unregistered`].
+    fn fail_unregistered(&mut self, registered: &[String]) -> StoreResult<Vec<String>>;
+    /// See [`Store::submit_result`].
+    #[allow(clippy::too_many_arguments)]
+    fn submit_result(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        idempotency_key: &str,
+        result: &TaskResult,
+        auto_accept: bool,
+        worker: &Actor,
+    ) -> StoreResult<ResultReceipt>;
+    /// See [`Store::extend_retry`].
+    fn extend_retry(
+        &mut self,
+        task_id: &str,
+        req: &RetryExtensionRequest,
+        configured_authorization_id: &str,
+    ) -> StoreResult<RetryExtensionOutcome>;
 }
 
-impl TaskStore {
-    /// Opens (creating and migrating if needed) the task store at `path`,
-    /// judging time by the system clock.
-    pub fn open(path: &Path) -> StoreResult<Self> {
-        TaskStore::open_with_clock(path, Arc::new(SystemClock))
-    }
+/// The store's rules over one engine `B`. Use it through [`TaskStore`]
+/// (the supervisor holds a `Box<dyn TaskStore>`), or as [`SqliteStore`] /
+/// [`PgStore`] where the engine matters (tests, benchmarks).
+#[derive(Debug)]
+pub struct Store<B> {
+    backend: B,
+}
 
-    /// Opens the task store with an injected clock (tests, fault injection).
-    pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> StoreResult<Self> {
-        let conn = db::open(path, Kind::Tasks, schema::MIGRATIONS)?;
-        Ok(TaskStore { conn, clock })
-    }
+/// The embedded SQLite task store.
+pub type SqliteStore = Store<SqliteBackend>;
 
+/// The PostgreSQL task store.
+pub type PgStore = Store<PgBackend>;
+
+impl<B: Backend> Store<B> {
     /// The store's current time: `max(clock, persisted high-water mark)`.
     /// Reading it does not advance the mark; every mutation does.
     pub fn now_ms(&self) -> StoreResult<i64> {
-        let high_water = read_high_water(&self.conn)?;
-        Ok(self.clock.now_ms().max(high_water))
+        self.backend.now_ms()
     }
 
     /// One task.
     pub fn get(&self, task_id: &str) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
-        row::load(&self.conn, task_id)?
+        self.backend
+            .get(task_id)?
             .ok_or_else(|| not_found(task_id))?
+            .into_row()?
             .view()
     }
 
@@ -399,43 +512,17 @@ impl TaskStore {
         after_task_id: Option<&str>,
         limit: u32,
     ) -> StoreResult<Vec<TaskView>> {
-        let sql = format!(
-            "SELECT {} FROM tasks WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR task_id > ?2) \
-             ORDER BY task_id LIMIT ?3",
-            row::COLUMNS
-        );
-        let mut stmt = self
-            .conn
-            .prepare(&sql)
-            .map_err(|e| StoreError::sqlite("listing tasks", e))?;
-        let rows = stmt
-            .query_map(
-                params![
-                    state.map(TaskState::as_str),
-                    after_task_id,
-                    limit.min(MAX_PAGE)
-                ],
-                row::RawRow::from_sql,
-            )
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| StoreError::sqlite("listing tasks", e))?;
-        rows.into_iter()
+        self.backend
+            .list(state, after_task_id, limit.min(MAX_PAGE))?
+            .into_iter()
             .map(|raw| raw.into_row().and_then(|r| r.view()))
             .collect()
     }
 
     /// How many tasks are in each state.
     pub fn summary(&self) -> StoreResult<QueueSummary> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT status, COUNT(*) FROM tasks GROUP BY status")
-            .map_err(|e| StoreError::sqlite("summarising tasks", e))?;
-        let counts = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| StoreError::sqlite("summarising tasks", e))?;
         let mut summary = QueueSummary::default();
-        for (status, n) in counts {
+        for (status, n) in self.backend.counts()? {
             let state = row::parse_state(&status)?;
             *summary.slot(state) = u64::try_from(n).unwrap_or(0);
         }
@@ -450,7 +537,11 @@ impl TaskStore {
         after_event_id: i64,
         limit: u32,
     ) -> StoreResult<Vec<Event>> {
-        audit::list(&self.conn, task_id, after_event_id, limit.min(MAX_PAGE))
+        self.backend
+            .events(task_id, after_event_id, limit.min(MAX_PAGE))?
+            .into_iter()
+            .map(row::RawEvent::into_event)
+            .collect()
     }
 
     /// Records a refusal decided outside the store (a polkit denial, a peer
@@ -464,40 +555,17 @@ impl TaskStore {
         code: Code,
         detail: &str,
     ) -> StoreResult<()> {
-        let wall = self.clock.now_ms();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| StoreError::sqlite("starting a denial record", e))?;
-        let now = advance_time(&tx, wall)?;
-        audit::append_denial(&tx, now, task_id, actor, action, code, detail)?;
-        tx.commit()
-            .map_err(|e| StoreError::sqlite("committing a denial record", e))
+        self.backend.write("a denial record", &mut |tx| {
+            audit::append_denial(tx, task_id, actor, action, code, detail)
+        })
     }
 
-    /// `PRAGMA integrity_check`; anything but "ok" is `STORE_CORRUPT`.
+    /// The engine's consistency check (SQLite: `PRAGMA integrity_check`;
+    /// PostgreSQL: the schema is airlock's at the version this build
+    /// expects, with its append-only triggers in place and enabled).
+    /// Anything wrong is `STORE_CORRUPT`.
     pub fn integrity_check(&self) -> StoreResult<()> {
-        db::integrity_check(&self.conn)
-    }
-
-    /// Runs `f` in a `BEGIN IMMEDIATE` transaction at the store's current
-    /// time, committing only when it succeeds (dropping the transaction
-    /// rolls it back).
-    fn write<T>(
-        &mut self,
-        what: &str,
-        f: impl FnOnce(&Connection, i64) -> StoreResult<T>,
-    ) -> StoreResult<T> {
-        let wall = self.clock.now_ms();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| StoreError::sqlite(format!("starting {what}"), e))?;
-        let now = advance_time(&tx, wall)?;
-        let out = f(&tx, now)?;
-        tx.commit()
-            .map_err(|e| StoreError::sqlite(format!("committing {what}"), e))?;
-        Ok(out)
+        self.backend.integrity_check()
     }
 
     /// Passes `result` through, first recording a refusal as a denied event.
@@ -518,27 +586,124 @@ impl TaskStore {
     }
 }
 
-/// The persisted high-water mark of store time.
-fn read_high_water(conn: &Connection) -> StoreResult<i64> {
-    conn.query_row(
-        "SELECT high_water_ms FROM store_clock WHERE id = 1",
-        [],
-        |r| r.get::<_, i64>(0),
-    )
-    .optional()
-    .map_err(|e| StoreError::sqlite("reading the clock high-water mark", e))
-    .map(|hw| hw.unwrap_or(0))
-}
-
-/// Returns `max(wall, high-water)` and persists it as the new mark.
-fn advance_time(conn: &Connection, wall: i64) -> StoreResult<i64> {
-    let now = wall.max(read_high_water(conn)?);
-    conn.execute(
-        "UPDATE store_clock SET high_water_ms = ?1 WHERE id = 1 AND high_water_ms < ?1",
-        [now],
-    )
-    .map_err(|e| StoreError::sqlite("advancing the clock high-water mark", e))?;
-    Ok(now)
+impl<B: Backend> TaskStore for Store<B> {
+    fn now_ms(&self) -> StoreResult<i64> {
+        Store::now_ms(self)
+    }
+    fn get(&self, task_id: &str) -> StoreResult<TaskView> {
+        Store::get(self, task_id)
+    }
+    fn list(
+        &self,
+        state: Option<TaskState>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<TaskView>> {
+        Store::list(self, state, after_task_id, limit)
+    }
+    fn summary(&self) -> StoreResult<QueueSummary> {
+        Store::summary(self)
+    }
+    fn events(
+        &self,
+        task_id: Option<&str>,
+        after_event_id: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<Event>> {
+        Store::events(self, task_id, after_event_id, limit)
+    }
+    fn record_denial(
+        &mut self,
+        task_id: Option<&str>,
+        actor: &Actor,
+        action: &str,
+        code: Code,
+        detail: &str,
+    ) -> StoreResult<()> {
+        Store::record_denial(self, task_id, actor, action, code, detail)
+    }
+    fn integrity_check(&self) -> StoreResult<()> {
+        Store::integrity_check(self)
+    }
+    fn submit(&mut self, s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted> {
+        Store::submit(self, s, actor)
+    }
+    fn replace_plan(
+        &mut self,
+        task_id: &str,
+        plan: &PlanRequest,
+        actor: &Actor,
+    ) -> StoreResult<TaskView> {
+        Store::replace_plan(self, task_id, plan, actor)
+    }
+    fn decide(
+        &mut self,
+        task_id: &str,
+        decision: Decision,
+        reason: &str,
+        actor: &Actor,
+    ) -> StoreResult<TaskView> {
+        Store::decide(self, task_id, decision, reason, actor)
+    }
+    fn cancel(&mut self, task_id: &str, reason: &str, actor: &Actor) -> StoreResult<TaskView> {
+        Store::cancel(self, task_id, reason, actor)
+    }
+    fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
+        Store::claim(self, worker, lease_ms)
+    }
+    fn claim_in(
+        &mut self,
+        worker: &Actor,
+        lease_ms: i64,
+        repositories: Option<&[String]>,
+    ) -> StoreResult<Option<ClaimGrant>> {
+        Store::claim_in(self, worker, lease_ms, repositories)
+    }
+    fn renew(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        lease_ms: i64,
+        worker: &Actor,
+    ) -> StoreResult<i64> {
+        Store::renew(self, task_id, lease_epoch, lease_token, lease_ms, worker)
+    }
+    fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>> {
+        Store::sweep_expired(self)
+    }
+    fn fail_unregistered(&mut self, registered: &[String]) -> StoreResult<Vec<String>> {
+        Store::fail_unregistered(self, registered)
+    }
+    fn submit_result(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        idempotency_key: &str,
+        result: &TaskResult,
+        auto_accept: bool,
+        worker: &Actor,
+    ) -> StoreResult<ResultReceipt> {
+        Store::submit_result(
+            self,
+            task_id,
+            lease_epoch,
+            lease_token,
+            idempotency_key,
+            result,
+            auto_accept,
+            worker,
+        )
+    }
+    fn extend_retry(
+        &mut self,
+        task_id: &str,
+        req: &RetryExtensionRequest,
+        configured_authorization_id: &str,
+    ) -> StoreResult<RetryExtensionOutcome> {
+        Store::extend_retry(self, task_id, req, configured_authorization_id)
+    }
 }
 
 fn check_task_id(task_id: &str) -> StoreResult<()> {

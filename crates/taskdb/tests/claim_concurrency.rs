@@ -8,10 +8,11 @@
 //! queued again and claimed by whichever process is quickest.
 
 #[path = "tasks_common.rs"]
+#[macro_use]
 mod common;
 
 use airlock_proto::task::{Outcome, TaskState};
-use airlock_taskdb::tasks::{Actor, EventOutcome, TaskStore, action};
+use airlock_taskdb::tasks::{Actor, EventOutcome, PgLocation, PgStore, SqliteStore, action};
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -19,6 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DB_ENV: &str = "AIRLOCK_TEST_CLAIM_CHILD_DB";
+const PG_URL_ENV: &str = "AIRLOCK_TEST_CLAIM_CHILD_PG_URL";
+const PG_PASSWORD_ENV: &str = "AIRLOCK_TEST_CLAIM_CHILD_PG_PASSWORD";
 const GO_ENV: &str = "AIRLOCK_TEST_CLAIM_CHILD_GO";
 const NAME_ENV: &str = "AIRLOCK_TEST_CLAIM_CHILD_NAME";
 const TASKS: u32 = 60;
@@ -28,9 +31,11 @@ const MARK: &str = "CLAIMED ";
 #[test]
 #[ignore = "runs only as a child process of claims_from_many_processes_never_collide"]
 fn claim_child() {
-    let Ok(db) = std::env::var(DB_ENV) else {
+    let db = std::env::var(DB_ENV).ok();
+    let pg = std::env::var(PG_URL_ENV).ok();
+    if db.is_none() && pg.is_none() {
         return;
-    };
+    }
     let go = PathBuf::from(std::env::var(GO_ENV).expect("go file"));
     let name = std::env::var(NAME_ENV).expect("worker name");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -38,7 +43,17 @@ fn claim_child() {
         assert!(Instant::now() < deadline, "never told to start");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let mut store = TaskStore::open(Path::new(&db)).expect("child open");
+    let mut store: Box<dyn TaskStore> = match (db, pg) {
+        (Some(db), _) => Box::new(SqliteStore::open(Path::new(&db)).expect("child open")),
+        (_, Some(url)) => {
+            let password = std::env::var(PG_PASSWORD_ENV).expect("password");
+            let loc = PgLocation::parse(&url)
+                .expect("url")
+                .with_password(password.as_bytes());
+            Box::new(PgStore::open(&loc).expect("child open"))
+        }
+        _ => unreachable!(),
+    };
     let me = Actor::worker(None, name.clone());
     loop {
         assert!(Instant::now() < deadline, "child {name} ran too long");
@@ -68,11 +83,15 @@ fn claim_child() {
     }
 }
 
-#[test]
-fn claims_from_many_processes_never_collide() {
+fn claims_from_many_processes_never_collide(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("tasks.sqlite3");
-    let mut store = TaskStore::open(&db).unwrap();
+    // PostgreSQL: the real server clock (no test clock), as in production.
+    let pg = (backend == Backend::Postgres).then(|| pg_parts(false));
+    let mut store: Box<dyn TaskStore> = match &pg {
+        None => Box::new(SqliteStore::open(&db).unwrap()),
+        Some(pg) => Box::new(PgStore::open(&pg.location()).unwrap()),
+    };
     let mut expected = BTreeSet::new();
     let mut budgets = BTreeMap::new();
     for i in 0..TASKS {
@@ -89,16 +108,21 @@ fn claims_from_many_processes_never_collide() {
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..CHILDREN)
         .map(|n| {
-            Command::new(&exe)
-                .args([
-                    "claim_child",
-                    "--exact",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(DB_ENV, &db)
-                .env(GO_ENV, &go)
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "claim_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ]);
+            match &pg {
+                None => cmd.env(DB_ENV, &db),
+                Some(pg) => cmd
+                    .env(PG_URL_ENV, &pg.db.url)
+                    .env(PG_PASSWORD_ENV, &pg.db.password),
+            };
+            cmd.env(GO_ENV, &go)
                 .env(NAME_ENV, format!("worker-{n}"))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -176,3 +200,5 @@ fn claims_from_many_processes_never_collide() {
     assert_eq!(claimed, expected.len());
     store.integrity_check().unwrap();
 }
+
+both_backends!(claims_from_many_processes_never_collide);

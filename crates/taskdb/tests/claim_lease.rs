@@ -1,6 +1,7 @@
 //! Claims, lease renewal, expiry and the monotonic store clock.
 
 #[path = "tasks_common.rs"]
+#[macro_use]
 mod common;
 
 use airlock_proto::Code;
@@ -10,9 +11,8 @@ use airlock_taskdb::tasks::{ActorKind, EventOutcome, MAX_LEASE_MS, action};
 use common::*;
 use serde_json::json;
 
-#[test]
-fn a_claim_starts_an_attempt_under_a_fresh_lease() {
-    let mut fx = Fixture::new();
+fn a_claim_starts_an_attempt_under_a_fresh_lease(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let t = fx.submit("task-a", 3);
     let grant = fx.claim();
     assert_eq!(grant.task_id, "task-a");
@@ -31,22 +31,18 @@ fn a_claim_starts_an_attempt_under_a_fresh_lease() {
     assert_eq!(v.lease_expires_at_ms, Some(T0 + LEASE));
 
     // Only the token's SHA-256 is stored, and the token appears nowhere.
-    let (claimed_by, hash): (String, String) = fx
-        .raw()
-        .query_row("SELECT claimed_by, lease_token_hash FROM tasks", [], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
-        .unwrap();
-    assert_eq!(claimed_by, "worker-1");
-    assert_eq!(hash, sha256_hex(grant.lease_token.as_bytes()));
+    let row = fx.row("SELECT claimed_by, lease_token_hash FROM tasks");
+    assert_eq!(
+        row,
+        texts(&["worker-1", &sha256_hex(grant.lease_token.as_bytes())])
+    );
     let everything: String = fx
-        .raw()
-        .query_row(
-            "SELECT group_concat(payload_json, '') FROM events",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+        .rows("SELECT payload_json FROM events")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect();
+    assert!(!everything.is_empty());
     assert!(!everything.contains(&grant.lease_token));
     let e = fx.store.events(Some("task-a"), 0, 10).unwrap();
     let last = e.last().unwrap();
@@ -60,9 +56,8 @@ fn a_claim_starts_an_attempt_under_a_fresh_lease() {
     assert_eq!(fx.last_event_id(), events, "an empty claim appends nothing");
 }
 
-#[test]
-fn tokens_differ_between_claims() {
-    let mut fx = Fixture::new();
+fn tokens_differ_between_claims(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 1);
     fx.submit("task-b", 1);
     let a = fx.claim();
@@ -74,9 +69,8 @@ fn tokens_differ_between_claims() {
     );
 }
 
-#[test]
-fn claims_take_the_oldest_queued_task_with_attempts_left() {
-    let mut fx = Fixture::new();
+fn claims_take_the_oldest_queued_task_with_attempts_left(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-z", 1);
     fx.clock.advance(1);
     fx.submit("task-a", 2);
@@ -95,9 +89,8 @@ fn claims_take_the_oldest_queued_task_with_attempts_left() {
     assert_eq!(s.failed, 2);
 }
 
-#[test]
-fn claim_refuses_unbounded_leases() {
-    let mut fx = Fixture::new();
+fn claim_refuses_unbounded_leases(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 1);
     for bad in [0, -1, MAX_LEASE_MS + 1, i64::MAX] {
         fx.refused(
@@ -111,9 +104,8 @@ fn claim_refuses_unbounded_leases() {
     assert!(fx.store.claim(&worker(), MAX_LEASE_MS).unwrap().is_some());
 }
 
-#[test]
-fn renew_extends_from_now() {
-    let mut fx = Fixture::new();
+fn renew_extends_from_now(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let t = fx.submit("task-a", 1);
     let g = fx.claim();
     fx.clock.advance(10_000);
@@ -145,9 +137,8 @@ fn renew_extends_from_now() {
     );
 }
 
-#[test]
-fn renew_refusals() {
-    let mut fx = Fixture::new();
+fn renew_refusals(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 3);
     let a = action::TASK_LEASE_RENEWED;
     // Not RUNNING.
@@ -209,9 +200,8 @@ fn renew_refusals() {
     );
 }
 
-#[test]
-fn sweeping_requeues_with_attempts_left_and_fails_without() {
-    let mut fx = Fixture::new();
+fn sweeping_requeues_with_attempts_left_and_fails_without(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     fx.submit("task-b", 1);
     fx.submit("task-c", 1);
@@ -244,15 +234,20 @@ fn sweeping_requeues_with_attempts_left_and_fails_without() {
     assert_eq!(ver["decision"], json!("LEASE_EXPIRED"));
     assert_eq!(ver["lease_epoch"], json!(gb.lease_epoch));
     // The claim is kept as history, the lease is gone.
-    let row: (Option<String>, Option<String>, Option<i64>) = fx
-        .raw()
-        .query_row(
-            "SELECT claimed_by, lease_token_hash, lease_expires_at FROM tasks WHERE task_id = 'task-b'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    let row = fx.row(
+        "SELECT claimed_by, lease_token_hash, lease_expires_at, verification_json \
+         FROM tasks WHERE task_id = 'task-b'",
+    );
+    assert_eq!(row[..3], [Some("worker-1".into()), None, None]);
+    // Stored as canonical JSON, whichever engine wrote it.
+    let stored = row[3].clone().unwrap();
+    assert_eq!(
+        airlock_proto::canonical::to_canonical_string(
+            &serde_json::from_str::<serde_json::Value>(&stored).unwrap()
         )
-        .unwrap();
-    assert_eq!(row, (Some("worker-1".into()), None, None));
+        .unwrap(),
+        stored
+    );
     let e = fx.store.events(Some("task-b"), 0, 10).unwrap();
     let last = e.last().unwrap();
     assert_eq!(
@@ -279,9 +274,8 @@ fn sweeping_requeues_with_attempts_left_and_fails_without() {
     );
 }
 
-#[test]
-fn rewinding_the_wall_clock_never_extends_a_lease() {
-    let mut fx = Fixture::new();
+fn rewinding_the_wall_clock_never_extends_a_lease(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     let g = fx.claim();
     // Time passes beyond the expiry and the store sees it (a refused renew
@@ -326,9 +320,8 @@ fn rewinding_the_wall_clock_never_extends_a_lease() {
     assert_eq!(e.last().unwrap().at_ms, T0 + LEASE + 5);
 }
 
-#[test]
-fn a_successful_mutation_moves_the_high_water_mark() {
-    let mut fx = Fixture::new();
+fn a_successful_mutation_moves_the_high_water_mark(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.clock.set(T0 + 500);
     fx.submit("task-a", 1);
     fx.clock.set(T0);
@@ -341,3 +334,15 @@ fn a_successful_mutation_moves_the_high_water_mark() {
     fx.clock.set(T0);
     assert_eq!(fx.store.now_ms().unwrap(), T0 + 500);
 }
+
+both_backends!(
+    a_claim_starts_an_attempt_under_a_fresh_lease,
+    tokens_differ_between_claims,
+    claims_take_the_oldest_queued_task_with_attempts_left,
+    claim_refuses_unbounded_leases,
+    renew_extends_from_now,
+    renew_refusals,
+    sweeping_requeues_with_attempts_left_and_fails_without,
+    rewinding_the_wall_clock_never_extends_a_lease,
+    a_successful_mutation_moves_the_high_water_mark,
+);

@@ -2,7 +2,7 @@
 //! are the `-wal` and `-shm` files SQLite makes beside it, so no other
 //! uid — airlock-retry included — can open it (docs/privsep.md).
 
-use airlock_taskdb::tasks::TaskStore;
+use airlock_taskdb::tasks::SqliteStore;
 use std::os::unix::fs::PermissionsExt;
 
 fn mode(path: &std::path::Path) -> u32 {
@@ -14,7 +14,7 @@ fn a_new_task_database_is_owner_only() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let db = dir.path().join("tasks.sqlite3");
-    let store = TaskStore::open(&db).unwrap();
+    let store = SqliteStore::open(&db).unwrap();
     store.integrity_check().unwrap();
     assert_eq!(mode(&db), 0o600);
     for side in ["tasks.sqlite3-wal", "tasks.sqlite3-shm"] {

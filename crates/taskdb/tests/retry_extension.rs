@@ -3,6 +3,7 @@
 //! implements but does not test.
 
 #[path = "tasks_common.rs"]
+#[macro_use]
 mod common;
 
 use airlock_proto::Code;
@@ -32,20 +33,16 @@ fn canon(v: &Value) -> String {
 /// 41, no claim, no lease, the seed's verification and result records. The
 /// task is submitted through the API and then set to the seed's row by
 /// hand, exactly as the seed's fixture writes it.
-fn seed_db() -> Fixture {
-    let mut fx = Fixture::new();
+fn seed_db(backend: Backend) -> Fixture {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 10);
-    fx.raw()
-        .execute(
-            "UPDATE tasks SET status = 'FAILED', attempt = 10, max_attempts = 10, revision = 41, \
-             claimed_by = NULL, lease_token_hash = NULL, lease_expires_at = NULL, \
-             verification_json = ?1, result_json = ?2 WHERE task_id = 'task-a'",
-            [
-                r#"{"decision": "NEEDS_REWORK", "reason": "BASE_OID_BINDING_INVALID"}"#,
-                r#"{"status": "FAILED"}"#,
-            ],
-        )
-        .unwrap();
+    fx.exec(
+        r#"UPDATE tasks SET status = 'FAILED', attempt = 10, max_attempts = 10, revision = 41,
+           claimed_by = NULL, lease_token_hash = NULL, lease_expires_at = NULL,
+           verification_json = '{"decision": "NEEDS_REWORK", "reason": "BASE_OID_BINDING_INVALID"}',
+           result_json = '{"status": "FAILED"}' WHERE task_id = 'task-a'"#,
+    )
+    .unwrap();
     fx
 }
 
@@ -72,13 +69,14 @@ fn request_with(edit: impl FnOnce(&mut Value)) -> RetryExtensionRequest {
 type Lease = (Option<String>, Option<String>, Option<i64>);
 
 fn claim_and_lease(fx: &Fixture) -> Lease {
-    fx.raw()
-        .query_row(
-            "SELECT claimed_by, lease_token_hash, lease_expires_at FROM tasks WHERE task_id = 'task-a'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .unwrap()
+    let r = fx.row(
+        "SELECT claimed_by, lease_token_hash, lease_expires_at FROM tasks WHERE task_id = 'task-a'",
+    );
+    (
+        r[0].clone(),
+        r[1].clone(),
+        r[2].as_deref().map(|v| v.parse().unwrap()),
+    )
 }
 
 fn extension_events(fx: &Fixture) -> Vec<airlock_taskdb::tasks::Event> {
@@ -92,9 +90,8 @@ fn extension_events(fx: &Fixture) -> Vec<airlock_taskdb::tasks::Event> {
 
 // ---- ports of the seed's tests ------------------------------------------------
 
-#[test]
-fn retry_extension_cas_and_audit() {
-    let mut fx = seed_db();
+fn retry_extension_cas_and_audit(backend: Backend) {
+    let mut fx = seed_db(backend);
     let out = fx
         .store
         .extend_retry("task-a", &request(&seed_verification()), AUTH_ID)
@@ -110,15 +107,8 @@ fn retry_extension_cas_and_audit() {
         out.previous_verification_sha256,
         canon(&seed_verification())
     );
-    let row: (String, i64, i64, i64) = fx
-        .raw()
-        .query_row(
-            "SELECT status, attempt, max_attempts, revision FROM tasks",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .unwrap();
-    assert_eq!(row, ("QUEUED".into(), 10, 11, 42));
+    let row = fx.row("SELECT status, attempt, max_attempts, revision FROM tasks");
+    assert_eq!(row, texts(&["QUEUED", "10", "11", "42"]));
     let events = extension_events(&fx);
     assert_eq!(events.len(), 1);
     let e = &events[0];
@@ -149,55 +139,36 @@ fn retry_extension_cas_and_audit() {
         })
     );
     // The extension row.
-    let ext: (String, String, String, i64, i64, i64, i64) = fx
-        .raw()
-        .query_row(
-            "SELECT idempotency_key, request_sha256, authorization_id, previous_max_attempts, \
-             next_max_attempts, expected_revision, applied_revision FROM task_retry_extensions",
-            [],
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ))
-            },
-        )
-        .unwrap();
+    let ext = fx.row(
+        "SELECT idempotency_key, request_sha256, authorization_id, previous_max_attempts, \
+         next_max_attempts, expected_revision, applied_revision FROM task_retry_extensions",
+    );
     assert_eq!(
         ext,
-        (
-            KEY.into(),
-            "edb3ac0d7f70a93addd4c900ec75d1501847375edceb4117d15b76f045658902".into(),
-            AUTH_ID.into(),
-            10,
-            11,
-            41,
-            42
-        )
+        texts(&[
+            KEY,
+            "edb3ac0d7f70a93addd4c900ec75d1501847375edceb4117d15b76f045658902",
+            AUTH_ID,
+            "10",
+            "11",
+            "41",
+            "42"
+        ])
     );
 }
 
-#[test]
-fn retry_extension_idempotent_replay() {
-    let mut fx = seed_db();
+fn retry_extension_idempotent_replay(backend: Backend) {
+    let mut fx = seed_db(backend);
     let req = request(&seed_verification());
     let first = fx.store.extend_retry("task-a", &req, AUTH_ID).unwrap();
     let last = fx.last_event_id();
     let second = fx.store.extend_retry("task-a", &req, AUTH_ID).unwrap();
     assert!(!first.idempotent);
     assert!(second.idempotent);
-    let n: i64 = fx
-        .raw()
-        .query_row("SELECT COUNT(*) FROM task_retry_extensions", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
-    assert_eq!(n, 1);
+    assert_eq!(
+        fx.row("SELECT COUNT(*) FROM task_retry_extensions"),
+        texts(&["1"])
+    );
     assert_eq!(fx.last_event_id(), last, "a replay appends nothing");
     assert_eq!(
         (second.max_attempts, second.revision, second.attempt),
@@ -214,11 +185,9 @@ fn retry_extension_idempotent_replay() {
     assert_eq!(fx.store.get("task-a").unwrap().state, TaskState::Running);
 }
 
-#[test]
-fn retry_extension_normalizes_stale_terminal_claim_without_active_lease() {
-    let mut fx = seed_db();
-    fx.raw()
-        .execute("UPDATE tasks SET claimed_by = 'previous-worker'", [])
+fn retry_extension_normalizes_stale_terminal_claim_without_active_lease(backend: Backend) {
+    let mut fx = seed_db(backend);
+    fx.exec("UPDATE tasks SET claimed_by = 'previous-worker'")
         .unwrap();
     let before = fx.last_event_id();
     let out = fx
@@ -239,9 +208,8 @@ fn retry_extension_normalizes_stale_terminal_claim_without_active_lease() {
     assert_eq!(fx.last_event_id() - before, 1, "exactly one event");
 }
 
-#[test]
-fn retry_extension_verification_drift_denied() {
-    let mut fx = seed_db();
+fn retry_extension_verification_drift_denied(backend: Backend) {
+    let mut fx = seed_db(backend);
     let bad = request(&json!({"decision": "NEEDS_REWORK", "reason": "other"}));
     fx.refused(
         "task-a",
@@ -252,9 +220,8 @@ fn retry_extension_verification_drift_denied() {
     );
 }
 
-#[test]
-fn retry_extension_authorization_id_mismatch_rejected() {
-    let mut fx = seed_db();
+fn retry_extension_authorization_id_mismatch_rejected(backend: Backend) {
+    let mut fx = seed_db(backend);
     let req = request(&seed_verification());
     fx.refused(
         "task-a",
@@ -278,8 +245,7 @@ fn retry_extension_authorization_id_mismatch_rejected() {
     );
 }
 
-#[test]
-fn retry_extension_bounded_one_step() {
+fn retry_extension_bounded_one_step(backend: Backend) {
     let v = json!({"decision": "NEEDS_REWORK"});
     let data = json!({
         "expected_status": "FAILED", "expected_revision": 41, "expected_attempt": 10,
@@ -292,7 +258,7 @@ fn retry_extension_bounded_one_step() {
         Code::RETRY_EXTENSION_MUST_BE_BOUNDED_ONE_STEP
     );
     // A request built by hand past the parser is checked again by the store.
-    let mut fx = seed_db();
+    let mut fx = seed_db(backend);
     let mut req = request(&seed_verification());
     req.next_max_attempts = 12;
     fx.refused(
@@ -306,12 +272,10 @@ fn retry_extension_bounded_one_step() {
 
 // ---- what the seed implements but does not test ----------------------------------
 
-#[test]
-fn retry_extension_cap_of_fifty() {
+fn retry_extension_cap_of_fifty(backend: Backend) {
     // 49 → 50 is allowed ...
-    let mut fx = seed_db();
-    fx.raw()
-        .execute("UPDATE tasks SET attempt = 49, max_attempts = 49", [])
+    let mut fx = seed_db(backend);
+    fx.exec("UPDATE tasks SET attempt = 49, max_attempts = 49")
         .unwrap();
     let req = request_with(|v| {
         v["expected_attempt"] = json!(49);
@@ -321,9 +285,8 @@ fn retry_extension_cap_of_fifty() {
     let out = fx.store.extend_retry("task-a", &req, AUTH_ID).unwrap();
     assert_eq!(out.max_attempts, 50);
     // ... 50 → 51 never: not from the parser, not from a hand-built request.
-    let mut fx = seed_db();
-    fx.raw()
-        .execute("UPDATE tasks SET attempt = 50, max_attempts = 50", [])
+    let mut fx = seed_db(backend);
+    fx.exec("UPDATE tasks SET attempt = 50, max_attempts = 50")
         .unwrap();
     let mut v = request_json(&seed_verification());
     v["expected_attempt"] = json!(50);
@@ -346,18 +309,15 @@ fn retry_extension_cap_of_fifty() {
     );
 }
 
-#[test]
-fn retry_extension_active_lease_deny() {
+fn retry_extension_active_lease_deny(backend: Backend) {
     // A lease token hash alone, or an expiry alone, is an active lease.
     for set in [
         "lease_token_hash = 'abc'",
         "lease_expires_at = 1",
         "lease_token_hash = 'abc', lease_expires_at = 1",
     ] {
-        let mut fx = seed_db();
-        fx.raw()
-            .execute(&format!("UPDATE tasks SET {set}"), [])
-            .unwrap();
+        let mut fx = seed_db(backend);
+        fx.exec(&format!("UPDATE tasks SET {set}")).unwrap();
         fx.refused(
             "task-a",
             Code::RETRY_EXTENSION_ACTIVE_LEASE_DENY,
@@ -368,10 +328,8 @@ fn retry_extension_active_lease_deny() {
     }
     // The seed treats an empty token hash as no lease, but its conditional
     // UPDATE demands NULL, so such a row loses the compare-and-swap.
-    let mut fx = seed_db();
-    fx.raw()
-        .execute("UPDATE tasks SET lease_token_hash = ''", [])
-        .unwrap();
+    let mut fx = seed_db(backend);
+    fx.exec("UPDATE tasks SET lease_token_hash = ''").unwrap();
     fx.refused(
         "task-a",
         Code::RETRY_EXTENSION_CAS_MISMATCH,
@@ -381,8 +339,7 @@ fn retry_extension_active_lease_deny() {
     );
 }
 
-#[test]
-fn retry_extension_cas_mismatch_per_field() {
+fn retry_extension_cas_mismatch_per_field(backend: Backend) {
     let cases: [(&str, RetryExtensionRequest); 4] = [
         // status: the task is not FAILED.
         ("status = 'QUEUED'", request(&seed_verification())),
@@ -397,10 +354,8 @@ fn retry_extension_cas_mismatch_per_field() {
         ("max_attempts = 11", request(&seed_verification())),
     ];
     for (set, req) in cases {
-        let mut fx = seed_db();
-        fx.raw()
-            .execute(&format!("UPDATE tasks SET {set}"), [])
-            .unwrap();
+        let mut fx = seed_db(backend);
+        fx.exec(&format!("UPDATE tasks SET {set}")).unwrap();
         fx.refused(
             "task-a",
             Code::RETRY_EXTENSION_CAS_MISMATCH,
@@ -411,9 +366,8 @@ fn retry_extension_cas_mismatch_per_field() {
     }
 }
 
-#[test]
-fn retry_extension_idempotency_conflict() {
-    let mut fx = seed_db();
+fn retry_extension_idempotency_conflict(backend: Backend) {
+    let mut fx = seed_db(backend);
     fx.store
         .extend_retry("task-a", &request(&seed_verification()), AUTH_ID)
         .unwrap();
@@ -428,9 +382,8 @@ fn retry_extension_idempotency_conflict() {
     );
 }
 
-#[test]
-fn retry_extension_not_found_and_malformed_ids() {
-    let mut fx = seed_db();
+fn retry_extension_not_found_and_malformed_ids(backend: Backend) {
+    let mut fx = seed_db(backend);
     let req = request(&seed_verification());
     fx.refused("task-zz", Code::TASK_NOT_FOUND, EXT, Some("task-zz"), |s| {
         s.extend_retry("task-zz", &req, AUTH_ID)
@@ -520,11 +473,9 @@ fn retry_extension_not_found_and_malformed_ids() {
     );
 }
 
-#[test]
-fn retry_extension_refuses_a_verification_record_that_is_not_json() {
-    let mut fx = seed_db();
-    fx.raw()
-        .execute("UPDATE tasks SET verification_json = '{not json'", [])
+fn retry_extension_refuses_a_verification_record_that_is_not_json(backend: Backend) {
+    let mut fx = seed_db(backend);
+    fx.exec("UPDATE tasks SET verification_json = '{not json'")
         .unwrap();
     fx.refused(
         "task-a",
@@ -535,11 +486,9 @@ fn retry_extension_refuses_a_verification_record_that_is_not_json() {
     );
 }
 
-#[test]
-fn retry_extension_binds_a_missing_verification_record_as_empty_object() {
-    let mut fx = seed_db();
-    fx.raw()
-        .execute("UPDATE tasks SET verification_json = NULL", [])
+fn retry_extension_binds_a_missing_verification_record_as_empty_object(backend: Backend) {
+    let mut fx = seed_db(backend);
+    fx.exec("UPDATE tasks SET verification_json = NULL")
         .unwrap();
     let req = request(&json!({}));
     assert_eq!(
@@ -555,11 +504,10 @@ fn retry_extension_binds_a_missing_verification_record_as_empty_object() {
     );
 }
 
-#[test]
-fn retry_extension_through_the_real_lifecycle() {
+fn retry_extension_through_the_real_lifecycle(backend: Backend) {
     // A task fails its attempts for real; the owner reads the view, binds
     // the request to it, and the task runs one more attempt.
-    let mut fx = Fixture::new();
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     let failed = fx.exhaust("task-a");
     assert_eq!(
@@ -640,10 +588,9 @@ fn retry_extension_through_the_real_lifecycle() {
     assert_eq!(fx.claim().attempt, 4);
 }
 
-#[test]
-fn retry_extension_refuses_tasks_that_are_not_exhausted_failures() {
+fn retry_extension_refuses_tasks_that_are_not_exhausted_failures(backend: Backend) {
     // A running task has a lease but is not FAILED: the CAS on status comes first.
-    let mut fx = Fixture::new();
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 1);
     fx.claim();
     let view = fx.store.get("task-a").unwrap();
@@ -662,3 +609,21 @@ fn retry_extension_refuses_tasks_that_are_not_exhausted_failures() {
         |s| s.extend_retry("task-a", &req, AUTH_ID),
     );
 }
+
+both_backends!(
+    retry_extension_cas_and_audit,
+    retry_extension_idempotent_replay,
+    retry_extension_normalizes_stale_terminal_claim_without_active_lease,
+    retry_extension_verification_drift_denied,
+    retry_extension_authorization_id_mismatch_rejected,
+    retry_extension_bounded_one_step,
+    retry_extension_cap_of_fifty,
+    retry_extension_active_lease_deny,
+    retry_extension_cas_mismatch_per_field,
+    retry_extension_idempotency_conflict,
+    retry_extension_not_found_and_malformed_ids,
+    retry_extension_refuses_a_verification_record_that_is_not_json,
+    retry_extension_binds_a_missing_verification_record_as_empty_object,
+    retry_extension_through_the_real_lifecycle,
+    retry_extension_refuses_tasks_that_are_not_exhausted_failures,
+);

@@ -3,18 +3,28 @@
 //! on its own it is an empty test binary.
 #![allow(dead_code)]
 
+use airlock_pgcluster::{Cluster, StoreDatabase};
 use airlock_proto::Code;
 use airlock_proto::task::{
     ClaimGrant, CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, TaskSubmission, TaskView,
 };
 use airlock_taskdb::StoreResult;
 use airlock_taskdb::clock::ManualClock;
-use airlock_taskdb::tasks::{Actor, EventOutcome, TaskStore};
+pub use airlock_taskdb::tasks::TaskStore;
+use airlock_taskdb::tasks::{Actor, EventOutcome, PgLocation, PgStore, SqliteStore};
 use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 use serde_json::{Value, json};
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// A raw SQLite connection to the store's file.
+fn raw_sqlite(path: &Path) -> Connection {
+    let c = Connection::open(path).expect("raw open");
+    c.busy_timeout(std::time::Duration::from_secs(30))
+        .expect("busy timeout");
+    c
+}
 
 /// The seed's base and branch-head commits.
 pub const BASE: &str = "a642b045775b9154a00ae78543037fbef4fb447b";
@@ -58,6 +68,11 @@ pub fn submission_json(task_id: &str, max_attempts: u32) -> Value {
         "plan": plan_json(task_id, &format!("plan-{task_id}-v1"), "x=1\n"),
         "max_attempts": max_attempts,
     })
+}
+
+/// Column values as [`Fixture::row`] renders them.
+pub fn texts(values: &[&str]) -> Vec<Option<String>> {
+    values.iter().map(|v| Some((*v).to_owned())).collect()
 }
 
 /// A valid submission.
@@ -111,47 +126,263 @@ pub fn result_key(grant: &ClaimGrant) -> String {
     format!("result-{}-{}", grant.task_id, grant.attempt)
 }
 
-/// A store on a fresh file with a manual clock at [`T0`].
-#[derive(Debug)]
-pub struct Fixture {
-    pub dir: tempfile::TempDir,
-    pub path: PathBuf,
-    pub clock: ManualClock,
-    pub store: TaskStore,
+/// The engine a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// An SQLite file.
+    Sqlite,
+    /// A database in a throwaway PostgreSQL cluster.
+    Postgres,
 }
 
-impl Default for Fixture {
-    fn default() -> Self {
-        Fixture::new()
-    }
+/// Declares each named `fn(Backend)` as two tests, `sqlite::NAME` and
+/// `postgres::NAME`: every task-store test runs against both engines.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[test] fn $name() { super::$name(super::common::Backend::Sqlite) } )*
+        }
+        mod postgres {
+            $( #[test] fn $name() { super::$name(super::common::Backend::Postgres) } )*
+        }
+    };
 }
 
-impl Fixture {
-    pub fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("tasks.sqlite3");
-        let clock = ManualClock::at(T0);
-        let store = TaskStore::open_with_clock(&path, Arc::new(clock.clone())).expect("open");
-        Fixture {
-            dir,
-            path,
-            clock,
-            store,
+/// The store's clock, as a test moves it: a manual clock for SQLite; for
+/// PostgreSQL the database's own clock function, replaced by the harness
+/// (as superuser) with one that reads a value the test sets — the store
+/// itself still takes time only from the database.
+#[derive(Debug, Clone)]
+pub enum TestClock {
+    Manual(ManualClock),
+    Database(Arc<Mutex<Superuser>>),
+}
+
+impl TestClock {
+    pub fn set(&self, ms: i64) {
+        match self {
+            TestClock::Manual(c) => c.set(ms),
+            TestClock::Database(su) => {
+                su.lock()
+                    .unwrap()
+                    .0
+                    .execute("UPDATE airlock_test_clock SET ms = $1", &[&ms])
+                    .expect("set the test clock");
+            }
         }
     }
 
-    /// A second store on the same file and clock.
-    pub fn reopen(&self) -> TaskStore {
-        TaskStore::open_with_clock(&self.path, Arc::new(self.clock.clone())).expect("reopen")
+    pub fn advance(&self, delta: i64) {
+        match self {
+            TestClock::Manual(c) => c.advance(delta),
+            TestClock::Database(su) => {
+                su.lock()
+                    .unwrap()
+                    .0
+                    .execute("UPDATE airlock_test_clock SET ms = ms + $1", &[&delta])
+                    .expect("advance the test clock");
+            }
+        }
+    }
+}
+
+/// The harness's superuser session.
+pub struct Superuser(pub postgres::Client);
+
+impl std::fmt::Debug for Superuser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Superuser")
+    }
+}
+
+/// What a PostgreSQL fixture keeps alive.
+#[derive(Debug)]
+pub struct PgParts {
+    pub cluster: Cluster,
+    pub db: StoreDatabase,
+    pub superuser: Arc<Mutex<Superuser>>,
+}
+
+impl PgParts {
+    /// The supervisors' location (their role, with its password).
+    pub fn location(&self) -> PgLocation {
+        PgLocation::parse(&self.db.url)
+            .expect("runtime url")
+            .with_password(self.db.password.as_bytes())
     }
 
-    /// A raw SQLite connection, for what the API must not allow and for
-    /// setting up the seed's hand-made rows.
-    pub fn raw(&self) -> Connection {
-        let c = Connection::open(&self.path).expect("raw open");
-        c.busy_timeout(std::time::Duration::from_secs(30))
-            .expect("busy timeout");
-        c
+    /// The schema owner's location.
+    pub fn owner_location(&self) -> PgLocation {
+        PgLocation::parse(&self.db.owner_url)
+            .expect("owner url")
+            .with_password(self.db.owner_password.as_bytes())
+    }
+}
+
+/// Starts a cluster, creates the store's database and roles as a
+/// deployment would, migrates it as the owner and, when `test_clock`,
+/// replaces the database's clock function with one the test sets (at
+/// [`T0`]).
+pub fn pg_parts(test_clock: bool) -> PgParts {
+    let cluster = Cluster::start().expect("a throwaway PostgreSQL cluster");
+    let db = cluster
+        .create_store_database("airlock")
+        .expect("the store's database");
+    let mut parts = PgParts {
+        superuser: Arc::new(Mutex::new(Superuser(
+            cluster.superuser(&db.name).expect("superuser session"),
+        ))),
+        cluster,
+        db,
+    };
+    airlock_taskdb::tasks::postgres::migrate_at(&parts.owner_location())
+        .expect("migrate as the owner");
+    if test_clock {
+        parts
+            .superuser
+            .lock()
+            .unwrap()
+            .0
+            .batch_execute(&format!(
+                "CREATE TABLE airlock_test_clock (ms bigint NOT NULL); \
+                 INSERT INTO airlock_test_clock VALUES ({T0}); \
+                 GRANT SELECT ON airlock_test_clock TO airlock_supervisor; \
+                 CREATE OR REPLACE FUNCTION airlock_clock_ms() RETURNS bigint \
+                     LANGUAGE sql VOLATILE AS $$ SELECT ms FROM airlock_test_clock $$;"
+            ))
+            .expect("the test clock");
+    }
+    let _ = &mut parts;
+    parts
+}
+
+/// A store on a fresh file (or database) with a test clock at [`T0`].
+#[derive(Debug)]
+pub struct Fixture {
+    pub backend: Backend,
+    pub clock: TestClock,
+    pub store: Box<dyn TaskStore>,
+    /// SQLite: the directory and the file.
+    pub sqlite: Option<(tempfile::TempDir, PathBuf)>,
+    /// PostgreSQL: the cluster and the database.
+    pub pg: Option<PgParts>,
+}
+
+impl Fixture {
+    pub fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let path = dir.path().join("tasks.sqlite3");
+                let clock = ManualClock::at(T0);
+                let store =
+                    SqliteStore::open_with_clock(&path, Arc::new(clock.clone())).expect("open");
+                Fixture {
+                    backend,
+                    clock: TestClock::Manual(clock),
+                    store: Box::new(store),
+                    sqlite: Some((dir, path)),
+                    pg: None,
+                }
+            }
+            Backend::Postgres => {
+                let parts = pg_parts(true);
+                let store = PgStore::open(&parts.location()).expect("open");
+                Fixture {
+                    backend,
+                    clock: TestClock::Database(Arc::clone(&parts.superuser)),
+                    store: Box::new(store),
+                    sqlite: None,
+                    pg: Some(parts),
+                }
+            }
+        }
+    }
+
+    /// A second store on the same file or database (and clock).
+    pub fn reopen(&self) -> Box<dyn TaskStore> {
+        match (&self.sqlite, &self.pg, &self.clock) {
+            (Some((_, path)), _, TestClock::Manual(clock)) => Box::new(
+                SqliteStore::open_with_clock(path, Arc::new(clock.clone())).expect("reopen"),
+            ),
+            (_, Some(pg), _) => Box::new(PgStore::open(&pg.location()).expect("reopen")),
+            _ => unreachable!("a fixture has one engine"),
+        }
+    }
+
+    /// Runs literal SQL as the database's owner or superuser (what the API
+    /// must not allow, and the seed's hand-made rows); rows changed, or
+    /// the engine's error message.
+    pub fn exec(&self, sql: &str) -> Result<u64, String> {
+        match (&self.sqlite, &self.pg) {
+            (Some((_, path)), _) => {
+                let c = raw_sqlite(path);
+                c.execute(sql, [])
+                    .map(|n| n as u64)
+                    .map_err(|e| e.to_string())
+            }
+            (_, Some(pg)) => pg
+                .superuser
+                .lock()
+                .unwrap()
+                .0
+                .execute(sql, &[])
+                .map_err(|e| match e.as_db_error() {
+                    Some(db) => format!("{}: {}", db.code().code(), db.message()),
+                    None => e.to_string(),
+                }),
+            _ => unreachable!("a fixture has one engine"),
+        }
+    }
+
+    /// Every row of a literal query, each column rendered as text (NULL
+    /// as `None`).
+    pub fn rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        match (&self.sqlite, &self.pg) {
+            (Some((_, path)), _) => {
+                let c = raw_sqlite(path);
+                let mut stmt = c.prepare(sql).expect("prepare");
+                let n = stmt.column_count();
+                let mut rows = stmt.query([]).expect("query");
+                let mut out = Vec::new();
+                while let Some(row) = rows.next().expect("row") {
+                    out.push(
+                        (0..n)
+                            .map(|i| match row.get_ref(i).expect("col") {
+                                ValueRef::Null => None,
+                                ValueRef::Integer(v) => Some(v.to_string()),
+                                ValueRef::Real(v) => Some(v.to_string()),
+                                ValueRef::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
+                                ValueRef::Blob(b) => Some(format!("{b:?}")),
+                            })
+                            .collect(),
+                    );
+                }
+                out
+            }
+            (_, Some(pg)) => pg
+                .superuser
+                .lock()
+                .unwrap()
+                .0
+                .simple_query(sql)
+                .expect("query")
+                .into_iter()
+                .filter_map(|m| match m {
+                    postgres::SimpleQueryMessage::Row(r) => {
+                        Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => unreachable!("a fixture has one engine"),
+        }
+    }
+
+    /// The first row of a literal query.
+    pub fn row(&self, sql: &str) -> Vec<Option<String>> {
+        self.rows(sql).into_iter().next().expect("a row")
     }
 
     /// Submits `task_id` with `max_attempts`.
@@ -200,29 +431,18 @@ impl Fixture {
     /// Every column of the task's row, rendered, plus the sizes of the
     /// append-only side tables: what "changed nothing" compares.
     pub fn snapshot(&self, task_id: &str) -> Vec<String> {
-        let c = self.raw();
-        let mut out = Vec::new();
-        let mut stmt = c
-            .prepare("SELECT * FROM tasks WHERE task_id = ?1")
-            .expect("prepare");
-        let n = stmt.column_count();
-        let mut rows = stmt.query([task_id]).expect("query");
-        while let Some(row) = rows.next().expect("row") {
-            for i in 0..n {
-                out.push(match row.get_ref(i).expect("col") {
-                    ValueRef::Null => "NULL".to_owned(),
-                    ValueRef::Integer(v) => v.to_string(),
-                    ValueRef::Real(v) => v.to_string(),
-                    ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
-                    ValueRef::Blob(b) => format!("{b:?}"),
-                });
-            }
-        }
+        let mut out: Vec<String> = self
+            .rows(&format!(
+                "SELECT * FROM tasks WHERE task_id = '{}'",
+                task_id.replace('\'', "''")
+            ))
+            .into_iter()
+            .flatten()
+            .map(|v| v.unwrap_or_else(|| "NULL".to_owned()))
+            .collect();
         for table in ["tasks", "results", "task_retry_extensions"] {
-            let count: i64 = c
-                .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
-                .expect("count");
-            out.push(format!("{table}={count}"));
+            let count = self.row(&format!("SELECT COUNT(*) FROM {table}"))[0].clone();
+            out.push(format!("{table}={}", count.unwrap_or_default()));
         }
         out
     }
@@ -245,12 +465,12 @@ impl Fixture {
         code: Code,
         action: &str,
         event_task: Option<&str>,
-        op: impl FnOnce(&mut TaskStore) -> StoreResult<T>,
+        op: impl FnOnce(&mut dyn TaskStore) -> StoreResult<T>,
     ) {
         let before = self.snapshot(task_id);
         let view_before = self.store.get(task_id).ok();
         let last = self.last_event_id();
-        let err = op(&mut self.store).expect_err("must be refused");
+        let err = op(self.store.as_mut()).expect_err("must be refused");
         assert_eq!(err.code(), code, "{err}");
         assert_eq!(self.snapshot(task_id), before, "a refusal changed the task");
         assert_eq!(self.store.get(task_id).ok(), view_before);

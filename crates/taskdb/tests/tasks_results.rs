@@ -1,6 +1,7 @@
 //! Submitting results, verification decisions and cancellation.
 
 #[path = "tasks_common.rs"]
+#[macro_use]
 mod common;
 
 use airlock_proto::Code;
@@ -27,9 +28,8 @@ fn submit_result(
     )
 }
 
-#[test]
-fn a_passed_result_goes_to_verifying_and_clears_the_lease() {
-    let mut fx = Fixture::new();
+fn a_passed_result_goes_to_verifying_and_clears_the_lease(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let t = fx.submit("task-a", 2);
     let grant = fx.claim();
     let result = result_for(&grant, Outcome::Passed);
@@ -41,36 +41,21 @@ fn a_passed_result_goes_to_verifying_and_clears_the_lease() {
     assert_eq!(v.revision, t.revision + 2);
     assert_eq!(v.result, Some(serde_json::to_value(&result).unwrap()));
     assert_eq!(v.verification, None);
-    let raw: (Option<String>, Option<String>, Option<i64>) = fx
-        .raw()
-        .query_row(
-            "SELECT claimed_by, lease_token_hash, lease_expires_at FROM tasks",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .unwrap();
-    assert_eq!(raw, (Some("worker-1".into()), None, None));
+    let raw = fx.row("SELECT claimed_by, lease_token_hash, lease_expires_at FROM tasks");
+    assert_eq!(raw, vec![Some("worker-1".into()), None, None]);
     let e = fx.store.events(Some("task-a"), 0, 10).unwrap();
     let last = e.last().unwrap();
     assert_eq!(last.action, action::TASK_RESULT_SUBMITTED);
     assert_eq!(last.payload["state"], json!("VERIFYING"));
     assert_eq!(last.payload["automatic_decision"], json!(false));
     // The result is stored once, keyed by (task, key), with its digest.
-    let (n, sha): (i64, String) = fx
-        .raw()
-        .query_row(
-            "SELECT COUNT(*), MAX(result_sha256) FROM results",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    assert_eq!(n, 1);
-    assert_eq!(json!(sha), last.payload["result_sha256"]);
+    let row = fx.row("SELECT COUNT(*), MAX(result_sha256) FROM results");
+    assert_eq!(row[0].as_deref(), Some("1"));
+    assert_eq!(json!(row[1]), last.payload["result_sha256"]);
 }
 
-#[test]
-fn auto_accept_succeeds_only_when_every_command_exited_zero() {
-    let mut fx = Fixture::new();
+fn auto_accept_succeeds_only_when_every_command_exited_zero(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 1);
     let grant = fx.claim();
     let v = fx.finish(&grant, Outcome::Passed, true);
@@ -102,9 +87,8 @@ fn auto_accept_succeeds_only_when_every_command_exited_zero() {
     }
 }
 
-#[test]
-fn a_failed_result_is_an_automatic_rework_then_a_failure() {
-    let mut fx = Fixture::new();
+fn a_failed_result_is_an_automatic_rework_then_a_failure(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     let g1 = fx.claim();
     let v = fx.finish(&g1, Outcome::Failed, true);
@@ -123,9 +107,8 @@ fn a_failed_result_is_an_automatic_rework_then_a_failure() {
     assert!(fx.store.claim(&worker(), LEASE).unwrap().is_none());
 }
 
-#[test]
-fn an_identical_result_replays_even_after_the_task_moved_on() {
-    let mut fx = Fixture::new();
+fn an_identical_result_replays_even_after_the_task_moved_on(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     let grant = fx.claim();
     let result = result_for(&grant, Outcome::Passed);
@@ -158,9 +141,8 @@ fn an_identical_result_replays_even_after_the_task_moved_on() {
     assert_eq!(again.task, accepted);
 }
 
-#[test]
-fn another_result_under_a_used_key_is_a_conflict() {
-    let mut fx = Fixture::new();
+fn another_result_under_a_used_key_is_a_conflict(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     let grant = fx.claim();
     let key = result_key(&grant);
@@ -194,9 +176,8 @@ fn another_result_under_a_used_key_is_a_conflict() {
     );
 }
 
-#[test]
-fn result_refusals_change_nothing() {
-    let mut fx = Fixture::new();
+fn result_refusals_change_nothing(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 3);
     let grant = fx.claim();
     let a = action::TASK_RESULT_SUBMITTED;
@@ -394,9 +375,8 @@ fn result_refusals_change_nothing() {
     );
 }
 
-#[test]
-fn a_fenced_holder_cannot_submit_after_a_new_claim() {
-    let mut fx = Fixture::new();
+fn a_fenced_holder_cannot_submit_after_a_new_claim(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 3);
     let old = fx.claim();
     fx.clock.advance(LEASE + 1);
@@ -446,9 +426,8 @@ fn a_fenced_holder_cannot_submit_after_a_new_claim() {
     );
 }
 
-#[test]
-fn decisions_move_a_verifying_task() {
-    let mut fx = Fixture::new();
+fn decisions_move_a_verifying_task(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let cases = [
         (Decision::Accept, 2, TaskState::Succeeded, "ACCEPTED"),
         (Decision::Reject, 2, TaskState::Failed, "REJECTED"),
@@ -478,13 +457,10 @@ fn decisions_move_a_verifying_task() {
             (action::TASK_VERIFIED, EventOutcome::Allowed)
         );
         // The verification record's hash is what an owner would bind to.
-        let raw: String = fx
-            .raw()
-            .query_row(
-                "SELECT verification_json FROM tasks WHERE task_id = ?1",
-                [&id],
-                |r| r.get(0),
-            )
+        let raw = fx.row(&format!(
+            "SELECT verification_json FROM tasks WHERE task_id = '{id}'"
+        ))[0]
+            .clone()
             .unwrap();
         assert_eq!(
             verification_sha256(Some(&raw)).unwrap(),
@@ -499,9 +475,8 @@ fn decisions_move_a_verifying_task() {
     );
 }
 
-#[test]
-fn decision_refusals() {
-    let mut fx = Fixture::new();
+fn decision_refusals(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     let a = action::TASK_VERIFIED;
     fx.refused("task-a", Code::TASK_STATE_INVALID, a, Some("task-a"), |s| {
@@ -535,9 +510,8 @@ fn decision_refusals() {
     });
 }
 
-#[test]
-fn cancel_from_every_live_state_and_never_from_a_terminal_one() {
-    let mut fx = Fixture::new();
+fn cancel_from_every_live_state_and_never_from_a_terminal_one(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     // QUEUED.
     fx.submit("task-q", 2);
     let v = fx.store.cancel("task-q", "duplicate", &admin()).unwrap();
@@ -617,9 +591,10 @@ fn cancel_from_every_live_state_and_never_from_a_terminal_one() {
     });
 }
 
-#[test]
-fn queued_tasks_of_a_removed_repository_fail_with_repository_not_registered_and_stay() {
-    let mut fx = Fixture::new();
+fn queued_tasks_of_a_removed_repository_fail_with_repository_not_registered_and_stay(
+    backend: Backend,
+) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-gone-1", 3);
     fx.submit("task-gone-2", 3);
     let running = fx.claim();
@@ -670,3 +645,17 @@ fn queued_tasks_of_a_removed_repository_fail_with_repository_not_registered_and_
     // Nothing vanished.
     assert_eq!(fx.store.summary().unwrap().total(), 2);
 }
+
+both_backends!(
+    a_passed_result_goes_to_verifying_and_clears_the_lease,
+    auto_accept_succeeds_only_when_every_command_exited_zero,
+    a_failed_result_is_an_automatic_rework_then_a_failure,
+    an_identical_result_replays_even_after_the_task_moved_on,
+    another_result_under_a_used_key_is_a_conflict,
+    result_refusals_change_nothing,
+    a_fenced_holder_cannot_submit_after_a_new_claim,
+    decisions_move_a_verifying_task,
+    decision_refusals,
+    cancel_from_every_live_state_and_never_from_a_terminal_one,
+    queued_tasks_of_a_removed_repository_fail_with_repository_not_registered_and_stay,
+);

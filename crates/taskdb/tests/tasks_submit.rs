@@ -1,19 +1,21 @@
 //! Submitting tasks, reading them, replacing plans, and the event log.
 
 #[path = "tasks_common.rs"]
+#[macro_use]
 mod common;
 
 use airlock_proto::Code;
 use airlock_proto::binding::BranchMode;
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::task::{Outcome, TaskState};
-use airlock_taskdb::tasks::{ActorKind, EventOutcome, TaskStore, action, verification_sha256};
+use airlock_taskdb::tasks::{
+    ActorKind, EventOutcome, PgLocation, PgStore, SqliteStore, action, verification_sha256,
+};
 use common::*;
 use serde_json::json;
 
-#[test]
-fn submit_queues_a_new_task_at_attempt_zero() {
-    let mut fx = Fixture::new();
+fn submit_queues_a_new_task_at_attempt_zero(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let s = submission("task-a", 3);
     let out = fx.store.submit(&s, &planner()).unwrap();
     assert!(!out.idempotent);
@@ -44,9 +46,8 @@ fn submit_queues_a_new_task_at_attempt_zero() {
     assert_eq!(e.payload["execution_digest"], json!(t.execution_digest));
 }
 
-#[test]
-fn the_stored_envelope_is_the_projection_of_the_plan() {
-    let mut fx = Fixture::new();
+fn the_stored_envelope_is_the_projection_of_the_plan(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let t = fx.submit("task-a", 1);
     let grant = fx.claim();
     assert_eq!(
@@ -58,9 +59,10 @@ fn the_stored_envelope_is_the_projection_of_the_plan() {
     assert_eq!(env.execution_digest, t.execution_digest);
 }
 
-#[test]
-fn an_identical_resubmission_is_an_idempotent_replay_even_after_the_task_moved_on() {
-    let mut fx = Fixture::new();
+fn an_identical_resubmission_is_an_idempotent_replay_even_after_the_task_moved_on(
+    backend: Backend,
+) {
+    let mut fx = Fixture::new(backend);
     let first = fx.submit("task-a", 2);
     let last = fx.last_event_id();
     let again = fx
@@ -81,9 +83,8 @@ fn an_identical_resubmission_is_an_idempotent_replay_even_after_the_task_moved_o
     assert_eq!(again.task.attempt, grant.attempt);
 }
 
-#[test]
-fn the_same_key_with_other_content_is_an_idempotency_conflict() {
-    let mut fx = Fixture::new();
+fn the_same_key_with_other_content_is_an_idempotency_conflict(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     // Another attempt budget.
     fx.refused(
@@ -118,9 +119,8 @@ fn the_same_key_with_other_content_is_an_idempotency_conflict() {
     assert!(fx.store.get("task-b").is_err());
 }
 
-#[test]
-fn the_same_task_id_under_another_key_is_an_idempotency_conflict() {
-    let mut fx = Fixture::new();
+fn the_same_task_id_under_another_key_is_an_idempotency_conflict(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 2);
     let mut v = submission_json("task-a", 2);
     v["binding"]["idempotency_key"] = json!("another-key-for-a");
@@ -134,9 +134,8 @@ fn the_same_task_id_under_another_key_is_an_idempotency_conflict() {
     );
 }
 
-#[test]
-fn invalid_submissions_are_refused_and_audited_without_a_task() {
-    let mut fx = Fixture::new();
+fn invalid_submissions_are_refused_and_audited_without_a_task(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     type Edit = fn(&mut airlock_proto::task::TaskSubmission);
     let cases: Vec<(Code, Edit)> = vec![
         (Code::MAX_ATTEMPTS_INVALID, |s| s.max_attempts = 0),
@@ -186,9 +185,8 @@ fn invalid_submissions_are_refused_and_audited_without_a_task() {
     assert!(!fx.store.submit(&s, &planner()).unwrap().idempotent);
 }
 
-#[test]
-fn a_garbage_task_id_is_not_recorded_as_a_task_id_in_the_denial() {
-    let mut fx = Fixture::new();
+fn a_garbage_task_id_is_not_recorded_as_a_task_id_in_the_denial(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let mut s = submission("task-a", 2);
     s.binding.task_id = "../../etc/passwd".into();
     let last = fx.last_event_id();
@@ -201,9 +199,8 @@ fn a_garbage_task_id_is_not_recorded_as_a_task_id_in_the_denial() {
     assert_eq!(e.code, Some(Code::TASK_ID_INVALID));
 }
 
-#[test]
-fn get_list_and_summary() {
-    let mut fx = Fixture::new();
+fn get_list_and_summary(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     for id in ["task-c", "task-a", "task-b", "task-d"] {
         fx.submit(id, 1);
     }
@@ -251,9 +248,8 @@ fn replacement(task_id: &str, key: &str, content: &str, previous: Option<&str>) 
     PlanRequest::from_value(&v).unwrap()
 }
 
-#[test]
-fn replace_plan_swaps_the_plan_of_a_queued_task_under_cas() {
-    let mut fx = Fixture::new();
+fn replace_plan_swaps_the_plan_of_a_queued_task_under_cas(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let t = fx.submit("task-a", 2);
     let p = replacement("task-a", "plan-task-a-v2", "x=2\n", Some(&t.plan_digest));
     let after = fx.store.replace_plan("task-a", &p, &planner()).unwrap();
@@ -289,9 +285,8 @@ fn replace_plan_swaps_the_plan_of_a_queued_task_under_cas() {
     assert_eq!(running.plan_digest, after.plan_digest);
 }
 
-#[test]
-fn replace_plan_refusals() {
-    let mut fx = Fixture::new();
+fn replace_plan_refusals(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let t = fx.submit("task-a", 2);
     let a = action::TASK_PLAN_REPLACED;
     let v2 = |prev: Option<&str>| replacement("task-a", "plan-task-a-v2", "x=2\n", prev);
@@ -369,64 +364,51 @@ fn replace_plan_refusals() {
     });
 }
 
-#[test]
-fn events_are_append_only() {
-    let mut fx = Fixture::new();
+fn events_are_append_only(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 1);
-    let raw = fx.raw();
-    let err = raw
-        .execute("UPDATE events SET action = 'FORGED'", [])
+    // Even the database's owner (SQLite: anyone with the file) is stopped
+    // by the triggers.
+    let err = fx.exec("UPDATE events SET action = 'FORGED'").unwrap_err();
+    assert!(err.contains("append-only"), "{err}");
+    let err = fx.exec("DELETE FROM events").unwrap_err();
+    assert!(err.contains("append-only"), "{err}");
+    let err = fx
+        .exec("UPDATE events SET outcome = 'denied', code = 'X' WHERE id = 1")
         .unwrap_err();
-    assert!(err.to_string().contains("append-only"), "{err}");
-    let err = raw.execute("DELETE FROM events", []).unwrap_err();
-    assert!(err.to_string().contains("append-only"), "{err}");
-    let err = raw
-        .execute(
-            "UPDATE events SET outcome = 'denied', code = 'X' WHERE id = 1",
-            [],
-        )
-        .unwrap_err();
-    assert!(err.to_string().contains("append-only"), "{err}");
-    let n: i64 = raw
-        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(n, 1);
+    assert!(err.contains("append-only"), "{err}");
+    assert_eq!(fx.row("SELECT COUNT(*) FROM events"), texts(&["1"]));
     assert_eq!(
         fx.store.events(None, 0, 10).unwrap()[0].action,
         action::TASK_SUBMITTED
     );
 }
 
-#[test]
-fn results_and_retry_extensions_are_append_only_too() {
-    let mut fx = Fixture::new();
+fn results_and_retry_extensions_are_append_only_too(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 1);
     let grant = fx.claim();
     fx.finish(&grant, Outcome::Passed, false);
-    let raw = fx.raw();
-    assert!(
-        raw.execute("UPDATE results SET result_sha256 = 'x'", [])
-            .is_err()
-    );
-    assert!(raw.execute("DELETE FROM results", []).is_err());
-    raw.execute(
-        "INSERT INTO task_retry_extensions VALUES ('t', 'k', 's', 'a', 'v', 1, 2, 3, 4, 5)",
-        [],
-    )
-    .unwrap();
-    assert!(
-        raw.execute("UPDATE task_retry_extensions SET applied_revision = 9", [])
-            .is_err()
-    );
-    assert!(
-        raw.execute("DELETE FROM task_retry_extensions", [])
-            .is_err()
-    );
+    for bad in [
+        "UPDATE results SET result_sha256 = 'x'",
+        "DELETE FROM results",
+    ] {
+        let err = fx.exec(bad).unwrap_err();
+        assert!(err.contains("append-only"), "{bad}: {err}");
+    }
+    fx.exec("INSERT INTO task_retry_extensions VALUES ('t', 'k', 's', 'a', 'v', 1, 2, 3, 4, 5)")
+        .unwrap();
+    for bad in [
+        "UPDATE task_retry_extensions SET applied_revision = 9",
+        "DELETE FROM task_retry_extensions",
+    ] {
+        let err = fx.exec(bad).unwrap_err();
+        assert!(err.contains("append-only"), "{bad}: {err}");
+    }
 }
 
-#[test]
-fn record_denial_audits_refusals_made_outside_the_store() {
-    let mut fx = Fixture::new();
+fn record_denial_audits_refusals_made_outside_the_store(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     fx.submit("task-a", 1);
     let long = "d".repeat(5000);
     fx.store
@@ -466,26 +448,48 @@ fn record_denial_audits_refusals_made_outside_the_store() {
     assert_eq!(fx.store.events(None, 0, 1).unwrap().len(), 1);
 }
 
-#[test]
-fn reopening_keeps_everything_and_passes_the_integrity_check() {
-    let mut fx = Fixture::new();
+fn reopening_keeps_everything_and_passes_the_integrity_check(backend: Backend) {
+    let mut fx = Fixture::new(backend);
     let t = fx.submit("task-a", 2);
     fx.store.integrity_check().unwrap();
     let reopened = fx.reopen();
     drop(std::mem::replace(&mut fx.store, reopened));
     assert_eq!(fx.store.get("task-a").unwrap(), t);
     fx.store.integrity_check().unwrap();
-    // The system-clock constructor opens the same file.
-    let other = TaskStore::open(&fx.path).unwrap();
-    assert_eq!(other.get("task-a").unwrap(), t);
-    // A checkpoint journal is not a task store.
-    let dir = tempfile::tempdir().unwrap();
-    let journal = dir.path().join("j.sqlite3");
-    airlock_sqlite::db::open(&journal, airlock_sqlite::db::Kind::Checkpoints, &[]).unwrap();
-    assert_eq!(
-        TaskStore::open(&journal).unwrap_err().code(),
-        Code::STORE_UNAVAILABLE
-    );
+    if let Some((_, path)) = &fx.sqlite {
+        // The system-clock constructor opens the same file.
+        let other = SqliteStore::open(path).unwrap();
+        assert_eq!(other.get("task-a").unwrap(), t);
+        // A checkpoint journal is not a task store.
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("j.sqlite3");
+        airlock_sqlite::db::open(&journal, airlock_sqlite::db::Kind::Checkpoints, &[]).unwrap();
+        assert_eq!(
+            SqliteStore::open(&journal).unwrap_err().code(),
+            Code::STORE_UNAVAILABLE
+        );
+    }
+    if let Some(pg) = &fx.pg {
+        // A database that is not an airlock task store is refused.
+        let mut su = pg.cluster.superuser("postgres").unwrap();
+        su.batch_execute("CREATE DATABASE other OWNER airlock_owner")
+            .unwrap();
+        let mut other = pg.cluster.superuser("other").unwrap();
+        other
+            .batch_execute(
+                "CREATE TABLE airlock_schema (id integer PRIMARY KEY, kind text, version bigint); \
+                 INSERT INTO airlock_schema VALUES (1, 'something-else', 1);",
+            )
+            .unwrap();
+        let url = pg.db.owner_url.replace("/airlock", "/other");
+        let loc = PgLocation::parse(&url)
+            .unwrap()
+            .with_password(pg.db.owner_password.as_bytes());
+        assert_eq!(
+            PgStore::open(&loc).unwrap_err().code(),
+            Code::STORE_UNAVAILABLE
+        );
+    }
 }
 
 #[test]
@@ -514,3 +518,20 @@ fn verification_hash_matches_the_seed() {
         );
     }
 }
+
+both_backends!(
+    submit_queues_a_new_task_at_attempt_zero,
+    the_stored_envelope_is_the_projection_of_the_plan,
+    an_identical_resubmission_is_an_idempotent_replay_even_after_the_task_moved_on,
+    the_same_key_with_other_content_is_an_idempotency_conflict,
+    the_same_task_id_under_another_key_is_an_idempotency_conflict,
+    invalid_submissions_are_refused_and_audited_without_a_task,
+    a_garbage_task_id_is_not_recorded_as_a_task_id_in_the_denial,
+    get_list_and_summary,
+    replace_plan_swaps_the_plan_of_a_queued_task_under_cas,
+    replace_plan_refusals,
+    events_are_append_only,
+    results_and_retry_extensions_are_append_only_too,
+    record_denial_audits_refusals_made_outside_the_store,
+    reopening_keeps_everything_and_passes_the_integrity_check,
+);

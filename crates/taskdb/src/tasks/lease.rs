@@ -1,8 +1,9 @@
 //! Claims, leases and results: everything a worker does.
 
-use super::row::{self, RawRow, TaskRow};
+use super::row::TaskRow;
+use super::tx::{Backend, ClaimSpec, Guard, NewResult};
 use super::{
-    Actor, LEASE_SWEEPER, ResultReceipt, TaskStore, action, audit, check_lease_ms, check_task_id,
+    Actor, LEASE_SWEEPER, ResultReceipt, Store, action, audit, check_lease_ms, check_task_id,
     not_found,
 };
 use airlock_proto::binding::is_key;
@@ -11,7 +12,6 @@ use airlock_proto::limits::MAX_RESULT_BYTES;
 use airlock_proto::task::{ClaimGrant, Outcome, TaskResult, TaskState};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
-use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
 /// A fresh 256-bit lease token, hex encoded.
@@ -72,7 +72,27 @@ fn message_invalid(why: impl Into<String>) -> StoreError {
     Error::with(Code::MESSAGE_INVALID, why).into()
 }
 
-impl TaskStore {
+/// The verification record of a task failed by the sweeper, as canonical
+/// JSON. The PostgreSQL backend writes the same text from SQL; the shared
+/// sweep tests compare them.
+pub(crate) fn lease_expired_record(
+    sweeper: &str,
+    attempt: u32,
+    lease_epoch: u64,
+    expired_at: Option<i64>,
+) -> StoreResult<String> {
+    Ok(to_canonical_string(&json!({
+        "decision": "LEASE_EXPIRED",
+        "automatic": true,
+        "reason": "LEASE_EXPIRED",
+        "actor": sweeper,
+        "attempt": attempt,
+        "lease_epoch": lease_epoch,
+        "lease_expired_at_ms": expired_at,
+    }))?)
+}
+
+impl<B: Backend> Store<B> {
     /// Claims the oldest QUEUED task (submission order) with attempts left:
     /// a new attempt, a new lease epoch, RUNNING, `claimed_by` = the
     /// worker's name, and a fresh 256-bit lease token that is returned here
@@ -80,43 +100,47 @@ impl TaskStore {
     /// `None` when nothing is claimable. `lease_ms` must be in
     /// `1..=MAX_LEASE_MS` (`FIELD_BOUNDS_EXCEEDED`).
     pub fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
-        let result = self.claim_inner(worker, lease_ms);
+        self.claim_in(worker, lease_ms, None)
+    }
+
+    /// [`Store::claim`], only among tasks whose binding names one of
+    /// `repositories` (`None`: any). A host that shares its queue with
+    /// others claims only tasks for the repositories it serves.
+    pub fn claim_in(
+        &mut self,
+        worker: &Actor,
+        lease_ms: i64,
+        repositories: Option<&[String]>,
+    ) -> StoreResult<Option<ClaimGrant>> {
+        let result = self.claim_inner(worker, lease_ms, repositories);
         self.audited(result, None, worker, action::TASK_CLAIMED)
     }
 
-    fn claim_inner(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
+    fn claim_inner(
+        &mut self,
+        worker: &Actor,
+        lease_ms: i64,
+        repositories: Option<&[String]>,
+    ) -> StoreResult<Option<ClaimGrant>> {
         check_lease_ms(lease_ms)?;
         let token = new_token()?;
         let token_hash = sha256_hex(token.as_bytes());
-        self.write("a claim", move |conn, now| {
-            let next = conn
-                .query_row(
-                    &format!(
-                        "SELECT {} FROM tasks WHERE status = 'QUEUED' AND attempt < max_attempts \
-                         ORDER BY seq LIMIT 1",
-                        row::COLUMNS
-                    ),
-                    [],
-                    RawRow::from_sql,
-                )
-                .optional()
-                .map_err(|e| StoreError::sqlite("finding a claimable task", e))?;
-            let Some(raw) = next else {
+        self.backend.write("a claim", &mut |tx| {
+            let spec = ClaimSpec {
+                worker: &worker.name,
+                token_hash: &token_hash,
+                lease_ms,
+                repositories,
+            };
+            let Some(row) = tx.claim_next(&spec)? else {
                 return Ok(None);
             };
-            let mut row = raw.into_row()?;
             let envelope = row.envelope()?;
-            let expires = now.saturating_add(lease_ms);
-            row.status = TaskState::Running;
-            row.attempt += 1;
-            row.lease_epoch += 1;
-            row.claimed_by = Some(worker.name.clone());
-            row.lease_token_hash = Some(token_hash);
-            row.lease_expires_at = Some(expires);
-            row.save(conn, now)?;
+            let expires = row
+                .lease_expires_at
+                .ok_or_else(|| Error::with(Code::INTERNAL, "a claim wrote no lease expiry"))?;
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 &row.task_id,
                 worker,
                 action::TASK_CLAIMED,
@@ -133,7 +157,7 @@ impl TaskStore {
                 task_id: row.task_id,
                 attempt: row.attempt,
                 lease_epoch: row.lease_epoch,
-                lease_token: token,
+                lease_token: token.clone(),
                 lease_expires_at_ms: expires,
                 envelope,
             }))
@@ -167,15 +191,21 @@ impl TaskStore {
     ) -> StoreResult<i64> {
         check_task_id(task_id)?;
         check_lease_ms(lease_ms)?;
-        self.write("a lease renewal", |conn, now| {
-            let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+        let presented = sha256_hex(lease_token.as_bytes());
+        self.backend.write("a lease renewal", &mut |tx| {
+            let now = tx.now();
+            let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             check_lease(&row, lease_epoch, lease_token, now)?;
             let expires = now.saturating_add(lease_ms);
             row.lease_expires_at = Some(expires);
-            row.save(conn, now)?;
+            let guard = Guard::Lease {
+                attempt: row.attempt,
+                lease_epoch,
+                token_hash: &presented,
+            };
+            row.save(tx, guard)?;
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 task_id,
                 worker,
                 action::TASK_LEASE_RENEWED,
@@ -199,7 +229,29 @@ impl TaskStore {
     /// with its new state, in queue order.
     pub fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>> {
         let sweeper = Actor::system(LEASE_SWEEPER);
-        let result = self.write("a lease sweep", |conn, now| sweep(conn, now, &sweeper));
+        let result = self.backend.write("a lease sweep", &mut |tx| {
+            let expired = tx.expire_leases(&sweeper.name)?;
+            let mut swept = Vec::with_capacity(expired.len());
+            for e in expired {
+                let row = e.row;
+                audit::append_allowed(
+                    tx,
+                    &row.task_id,
+                    &sweeper,
+                    action::TASK_LEASE_EXPIRED,
+                    json!({
+                        "attempt": row.attempt,
+                        "lease_epoch": row.lease_epoch,
+                        "lease_expired_at_ms": e.expired_at,
+                        "claimed_by": row.claimed_by,
+                        "state": row.status.as_str(),
+                        "revision": row.revision,
+                    }),
+                )?;
+                swept.push((row.task_id, row.status));
+            }
+            Ok(swept)
+        });
         self.audited(result, None, &sweeper, action::TASK_LEASE_EXPIRED)
     }
 
@@ -212,51 +264,42 @@ impl TaskStore {
     /// finds the repository gone; a VERIFYING one has its commit already.)
     pub fn fail_unregistered(&mut self, registered: &[String]) -> StoreResult<Vec<String>> {
         let registry = Actor::system(super::REPOSITORY_REGISTRY);
-        let result = self.write("failing tasks of unregistered repositories", |conn, now| {
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {} FROM tasks WHERE status = 'QUEUED' ORDER BY seq",
-                    row::COLUMNS
-                ))
-                .map_err(|e| StoreError::sqlite("finding queued tasks", e))?;
-            let queued = stmt
-                .query_map([], RawRow::from_sql)
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| StoreError::sqlite("finding queued tasks", e))?;
-            let mut failed = Vec::new();
-            for raw in queued {
-                let mut row = raw.into_row()?;
-                let repository = row.binding()?.repository;
-                if registered.contains(&repository) {
-                    continue;
-                }
-                row.status = TaskState::Failed;
-                row.verification_json = Some(to_canonical_string(&json!({
-                    "decision": "REPOSITORY_NOT_REGISTERED",
-                    "automatic": true,
-                    "reason": Code::REPOSITORY_NOT_REGISTERED.as_str(),
-                    "actor": registry.name,
-                    "attempt": row.attempt,
-                    "repository": repository,
-                }))?);
-                row.save(conn, now)?;
-                audit::append_allowed(
-                    conn,
-                    now,
-                    &row.task_id,
-                    &registry,
-                    action::TASK_REPOSITORY_UNREGISTERED,
-                    json!({
+        let result = self
+            .backend
+            .write("failing tasks of unregistered repositories", &mut |tx| {
+                let queued = tx.queued()?;
+                let mut failed = Vec::new();
+                for mut row in queued {
+                    let repository = row.binding()?.repository;
+                    if registered.contains(&repository) {
+                        continue;
+                    }
+                    row.status = TaskState::Failed;
+                    row.verification_json = Some(to_canonical_string(&json!({
+                        "decision": "REPOSITORY_NOT_REGISTERED",
+                        "automatic": true,
+                        "reason": Code::REPOSITORY_NOT_REGISTERED.as_str(),
+                        "actor": registry.name,
+                        "attempt": row.attempt,
                         "repository": repository,
-                        "code": Code::REPOSITORY_NOT_REGISTERED.as_str(),
-                        "state": row.status.as_str(),
-                        "revision": row.revision,
-                    }),
-                )?;
-                failed.push(row.task_id);
-            }
-            Ok(failed)
-        });
+                    }))?);
+                    row.save(tx, Guard::Revision)?;
+                    audit::append_allowed(
+                        tx,
+                        &row.task_id,
+                        &registry,
+                        action::TASK_REPOSITORY_UNREGISTERED,
+                        json!({
+                            "repository": repository,
+                            "code": Code::REPOSITORY_NOT_REGISTERED.as_str(),
+                            "state": row.status.as_str(),
+                            "revision": row.revision,
+                        }),
+                    )?;
+                    failed.push(row.task_id);
+                }
+                Ok(failed)
+            });
         self.audited(
             result,
             None,
@@ -345,16 +388,10 @@ impl TaskStore {
             &serde_json::to_value(result)
                 .map_err(|e| Error::with(Code::INTERNAL, format!("a result: {e}")))?,
         ))?;
-        self.write("a result submission", |conn, now| {
-            let stored: Option<String> = conn
-                .query_row(
-                    "SELECT result_sha256 FROM results WHERE task_id = ?1 AND idempotency_key = ?2",
-                    params![task_id, idempotency_key],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(|e| StoreError::sqlite("looking up a result", e))?;
-            if let Some(stored) = stored {
+        let presented = sha256_hex(lease_token.as_bytes());
+        self.backend.write("a result submission", &mut |tx| {
+            let now = tx.now();
+            if let Some(stored) = tx.result_sha256(task_id, idempotency_key)? {
                 if stored != result_sha256 {
                     return Err(Error::with(
                         Code::RESULT_IDEMPOTENCY_CONFLICT,
@@ -362,7 +399,8 @@ impl TaskStore {
                     )
                     .into());
                 }
-                let task = row::load(conn, task_id)?
+                let task = tx
+                    .load(task_id)?
                     .ok_or_else(|| not_found(task_id))?
                     .view()?;
                 return Ok(ResultReceipt {
@@ -370,7 +408,7 @@ impl TaskStore {
                     idempotent: true,
                 });
             }
-            let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+            let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             check_lease(&row, lease_epoch, lease_token, now)?;
             if result.task_id != task_id {
                 return Err(message_invalid("the result names another task"));
@@ -400,21 +438,14 @@ impl TaskStore {
                     result.outcome
                 )));
             }
-            conn.execute(
-                "INSERT INTO results (task_id, idempotency_key, attempt, lease_epoch, \
-                 result_sha256, result_json, received_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    task_id,
-                    idempotency_key,
-                    row.attempt,
-                    i64::try_from(row.lease_epoch)
-                        .map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow"))?,
-                    result_sha256,
-                    canonical,
-                    now,
-                ],
-            )
-            .map_err(|e| StoreError::sqlite("storing a result", e))?;
+            tx.insert_result(&NewResult {
+                task_id,
+                idempotency_key,
+                attempt: row.attempt,
+                lease_epoch: row.lease_epoch_i64()?,
+                result_sha256: &result_sha256,
+                result_json: &canonical,
+            })?;
 
             let mut automatic = false;
             match result.outcome {
@@ -465,12 +496,16 @@ impl TaskStore {
                     }))?);
                 }
             }
-            row.result_json = Some(canonical);
+            row.result_json = Some(canonical.clone());
             row.clear_lease();
-            row.save(conn, now)?;
+            let guard = Guard::Lease {
+                attempt: row.attempt,
+                lease_epoch,
+                token_hash: &presented,
+            };
+            row.save(tx, guard)?;
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 task_id,
                 worker,
                 action::TASK_RESULT_SUBMITTED,
@@ -491,56 +526,4 @@ impl TaskStore {
             })
         })
     }
-}
-
-fn sweep(conn: &Connection, now: i64, sweeper: &Actor) -> StoreResult<Vec<(String, TaskState)>> {
-    let mut stmt = conn
-        .prepare(&format!(
-            "SELECT {} FROM tasks WHERE status = 'RUNNING' \
-             AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) ORDER BY seq",
-            row::COLUMNS
-        ))
-        .map_err(|e| StoreError::sqlite("finding expired leases", e))?;
-    let expired = stmt
-        .query_map([now], RawRow::from_sql)
-        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| StoreError::sqlite("finding expired leases", e))?;
-    let mut swept = Vec::with_capacity(expired.len());
-    for raw in expired {
-        let mut row = raw.into_row()?;
-        let expired_at = row.lease_expires_at;
-        if row.has_attempts_left() {
-            row.status = TaskState::Queued;
-        } else {
-            row.status = TaskState::Failed;
-            row.verification_json = Some(to_canonical_string(&json!({
-                "decision": "LEASE_EXPIRED",
-                "automatic": true,
-                "reason": "LEASE_EXPIRED",
-                "actor": sweeper.name,
-                "attempt": row.attempt,
-                "lease_epoch": row.lease_epoch,
-                "lease_expired_at_ms": expired_at,
-            }))?);
-        }
-        row.clear_lease();
-        row.save(conn, now)?;
-        audit::append_allowed(
-            conn,
-            now,
-            &row.task_id,
-            sweeper,
-            action::TASK_LEASE_EXPIRED,
-            json!({
-                "attempt": row.attempt,
-                "lease_epoch": row.lease_epoch,
-                "lease_expired_at_ms": expired_at,
-                "claimed_by": row.claimed_by,
-                "state": row.status.as_str(),
-                "revision": row.revision,
-            }),
-        )?;
-        swept.push((row.task_id, row.status));
-    }
-    Ok(swept)
 }

@@ -1,7 +1,8 @@
 //! Submitting tasks, replacing plans, verification decisions, cancellation.
 
-use super::row::{self, TaskRow};
-use super::{Actor, Submitted, TaskStore, action, audit, check_task_id, not_found};
+use super::row::TaskRow;
+use super::tx::{Backend, Guard, NewTask};
+use super::{Actor, Store, Submitted, action, audit, check_task_id, not_found};
 use airlock_proto::binding::Binding;
 use airlock_proto::canonical::{digest_of, to_canonical_string};
 use airlock_proto::limits::MAX_ATTEMPTS_CAP;
@@ -12,7 +13,6 @@ use airlock_proto::task::{
 };
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
-use rusqlite::params;
 use serde_json::{Value, json};
 
 /// The submission in normal form: what "the same submission" compares.
@@ -43,7 +43,7 @@ fn permitted(row: &TaskRow, op: Op) -> StoreResult<()> {
     states::check(op, row.status).map_err(StoreError::from)
 }
 
-impl TaskStore {
+impl<B: Backend> Store<B> {
     /// Submits a task: validates the binding, registers the plan (see
     /// [`register_plan`]) and queues the task at attempt 0.
     ///
@@ -84,8 +84,8 @@ impl TaskStore {
         let envelope_json = to_canonical_string(&registration.envelope.to_value())?;
         let plan_digest = registration.record.plan_digest.clone();
         let execution_digest = registration.envelope.execution_digest.clone();
-        self.write("a task submission", |conn, now| {
-            if let Some(existing) = row::load_by_key(conn, &binding.idempotency_key)? {
+        self.backend.write("a task submission", &mut |tx| {
+            if let Some(existing) = tx.load_by_key(&binding.idempotency_key)? {
                 if existing.submission_sha256 == submission_sha256 {
                     return Ok(Submitted {
                         task: existing.view()?,
@@ -98,35 +98,27 @@ impl TaskStore {
                 )
                 .into());
             }
-            if row::load(conn, &binding.task_id)?.is_some() {
+            if tx.load(&binding.task_id)?.is_some() {
                 return Err(Error::with(
                     Code::TASK_IDEMPOTENCY_CONFLICT,
                     "the task id exists under another idempotency key",
                 )
                 .into());
             }
-            conn.execute(
-                "INSERT INTO tasks (task_id, status, attempt, max_attempts, revision, lease_epoch, \
-                 binding_json, plan_json, envelope_json, execution_digest, plan_digest, \
-                 idempotency_key, submission_sha256, created_at_ms, updated_at_ms) \
-                 VALUES (?1, 'QUEUED', 0, ?2, 1, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
-                params![
-                    binding.task_id,
-                    s.max_attempts,
-                    binding_json,
-                    plan_json,
-                    envelope_json,
-                    execution_digest,
-                    plan_digest,
-                    binding.idempotency_key,
-                    submission_sha256,
-                    now,
-                ],
-            )
-            .map_err(|e| airlock_sqlite::StoreError::sqlite("inserting a task", e))?;
+            tx.insert_task(&NewTask {
+                task_id: &binding.task_id,
+                repository: &binding.repository,
+                max_attempts: s.max_attempts,
+                binding_json: &binding_json,
+                plan_json: &plan_json,
+                envelope_json: &envelope_json,
+                execution_digest: &execution_digest,
+                plan_digest: &plan_digest,
+                idempotency_key: &binding.idempotency_key,
+                submission_sha256: &submission_sha256,
+            })?;
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 &binding.task_id,
                 actor,
                 action::TASK_SUBMITTED,
@@ -138,7 +130,8 @@ impl TaskStore {
                     "submission_sha256": submission_sha256,
                 }),
             )?;
-            let task = row::load(conn, &binding.task_id)?
+            let task = tx
+                .load(&binding.task_id)?
                 .ok_or_else(|| not_found(&binding.task_id))?
                 .view()?;
             Ok(Submitted {
@@ -173,8 +166,8 @@ impl TaskStore {
         actor: &Actor,
     ) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
-        self.write("a plan replacement", |conn, now| {
-            let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+        self.backend.write("a plan replacement", &mut |tx| {
+            let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             let binding = row.binding()?;
             let existing = row.plan()?;
             let registration = register_plan(&binding, plan, Some(&existing));
@@ -192,10 +185,9 @@ impl TaskStore {
             row.plan_json = record_json(&registration.record)?;
             row.envelope_json = to_canonical_string(&registration.envelope.to_value())?;
             row.execution_digest = registration.envelope.execution_digest.clone();
-            row.save(conn, now)?;
+            row.save(tx, Guard::Revision)?;
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 task_id,
                 actor,
                 action::TASK_PLAN_REPLACED,
@@ -235,14 +227,19 @@ impl TaskStore {
     ) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
         let reason = airlock_proto::redact::text(check_reason(reason)?).into_owned();
-        self.write("a verification decision", |conn, now| {
-            let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+        self.backend.write("a verification decision", &mut |tx| {
+            let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             let op = match decision {
                 Decision::Accept => Op::Accept,
                 Decision::Reject => Op::Reject,
                 Decision::Rework => Op::Rework,
             };
             permitted(&row, op)?;
+            let guard = Guard::Attempt {
+                state: TaskState::Verifying,
+                attempt: row.attempt,
+                lease_epoch: row.lease_epoch,
+            };
             let next = match decision {
                 Decision::Accept => TaskState::Succeeded,
                 Decision::Reject => TaskState::Failed,
@@ -256,10 +253,9 @@ impl TaskStore {
                 "reason": reason,
                 "actor": actor.name,
             }))?);
-            row.save(conn, now)?;
+            row.save(tx, guard)?;
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 task_id,
                 actor,
                 action::TASK_VERIFIED,
@@ -291,16 +287,15 @@ impl TaskStore {
     ) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
         let reason = airlock_proto::redact::text(check_reason(reason)?).into_owned();
-        self.write("a cancellation", |conn, now| {
-            let mut row = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+        self.backend.write("a cancellation", &mut |tx| {
+            let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             permitted(&row, Op::Cancel)?;
             let previous = row.status;
             row.status = TaskState::Cancelled;
             row.clear_lease();
-            row.save(conn, now)?;
+            row.save(tx, Guard::Revision)?;
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 task_id,
                 actor,
                 action::TASK_CANCELLED,

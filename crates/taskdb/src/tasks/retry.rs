@@ -2,31 +2,21 @@
 //! `max_attempts` grows, by exactly one, under compare-and-swap, idempotent
 //! and audited — the seed's transaction, step for step.
 
-use super::row;
-use super::{Actor, TaskStore, action, audit, not_found, verification_sha256};
+use super::tx::{Backend, ExtensionCas, NewExtension};
+use super::{Actor, Store, action, audit, not_found, verification_sha256};
 use airlock_proto::binding::is_task_id;
 use airlock_proto::retry::{
     RetryExtensionOutcome, RetryExtensionRequest, check_configured_authorization_id,
 };
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
-use rusqlite::{OptionalExtension, params};
 use serde_json::json;
-
-/// What a replay reads back from `task_retry_extensions`.
-struct StoredExtension {
-    request_sha256: String,
-    authorization_id: String,
-    previous_verification_sha256: String,
-    next_max_attempts: i64,
-    applied_revision: i64,
-}
 
 fn refuse(code: Code) -> StoreError {
     Error::new(code).into()
 }
 
-impl TaskStore {
+impl<B: Backend> Store<B> {
     /// Raises an exhausted, FAILED task's attempt budget by one and queues
     /// it again, exactly as the seed's retry-extension service does.
     ///
@@ -91,25 +81,8 @@ impl TaskStore {
             return Err(refuse(Code::RETRY_EXTENSION_AUTHORIZATION_ID_MISMATCH));
         }
         let request_sha256 = req.request_sha256();
-        self.write("a retry extension", |conn, now| {
-            let replay = conn
-                .query_row(
-                    "SELECT request_sha256, authorization_id, previous_verification_sha256, \
-                     next_max_attempts, applied_revision FROM task_retry_extensions \
-                     WHERE task_id = ?1 AND idempotency_key = ?2",
-                    params![task_id, req.idempotency_key],
-                    |r| {
-                        Ok(StoredExtension {
-                            request_sha256: r.get(0)?,
-                            authorization_id: r.get(1)?,
-                            previous_verification_sha256: r.get(2)?,
-                            next_max_attempts: r.get(3)?,
-                            applied_revision: r.get(4)?,
-                        })
-                    },
-                )
-                .optional()
-                .map_err(|e| StoreError::sqlite("looking up a retry extension", e))?;
+        self.backend.write("a retry extension", &mut |tx| {
+            let replay = tx.extension(task_id, &req.idempotency_key)?;
             if let Some(stored) = replay {
                 if stored.request_sha256 != request_sha256 {
                     return Err(refuse(Code::RETRY_EXTENSION_IDEMPOTENCY_CONFLICT));
@@ -126,7 +99,7 @@ impl TaskStore {
                 });
             }
 
-            let task = row::load(conn, task_id)?.ok_or_else(|| not_found(task_id))?;
+            let task = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             let actual = verification_sha256(task.verification_json.as_deref())?;
             if actual != req.previous_verification_sha256 {
                 return Err(refuse(Code::RETRY_EXTENSION_VERIFICATION_DRIFT));
@@ -149,34 +122,22 @@ impl TaskStore {
 
             let previous_claimed_by = task.claimed_by.clone();
             let applied_revision = req.expected_revision + 1;
-            let changed = conn
-                .execute(
-                    "UPDATE tasks SET status = 'QUEUED', max_attempts = ?1, revision = ?2, \
-                     claimed_by = NULL, lease_token_hash = NULL, lease_expires_at = NULL, \
-                     updated_at_ms = ?3 \
-                     WHERE task_id = ?4 AND status = ?5 AND revision = ?6 AND attempt = ?7 \
-                     AND max_attempts = ?8 AND claimed_by IS ?9 \
-                     AND lease_token_hash IS NULL AND lease_expires_at IS NULL",
-                    params![
-                        req.next_max_attempts,
-                        applied_revision,
-                        now,
-                        task_id,
-                        req.expected_status,
-                        req.expected_revision,
-                        req.expected_attempt,
-                        req.expected_max_attempts,
-                        previous_claimed_by,
-                    ],
-                )
-                .map_err(|e| StoreError::sqlite("applying a retry extension", e))?;
+            let changed = tx.apply_extension(&ExtensionCas {
+                task_id,
+                expected_status: &req.expected_status,
+                expected_revision: req.expected_revision,
+                expected_attempt: req.expected_attempt,
+                expected_max_attempts: req.expected_max_attempts,
+                previous_claimed_by: previous_claimed_by.as_deref(),
+                next_max_attempts: req.next_max_attempts,
+                applied_revision,
+            })?;
             if changed != 1 {
                 return Err(refuse(Code::RETRY_EXTENSION_CAS_MISMATCH));
             }
 
             audit::append_allowed(
-                conn,
-                now,
+                tx,
                 task_id,
                 owner,
                 action::TASK_RETRY_EXTENSION_AUTHORIZED,
@@ -196,25 +157,17 @@ impl TaskStore {
                         previous_claimed_by.as_deref().is_some_and(|c| !c.is_empty()),
                 }),
             )?;
-            conn.execute(
-                "INSERT INTO task_retry_extensions (task_id, idempotency_key, request_sha256, \
-                 authorization_id, previous_verification_sha256, previous_max_attempts, \
-                 next_max_attempts, expected_revision, applied_revision, created_at_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                params![
-                    task_id,
-                    req.idempotency_key,
-                    request_sha256,
-                    req.authorization_id,
-                    req.previous_verification_sha256,
-                    req.expected_max_attempts,
-                    req.next_max_attempts,
-                    req.expected_revision,
-                    applied_revision,
-                    now,
-                ],
-            )
-            .map_err(|e| StoreError::sqlite("recording a retry extension", e))?;
+            tx.insert_extension(&NewExtension {
+                task_id,
+                idempotency_key: &req.idempotency_key,
+                request_sha256: &request_sha256,
+                authorization_id: &req.authorization_id,
+                previous_verification_sha256: &req.previous_verification_sha256,
+                previous_max_attempts: req.expected_max_attempts,
+                next_max_attempts: req.next_max_attempts,
+                expected_revision: req.expected_revision,
+                applied_revision,
+            })?;
             Ok(RetryExtensionOutcome {
                 task_id: task_id.to_owned(),
                 status: "QUEUED".to_owned(),

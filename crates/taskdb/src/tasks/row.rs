@@ -1,73 +1,49 @@
-//! A task row: reading it, checking it, writing it back under its revision.
+//! A task row as the engines return it: checking it, viewing it, writing
+//! it back under its revision and a guard.
 
+use super::tx::{Guard, Tx};
+use super::{Actor, ActorKind, Event, EventOutcome};
 use airlock_proto::binding::Binding;
 use airlock_proto::plan::PlanRecord;
 use airlock_proto::task::{TaskState, TaskView};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
-use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
-/// The columns [`RawRow::from_sql`] reads, in order.
+/// The columns every engine reads into a [`RawRow`], in order.
 pub(super) const COLUMNS: &str = "task_id, status, attempt, max_attempts, revision, lease_epoch, \
      claimed_by, lease_token_hash, lease_expires_at, verification_json, result_json, \
      binding_json, plan_json, envelope_json, execution_digest, plan_digest, idempotency_key, \
      submission_sha256, created_at_ms, updated_at_ms";
 
-/// A row exactly as SQLite returned it.
+/// A row exactly as the engine returned it ([`COLUMNS`], in order).
 #[derive(Debug)]
-pub(super) struct RawRow {
-    task_id: String,
-    status: String,
-    attempt: i64,
-    max_attempts: i64,
-    revision: i64,
-    lease_epoch: i64,
-    claimed_by: Option<String>,
-    lease_token_hash: Option<String>,
-    lease_expires_at: Option<i64>,
-    verification_json: Option<String>,
-    result_json: Option<String>,
-    binding_json: String,
-    plan_json: String,
-    envelope_json: String,
-    execution_digest: String,
-    plan_digest: String,
-    idempotency_key: String,
-    submission_sha256: String,
-    created_at_ms: i64,
-    updated_at_ms: i64,
+pub struct RawRow {
+    pub task_id: String,
+    pub status: String,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub revision: i64,
+    pub lease_epoch: i64,
+    pub claimed_by: Option<String>,
+    pub lease_token_hash: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub verification_json: Option<String>,
+    pub result_json: Option<String>,
+    pub binding_json: String,
+    pub plan_json: String,
+    pub envelope_json: String,
+    pub execution_digest: String,
+    pub plan_digest: String,
+    pub idempotency_key: String,
+    pub submission_sha256: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
 }
 
 impl RawRow {
-    /// Reads the [`COLUMNS`] of one result row.
-    pub(super) fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        Ok(RawRow {
-            task_id: r.get(0)?,
-            status: r.get(1)?,
-            attempt: r.get(2)?,
-            max_attempts: r.get(3)?,
-            revision: r.get(4)?,
-            lease_epoch: r.get(5)?,
-            claimed_by: r.get(6)?,
-            lease_token_hash: r.get(7)?,
-            lease_expires_at: r.get(8)?,
-            verification_json: r.get(9)?,
-            result_json: r.get(10)?,
-            binding_json: r.get(11)?,
-            plan_json: r.get(12)?,
-            envelope_json: r.get(13)?,
-            execution_digest: r.get(14)?,
-            plan_digest: r.get(15)?,
-            idempotency_key: r.get(16)?,
-            submission_sha256: r.get(17)?,
-            created_at_ms: r.get(18)?,
-            updated_at_ms: r.get(19)?,
-        })
-    }
-
     /// Checks the typed invariants; a row that breaks one is `STORE_CORRUPT`.
-    pub(super) fn into_row(self) -> StoreResult<TaskRow> {
+    pub fn into_row(self) -> StoreResult<TaskRow> {
         let corrupt = |what: &str| corrupt(&self.task_id, what);
         Ok(TaskRow {
             status: parse_state(&self.status)?,
@@ -96,7 +72,7 @@ impl RawRow {
 
 /// A task row with typed state and counters.
 #[derive(Clone, Debug)]
-pub(super) struct TaskRow {
+pub struct TaskRow {
     pub task_id: String,
     pub status: TaskState,
     pub attempt: u32,
@@ -119,7 +95,7 @@ pub(super) struct TaskRow {
     pub updated_at_ms: i64,
 }
 
-pub(super) fn corrupt(task_id: &str, what: &str) -> StoreError {
+pub fn corrupt(task_id: &str, what: &str) -> StoreError {
     Error::with(
         Code::STORE_CORRUPT,
         format!("task {task_id}: stored {what} is malformed"),
@@ -128,41 +104,15 @@ pub(super) fn corrupt(task_id: &str, what: &str) -> StoreError {
 }
 
 /// Parses a stored status.
-pub(super) fn parse_state(s: &str) -> StoreResult<TaskState> {
+pub fn parse_state(s: &str) -> StoreResult<TaskState> {
     TaskState::parse(s).map_err(|_| {
         Error::with(Code::STORE_CORRUPT, format!("unknown stored status {s:?}")).into()
     })
 }
 
-/// Loads one task, or `None`.
-pub(super) fn load(conn: &Connection, task_id: &str) -> StoreResult<Option<TaskRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM tasks WHERE task_id = ?1"),
-        [task_id],
-        RawRow::from_sql,
-    )
-    .optional()
-    .map_err(|e| StoreError::sqlite("loading a task", e))?
-    .map(RawRow::into_row)
-    .transpose()
-}
-
-/// Loads the task whose binding carries `key`, or `None`.
-pub(super) fn load_by_key(conn: &Connection, key: &str) -> StoreResult<Option<TaskRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM tasks WHERE idempotency_key = ?1"),
-        [key],
-        RawRow::from_sql,
-    )
-    .optional()
-    .map_err(|e| StoreError::sqlite("loading a task by idempotency key", e))?
-    .map(RawRow::into_row)
-    .transpose()
-}
-
 impl TaskRow {
     /// The stored binding, which must name the row's own task and key.
-    pub(super) fn binding(&self) -> StoreResult<Binding> {
+    pub fn binding(&self) -> StoreResult<Binding> {
         let value: Value = serde_json::from_str(&self.binding_json)
             .map_err(|_| corrupt(&self.task_id, "binding"))?;
         let binding = Binding::from_value(&value).map_err(|_| corrupt(&self.task_id, "binding"))?;
@@ -173,17 +123,17 @@ impl TaskRow {
     }
 
     /// The stored plan record.
-    pub(super) fn plan(&self) -> StoreResult<PlanRecord> {
+    pub fn plan(&self) -> StoreResult<PlanRecord> {
         serde_json::from_str(&self.plan_json).map_err(|_| corrupt(&self.task_id, "plan"))
     }
 
     /// The stored envelope, as JSON.
-    pub(super) fn envelope(&self) -> StoreResult<Value> {
+    pub fn envelope(&self) -> StoreResult<Value> {
         serde_json::from_str(&self.envelope_json).map_err(|_| corrupt(&self.task_id, "envelope"))
     }
 
     /// The task as admins and planners see it.
-    pub(super) fn view(&self) -> StoreResult<TaskView> {
+    pub fn view(&self) -> StoreResult<TaskView> {
         let result = match &self.result_json {
             None => None,
             Some(raw) => {
@@ -218,65 +168,102 @@ impl TaskRow {
     }
 
     /// Attempts are left for another claim.
-    pub(super) fn has_attempts_left(&self) -> bool {
+    pub fn has_attempts_left(&self) -> bool {
         self.attempt < self.max_attempts
     }
 
     /// Drops the lease (token hash and expiry). `claimed_by` is kept as
     /// history of who held the last attempt.
-    pub(super) fn clear_lease(&mut self) {
+    pub fn clear_lease(&mut self) {
         self.lease_token_hash = None;
         self.lease_expires_at = None;
     }
 
+    /// The lease epoch as the engines store it.
+    pub fn lease_epoch_i64(&self) -> StoreResult<i64> {
+        i64::try_from(self.lease_epoch)
+            .map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow").into())
+    }
+
     /// Writes the mutable columns back, bumping the revision, on condition
-    /// that nobody changed the row since it was read. Inside an immediate
-    /// transaction a lost race is impossible, so one is an internal error.
-    pub(super) fn save(&mut self, conn: &Connection, now: i64) -> StoreResult<()> {
+    /// that the row is still at the revision it was read at and `guard`
+    /// holds. Rows are read inside the writing transaction (and locked
+    /// there by engines that lock rows), so a failed condition means
+    /// another writer got in first: for a lease guard the lease is lost
+    /// (`LEASE_EXPIRED`), for an attempt guard the state moved on
+    /// (`TASK_STATE_INVALID`), otherwise it is an internal error.
+    pub fn save(&mut self, tx: &mut dyn Tx, guard: Guard<'_>) -> StoreResult<()> {
         let read_revision = self.revision;
         self.revision = read_revision + 1;
-        self.updated_at_ms = now;
-        let lease_epoch = i64::try_from(self.lease_epoch)
-            .map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow"))?;
-        let changed = conn
-            .execute(
-                "UPDATE tasks SET status = ?1, attempt = ?2, max_attempts = ?3, revision = ?4, \
-                 lease_epoch = ?5, claimed_by = ?6, lease_token_hash = ?7, lease_expires_at = ?8, \
-                 verification_json = ?9, result_json = ?10, plan_json = ?11, envelope_json = ?12, \
-                 execution_digest = ?13, plan_digest = ?14, updated_at_ms = ?15 \
-                 WHERE task_id = ?16 AND revision = ?17",
-                params![
-                    self.status.as_str(),
-                    self.attempt,
-                    self.max_attempts,
-                    self.revision,
-                    lease_epoch,
-                    self.claimed_by,
-                    self.lease_token_hash,
-                    self.lease_expires_at,
-                    self.verification_json,
-                    self.result_json,
-                    self.plan_json,
-                    self.envelope_json,
-                    self.execution_digest,
-                    self.plan_digest,
-                    self.updated_at_ms,
-                    self.task_id,
-                    read_revision,
-                ],
-            )
-            .map_err(|e| StoreError::sqlite("updating a task", e))?;
-        if changed == 1 {
-            Ok(())
-        } else {
-            Err(Error::with(
-                Code::INTERNAL,
-                format!(
-                    "task {} changed under an immediate transaction",
-                    self.task_id
-                ),
-            )
-            .into())
+        self.updated_at_ms = tx.now();
+        if tx.update(self, read_revision, guard)? {
+            return Ok(());
         }
+        let lost = match guard {
+            Guard::Lease { .. } => Error::with(Code::LEASE_EXPIRED, "the lease was lost"),
+            Guard::Attempt { .. } => Error::with(
+                Code::TASK_STATE_INVALID,
+                "the task moved on before the decision was written",
+            ),
+            Guard::Revision => Error::with(
+                Code::INTERNAL,
+                format!("task {} changed under its transaction", self.task_id),
+            ),
+        };
+        Err(lost.into())
+    }
+}
+
+/// An event row exactly as the engine returned it.
+#[derive(Debug)]
+pub struct RawEvent {
+    pub id: i64,
+    pub task_id: Option<String>,
+    pub at_ms: i64,
+    pub actor_kind: String,
+    pub actor_uid: Option<i64>,
+    pub actor_name: String,
+    pub action: String,
+    pub outcome: String,
+    pub code: Option<String>,
+    pub payload_json: String,
+}
+
+impl RawEvent {
+    /// Checks and types the row; a bad one is `STORE_CORRUPT`.
+    pub fn into_event(self) -> StoreResult<Event> {
+        let id = self.id;
+        let bad = |what: &str| -> StoreError {
+            Error::with(Code::STORE_CORRUPT, format!("event {id}: bad {what}")).into()
+        };
+        let kind = ActorKind::parse(&self.actor_kind).ok_or_else(|| bad("actor kind"))?;
+        let uid = match self.actor_uid {
+            None => None,
+            Some(u) => Some(u32::try_from(u).map_err(|_| bad("actor uid"))?),
+        };
+        let outcome = match self.outcome.as_str() {
+            "allowed" => EventOutcome::Allowed,
+            "denied" => EventOutcome::Denied,
+            _ => return Err(bad("outcome")),
+        };
+        let code = match self.code {
+            None => None,
+            Some(c) => Some(Code::from_name(&c).ok_or_else(|| bad("code"))?),
+        };
+        let payload = serde_json::from_str(&self.payload_json).map_err(|_| bad("payload"))?;
+        Ok(Event {
+            id,
+            task_id: self.task_id,
+            at_ms: self.at_ms,
+            actor: Actor {
+                kind,
+                uid,
+                name: self.actor_name,
+            },
+            action: self.action,
+            outcome,
+            code,
+            payload,
+        })
     }
 }

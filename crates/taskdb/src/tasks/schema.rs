@@ -1,12 +1,28 @@
-//! The task store's schema, as versioned migrations.
+//! The SQLite task store's schema, as versioned migrations (the
+//! PostgreSQL schema is in [`super::postgres`]).
 
 use airlock_sqlite::db::Migration;
 
 /// Every schema step of the task store, oldest first.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: V1,
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: V1,
+    },
+    Migration {
+        version: 2,
+        sql: V2,
+    },
+];
+
+/// Version 2: each task's repository as a column, so a claim can take
+/// only the tasks of the repositories a host serves (filled from the
+/// stored binding for tasks written by version 1).
+const V2: &str = r#"
+ALTER TABLE tasks ADD COLUMN repository TEXT NOT NULL DEFAULT '';
+UPDATE tasks SET repository = json_extract(binding_json, '$.repository');
+CREATE INDEX tasks_by_repository ON tasks (status, repository, seq);
+"#;
 
 /// Version 1.
 ///

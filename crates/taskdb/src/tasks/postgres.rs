@@ -1,0 +1,1375 @@
+//! The PostgreSQL engine: one task queue shared by the supervisors of
+//! several hosts.
+//!
+//! What makes it safe for several writers on several machines:
+//!
+//! - **One clock.** Store time is the server's `clock_timestamp()` (through
+//!   the schema function `airlock_clock_ms()`), never below the persisted
+//!   high-water mark. No client clock enters a lease.
+//! - **Claims in one statement.** `UPDATE … WHERE seq = (SELECT … FOR
+//!   UPDATE SKIP LOCKED)`: concurrent claimers on any host skip each
+//!   other's rows instead of waiting, and a row is claimed by exactly one.
+//! - **Fenced writes.** Every write after a claim names in its `WHERE` the
+//!   revision it read and, for renewals and results, the attempt, lease
+//!   epoch, token hash and an unexpired lease; for decisions the attempt,
+//!   epoch and VERIFYING. Zero rows changed means the lease (or the race)
+//!   was lost. Rows are also locked `FOR UPDATE` when read in a write, so
+//!   the refusal can name why.
+//! - **A sweeper that is one guarded UPDATE** over `FOR UPDATE SKIP
+//!   LOCKED` rows: several supervisors may sweep at once; each expired
+//!   lease is ended once, and a row some other transaction holds (a renewal
+//!   in flight) is left for the next pass.
+//! - **Append-only at the database level.** Triggers abort UPDATE, DELETE
+//!   and TRUNCATE on `events`, `results` and `task_retry_extensions`, and
+//!   the supervisor's role (a member of `airlock_supervisor`) holds only
+//!   SELECT and INSERT on them.
+//! - **Wake-ups across hosts.** A trigger on `tasks` sends
+//!   `NOTIFY airlock_task_changed` with the task, state and revision;
+//!   [`PgListener`] receives them on every host.
+//!
+//! A transaction runs at READ COMMITTED. A serialisation failure, a
+//! deadlock or a lost insert race (two hosts submitting one idempotency key
+//! at once) rolls back and runs the same closure again, at most
+//! [`MAX_TRIES`] times; the loser then sees the winner's row. When the
+//! server cannot be reached every call fails with `STORE_UNAVAILABLE` and
+//! nothing is half-written (a transaction commits whole or not at all); the
+//! next call reconnects.
+
+use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
+use super::tx::{
+    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewEvent, NewExtension, NewResult, NewTask,
+    StoredExtension, Tx,
+};
+use super::{Store, TaskState};
+use airlock_proto::{Code, Error};
+use airlock_sqlite::error::{StoreError, StoreResult};
+use postgres::config::Host;
+use postgres::error::SqlState;
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Statement};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// How often a transaction that lost a race to another writer is run again.
+pub const MAX_TRIES: u32 = 5;
+
+/// The channel the task trigger notifies.
+pub const CHANNEL: &str = "airlock_task_changed";
+
+/// The group role whose members may use the store (and nothing more).
+pub const SUPERVISOR_ROLE: &str = "airlock_supervisor";
+
+/// What `airlock_schema.kind` says in an airlock task store.
+const KIND: &str = "airlock-tasks";
+
+/// Advisory lock key that serialises migrations ("AIRT").
+const MIGRATION_LOCK: i64 = 0x4149_5254;
+
+/// Where and as whom to connect: a `postgresql://` URL without a password
+/// (the password, when one is needed, is given apart by
+/// [`PgLocation::with_password`]: airlock reads it from a systemd
+/// credential, never from the configuration file).
+#[derive(Clone)]
+pub struct PgLocation {
+    config: postgres::Config,
+    shown: String,
+}
+
+impl std::fmt::Debug for PgLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLocation")
+            .field("url", &self.shown)
+            .field("password", &self.config.get_password().map(|_| "(set)"))
+            .finish()
+    }
+}
+
+impl std::fmt::Display for PgLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+/// True when `s` names a PostgreSQL database rather than a file.
+pub fn is_url(s: &str) -> bool {
+    s.starts_with("postgresql://") || s.starts_with("postgres://")
+}
+
+impl PgLocation {
+    /// Parses a `postgresql://` (or `postgres://`) URL. Refused, with
+    /// `CONFIG_INVALID`: anything else, a URL that carries a password, a
+    /// URL without a user or a database name, and `sslmode=require` (this
+    /// build speaks PostgreSQL without TLS: use a UNIX socket or a network
+    /// you trust).
+    pub fn parse(url: &str) -> Result<Self, Error> {
+        let invalid = |why: String| Error::with(Code::CONFIG_INVALID, why);
+        if !is_url(url) {
+            return Err(invalid(format!("{url:?} is not a postgresql:// URL")));
+        }
+        let mut config =
+            postgres::Config::from_str(url).map_err(|e| invalid(format!("database URL: {e}")))?;
+        let shown = url.to_owned();
+        if config.get_password().is_some() {
+            return Err(invalid(
+                "the database URL carries a password; give it as the airlock-database-password credential instead (docs/postgresql.md)".into(),
+            ));
+        }
+        if config.get_user().is_none() {
+            return Err(invalid("the database URL names no user".into()));
+        }
+        if config.get_dbname().is_none() {
+            return Err(invalid("the database URL names no database".into()));
+        }
+        if config.get_ssl_mode() == postgres::config::SslMode::Require {
+            return Err(invalid(
+                "sslmode=require: this airlock connects without TLS; use a UNIX socket or a trusted network".into(),
+            ));
+        }
+        if config.get_hosts().is_empty() {
+            config.host_path("/run/postgresql");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("airlock");
+        }
+        config
+            .keepalives_idle(Duration::from_secs(30))
+            .ssl_mode(postgres::config::SslMode::Disable)
+            // Bounded calls: no statement, lock wait or idle transaction
+            // holds the store for long.
+            .options(
+                "-c statement_timeout=30000 -c lock_timeout=30000 \
+                 -c idle_in_transaction_session_timeout=60000",
+            );
+        Ok(PgLocation { config, shown })
+    }
+
+    /// The same location with a password.
+    pub fn with_password(mut self, password: &[u8]) -> Self {
+        self.config.password(password);
+        self
+    }
+
+    /// The role it connects as.
+    pub fn user(&self) -> &str {
+        self.config.get_user().unwrap_or_default()
+    }
+
+    /// The database name.
+    pub fn dbname(&self) -> &str {
+        self.config.get_dbname().unwrap_or_default()
+    }
+
+    /// True when any host is reached over TCP (IP sockets needed).
+    pub fn uses_tcp(&self) -> bool {
+        self.config
+            .get_hosts()
+            .iter()
+            .any(|h| matches!(h, Host::Tcp(_)))
+            || !self.config.get_hostaddrs().is_empty()
+    }
+
+    /// The UNIX socket directories it connects through.
+    pub fn socket_dirs(&self) -> Vec<PathBuf> {
+        self.config
+            .get_hosts()
+            .iter()
+            .filter_map(|h| match h {
+                Host::Unix(p) => Some(p.clone()),
+                Host::Tcp(_) => None,
+            })
+            .collect()
+    }
+
+    fn connect(&self) -> StoreResult<Client> {
+        self.config.connect(NoTls).map_err(|e| {
+            pg_error(
+                &format!("connecting to {} as {}", self.shown, self.user()),
+                e,
+            )
+        })
+    }
+}
+
+/// A PostgreSQL error, shown with the server's own words (the client
+/// library's `Display` says only "db error").
+#[derive(Debug)]
+struct PgFailure(postgres::Error);
+
+impl std::fmt::Display for PgFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => {
+                write!(
+                    f,
+                    "{} {}: {}",
+                    db.severity(),
+                    db.code().code(),
+                    db.message()
+                )?;
+                if let Some(detail) = db.detail() {
+                    write!(f, " ({detail})")?;
+                }
+                Ok(())
+            }
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+impl std::error::Error for PgFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// Wraps a PostgreSQL error. Every failure is `STORE_UNAVAILABLE` (the
+/// catalogue has no finer code that a caller could act on differently);
+/// the message keeps the server's words.
+fn pg_error(context: &str, e: postgres::Error) -> StoreError {
+    StoreError::Engine {
+        context: context.to_owned(),
+        code: Code::STORE_UNAVAILABLE,
+        source: Box::new(PgFailure(e)),
+    }
+}
+
+/// The SQLSTATE of a wrapped PostgreSQL error.
+fn sqlstate(e: &StoreError) -> Option<SqlState> {
+    match e {
+        StoreError::Engine { source, .. } => source
+            .downcast_ref::<PgFailure>()
+            .and_then(|e| e.0.code().cloned()),
+        _ => None,
+    }
+}
+
+/// A conflict with another writer that a fresh run of the transaction
+/// resolves.
+fn retryable(e: &StoreError) -> bool {
+    matches!(
+        sqlstate(e),
+        Some(SqlState::T_R_SERIALIZATION_FAILURE)
+            | Some(SqlState::T_R_DEADLOCK_DETECTED)
+            | Some(SqlState::UNIQUE_VIOLATION)
+    )
+}
+
+/// A live session: the client and the statements prepared on it.
+struct Session {
+    client: Client,
+    statements: HashMap<&'static str, Statement>,
+}
+
+/// The PostgreSQL engine: a location and one session, opened on demand
+/// and again after the server went away.
+pub struct PgBackend {
+    location: PgLocation,
+    session: Mutex<Option<Session>>,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("location", &self.location)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store<PgBackend> {
+    /// Connects to the task store at `location`. A schema older than this
+    /// build is migrated first when the role may (it owns the schema, or
+    /// the database is empty and it may create tables); otherwise the open
+    /// fails with `SCHEMA_VERSION_UNSUPPORTED`, naming
+    /// `airlock-supervisor --migrate`. A newer schema is
+    /// `SCHEMA_VERSION_UNSUPPORTED`, a database that is not an airlock task
+    /// store `STORE_UNAVAILABLE`.
+    pub fn open(location: &PgLocation) -> StoreResult<Self> {
+        let mut client = location.connect()?;
+        migrate(&mut client, location.user())?;
+        Ok(Store {
+            backend: PgBackend {
+                location: location.clone(),
+                session: Mutex::new(Some(Session {
+                    client,
+                    statements: HashMap::new(),
+                })),
+            },
+        })
+    }
+}
+
+impl PgBackend {
+    /// Runs `f` on a live session, connecting first when there is none.
+    /// When `f` fails because the session died before anything was sent
+    /// (`fresh` false: a session kept from an earlier call), it reconnects
+    /// and runs `f` once more; a session that died during `f` is dropped,
+    /// so the next call starts afresh.
+    fn with_session<T>(&self, mut f: impl FnMut(&mut Session) -> StoreResult<T>) -> StoreResult<T> {
+        let mut slot = self.session.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut reconnected = false;
+        loop {
+            if slot.as_ref().is_none_or(|s| s.client.is_closed()) {
+                *slot = Some(Session {
+                    client: self.location.connect()?,
+                    statements: HashMap::new(),
+                });
+                reconnected = true;
+            }
+            let Some(session) = slot.as_mut() else {
+                return Err(Error::with(Code::INTERNAL, "no database session").into());
+            };
+            let out = f(session);
+            if session.client.is_closed() {
+                *slot = None;
+                if out.is_err() && !reconnected {
+                    // The server went away since the last call (a restart,
+                    // a dropped connection): the session was dead before
+                    // this call, so try once on a new one.
+                    reconnected = true;
+                    continue;
+                }
+            }
+            return out;
+        }
+    }
+}
+
+/// Prepares (once per session) and returns a statement.
+fn prepared(
+    client: &mut impl postgres::GenericClient,
+    cache: &mut HashMap<&'static str, Statement>,
+    sql: &'static str,
+) -> StoreResult<Statement> {
+    if let Some(s) = cache.get(sql) {
+        return Ok(s.clone());
+    }
+    let s = client
+        .prepare(sql)
+        .map_err(|e| pg_error("preparing a statement", e))?;
+    cache.insert(sql, s.clone());
+    Ok(s)
+}
+
+/// Builds a `&'static str` SQL statement once.
+macro_rules! sql {
+    ($($arg:tt)*) => {{
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| format!($($arg)*));
+        SQL.as_str()
+    }};
+}
+
+fn from_row(r: &postgres::Row) -> Result<RawRow, postgres::Error> {
+    Ok(RawRow {
+        task_id: r.try_get(0)?,
+        status: r.try_get(1)?,
+        attempt: r.try_get(2)?,
+        max_attempts: r.try_get(3)?,
+        revision: r.try_get(4)?,
+        lease_epoch: r.try_get(5)?,
+        claimed_by: r.try_get(6)?,
+        lease_token_hash: r.try_get(7)?,
+        lease_expires_at: r.try_get(8)?,
+        verification_json: r.try_get(9)?,
+        result_json: r.try_get(10)?,
+        binding_json: r.try_get(11)?,
+        plan_json: r.try_get(12)?,
+        envelope_json: r.try_get(13)?,
+        execution_digest: r.try_get(14)?,
+        plan_digest: r.try_get(15)?,
+        idempotency_key: r.try_get(16)?,
+        submission_sha256: r.try_get(17)?,
+        created_at_ms: r.try_get(18)?,
+        updated_at_ms: r.try_get(19)?,
+    })
+}
+
+fn rows_of(what: &str, rows: Vec<postgres::Row>) -> StoreResult<Vec<RawRow>> {
+    rows.iter()
+        .map(|r| from_row(r).map_err(|e| pg_error(what, e)))
+        .collect()
+}
+
+/// The store's time: the server's clock, never below the high-water mark.
+const CLOCK_SQL: &str =
+    "SELECT GREATEST(airlock_clock_ms(), high_water_ms) FROM store_clock WHERE id = 1";
+
+/// Moves the high-water mark up to `$1` unless another transaction holds
+/// it right now (it is moving it to about the same time): the mark never
+/// makes writers wait for each other.
+const ADVANCE_SQL: &str = "UPDATE store_clock SET high_water_ms = $1 WHERE id = \
+     (SELECT id FROM store_clock WHERE id = 1 AND high_water_ms < $1 FOR UPDATE SKIP LOCKED)";
+
+impl Backend for PgBackend {
+    fn write<T>(
+        &mut self,
+        what: &str,
+        f: &mut dyn FnMut(&mut dyn Tx) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let out = self.with_session(|session| {
+                let Session { client, statements } = session;
+                let mut tx = client
+                    .transaction()
+                    .map_err(|e| pg_error(&format!("starting {what}"), e))?;
+                let clock = prepared(&mut tx, statements, CLOCK_SQL)?;
+                let now: i64 = tx
+                    .query_one(&clock, &[])
+                    .and_then(|r| r.try_get(0))
+                    .map_err(|e| pg_error("reading the store clock", e))?;
+                let advance = prepared(&mut tx, statements, ADVANCE_SQL)?;
+                tx.execute(&advance, &[&now])
+                    .map_err(|e| pg_error("advancing the clock high-water mark", e))?;
+                let out = f(&mut PgTx {
+                    tx: &mut tx,
+                    statements,
+                    now,
+                })?;
+                tx.commit()
+                    .map_err(|e| pg_error(&format!("committing {what}"), e))?;
+                Ok(out)
+            });
+            match out {
+                Err(e) if tries < MAX_TRIES && retryable(&e) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    fn now_ms(&self) -> StoreResult<i64> {
+        self.with_session(|s| {
+            let stmt = prepared(&mut s.client, &mut s.statements, CLOCK_SQL)?;
+            s.client
+                .query_one(&stmt, &[])
+                .and_then(|r| r.try_get(0))
+                .map_err(|e| pg_error("reading the store clock", e))
+        })
+    }
+
+    fn get(&self, task_id: &str) -> StoreResult<Option<RawRow>> {
+        self.with_session(|s| {
+            let sql = sql!("SELECT {COLUMNS} FROM tasks WHERE task_id = $1");
+            let stmt = prepared(&mut s.client, &mut s.statements, sql)?;
+            let rows = s
+                .client
+                .query(&stmt, &[&task_id])
+                .map_err(|e| pg_error("loading a task", e))?;
+            Ok(rows_of("loading a task", rows)?.into_iter().next())
+        })
+    }
+
+    fn list(
+        &self,
+        state: Option<TaskState>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<RawRow>> {
+        self.with_session(|s| {
+            // Byte order, as SQLite sorts, whatever the database's collation.
+            let sql = sql!(
+                "SELECT {COLUMNS} FROM tasks WHERE ($1::text IS NULL OR status = $1) \
+                 AND ($2::text IS NULL OR task_id COLLATE \"C\" > $2) \
+                 ORDER BY task_id COLLATE \"C\" LIMIT $3"
+            );
+            let stmt = prepared(&mut s.client, &mut s.statements, sql)?;
+            let rows = s
+                .client
+                .query(
+                    &stmt,
+                    &[
+                        &state.map(TaskState::as_str),
+                        &after_task_id,
+                        &i64::from(limit),
+                    ],
+                )
+                .map_err(|e| pg_error("listing tasks", e))?;
+            rows_of("listing tasks", rows)
+        })
+    }
+
+    fn counts(&self) -> StoreResult<Vec<(String, i64)>> {
+        self.with_session(|s| {
+            let stmt = prepared(
+                &mut s.client,
+                &mut s.statements,
+                "SELECT status, COUNT(*) FROM tasks GROUP BY status",
+            )?;
+            s.client
+                .query(&stmt, &[])
+                .and_then(|rows| {
+                    rows.iter()
+                        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                        .collect()
+                })
+                .map_err(|e| pg_error("summarising tasks", e))
+        })
+    }
+
+    fn events(
+        &self,
+        task_id: Option<&str>,
+        after_event_id: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<RawEvent>> {
+        self.with_session(|s| {
+            let stmt = prepared(
+                &mut s.client,
+                &mut s.statements,
+                "SELECT id, task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, \
+                 code, payload_json FROM events WHERE ($1::text IS NULL OR task_id = $1) \
+                 AND id > $2 ORDER BY id LIMIT $3",
+            )?;
+            s.client
+                .query(&stmt, &[&task_id, &after_event_id, &i64::from(limit)])
+                .and_then(|rows| {
+                    rows.iter()
+                        .map(|r| {
+                            Ok(RawEvent {
+                                id: r.try_get(0)?,
+                                task_id: r.try_get(1)?,
+                                at_ms: r.try_get(2)?,
+                                actor_kind: r.try_get(3)?,
+                                actor_uid: r.try_get(4)?,
+                                actor_name: r.try_get(5)?,
+                                action: r.try_get(6)?,
+                                outcome: r.try_get(7)?,
+                                code: r.try_get(8)?,
+                                payload_json: r.try_get(9)?,
+                            })
+                        })
+                        .collect()
+                })
+                .map_err(|e| pg_error("reading events", e))
+        })
+    }
+
+    fn integrity_check(&self) -> StoreResult<()> {
+        self.with_session(|s| {
+            let corrupt = |why: String| -> StoreError { Error::with(Code::STORE_CORRUPT, why).into() };
+            let row = s
+                .client
+                .query_opt("SELECT kind, version FROM airlock_schema WHERE id = 1", &[])
+                .map_err(|e| pg_error("reading the schema version", e))?
+                .ok_or_else(|| corrupt("airlock_schema is empty".into()))?;
+            let kind: String = row.get(0);
+            let version: i64 = row.get(1);
+            if kind != KIND || version != latest_version() {
+                return Err(corrupt(format!(
+                    "schema {kind:?} version {version}, expected {KIND:?} version {}",
+                    latest_version()
+                )));
+            }
+            let enabled: Vec<String> = s
+                .client
+                .query(
+                    "SELECT t.tgname::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+                     WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' \
+                     AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())",
+                    &[],
+                )
+                .map_err(|e| pg_error("listing triggers", e))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let missing: Vec<&str> = TRIGGERS
+                .iter()
+                .copied()
+                .filter(|t| !enabled.iter().any(|e| e == t))
+                .collect();
+            if !missing.is_empty() {
+                return Err(corrupt(format!(
+                    "triggers missing or disabled: {}",
+                    missing.join(", ")
+                )));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A READ COMMITTED transaction at one store time.
+struct PgTx<'a, 'c> {
+    tx: &'a mut postgres::Transaction<'c>,
+    statements: &'a mut HashMap<&'static str, Statement>,
+    now: i64,
+}
+
+impl PgTx<'_, '_> {
+    fn query(
+        &mut self,
+        what: &str,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Vec<postgres::Row>> {
+        let stmt = prepared(self.tx, self.statements, sql)?;
+        self.tx.query(&stmt, params).map_err(|e| pg_error(what, e))
+    }
+
+    fn execute(
+        &mut self,
+        what: &str,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<u64> {
+        let stmt = prepared(self.tx, self.statements, sql)?;
+        self.tx
+            .execute(&stmt, params)
+            .map_err(|e| pg_error(what, e))
+    }
+
+    fn one_task(
+        &mut self,
+        what: &str,
+        sql: &'static str,
+        value: &str,
+    ) -> StoreResult<Option<TaskRow>> {
+        let rows = self.query(what, sql, &[&value])?;
+        rows_of(what, rows)?
+            .into_iter()
+            .next()
+            .map(RawRow::into_row)
+            .transpose()
+    }
+}
+
+fn epoch_i64(epoch: u64) -> StoreResult<i64> {
+    i64::try_from(epoch).map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow").into())
+}
+
+const UPDATE_SET: &str = "UPDATE tasks SET status = $1, attempt = $2, max_attempts = $3, \
+     revision = $4, lease_epoch = $5, claimed_by = $6, lease_token_hash = $7, \
+     lease_expires_at = $8, verification_json = $9, result_json = $10, plan_json = $11, \
+     envelope_json = $12, execution_digest = $13, plan_digest = $14, updated_at_ms = $15 \
+     WHERE task_id = $16 AND revision = $17";
+
+impl Tx for PgTx<'_, '_> {
+    fn now(&self) -> i64 {
+        self.now
+    }
+
+    fn load(&mut self, task_id: &str) -> StoreResult<Option<TaskRow>> {
+        let sql = sql!("SELECT {COLUMNS} FROM tasks WHERE task_id = $1 FOR UPDATE");
+        self.one_task("loading a task", sql, task_id)
+    }
+
+    fn load_by_key(&mut self, key: &str) -> StoreResult<Option<TaskRow>> {
+        let sql = sql!("SELECT {COLUMNS} FROM tasks WHERE idempotency_key = $1 FOR UPDATE");
+        self.one_task("loading a task by idempotency key", sql, key)
+    }
+
+    fn insert_task(&mut self, t: &NewTask<'_>) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "inserting a task",
+            "INSERT INTO tasks (task_id, status, attempt, max_attempts, revision, lease_epoch, \
+             binding_json, plan_json, envelope_json, execution_digest, plan_digest, \
+             idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository) \
+             VALUES ($1, 'QUEUED', 0, $2, 1, 0, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)",
+            &[
+                &t.task_id,
+                &i64::from(t.max_attempts),
+                &t.binding_json,
+                &t.plan_json,
+                &t.envelope_json,
+                &t.execution_digest,
+                &t.plan_digest,
+                &t.idempotency_key,
+                &t.submission_sha256,
+                &now,
+                &t.repository,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn update(&mut self, row: &TaskRow, read_revision: i64, guard: Guard<'_>) -> StoreResult<bool> {
+        let attempt = i64::from(row.attempt);
+        let max_attempts = i64::from(row.max_attempts);
+        let lease_epoch = row.lease_epoch_i64()?;
+        let status = row.status.as_str();
+        let now = self.now;
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+            &status,
+            &attempt,
+            &max_attempts,
+            &row.revision,
+            &lease_epoch,
+            &row.claimed_by,
+            &row.lease_token_hash,
+            &row.lease_expires_at,
+            &row.verification_json,
+            &row.result_json,
+            &row.plan_json,
+            &row.envelope_json,
+            &row.execution_digest,
+            &row.plan_digest,
+            &row.updated_at_ms,
+            &row.task_id,
+            &read_revision,
+        ];
+        let (guard_attempt, guard_epoch, guard_text);
+        let sql: &'static str = match guard {
+            Guard::Revision => UPDATE_SET,
+            Guard::Lease {
+                attempt,
+                lease_epoch,
+                token_hash,
+            } => {
+                guard_attempt = i64::from(attempt);
+                guard_epoch = epoch_i64(lease_epoch)?;
+                guard_text = token_hash.to_owned();
+                params.extend([
+                    &guard_attempt as &(dyn ToSql + Sync),
+                    &guard_epoch,
+                    &guard_text,
+                    &now,
+                ]);
+                sql!(
+                    "{UPDATE_SET} AND status = 'RUNNING' AND attempt = $18 AND lease_epoch = $19 \
+                     AND lease_token_hash = $20 AND lease_expires_at > $21"
+                )
+            }
+            Guard::Attempt {
+                state,
+                attempt,
+                lease_epoch,
+            } => {
+                guard_attempt = i64::from(attempt);
+                guard_epoch = epoch_i64(lease_epoch)?;
+                guard_text = state.as_str().to_owned();
+                params.extend([
+                    &guard_text as &(dyn ToSql + Sync),
+                    &guard_attempt,
+                    &guard_epoch,
+                ]);
+                sql!("{UPDATE_SET} AND status = $18 AND attempt = $19 AND lease_epoch = $20")
+            }
+        };
+        let changed = self.execute("updating a task", sql, &params)?;
+        Ok(changed == 1)
+    }
+
+    fn claim_next(&mut self, c: &ClaimSpec<'_>) -> StoreResult<Option<TaskRow>> {
+        let now = self.now;
+        let expires = self.now.saturating_add(c.lease_ms);
+        let repositories: Option<Vec<&str>> = c
+            .repositories
+            .map(|r| r.iter().map(String::as_str).collect());
+        let sql = sql!(
+            "UPDATE tasks SET status = 'RUNNING', attempt = attempt + 1, \
+             lease_epoch = lease_epoch + 1, claimed_by = $1, lease_token_hash = $2, \
+             lease_expires_at = $3, revision = revision + 1, updated_at_ms = $4 \
+             WHERE seq = (SELECT seq FROM tasks WHERE status = 'QUEUED' \
+                 AND attempt < max_attempts \
+                 AND ($5::text[] IS NULL OR repository = ANY ($5::text[])) \
+                 ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
+             AND status = 'QUEUED' RETURNING {COLUMNS}"
+        );
+        let rows = self.query(
+            "claiming a task",
+            sql,
+            &[&c.worker, &c.token_hash, &expires, &now, &repositories],
+        )?;
+        rows_of("claiming a task", rows)?
+            .into_iter()
+            .next()
+            .map(RawRow::into_row)
+            .transpose()
+    }
+
+    fn queued(&mut self) -> StoreResult<Vec<TaskRow>> {
+        let sql = sql!(
+            "SELECT {COLUMNS} FROM tasks WHERE status = 'QUEUED' ORDER BY seq \
+             FOR UPDATE SKIP LOCKED"
+        );
+        let rows = self.query("finding queued tasks", sql, &[])?;
+        rows_of("finding queued tasks", rows)?
+            .into_iter()
+            .map(RawRow::into_row)
+            .collect()
+    }
+
+    fn expire_leases(&mut self, sweeper: &str) -> StoreResult<Vec<Expired>> {
+        let now = self.now;
+        // One statement ends every expired lease this transaction can lock;
+        // the verification record of a task out of attempts is the
+        // canonical JSON `lease_expired_record` writes (keys sorted).
+        let sql = sql!(
+            "WITH expired AS (\
+                 SELECT seq, lease_expires_at AS expired_at FROM tasks \
+                 WHERE status = 'RUNNING' AND (lease_expires_at IS NULL OR lease_expires_at <= $1) \
+                 ORDER BY seq FOR UPDATE SKIP LOCKED) \
+             UPDATE tasks t SET \
+                 status = CASE WHEN t.attempt < t.max_attempts THEN 'QUEUED' ELSE 'FAILED' END, \
+                 verification_json = CASE WHEN t.attempt < t.max_attempts THEN t.verification_json \
+                     ELSE '{{\"actor\":' || to_json($2::text)::text \
+                       || ',\"attempt\":' || t.attempt \
+                       || ',\"automatic\":true,\"decision\":\"LEASE_EXPIRED\",\"lease_epoch\":' \
+                       || t.lease_epoch \
+                       || ',\"lease_expired_at_ms\":' || COALESCE(e.expired_at::text, 'null') \
+                       || ',\"reason\":\"LEASE_EXPIRED\"}}' END, \
+                 lease_token_hash = NULL, lease_expires_at = NULL, \
+                 revision = t.revision + 1, updated_at_ms = $1 \
+             FROM expired e \
+             WHERE t.seq = e.seq AND t.status = 'RUNNING' \
+                 AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $1) \
+             RETURNING {}, e.expired_at, t.seq",
+            COLUMNS
+                .split(',')
+                .map(|c| format!("t.{}", c.trim()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let rows = self.query("sweeping expired leases", sql, &[&now, &sweeper])?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let raw = from_row(r).map_err(|e| pg_error("sweeping expired leases", e))?;
+            let expired_at: Option<i64> = r
+                .try_get(20)
+                .map_err(|e| pg_error("sweeping expired leases", e))?;
+            let seq: i64 = r
+                .try_get(21)
+                .map_err(|e| pg_error("sweeping expired leases", e))?;
+            out.push((
+                seq,
+                Expired {
+                    row: raw.into_row()?,
+                    expired_at,
+                },
+            ));
+        }
+        out.sort_by_key(|(seq, _)| *seq);
+        Ok(out.into_iter().map(|(_, e)| e).collect())
+    }
+
+    fn result_sha256(&mut self, task_id: &str, key: &str) -> StoreResult<Option<String>> {
+        let rows = self.query(
+            "looking up a result",
+            "SELECT result_sha256 FROM results WHERE task_id = $1 AND idempotency_key = $2",
+            &[&task_id, &key],
+        )?;
+        rows.first()
+            .map(|r| r.try_get(0))
+            .transpose()
+            .map_err(|e| pg_error("looking up a result", e))
+    }
+
+    fn insert_result(&mut self, r: &NewResult<'_>) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "storing a result",
+            "INSERT INTO results (task_id, idempotency_key, attempt, lease_epoch, \
+             result_sha256, result_json, received_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &r.task_id,
+                &r.idempotency_key,
+                &i64::from(r.attempt),
+                &r.lease_epoch,
+                &r.result_sha256,
+                &r.result_json,
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn append_event(&mut self, e: &NewEvent<'_>) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "appending an event",
+            "INSERT INTO events (task_id, at_ms, actor_kind, actor_uid, actor_name, action, \
+             outcome, code, payload_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &e.task_id,
+                &now,
+                &e.actor.kind.as_str(),
+                &e.actor.uid.map(i64::from),
+                &e.actor.name,
+                &e.action,
+                &e.outcome.as_str(),
+                &e.code.map(Code::as_str),
+                &e.payload_json,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn extension(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredExtension>> {
+        let rows = self.query(
+            "looking up a retry extension",
+            "SELECT request_sha256, authorization_id, previous_verification_sha256, \
+             next_max_attempts, applied_revision FROM task_retry_extensions \
+             WHERE task_id = $1 AND idempotency_key = $2",
+            &[&task_id, &key],
+        )?;
+        rows.first()
+            .map(|r| {
+                Ok(StoredExtension {
+                    request_sha256: r.try_get(0)?,
+                    authorization_id: r.try_get(1)?,
+                    previous_verification_sha256: r.try_get(2)?,
+                    next_max_attempts: r.try_get(3)?,
+                    applied_revision: r.try_get(4)?,
+                })
+            })
+            .transpose()
+            .map_err(|e| pg_error("looking up a retry extension", e))
+    }
+
+    fn apply_extension(&mut self, cas: &ExtensionCas<'_>) -> StoreResult<u64> {
+        let now = self.now;
+        self.execute(
+            "applying a retry extension",
+            "UPDATE tasks SET status = 'QUEUED', max_attempts = $1, revision = $2, \
+             claimed_by = NULL, lease_token_hash = NULL, lease_expires_at = NULL, \
+             updated_at_ms = $3 \
+             WHERE task_id = $4 AND status = $5 AND revision = $6 AND attempt = $7 \
+             AND max_attempts = $8 AND claimed_by IS NOT DISTINCT FROM $9 \
+             AND lease_token_hash IS NULL AND lease_expires_at IS NULL",
+            &[
+                &cas.next_max_attempts,
+                &cas.applied_revision,
+                &now,
+                &cas.task_id,
+                &cas.expected_status,
+                &cas.expected_revision,
+                &cas.expected_attempt,
+                &cas.expected_max_attempts,
+                &cas.previous_claimed_by,
+            ],
+        )
+    }
+
+    fn insert_extension(&mut self, e: &NewExtension<'_>) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "recording a retry extension",
+            "INSERT INTO task_retry_extensions (task_id, idempotency_key, request_sha256, \
+             authorization_id, previous_verification_sha256, previous_max_attempts, \
+             next_max_attempts, expected_revision, applied_revision, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &e.task_id,
+                &e.idempotency_key,
+                &e.request_sha256,
+                &e.authorization_id,
+                &e.previous_verification_sha256,
+                &e.previous_max_attempts,
+                &e.next_max_attempts,
+                &e.expected_revision,
+                &e.applied_revision,
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
+}
+
+// --- schema -----------------------------------------------------------------
+
+/// One schema step of the PostgreSQL store.
+#[derive(Debug)]
+pub struct PgMigration {
+    /// `airlock_schema.version` after this step.
+    pub version: i64,
+    /// SQL run inside the migration transaction.
+    pub sql: &'static str,
+}
+
+/// Every schema step, oldest first.
+pub const MIGRATIONS: &[PgMigration] = &[PgMigration {
+    version: 1,
+    sql: V1,
+}];
+
+/// The schema version this build expects.
+pub fn latest_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// The triggers the schema relies on (checked by `integrity_check`).
+const TRIGGERS: &[&str] = &[
+    "events_append_only",
+    "events_no_truncate",
+    "results_append_only",
+    "results_no_truncate",
+    "task_retry_extensions_append_only",
+    "task_retry_extensions_no_truncate",
+    "tasks_notify",
+];
+
+/// Version 1: the SQLite store's version-2 schema in PostgreSQL's types,
+/// plus the server clock, the notification trigger and the grants.
+///
+/// Integers are `bigint` throughout. The append-only triggers fire for
+/// every role, the owner included; the supervisor's role additionally has
+/// no UPDATE, DELETE or TRUNCATE privilege on those tables, so even a
+/// disabled trigger would not let it rewrite history.
+const V1: &str = r#"
+CREATE TABLE store_clock (
+    id            bigint PRIMARY KEY CHECK (id = 1),
+    high_water_ms bigint NOT NULL
+);
+INSERT INTO store_clock (id, high_water_ms) VALUES (1, 0);
+
+-- The one clock every host's leases are judged by: the server's.
+CREATE FUNCTION airlock_clock_ms() RETURNS bigint LANGUAGE sql VOLATILE
+    AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+CREATE TABLE tasks (
+    seq               bigserial PRIMARY KEY,
+    task_id           text   NOT NULL UNIQUE,
+    status            text   NOT NULL CHECK (status IN
+                          ('QUEUED', 'RUNNING', 'VERIFYING', 'SUCCEEDED', 'FAILED', 'CANCELLED')),
+    attempt           bigint NOT NULL CHECK (attempt >= 0),
+    max_attempts      bigint NOT NULL CHECK (max_attempts BETWEEN 1 AND 50),
+    revision          bigint NOT NULL CHECK (revision >= 1),
+    lease_epoch       bigint NOT NULL CHECK (lease_epoch >= 0),
+    claimed_by        text,
+    lease_token_hash  text,
+    lease_expires_at  bigint,
+    verification_json text,
+    result_json       text,
+    binding_json      text   NOT NULL,
+    plan_json         text   NOT NULL,
+    envelope_json     text   NOT NULL,
+    execution_digest  text   NOT NULL,
+    plan_digest       text   NOT NULL,
+    idempotency_key   text   NOT NULL UNIQUE,
+    submission_sha256 text   NOT NULL,
+    created_at_ms     bigint NOT NULL,
+    updated_at_ms     bigint NOT NULL,
+    repository        text   NOT NULL,
+    CHECK (attempt <= max_attempts)
+);
+CREATE INDEX tasks_by_status ON tasks (status, seq);
+CREATE INDEX tasks_claimable ON tasks (repository, seq) WHERE status = 'QUEUED';
+CREATE INDEX tasks_leased ON tasks (lease_expires_at) WHERE status = 'RUNNING';
+
+CREATE TABLE results (
+    task_id         text   NOT NULL REFERENCES tasks (task_id),
+    idempotency_key text   NOT NULL,
+    attempt         bigint NOT NULL,
+    lease_epoch     bigint NOT NULL,
+    result_sha256   text   NOT NULL,
+    result_json     text   NOT NULL,
+    received_at_ms  bigint NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+
+CREATE TABLE task_retry_extensions (
+    task_id                      text   NOT NULL,
+    idempotency_key              text   NOT NULL,
+    request_sha256               text   NOT NULL,
+    authorization_id             text   NOT NULL,
+    previous_verification_sha256 text   NOT NULL,
+    previous_max_attempts        bigint NOT NULL,
+    next_max_attempts            bigint NOT NULL,
+    expected_revision            bigint NOT NULL,
+    applied_revision             bigint NOT NULL,
+    created_at_ms                bigint NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+
+CREATE TABLE events (
+    id           bigserial PRIMARY KEY,
+    task_id      text,
+    at_ms        bigint NOT NULL,
+    actor_kind   text   NOT NULL,
+    actor_uid    bigint,
+    actor_name   text   NOT NULL,
+    action       text   NOT NULL,
+    outcome      text   NOT NULL CHECK (outcome IN ('allowed', 'denied')),
+    code         text,
+    payload_json text   NOT NULL,
+    CHECK ((outcome = 'denied') = (code IS NOT NULL))
+);
+CREATE INDEX events_by_task ON events (task_id, id);
+
+CREATE FUNCTION airlock_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '% is append-only', TG_TABLE_NAME;
+END
+$$;
+CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+    FOR EACH ROW EXECUTE FUNCTION airlock_append_only();
+CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
+    FOR EACH STATEMENT EXECUTE FUNCTION airlock_append_only();
+CREATE TRIGGER results_append_only BEFORE UPDATE OR DELETE ON results
+    FOR EACH ROW EXECUTE FUNCTION airlock_append_only();
+CREATE TRIGGER results_no_truncate BEFORE TRUNCATE ON results
+    FOR EACH STATEMENT EXECUTE FUNCTION airlock_append_only();
+CREATE TRIGGER task_retry_extensions_append_only BEFORE UPDATE OR DELETE ON task_retry_extensions
+    FOR EACH ROW EXECUTE FUNCTION airlock_append_only();
+CREATE TRIGGER task_retry_extensions_no_truncate BEFORE TRUNCATE ON task_retry_extensions
+    FOR EACH STATEMENT EXECUTE FUNCTION airlock_append_only();
+
+-- Every committed change wakes the supervisors of every host.
+CREATE FUNCTION airlock_task_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('airlock_task_changed', json_build_object(
+        'task_id', NEW.task_id, 'state', NEW.status, 'revision', NEW.revision,
+        'repository', NEW.repository)::text);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tasks_notify AFTER INSERT OR UPDATE ON tasks
+    FOR EACH ROW EXECUTE FUNCTION airlock_task_changed();
+
+-- The supervisors' role: what the store does, and nothing more.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'airlock_supervisor') THEN
+        CREATE ROLE airlock_supervisor NOLOGIN;
+    END IF;
+END
+$$;
+REVOKE ALL ON store_clock, tasks, results, task_retry_extensions, events, airlock_schema
+    FROM PUBLIC;
+GRANT SELECT ON airlock_schema TO airlock_supervisor;
+GRANT SELECT, UPDATE ON store_clock TO airlock_supervisor;
+GRANT SELECT, INSERT, UPDATE ON tasks TO airlock_supervisor;
+GRANT SELECT, INSERT ON results, task_retry_extensions, events TO airlock_supervisor;
+GRANT USAGE ON SEQUENCE tasks_seq_seq, events_id_seq TO airlock_supervisor;
+"#;
+
+/// Brings the schema to [`latest_version`], under an advisory lock so that
+/// supervisors starting together migrate once. `user` names the role in
+/// the error when it may not.
+pub fn migrate(client: &mut Client, user: &str) -> StoreResult<()> {
+    let mut tx = client
+        .transaction()
+        .map_err(|e| pg_error("starting the schema check", e))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(|e| pg_error("locking the schema", e))?;
+    let exists: bool = tx
+        .query_one("SELECT to_regclass('airlock_schema') IS NOT NULL", &[])
+        .and_then(|r| r.try_get(0))
+        .map_err(|e| pg_error("looking for the schema", e))?;
+    let version = if exists {
+        let row = tx
+            .query_opt("SELECT kind, version FROM airlock_schema WHERE id = 1", &[])
+            .map_err(|e| pg_error("reading the schema version", e))?;
+        let (kind, version): (String, i64) = match row {
+            Some(r) => (r.get(0), r.get(1)),
+            None => (String::new(), -1),
+        };
+        if kind != KIND {
+            return Err(Error::with(
+                Code::STORE_UNAVAILABLE,
+                format!("the database is not an airlock task store (schema kind {kind:?})"),
+            )
+            .into());
+        }
+        version
+    } else {
+        0
+    };
+    let latest = latest_version();
+    if version > latest {
+        return Err(Error::with(
+            Code::SCHEMA_VERSION_UNSUPPORTED,
+            format!("schema version {version} is newer than this airlock ({latest})"),
+        )
+        .into());
+    }
+    if version == latest {
+        return tx
+            .commit()
+            .map_err(|e| pg_error("ending the schema check", e));
+    }
+    let cannot = |e: postgres::Error| -> StoreError {
+        Error::with(
+            Code::SCHEMA_VERSION_UNSUPPORTED,
+            format!(
+                "the schema is at version {version}, this airlock needs {latest}, and role {user:?} cannot migrate it ({}); run `airlock-supervisor --migrate` as the schema's owner (docs/postgresql.md)",
+                PgFailure(e)
+            ),
+        )
+        .into()
+    };
+    if !exists {
+        tx.batch_execute(
+            "CREATE TABLE airlock_schema (\
+                 id integer PRIMARY KEY CHECK (id = 1), kind text NOT NULL, version bigint NOT NULL); \
+             INSERT INTO airlock_schema (id, kind, version) VALUES (1, 'airlock-tasks', 0);",
+        )
+        .map_err(cannot)?;
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
+        tx.batch_execute(m.sql).map_err(cannot)?;
+        tx.execute(
+            "UPDATE airlock_schema SET version = $1 WHERE id = 1",
+            &[&m.version],
+        )
+        .map_err(cannot)?;
+    }
+    tx.commit()
+        .map_err(|e| pg_error("committing the schema migration", e))
+}
+
+/// Connects to `location` and migrates its schema (what
+/// `airlock-supervisor --migrate` does, as the schema's owner).
+pub fn migrate_at(location: &PgLocation) -> StoreResult<i64> {
+    let mut client = location.connect()?;
+    migrate(&mut client, location.user())?;
+    Ok(latest_version())
+}
+
+// --- notifications ----------------------------------------------------------
+
+/// A change to a task, as the database announced it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskChange {
+    /// The task.
+    pub task_id: String,
+    /// Its state after the change.
+    pub state: TaskState,
+    /// Its revision after the change.
+    pub revision: i64,
+    /// Its repository.
+    pub repository: String,
+}
+
+/// A session that LISTENs for task changes made by any host.
+pub struct PgListener {
+    location: PgLocation,
+    client: Option<Client>,
+}
+
+impl std::fmt::Debug for PgListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgListener")
+            .field("location", &self.location)
+            .field("connected", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl PgListener {
+    /// A listener on `location`; it connects on the first [`PgListener::wait`].
+    pub fn new(location: &PgLocation) -> Self {
+        PgListener {
+            location: location.clone(),
+            client: None,
+        }
+    }
+
+    /// Waits up to `timeout` for changes; returns those that arrived (none
+    /// after a quiet `timeout`). Fails with `STORE_UNAVAILABLE` when the
+    /// server cannot be reached; the next call reconnects (changes made
+    /// while no session listened are not replayed: listeners poll too).
+    pub fn wait(&mut self, timeout: Duration) -> StoreResult<Vec<TaskChange>> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.client = None;
+            let mut client = self.location.connect()?;
+            client
+                .batch_execute(&format!("LISTEN {CHANNEL}"))
+                .map_err(|e| pg_error("listening for task changes", e))?;
+            self.client = Some(client);
+        }
+        let Some(mut client) = self.client.take() else {
+            return Ok(Vec::new());
+        };
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut changes = Vec::new();
+        let mut notifications = client.notifications();
+        let first = notifications.timeout_iter(timeout).next();
+        let waited: Result<(), postgres::Error> = match first {
+            Ok(Some(n)) => {
+                changes.extend(parse_change(n.payload()));
+                // Take what is already queued without waiting again.
+                let mut more = notifications.iter();
+                loop {
+                    match more.next() {
+                        Ok(Some(n)) => changes.extend(parse_change(n.payload())),
+                        Ok(None) => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
+                }
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        drop(notifications);
+        match waited {
+            Ok(()) => {
+                self.client = Some(client);
+                Ok(changes)
+            }
+            Err(e) => Err(pg_error("waiting for task changes", e)),
+        }
+    }
+}
+
+fn parse_change(payload: &str) -> Option<TaskChange> {
+    let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+    Some(TaskChange {
+        task_id: v["task_id"].as_str()?.to_owned(),
+        state: TaskState::parse(v["state"].as_str()?).ok()?,
+        revision: v["revision"].as_i64()?,
+        repository: v["repository"].as_str().unwrap_or_default().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_and_passwords_refused() {
+        let ok = PgLocation::parse("postgresql://airlock@db.example/airlock").unwrap();
+        assert_eq!((ok.user(), ok.dbname()), ("airlock", "airlock"));
+        assert!(ok.uses_tcp());
+        let unix = PgLocation::parse("postgresql://airlock@%2Frun%2Fpostgresql/airlock").unwrap();
+        assert!(!unix.uses_tcp());
+        assert_eq!(unix.socket_dirs(), vec![PathBuf::from("/run/postgresql")]);
+        let default_socket = PgLocation::parse("postgresql:///airlock?user=airlock").unwrap();
+        assert_eq!(
+            default_socket.socket_dirs(),
+            vec![PathBuf::from("/run/postgresql")]
+        );
+        for bad in [
+            "postgresql://airlock:secret@db/airlock",
+            "postgresql://db/airlock",
+            "postgresql://airlock@db",
+            "postgresql://airlock@db/airlock?sslmode=require",
+            "/var/lib/airlock/tasks.sqlite3",
+            "mysql://airlock@db/airlock",
+        ] {
+            assert_eq!(
+                PgLocation::parse(bad).unwrap_err().code,
+                Code::CONFIG_INVALID,
+                "{bad}"
+            );
+        }
+        let with = ok.with_password(b"s3cret");
+        assert!(!format!("{with:?}").contains("s3cret"));
+        assert!(!with.to_string().contains("s3cret"));
+    }
+
+    #[test]
+    fn change_payloads_parse() {
+        assert_eq!(
+            parse_change(r#"{"task_id":"t-1","state":"QUEUED","revision":3,"repository":"demo"}"#),
+            Some(TaskChange {
+                task_id: "t-1".into(),
+                state: TaskState::Queued,
+                revision: 3,
+                repository: "demo".into()
+            })
+        );
+        assert_eq!(
+            parse_change(r#"{"task_id":"t-1","state":"NOPE","revision":3}"#),
+            None
+        );
+        assert_eq!(parse_change("not json"), None);
+    }
+}

@@ -1,0 +1,523 @@
+//! The SQLite engine: the default, embedded task store of one host.
+//!
+//! One connection per [`SqliteBackend`]; writers serialise on
+//! `BEGIN IMMEDIATE`, so a row read inside a write transaction cannot
+//! change under it. Time is the host's clock, never allowed to go back
+//! (the high-water mark in `store_clock`).
+
+use super::lease::lease_expired_record;
+use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
+use super::schema;
+use super::tx::{
+    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewEvent, NewExtension, NewResult, NewTask,
+    StoredExtension, Tx,
+};
+use super::{Store, TaskState};
+use airlock_proto::{Code, Error};
+use airlock_sqlite::clock::{Clock, SystemClock};
+use airlock_sqlite::db::{self, Kind};
+use airlock_sqlite::error::{StoreError, StoreResult};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The SQLite engine: one connection and the clock it judges time by.
+#[derive(Debug)]
+pub struct SqliteBackend {
+    conn: Connection,
+    clock: Arc<dyn Clock>,
+}
+
+impl Store<SqliteBackend> {
+    /// Opens (creating and migrating if needed) the task store at `path`,
+    /// judging time by the system clock. One value per connection; a
+    /// second process may open the same file (writers serialise on
+    /// `BEGIN IMMEDIATE`).
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        Store::open_with_clock(path, Arc::new(SystemClock))
+    }
+
+    /// Opens the task store with an injected clock (tests, fault injection).
+    pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> StoreResult<Self> {
+        let conn = db::open(path, Kind::Tasks, schema::MIGRATIONS)?;
+        Ok(Store {
+            backend: SqliteBackend { conn, clock },
+        })
+    }
+}
+
+fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        task_id: r.get(0)?,
+        status: r.get(1)?,
+        attempt: r.get(2)?,
+        max_attempts: r.get(3)?,
+        revision: r.get(4)?,
+        lease_epoch: r.get(5)?,
+        claimed_by: r.get(6)?,
+        lease_token_hash: r.get(7)?,
+        lease_expires_at: r.get(8)?,
+        verification_json: r.get(9)?,
+        result_json: r.get(10)?,
+        binding_json: r.get(11)?,
+        plan_json: r.get(12)?,
+        envelope_json: r.get(13)?,
+        execution_digest: r.get(14)?,
+        plan_digest: r.get(15)?,
+        idempotency_key: r.get(16)?,
+        submission_sha256: r.get(17)?,
+        created_at_ms: r.get(18)?,
+        updated_at_ms: r.get(19)?,
+    })
+}
+
+fn load_where(conn: &Connection, column: &str, value: &str) -> StoreResult<Option<TaskRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM tasks WHERE {column} = ?1"),
+        [value],
+        from_sql,
+    )
+    .optional()
+    .map_err(|e| StoreError::sqlite("loading a task", e))?
+    .map(RawRow::into_row)
+    .transpose()
+}
+
+/// The persisted high-water mark of store time.
+fn read_high_water(conn: &Connection) -> StoreResult<i64> {
+    conn.query_row(
+        "SELECT high_water_ms FROM store_clock WHERE id = 1",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .optional()
+    .map_err(|e| StoreError::sqlite("reading the clock high-water mark", e))
+    .map(|hw| hw.unwrap_or(0))
+}
+
+/// Returns `max(wall, high-water)` and persists it as the new mark.
+fn advance_time(conn: &Connection, wall: i64) -> StoreResult<i64> {
+    let now = wall.max(read_high_water(conn)?);
+    conn.execute(
+        "UPDATE store_clock SET high_water_ms = ?1 WHERE id = 1 AND high_water_ms < ?1",
+        [now],
+    )
+    .map_err(|e| StoreError::sqlite("advancing the clock high-water mark", e))?;
+    Ok(now)
+}
+
+impl Backend for SqliteBackend {
+    fn write<T>(
+        &mut self,
+        what: &str,
+        f: &mut dyn FnMut(&mut dyn Tx) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let wall = self.clock.now_ms();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite(format!("starting {what}"), e))?;
+        let now = advance_time(&tx, wall)?;
+        let out = f(&mut SqliteTx { conn: &tx, now })?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite(format!("committing {what}"), e))?;
+        Ok(out)
+    }
+
+    fn now_ms(&self) -> StoreResult<i64> {
+        Ok(self.clock.now_ms().max(read_high_water(&self.conn)?))
+    }
+
+    fn get(&self, task_id: &str) -> StoreResult<Option<RawRow>> {
+        self.conn
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM tasks WHERE task_id = ?1"),
+                [task_id],
+                from_sql,
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("loading a task", e))
+    }
+
+    fn list(
+        &self,
+        state: Option<TaskState>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<RawRow>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tasks WHERE (?1 IS NULL OR status = ?1) \
+             AND (?2 IS NULL OR task_id > ?2) ORDER BY task_id LIMIT ?3"
+        );
+        let mut stmt = self
+            .conn
+            .prepare(&sql)
+            .map_err(|e| StoreError::sqlite("listing tasks", e))?;
+        stmt.query_map(
+            params![state.map(TaskState::as_str), after_task_id, limit],
+            from_sql,
+        )
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| StoreError::sqlite("listing tasks", e))
+    }
+
+    fn counts(&self) -> StoreResult<Vec<(String, i64)>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT status, COUNT(*) FROM tasks GROUP BY status")
+            .map_err(|e| StoreError::sqlite("summarising tasks", e))?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| StoreError::sqlite("summarising tasks", e))
+    }
+
+    fn events(
+        &self,
+        task_id: Option<&str>,
+        after_event_id: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<RawEvent>> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, \
+                 code, payload_json FROM events WHERE (?1 IS NULL OR task_id = ?1) AND id > ?2 \
+                 ORDER BY id LIMIT ?3",
+            )
+            .map_err(|e| StoreError::sqlite("reading events", e))?;
+        stmt.query_map(params![task_id, after_event_id, limit], |r| {
+            Ok(RawEvent {
+                id: r.get(0)?,
+                task_id: r.get(1)?,
+                at_ms: r.get(2)?,
+                actor_kind: r.get(3)?,
+                actor_uid: r.get(4)?,
+                actor_name: r.get(5)?,
+                action: r.get(6)?,
+                outcome: r.get(7)?,
+                code: r.get(8)?,
+                payload_json: r.get(9)?,
+            })
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(|e| StoreError::sqlite("reading events", e))
+    }
+
+    fn integrity_check(&self) -> StoreResult<()> {
+        db::integrity_check(&self.conn)
+    }
+}
+
+/// A `BEGIN IMMEDIATE` transaction at one store time.
+struct SqliteTx<'c> {
+    conn: &'c Connection,
+    now: i64,
+}
+
+impl Tx for SqliteTx<'_> {
+    fn now(&self) -> i64 {
+        self.now
+    }
+
+    fn load(&mut self, task_id: &str) -> StoreResult<Option<TaskRow>> {
+        load_where(self.conn, "task_id", task_id)
+    }
+
+    fn load_by_key(&mut self, key: &str) -> StoreResult<Option<TaskRow>> {
+        load_where(self.conn, "idempotency_key", key)
+    }
+
+    fn insert_task(&mut self, t: &NewTask<'_>) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO tasks (task_id, status, attempt, max_attempts, revision, lease_epoch, \
+                 binding_json, plan_json, envelope_json, execution_digest, plan_digest, \
+                 idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository) \
+                 VALUES (?1, 'QUEUED', 0, ?2, 1, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+                params![
+                    t.task_id,
+                    t.max_attempts,
+                    t.binding_json,
+                    t.plan_json,
+                    t.envelope_json,
+                    t.execution_digest,
+                    t.plan_digest,
+                    t.idempotency_key,
+                    t.submission_sha256,
+                    self.now,
+                    t.repository,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("inserting a task", e))?;
+        Ok(())
+    }
+
+    fn update(&mut self, row: &TaskRow, read_revision: i64, guard: Guard<'_>) -> StoreResult<bool> {
+        const SET: &str = "UPDATE tasks SET status = ?1, attempt = ?2, max_attempts = ?3, \
+             revision = ?4, lease_epoch = ?5, claimed_by = ?6, lease_token_hash = ?7, \
+             lease_expires_at = ?8, verification_json = ?9, result_json = ?10, plan_json = ?11, \
+             envelope_json = ?12, execution_digest = ?13, plan_digest = ?14, updated_at_ms = ?15 \
+             WHERE task_id = ?16 AND revision = ?17";
+        let lease_epoch = row.lease_epoch_i64()?;
+        let mut values: Vec<Box<dyn rusqlite::ToSql + '_>> = vec![
+            Box::new(row.status.as_str()),
+            Box::new(row.attempt),
+            Box::new(row.max_attempts),
+            Box::new(row.revision),
+            Box::new(lease_epoch),
+            Box::new(row.claimed_by.as_deref()),
+            Box::new(row.lease_token_hash.as_deref()),
+            Box::new(row.lease_expires_at),
+            Box::new(row.verification_json.as_deref()),
+            Box::new(row.result_json.as_deref()),
+            Box::new(row.plan_json.as_str()),
+            Box::new(row.envelope_json.as_str()),
+            Box::new(row.execution_digest.as_str()),
+            Box::new(row.plan_digest.as_str()),
+            Box::new(row.updated_at_ms),
+            Box::new(row.task_id.as_str()),
+            Box::new(read_revision),
+        ];
+        let fence = match guard {
+            Guard::Revision => "",
+            Guard::Lease {
+                attempt,
+                lease_epoch,
+                token_hash,
+            } => {
+                values.push(Box::new(attempt));
+                values.push(Box::new(epoch_i64(lease_epoch)?));
+                values.push(Box::new(token_hash));
+                values.push(Box::new(self.now));
+                " AND status = 'RUNNING' AND attempt = ?18 AND lease_epoch = ?19 \
+                 AND lease_token_hash = ?20 AND lease_expires_at > ?21"
+            }
+            Guard::Attempt {
+                state,
+                attempt,
+                lease_epoch,
+            } => {
+                values.push(Box::new(state.as_str()));
+                values.push(Box::new(attempt));
+                values.push(Box::new(epoch_i64(lease_epoch)?));
+                " AND status = ?18 AND attempt = ?19 AND lease_epoch = ?20"
+            }
+        };
+        let refs: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v.as_ref()).collect();
+        let changed = self
+            .conn
+            .execute(&format!("{SET}{fence}"), refs.as_slice())
+            .map_err(|e| StoreError::sqlite("updating a task", e))?;
+        Ok(changed == 1)
+    }
+
+    fn claim_next(&mut self, c: &ClaimSpec<'_>) -> StoreResult<Option<TaskRow>> {
+        let repositories = match c.repositories {
+            None => None,
+            Some(r) => Some(
+                serde_json::to_string(r)
+                    .map_err(|e| Error::with(Code::INTERNAL, format!("repository filter: {e}")))?,
+            ),
+        };
+        let next = self
+            .conn
+            .query_row(
+                &format!(
+                    "SELECT {COLUMNS} FROM tasks WHERE status = 'QUEUED' AND attempt < max_attempts \
+                     AND (?1 IS NULL OR repository IN (SELECT value FROM json_each(?1))) \
+                     ORDER BY seq LIMIT 1"
+                ),
+                [repositories],
+                from_sql,
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("finding a claimable task", e))?;
+        let Some(raw) = next else {
+            return Ok(None);
+        };
+        let mut row = raw.into_row()?;
+        row.status = TaskState::Running;
+        row.attempt += 1;
+        row.lease_epoch += 1;
+        row.claimed_by = Some(c.worker.to_owned());
+        row.lease_token_hash = Some(c.token_hash.to_owned());
+        row.lease_expires_at = Some(self.now.saturating_add(c.lease_ms));
+        row.save(self, Guard::Revision)?;
+        Ok(Some(row))
+    }
+
+    fn queued(&mut self) -> StoreResult<Vec<TaskRow>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM tasks WHERE status = 'QUEUED' ORDER BY seq"
+            ))
+            .map_err(|e| StoreError::sqlite("finding queued tasks", e))?;
+        let rows = stmt
+            .query_map([], from_sql)
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| StoreError::sqlite("finding queued tasks", e))?;
+        rows.into_iter().map(RawRow::into_row).collect()
+    }
+
+    fn expire_leases(&mut self, sweeper: &str) -> StoreResult<Vec<Expired>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM tasks WHERE status = 'RUNNING' \
+                 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) ORDER BY seq"
+            ))
+            .map_err(|e| StoreError::sqlite("finding expired leases", e))?;
+        let expired = stmt
+            .query_map([self.now], from_sql)
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| StoreError::sqlite("finding expired leases", e))?;
+        drop(stmt);
+        let mut out = Vec::with_capacity(expired.len());
+        for raw in expired {
+            let mut row = raw.into_row()?;
+            let expired_at = row.lease_expires_at;
+            if row.has_attempts_left() {
+                row.status = TaskState::Queued;
+            } else {
+                row.status = TaskState::Failed;
+                row.verification_json = Some(lease_expired_record(
+                    sweeper,
+                    row.attempt,
+                    row.lease_epoch,
+                    expired_at,
+                )?);
+            }
+            row.clear_lease();
+            row.save(self, Guard::Revision)?;
+            out.push(Expired { row, expired_at });
+        }
+        Ok(out)
+    }
+
+    fn result_sha256(&mut self, task_id: &str, key: &str) -> StoreResult<Option<String>> {
+        self.conn
+            .query_row(
+                "SELECT result_sha256 FROM results WHERE task_id = ?1 AND idempotency_key = ?2",
+                params![task_id, key],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("looking up a result", e))
+    }
+
+    fn insert_result(&mut self, r: &NewResult<'_>) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO results (task_id, idempotency_key, attempt, lease_epoch, \
+                 result_sha256, result_json, received_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    r.task_id,
+                    r.idempotency_key,
+                    r.attempt,
+                    r.lease_epoch,
+                    r.result_sha256,
+                    r.result_json,
+                    self.now,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("storing a result", e))?;
+        Ok(())
+    }
+
+    fn append_event(&mut self, e: &NewEvent<'_>) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO events (task_id, at_ms, actor_kind, actor_uid, actor_name, action, \
+                 outcome, code, payload_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    e.task_id,
+                    self.now,
+                    e.actor.kind.as_str(),
+                    e.actor.uid,
+                    e.actor.name,
+                    e.action,
+                    e.outcome.as_str(),
+                    e.code.map(Code::as_str),
+                    e.payload_json,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("appending an event", e))?;
+        Ok(())
+    }
+
+    fn extension(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredExtension>> {
+        self.conn
+            .query_row(
+                "SELECT request_sha256, authorization_id, previous_verification_sha256, \
+                 next_max_attempts, applied_revision FROM task_retry_extensions \
+                 WHERE task_id = ?1 AND idempotency_key = ?2",
+                params![task_id, key],
+                |r| {
+                    Ok(StoredExtension {
+                        request_sha256: r.get(0)?,
+                        authorization_id: r.get(1)?,
+                        previous_verification_sha256: r.get(2)?,
+                        next_max_attempts: r.get(3)?,
+                        applied_revision: r.get(4)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("looking up a retry extension", e))
+    }
+
+    fn apply_extension(&mut self, cas: &ExtensionCas<'_>) -> StoreResult<u64> {
+        let changed = self
+            .conn
+            .execute(
+                "UPDATE tasks SET status = 'QUEUED', max_attempts = ?1, revision = ?2, \
+                 claimed_by = NULL, lease_token_hash = NULL, lease_expires_at = NULL, \
+                 updated_at_ms = ?3 \
+                 WHERE task_id = ?4 AND status = ?5 AND revision = ?6 AND attempt = ?7 \
+                 AND max_attempts = ?8 AND claimed_by IS ?9 \
+                 AND lease_token_hash IS NULL AND lease_expires_at IS NULL",
+                params![
+                    cas.next_max_attempts,
+                    cas.applied_revision,
+                    self.now,
+                    cas.task_id,
+                    cas.expected_status,
+                    cas.expected_revision,
+                    cas.expected_attempt,
+                    cas.expected_max_attempts,
+                    cas.previous_claimed_by,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("applying a retry extension", e))?;
+        Ok(changed as u64)
+    }
+
+    fn insert_extension(&mut self, e: &NewExtension<'_>) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO task_retry_extensions (task_id, idempotency_key, request_sha256, \
+                 authorization_id, previous_verification_sha256, previous_max_attempts, \
+                 next_max_attempts, expected_revision, applied_revision, created_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    e.task_id,
+                    e.idempotency_key,
+                    e.request_sha256,
+                    e.authorization_id,
+                    e.previous_verification_sha256,
+                    e.previous_max_attempts,
+                    e.next_max_attempts,
+                    e.expected_revision,
+                    e.applied_revision,
+                    self.now,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("recording a retry extension", e))?;
+        Ok(())
+    }
+}
+
+fn epoch_i64(epoch: u64) -> StoreResult<i64> {
+    i64::try_from(epoch).map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow").into())
+}

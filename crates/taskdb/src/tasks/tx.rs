@@ -1,0 +1,206 @@
+//! The seam between the store's rules and a database engine.
+//!
+//! The rules (what a claim, a result, a decision or a retry extension may
+//! do, which refusal wins, which event is written) are written once, in
+//! `lifecycle`, `lease`, `retry` and `audit`, against [`Tx`]: a transaction
+//! in progress at one store time. Each engine ([`super::sqlite`],
+//! [`super::postgres`]) implements [`Backend`] and [`Tx`] with its own SQL
+//! and nothing else, so both backends keep the same rules by construction
+//! and the same test suites check them.
+
+use super::row::{RawEvent, RawRow, TaskRow};
+use super::{Actor, EventOutcome, TaskState};
+use airlock_proto::Code;
+use airlock_sqlite::error::StoreResult;
+
+/// A task to insert at attempt 0, QUEUED, revision 1.
+#[derive(Debug)]
+pub struct NewTask<'a> {
+    pub task_id: &'a str,
+    pub repository: &'a str,
+    pub max_attempts: u32,
+    pub binding_json: &'a str,
+    pub plan_json: &'a str,
+    pub envelope_json: &'a str,
+    pub execution_digest: &'a str,
+    pub plan_digest: &'a str,
+    pub idempotency_key: &'a str,
+    pub submission_sha256: &'a str,
+}
+
+/// What must still hold for a row written back by [`Tx::update`]. Every
+/// guard includes the revision the row was read at.
+#[derive(Clone, Copy, Debug)]
+pub enum Guard<'a> {
+    /// Nothing but the revision (the row was read in this transaction).
+    Revision,
+    /// The writer's lease: RUNNING, this attempt, this lease epoch, this
+    /// token hash, and an expiry after the transaction's time. A renewal or
+    /// a result that matches no row has lost its lease.
+    Lease {
+        attempt: u32,
+        lease_epoch: u64,
+        token_hash: &'a str,
+    },
+    /// A decision on one attempt: this state, attempt and lease epoch (a
+    /// verifying task holds no lease; its attempt and epoch still name
+    /// which attempt the decision is about).
+    Attempt {
+        state: TaskState,
+        attempt: u32,
+        lease_epoch: u64,
+    },
+}
+
+/// A claim to make: the oldest claimable task (QUEUED, attempts left, of
+/// one of `repositories` when given) becomes RUNNING under a new lease.
+#[derive(Debug)]
+pub struct ClaimSpec<'a> {
+    pub worker: &'a str,
+    pub token_hash: &'a str,
+    pub lease_ms: i64,
+    pub repositories: Option<&'a [String]>,
+}
+
+/// A task the sweeper moved off an expired lease, as it is now.
+#[derive(Debug)]
+pub struct Expired {
+    pub row: TaskRow,
+    /// The expiry the lease had (`None`: a RUNNING row without one).
+    pub expired_at: Option<i64>,
+}
+
+/// A result to record (append-only).
+#[derive(Debug)]
+pub struct NewResult<'a> {
+    pub task_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub attempt: u32,
+    pub lease_epoch: i64,
+    pub result_sha256: &'a str,
+    pub result_json: &'a str,
+}
+
+/// An event to append.
+#[derive(Debug)]
+pub struct NewEvent<'a> {
+    pub task_id: Option<&'a str>,
+    pub actor: &'a Actor,
+    pub action: &'a str,
+    pub outcome: EventOutcome,
+    pub code: Option<Code>,
+    pub payload_json: &'a str,
+}
+
+/// A stored retry extension, as a replay reads it back.
+#[derive(Debug)]
+pub struct StoredExtension {
+    pub request_sha256: String,
+    pub authorization_id: String,
+    pub previous_verification_sha256: String,
+    pub next_max_attempts: i64,
+    pub applied_revision: i64,
+}
+
+/// The retry extension's conditional UPDATE.
+#[derive(Debug)]
+pub struct ExtensionCas<'a> {
+    pub task_id: &'a str,
+    pub expected_status: &'a str,
+    pub expected_revision: i64,
+    pub expected_attempt: i64,
+    pub expected_max_attempts: i64,
+    pub previous_claimed_by: Option<&'a str>,
+    pub next_max_attempts: i64,
+    pub applied_revision: i64,
+}
+
+/// A retry extension to record (append-only).
+#[derive(Debug)]
+pub struct NewExtension<'a> {
+    pub task_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub request_sha256: &'a str,
+    pub authorization_id: &'a str,
+    pub previous_verification_sha256: &'a str,
+    pub previous_max_attempts: i64,
+    pub next_max_attempts: i64,
+    pub expected_revision: i64,
+    pub applied_revision: i64,
+}
+
+/// A transaction in progress. Everything it does commits together or not
+/// at all; `now` is the store's time, fixed when the transaction began.
+pub trait Tx {
+    /// The store time of this transaction (unix ms).
+    fn now(&self) -> i64;
+    /// One task, locked for the rest of the transaction where the engine
+    /// locks rows.
+    fn load(&mut self, task_id: &str) -> StoreResult<Option<TaskRow>>;
+    /// The task whose binding carries `key`, locked likewise.
+    fn load_by_key(&mut self, key: &str) -> StoreResult<Option<TaskRow>>;
+    /// Inserts a new task.
+    fn insert_task(&mut self, t: &NewTask<'_>) -> StoreResult<()>;
+    /// Writes the row's mutable columns (already bumped to the new
+    /// revision) where the task still is at `read_revision` and `guard`
+    /// holds. False when no row matched.
+    fn update(&mut self, row: &TaskRow, read_revision: i64, guard: Guard<'_>) -> StoreResult<bool>;
+    /// Claims the oldest claimable task, in one statement; the row after
+    /// the claim, or `None`.
+    fn claim_next(&mut self, c: &ClaimSpec<'_>) -> StoreResult<Option<TaskRow>>;
+    /// Every QUEUED task, in queue order, locked where the engine locks
+    /// rows (rows another transaction holds — a claim in flight — are
+    /// skipped: they are no longer QUEUED when it commits).
+    fn queued(&mut self) -> StoreResult<Vec<TaskRow>>;
+    /// Ends every lease expired at `now`: QUEUED with attempts left, else
+    /// FAILED with the `LEASE_EXPIRED` verification record; token hash and
+    /// expiry cleared, revision bumped. In queue order.
+    fn expire_leases(&mut self, sweeper: &str) -> StoreResult<Vec<Expired>>;
+    /// The SHA-256 of the result stored under `(task_id, key)`.
+    fn result_sha256(&mut self, task_id: &str, key: &str) -> StoreResult<Option<String>>;
+    /// Records a result.
+    fn insert_result(&mut self, r: &NewResult<'_>) -> StoreResult<()>;
+    /// Appends an event.
+    fn append_event(&mut self, e: &NewEvent<'_>) -> StoreResult<()>;
+    /// The extension stored under `(task_id, key)`.
+    fn extension(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredExtension>>;
+    /// The extension's compare-and-swap; rows changed.
+    fn apply_extension(&mut self, cas: &ExtensionCas<'_>) -> StoreResult<u64>;
+    /// Records an extension.
+    fn insert_extension(&mut self, e: &NewExtension<'_>) -> StoreResult<()>;
+}
+
+/// A database engine under the store.
+pub trait Backend: Send + std::fmt::Debug {
+    /// Runs `f` in one transaction at the store's current time, committing
+    /// only when it succeeds. An engine may run `f` again after a conflict
+    /// it rolled back (a serialisation failure, a lost insert race); `f`
+    /// must therefore not keep state between runs.
+    fn write<T>(
+        &mut self,
+        what: &str,
+        f: &mut dyn FnMut(&mut dyn Tx) -> StoreResult<T>,
+    ) -> StoreResult<T>;
+    /// The store's current time, without advancing anything.
+    fn now_ms(&self) -> StoreResult<i64>;
+    /// One task.
+    fn get(&self, task_id: &str) -> StoreResult<Option<RawRow>>;
+    /// A page of tasks by id.
+    fn list(
+        &self,
+        state: Option<TaskState>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<RawRow>>;
+    /// (status, count) per state present.
+    fn counts(&self) -> StoreResult<Vec<(String, i64)>>;
+    /// A page of events.
+    fn events(
+        &self,
+        task_id: Option<&str>,
+        after_event_id: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<RawEvent>>;
+    /// The engine's own consistency check.
+    fn integrity_check(&self) -> StoreResult<()>;
+}
