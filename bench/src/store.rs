@@ -23,7 +23,7 @@ use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key
 use airlock_proto::task::{
     CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, TaskState, TaskSubmission,
 };
-use airlock_taskdb::tasks::{Actor, TaskStore};
+use airlock_taskdb::tasks::{Actor, SqliteStore};
 use serde_json::json;
 use std::error::Error;
 use std::fs::{self, File, OpenOptions};
@@ -322,7 +322,7 @@ fn checkpoint_appends(
 /// each with its audit event, so it is bounded by about a third of the raw
 /// fsync rate.
 fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult<Option<Sample>> {
-    let mut store = TaskStore::open(path)?;
+    let mut store = SqliteStore::open(path)?;
     let planner = Actor::planner(None, "bench-planner");
     let worker = Actor::worker(None, "bench-worker");
     let sample = Sample::measure(window, |i| {

@@ -6,7 +6,7 @@
 
 use airlock_proto::canonical::digest_of;
 use airlock_proto::task::{Outcome, RESULT_SCHEMA, TaskResult, TaskSubmission};
-use airlock_taskdb::tasks::{Actor, TaskStore};
+use airlock_taskdb::tasks::{Actor, SqliteStore};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 const AUTH_ID: &str = "owner-bench-0001";
 
 fn failed_task(db: &std::path::Path) -> serde_json::Value {
-    let mut store = TaskStore::open(db).expect("store");
+    let mut store = SqliteStore::open(db).expect("store");
     let base = "a".repeat(40);
     let sub = TaskSubmission::from_value(&json!({
         "schema": "airlock.task.v1", "max_attempts": 1,

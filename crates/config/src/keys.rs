@@ -26,6 +26,9 @@ pub enum Kind {
     Bool,
     /// An absolute path, written without `.`, `..`, empty components or a trailing `/`.
     Path,
+    /// Where the task store lives: an absolute path (an SQLite file) or a
+    /// `postgresql://` URL without a password.
+    Database,
     /// A unix user name other than root.
     User,
     /// A unix group name.
@@ -78,6 +81,10 @@ impl Kind {
             Kind::Integer { min, max } => format!("an integer in {min}..={max}"),
             Kind::Bool => "true or false".to_owned(),
             Kind::Path => Item::Path.describe(),
+            Kind::Database => format!(
+                "{} (an SQLite file), or a postgresql:// URL without a password",
+                Item::Path.describe()
+            ),
             Kind::User => {
                 "a unix user name of 1 to 32 characters [a-z0-9_-], starting with a letter or '_', other than root"
                     .to_owned()
@@ -272,9 +279,9 @@ pub const KEYS: &[KeySpec] = &[
     ),
     key(
         "supervisor.database",
-        Kind::Path,
+        Kind::Database,
         "\"/var/lib/airlock/tasks.sqlite3\"",
-        "The SQLite task store (queue, leases, events, retry compare-and-swap). Only the supervisor opens it for writing.",
+        "The task store (queue, leases, events, retry compare-and-swap). A path is an SQLite file on this host that only the supervisor opens. A postgresql:// URL (e.g. \"postgresql://airlock@%2Frun%2Fpostgresql/airlock\" over a UNIX socket, or \"postgresql://airlock@db.example/airlock\") is a PostgreSQL database that the supervisors of several hosts share: one queue for every host (docs/postgresql.md). The URL never carries the password: the supervisor reads it from the systemd credential airlock-database-password (LoadCredential=), or connects without one (peer authentication on a UNIX socket).",
     ),
     key(
         "supervisor.lease_seconds",

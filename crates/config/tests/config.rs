@@ -157,6 +157,18 @@ fn embedded_default_round_trips_through_the_parser() {
     );
 }
 
+#[test]
+fn the_task_store_may_be_a_postgresql_url_without_a_password() {
+    for url in [
+        "postgresql://airlock@db.example/airlock",
+        "postgresql://airlock@%2Frun%2Fpostgresql/airlock",
+        "postgres://airlock@10.0.0.5:5433/airlock?connect_timeout=5",
+    ] {
+        let c = parse(&doc_with("supervisor.database", &format!("\"{url}\""))).expect(url);
+        assert_eq!(c.supervisor.database.to_str(), Some(url));
+    }
+}
+
 // ---- every key: accepted at its default, refused by name when wrong ---------
 
 #[test]
@@ -197,6 +209,14 @@ fn wrong_values(kind: Kind) -> Vec<String> {
             "\"/a/\"".into(),
             "\"/\"".into(),
             "\"\"".into(),
+            "7".into(),
+        ],
+        Kind::Database => vec![
+            "\"relative/tasks.sqlite3\"".into(),
+            "\"/a/../b\"".into(),
+            "\"\"".into(),
+            "\"postgresql://airlock:secret@db.example/airlock\"".into(),
+            "\"postgresql://airlock@db.example/airlock?password=secret\"".into(),
             "7".into(),
         ],
         Kind::User => vec![

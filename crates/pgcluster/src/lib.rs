@@ -199,7 +199,10 @@ fn template(bin: &Path, owner: Option<(Uid, Gid)>) -> Result<PathBuf, String> {
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LC_ALL", "C.UTF-8");
-    run(initdb, owner, "initdb")?;
+    if let Err(e) = run(initdb, owner, "initdb") {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e);
+    }
     std::fs::write(staging.join("pg_hba.conf"), HBA).map_err(|e| err("pg_hba.conf", e))?;
     chown(&staging.join("pg_hba.conf"), owner)?;
     match std::fs::rename(&staging, &path) {

@@ -148,6 +148,18 @@ pub fn restrict(grants: &Grants, min_abi: u8) -> Result<LandlockReport> {
 /// handled, so what `rules` do not grant is denied. The one Landlock
 /// routine of airlock: airlock-confine and every daemon's lockdown use it.
 pub fn enforce(rules: &[Rule], min_abi: u8, max_abi: u8) -> Result<LandlockReport> {
+    enforce_with_tcp(rules, &[], min_abi, max_abi)
+}
+
+/// [`enforce`], also allowing TCP connect(2) to `tcp_connect_ports` (from
+/// ABI 4 Landlock handles TCP, so without a port rule every connection is
+/// denied).
+pub fn enforce_with_tcp(
+    rules: &[Rule],
+    tcp_connect_ports: &[u16],
+    min_abi: u8,
+    max_abi: u8,
+) -> Result<LandlockReport> {
     let kernel = kernel_abi();
     let requested = (kernel.clamp(0, i32::from(max_abi)) as u8).max(min_abi);
     // The crate discourages building an ABI from the running kernel because
@@ -175,6 +187,13 @@ pub fn enforce(rules: &[Rule], min_abi: u8, max_abi: u8) -> Result<LandlockRepor
             continue;
         };
         created = created.add_rule(rule).map_err(ll)?;
+    }
+    if !net.is_empty() {
+        for port in tcp_connect_ports {
+            created = created
+                .add_rule(landlock::NetPort::new(*port, AccessNet::ConnectTcp))
+                .map_err(ll)?;
+        }
     }
     let status = created.restrict_self().map_err(ll)?;
     let status = match status.ruleset {

@@ -110,8 +110,26 @@ pub fn lockdown(role: Role, paths: &Paths) -> Result<Report> {
         set_limit(resource, name, value)?;
     }
     // 5. Landlock.
-    let rules = landlock_rules(role, paths, root, &mut notes);
-    let landlock = landlock::enforce(&rules, 1, policy.max_abi.0)?;
+    let tcp = !paths.tcp_connect.is_empty();
+    if tcp && policy.tcp.is_none() {
+        return Err(Error::Landlock(format!(
+            "{} never connects over TCP, yet TCP ports were given",
+            role.program()
+        )));
+    }
+    let mut rules = landlock_rules(role, paths, root, &mut notes);
+    if let Some(tcp_policy) = policy.tcp.filter(|_| tcp) {
+        rules.extend(tcp_policy.grants.iter().filter_map(|g| match g.place {
+            Place::Fixed(p) => Some(Rule {
+                path: PathBuf::from(p),
+                access: g.access,
+                required: false,
+            }),
+            Place::Config(_) => None,
+        }));
+        notes.push(format!("TCP connect to ports {:?}", paths.tcp_connect));
+    }
+    let landlock = landlock::enforce_with_tcp(&rules, &paths.tcp_connect, 1, policy.max_abi.0)?;
     if let Some(w) = landlock::newer_kernel_warning(&landlock) {
         notes.push(w);
     }
@@ -134,7 +152,7 @@ pub fn lockdown(role: Role, paths: &Paths) -> Result<Report> {
         }
     };
     // 6. seccomp, last.
-    let seccomp_rules = role.seccomp_rules();
+    let seccomp_rules = role.seccomp_rules_for(tcp);
     seccomp::install_rules(&seccomp_rules)?;
     #[cfg(feature = "lockdown-probe")]
     crate::probe::arm(role);

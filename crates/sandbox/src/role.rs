@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use crate::landlock::Access;
-use crate::seccomp_policy::{RULES, Rule};
+use crate::seccomp_policy::{RULES, Rule, SOCKET_UNIX_AND_IP};
 
 /// A daemon, each its own binary and user.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -183,6 +183,21 @@ pub struct RolePolicy {
     pub degraded: Degraded,
     /// Highest Landlock ABI to request, and why.
     pub max_abi: (u8, &'static str),
+    /// What changes when the configuration names a server the daemon
+    /// reaches over TCP ([`Paths::with_tcp_connect`]); `None`: the role
+    /// never opens an IP socket.
+    pub tcp: Option<TcpPolicy>,
+}
+
+/// A role's policy for a configured TCP server: IP sockets (the `socket`
+/// row becomes [`SOCKET_UNIX_AND_IP`]), TCP connect(2) to the configured
+/// ports only (Landlock), and these extra grants.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpPolicy {
+    /// When it applies (one line).
+    pub when: &'static str,
+    /// Extra Landlock grants (name resolution).
+    pub grants: &'static [Grant],
 }
 
 /// A resource limit a role sets.
@@ -208,6 +223,8 @@ pub struct Paths {
     /// The configuration allows running with degraded Landlock (only
     /// consulted by roles with [`Degraded::RefuseUnlessAllowed`]).
     pub allow_degraded: bool,
+    /// TCP ports the daemon connects to (its role's [`TcpPolicy`]).
+    pub tcp_connect: Vec<u16>,
 }
 
 impl Paths {
@@ -230,6 +247,13 @@ impl Paths {
     ) -> Paths {
         self.entries
             .extend(paths.into_iter().map(|p| (slot, p.into())));
+        self
+    }
+
+    /// The daemon connects over TCP to these ports: its role's
+    /// [`TcpPolicy`] applies (a role without one refuses to lock down).
+    pub fn with_tcp_connect(mut self, ports: impl IntoIterator<Item = u16>) -> Paths {
+        self.tcp_connect.extend(ports);
         self
     }
 
@@ -366,6 +390,27 @@ const SUPERVISOR: RolePolicy = RolePolicy {
     limits: &[],
     degraded: Degraded::Warn,
     max_abi: DAEMON_MAX_ABI,
+    tcp: Some(TcpPolicy {
+        when: "`supervisor.database` is a postgresql:// URL with a TCP host (a UNIX socket needs nothing more)",
+        grants: &[
+            fixed(
+                "/etc/hosts",
+                Access::FileRead,
+                "resolving the database server's name",
+            ),
+            fixed(
+                "/etc/resolv.conf",
+                Access::FileRead,
+                "resolving the database server's name (DNS)",
+            ),
+            fixed(
+                "/etc/gai.conf",
+                Access::FileRead,
+                "address order when the name has several",
+            ),
+            fixed("/etc/host.conf", Access::FileRead, "resolver options"),
+        ],
+    }),
 };
 
 const WORKER: RolePolicy = RolePolicy {
@@ -435,6 +480,7 @@ const WORKER: RolePolicy = RolePolicy {
     limits: &[],
     degraded: Degraded::Warn,
     max_abi: DAEMON_MAX_ABI,
+    tcp: None,
 };
 
 const EXECUTOR: RolePolicy = RolePolicy {
@@ -513,6 +559,7 @@ const EXECUTOR: RolePolicy = RolePolicy {
         crate::policy::MAX_LANDLOCK_ABI,
         "the executor makes no connection after lockdown; its commands get the kernel's whole ABI",
     ),
+    tcp: None,
 };
 
 const RETRYD: RolePolicy = RolePolicy {
@@ -527,6 +574,7 @@ const RETRYD: RolePolicy = RolePolicy {
     )],
     degraded: Degraded::Warn,
     max_abi: DAEMON_MAX_ABI,
+    tcp: None,
 };
 
 impl Role {
@@ -560,11 +608,23 @@ impl Role {
 
     /// The seccomp rows in force: the sandbox's [`RULES`] minus the lifted.
     pub fn seccomp_rules(self) -> Vec<&'static Rule> {
+        self.seccomp_rules_for(false)
+    }
+
+    /// The seccomp rows in force, with `tcp` when the daemon connects over
+    /// TCP: the `socket` row then allows IP sockets too
+    /// ([`SOCKET_UNIX_AND_IP`]).
+    pub fn seccomp_rules_for(self, tcp: bool) -> Vec<&'static Rule> {
         let lifted = self.policy().lifted;
-        RULES
+        let mut rules: Vec<&'static Rule> = RULES
             .iter()
             .filter(|r| !lifted.iter().any(|l| l.name == r.name))
-            .collect()
+            .filter(|r| !(tcp && r.name == "socket"))
+            .collect();
+        if tcp {
+            rules.insert(0, &SOCKET_UNIX_AND_IP);
+        }
+        rules
     }
 }
 
@@ -615,6 +675,20 @@ pub fn markdown() -> String {
             out.push_str(&format!("; {} {value} ({why})", limit.name()));
         }
         out.push_str(".\n");
+        if let Some(tcp) = p.tcp {
+            out.push_str(&format!(
+                "Over TCP, when {}: the `socket` row allows AF_UNIX, AF_INET and AF_INET6 only, Landlock allows TCP connect(2) to the configured ports only, and it grants {}.\n",
+                tcp.when,
+                tcp.grants
+                    .iter()
+                    .map(|g| match g.place {
+                        Place::Fixed(path) => format!("`{path}` ({})", g.reason),
+                        Place::Config(slot) => format!("{} ({})", slot.describe(), g.reason),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         out.push_str(&format!(
             "Landlock ABI at most {} ({}); without full Landlock: {}.\n\n",
             p.max_abi.0,

@@ -54,6 +54,22 @@ fn rules_for(when: When) -> Result<Vec<SeccompRule>> {
                 u64::from(value),
             )?)?]
         }
+        When::ArgNotIn { arg, values } => vec![
+            SeccompRule::new(
+                values
+                    .iter()
+                    .map(|v| {
+                        cond(
+                            arg,
+                            SeccompCmpArgLen::Dword,
+                            SeccompCmpOp::Ne,
+                            u64::from(*v),
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            )
+            .map_err(err)?,
+        ],
         When::ArgAnyBit { arg, mask } => (0..64)
             .map(|b| 1u64 << b)
             .filter(|bit| mask & bit != 0)

@@ -56,6 +56,13 @@ pub enum When {
         /// The masked value denied.
         value: u32,
     },
+    /// When the 32-bit argument `arg` is none of `values`.
+    ArgNotIn {
+        /// Argument index (0-based).
+        arg: u8,
+        /// The only values allowed.
+        values: &'static [u32],
+    },
     /// When any bit of `mask` is set in the 64-bit argument `arg`.
     ArgAnyBit {
         /// Argument index (0-based).
@@ -243,6 +250,23 @@ pub const CLONE_NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
 const AF_UNIX: u32 = libc::AF_UNIX as u32;
 const TIOCSTI: u32 = libc::TIOCSTI as u32;
 const TIOCLINUX: u32 = libc::TIOCLINUX as u32;
+
+const AF_INET: u32 = libc::AF_INET as u32;
+const AF_INET6: u32 = libc::AF_INET6 as u32;
+
+/// What replaces the `socket` row of [`RULES`] for a daemon whose
+/// configuration names a server it reaches over TCP (the supervisor with a
+/// PostgreSQL task store on another host): UNIX and IP sockets, nothing
+/// else. Landlock then still limits TCP to the configured ports.
+pub const SOCKET_UNIX_AND_IP: Rule = rule!(
+    socket,
+    When::ArgNotIn {
+        arg: 0,
+        values: &[AF_UNIX, AF_INET, AF_INET6]
+    },
+    Eperm,
+    "only AF_UNIX, AF_INET and AF_INET6 sockets: no netlink, packet, vsock or other families"
+);
 
 /// The policy. Review every change to this table.
 pub const RULES: &[Rule] = &[

@@ -31,7 +31,7 @@ pub enum Location {
     /// An SQLite file on this host.
     Sqlite(PathBuf),
     /// A PostgreSQL database.
-    Postgres(PgLocation),
+    Postgres(Box<PgLocation>),
 }
 
 impl Location {
@@ -40,7 +40,7 @@ impl Location {
     /// Anything else is `CONFIG_INVALID`.
     pub fn parse(value: &str) -> Result<Location, Error> {
         if tasks::postgres::is_url(value) {
-            return PgLocation::parse(value).map(Location::Postgres);
+            return PgLocation::parse(value).map(|l| Location::Postgres(Box::new(l)));
         }
         if value.contains("://") {
             return Err(Error::with(

@@ -29,7 +29,9 @@ impl Sup {
         let bus = PrivateBus::start().expect("dbus-daemon");
         let dir = tempfile::tempdir().unwrap();
         let settings = Settings {
-            database: dir.path().join("tasks.sqlite3"),
+            database: airlock_supervisor::daemon::Location::Sqlite(
+                dir.path().join("tasks.sqlite3"),
+            ),
             bus_address: Some(bus.address().to_owned()),
             authorizer: AuthorizerChoice::ForTests(authorizer),
             // The test process itself plays the worker.

@@ -6,7 +6,7 @@
 use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use airlock_proto::canonical::digest_of;
 use airlock_proto::task::{Outcome, RESULT_SCHEMA, TaskResult, TaskState, TaskSubmission};
-use airlock_taskdb::tasks::{Actor, ActorKind, TaskStore};
+use airlock_taskdb::tasks::{Actor, ActorKind, SqliteStore};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -65,7 +65,7 @@ fn submission(task: &str) -> TaskSubmission {
 }
 
 /// Drives a task to FAILED with its single attempt used.
-fn exhausted_task(store: &mut TaskStore, task: &str) {
+fn exhausted_task(store: &mut SqliteStore, task: &str) {
     store.submit(&submission(task), &actor()).unwrap();
     let worker = Actor {
         kind: ActorKind::Worker,
@@ -103,11 +103,11 @@ fn exhausted_task(store: &mut TaskStore, task: &str) {
 fn start_with(
     auth_id: Option<&str>,
     token: &str,
-    prepare: impl FnOnce(&mut TaskStore),
+    prepare: impl FnOnce(&mut SqliteStore),
 ) -> Result<Server, String> {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("tasks.sqlite3");
-    let mut store = TaskStore::open(&db).unwrap();
+    let mut store = SqliteStore::open(&db).unwrap();
     prepare(&mut store);
     drop(store);
     let config = dir.path().join("airlock.toml");
@@ -230,12 +230,12 @@ fn bearer(server: &Server) -> String {
 }
 
 fn verification_sha(server: &Server, task: &str) -> String {
-    let store = TaskStore::open(&server.db).unwrap();
+    let store = SqliteStore::open(&server.db).unwrap();
     digest_of(&store.get(task).unwrap().verification.unwrap_or(json!({}))).unwrap()
 }
 
 fn request(server: &Server, task: &str, key: &str) -> Value {
-    let store = TaskStore::open(&server.db).unwrap();
+    let store = SqliteStore::open(&server.db).unwrap();
     let t = store.get(task).unwrap();
     json!({
         "expected_status": "FAILED", "expected_revision": t.revision, "expected_attempt": t.attempt,
@@ -255,7 +255,7 @@ fn extend(server: &Server, task: &str, body: &Value) -> (u16, Value) {
 }
 
 fn extension_events(server: &Server, task: &str) -> Vec<Value> {
-    let store = TaskStore::open(&server.db).unwrap();
+    let store = SqliteStore::open(&server.db).unwrap();
     store
         .events(Some(task), 0, 1000)
         .unwrap()
@@ -331,7 +331,7 @@ fn extension_is_applied_under_cas_and_audited() {
     assert_eq!(out["status"], "QUEUED");
     assert_eq!(out["max_attempts"], 2);
     assert_eq!(out["idempotent"], false);
-    let t = TaskStore::open(&s.db).unwrap().get("task-a").unwrap();
+    let t = SqliteStore::open(&s.db).unwrap().get("task-a").unwrap();
     assert_eq!(
         (t.state, t.attempt, t.max_attempts),
         (TaskState::Queued, 1, 2)
@@ -353,12 +353,12 @@ fn identical_replay_gets_200_and_changes_nothing() {
     let s = start();
     let body = request(&s, "task-a", "retry-task-a-attempt2");
     assert_eq!(extend(&s, "task-a", &body).0, 201);
-    let before = TaskStore::open(&s.db).unwrap().get("task-a").unwrap();
+    let before = SqliteStore::open(&s.db).unwrap().get("task-a").unwrap();
     let (status, out) = extend(&s, "task-a", &body);
     assert_eq!(status, 200);
     assert_eq!(out["idempotent"], true);
     assert_eq!(
-        TaskStore::open(&s.db).unwrap().get("task-a").unwrap(),
+        SqliteStore::open(&s.db).unwrap().get("task-a").unwrap(),
         before
     );
     assert_eq!(extension_events(&s, "task-a").len(), 1);
@@ -368,7 +368,7 @@ fn identical_replay_gets_200_and_changes_nothing() {
 fn refusals_carry_the_seed_codes_and_change_nothing() {
     let s = start();
     let base = request(&s, "task-a", "retry-task-a-attempt2");
-    let before = TaskStore::open(&s.db).unwrap().get("task-a").unwrap();
+    let before = SqliteStore::open(&s.db).unwrap().get("task-a").unwrap();
     let cases: Vec<(Value, u16, &str)> = vec![
         (
             json!({"expected_status": "FAILED"}),
@@ -462,7 +462,7 @@ fn refusals_carry_the_seed_codes_and_change_nothing() {
         (404, "TASK_NOT_FOUND")
     );
     assert_eq!(
-        TaskStore::open(&s.db).unwrap().get("task-a").unwrap(),
+        SqliteStore::open(&s.db).unwrap().get("task-a").unwrap(),
         before
     );
     assert!(extension_events(&s, "task-a").is_empty());
@@ -686,6 +686,6 @@ fn fifty_concurrent_requests_apply_exactly_one_extension() {
     println!("50 concurrent: 1 applied, {replays} replays (200), {conflicts} conflicts (409)");
     assert_eq!(1 + replays + conflicts, 50);
     assert_eq!(extension_events(&s, "task-a").len(), 1);
-    let t = TaskStore::open(&s.db).unwrap().get("task-a").unwrap();
+    let t = SqliteStore::open(&s.db).unwrap().get("task-a").unwrap();
     assert_eq!(t.max_attempts, 2);
 }

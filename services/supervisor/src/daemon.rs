@@ -18,10 +18,10 @@ use crate::bus::tasks::Tasks;
 use crate::bus::worker::Worker;
 use crate::bus::{BUS_NAME, Info, OBJECT_PATH, Shared};
 use crate::ops::{Ops, Store};
-use crate::{notify, sweeper};
+use crate::{follow, notify, sweeper};
 use airlock_proto::{Code, Error};
+pub use airlock_taskdb::Location;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use zbus::fdo::{RequestNameFlags, RequestNameReply};
@@ -42,8 +42,8 @@ pub enum AuthorizerChoice {
 /// Everything the daemon needs, resolved from configuration and flags.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// The task store.
-    pub database: PathBuf,
+    /// The task store (an SQLite file, or PostgreSQL shared with other hosts).
+    pub database: Location,
     /// The bus to serve on; `None` = the system bus (`DBUS_SYSTEM_BUS_ADDRESS`
     /// or the standard socket).
     pub bus_address: Option<String>,
@@ -93,8 +93,17 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Resu
     run_with_reload(settings, shutdown, None).await
 }
 
-/// Fails the queued tasks of repositories no longer registered, announcing each.
+/// Fails the queued tasks of repositories no longer registered, announcing
+/// each. Not on a queue other hosts share: a repository this host does not
+/// serve may be another host's, whose tasks stay queued for it (this host
+/// only stops claiming them).
 async fn fail_unregistered(shared: &Shared, emitter: &SignalEmitter<'_>) {
+    if shared.ops.shared_queue() {
+        tracing::info!(
+            "shared queue: tasks of repositories this host does not serve stay queued for the hosts that serve them"
+        );
+        return;
+    }
     let Ok(_guard) = shared.inflight.enter() else {
         return;
     };
@@ -139,8 +148,13 @@ pub async fn run_with_reload(
     let unavailable =
         |what: &str, e: zbus::Error| Error::with(Code::RUNTIME_UNAVAILABLE, format!("{what}: {e}"));
 
-    let store = Store::open(&settings.database)?;
-    tracing::info!(database = %settings.database.display(), "task store open");
+    // The store's client blocks (SQLite, and the PostgreSQL client with its
+    // own small runtime): open it on the blocking pool, as every call runs.
+    let location = settings.database.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&location))
+        .await
+        .map_err(|e| Error::with(Code::INTERNAL, format!("opening the store: {e}")))??;
+    tracing::info!(database = %settings.database.describe(), "task store open");
 
     let builder = match &settings.bus_address {
         Some(addr) => zbus::connection::Builder::address(addr.as_str()),
@@ -173,7 +187,8 @@ pub async fn run_with_reload(
         lease_seconds: settings.lease_seconds,
         worker_uid: settings.worker_uid,
     };
-    let ops = Ops::new(store.clone(), settings.lease_seconds, settings.auto_accept);
+    let ops = Ops::new(store.clone(), settings.lease_seconds, settings.auto_accept)
+        .with_shared_queue(matches!(settings.database, Location::Postgres(_)));
     let peers = PeerUids {
         worker: settings.worker_uid,
         retry: settings.retry_uid,
@@ -203,6 +218,16 @@ pub async fn run_with_reload(
     let emitter = SignalEmitter::new(&conn, OBJECT_PATH)
         .map_err(|e| unavailable("signal emitter", e))?
         .into_owned();
+
+    // Shared with other hosts: their changes become TaskChanged here, from
+    // before this supervisor announces itself.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let follower = match &settings.database {
+        Location::Postgres(pg) => {
+            Some(follow::start((**pg).clone(), emitter.clone(), stop_rx.clone()).await)
+        }
+        Location::Sqlite(_) => None,
+    };
 
     sweeper::sweep_once(&shared, &emitter).await;
     // A repository removed while the supervisor was down: its queued tasks fail.
@@ -257,12 +282,11 @@ pub async fn run_with_reload(
             }
         })
     });
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sweeper = tokio::spawn(sweeper::run(
         Arc::clone(&shared),
-        emitter,
+        emitter.clone(),
         settings.sweep_interval,
-        stop_rx,
+        stop_rx.clone(),
     ));
     let watchdog = notify::watchdog_interval().map(|every| {
         tracing::info!("watchdog ping every {} ms", every.as_millis());
@@ -285,6 +309,9 @@ pub async fn run_with_reload(
     let _ = sweeper.await;
     if let Some(r) = reloader {
         r.abort();
+    }
+    if let Some(f) = follower {
+        let _ = f.await;
     }
     if let Some(w) = watchdog {
         w.abort();

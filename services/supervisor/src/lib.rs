@@ -4,8 +4,8 @@
 //!  planner / airlockctl ──Tasks1──▶ ┌──────────────────────────────┐
 //!      (polkit decides)             │ airlock-supervisor (airlock) │──▶ task store (SQLite)
 //!  airlock-worker ───────Worker1──▶ │  org.airlock.Supervisor1     │
-//!  airlock-retryd ────────Retry1──▶ │                              │
-//!      (peer uid decides)           └──────────────────────────────┘
+//!  airlock-retryd ────────Retry1──▶ │                              │   (or PostgreSQL,
+//!      (peer uid decides)           └──────────────────────────────┘    shared by hosts)
 //! ```
 //!
 //! Modules, in the order a call meets them:
@@ -21,12 +21,15 @@
 //! - [`ops`]: what each method does to the task store, each operation
 //!   demanding the token of its permission;
 //! - [`sweeper`]: expired leases back to the queue, or failed;
+//! - [`follow`]: with a PostgreSQL store, other hosts' changes as
+//!   `TaskChanged` on this bus;
 //! - [`notify`]: READY, STATUS, STOPPING, WATCHDOG;
 //! - [`daemon`]: start-up and orderly shutdown.
 
 pub mod authz;
 pub mod bus;
 pub mod daemon;
+pub mod follow;
 pub mod notify;
 pub mod ops;
 pub mod sweeper;

@@ -8,6 +8,7 @@ use airlock_supervisor::authz::local::LocalAuthorizer;
 #[cfg(feature = "test-authorizers")]
 use airlock_supervisor::authz::testing::TestAuthorizer;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use airlock_taskdb::Location;
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,16 +28,30 @@ use std::time::Duration;
     name = "airlock-supervisor",
     version,
     max_term_width = 100,
-    after_help = "Environment:\n  AIRLOCK_LOG              log filter (default: info), e.g. airlock=debug\n  DBUS_SYSTEM_BUS_ADDRESS  the system bus, when --bus-address is not given\n  NOTIFY_SOCKET, WATCHDOG_USEC  set by systemd: READY/STATUS/STOPPING, watchdog at half the period\n\nExit status: 0 after an orderly stop; otherwise the error catalogue's exit code (3 bad configuration, 9 bus or store unavailable, ...)."
+    after_help = "Environment:\n  AIRLOCK_LOG              log filter (default: info), e.g. airlock=debug\n  DBUS_SYSTEM_BUS_ADDRESS  the system bus, when --bus-address is not given\n  CREDENTIALS_DIRECTORY    set by systemd (LoadCredential=): a PostgreSQL task store's password is read from its file airlock-database-password\n  NOTIFY_SOCKET, WATCHDOG_USEC  set by systemd: READY/STATUS/STOPPING, watchdog at half the period\n\nExit status: 0 after an orderly stop; otherwise the error catalogue's exit code (3 bad configuration, 9 bus or store unavailable, ...)."
 )]
 struct Args {
     /// Configuration file (the [supervisor] section is used).
     #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
     config: PathBuf,
 
-    /// Task store to use instead of [supervisor] database.
+    /// Task store to use instead of [supervisor] database: an SQLite file's
+    /// absolute path, or a postgresql:// URL without a password.
+    #[arg(long, value_name = "PATH|URL")]
+    db: Option<String>,
+
+    /// File holding the PostgreSQL password, instead of the systemd
+    /// credential $CREDENTIALS_DIRECTORY/airlock-database-password. Never
+    /// put the password in the configuration file or the URL.
     #[arg(long, value_name = "PATH")]
-    db: Option<PathBuf>,
+    database_password_file: Option<PathBuf>,
+
+    /// Bring a PostgreSQL task store's schema up to this version and exit.
+    /// Run it as the schema's owner (e.g. --db
+    /// postgresql://airlock_owner@HOST/airlock) before starting upgraded
+    /// supervisors whose role may not change the schema.
+    #[arg(long)]
+    migrate: bool,
 
     /// D-Bus address to serve on instead of the system bus
     /// (e.g. unix:path=/tmp/bus/socket). Without it, DBUS_SYSTEM_BUS_ADDRESS
@@ -110,6 +125,58 @@ fn authorizer(name: &str, local_users: &[String]) -> Result<AuthorizerChoice, Er
     }
 }
 
+/// The systemd credential that holds a PostgreSQL task store's password.
+const PASSWORD_CREDENTIAL: &str = "airlock-database-password";
+
+/// Where the task store is, with a PostgreSQL password read from
+/// `--database-password-file` or the systemd credential (absent: no
+/// password, e.g. peer authentication on a UNIX socket).
+fn location(args: &Args, configured: &std::path::Path) -> Result<Location, Error> {
+    let value = match &args.db {
+        Some(v) => v.clone(),
+        None => configured.to_string_lossy().into_owned(),
+    };
+    let location = Location::parse(&value)?;
+    let Location::Postgres(pg) = location else {
+        return Ok(location);
+    };
+    let file = match (
+        &args.database_password_file,
+        std::env::var_os("CREDENTIALS_DIRECTORY"),
+    ) {
+        (Some(f), _) => Some(f.clone()),
+        (None, Some(dir)) => Some(PathBuf::from(dir).join(PASSWORD_CREDENTIAL)),
+        (None, None) => None,
+    };
+    let password = match file {
+        None => None,
+        Some(f) => match std::fs::read(&f) {
+            Ok(bytes) => Some(bytes),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && args.database_password_file.is_none() =>
+            {
+                None
+            }
+            Err(e) => {
+                return Err(Error::with(
+                    Code::CONFIG_INVALID,
+                    format!("reading the database password from {}: {e}", f.display()),
+                ));
+            }
+        },
+    };
+    Ok(Location::Postgres(Box::new(match password {
+        Some(mut bytes) => {
+            while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                bytes.pop();
+            }
+            pg.with_password(&bytes)
+        }
+        None => *pg,
+    })))
+}
+
 fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
     let config = load_config(&args.config)?;
     let sup = &config.supervisor;
@@ -130,7 +197,7 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
     let worker_user = args.worker_user.as_deref().unwrap_or(&sup.worker_user);
     let retry_user = args.retry_user.as_deref().unwrap_or(&config.retry.user);
     let settings = Settings {
-        database: args.db.clone().unwrap_or_else(|| sup.database.clone()),
+        database: location(args, &sup.database)?,
         bus_address: args.bus_address.clone(),
         authorizer,
         worker_uid: uid_of("supervisor.worker_user", worker_user)?,
@@ -168,23 +235,47 @@ fn fail(e: &Error) -> ExitCode {
 }
 
 /// The supervisor's lockdown (`Role::Supervisor` in airlock_sandbox::role).
-/// The store is opened, and the bus connected, after it: the database's
-/// directory is granted, and Landlock (at the ABI requested) does not check
-/// connect(2) to the bus socket.
+/// The store is opened, and the bus connected, after it: an SQLite
+/// database's directory is granted; a PostgreSQL store over TCP gets IP
+/// sockets, TCP connect to its ports and the name-resolution files; over a
+/// UNIX socket nothing more (Landlock, at the ABI requested, does not check
+/// connect(2) to pathname sockets, the bus's included).
 fn confine(settings: &Settings, drop_ins: &std::path::Path) -> Result<(), Error> {
-    let dir = match settings.database.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    // The store creates its directory; so must we, to grant it.
-    let _ = std::fs::create_dir_all(&dir);
-    let paths = Paths::new()
-        .with(Slot::DatabaseDir, dir)
-        .with(Slot::DropInDir, drop_ins.to_path_buf());
+    let paths = match &settings.database {
+        Location::Sqlite(path) => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            // The store creates its directory; so must we, to grant it.
+            let _ = std::fs::create_dir_all(&dir);
+            Paths::new().with(Slot::DatabaseDir, dir)
+        }
+        Location::Postgres(pg) if pg.uses_tcp() => Paths::new().with_tcp_connect(pg.ports()),
+        Location::Postgres(_) => Paths::new(),
+    }
+    .with(Slot::DropInDir, drop_ins.to_path_buf());
     let report = lockdown(Role::Supervisor, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
     tracing::info!("{report}");
     Ok(())
+}
+
+/// `--migrate`: the PostgreSQL schema to this build's version.
+fn migrate(location: &Location) -> ExitCode {
+    let Location::Postgres(pg) = location else {
+        return fail(&Error::with(
+            Code::CONFIG_INVALID,
+            "--migrate is for a PostgreSQL task store (an SQLite store migrates itself when opened)",
+        ));
+    };
+    match airlock_taskdb::tasks::postgres::migrate_at(pg) {
+        Ok(version) => {
+            println!("{pg}: schema at version {version}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&airlock_supervisor::ops::store_error(e)),
+    }
 }
 
 fn main() -> ExitCode {
@@ -204,6 +295,9 @@ fn main() -> ExitCode {
     if args.check_config {
         println!("{settings:#?}");
         return ExitCode::SUCCESS;
+    }
+    if args.migrate {
+        return migrate(&settings.database);
     }
     // Confinement, before the runtime starts any thread: bounding set,
     // no_new_privs, rlimits, Landlock (the database's directory), seccomp.

@@ -2,19 +2,19 @@
 //!
 //! Each operation takes the [`Authorized`] token of the permission it needs,
 //! so a handler cannot reach the task store without having passed the
-//! [`crate::authz::Gatekeeper`]. The store itself is synchronous SQLite; it
-//! runs on the blocking pool behind one mutex, one short transaction at a
-//! time (`BEGIN IMMEDIATE`, `synchronous=FULL`): a reply is sent only after
-//! its change is durable.
+//! [`crate::authz::Gatekeeper`]. The store ([`airlock_taskdb::tasks::TaskStore`]:
+//! SQLite, or PostgreSQL shared with other hosts) is synchronous; it runs
+//! on the blocking pool behind one mutex, one short transaction at a time:
+//! a reply is sent only after its change is committed (SQLite
+//! `synchronous=FULL`; PostgreSQL's commit).
 
 use crate::authz::{Authorized, Manage, Read, Retry, Submit, Worker};
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, Decision, TaskResult, TaskState, TaskSubmission, TaskView};
 use airlock_proto::{Code, Error};
-use airlock_taskdb::StoreError;
 use airlock_taskdb::tasks::{Event, QueueSummary, ResultReceipt, Submitted, TaskStore};
-use std::path::Path;
+use airlock_taskdb::{Location, StoreError};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Converts a store error to the catalogue error that crosses the bus.
@@ -28,14 +28,13 @@ pub fn store_error(e: StoreError) -> Error {
 /// The task store, shared by every handler.
 #[derive(Clone, Debug)]
 pub struct Store {
-    inner: Arc<Mutex<TaskStore>>,
+    inner: Arc<Mutex<Box<dyn TaskStore>>>,
 }
 
 impl Store {
-    /// Opens the store at `path` and checks its integrity.
-    pub fn open(path: &Path) -> Result<Self, Error> {
-        let store = TaskStore::open(path).map_err(store_error)?;
-        store.integrity_check().map_err(store_error)?;
+    /// Opens the store at `location` and checks its integrity.
+    pub fn open(location: &Location) -> Result<Self, Error> {
+        let store = airlock_taskdb::open(location).map_err(store_error)?;
         Ok(Store {
             inner: Arc::new(Mutex::new(store)),
         })
@@ -46,12 +45,12 @@ impl Store {
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T, Error>
     where
         T: Send + 'static,
-        F: FnOnce(&mut TaskStore) -> T + Send + 'static,
+        F: FnOnce(&mut dyn TaskStore) -> T + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             let mut store = inner.lock().unwrap_or_else(PoisonError::into_inner);
-            f(&mut store)
+            f(store.as_mut())
         })
         .await
         .map_err(|e| Error::with(Code::INTERNAL, format!("store task failed: {e}")))
@@ -60,7 +59,7 @@ impl Store {
     async fn call<T, F>(&self, f: F) -> Result<T, Error>
     where
         T: Send + 'static,
-        F: FnOnce(&mut TaskStore) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&mut dyn TaskStore) -> Result<T, StoreError> + Send + 'static,
     {
         self.run(f).await?.map_err(store_error)
     }
@@ -72,6 +71,7 @@ pub struct Ops {
     store: Store,
     lease_ms: i64,
     auto_accept: bool,
+    shared_queue: bool,
 }
 
 impl Ops {
@@ -82,7 +82,20 @@ impl Ops {
             store,
             lease_ms: i64::from(lease_seconds) * 1000,
             auto_accept,
+            shared_queue: false,
         }
+    }
+
+    /// Marks the store as a queue other hosts share (PostgreSQL): a
+    /// repository this host stops serving may still be served by others.
+    pub fn with_shared_queue(mut self, shared: bool) -> Self {
+        self.shared_queue = shared;
+        self
+    }
+
+    /// Whether other hosts share this queue.
+    pub fn shared_queue(&self) -> bool {
+        self.shared_queue
     }
 
     /// SubmitTask.
@@ -168,11 +181,19 @@ impl Ops {
             .await
     }
 
-    /// Claim.
-    pub async fn claim(&self, auth: &Authorized<Worker>) -> Result<Option<ClaimGrant>, Error> {
+    /// Claim: the oldest claimable task of `repositories` (the ones this
+    /// host serves now: on a queue shared with other hosts, another host's
+    /// repositories are not ours to claim).
+    pub async fn claim(
+        &self,
+        auth: &Authorized<Worker>,
+        repositories: Vec<String>,
+    ) -> Result<Option<ClaimGrant>, Error> {
         let actor = auth.actor().clone();
         let lease_ms = self.lease_ms;
-        self.store.call(move |s| s.claim(&actor, lease_ms)).await
+        self.store
+            .call(move |s| s.claim_in(&actor, lease_ms, Some(&repositories)))
+            .await
     }
 
     /// Renew.

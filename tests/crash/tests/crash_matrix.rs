@@ -62,7 +62,7 @@ use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::bundle::request_id_for;
 use airlock_proto::task::{TaskState, TaskView};
-use airlock_taskdb::tasks::{EventOutcome, TaskStore};
+use airlock_taskdb::tasks::{EventOutcome, SqliteStore};
 use rand::Rng;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -541,7 +541,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         }
     }
     // Accepted results, from the store's events.
-    let store = TaskStore::open(&h.suite.layout.tasks_db()).unwrap();
+    let store = SqliteStore::open(&h.suite.layout.tasks_db()).unwrap();
     store.integrity_check().unwrap();
     let mut accepted: BTreeMap<String, usize> = BTreeMap::new();
     let mut after = 0;

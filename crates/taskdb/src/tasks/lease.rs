@@ -314,7 +314,7 @@ impl<B: Backend> Store<B> {
     /// byte-identical canonical result is an idempotent replay (even after
     /// the task moved on), another result is `RESULT_IDEMPOTENCY_CONFLICT`.
     /// Otherwise the caller must hold the current, unexpired lease (see
-    /// [`TaskStore::renew`] for the codes), and the result's `task_id`,
+    /// [`Store::renew`] for the codes), and the result's `task_id`,
     /// `attempt`, `execution_digest` and `target_branch` must be the task's
     /// and its outcome must fit the envelope's action (`MESSAGE_INVALID`
     /// otherwise: with the lease proven, a disagreeing result is a malformed

@@ -174,6 +174,16 @@ impl PgLocation {
             || !self.config.get_hostaddrs().is_empty()
     }
 
+    /// The TCP ports it may connect to (5432 when the URL names none).
+    pub fn ports(&self) -> Vec<u16> {
+        let ports = self.config.get_ports();
+        if ports.is_empty() {
+            vec![5432]
+        } else {
+            ports.to_vec()
+        }
+    }
+
     /// The UNIX socket directories it connects through.
     pub fn socket_dirs(&self) -> Vec<PathBuf> {
         self.config
@@ -217,7 +227,15 @@ impl std::fmt::Display for PgFailure {
                 }
                 Ok(())
             }
-            None => write!(f, "{}", self.0),
+            None => {
+                write!(f, "{}", self.0)?;
+                let mut source = std::error::Error::source(&self.0);
+                while let Some(e) = source {
+                    write!(f, ": {e}")?;
+                    source = e.source();
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -29,7 +29,8 @@ impl<B: Backend> Store<B> {
     ///    authorization id (`TASK_RETRY_AUTHORIZATION_ID_MISSING`/`_INVALID`);
     /// 3. `RETRY_EXTENSION_AUTHORIZATION_ID_MISMATCH` when the request's id
     ///    is not the configured one;
-    /// 4. in one immediate transaction: a stored extension with the same
+    /// 4. in one transaction (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: the
+    ///    task row locked `FOR UPDATE`): a stored extension with the same
     ///    `(task_id, idempotency_key)` is replayed (`idempotent: true`, the
     ///    stored values) when its request SHA-256 matches, else
     ///    `RETRY_EXTENSION_IDEMPOTENCY_CONFLICT`;

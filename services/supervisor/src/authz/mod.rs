@@ -466,7 +466,10 @@ mod tests {
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.sqlite3")).unwrap();
+        let store = Store::open(&airlock_taskdb::Location::Sqlite(
+            dir.path().join("t.sqlite3"),
+        ))
+        .unwrap();
         (dir, store)
     }
 

@@ -235,7 +235,7 @@ fn main() {
     let bus = PrivateBus::start().expect("start dbus-daemon (apt-get install dbus)");
     let dir = tempfile::tempdir().expect("temp dir");
     let settings = Settings {
-        database: dir.path().join("tasks.sqlite3"),
+        database: airlock_taskdb::Location::Sqlite(dir.path().join("tasks.sqlite3")),
         bus_address: Some(bus.address().to_owned()),
         // The benchmark is its own admin: the local authoriser, no polkit.
         authorizer: AuthorizerChoice::Local(LocalAuthorizer::new([nix::unistd::getuid().as_raw()])),

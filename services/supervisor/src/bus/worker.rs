@@ -49,7 +49,11 @@ impl Worker {
             .gate
             .authorize_peer::<WorkerPermission>(&caller, ev, None)
             .await?;
-        let grant = self.shared.ops.claim(&auth).await?;
+        let grant = self
+            .shared
+            .ops
+            .claim(&auth, self.shared.repositories())
+            .await?;
         if let Some(g) = &grant {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(g.task_id.clone()).await {
                 announce(&emitter, &g.task_id, state, revision).await;

@@ -43,6 +43,9 @@ pub struct Opts {
     pub run_as: Option<(u32, &'static str)>,
     /// More bus policy files to include.
     pub extra_policies: Vec<PathBuf>,
+    /// `[supervisor] database` instead of an SQLite file in the test's
+    /// directory (e.g. a postgresql:// URL).
+    pub database: Option<String>,
 }
 
 impl Default for Opts {
@@ -56,6 +59,7 @@ impl Default for Opts {
             env: vec![],
             run_as: None,
             extra_policies: vec![],
+            database: None,
         }
     }
 }
@@ -104,7 +108,10 @@ renew_interval_seconds = 5
 name = "demo"
 path = "/srv/git/demo.git"
 "#,
-                db = db.display(),
+                db = opts
+                    .database
+                    .clone()
+                    .unwrap_or_else(|| db.display().to_string()),
                 lease = opts.lease_seconds,
                 sweep = opts.sweep_interval_seconds,
                 auto = opts.auto_accept,
@@ -250,8 +257,8 @@ path = "/srv/git/demo.git"
     }
 
     /// Opens the task store directly (a second connection; WAL).
-    pub fn store(&self) -> airlock_taskdb::tasks::TaskStore {
-        airlock_taskdb::tasks::TaskStore::open(&self.db).unwrap()
+    pub fn store(&self) -> airlock_taskdb::tasks::SqliteStore {
+        airlock_taskdb::tasks::SqliteStore::open(&self.db).unwrap()
     }
 
     pub fn dir(&self) -> &Path {
