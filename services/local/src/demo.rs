@@ -39,11 +39,16 @@ fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
 
 /// Makes `repos/demo.git` (once): a tiny Python project whose `add` subtracts.
 pub fn create_repository(layout: &Layout, ids: &Ids) -> Result<(), String> {
-    let bare = layout.repos().join("demo.git");
+    create_repository_at(&layout.repos(), ids)
+}
+
+/// Makes the demo repository `demo.git` in `repos` unless it exists.
+pub fn create_repository_at(repos: &std::path::Path, ids: &Ids) -> Result<(), String> {
+    let bare = repos.join("demo.git");
     if bare.exists() {
         return Ok(());
     }
-    let work = layout.path("repos/.demo-work");
+    let work = repos.join(".demo-work");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
     git(&work, &["init", "-q", "-b", "main"])?;
@@ -52,7 +57,7 @@ pub fn create_repository(layout: &Layout, ids: &Ids) -> Result<(), String> {
     git(&work, &["add", "-A"])?;
     git(&work, &["commit", "-q", "-m", "calc: add two numbers"])?;
     git(
-        layout.repos().as_path(),
+        repos,
         &[
             "clone",
             "-q",

@@ -36,6 +36,9 @@ pub struct Spec {
     pub id: Id,
     /// Run in a fresh network namespace (the executor: only `lo` exists).
     pub new_netns: bool,
+    /// Join this network namespace (`/run/netns/NAME`) first (root only):
+    /// the stack's own "host".
+    pub netns: Option<PathBuf>,
 }
 
 impl Fleet {
@@ -67,7 +70,17 @@ impl Fleet {
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
+        if spec.netns.is_some() && !ids.separated {
+            return Err(std::io::Error::other(
+                "joining a network namespace needs root",
+            ));
+        }
         if ids.separated {
+            // Opened before the fork: the child only calls setns(2) on it.
+            let host_netns = match &spec.netns {
+                Some(path) => Some(File::open(path)?),
+                None => None,
+            };
             let groups: Vec<Gid> = std::iter::once(spec.id.gid)
                 .chain(ids.groups(spec.id))
                 .map(Gid::from_raw)
@@ -75,11 +88,14 @@ impl Fleet {
             let (uid, gid) = (Uid::from_raw(spec.id.uid), Gid::from_raw(spec.id.gid));
             let netns = spec.new_netns;
             // SAFETY: the closure runs in the forked child before exec and
-            // only makes system calls (unshare, setgroups, setresgid,
+            // only makes system calls (setns, unshare, setgroups, setresgid,
             // setresuid, prctl) on values prepared before the fork; it
             // allocates nothing and takes no lock.
             unsafe {
                 cmd.pre_exec(move || {
+                    if let Some(ns) = &host_netns {
+                        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+                    }
                     if netns {
                         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
                     }

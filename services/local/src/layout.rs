@@ -237,6 +237,11 @@ pub fn chown_tree(path: &Path, who: Id, ids: &Ids) -> std::io::Result<()> {
 /// The configuration every component reads.
 pub fn config_text(layout: &Layout, ids: &Ids, tuning: &crate::Tuning) -> String {
     let p = |rel: &str| layout.path(rel).display().to_string();
+    let db = match &tuning.shared_store {
+        Some(store) => store.url.clone(),
+        None => layout.tasks_db().display().to_string(),
+    };
+    let repos = tuning.repos.clone().unwrap_or_else(|| layout.repos());
     format!(
         r#"# Written by airlock-local for this state directory only.
 [supervisor]
@@ -270,7 +275,7 @@ name = "demo"
 path = "{repo}"
 description = "sample repository made by airlock-local demo"
 {extra}"#,
-        db = layout.tasks_db().display(),
+        db = db,
         worker_uid = ids.name(ids.worker),
         admin = ids.name(ids.admin),
         retry_user = ids.name(ids.retry),
@@ -278,15 +283,15 @@ description = "sample repository made by airlock-local demo"
         journal = p("worker/checkpoints.sqlite3"),
         workspaces = p("worker/workspaces"),
         spool = layout.spool().display(),
-        repo = layout.repos().join("demo.git").display(),
-        repos = layout.repos().display(),
+        repo = repos.join("demo.git").display(),
+        repos = repos.display(),
         extra = tuning
             .repositories
             .iter()
             .map(|(name, _)| {
                 format!(
                     "\n[[repository]]\nname = \"{name}\"\npath = \"{}\"\ndescription = \"imported by airlock-local up --repo {name}=…\"\n",
-                    layout.repos().join(format!("{name}.git")).display(),
+                    repos.join(format!("{name}.git")).display(),
                 )
             })
             .collect::<String>(),

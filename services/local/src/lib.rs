@@ -56,6 +56,35 @@ pub struct Tuning {
     /// path of a git repository, bare or not). Each is imported into the
     /// state directory, where the worker is its only writer.
     pub repositories: Vec<(String, PathBuf)>,
+    /// A task store shared with other stacks (default: an SQLite file in
+    /// the state directory).
+    pub shared_store: Option<SharedStore>,
+    /// The directory of the authority repositories, when other stacks
+    /// share it (default: `repos/` in the state directory). The demo
+    /// repository is made there unless it exists.
+    pub repos: Option<PathBuf>,
+    /// A network namespace (`/run/netns/NAME`) every component joins, so
+    /// that the stack is a host of its own (root only). The executor then
+    /// makes its own namespace inside it.
+    pub netns: Option<PathBuf>,
+}
+
+/// A PostgreSQL task store several stacks share.
+#[derive(Clone)]
+pub struct SharedStore {
+    /// `postgresql://` URL of the supervisors' role (no password).
+    pub url: String,
+    /// That role's password, handed to the supervisor as the systemd
+    /// credential `airlock-database-password` would be.
+    pub password: String,
+}
+
+impl std::fmt::Debug for SharedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedStore")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Tuning {
@@ -64,6 +93,9 @@ impl Default for Tuning {
             lease_seconds: 60,
             parallel_tasks: 2,
             repositories: Vec::new(),
+            shared_store: None,
+            repos: None,
+            netns: None,
         }
     }
 }
@@ -107,6 +139,28 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
         },
     )
     .map_err(|e| format!("{}: {e}", layout.config().display()))?;
+    // A shared store's password, as systemd's LoadCredential= would hand
+    // it over: a file only the supervisor's uid may read.
+    let mut supervisor_env = vec![];
+    if let Some(store) = &tuning.shared_store {
+        let creds = layout.path("credentials");
+        std::fs::create_dir_all(&creds).map_err(|e| e.to_string())?;
+        layout::chown_tree(&creds, ids.supervisor, &ids).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o500))
+            .map_err(|e| e.to_string())?;
+        layout::file(
+            &creds.join("airlock-database-password"),
+            store.password.as_bytes(),
+            0o400,
+            ids.supervisor,
+            &ids,
+        )
+        .map_err(|e| e.to_string())?;
+        supervisor_env.push((
+            "CREDENTIALS_DIRECTORY".to_owned(),
+            creds.display().to_string(),
+        ));
+    }
     let mut token = [0u8; 32];
     getrandom::getrandom(&mut token).map_err(|e| e.to_string())?;
     layout::file(
@@ -117,7 +171,8 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
         &ids,
     )
     .map_err(|e| e.to_string())?;
-    demo::create_repository(&layout, &ids)?;
+    let repos = tuning.repos.clone().unwrap_or_else(|| layout.repos());
+    demo::create_repository_at(&repos, &ids)?;
     for (name, path) in &tuning.repositories {
         import::repository(&layout, &ids, name, path)?;
     }
@@ -141,9 +196,10 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                     s("--bus-address"),
                     address.clone(),
                 ],
-                env: vec![],
+                env: supervisor_env,
                 id: ids.supervisor,
                 new_netns: false,
+                netns: tuning.netns.clone(),
             },
             &ids,
             &logs,
@@ -172,6 +228,7 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                 env: vec![],
                 id: ids.executor,
                 new_netns: true,
+                netns: tuning.netns.clone(),
             },
             &ids,
             &logs,
@@ -193,6 +250,7 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                 env: vec![],
                 id: ids.worker,
                 new_netns: false,
+                netns: tuning.netns.clone(),
             },
             &ids,
             &logs,
@@ -214,6 +272,7 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                 env: vec![],
                 id: ids.retry,
                 new_netns: false,
+                netns: tuning.netns.clone(),
             },
             &ids,
             &logs,

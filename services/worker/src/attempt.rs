@@ -43,10 +43,11 @@ pub struct WorkerSettings {
     pub result_slack: Duration,
     /// How often a lease is renewed.
     pub renew_interval: Duration,
-    /// Fault injection for the crash matrix: SIGKILL this process at this
-    /// point (env AIRLOCK_FAULT_KILL_AFTER; see [`crate::fault`]).
+    /// Fault injection for the crash matrix: SIGKILL (or SIGSTOP) this
+    /// process at this point (env AIRLOCK_FAULT_KILL_AFTER or
+    /// AIRLOCK_FAULT_STOP_AT; see [`crate::fault`]).
     #[cfg(feature = "fault-injection")]
-    pub fault: Option<crate::fault::FaultPoint>,
+    pub fault: Option<crate::fault::Armed>,
 }
 
 /// A claimed attempt the worker holds a lease for.
@@ -627,8 +628,14 @@ impl Worker {
     }
 
     /// Builds the governed commit and moves the branch by CAS. The commit
-    /// message names the task, generation and execution digest but not the
-    /// attempt, so every attempt of one plan converges on one commit.
+    /// message names the task, generation and execution digest but nothing
+    /// of the attempt — not its number, nor the executor's result digest,
+    /// which covers the commands' durations and so differs per attempt —
+    /// so every attempt of one plan converges on one commit. (With the
+    /// digest in it, an attempt superseded after its ref update, e.g. a
+    /// worker paused past its lease while another host took the task over,
+    /// left a commit no later attempt could match: REF_CAS_MISMATCH until
+    /// the task failed. The multi-host crash matrix found it.)
     fn commit(&self, env: &Envelope, rid: &str, exec_sha: &str) -> Step<String> {
         let result = self.read_result(env, rid, Some(exec_sha))?;
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -651,8 +658,8 @@ impl Worker {
         }
         let b = &env.binding;
         let message = format!(
-            "airlock: {} (job {}, generation {})\n\nexecution-digest: {}\nexec-result-sha256: {}\ngoverned-by: airlock",
-            b.task_id, b.job_id, b.generation, env.execution_digest, exec_sha
+            "airlock: {} (job {}, generation {})\n\nexecution-digest: {}\ngoverned-by: airlock",
+            b.task_id, b.job_id, b.generation, env.execution_digest
         );
         let scratch = self.scratch(rid)?;
         let repo = self.repo(env, &scratch)?;

@@ -12,15 +12,42 @@
 //! - `result_accepted`: after the supervisor accepted the result
 //!   (SubmitResult returned OK), before `result_submitted` is appended.
 //!
-//! An unknown name is a start-up error. Before raising SIGKILL the worker
-//! writes `fault injection: SIGKILL at <point> task <task>` to stderr, so
-//! the harness can tell this kill from any other.
+//! `AIRLOCK_FAULT_STOP_AT=<point>` instead makes it SIGSTOP itself the
+//! first time it passes `<point>` (once per process): a worker paused past
+//! its lease, as a long GC pause, a frozen VM or a partition would leave it,
+//! which continues where it stopped when the harness sends SIGCONT.
+//!
+//! An unknown name is a start-up error, and so is setting both. Before
+//! raising the signal the worker writes `fault injection: SIGKILL at
+//! <point> task <task>` (or `SIGSTOP`) to stderr, so the harness can tell
+//! this fault from any other.
 
 use airlock_proto::checkpoint::Phase;
 use airlock_proto::{Code, Error};
 
 /// The environment variable naming the fault point.
 pub const ENV: &str = "AIRLOCK_FAULT_KILL_AFTER";
+
+/// The environment variable naming the point to stop (SIGSTOP) at.
+pub const STOP_ENV: &str = "AIRLOCK_FAULT_STOP_AT";
+
+/// What happens at the armed point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// SIGKILL: the process dies there.
+    Kill,
+    /// SIGSTOP, once: the process pauses there until SIGCONT.
+    Stop,
+}
+
+/// A fault point and what happens there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Armed {
+    /// Where.
+    pub point: FaultPoint,
+    /// What.
+    pub action: Action,
+}
 
 /// Where the worker may kill itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,28 +87,67 @@ impl FaultPoint {
         }
     }
 
-    /// The fault point the environment names, if any.
-    pub fn from_env() -> Result<Option<Self>, Error> {
-        match std::env::var(ENV) {
-            Ok(name) => {
-                let point = FaultPoint::parse(&name)?;
-                tracing::warn!(
-                    "FAULT INJECTION ACTIVE: this worker kills itself at {}",
-                    point.as_str()
-                );
-                Ok(Some(point))
-            }
+    /// The fault the environment arms, if any.
+    pub fn from_env() -> Result<Option<Armed>, Error> {
+        let read = |var: &str| match std::env::var(var) {
+            Ok(name) => FaultPoint::parse(&name).map(Some),
             Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(e) => Err(Error::with(Code::CONFIG_INVALID, format!("{ENV}: {e}"))),
+            Err(e) => Err(Error::with(Code::CONFIG_INVALID, format!("{var}: {e}"))),
+        };
+        let armed = match (read(ENV)?, read(STOP_ENV)?) {
+            (Some(_), Some(_)) => {
+                return Err(Error::with(
+                    Code::CONFIG_INVALID,
+                    format!("{ENV} and {STOP_ENV} are both set; arm one fault at a time"),
+                ));
+            }
+            (Some(point), None) => Some(Armed {
+                point,
+                action: Action::Kill,
+            }),
+            (None, Some(point)) => Some(Armed {
+                point,
+                action: Action::Stop,
+            }),
+            (None, None) => None,
+        };
+        if let Some(a) = armed {
+            tracing::warn!(
+                "FAULT INJECTION ACTIVE: this worker {} itself at {}",
+                match a.action {
+                    Action::Kill => "kills",
+                    Action::Stop => "stops",
+                },
+                a.point.as_str()
+            );
         }
+        Ok(armed)
     }
 }
 
-/// SIGKILLs this process when `armed` is `here`.
-pub fn hit(armed: Option<FaultPoint>, here: FaultPoint, task: &str) {
-    if armed == Some(here) {
-        eprintln!("fault injection: SIGKILL at {} task {task}", here.as_str());
-        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+/// Whether a stop fault already fired in this process.
+static STOPPED_ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// SIGKILLs (or, once, SIGSTOPs) this process when `armed` is at `here`.
+pub fn hit(armed: Option<Armed>, here: FaultPoint, task: &str) {
+    let Some(armed) = armed.filter(|a| a.point == here) else {
+        return;
+    };
+    match armed.action {
+        Action::Kill => {
+            eprintln!("fault injection: SIGKILL at {} task {task}", here.as_str());
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+        Action::Stop => {
+            if !STOPPED_ONCE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                eprintln!("fault injection: SIGSTOP at {} task {task}", here.as_str());
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+                eprintln!(
+                    "fault injection: resumed after SIGSTOP at {} task {task}",
+                    here.as_str()
+                );
+            }
+        }
     }
 }
 
