@@ -22,9 +22,13 @@
 #                    the systemd testbed (tests/systemd): a minimal Debian
 #                    root, booted with systemd-nspawn
 #   iproute2, libcap2-bin
-#                    the escape suite: ip netns and a veth peer; setcap
+#                    the escape suite: ip netns and a veth peer; setcap;
+#                    the multi-host crash matrix: a network namespace per host
+#   postgresql       the PostgreSQL task store's tests, the multi-host crash
+#                    matrix and bench-pg: each starts a throwaway cluster with
+#                    initdb/postgres from /usr/lib/postgresql/*/bin
 AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 systemd util-linux
-  dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin)
+  dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin postgresql)
 
 # Prints a section header.
 section() {

@@ -21,7 +21,7 @@
 //! bench-pg [--seconds S] [--rounds R] [--tasks N]
 //! ```
 
-use airlock_local::client::{TasksClient, task_on_demo};
+use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::layout::Ids;
 use airlock_local::{SharedStore, Suite, Tuning, start_with};
 use airlock_pgcluster::Cluster;
@@ -52,10 +52,7 @@ fn args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
         match flag.as_str() {
             "--seconds" => a.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?,
             "--rounds" => a.rounds = value("--rounds")?.parse().map_err(|e| format!("{e}"))?,
@@ -177,9 +174,9 @@ fn git(repo: &Path, args: &[&str]) -> String {
 /// Submits `n` tasks round robin over the stacks and waits until every one
 /// is SUCCEEDED; tasks per second.
 fn end_to_end(stacks: &[Suite], repo: &Path, prefix: &str, n: usize) -> BenchResult<f64> {
-    let clients: Vec<TasksClient> = stacks
+    let clients: Vec<Supervisor> = stacks
         .iter()
-        .map(|s| TasksClient::connect(s.bus.address()))
+        .map(|s| Supervisor::connect(Some(s.bus.address())))
         .collect::<Result<_, _>>()?;
     let base = git(repo, &["rev-parse", "refs/heads/main"]);
     let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:04}")).collect();
@@ -192,7 +189,7 @@ fn end_to_end(stacks: &[Suite], repo: &Path, prefix: &str, n: usize) -> BenchRes
             json!({"operation": "write_file", "path": "bench.txt", "content": format!("{id}\n")}),
             json!([{"label": "true", "argv": ["/bin/true"], "timeout_seconds": 30}]),
         );
-        clients[i % clients.len()].call("SubmitTask", &t.to_string())?;
+        clients[i % clients.len()].submit_task(&t)?;
     }
     let mut open: Vec<&String> = ids.iter().collect();
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -203,11 +200,11 @@ fn end_to_end(stacks: &[Suite], repo: &Path, prefix: &str, n: usize) -> BenchRes
         std::thread::sleep(Duration::from_millis(20));
         let mut still = Vec::new();
         for id in open {
-            let v = clients[0].call("GetTask", id)?;
-            match v["state"].as_str() {
-                Some("SUCCEEDED") => {}
-                Some("FAILED") | Some("CANCELLED") => {
-                    return Err(format!("{id} ended {}", v["state"]).into());
+            let v = clients[0].get_task(id)?;
+            match v.state {
+                TaskState::Succeeded => {}
+                TaskState::Failed | TaskState::Cancelled => {
+                    return Err(format!("{id} ended {}", v.state.as_str()).into());
                 }
                 _ => still.push(id),
             }
@@ -238,7 +235,9 @@ fn main() -> BenchResult<()> {
 
     // 1 + 2: the store.
     let mut su = cluster.superuser(&db.name)?;
-    su.batch_execute("CREATE TABLE bench_commit (id bigserial PRIMARY KEY, payload text NOT NULL)")?;
+    su.batch_execute(
+        "CREATE TABLE bench_commit (id bigserial PRIMARY KEY, payload text NOT NULL)",
+    )?;
     let sqlite_dir = tempfile::Builder::new()
         .prefix("airlock-bench-pg.")
         .tempdir_in("/var/tmp")?;
@@ -283,7 +282,8 @@ fn main() -> BenchResult<()> {
             cycle(&mut lite, &format!("lite-r{round}-{i:08}"), &worker)
         })?);
     }
-    let (commits, one, three, sqlite) = (median(commits), median(one), median(three), median(sqlite));
+    let (commits, one, three, sqlite) =
+        (median(commits), median(one), median(three), median(sqlite));
     println!("  PostgreSQL single-row commits/s (baseline) {commits:>9.1}");
     println!(
         "  claim→result cycles/s, 1 session          {one:>9.1}   = {:.3} × baseline ({:.2} commits' time per cycle; a cycle is 3 transactions)",
@@ -295,7 +295,9 @@ fn main() -> BenchResult<()> {
         three / commits,
         three / one
     );
-    println!("  claim→result cycles/s, SQLite (same host) {sqlite:>9.1}   (context: the embedded default)");
+    println!(
+        "  claim→result cycles/s, SQLite (same host) {sqlite:>9.1}   (context: the embedded default)"
+    );
 
     // 3: end to end, 1..=3 stacks sharing the queue and the repositories.
     let root = tempfile::Builder::new()
@@ -330,7 +332,12 @@ fn main() -> BenchResult<()> {
         end_to_end(&stacks, &repo, &format!("warm{n}"), n)?;
         let mut rates = Vec::new();
         for round in 0..a.rounds {
-            rates.push(end_to_end(&stacks, &repo, &format!("e2e{n}-r{round}"), a.tasks)?);
+            rates.push(end_to_end(
+                &stacks,
+                &repo,
+                &format!("e2e{n}-r{round}"),
+                a.tasks,
+            )?);
         }
         let r = median(rates);
         results.push(r);

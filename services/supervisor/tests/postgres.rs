@@ -192,7 +192,7 @@ async fn two_supervisors_share_one_queue_on_postgresql() {
     // (busctl shows the message of TASK_STATE_INVALID, not its name.)
     let stale = worker_renew(&a, WORKER_UID, &grant, 1).unwrap_err();
     assert!(
-        stale.contains("the task is VERIFYING, not RUNNING"),
+        stale.contains("not allowed while the task is VERIFYING"),
         "{stale}"
     );
 }

@@ -25,10 +25,12 @@
 //! Needs root (network namespaces, the stacks' own uids); elsewhere it says
 //! so and passes without running.
 
-use airlock_local::client::{TasksClient, task_on_demo};
+use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::layout::Ids;
 use airlock_local::{SharedStore, Suite, Tuning, start_with};
 use airlock_pgcluster::Cluster;
+use airlock_proto::Code;
+use airlock_proto::task::TaskView;
 use airlock_taskdb::tasks::{EventOutcome, PgLocation, PgStore};
 use rand::Rng;
 use serde_json::{Value, json};
@@ -115,15 +117,35 @@ fn terminal(state: &str) -> bool {
 
 struct Stack {
     suite: Suite,
-    client: TasksClient,
+    client: Supervisor,
     logs: PathBuf,
 }
 
+/// Repeats `call` while this host's supervisor restarts or the database is
+/// away (both are expected here), for up to a minute.
+fn patient<T>(what: &str, mut call: impl FnMut() -> Result<T, airlock_proto::Error>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call() {
+            Ok(v) => return v,
+            Err(e)
+                if matches!(e.code, Code::RUNTIME_UNAVAILABLE | Code::STORE_UNAVAILABLE)
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
 impl Stack {
-    fn call(&self, method: &str, arg: &str) -> Value {
-        self.client
-            .call_retry(method, arg, Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("{method}: {e}"))
+    fn get(&self, task: &str) -> TaskView {
+        patient(&format!("GetTask {task}"), || self.client.get_task(task))
+    }
+
+    fn submit(&self, submission: &Value) {
+        patient("SubmitTask", || self.client.submit_task(submission));
     }
 
     fn restart(&mut self, name: &str, env: &[(&str, &str)]) {
@@ -217,7 +239,7 @@ fn three_hosts_share_one_postgresql_queue_under_faults() {
                 },
             )
             .unwrap_or_else(|e| panic!("starting host {n}: {e}"));
-            let client = TasksClient::connect(suite.bus.address()).expect("bus");
+            let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
             let logs = suite.layout.logs();
             Stack {
                 suite,
@@ -235,7 +257,7 @@ fn three_hosts_share_one_postgresql_queue_under_faults() {
     let submit = |stacks: &[Stack], tasks: &mut Vec<String>, n: usize| {
         for _ in 0..n {
             let i = tasks.len();
-            stacks[i % STACKS].call("SubmitTask", &submission(i, &base).to_string());
+            stacks[i % STACKS].submit(&submission(i, &base));
             tasks.push(format!("mh-{i:03}"));
         }
     };
@@ -296,17 +318,16 @@ fn three_hosts_share_one_postgresql_queue_under_faults() {
             let pid = stacks[h].suite.fleet.pid("worker").unwrap();
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
             assert!(stat.contains(") T "), "worker not stopped: {stat}");
-            let held = stacks[h].call("GetTask", &task);
-            let attempt = held["attempt"].as_u64().unwrap();
+            let attempt = u64::from(stacks[h].get(&task).attempt);
             // Wait until another host has taken the task over: swept after
             // the lease, claimed again as a later attempt (or finished).
             let deadline = Instant::now() + Duration::from_secs(90);
             loop {
-                let v = stacks[(h + 1) % STACKS].call("GetTask", &task);
-                if v["attempt"].as_u64().unwrap() > attempt || v["state"] == "SUCCEEDED" {
+                let v = stacks[(h + 1) % STACKS].get(&task);
+                if u64::from(v.attempt) > attempt || v.state.as_str() == "SUCCEEDED" {
                     break;
                 }
-                assert!(Instant::now() < deadline, "{task} never moved on: {v}");
+                assert!(Instant::now() < deadline, "{task} never moved on: {v:?}");
                 std::thread::sleep(Duration::from_millis(200));
             }
             nix::sys::signal::kill(
@@ -330,7 +351,13 @@ fn three_hosts_share_one_postgresql_queue_under_faults() {
         let states: BTreeMap<String, Value> = tasks
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.clone(), stacks[i % STACKS].call("GetTask", t)))
+            .map(|(i, t)| {
+                let v = stacks[i % STACKS].get(t);
+                (
+                    t.clone(),
+                    serde_json::to_value(v).expect("a task view as JSON"),
+                )
+            })
             .collect();
         if states
             .values()
