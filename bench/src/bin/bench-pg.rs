@@ -144,6 +144,8 @@ fn cycle(store: &mut dyn TaskStore, task_id: &str, worker: &Actor) -> BenchResul
             exit_code: Some(0),
             timed_out: false,
             duration_ms: 1,
+            stdout_tail: None,
+            stderr_tail: None,
         }],
     };
     let receipt = store.submit_result(
@@ -323,6 +325,7 @@ fn main() -> BenchResult<()> {
                         }),
                         repos: Some(repos.clone()),
                         netns: None,
+                        ..Tuning::default()
                     },
                 )
             })

@@ -236,6 +236,7 @@ fn three_hosts_share_one_postgresql_queue_under_faults() {
                     }),
                     repos: Some(repos.clone()),
                     netns: Some(ns.path()),
+                    ..Tuning::default()
                 },
             )
             .unwrap_or_else(|e| panic!("starting host {n}: {e}"));
