@@ -46,6 +46,14 @@ pub enum Kind {
         /// Most characters.
         max_chars: usize,
     },
+    /// An agent name (`is_agent_name`): the instance of `airlock-agent@NAME.service`.
+    AgentName,
+    /// A command line as a list: an absolute program path, then its
+    /// arguments (repeats allowed).
+    Argv {
+        /// Most elements, the program included.
+        max: usize,
+    },
     /// A list of distinct items.
     List {
         /// What each element is.
@@ -70,6 +78,10 @@ pub enum Item {
     CredentialPath,
     /// A unix user name (root included).
     User,
+    /// A repository name, as [`Kind::RepositoryName`].
+    RepositoryName,
+    /// An environment variable name an agent may receive from its driver.
+    EnvironmentName,
 }
 
 impl Kind {
@@ -109,6 +121,13 @@ impl Kind {
                 "an id of 8 to 160 characters [A-Za-z0-9._:-], starting with a letter or digit"
                     .to_owned()
             }
+            Kind::AgentName => {
+                "an agent name: 1 to 48 characters [a-z0-9_-], starting with a letter or digit"
+                    .to_owned()
+            }
+            Kind::Argv { max } => format!(
+                "a list of 1 to {max} strings: an absolute program path, then its arguments (each at most {MAX_ARGUMENT_BYTES} bytes, without control characters)"
+            ),
             Kind::Text { max_chars } => {
                 format!("a single line of at most {max_chars} characters, without control characters")
             }
@@ -140,6 +159,11 @@ impl Item {
                     .to_owned()
             }
             Item::User => "a unix user name".to_owned(),
+            Item::RepositoryName => Kind::RepositoryName.describe(),
+            Item::EnvironmentName => format!(
+                "an environment variable name of 1 to 64 characters [A-Z0-9_], starting with a letter or '_', not LD_* and not one airlock sets ({})",
+                RESERVED_AGENT_ENVIRONMENT.join(", ")
+            ),
         }
     }
 
@@ -151,6 +175,8 @@ impl Item {
             Item::Capability => "capability names",
             Item::CredentialPath => "credential-like repository-relative paths",
             Item::User => "unix user names",
+            Item::RepositoryName => "repository names",
+            Item::EnvironmentName => "environment variable names",
         }
     }
 }
@@ -171,6 +197,19 @@ pub struct KeySpec {
     /// What it is for.
     pub meaning: &'static str,
 }
+
+/// Longest single element of an agent's `command`, in bytes.
+pub const MAX_ARGUMENT_BYTES: usize = 4096;
+
+/// Environment variables the agent drivers set themselves; an agent's
+/// `environment` allowlist may not name them.
+pub const RESERVED_AGENT_ENVIRONMENT: &[&str] = &[
+    "AIRLOCK_AGENT",
+    "CREDENTIALS_DIRECTORY",
+    "DBUS_SYSTEM_BUS_ADDRESS",
+    "HOME",
+    "PATH",
+];
 
 /// git subcommands that write to a repository, its refs, its index or its
 /// working tree, or reach the network; never accepted in
@@ -581,6 +620,72 @@ pub const KEYS: &[KeySpec] = &[
         required: false,
         meaning: "Free text for admins.",
     },
+    // ---- [[agent]] ---------------------------------------------------------
+    section(
+        "agent",
+        Kind::Tables,
+        "Planner agents the supervisor runs, one [[agent]] table each, none by default. Each runs as the user airlock-agent (the instance airlock-agent@NAME.service under systemd, a process of its own under airlock-local), is restarted by the supervisor's crash-loop policy (500 ms doubling to 8 s; held with AGENTOS_CRASH_LOOP after 5 consecutive failures until an operator clears the hold) and may propose only for its repositories.",
+    ),
+    KeySpec {
+        key: "agent[].name",
+        kind: Kind::AgentName,
+        default: None,
+        required: true,
+        meaning: "The agent's name: its unit instance, and the name its tasks and events are attributed to. Unique across the file.",
+    },
+    KeySpec {
+        key: "agent[].command",
+        kind: Kind::Argv { max: 64 },
+        default: None,
+        required: true,
+        meaning: "The program to run and its arguments, as a list (never split or run by a shell). The program must be an absolute path readable and executable by airlock-agent.",
+    },
+    KeySpec {
+        key: "agent[].repositories",
+        kind: Kind::List {
+            item: Item::RepositoryName,
+            max: 64,
+        },
+        default: None,
+        required: true,
+        meaning: "The repositories this agent may propose for; a submission it makes for any other is refused with AGENT_REPOSITORY_DENIED. Each must be registered (in this file or in repositories.d/) when the configuration is loaded.",
+    },
+    KeySpec {
+        key: "agent[].environment",
+        kind: Kind::List {
+            item: Item::EnvironmentName,
+            max: 64,
+        },
+        default: Some("[]"),
+        required: false,
+        meaning: "Names of environment variables passed from the driver's environment to the agent (such as HTTPS_PROXY or LANG); every other variable is cleared. The drivers themselves set AIRLOCK_AGENT (the agent's name), PATH, HOME, the bus address when it is not the default, and CREDENTIALS_DIRECTORY when a credential_file is set.",
+    },
+    KeySpec {
+        key: "agent[].credential_file",
+        kind: Kind::Path,
+        default: None,
+        required: false,
+        meaning: "A file holding this agent's model API key, read by the driver and handed to this agent alone as the credential `model-key` in $CREDENTIALS_DIRECTORY. No two agents may name the same file. Parsing does not open it.",
+    },
+    key(
+        "agent[].memory_max_mib",
+        int(16, 1024 * 1024),
+        "1024",
+        "Most memory the agent may use, in MiB (MemoryMax= under systemd; RLIMIT_AS of each process under the process driver).",
+    ),
+    key(
+        "agent[].tasks_max",
+        int(1, 4096),
+        "64",
+        "Most processes and threads the agent may have (TasksMax= under systemd; RLIMIT_NPROC of the airlock-agent user under the process driver, which counts every process of that user).",
+    ),
+    KeySpec {
+        key: "agent[].description",
+        kind: Kind::Text { max_chars: 200 },
+        default: None,
+        required: false,
+        meaning: "Free text for admins.",
+    },
 ];
 
 /// The spec of a normalised dotted key (indices written `[]`).
@@ -666,7 +771,8 @@ mod tests {
                 "spool",
                 "executor",
                 "retry",
-                "repository"
+                "repository",
+                "agent"
             ]
         );
         assert_eq!(children("repository[]"), ["name", "path", "description"]);

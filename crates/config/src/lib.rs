@@ -63,7 +63,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{ConfigError, Location};
 pub use keys::{GIT_WRITING_SUBCOMMANDS, Item, KEYS, KeySpec, Kind};
-pub use validate::RULES;
+pub use validate::{RULES, is_agent_name};
 
 /// Where the services look for their configuration.
 pub const DEFAULT_PATH: &str = "/etc/airlock/airlock.toml";
@@ -88,6 +88,9 @@ pub struct Config {
     /// `[[repository]]`: the authority repositories tasks may name. Empty by default.
     #[serde(rename = "repository")]
     pub repositories: Vec<Repository>,
+    /// `[[agent]]`: the planner agents the supervisor runs. Empty by default.
+    #[serde(rename = "agent")]
+    pub agents: Vec<Agent>,
 }
 
 /// How privileged D-Bus methods are authorised.
@@ -327,6 +330,48 @@ pub struct Repository {
     pub drop_in: Option<PathBuf>,
 }
 
+/// One `[[agent]]`: a planner the supervisor runs, restarts and holds.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Agent {
+    /// Its name: the unit instance and the name its submissions carry.
+    pub name: String,
+    /// The program (absolute path) and its arguments.
+    pub command: Vec<String>,
+    /// The repositories it may propose for.
+    pub repositories: Vec<String>,
+    /// Environment variables passed through from the driver's environment.
+    #[serde(default)]
+    pub environment: Vec<String>,
+    /// Its model API key, handed to it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_file: Option<PathBuf>,
+    /// Memory limit, in MiB.
+    #[serde(default = "Agent::default_memory_max_mib")]
+    pub memory_max_mib: u32,
+    /// Process and thread limit.
+    #[serde(default = "Agent::default_tasks_max")]
+    pub tasks_max: u32,
+    /// Free text for admins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl Agent {
+    fn default_memory_max_mib() -> u32 {
+        1024
+    }
+
+    fn default_tasks_max() -> u32 {
+        64
+    }
+
+    /// Whether this agent may propose for `repository`.
+    pub fn may_propose_for(&self, repository: &str) -> bool {
+        self.repositories.iter().any(|r| r == repository)
+    }
+}
+
 impl Config {
     /// Reads and validates the configuration file at `path` (usually
     /// [`DEFAULT_PATH`]). The file must be a regular file (symlinks are
@@ -343,7 +388,34 @@ impl Config {
         let text = read_config_file(path)?;
         let mut config = Config::parse(&text, path)?;
         config.repositories = config.repositories_now(path)?;
+        config.check_agent_repositories(path)?;
         Ok(config)
+    }
+
+    /// Every repository an agent names is registered (in the main file or
+    /// a drop-in); checked by [`Config::load`], once the drop-ins are read.
+    pub fn check_agent_repositories(&self, path: &Path) -> Result<(), ConfigError> {
+        for (i, agent) in self.agents.iter().enumerate() {
+            for (j, repo) in agent.repositories.iter().enumerate() {
+                if self.repository(repo).is_none() {
+                    return Err(ConfigError::Key {
+                        file: path.to_owned(),
+                        at: None,
+                        key: format!("agent[{i}].repositories[{j}]"),
+                        problem: format!(
+                            "expected a registered repository (in this file or {}), found {repo:?}",
+                            drop_in_dir(path).display()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The configured agent called `name`.
+    pub fn agent(&self, name: &str) -> Option<&Agent> {
+        self.agents.iter().find(|a| a.name == name)
     }
 
     /// The repositories registered now: those of the main file as this

@@ -12,7 +12,7 @@ use airlock_proto::path::{check_relative_path, is_credential_path};
 use crate::error::ConfigError;
 use crate::keys::{self, GIT_WRITING_SUBCOMMANDS, Item, Kind};
 use crate::source::Source;
-use crate::{Config, Executor, Limits, Repository, Retry, Spool, Supervisor, Worker};
+use crate::{Agent, Config, Executor, Limits, Repository, Retry, Spool, Supervisor, Worker};
 
 type Result<T = ()> = std::result::Result<T, ConfigError>;
 
@@ -27,6 +27,7 @@ pub(crate) fn check(config: &Config, src: &Source<'_>) -> Result {
     check.executor(&config.executor)?;
     check.retry(&config.retry)?;
     check.repositories(&config.repositories)?;
+    check.agents(&config.agents)?;
     check.between_keys(config)
 }
 
@@ -42,6 +43,8 @@ pub const RULES: &[&str] = &[
     "`spool.max_file_bytes` ≥ `executor.limits.max_archive_bytes`",
     "`executor.limits.max_file_bytes` ≤ `executor.limits.max_total_bytes`",
     "repository names are unique, and so are repository paths",
+    "agent names are unique, and no two agents name the same `credential_file`",
+    "every repository in `agent[].repositories` is registered (in the file or `repositories.d/`) when the configuration is loaded",
 ];
 
 struct Check<'s, 'a> {
@@ -240,6 +243,106 @@ impl Check<'_, '_> {
         Ok(())
     }
 
+    fn agents(&self, agents: &[Agent]) -> Result {
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut credentials: HashMap<&Path, usize> = HashMap::new();
+        for (i, agent) in agents.iter().enumerate() {
+            let key = format!("agent[{i}].name");
+            if !is_agent_name(&agent.name) {
+                let expected = describe("agent[].name");
+                return Err(self
+                    .src
+                    .refuse(key, expected, format_args!("{:?}", agent.name)));
+            }
+            if let Some(first) = names.insert(&agent.name, i) {
+                return Err(self.src.refuse(
+                    key,
+                    format_args!("a name no other agent has (agent[{first}] is already called so)"),
+                    format_args!("{:?}", agent.name),
+                ));
+            }
+            self.argv(&format!("agent[{i}].command"), &agent.command)?;
+            self.list_at(
+                &format!("agent[{i}].repositories"),
+                "agent[].repositories",
+                &agent.repositories,
+            )?;
+            if agent.repositories.is_empty() {
+                return Err(self.src.refuse(
+                    format!("agent[{i}].repositories"),
+                    "at least one repository name",
+                    "[]",
+                ));
+            }
+            self.list_at(
+                &format!("agent[{i}].environment"),
+                "agent[].environment",
+                &agent.environment,
+            )?;
+            if let Some(file) = &agent.credential_file {
+                let key = format!("agent[{i}].credential_file");
+                self.path(&key, file)?;
+                if let Some(first) = credentials.insert(file, i) {
+                    return Err(self.src.refuse(
+                        key,
+                        format_args!(
+                            "a file no other agent names (agent[{first}] already does): a credential is handed to one agent only"
+                        ),
+                        file.display(),
+                    ));
+                }
+            }
+            self.int_at(
+                &format!("agent[{i}].memory_max_mib"),
+                "agent[].memory_max_mib",
+                agent.memory_max_mib,
+            )?;
+            self.int_at(
+                &format!("agent[{i}].tasks_max"),
+                "agent[].tasks_max",
+                agent.tasks_max,
+            )?;
+            if let Some(text) = &agent.description {
+                let key = format!("agent[{i}].description");
+                let Some(Kind::Text { max_chars }) = kind("agent[].description") else {
+                    return Err(self.undeclared("agent[].description", "text"));
+                };
+                if text.chars().count() > max_chars || text.chars().any(char::is_control) {
+                    let expected = describe("agent[].description");
+                    return Err(self.src.refuse(key, expected, format_args!("{text:?}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn argv(&self, key: &str, argv: &[String]) -> Result {
+        let Some(Kind::Argv { max }) = kind("agent[].command") else {
+            return Err(self.undeclared("agent[].command", "a command line"));
+        };
+        let expected = describe("agent[].command");
+        if argv.is_empty() || argv.len() > max {
+            return Err(self.src.refuse(
+                key,
+                expected,
+                format_args!("a list of {} elements", argv.len()),
+            ));
+        }
+        for (j, arg) in argv.iter().enumerate() {
+            let bad = arg.len() > keys::MAX_ARGUMENT_BYTES
+                || arg.chars().any(char::is_control)
+                || (j == 0 && !is_clean_absolute(Path::new(arg)));
+            if bad {
+                return Err(self.src.refuse(
+                    format!("{key}[{j}]"),
+                    expected,
+                    format_args!("{arg:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A key this pass checks but [`KEYS`](crate::KEYS) does not declare as
     /// such: a bug in this crate, refused rather than guessed at.
     fn undeclared(&self, key: &str, what: &str) -> ConfigError {
@@ -252,14 +355,19 @@ impl Check<'_, '_> {
     // ---- one check per Kind ----------------------------------------------
 
     fn int(&self, key: &str, value: impl Into<u64>) -> Result {
+        self.int_at(key, key, value)
+    }
+
+    /// An integer at `key` whose spec is `spec` (`agent[].tasks_max` for `agent[2].tasks_max`).
+    fn int_at(&self, key: &str, spec: &str, value: impl Into<u64>) -> Result {
         let value = value.into();
-        let Some(Kind::Integer { min, max }) = kind(key) else {
-            return Err(self.undeclared(key, "an integer"));
+        let Some(Kind::Integer { min, max }) = kind(spec) else {
+            return Err(self.undeclared(spec, "an integer"));
         };
         if (min..=max).contains(&value) {
             Ok(())
         } else {
-            Err(self.src.refuse(key, describe(key), value))
+            Err(self.src.refuse(key, describe(spec), value))
         }
     }
 
@@ -327,13 +435,18 @@ impl Check<'_, '_> {
     }
 
     fn list(&self, key: &str, values: &[String]) -> Result {
-        let Some(Kind::List { item, max }) = kind(key) else {
-            return Err(self.undeclared(key, "a list"));
+        self.list_at(key, key, values)
+    }
+
+    /// A list at `key` whose spec is `spec`.
+    fn list_at(&self, key: &str, spec: &str, values: &[String]) -> Result {
+        let Some(Kind::List { item, max }) = kind(spec) else {
+            return Err(self.undeclared(spec, "a list"));
         };
         if values.len() > max {
             return Err(self.src.refuse(
                 key,
-                describe(key),
+                describe(spec),
                 format_args!("a list of {} elements", values.len()),
             ));
         }
@@ -397,7 +510,29 @@ fn item_ok(item: Item, value: &str) -> bool {
         }
         Item::CredentialPath => check_relative_path(value).is_ok() && is_credential_path(value),
         Item::User => is_unix_name(value),
+        Item::RepositoryName => is_repository_name(value),
+        Item::EnvironmentName => {
+            let mut chars = value.chars();
+            value.len() <= 64
+                && chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+                && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                && !value.starts_with("LD_")
+                && !keys::RESERVED_AGENT_ENVIRONMENT.contains(&value)
+        }
     }
+}
+
+/// An agent name: `[a-z0-9][a-z0-9_-]{0,47}`, safe as a systemd unit
+/// instance, a file name and a log field as it is.
+pub fn is_agent_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 48
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'))
 }
 
 /// `/a/b`: absolute, no empty, `.` or `..` component, no trailing `/`, no

@@ -37,6 +37,17 @@ fn example_path() -> PathBuf {
 /// A document that sets one (normalised) key to a TOML value; keys inside
 /// `[[repository]]` get a table whose other required keys are valid.
 fn doc_with(key: &str, value: &str) -> String {
+    if let Some(field) = key.strip_prefix("agent[].") {
+        let mut fields = vec![
+            ("name", "\"a\"".to_owned()),
+            ("command", "[\"/usr/bin/planner\"]".to_owned()),
+            ("repositories", "[\"r\"]".to_owned()),
+        ];
+        fields.retain(|(name, _)| *name != field);
+        fields.push((field, value.to_owned()));
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        return format!("[[agent]]\n{}\n", body.join("\n"));
+    }
     if let Some(field) = key.strip_prefix("repository[].") {
         let mut fields = vec![
             ("name", "\"r\"".to_owned()),
@@ -95,7 +106,7 @@ fn table_defaults_are_the_embedded_defaults() {
     let value = toml::Value::try_from(Config::embedded_default()).expect("serialise defaults");
     let mut checked = 0;
     for spec in leaves() {
-        if spec.key.starts_with("repository") {
+        if spec.key.starts_with("repository") || spec.key.starts_with("agent") {
             continue;
         }
         let mut node = &value;
@@ -113,7 +124,13 @@ fn table_defaults_are_the_embedded_defaults() {
             checked += 1;
         }
     }
-    assert_eq!(checked, leaves().filter(|s| s.default.is_some()).count());
+    let in_tables = |s: &&airlock_config::KeySpec| s.key.contains("[]");
+    assert_eq!(
+        checked,
+        leaves()
+            .filter(|s| s.default.is_some() && !in_tables(s))
+            .count()
+    );
     // and nothing in the defaults escapes the table
     fn walk(prefix: &str, v: &toml::Value, out: &mut Vec<String>) {
         if let toml::Value::Table(t) = v {
@@ -180,6 +197,9 @@ fn every_key_accepts_its_default_written_out() {
             (None, Kind::Path) => "\"/srv/git/x.git\"".to_owned(),
             (None, Kind::AuthorizationId) => "\"owner-2026-example\"".to_owned(),
             (None, Kind::Text { .. }) => "\"Ünïcode text is fine\"".to_owned(),
+            (None, Kind::AgentName) => "\"planner-1_x\"".to_owned(),
+            (None, Kind::Argv { .. }) => "[\"/usr/bin/python3\", \"-m\", \"-m\"]".to_owned(),
+            (None, Kind::List { .. }) => "[\"repo.name_1-x\", \"other\"]".to_owned(),
             (None, other) => panic!("no sample for {} ({other:?})", spec.key),
         };
         let text = doc_with(spec.key, &value);
@@ -242,6 +262,25 @@ fn wrong_values(kind: Kind) -> Vec<String> {
             format!("\"{}\"", "a".repeat(65)),
             "1".into(),
         ],
+        Kind::AgentName => vec![
+            "\"Planner\"".into(),
+            "\"-x\"".into(),
+            "\"a.b\"".into(),
+            "\"a@b\"".into(),
+            "\"\"".into(),
+            format!("\"{}\"", "a".repeat(49)),
+            "1".into(),
+        ],
+        Kind::Argv { max } => vec![
+            "\"/usr/bin/planner\"".into(),
+            "[]".into(),
+            "[\"planner\"]".into(),
+            "[\"/usr/bin/../bin/planner\"]".into(),
+            "[\"/usr/bin/planner\", \"two\\nlines\"]".into(),
+            format!("[\"/usr/bin/planner\", \"{}\"]", "x".repeat(4097)),
+            format!("[{}]", vec!["\"/x\""; max + 1].join(", ")),
+            "[1]".into(),
+        ],
         Kind::AuthorizationId => vec!["\"short\"".into(), "\"has space1\"".into(), "1".into()],
         Kind::Text { max_chars } => vec![
             "\"two\\nlines\"".into(),
@@ -297,7 +336,7 @@ fn integer_errors_say_range_and_value() {
             continue;
         };
         let text = doc_with(spec.key, &(max + 1).to_string());
-        let message = refused(&text, spec.key);
+        let message = refused(&text, &concrete(spec.key));
         assert!(
             message.ends_with(&format!(
                 "expected an integer in {min}..={max}, found {}",
@@ -305,8 +344,13 @@ fn integer_errors_say_range_and_value() {
             )),
             "{message}"
         );
+        let line = if spec.key.starts_with("agent[]") {
+            5
+        } else {
+            2
+        };
         assert!(
-            message.starts_with(&format!("{ORIGIN}:2:")),
+            message.starts_with(&format!("{ORIGIN}:{line}:")),
             "no line:column: {message}"
         );
     }
@@ -317,13 +361,11 @@ fn unknown_keys_are_refused_in_every_table() {
     for spec in KEYS {
         let text = match spec.kind {
             Kind::Table => format!("[{}]\nbogus_key = 1\n", spec.key),
-            Kind::Tables => {
-                "[[repository]]\nname = \"r\"\npath = \"/srv/r.git\"\nbogus_key = 1\n".to_owned()
-            }
+            Kind::Tables => doc_with(&format!("{}[].bogus_key", spec.key), "1"),
             _ => continue,
         };
         let key = if spec.kind == Kind::Tables {
-            "repository[0].bogus_key".to_owned()
+            format!("{}[0].bogus_key", spec.key)
         } else {
             format!("{}.bogus_key", spec.key)
         };
@@ -337,7 +379,7 @@ fn unknown_keys_are_refused_in_every_table() {
     assert_eq!(
         message,
         format!(
-            "{ORIGIN}:1:2: superviser: unknown key; expected one of: supervisor, worker, spool, executor, retry, repository"
+            "{ORIGIN}:1:2: superviser: unknown key; expected one of: supervisor, worker, spool, executor, retry, repository, agent"
         )
     );
     let message = refused(
@@ -867,4 +909,85 @@ fn bad_drop_ins_are_refused_naming_the_drop_in() {
         assert!(msg.contains(says), "{file}: {msg}");
         assert_eq!(e.code(), airlock_proto::Code::CONFIG_INVALID);
     }
+}
+
+// ---- [[agent]] ---------------------------------------------------------------
+
+const AGENT: &str = "[[agent]]\nname = \"planner\"\ncommand = [\"/usr/bin/python3\", \"-m\", \"planner\"]\nrepositories = [\"demo\"]\n";
+
+#[test]
+fn an_agent_takes_its_defaults_and_is_found_by_name() {
+    let c = parse(AGENT).unwrap();
+    let a = c.agent("planner").expect("planner");
+    assert_eq!(a.command, ["/usr/bin/python3", "-m", "planner"]);
+    assert_eq!(a.repositories, ["demo"]);
+    assert!(a.environment.is_empty());
+    assert_eq!(a.credential_file, None);
+    assert_eq!((a.memory_max_mib, a.tasks_max), (1024, 64));
+    assert!(a.may_propose_for("demo"));
+    assert!(!a.may_propose_for("other"));
+    assert!(c.agent("other").is_none());
+    assert!(Config::embedded_default().agents.is_empty());
+}
+
+#[test]
+fn agent_names_and_credential_files_are_unique() {
+    let twice = format!("{AGENT}{AGENT}");
+    let message = refused(&twice, "agent[1].name");
+    assert!(
+        message.contains("agent[0] is already called so"),
+        "{message}"
+    );
+    let shared = format!(
+        "{AGENT}credential_file = \"/etc/airlock/key\"\n[[agent]]\nname = \"other\"\ncommand = [\"/bin/true\"]\nrepositories = [\"demo\"]\ncredential_file = \"/etc/airlock/key\"\n"
+    );
+    let message = refused(&shared, "agent[1].credential_file");
+    assert!(message.contains("handed to one agent only"), "{message}");
+}
+
+#[test]
+fn an_agent_names_at_least_one_repository_and_only_allowed_environment() {
+    let none = AGENT.replace("[\"demo\"]", "[]");
+    refused(&none, "agent[0].repositories");
+    for name in [
+        "LD_PRELOAD",
+        "PATH",
+        "CREDENTIALS_DIRECTORY",
+        "AIRLOCK_AGENT",
+        "lang",
+    ] {
+        let text = format!("{AGENT}environment = [\"LANG\", \"{name}\"]\n");
+        refused(&text, "agent[0].environment[1]");
+    }
+    let ok = parse(&format!(
+        "{AGENT}environment = [\"LANG\", \"HTTPS_PROXY\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(ok.agents[0].environment, ["LANG", "HTTPS_PROXY"]);
+}
+
+#[test]
+fn an_agents_repositories_must_be_registered_when_loaded() {
+    // registered by a drop-in: accepted by load
+    let calc = airlock_config::Repository {
+        name: "demo".into(),
+        path: "/srv/airlock/demo.git".into(),
+        description: None,
+        drop_in: None,
+    };
+    let (_d, config) = drop_in_fixture(
+        AGENT,
+        &[("demo.toml", &airlock_config::drop_in_text(&calc))],
+    );
+    let c = Config::load(&config).unwrap();
+    assert_eq!(c.agents[0].repositories, ["demo"]);
+    // registered nowhere: refused naming the element
+    let (_d, config) = drop_in_fixture(AGENT, &[]);
+    let err = Config::load(&config).unwrap_err();
+    assert_eq!(err.key(), Some("agent[0].repositories[0]"));
+    assert_eq!(err.code(), Code::CONFIG_INVALID);
+    assert!(
+        err.to_string().contains("expected a registered repository"),
+        "{err}"
+    );
 }

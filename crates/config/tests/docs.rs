@@ -19,8 +19,9 @@ fn render() -> String {
         out,
         "Every airlock service reads `{DEFAULT_PATH}`, parsed by the `airlock-config` crate. \
          A fully commented example with every default is `packaging/airlock.toml`.\n\n\
-         - Every key has a default except `[[repository]]`: a file with only repository \
-         tables (or an empty file, which registers no repository) is valid.\n\
+         - Every key has a default except inside `[[repository]]` and `[[agent]]`: a \
+         file with only repository tables (or an empty file, which registers no \
+         repository and runs no agent) is valid.\n\
          - Unknown keys are errors. So are values of the wrong type, out of range, or \
          breaking one of the rules between keys below. The service does not start; the \
          error names the file, the line and column when known, the dotted key \
