@@ -400,6 +400,14 @@ catalogue! {
     /// A git operation failed.
     GIT_FAILED => Internal, None;
 
+    // ---- planner agents --------------------------------------------------------------
+    /// No agent of that name is configured ([[agent]] in airlock.toml).
+    AGENT_NOT_FOUND => NotFound, None;
+    /// An agent proposed for a repository its [[agent]] table does not list.
+    AGENT_REPOSITORY_DENIED => Denied, None;
+    /// The agent failed 5 times in a row and is held: nothing restarts it until an operator clears the hold (retryable once cleared).
+    AGENTOS_CRASH_LOOP => Unavailable, None;
+
     // ---- configuration, storage, internals -----------------------------------------
     /// The configuration file is missing or invalid.
     CONFIG_INVALID => Invalid, None;
@@ -431,6 +439,14 @@ impl Code {
     /// CLI exit code for this code.
     pub const fn exit_code(self) -> u8 {
         self.class().exit_code()
+    }
+
+    /// Whether the same request may succeed later unchanged, once the
+    /// condition clears (a dependency is back, an operator cleared a hold):
+    /// the codes of [`Class::Unavailable`]. Every other refusal stays a
+    /// refusal until the request changes.
+    pub const fn retryable(self) -> bool {
+        matches!(self.class(), Class::Unavailable)
     }
 
     /// Looks a code up by its SCREAMING_SNAKE name.
@@ -548,6 +564,16 @@ mod tests {
         let classes: HashSet<Class> = Code::ALL.iter().map(|c| c.class()).collect();
         assert_eq!(exits.len(), classes.len());
         assert!(exits.iter().all(|e| *e >= 3));
+    }
+
+    #[test]
+    fn a_crash_loop_is_retryable_and_a_denial_is_not() {
+        assert!(Code::AGENTOS_CRASH_LOOP.retryable());
+        assert_eq!(Code::AGENTOS_CRASH_LOOP.http_status(), 503);
+        assert!(Code::STORE_UNAVAILABLE.retryable());
+        assert!(!Code::AGENT_REPOSITORY_DENIED.retryable());
+        assert!(!Code::AGENT_NOT_FOUND.retryable());
+        assert!(!Code::MESSAGE_INVALID.retryable());
     }
 
     #[test]

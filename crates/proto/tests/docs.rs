@@ -28,7 +28,7 @@ fn render() -> String {
          HTTP status, a D-Bus error name and an `airlockctl` exit code. The status and \
          exit code follow from the code's class:\n\n",
     );
-    out.push_str("| class | HTTP status | exit code |\n|---|---|---|\n");
+    out.push_str("| class | HTTP status | exit code | retryable |\n|---|---|---|---|\n");
     let mut classes: Vec<Class> = Vec::new();
     for code in Code::ALL {
         if !classes.contains(&code.class()) {
@@ -37,15 +37,23 @@ fn render() -> String {
     }
     classes.sort_by_key(|c| c.exit_code());
     for class in classes {
+        let retryable = Code::ALL
+            .iter()
+            .find(|c| c.class() == class)
+            .is_some_and(|c| c.retryable());
         let _ = writeln!(
             out,
-            "| {class:?} | {} | {} |",
+            "| {class:?} | {} | {} | {} |",
             class.http_status(),
-            class.exit_code()
+            class.exit_code(),
+            if retryable { "yes" } else { "no" }
         );
     }
     out.push_str(
-        "\nExit code 1 is a generic failure and 2 a usage error; codes start at 3.\n\n\
+        "\nExit code 1 is a generic failure and 2 a usage error; codes start at 3. \
+         A retryable code (`Code::retryable`) means the same request may succeed later \
+         unchanged, once its condition clears (a dependency is back, an operator cleared \
+         an agent's hold); any other refusal stays until the request changes.\n\n\
          ## Codes\n\n\
          | code | meaning | HTTP status | D-Bus error name | exit code |\n\
          |---|---|---|---|---|\n",
