@@ -4,6 +4,8 @@
 //! - **Logging:** one variable, `AIRLOCK_LOG` (an `EnvFilter`, default
 //!   `info`), to stderr; under systemd (`JOURNAL_STREAM`) without time
 //!   stamps or colours, and a closed stderr never takes a daemon down.
+//!   The audit trail ([`AUDIT_TARGET`]) goes to journald natively under
+//!   systemd, with its structured fields, at every `AIRLOCK_LOG` level.
 //! - **Configuration:** [`load_config`] reads `airlock.toml` with the
 //!   `airlock-config` parser and refuses with `CONFIG_INVALID`.
 //! - **Users:** [`uid_of`] resolves a configured user (name or numeric uid)
@@ -20,23 +22,53 @@ use std::path::Path;
 /// The variable every daemon reads its log filter from.
 pub const LOG_ENV: &str = "AIRLOCK_LOG";
 
+/// The tracing target of the audit trail's journal entries (see the
+/// supervisor's `journal` module). Under systemd these go to journald
+/// natively, with their fields (`MESSAGE_ID`, `AIRLOCK_*`), whatever
+/// `AIRLOCK_LOG` says; elsewhere they are ordinary lines on stderr.
+pub const AUDIT_TARGET: &str = "airlock::audit";
+
 /// Installs the daemon's log subscriber (see the crate docs).
 pub fn init_logging() {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
     let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
+    let under_systemd = std::env::var_os("JOURNAL_STREAM").is_some();
+    // Field names as given (MESSAGE_ID, AIRLOCK_TASK_ID, ...), not F_-prefixed.
+    let journal = under_systemd
+        .then(tracing_journald::layer)
+        .and_then(Result::ok)
+        .map(|l| l.with_field_prefix(None));
+    let audit_to_journal = journal.is_some();
+    let journal = journal.map(|l| {
+        l.with_filter(tracing_subscriber::filter::filter_fn(|m| {
+            m.target() == AUDIT_TARGET
+        }))
+    });
+    let fmt = tracing_subscriber::fmt::layer()
         // A closed stderr must not take the service down with it.
         .log_internal_errors(false)
-        .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if std::env::var_os("JOURNAL_STREAM").is_some() {
+    let fmt = if under_systemd {
         // The journal stamps time itself and shows no colours.
-        let _ = builder.without_time().with_ansi(false).try_init();
+        fmt.without_time().with_ansi(false).boxed()
     } else {
         let colour = std::io::stderr().is_terminal()
             && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        let _ = builder.with_ansi(colour).try_init();
-    }
+        fmt.with_ansi(colour).boxed()
+    };
+    let fmt = fmt
+        .with_filter(filter)
+        .with_filter(tracing_subscriber::filter::filter_fn(move |m| {
+            !(audit_to_journal && m.target() == AUDIT_TARGET)
+        }));
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(journal)
+        .try_init();
 }
 
 /// Reads the configuration file at `path`.

@@ -133,6 +133,46 @@ pub mod action {
     pub const TASK_RETRY_EXTENSION_AUTHORIZED: &str = "TASK_RETRY_EXTENSION_AUTHORIZED";
     /// A queued task failed because its repository is no longer registered.
     pub const TASK_REPOSITORY_UNREGISTERED: &str = "TASK_REPOSITORY_UNREGISTERED";
+
+    /// Every action above, in the order declared. The journal catalogue and
+    /// other tables keyed by action are checked against it; a test keeps it
+    /// complete.
+    pub const ALL: &[&str] = &[
+        TASK_SUBMITTED,
+        TASK_PLAN_REPLACED,
+        TASK_CLAIMED,
+        TASK_LEASE_RENEWED,
+        TASK_LEASE_EXPIRED,
+        TASK_RESULT_SUBMITTED,
+        TASK_VERIFIED,
+        TASK_CANCELLED,
+        TASK_RETRY_EXTENSION_AUTHORIZED,
+        TASK_REPOSITORY_UNREGISTERED,
+    ];
+
+    #[cfg(test)]
+    mod tests {
+        /// Every `pub const NAME: &str` declared in this module is in
+        /// [`super::ALL`], so a new action cannot miss the tables keyed by it.
+        #[test]
+        fn all_lists_every_action_declared() {
+            let source = include_str!("tasks.rs");
+            let start = source.find("pub mod action {").expect("the action module");
+            let body = &source[start..];
+            let body = &body[..body.find("pub const ALL").expect("ALL")];
+            let declared: Vec<&str> = body
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("pub const "))
+                .filter_map(|l| l.split(':').next())
+                .collect();
+            assert!(declared.len() >= 10, "{declared:?}");
+            let all: Vec<&str> = super::ALL.to_vec();
+            assert_eq!(
+                declared, all,
+                "action::ALL must list every action, in order"
+            );
+        }
+    }
 }
 
 /// The name of the system actor that fails the tasks of a repository no
@@ -393,6 +433,8 @@ pub trait TaskStore: Send + std::fmt::Debug {
     ) -> StoreResult<Vec<TaskView>>;
     /// See [`Store::summary`].
     fn summary(&self) -> StoreResult<QueueSummary>;
+    /// See [`Store::last_event_id`].
+    fn last_event_id(&self) -> StoreResult<i64>;
     /// See [`Store::events`].
     fn events(
         &self,
@@ -544,6 +586,12 @@ impl<B: Backend> Store<B> {
             .collect()
     }
 
+    /// The id of the newest event, 0 when the log is empty: where a reader
+    /// that wants only what comes next starts.
+    pub fn last_event_id(&self) -> StoreResult<i64> {
+        self.backend.last_event_id()
+    }
+
     /// Records a refusal decided outside the store (a polkit denial, a peer
     /// uid mismatch, a malformed D-Bus message), so every denial is audited
     /// in one place. `task_id` is kept only when it is a well-formed id.
@@ -603,6 +651,9 @@ impl<B: Backend> TaskStore for Store<B> {
     }
     fn summary(&self) -> StoreResult<QueueSummary> {
         Store::summary(self)
+    }
+    fn last_event_id(&self) -> StoreResult<i64> {
+        Store::last_event_id(self)
     }
     fn events(
         &self,

@@ -18,7 +18,7 @@ use crate::bus::tasks::Tasks;
 use crate::bus::worker::Worker;
 use crate::bus::{BUS_NAME, Info, OBJECT_PATH, Shared};
 use crate::ops::{Ops, Store};
-use crate::{follow, notify, sweeper};
+use crate::{follow, journal, notify, sweeper};
 use airlock_proto::{Code, Error};
 pub use airlock_taskdb::Location;
 use std::future::Future;
@@ -66,6 +66,9 @@ pub struct Settings {
     /// Slows every call down (shutdown tests only).
     pub call_delay: Option<Duration>,
 }
+
+/// How long the journal export's last pass may take at shutdown.
+const JOURNAL_FLUSH: Duration = Duration::from_secs(5);
 
 /// How long after the last call finished its reply is surely written.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -288,6 +291,14 @@ pub async fn run_with_reload(
         settings.sweep_interval,
         stop_rx.clone(),
     ));
+    // The audit trail in the journal, stopped after the drain so that the
+    // drain's own events are exported too.
+    let (journal_stop, journal_stop_rx) = tokio::sync::watch::channel(false);
+    let cursor = match &settings.database {
+        Location::Sqlite(path) => journal::Cursor::beside(path),
+        Location::Postgres(_) => journal::Cursor::none(),
+    };
+    let exporter = tokio::spawn(journal::run(ops.clone(), cursor, journal_stop_rx));
     let watchdog = notify::watchdog_interval().map(|every| {
         tracing::info!("watchdog ping every {} ms", every.as_millis());
         tokio::spawn(notify::watchdog(ops.clone(), every))
@@ -307,6 +318,10 @@ pub async fn run_with_reload(
         );
     }
     let _ = sweeper.await;
+    let _ = journal_stop.send(true);
+    if tokio::time::timeout(JOURNAL_FLUSH, exporter).await.is_err() {
+        tracing::warn!("journal export still running after its last pass; stopping anyway");
+    }
     if let Some(r) = reloader {
         r.abort();
     }

@@ -23,6 +23,8 @@
 //! - [`sweeper`]: expired leases back to the queue, or failed;
 //! - [`follow`]: with a PostgreSQL store, other hosts' changes as
 //!   `TaskChanged` on this bus;
+//! - [`journal`]: the audit trail in the journal, one `MESSAGE_ID` per
+//!   action with its catalogue entry;
 //! - [`notify`]: READY, STATUS, STOPPING, WATCHDOG;
 //! - [`daemon`]: start-up and orderly shutdown.
 
@@ -30,6 +32,7 @@ pub mod authz;
 pub mod bus;
 pub mod daemon;
 pub mod follow;
+pub mod journal;
 pub mod notify;
 pub mod ops;
 pub mod sweeper;

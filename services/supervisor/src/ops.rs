@@ -98,6 +98,23 @@ impl Ops {
         self.shared_queue
     }
 
+    /// Events after `after_event_id`, oldest first, for the journal export
+    /// (no caller: the supervisor reads its own log).
+    pub(crate) async fn events_after(
+        &self,
+        after_event_id: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, Error> {
+        self.store
+            .call(move |s| s.events(None, after_event_id, limit))
+            .await
+    }
+
+    /// The newest event's id (0 for an empty log).
+    pub(crate) async fn last_event_id(&self) -> Result<i64, Error> {
+        self.store.call(|s| s.last_event_id()).await
+    }
+
     /// SubmitTask.
     pub async fn submit(
         &self,

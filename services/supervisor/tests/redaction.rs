@@ -1,5 +1,6 @@
 //! Secrets planted through every writer reach neither the task database,
-//! nor the supervisor's log (what journald keeps), nor airlockctl's output.
+//! nor the supervisor's log (what journald keeps, the audit trail's journal
+//! entries included), nor airlockctl's output.
 //!
 //! Writers: an admin's reason (Verify, CancelTask), a denied call that
 //! quotes what it was sent (an unknown field named like a token), and a
@@ -147,6 +148,16 @@ fn planted_secrets_are_redacted_in_the_database_the_log_and_airlockctl_output() 
         shown.extend(ctl(&["--json", "show", &format!("redact-{i:02}")]));
     }
     drop(c);
+    // The audit trail's journal entries (stderr lines outside systemd) are
+    // exported after each commit: wait for the last reason's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !contains(&std::fs::read(&log_path).unwrap(), "marker-cancel") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cancel's audit entry never reached the log"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     drop(sup); // SIGKILL: the WAL is still there to be searched too.
     let mut stored = std::fs::read(&db).unwrap();
     if let Ok(wal) = std::fs::read(dir.path().join("tasks.sqlite3-wal")) {
@@ -177,6 +188,10 @@ fn planted_secrets_are_redacted_in_the_database_the_log_and_airlockctl_output() 
         assert!(
             contains(&shown, &format!("marker-{i:02} saw")),
             "reason {i} not shown"
+        );
+        assert!(
+            contains(&log, &format!("marker-{i:02} saw")),
+            "reason {i} not in the audit trail's journal entry"
         );
         assert!(
             contains(&stored, &format!("[REDACTED:{kind}]")),

@@ -568,6 +568,15 @@ impl Backend for PgBackend {
         })
     }
 
+    fn last_event_id(&self) -> StoreResult<i64> {
+        self.with_session(|s| {
+            s.client
+                .query_one("SELECT COALESCE(MAX(id), 0)::bigint FROM events", &[])
+                .and_then(|r| r.try_get(0))
+                .map_err(|e| pg_error("reading the newest event id", e))
+        })
+    }
+
     fn integrity_check(&self) -> StoreResult<()> {
         self.with_session(|s| {
             let corrupt = |why: String| -> StoreError { Error::with(Code::STORE_CORRUPT, why).into() };

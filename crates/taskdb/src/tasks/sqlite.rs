@@ -203,6 +203,12 @@ impl Backend for SqliteBackend {
         .map_err(|e| StoreError::sqlite("reading events", e))
     }
 
+    fn last_event_id(&self) -> StoreResult<i64> {
+        self.conn
+            .query_row("SELECT COALESCE(MAX(id), 0) FROM events", [], |r| r.get(0))
+            .map_err(|e| StoreError::sqlite("reading the newest event id", e))
+    }
+
     fn integrity_check(&self) -> StoreResult<()> {
         db::integrity_check(&self.conn)
     }

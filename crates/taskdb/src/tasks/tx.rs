@@ -201,6 +201,8 @@ pub trait Backend: Send + std::fmt::Debug {
         after_event_id: i64,
         limit: u32,
     ) -> StoreResult<Vec<RawEvent>>;
+    /// The id of the newest event (0 when there is none).
+    fn last_event_id(&self) -> StoreResult<i64>;
     /// The engine's own consistency check.
     fn integrity_check(&self) -> StoreResult<()>;
 }
