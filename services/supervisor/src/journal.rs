@@ -406,11 +406,20 @@ mod tests {
                 .unwrap_or_else(|| panic!("released MESSAGE_ID {id} ({subject}) is gone"));
             assert_eq!(now.subject, *subject, "MESSAGE_ID {id} changed its subject");
         }
-        assert_eq!(
-            RELEASED,
-            catalog_text(),
-            "catalog/airlock.catalog is stale: UPDATE_DOCS=1 cargo test -p airlock-supervisor --lib journal"
-        );
+        let now = catalog_text();
+        if let Some((n, (was, is))) = RELEASED
+            .lines()
+            .zip(now.lines())
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+        {
+            panic!(
+                "catalog/airlock.catalog is stale from line {}: {was:?} != {is:?}; \
+                 UPDATE_DOCS=1 cargo test -p airlock-supervisor --lib journal",
+                n + 1
+            );
+        }
+        assert_eq!(RELEASED.len(), now.len(), "catalog/airlock.catalog is stale");
     }
 
     /// journalctl itself accepts the file: every entry is in its catalogue
