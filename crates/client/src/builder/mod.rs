@@ -116,6 +116,14 @@ pub enum Changes<'a> {
     Worktree(&'a Path),
     /// A unified diff against the source head.
     Patch(&'a str),
+    /// Whole files: each `(path, content)` written, each path in `delete`
+    /// removed (an MCP client's `propose_change`).
+    Files {
+        /// Files written with their whole new content.
+        write: &'a [(String, String)],
+        /// Files removed.
+        delete: &'a [String],
+    },
 }
 
 /// What a planner proposes; [`Proposal::build`] makes the task.
@@ -271,6 +279,7 @@ impl Proposal {
         let edits = match changes {
             Changes::Worktree(dir) => worktree::edits(repo, &source_head, dir)?,
             Changes::Patch(text) => patch_edits(repo, &source_head, text)?,
+            Changes::Files { write, delete } => file_edits(repo, &source_head, write, delete)?,
         };
         if edits.is_empty() {
             return Err(Error::with(
@@ -315,6 +324,82 @@ impl Proposal {
             edits,
         })
     }
+}
+
+/// The edits whole files make to `head`: a write of a file the head has
+/// is guarded by its digest there (and dropped when nothing changes), a
+/// deletion must name a file the head has.
+fn file_edits(
+    repo: &SourceRepo,
+    head: &str,
+    write: &[(String, String)],
+    delete: &[String],
+) -> Result<Vec<Edit>, Error> {
+    let tree = repo.tree(head)?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut edits = Vec::new();
+    let base = |path: &str| -> Result<Option<(Vec<u8>, String)>, Error> {
+        let Some(entry) = tree.get(path) else {
+            return Ok(None);
+        };
+        if !matches!(entry.kind, Kind::File | Kind::Executable) {
+            return Err(refuse(
+                Code::PROPOSAL_SYMLINK_CHANGE,
+                path,
+                "a symbolic link or submodule in the base",
+            ));
+        }
+        let bytes = repo.blobs(&[entry.oid.as_str()])?.remove(0);
+        let sha = sha256_hex(&bytes);
+        Ok(Some((bytes, sha)))
+    };
+    let paths = write.iter().map(|(p, _)| p).chain(delete.iter());
+    for path in paths {
+        check_relative_path(path)?;
+        if !seen.insert(path.clone()) {
+            return Err(Error::with(
+                Code::CHANGE_SET_INVALID,
+                format!("{path} is changed twice"),
+            ));
+        }
+    }
+    for (path, content) in write {
+        if !is_text(content.as_bytes()) {
+            return Err(refuse(
+                Code::PROPOSAL_BINARY_CHANGE,
+                path,
+                "the content has a NUL byte",
+            ));
+        }
+        match base(path)? {
+            Some((bytes, _)) if bytes == content.as_bytes() => {}
+            Some((_, sha)) => edits.push(Edit::Write {
+                path: path.clone(),
+                content: content.clone(),
+                base_sha256: Some(sha),
+            }),
+            None => edits.push(Edit::Write {
+                path: path.clone(),
+                content: content.clone(),
+                base_sha256: None,
+            }),
+        }
+    }
+    for path in delete {
+        let (_, sha) = base(path)?.ok_or_else(|| {
+            refuse(
+                Code::PATCH_HUNK_FAILED,
+                path,
+                "deleted, but the base has no such file",
+            )
+        })?;
+        edits.push(Edit::Delete {
+            path: path.clone(),
+            base_sha256: sha,
+        });
+    }
+    edits.sort_by(|a, b| a.path().cmp(b.path()));
+    Ok(edits)
 }
 
 /// The edits a unified diff makes to `head`.
