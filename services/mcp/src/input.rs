@@ -103,6 +103,22 @@ pub fn task_id(id: &str) -> Result<&str, Error> {
     }
 }
 
+/// An idempotency token: `[A-Za-z0-9][A-Za-z0-9._:-]{7,127}`.
+pub fn idempotency_token(t: &str) -> Result<&str, Error> {
+    let ok = (8..=128).contains(&t.len())
+        && t.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    if ok {
+        Ok(t)
+    } else {
+        Err(Error::with(
+            Code::IDEMPOTENCY_KEY_INVALID,
+            format!("{t:?}: 8 to 128 of A-Z a-z 0-9 . _ : -, starting with a letter or digit"),
+        ))
+    }
+}
+
 /// `bytes` within `max`, or FIELD_BOUNDS_EXCEEDED naming `what`.
 pub fn bounded(what: &str, bytes: usize, max: u64) -> Result<(), Error> {
     if bytes as u64 > max {

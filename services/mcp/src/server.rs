@@ -373,6 +373,13 @@ impl AirlockMcp {
         for p in a.delete.iter().flatten() {
             input::path(p)?;
         }
+        if let Some(patch) = &a.patch {
+            for file in airlock_client::builder::patch::parse(patch)? {
+                for p in [&file.old_path, &file.new_path].into_iter().flatten() {
+                    input::path(p)?;
+                }
+            }
+        }
         let has_files = a.files.as_ref().is_some_and(|f| !f.is_empty())
             || a.delete.as_ref().is_some_and(|d| !d.is_empty());
         if a.patch.is_some() == has_files {
@@ -385,6 +392,28 @@ impl AirlockMcp {
             input::revision(b)?;
         }
         let config = self.config()?;
+        // The executor refuses credential-like paths the administrator did
+        // not allow; with none allowed, say so now rather than after a run.
+        if config.executor.allow_credential_paths.is_empty() {
+            let mut paths: Vec<String> = a.files.iter().flatten().map(|f| f.path.clone()).collect();
+            paths.extend(a.delete.iter().flatten().cloned());
+            if let Some(patch) = &a.patch {
+                for file in airlock_client::builder::patch::parse(patch)? {
+                    paths.extend(file.old_path.into_iter().chain(file.new_path));
+                }
+            }
+            if let Some(p) = paths
+                .iter()
+                .find(|p| airlock_proto::path::is_credential_path(p))
+            {
+                return Err(Error::with(
+                    Code::CREDENTIAL_PATH_DENIED,
+                    format!(
+                        "{p}: a credential-like path (executor.allow_credential_paths allows none)"
+                    ),
+                ));
+            }
+        }
         let verification = self.verification(&a, &config.executor.programs)?;
         // The same token from the same user names the same task; its
         // arguments' digest is the binding's idempotency key, so other
@@ -396,13 +425,22 @@ impl AirlockMcp {
             )?
             .as_bytes(),
         );
-        let task_id = a.idempotency_token.as_deref().map(|token| {
-            let id = sha256_hex(format!("airlock-mcp\0{}\0{token}", self.inner.uid).as_bytes());
-            format!("m-{}", &id[..24])
-        });
-        let key = format!("mcp-{}", &digest[..40]);
+        let uid = self.inner.uid;
+        let task_id = match a.idempotency_token.as_deref() {
+            Some(token) => {
+                input::idempotency_token(token)?;
+                let id = sha256_hex(format!("airlock-mcp\0{uid}\0{token}").as_bytes());
+                format!("m-{}", &id[..24])
+            }
+            None => airlock_client::builder::new_task_id()?,
+        };
+        // Unique per task (the supervisor refuses a key reused by another
+        // task), and a function of the arguments (a replay is recognised).
+        let key = sha256_hex(format!("airlock-mcp\0{uid}\0{task_id}\0{digest}").as_bytes());
+        let key = format!("mcp-{}", &key[..40]);
+        let task_id = Some(task_id);
         let sup = self.supervisor().await?;
-        if let Some(id) = &task_id {
+        if let (Some(id), Some(_)) = (&task_id, &a.idempotency_token) {
             match sup.get_task(id).await {
                 Ok(task) => {
                     self.check_owner(&sup, &task.task_id).await?;
@@ -613,7 +651,7 @@ impl AirlockMcp {
         let mut step = 0u32;
         let mut last_reported = None;
         loop {
-            if task.state.is_terminal() || Instant::now() >= deadline || ctx.ct.is_cancelled() {
+            if settled(task.state) || Instant::now() >= deadline || ctx.ct.is_cancelled() {
                 break;
             }
             if let Some(token) = &token {
@@ -656,7 +694,7 @@ impl AirlockMcp {
             }
             task = sup.get_task(&task.task_id).await?;
         }
-        let finished = task.state.is_terminal();
+        let finished = settled(task.state);
         Ok(json!({
             "task": summary(&task),
             "finished": finished,
@@ -771,6 +809,12 @@ fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
+/// Nothing more happens without a human: final, or verified and waiting
+/// for an administrator's decision (`supervisor.auto_accept` off).
+fn settled(state: TaskState) -> bool {
+    state.is_terminal() || state == TaskState::Verifying
+}
+
 fn result_of(task: &TaskView) -> Option<TaskResult> {
     task.result
         .as_ref()
@@ -783,7 +827,7 @@ fn next_step(task: &TaskView) -> &'static str {
             "in progress: call wait_for_task until it is final"
         }
         TaskState::Verifying => {
-            "verified; waiting for an administrator's decision: call wait_for_task again later"
+            "verified and committed on target_branch at commit; an administrator decides whether to accept it: nothing more to do now"
         }
         TaskState::Succeeded => {
             "done: the change is committed on target_branch at commit; airlock never merges it"
@@ -820,7 +864,7 @@ pub fn summary(task: &TaskView) -> Value {
         "repository": task.binding.repository,
         "base_commit": task.binding.base_oid,
         "target_branch": task.binding.target_branch,
-        "commit": if task.state == TaskState::Succeeded { result.as_ref().and_then(|r| r.commit_oid.clone()) } else { None },
+        "commit": if matches!(task.state, TaskState::Succeeded | TaskState::Verifying) { result.as_ref().and_then(|r| r.commit_oid.clone()) } else { None },
         "failure_code": result.as_ref().and_then(|r| r.failure_code.clone()),
         "commands": commands,
         "created_at_ms": task.created_at_ms,

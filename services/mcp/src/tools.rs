@@ -99,7 +99,7 @@ pub fn task_schema() -> Value {
             "repository": {"type": "string"},
             "base_commit": oid(),
             "target_branch": {"type": "string"},
-            "commit": nullable(oid()),
+            "commit": nullable(json!({"type": "string", "pattern": "^[0-9a-f]{40}$", "description": "the verified commit on target_branch (VERIFYING or SUCCEEDED)"})),
             "failure_code": nullable(json!({"type": "string"})),
             "commands": {"type": "array", "items": object(json!({
                 "label": {"type": "string"},
@@ -319,7 +319,7 @@ fn wait_for_task_out() -> Value {
     output(object(
         json!({
             "task": task_schema(),
-            "finished": {"type": "boolean", "description": "the task is final"},
+            "finished": {"type": "boolean", "description": "nothing more happens without a human: the task is final, or VERIFYING (verified, committed, awaiting an administrator's decision)"},
             "waited_ms": {"type": "integer"}
         }),
         &["task", "finished", "waited_ms"],
@@ -453,7 +453,7 @@ pub const TOOLS: &[ToolSpec] = &[
     ToolSpec {
         name: "wait_for_task",
         title: "Wait for a task",
-        description: "Waits until one of your tasks is final (SUCCEEDED, FAILED or CANCELLED) or the timeout passes (45 s at most, below clients' tool timeouts), then returns its status. Sends progress notifications when the request asks for them. If finished is false, call it again.",
+        description: "Waits until one of your tasks is final (SUCCEEDED, FAILED or CANCELLED) or verified and awaiting an administrator (VERIFYING), or the timeout passes (45 s at most, below clients' tool timeouts), then returns its status. Sends progress notifications when the request asks for them. If finished is false, call it again.",
         read_only: true,
         idempotent: true,
         destructive: false,
