@@ -656,7 +656,7 @@ impl AirlockMcp {
             }
             if let Some(token) = &token {
                 let state = (task.state, task.attempt);
-                if last_reported != Some(state) || step % 5 == 0 {
+                if last_reported != Some(state) || step.is_multiple_of(5) {
                     let message = format!(
                         "{} (attempt {}/{})",
                         task.state.as_str(),
@@ -969,3 +969,37 @@ impl ServerHandler for AirlockMcp {
 }
 
 const INSTRUCTIONS: &str = "airlock: change a repository only through verified tasks. Read with list_repositories, resolve_ref, list_files and read_file; propose a change (a unified diff or whole files) with propose_change and verification commands; follow it with wait_for_task; read failures with get_task_log. A change that passes lands on an agent/ branch for a human to review; nothing is pushed or merged.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_packaged_presets_parse_and_their_commands_resolve_with_the_default_programs() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/mcp.toml");
+        let presets = Presets::load(&path).unwrap();
+        assert!(!presets.preset.is_empty());
+        let programs = airlock_config::Config::default().executor.programs;
+        for (name, p) in &presets.preset {
+            for line in &p.commands {
+                verify_command(line, p.timeout_seconds, &programs)
+                    .unwrap_or_else(|e| panic!("preset {name}: {line}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_presets_is_a_configuration_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcp.toml");
+        std::fs::write(&path, "[preset.x]\ncommands = [\"true\"]\nshell = true\n").unwrap();
+        assert_eq!(Presets::load(&path).unwrap_err().code, Code::CONFIG_INVALID);
+        assert!(
+            Presets::load(&dir.path().join("absent.toml"))
+                .unwrap()
+                .preset
+                .is_empty()
+        );
+    }
+}
