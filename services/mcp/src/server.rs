@@ -111,7 +111,7 @@ fn refusal(e: &Error) -> CallToolResult {
     CallToolResult::structured_error(json!({"error": {
         "code": e.code.as_str(),
         "message": text::clean(&message, 2048).0,
-        "retryable": e.code.class() == airlock_proto::error::Class::Unavailable,
+        "retryable": e.code.retryable(),
     }}))
 }
 
