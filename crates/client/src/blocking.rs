@@ -5,7 +5,7 @@ use crate::Supervisor as Async;
 use airlock_proto::Error;
 use airlock_proto::bus::{EventPage, LeaseRef, ResultReceipt, SubmitReply, TaskPage};
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
-use airlock_proto::task::{ClaimGrant, TaskResult, TaskView};
+use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::{Handle, Runtime};
@@ -100,13 +100,13 @@ impl Supervisor {
     }
 
     /// `CancelTask`.
-    pub fn cancel_task(&self, task_id: &str, reason: &str) -> Result<TaskView, Error> {
-        self.block_on(self.inner.cancel_task(task_id, reason))
+    pub fn cancel_task(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
+        self.block_on(self.inner.cancel_task(req))
     }
 
     /// `Verify`.
-    pub fn verify(&self, task_id: &str, decision: &str, reason: &str) -> Result<TaskView, Error> {
-        self.block_on(self.inner.verify(task_id, decision, reason))
+    pub fn verify(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
+        self.block_on(self.inner.verify(req))
     }
 
     /// `Claim`.

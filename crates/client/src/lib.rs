@@ -34,7 +34,7 @@ use airlock_proto::bus::{
     self, BUS_NAME, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
 };
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
-use airlock_proto::task::{ClaimGrant, TaskResult, TaskView};
+use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
 use airlock_proto::{Code, Error};
 use serde::de::DeserializeOwned;
 use std::future::Future;
@@ -294,23 +294,24 @@ impl Supervisor {
         .await
     }
 
-    /// `CancelTask`.
-    pub async fn cancel_task(&self, task_id: &str, reason: &str) -> Result<TaskView, Error> {
-        self.json(&self.tasks, bus::tasks::CANCEL_TASK, &(task_id, reason))
-            .await
+    /// `CancelTask`: `req.decision` is cancel.
+    pub async fn cancel_task(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
+        let body = req.to_value().to_string();
+        self.json(
+            &self.tasks,
+            bus::tasks::CANCEL_TASK,
+            &(req.task_id.as_str(), body.as_str()),
+        )
+        .await
     }
 
-    /// `Verify`: `decision` is accept, rework or reject.
-    pub async fn verify(
-        &self,
-        task_id: &str,
-        decision: &str,
-        reason: &str,
-    ) -> Result<TaskView, Error> {
+    /// `Verify`: `req.decision` is accept, rework or reject.
+    pub async fn verify(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
+        let body = req.to_value().to_string();
         self.json(
             &self.tasks,
             bus::tasks::VERIFY,
-            &(task_id, decision, reason),
+            &(req.task_id.as_str(), body.as_str()),
         )
         .await
     }

@@ -14,12 +14,15 @@
 //! | | `GetTask` | `s` task id | `s` [`TaskView`] | polkit `tasks.read` |
 //! | | `ListTasks` | `s` state or `""`, `s` after task id or `""`, `u` limit | `s` [`TaskPage`] | polkit `tasks.read` |
 //! | | `ListEvents` | `s` task id or `""`, `x` after event id, `u` limit | `s` [`EventPage`] | polkit `tasks.read` |
-//! | | `CancelTask` | `s` task id, `s` reason | `s` [`TaskView`] | polkit `tasks.manage` |
-//! | | `Verify` | `s` task id, `s` decision, `s` reason | `s` [`TaskView`] | polkit `tasks.manage` |
+//! | | `CancelTask` | `s` task id, `s` [`DecisionRequest`] JSON (`cancel`) | `s` [`DecisionOutcome`] | polkit `tasks.manage` |
+//! | | `Verify` | `s` task id, `s` [`DecisionRequest`] JSON (`accept`, `rework`, `reject`) | `s` [`DecisionOutcome`] | polkit `tasks.manage` |
 //! | [`worker::INTERFACE`] | `Claim` | | `s` [`ClaimGrant`] or `null` | peer uid = `supervisor.worker_user` |
 //! | | `Renew` | [`LeaseRef`] as `s` `t` `s` | `x` new expiry (unix ms) | peer uid = `supervisor.worker_user` |
 //! | | `SubmitResult` | [`LeaseRef`] as `s` `t` `s`, `s` key, `s` result JSON | `s` [`ResultReceipt`] | peer uid = `supervisor.worker_user` |
 //! | [`retry::INTERFACE`] | `ExtendRetry` | `s` task id, `s` request JSON, `s` owner id | `s` [`RetryExtensionOutcome`] | peer uid = `retry.user` |
+//!
+//! [`DecisionRequest`]: crate::task::DecisionRequest
+//! [`DecisionOutcome`]: crate::task::DecisionOutcome
 //!
 //! A refusal is a D-Bus error named by [`Code::dbus_error_name`], with the
 //! human detail as its message; [`Code::from_dbus_error_name`] maps it back.
@@ -34,7 +37,7 @@ use serde_json::Value;
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks1.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (2, 0);
+pub const PROTOCOL_VERSION: (u32, u32) = (3, 0);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {

@@ -291,6 +291,14 @@ catalogue! {
     VERIFICATION_DECISION_INVALID => Invalid, None;
     /// The stored verification record is not valid JSON.
     TASK_VERIFICATION_INVALID => Conflict, None;
+    /// The decision's idempotency key was used on this task with another decision.
+    DECISION_IDEMPOTENCY_CONFLICT => Conflict, None;
+    /// The task's revision or attempt is not the one the decision names: the task moved on since the admin looked.
+    DECISION_CAS_MISMATCH => Conflict, None;
+    /// The task's result is not the one whose SHA-256 the decision names.
+    DECISION_RESULT_DRIFT => Conflict, None;
+    /// expected_result_sha256 is neither null nor 64 lowercase hex digits.
+    RESULT_SHA256_INVALID => Invalid, None;
 
     // ---- retry extension (owner-controlled) -------------------------------------
     /// The request does not have exactly the retry-extension field set.

@@ -81,16 +81,29 @@ pub enum Decision {
     Rework,
     /// FAILED.
     Reject,
+    /// CANCELLED (Tasks1.CancelTask only).
+    Cancel,
 }
 
 impl Decision {
-    /// Parses `accept`, `rework` or `reject`.
+    /// Parses `accept`, `rework`, `reject` or `cancel`.
     pub fn parse(s: &str) -> Result<Self> {
         match s {
             "accept" => Ok(Decision::Accept),
             "rework" => Ok(Decision::Rework),
             "reject" => Ok(Decision::Reject),
+            "cancel" => Ok(Decision::Cancel),
             _ => Err(Error::with(Code::VERIFICATION_DECISION_INVALID, s)),
+        }
+    }
+
+    /// The wire name (`accept`, `rework`, `reject`, `cancel`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Accept => "accept",
+            Decision::Rework => "rework",
+            Decision::Reject => "reject",
+            Decision::Cancel => "cancel",
         }
     }
 
@@ -100,6 +113,7 @@ impl Decision {
             Decision::Accept => "ACCEPTED",
             Decision::Rework => "NEEDS_REWORK",
             Decision::Reject => "REJECTED",
+            Decision::Cancel => "CANCELLED",
         }
     }
 }
@@ -114,6 +128,202 @@ pub fn check_reason(reason: &str) -> Result<&str> {
         ));
     }
     Ok(r)
+}
+
+/// Schema tag of an admin's decision (`Tasks1.Verify`, `Tasks1.CancelTask`).
+pub const DECISION_SCHEMA: &str = "airlock.task-decision.v1";
+
+/// The fields of a [`DecisionRequest`], every one required.
+pub const DECISION_FIELDS: &[&str] = &[
+    "schema",
+    "task_id",
+    "decision",
+    "reason",
+    "idempotency_key",
+    "expected_revision",
+    "expected_attempt",
+    "expected_result_sha256",
+];
+
+/// An admin's decision on a task, bound by compare-and-swap to what the
+/// admin saw: the task's revision, its attempt and the SHA-256 of the
+/// result shown ([`TaskView::result_sha256`], `null` when none was shown).
+/// The idempotency key makes it exactly-once: the same key and the same
+/// request again returns the stored answer; the same key with another
+/// request is `DECISION_IDEMPOTENCY_CONFLICT`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionRequest {
+    /// Always [`DECISION_SCHEMA`].
+    pub schema: String,
+    /// The task.
+    pub task_id: String,
+    /// accept, rework or reject (Verify); cancel (CancelTask).
+    pub decision: Decision,
+    /// Why, checked by [`check_reason`] and trimmed.
+    pub reason: String,
+    /// Makes the decision exactly-once (the key form of the binding's).
+    pub idempotency_key: String,
+    /// The task revision the admin saw.
+    pub expected_revision: i64,
+    /// The attempt the admin saw.
+    pub expected_attempt: u32,
+    /// SHA-256 of the result the admin saw; `None` when none was shown.
+    pub expected_result_sha256: Option<String>,
+}
+
+impl DecisionRequest {
+    /// Parses a decision strictly: the exact field set, the schema tag,
+    /// then each field with its own code (`TASK_ID_INVALID`,
+    /// `VERIFICATION_DECISION_INVALID`, `IDEMPOTENCY_KEY_INVALID`,
+    /// `MESSAGE_INVALID` for the counters, `RESULT_SHA256_INVALID`).
+    pub fn from_value(value: &Value) -> Result<Self> {
+        let o = Obj::new(value, "decision", Code::MESSAGE_INVALID)?;
+        o.only(DECISION_FIELDS)?;
+        if let Some(missing) = DECISION_FIELDS.iter().find(|f| !o.has(f)) {
+            return Err(Error::with(
+                Code::MESSAGE_INVALID,
+                format!("decision.{missing} is missing"),
+            ));
+        }
+        if o.get("schema").and_then(Value::as_str) != Some(DECISION_SCHEMA) {
+            return Err(Error::with(
+                Code::SCHEMA_INVALID,
+                format!("decision schema is not {DECISION_SCHEMA}"),
+            ));
+        }
+        let task_id = o.get("task_id").and_then(Value::as_str).unwrap_or("");
+        if !crate::binding::is_task_id(task_id) {
+            return Err(Error::with(Code::TASK_ID_INVALID, "decision.task_id"));
+        }
+        let decision = match o.get("decision") {
+            Some(Value::String(s)) => Decision::parse(s)?,
+            _ => {
+                return Err(Error::with(
+                    Code::VERIFICATION_DECISION_INVALID,
+                    "decision.decision must be a string",
+                ));
+            }
+        };
+        let reason = match o.get("reason") {
+            Some(Value::String(s)) => check_reason(s)?,
+            _ => {
+                return Err(Error::with(
+                    Code::VERIFICATION_DECISION_INVALID,
+                    "decision.reason must be a string",
+                ));
+            }
+        };
+        let key = o
+            .get("idempotency_key")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !crate::binding::is_key(key) {
+            return Err(Error::with(
+                Code::IDEMPOTENCY_KEY_INVALID,
+                "decision.idempotency_key",
+            ));
+        }
+        let expected_revision = o.int("expected_revision", Code::MESSAGE_INVALID, 1..=i64::MAX)?;
+        let expected_attempt = o.int(
+            "expected_attempt",
+            Code::MESSAGE_INVALID,
+            0..=i64::from(MAX_ATTEMPTS_CAP),
+        )? as u32;
+        let expected_result_sha256 = match o.get("expected_result_sha256") {
+            Some(Value::Null) => None,
+            Some(Value::String(s)) if is_sha256_hex(s) => Some(s.clone()),
+            _ => {
+                return Err(Error::with(
+                    Code::RESULT_SHA256_INVALID,
+                    "decision.expected_result_sha256",
+                ));
+            }
+        };
+        Ok(DecisionRequest {
+            schema: DECISION_SCHEMA.to_owned(),
+            task_id: task_id.to_owned(),
+            decision,
+            reason: reason.to_owned(),
+            idempotency_key: key.to_owned(),
+            expected_revision,
+            expected_attempt,
+            expected_result_sha256,
+        })
+    }
+
+    /// A decision about `view` exactly as shown: its revision, attempt and
+    /// result SHA-256. Without `key`, the idempotency key is derived from
+    /// the task, the revision, the decision and the reason, so the same
+    /// command about the same view asks once.
+    pub fn about(view: &TaskView, decision: Decision, reason: &str, key: Option<&str>) -> Self {
+        let key = match key {
+            Some(k) => k.to_owned(),
+            None => {
+                let tag = crate::canonical::sha256_hex(
+                    format!(
+                        "{}\0{}\0{}\0{}",
+                        view.task_id,
+                        view.revision,
+                        decision.as_str(),
+                        reason.trim()
+                    )
+                    .as_bytes(),
+                );
+                format!("decide-{}-r{}", &tag[..32], view.revision)
+            }
+        };
+        DecisionRequest {
+            schema: DECISION_SCHEMA.to_owned(),
+            task_id: view.task_id.clone(),
+            decision,
+            reason: reason.trim().to_owned(),
+            idempotency_key: key,
+            expected_revision: view.revision,
+            expected_attempt: view.attempt,
+            expected_result_sha256: view.result_sha256.clone(),
+        }
+    }
+
+    /// The request as JSON.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a decision request serialises")
+    }
+
+    /// SHA-256 of the canonical request (as parsed: the reason trimmed):
+    /// what an idempotent replay compares.
+    pub fn request_sha256(&self) -> String {
+        crate::canonical::digest_of(self).expect("a decision request is always canonical")
+    }
+}
+
+/// The answer to a decision, stored with it: an identical replay returns
+/// it again (with `idempotent: true`), even after the task moved on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionOutcome {
+    /// The task.
+    pub task_id: String,
+    /// What was decided.
+    pub decision: Decision,
+    /// The request's idempotency key.
+    pub idempotency_key: String,
+    /// The attempt it was about.
+    pub attempt: u32,
+    /// SHA-256 of the result it was about (`None`: no result yet).
+    pub result_sha256: Option<String>,
+    /// The task's state right after the decision.
+    pub state: TaskState,
+    /// The task's revision right after the decision.
+    pub revision: i64,
+    /// True when this answer is a replay of the stored one.
+    pub idempotent: bool,
+}
+
+/// SHA-256 of a stored result as it is shown ([`TaskView::result`], in
+/// canonical JSON): what a decision's `expected_result_sha256` names.
+pub fn result_sha256(result: &Value) -> Result<String> {
+    crate::canonical::digest_of(result)
 }
 
 /// A planner's task submission.
@@ -341,6 +551,9 @@ pub struct TaskView {
     pub execution_digest: String,
     /// The accepted or latest submitted result.
     pub result: Option<Value>,
+    /// SHA-256 of `result` in canonical JSON ([`result_sha256`]); a
+    /// decision names it as `expected_result_sha256`.
+    pub result_sha256: Option<String>,
     /// The latest verification record.
     pub verification: Option<Value>,
     /// Creation time (unix ms).

@@ -23,8 +23,8 @@
 //! - Every refusal ([`StoreError::Refused`]) of a mutating method rolls its
 //!   transaction back (nothing changes) and then appends a `denied` event
 //!   with the refusal's [`Code`] in a transaction of its own.
-//! - Idempotent replays (the same submission, plan, result or retry
-//!   extension again) change nothing and append nothing.
+//! - Idempotent replays (the same submission, plan, result, decision or
+//!   retry extension again) change nothing and append nothing.
 //! - The events table is append-only: triggers abort any `UPDATE` or
 //!   `DELETE` on it (on PostgreSQL also `TRUNCATE`, and the supervisor's
 //!   role holds no UPDATE or DELETE privilege on it).
@@ -85,7 +85,8 @@ pub use sqlite::SqliteBackend;
 pub use airlock_proto::plan::{PlanRecord, PlanRequest};
 pub use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 pub use airlock_proto::task::{
-    ClaimGrant, Decision, TaskResult, TaskState, TaskSubmission, TaskView,
+    ClaimGrant, DECISION_SCHEMA, Decision, DecisionOutcome, DecisionRequest, TaskResult, TaskState,
+    TaskSubmission, TaskView,
 };
 
 /// Longest lease a claim or renewal may ask for (one day).
@@ -466,12 +467,9 @@ pub trait TaskStore: Send + std::fmt::Debug {
     fn decide(
         &mut self,
         task_id: &str,
-        decision: Decision,
-        reason: &str,
+        req: &DecisionRequest,
         actor: &Actor,
-    ) -> StoreResult<TaskView>;
-    /// See [`Store::cancel`].
-    fn cancel(&mut self, task_id: &str, reason: &str, actor: &Actor) -> StoreResult<TaskView>;
+    ) -> StoreResult<DecisionOutcome>;
     /// See [`Store::claim`].
     fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>>;
     /// See [`Store::claim_in`].
@@ -690,14 +688,10 @@ impl<B: Backend> TaskStore for Store<B> {
     fn decide(
         &mut self,
         task_id: &str,
-        decision: Decision,
-        reason: &str,
+        req: &DecisionRequest,
         actor: &Actor,
-    ) -> StoreResult<TaskView> {
-        Store::decide(self, task_id, decision, reason, actor)
-    }
-    fn cancel(&mut self, task_id: &str, reason: &str, actor: &Actor) -> StoreResult<TaskView> {
-        Store::cancel(self, task_id, reason, actor)
+    ) -> StoreResult<DecisionOutcome> {
+        Store::decide(self, task_id, req, actor)
     }
     fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
         Store::claim(self, worker, lease_ms)

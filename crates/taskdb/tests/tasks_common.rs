@@ -6,7 +6,8 @@
 use airlock_pgcluster::{Cluster, StoreDatabase};
 use airlock_proto::Code;
 use airlock_proto::task::{
-    ClaimGrant, CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, TaskSubmission, TaskView,
+    ClaimGrant, CommandSummary, DECISION_SCHEMA, Decision, DecisionRequest, Outcome, RESULT_SCHEMA,
+    TaskResult, TaskSubmission, TaskView,
 };
 use airlock_taskdb::StoreResult;
 use airlock_taskdb::clock::ManualClock;
@@ -17,6 +18,60 @@ use rusqlite::types::ValueRef;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+/// A decision about a task as it is shown now (what airlockctl does),
+/// returning the task after it. For a task that cannot be shown (a bad or
+/// unknown id) the request names revision 1, attempt 0 and no result.
+pub trait DecideNow {
+    fn decide_now(
+        &mut self,
+        task_id: &str,
+        d: Decision,
+        reason: &str,
+        actor: &Actor,
+    ) -> StoreResult<TaskView>;
+    fn cancel(&mut self, task_id: &str, reason: &str, actor: &Actor) -> StoreResult<TaskView>;
+}
+
+/// The request [`DecideNow`] sends.
+pub fn request_now(
+    store: &(impl TaskStore + ?Sized),
+    task_id: &str,
+    d: Decision,
+    reason: &str,
+) -> DecisionRequest {
+    match store.get(task_id) {
+        Ok(view) => DecisionRequest::about(&view, d, reason, None),
+        Err(_) => DecisionRequest {
+            schema: DECISION_SCHEMA.to_owned(),
+            task_id: task_id.to_owned(),
+            decision: d,
+            reason: reason.to_owned(),
+            idempotency_key: "decide-unseen-0001".to_owned(),
+            expected_revision: 1,
+            expected_attempt: 0,
+            expected_result_sha256: None,
+        },
+    }
+}
+
+impl<T: TaskStore + ?Sized> DecideNow for T {
+    fn decide_now(
+        &mut self,
+        task_id: &str,
+        d: Decision,
+        reason: &str,
+        actor: &Actor,
+    ) -> StoreResult<TaskView> {
+        let req = request_now(self, task_id, d, reason);
+        self.decide(task_id, &req, actor)?;
+        self.get(task_id)
+    }
+
+    fn cancel(&mut self, task_id: &str, reason: &str, actor: &Actor) -> StoreResult<TaskView> {
+        self.decide_now(task_id, Decision::Cancel, reason, actor)
+    }
+}
 
 /// A raw SQLite connection to the store's file.
 fn raw_sqlite(path: &Path) -> Connection {
@@ -440,7 +495,12 @@ impl Fixture {
             .flatten()
             .map(|v| v.unwrap_or_else(|| "NULL".to_owned()))
             .collect();
-        for table in ["tasks", "results", "task_retry_extensions"] {
+        for table in [
+            "tasks",
+            "results",
+            "task_retry_extensions",
+            "task_decisions",
+        ] {
             let count = self.row(&format!("SELECT COUNT(*) FROM {table}"))[0].clone();
             out.push(format!("{table}={}", count.unwrap_or_default()));
         }

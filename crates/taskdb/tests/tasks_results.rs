@@ -123,7 +123,7 @@ fn an_identical_result_replays_even_after_the_task_moved_on(backend: Backend) {
     // even though the lease is long gone.
     let accepted = fx
         .store
-        .decide("task-a", Decision::Accept, "looks right", &admin())
+        .decide_now("task-a", Decision::Accept, "looks right", &admin())
         .unwrap();
     let again = fx
         .store
@@ -442,13 +442,16 @@ fn decisions_move_a_verifying_task(backend: Backend) {
         let verifying = fx.finish(&grant, Outcome::Passed, false);
         let v = fx
             .store
-            .decide(&id, decision, "  checked by hand \n", &admin())
+            .decide_now(&id, decision, "  checked by hand \n", &admin())
             .unwrap();
         assert_eq!(v.state, state, "{decision:?}");
         assert_eq!(v.revision, verifying.revision + 1);
         assert_eq!(
             v.verification,
-            Some(json!({"decision": record, "reason": "checked by hand", "actor": "admin"}))
+            Some(json!({
+                "decision": record, "reason": "checked by hand", "actor": "admin",
+                "attempt": 1, "result_sha256": verifying.result_sha256,
+            }))
         );
         let e = fx.store.events(Some(&id), 0, 10).unwrap();
         let last = e.last().unwrap();
@@ -480,11 +483,11 @@ fn decision_refusals(backend: Backend) {
     fx.submit("task-a", 2);
     let a = action::TASK_VERIFIED;
     fx.refused("task-a", Code::TASK_STATE_INVALID, a, Some("task-a"), |s| {
-        s.decide("task-a", Decision::Accept, "ok", &admin())
+        s.decide_now("task-a", Decision::Accept, "ok", &admin())
     });
     let grant = fx.claim();
     fx.refused("task-a", Code::TASK_STATE_INVALID, a, Some("task-a"), |s| {
-        s.decide("task-a", Decision::Accept, "ok", &admin())
+        s.decide_now("task-a", Decision::Accept, "ok", &admin())
     });
     fx.finish(&grant, Outcome::Passed, false);
     for bad in ["", "   ", "colour\u{1b}[31m", &"r".repeat(1025)] {
@@ -493,20 +496,20 @@ fn decision_refusals(backend: Backend) {
             Code::VERIFICATION_DECISION_INVALID,
             a,
             Some("task-a"),
-            |s| s.decide("task-a", Decision::Reject, bad, &admin()),
+            |s| s.decide_now("task-a", Decision::Reject, bad, &admin()),
         );
     }
     fx.refused("task-zz", Code::TASK_NOT_FOUND, a, Some("task-zz"), |s| {
-        s.decide("task-zz", Decision::Accept, "ok", &admin())
+        s.decide_now("task-zz", Decision::Accept, "ok", &admin())
     });
     fx.refused("task-a", Code::TASK_ID_INVALID, a, None, |s| {
-        s.decide("", Decision::Accept, "ok", &admin())
+        s.decide_now("", Decision::Accept, "ok", &admin())
     });
     fx.store
-        .decide("task-a", Decision::Accept, "ok", &admin())
+        .decide_now("task-a", Decision::Accept, "ok", &admin())
         .unwrap();
     fx.refused("task-a", Code::TASK_STATE_INVALID, a, Some("task-a"), |s| {
-        s.decide("task-a", Decision::Reject, "changed my mind", &admin())
+        s.decide_now("task-a", Decision::Reject, "changed my mind", &admin())
     });
 }
 

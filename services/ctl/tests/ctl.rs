@@ -322,10 +322,88 @@ async fn admin_commands_end_to_end_with_tables_and_json() {
         .await;
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("Decided task-cli (SUCCEEDED, attempt 1/3)"),
+        stdout(&o).contains("Decided task-cli (SUCCEEDED, attempt 1, revision"),
         "{}",
         stdout(&o)
     );
+    // It showed what it decided on, and the key an exact replay names.
+    let shown_sha = stdout(&o)
+        .lines()
+        .find_map(|l| l.strip_prefix("Deciding accept on task-cli: VERIFYING at revision "))
+        .and_then(|l| l.split("result ").nth(1))
+        .expect("the decision shows what it is about")
+        .to_owned();
+    let key = stdout(&o)
+        .split("key ")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(|c: char| c == ')' || c.is_whitespace())
+        .to_owned();
+    let done = sup.ctl(&["--json", "show", "task-cli"]).await;
+    let done: Value = serde_json::from_str(&stdout(&done)).unwrap();
+    assert_eq!(done["result_sha256"], json!(shown_sha));
+    // The same decision about the same view again: the stored answer.
+    let rev = (done["revision"].as_i64().unwrap() - 1).to_string();
+    let replay_args = [
+        "verify",
+        "task-cli",
+        "accept",
+        "--reason",
+        "checked by hand",
+        "--expect-revision",
+        &rev,
+        "--expect-attempt",
+        "1",
+        "--expect-result-sha256",
+        &shown_sha,
+        "--idempotency-key",
+        &key,
+    ];
+    let o = sup.ctl(&replay_args).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("Already decided task-cli (SUCCEEDED"),
+        "{}",
+        stdout(&o)
+    );
+    // The same key for another decision is a conflict; a stale view is refused.
+    let mut conflict = replay_args.to_vec();
+    conflict[2] = "reject";
+    let o = sup.ctl(&conflict).await;
+    assert_eq!(code(&o), exit_of(Code::DECISION_IDEMPOTENCY_CONFLICT));
+    assert!(
+        stderr(&o).contains("DECISION_IDEMPOTENCY_CONFLICT"),
+        "{}",
+        stderr(&o)
+    );
+    let o = sup
+        .ctl(&[
+            "verify",
+            "task-cli",
+            "reject",
+            "--reason",
+            "stale",
+            "--expect-revision",
+            &rev,
+        ])
+        .await;
+    assert!(
+        stderr(&o).contains("DECISION_CAS_MISMATCH"),
+        "{}",
+        stderr(&o)
+    );
+    let o = sup
+        .ctl(&[
+            "verify",
+            "task-cli",
+            "reject",
+            "--reason",
+            "bad hash",
+            "--expect-result-sha256",
+            "zz",
+        ])
+        .await;
+    assert_eq!(code(&o), exit_of(Code::RESULT_SHA256_INVALID));
     let o = sup.ctl(&["show", "task-cli"]).await;
     assert!(
         stdout(&o).contains("Verification: ACCEPTED: checked by hand"),

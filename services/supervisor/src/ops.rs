@@ -11,7 +11,9 @@
 use crate::authz::{Authorized, Manage, Read, Retry, Submit, Worker};
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
-use airlock_proto::task::{ClaimGrant, Decision, TaskResult, TaskState, TaskSubmission, TaskView};
+use airlock_proto::task::{
+    ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskSubmission, TaskView,
+};
 use airlock_proto::{Code, Error};
 use airlock_taskdb::tasks::{Event, QueueSummary, ResultReceipt, Submitted, TaskStore};
 use airlock_taskdb::{Location, StoreError};
@@ -171,30 +173,16 @@ impl Ops {
             .await
     }
 
-    /// CancelTask.
-    pub async fn cancel(
+    /// Verify and CancelTask.
+    pub async fn decide(
         &self,
         auth: &Authorized<Manage>,
         task_id: String,
-        reason: String,
-    ) -> Result<TaskView, Error> {
+        req: DecisionRequest,
+    ) -> Result<DecisionOutcome, Error> {
         let actor = auth.actor().clone();
         self.store
-            .call(move |s| s.cancel(&task_id, &reason, &actor))
-            .await
-    }
-
-    /// Verify.
-    pub async fn verify(
-        &self,
-        auth: &Authorized<Manage>,
-        task_id: String,
-        decision: Decision,
-        reason: String,
-    ) -> Result<TaskView, Error> {
-        let actor = auth.actor().clone();
-        self.store
-            .call(move |s| s.decide(&task_id, decision, &reason, &actor))
+            .call(move |s| s.decide(&task_id, &req, &actor))
             .await
     }
 

@@ -5,6 +5,7 @@
 mod common;
 
 use airlock_proto::Code;
+use airlock_proto::task::{Decision, DecisionRequest, TaskView};
 use airlock_taskdb::tasks::EventOutcome;
 use common::*;
 use futures_util::StreamExt;
@@ -148,27 +149,29 @@ async fn full_task_lifecycle_over_the_bus() {
     assert_eq!(next_change(&mut changes).await.1, "VERIFYING");
 
     // Verify: bad decision, then accept.
-    let bad = call_json(&conn, TASKS, "Verify", &("task-life", "maybe", "hmm"))
+    let mut maybe: Value =
+        serde_json::from_str(&decision_about(&conn, "task-life", "accept", "hmm").await).unwrap();
+    maybe["decision"] = json!("maybe");
+    let bad = call_json(&conn, TASKS, "Verify", &("task-life", maybe.to_string()))
         .await
         .unwrap_err();
     assert_eq!(bad.code(), Some(Code::VERIFICATION_DECISION_INVALID));
-    let done = call_json(
-        &conn,
-        TASKS,
-        "Verify",
-        &("task-life", "accept", "looks right"),
-    )
-    .await
-    .unwrap();
+    let accept = decision_about(&conn, "task-life", "accept", "looks right").await;
+    let done = call_json(&conn, TASKS, "Verify", &("task-life", accept.as_str()))
+        .await
+        .unwrap();
     assert_eq!(done["state"], "SUCCEEDED");
+    assert_eq!(done["idempotent"], false);
     assert_eq!(next_change(&mut changes).await.1, "SUCCEEDED");
 
     // CancelTask on the other one; a second cancel is a state conflict.
-    let cancelled = call_json(&conn, TASKS, "CancelTask", &("task-other", "not needed"))
+    let cancel = decision_about(&conn, "task-other", "cancel", "not needed").await;
+    let cancelled = call_json(&conn, TASKS, "CancelTask", &("task-other", cancel.as_str()))
         .await
         .unwrap();
     assert_eq!(cancelled["state"], "CANCELLED");
-    let again = call_json(&conn, TASKS, "CancelTask", &("task-other", "again"))
+    let cancel = decision_about(&conn, "task-other", "cancel", "again").await;
+    let again = call_json(&conn, TASKS, "CancelTask", &("task-other", cancel.as_str()))
         .await
         .unwrap_err();
     assert_eq!(again.code(), Some(Code::TASK_STATE_INVALID));
@@ -278,13 +281,21 @@ async fn refusals_carry_the_catalogue_error_name_and_the_detail() {
         Some(Code::MESSAGE_INVALID)
     );
     submit(&conn, "task-r").await;
+    let early = decision_about(&conn, "task-r", "accept", "too early").await;
     assert_eq!(
-        code(call_json(&conn, TASKS, "Verify", &("task-r", "accept", "too early")).await),
+        code(call_json(&conn, TASKS, "Verify", &("task-r", early.as_str())).await),
         Some(Code::TASK_STATE_INVALID)
     );
+    let mut blank: Value =
+        serde_json::from_str(&decision_about(&conn, "task-r", "cancel", "x").await).unwrap();
+    blank["reason"] = json!("   ");
     assert_eq!(
-        code(call_json(&conn, TASKS, "CancelTask", &("task-r", "   ")).await),
+        code(call_json(&conn, TASKS, "CancelTask", &("task-r", blank.to_string())).await),
         Some(Code::VERIFICATION_DECISION_INVALID)
+    );
+    assert_eq!(
+        code(call_json(&conn, TASKS, "CancelTask", &("task-r", "{not json")).await),
+        Some(Code::MESSAGE_INVALID)
     );
     assert_eq!(
         code(call_json(&conn, TASKS, "ReplacePlan", &("task-r", "[]")).await),
@@ -444,11 +455,11 @@ async fn denied_caller_is_refused_everywhere_and_every_denial_is_recorded() {
         ),
         (
             "CancelTask",
-            call_json(&conn, TASKS, "CancelTask", &("task-d", "no")).await,
+            call_json(&conn, TASKS, "CancelTask", &("task-d", "{}")).await,
         ),
         (
             "Verify",
-            call_json(&conn, TASKS, "Verify", &("task-d", "accept", "no")).await,
+            call_json(&conn, TASKS, "Verify", &("task-d", "{}")).await,
         ),
     ];
     for (method, r) in &calls {
@@ -800,4 +811,19 @@ async fn sd_notify_ready_status_and_watchdog() {
     sup.sigterm();
     sup.wait_notification("STOPPING=1", Duration::from_secs(5));
     assert!(sup.wait_exit(Duration::from_secs(10)).success());
+}
+
+/// A decision request about `task` as GetTask shows it now, as JSON text.
+async fn decision_about(
+    conn: &zbus::Connection,
+    task: &str,
+    decision: &str,
+    reason: &str,
+) -> String {
+    let view: TaskView =
+        serde_json::from_value(call_json(conn, TASKS, "GetTask", &(task,)).await.unwrap()).unwrap();
+    let d = Decision::parse(decision).unwrap();
+    DecisionRequest::about(&view, d, reason, None)
+        .to_value()
+        .to_string()
 }

@@ -8,6 +8,12 @@
 //!   table says: the task moves to one of the states listed, or the call is
 //!   refused with exactly the listed code and the task does not change.
 //!
+//! - Verify and CancelTask are exactly-once compare-and-swaps: a stale
+//!   revision or attempt, a result the caller did not see, a key reused
+//!   for another decision and the wrong decision for the method each end
+//!   with their own code and change nothing; an identical replay returns
+//!   the stored answer after the task moved on.
+//!
 //! A real supervisor process on a private dbus-daemon with the shipped bus
 //! policy; the local authoriser admits this test's uid, which also plays
 //! the worker (Worker1) and airlock-retryd (Retry1).
@@ -20,7 +26,9 @@ use airlock_proto::Code;
 use airlock_proto::bus::{INTERFACES, LeaseRef, OBJECT_PATH};
 use airlock_proto::retry::RetryExtensionRequest;
 use airlock_proto::states::{self, Op, Outcome};
-use airlock_proto::task::{ClaimGrant, TaskResult, TaskState, TaskView};
+use airlock_proto::task::{
+    ClaimGrant, Decision, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskView,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -108,6 +116,20 @@ impl Stack {
     fn get(&self, task: &str) -> TaskView {
         self.rt.block_on(self.client.get_task(task)).unwrap()
     }
+
+    /// A decision about the task as it is shown now (what airlockctl does).
+    fn decide(&self, task: &str, d: Decision) -> Result<DecisionOutcome, airlock_proto::Error> {
+        let req = DecisionRequest::about(&self.get(task), d, "contract test", None);
+        self.send(&req)
+    }
+
+    fn send(&self, req: &DecisionRequest) -> Result<DecisionOutcome, airlock_proto::Error> {
+        if req.decision == Decision::Cancel {
+            self.rt.block_on(self.client.cancel_task(req))
+        } else {
+            self.rt.block_on(self.client.verify(req))
+        }
+    }
 }
 
 /// Makes one task in each of `states`; returns each task's id and its last
@@ -125,8 +147,7 @@ fn tasks_in(
         let grant = match state {
             "QUEUED" => None,
             "CANCELLED" => {
-                s.rt.block_on(s.client.cancel_task(&task, "contract test"))
-                    .unwrap();
+                s.decide(&task, Decision::Cancel).unwrap();
                 None
             }
             _ => {
@@ -135,8 +156,7 @@ fn tasks_in(
                     "VERIFYING" => s.result(&g, true, "result-verifying-0001").unwrap(),
                     "SUCCEEDED" => {
                         s.result(&g, true, "result-succeeded-0001").unwrap();
-                        s.rt.block_on(s.client.verify(&task, "accept", "contract test"))
-                            .unwrap();
+                        s.decide(&task, Decision::Accept).unwrap();
                     }
                     "FAILED" => s.result(&g, false, "result-failed-0001").unwrap(),
                     _ => {}
@@ -192,22 +212,10 @@ fn apply(
             let plan = common::plan(task, 2, Some(&view.plan_digest));
             s.rt.block_on(c.replace_plan(task, &plan)).map(|_| ())
         }
-        Op::Cancel => {
-            s.rt.block_on(c.cancel_task(task, "contract test"))
-                .map(|_| ())
-        }
-        Op::Accept => {
-            s.rt.block_on(c.verify(task, "accept", "contract test"))
-                .map(|_| ())
-        }
-        Op::Rework => {
-            s.rt.block_on(c.verify(task, "rework", "contract test"))
-                .map(|_| ())
-        }
-        Op::Reject => {
-            s.rt.block_on(c.verify(task, "reject", "contract test"))
-                .map(|_| ())
-        }
+        Op::Cancel => s.decide(task, Decision::Cancel).map(|_| ()),
+        Op::Accept => s.decide(task, Decision::Accept).map(|_| ()),
+        Op::Rework => s.decide(task, Decision::Rework).map(|_| ()),
+        Op::Reject => s.decide(task, Decision::Reject).map(|_| ()),
         Op::Claim => match s.rt.block_on(c.claim())? {
             Some(g) if g.task_id == task => Ok(()),
             Some(g) => panic!("Claim took {} while probing {task}", g.task_id),
@@ -349,4 +357,101 @@ fn an_older_minor_client_works_and_another_major_is_refused_by_name() {
             "{text}"
         );
     }
+}
+
+#[test]
+fn decisions_over_the_bus_are_exactly_once_compare_and_swaps() {
+    let s = stack();
+    s.submit("dec-a");
+    let g = s.claim("dec-a");
+    s.result(&g, true, "result-dec-a-0001").unwrap();
+    let seen = s.get("dec-a");
+    assert_eq!(seen.state, TaskState::Verifying);
+    assert!(
+        seen.result_sha256.is_some(),
+        "a shown result has its SHA-256"
+    );
+    let good = DecisionRequest::about(&seen, Decision::Accept, "contract test", None);
+
+    let refused = |req: &DecisionRequest, code: Code| {
+        let e = s.send(req).expect_err(&format!("{code:?}"));
+        assert_eq!(e.code, code, "{e}");
+        let now = s.get("dec-a");
+        assert_eq!(
+            (now.state, now.revision),
+            (seen.state, seen.revision),
+            "{code:?}"
+        );
+    };
+    let mut stale = good.clone();
+    stale.expected_revision -= 1;
+    refused(&stale, Code::DECISION_CAS_MISMATCH);
+    let mut older = good.clone();
+    older.expected_attempt = 0;
+    refused(&older, Code::DECISION_CAS_MISMATCH);
+    let mut unseen = good.clone();
+    unseen.expected_result_sha256 = Some("0".repeat(64));
+    refused(&unseen, Code::DECISION_RESULT_DRIFT);
+    let mut cancel_by_verify = good.clone();
+    cancel_by_verify.decision = Decision::Cancel;
+    let e =
+        s.rt.block_on(s.client.verify(&cancel_by_verify))
+            .unwrap_err();
+    assert_eq!(e.code, Code::VERIFICATION_DECISION_INVALID);
+    let e = s.rt.block_on(s.client.cancel_task(&good)).unwrap_err();
+    assert_eq!(e.code, Code::VERIFICATION_DECISION_INVALID);
+    // A malformed request: the schema, then a field with its own code.
+    let raw = |body: Value| -> airlock_proto::Error {
+        s.rt.block_on(async {
+            let r = s
+                .client
+                .connection()
+                .call_method(
+                    Some(airlock_proto::bus::BUS_NAME),
+                    OBJECT_PATH,
+                    Some(airlock_proto::bus::tasks::INTERFACE),
+                    airlock_proto::bus::tasks::VERIFY,
+                    &("dec-a", body.to_string()),
+                )
+                .await;
+            airlock_client::from_zbus(r.unwrap_err())
+        })
+    };
+    let mut v = good.to_value();
+    v["schema"] = json!("airlock.task-decision.v0");
+    assert_eq!(raw(v).code, Code::SCHEMA_INVALID);
+    let mut v = good.to_value();
+    v["expected_result_sha256"] = json!("abc");
+    assert_eq!(raw(v).code, Code::RESULT_SHA256_INVALID);
+    let mut v = good.to_value();
+    v["idempotency_key"] = json!("x");
+    assert_eq!(raw(v).code, Code::IDEMPOTENCY_KEY_INVALID);
+    let mut v = good.to_value();
+    v.as_object_mut().unwrap().remove("expected_attempt");
+    assert_eq!(raw(v).code, Code::MESSAGE_INVALID);
+
+    let first = s.send(&good).unwrap();
+    assert!(!first.idempotent);
+    assert_eq!(first.state, TaskState::Succeeded);
+    let after = s.get("dec-a");
+    let replay = s.send(&good).unwrap();
+    assert!(replay.idempotent, "an identical replay is marked as one");
+    assert_eq!(
+        DecisionOutcome {
+            idempotent: false,
+            ..replay
+        },
+        first,
+        "an identical replay returns the stored answer"
+    );
+    assert_eq!(
+        s.get("dec-a").revision,
+        after.revision,
+        "a replay changes nothing"
+    );
+    let mut other = good.clone();
+    other.decision = Decision::Reject;
+    let e = s.send(&other).unwrap_err();
+    assert_eq!(e.code, Code::DECISION_IDEMPOTENCY_CONFLICT);
+    assert_eq!(s.get("dec-a").state, TaskState::Succeeded);
 }

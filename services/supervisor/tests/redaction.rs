@@ -15,7 +15,7 @@ use airlock_client::Supervisor;
 use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use airlock_proto::bus::LeaseRef;
 use airlock_proto::redact::planted;
-use airlock_proto::task::TaskResult;
+use airlock_proto::task::{Decision, DecisionRequest, TaskResult};
 use serde_json::json;
 use std::process::Command;
 
@@ -92,8 +92,9 @@ fn planted_secrets_are_redacted_in_the_database_the_log_and_airlockctl_output() 
             &format!("result-{task}-0001"),
             &result,
         ));
-        rt.block_on(c.verify(&task, "reject", &reason(i, secret)))
-            .unwrap();
+        let view = rt.block_on(c.get_task(&task)).unwrap();
+        let req = DecisionRequest::about(&view, Decision::Reject, &reason(i, secret), None);
+        rt.block_on(c.verify(&req)).unwrap();
         n += 1;
     }
     // 2. CancelTask's reason.
@@ -104,8 +105,14 @@ fn planted_secrets_are_redacted_in_the_database_the_log_and_airlockctl_output() 
         .map(|(_, s)| s.as_str())
         .collect::<Vec<_>>()
         .join(" ");
-    rt.block_on(c.cancel_task("redact-cancel", &format!("marker-cancel {all}")))
-        .unwrap();
+    let view = rt.block_on(c.get_task("redact-cancel")).unwrap();
+    let req = DecisionRequest::about(
+        &view,
+        Decision::Cancel,
+        &format!("marker-cancel {all}"),
+        None,
+    );
+    rt.block_on(c.cancel_task(&req)).unwrap();
     // 3. A denied call that quotes what it was sent: an unknown field
     //    named like a GitHub token.
     let github = &secrets

@@ -1,7 +1,7 @@
 //! Submitting tasks, replacing plans, verification decisions, cancellation.
 
 use super::row::TaskRow;
-use super::tx::{Backend, Guard, NewTask};
+use super::tx::{Backend, Guard, NewDecision, NewTask};
 use super::{Actor, Store, Submitted, action, audit, check_task_id, not_found};
 use airlock_proto::binding::Binding;
 use airlock_proto::canonical::{digest_of, to_canonical_string};
@@ -9,7 +9,7 @@ use airlock_proto::limits::MAX_ATTEMPTS_CAP;
 use airlock_proto::plan::{PLAN_SCHEMA, PlanRecord, PlanRequest, register_plan};
 use airlock_proto::states::{self, Op};
 use airlock_proto::task::{
-    Decision, TASK_SCHEMA, TaskState, TaskSubmission, TaskView, check_reason,
+    Decision, DecisionOutcome, DecisionRequest, TASK_SCHEMA, TaskState, TaskSubmission, TaskView,
 };
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
@@ -203,110 +203,185 @@ impl<B: Backend> Store<B> {
         })
     }
 
-    /// Decides on a VERIFYING task: accept → SUCCEEDED; rework → QUEUED
-    /// while attempts remain, else FAILED; reject → FAILED. The verification
-    /// record becomes `{"decision", "reason", "actor"}` (the reason checked
-    /// by [`check_reason`] and trimmed).
+    /// Decides on a task, exactly once: accept, rework or reject a
+    /// VERIFYING task (accept → SUCCEEDED; rework → QUEUED while attempts
+    /// remain, else FAILED; reject → FAILED), or cancel a task that is not
+    /// terminal (dropping its lease: a holder's later renew or result is
+    /// then `TASK_STATE_INVALID`).
+    ///
+    /// Checks, in order (each refusal changes nothing and is audited):
+    /// 1. the request, re-parsed by [`DecisionRequest::from_value`] (its
+    ///    fields are public), and `task_id` equal to the request's
+    ///    (`MESSAGE_INVALID`);
+    /// 2. in one transaction, the task row locked first (`TASK_NOT_FOUND`),
+    ///    then the decision stored under `(task_id, idempotency_key)`: the
+    ///    same request SHA-256 returns the stored answer with
+    ///    `idempotent: true`, whatever the task's state now; another is
+    ///    `DECISION_IDEMPOTENCY_CONFLICT`;
+    /// 3. `DECISION_CAS_MISMATCH` unless the task is at the revision and
+    ///    attempt the request names;
+    /// 4. `DECISION_RESULT_DRIFT` unless the task's result has the SHA-256
+    ///    the request names (`None`: no result);
+    /// 5. the state table (`TASK_STATE_INVALID`);
+    /// 6. the write, fenced by (state, attempt, lease epoch) for a verdict
+    ///    and by the revision for a cancellation; the decision row (its own
+    ///    slot, append-only) and the event commit with it.
+    ///
+    /// A verdict becomes the task's verification record `{"decision",
+    /// "reason", "actor", "attempt", "result_sha256"}`; a cancellation's
+    /// reason goes to the event.
     pub fn decide(
         &mut self,
         task_id: &str,
-        decision: Decision,
-        reason: &str,
+        req: &DecisionRequest,
         actor: &Actor,
-    ) -> StoreResult<TaskView> {
-        let result = self.decide_inner(task_id, decision, reason, actor);
-        self.audited(result, Some(task_id), actor, action::TASK_VERIFIED)
+    ) -> StoreResult<DecisionOutcome> {
+        let what = if req.decision == Decision::Cancel {
+            action::TASK_CANCELLED
+        } else {
+            action::TASK_VERIFIED
+        };
+        let result = self.decide_inner(task_id, req, actor);
+        self.audited(result, Some(task_id), actor, what)
     }
 
     fn decide_inner(
         &mut self,
         task_id: &str,
-        decision: Decision,
-        reason: &str,
+        req: &DecisionRequest,
         actor: &Actor,
-    ) -> StoreResult<TaskView> {
+    ) -> StoreResult<DecisionOutcome> {
         check_task_id(task_id)?;
-        let reason = airlock_proto::redact::text(check_reason(reason)?).into_owned();
-        self.backend.write("a verification decision", &mut |tx| {
+        let req = DecisionRequest::from_value(&req.to_value())?;
+        if req.task_id != task_id {
+            return Err(
+                Error::with(Code::MESSAGE_INVALID, "the decision names another task").into(),
+            );
+        }
+        let request_sha256 = req.request_sha256();
+        let reason = airlock_proto::redact::text(&req.reason).into_owned();
+        self.backend.write("a decision", &mut |tx| {
             let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
-            let op = match decision {
+            if let Some(stored) = tx.decision(task_id, &req.idempotency_key)? {
+                if stored.request_sha256 != request_sha256 {
+                    return Err(Error::with(
+                        Code::DECISION_IDEMPOTENCY_CONFLICT,
+                        "the idempotency key was used on this task with another decision",
+                    )
+                    .into());
+                }
+                let mut outcome: DecisionOutcome = serde_json::from_str(&stored.outcome_json)
+                    .map_err(|_| super::row::corrupt(task_id, "decision"))?;
+                outcome.idempotent = true;
+                return Ok(outcome);
+            }
+            if row.revision != req.expected_revision || row.attempt != req.expected_attempt {
+                return Err(Error::with(
+                    Code::DECISION_CAS_MISMATCH,
+                    format!(
+                        "the decision is about revision {} attempt {}; the task is {} at revision {} attempt {}",
+                        req.expected_revision,
+                        req.expected_attempt,
+                        row.status.as_str(),
+                        row.revision,
+                        row.attempt
+                    ),
+                )
+                .into());
+            }
+            let result_sha256 = row.result_sha256()?;
+            if result_sha256 != req.expected_result_sha256 {
+                return Err(Error::with(
+                    Code::DECISION_RESULT_DRIFT,
+                    "the task's result is not the one the decision names",
+                )
+                .into());
+            }
+            let op = match req.decision {
                 Decision::Accept => Op::Accept,
                 Decision::Reject => Op::Reject,
                 Decision::Rework => Op::Rework,
+                Decision::Cancel => Op::Cancel,
             };
             permitted(&row, op)?;
-            let guard = Guard::Attempt {
-                state: TaskState::Verifying,
-                attempt: row.attempt,
-                lease_epoch: row.lease_epoch,
-            };
-            let next = match decision {
+            let previous = row.status;
+            let next = match req.decision {
                 Decision::Accept => TaskState::Succeeded,
                 Decision::Reject => TaskState::Failed,
                 Decision::Rework if row.has_attempts_left() => TaskState::Queued,
                 Decision::Rework => TaskState::Failed,
+                Decision::Cancel => TaskState::Cancelled,
             };
             debug_assert!(states::may_move(op, row.status, next));
+            let guard = if req.decision == Decision::Cancel {
+                row.clear_lease();
+                Guard::Revision
+            } else {
+                row.verification_json = Some(to_canonical_string(&json!({
+                    "decision": req.decision.record_name(),
+                    "reason": reason,
+                    "actor": actor.name,
+                    "attempt": row.attempt,
+                    "result_sha256": result_sha256,
+                }))?);
+                Guard::Attempt {
+                    state: TaskState::Verifying,
+                    attempt: row.attempt,
+                    lease_epoch: row.lease_epoch,
+                }
+            };
             row.status = next;
-            row.verification_json = Some(to_canonical_string(&json!({
-                "decision": decision.record_name(),
-                "reason": reason,
-                "actor": actor.name,
-            }))?);
             row.save(tx, guard)?;
-            audit::append_allowed(
-                tx,
+            let outcome = DecisionOutcome {
+                task_id: task_id.to_owned(),
+                decision: req.decision,
+                idempotency_key: req.idempotency_key.clone(),
+                attempt: row.attempt,
+                result_sha256: result_sha256.clone(),
+                state: row.status,
+                revision: row.revision,
+                idempotent: false,
+            };
+            let outcome_json = airlock_proto::canonical::canonical_of(&outcome)?;
+            tx.insert_decision(&NewDecision {
                 task_id,
-                actor,
-                action::TASK_VERIFIED,
-                json!({
-                    "decision": decision.record_name(),
-                    "reason": reason,
-                    "attempt": row.attempt,
-                    "state": row.status.as_str(),
-                    "revision": row.revision,
-                }),
-            )?;
-            row.view()
-        })
-    }
-
-    /// Cancels a task in any non-terminal state, dropping its lease (a
-    /// holder's later renew or result is then `TASK_STATE_INVALID`). A
-    /// terminal task is `TASK_STATE_INVALID`. The reason goes to the event.
-    pub fn cancel(&mut self, task_id: &str, reason: &str, actor: &Actor) -> StoreResult<TaskView> {
-        let result = self.cancel_inner(task_id, reason, actor);
-        self.audited(result, Some(task_id), actor, action::TASK_CANCELLED)
-    }
-
-    fn cancel_inner(
-        &mut self,
-        task_id: &str,
-        reason: &str,
-        actor: &Actor,
-    ) -> StoreResult<TaskView> {
-        check_task_id(task_id)?;
-        let reason = airlock_proto::redact::text(check_reason(reason)?).into_owned();
-        self.backend.write("a cancellation", &mut |tx| {
-            let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
-            permitted(&row, Op::Cancel)?;
-            let previous = row.status;
-            row.status = TaskState::Cancelled;
-            row.clear_lease();
-            row.save(tx, Guard::Revision)?;
-            audit::append_allowed(
-                tx,
-                task_id,
-                actor,
-                action::TASK_CANCELLED,
-                json!({
-                    "reason": reason,
-                    "previous_state": previous.as_str(),
-                    "attempt": row.attempt,
-                    "revision": row.revision,
-                }),
-            )?;
-            row.view()
+                idempotency_key: &req.idempotency_key,
+                request_sha256: &request_sha256,
+                decision: req.decision.as_str(),
+                attempt: i64::from(row.attempt),
+                result_sha256: result_sha256.as_deref(),
+                applied_revision: row.revision,
+                outcome_json: &outcome_json,
+                actor_name: &actor.name,
+            })?;
+            let (what, payload) = if req.decision == Decision::Cancel {
+                (
+                    action::TASK_CANCELLED,
+                    json!({
+                        "reason": reason,
+                        "previous_state": previous.as_str(),
+                        "attempt": row.attempt,
+                        "revision": row.revision,
+                        "idempotency_key": req.idempotency_key,
+                        "result_sha256": result_sha256,
+                    }),
+                )
+            } else {
+                (
+                    action::TASK_VERIFIED,
+                    json!({
+                        "decision": req.decision.record_name(),
+                        "reason": reason,
+                        "attempt": row.attempt,
+                        "state": row.status.as_str(),
+                        "revision": row.revision,
+                        "idempotency_key": req.idempotency_key,
+                        "result_sha256": result_sha256,
+                    }),
+                )
+            };
+            audit::append_allowed(tx, task_id, actor, what, payload)?;
+            Ok(outcome)
         })
     }
 }

@@ -20,7 +20,8 @@
 //!   lease is ended once, and a row some other transaction holds (a renewal
 //!   in flight) is left for the next pass.
 //! - **Append-only at the database level.** Triggers abort UPDATE, DELETE
-//!   and TRUNCATE on `events`, `results` and `task_retry_extensions`, and
+//!   and TRUNCATE on `events`, `results`, `task_retry_extensions` and
+//!   `task_decisions`, and
 //!   the supervisor's role (a member of `airlock_supervisor`) holds only
 //!   SELECT and INSERT on them.
 //! - **Wake-ups across hosts.** A trigger on `tasks` sends
@@ -37,8 +38,8 @@
 
 use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
 use super::tx::{
-    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewEvent, NewExtension, NewResult, NewTask,
-    StoredExtension, Tx,
+    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension,
+    NewResult, NewTask, StoredDecision, StoredExtension, Tx,
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
@@ -997,6 +998,47 @@ impl Tx for PgTx<'_, '_> {
         )?;
         Ok(())
     }
+
+    fn decision(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>> {
+        let rows = self.query(
+            "looking up a decision",
+            "SELECT request_sha256, outcome_json FROM task_decisions \
+             WHERE task_id = $1 AND idempotency_key = $2",
+            &[&task_id, &key],
+        )?;
+        rows.first()
+            .map(|r| {
+                Ok(StoredDecision {
+                    request_sha256: r.try_get(0)?,
+                    outcome_json: r.try_get(1)?,
+                })
+            })
+            .transpose()
+            .map_err(|e| pg_error("looking up a decision", e))
+    }
+
+    fn insert_decision(&mut self, d: &NewDecision<'_>) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "recording a decision",
+            "INSERT INTO task_decisions (task_id, idempotency_key, request_sha256, decision, \
+             attempt, result_sha256, applied_revision, outcome_json, actor_name, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                &d.task_id,
+                &d.idempotency_key,
+                &d.request_sha256,
+                &d.decision,
+                &d.attempt,
+                &d.result_sha256,
+                &d.applied_revision,
+                &d.outcome_json,
+                &d.actor_name,
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
 }
 
 // --- schema -----------------------------------------------------------------
@@ -1011,10 +1053,16 @@ pub struct PgMigration {
 }
 
 /// Every schema step, oldest first.
-pub const MIGRATIONS: &[PgMigration] = &[PgMigration {
-    version: 1,
-    sql: V1,
-}];
+pub const MIGRATIONS: &[PgMigration] = &[
+    PgMigration {
+        version: 1,
+        sql: V1,
+    },
+    PgMigration {
+        version: 2,
+        sql: V2,
+    },
+];
 
 /// The schema version this build expects.
 pub fn latest_version() -> i64 {
@@ -1029,8 +1077,35 @@ const TRIGGERS: &[&str] = &[
     "results_no_truncate",
     "task_retry_extensions_append_only",
     "task_retry_extensions_no_truncate",
+    "task_decisions_append_only",
+    "task_decisions_no_truncate",
     "tasks_notify",
 ];
+
+/// Version 2: admin decisions (Verify, CancelTask) in their own
+/// append-only slot (the SQLite store's version 3). Existing rows are
+/// unchanged; the supervisor's role may only read and insert decisions.
+const V2: &str = r#"
+CREATE TABLE task_decisions (
+    task_id          text   NOT NULL REFERENCES tasks (task_id),
+    idempotency_key  text   NOT NULL,
+    request_sha256   text   NOT NULL,
+    decision         text   NOT NULL,
+    attempt          bigint NOT NULL,
+    result_sha256    text,
+    applied_revision bigint NOT NULL,
+    outcome_json     text   NOT NULL,
+    actor_name       text   NOT NULL,
+    created_at_ms    bigint NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+CREATE TRIGGER task_decisions_append_only BEFORE UPDATE OR DELETE ON task_decisions
+    FOR EACH ROW EXECUTE FUNCTION airlock_append_only();
+CREATE TRIGGER task_decisions_no_truncate BEFORE TRUNCATE ON task_decisions
+    FOR EACH STATEMENT EXECUTE FUNCTION airlock_append_only();
+REVOKE ALL ON task_decisions FROM PUBLIC;
+GRANT SELECT, INSERT ON task_decisions TO airlock_supervisor;
+"#;
 
 /// Version 1: the SQLite store's version-2 schema in PostgreSQL's types,
 /// plus the server clock, the notification trigger and the grants.

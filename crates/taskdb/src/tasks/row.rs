@@ -132,14 +132,29 @@ impl TaskRow {
         serde_json::from_str(&self.envelope_json).map_err(|_| corrupt(&self.task_id, "envelope"))
     }
 
+    /// The stored result, as shown.
+    pub fn result(&self) -> StoreResult<Option<Value>> {
+        match &self.result_json {
+            None => Ok(None),
+            Some(raw) => Ok(Some(
+                serde_json::from_str(raw).map_err(|_| corrupt(&self.task_id, "result"))?,
+            )),
+        }
+    }
+
+    /// SHA-256 of the result as shown ([`airlock_proto::task::result_sha256`]).
+    pub fn result_sha256(&self) -> StoreResult<Option<String>> {
+        self.result()?
+            .map(|r| {
+                airlock_proto::task::result_sha256(&r).map_err(|_| corrupt(&self.task_id, "result"))
+            })
+            .transpose()
+    }
+
     /// The task as admins and planners see it.
     pub fn view(&self) -> StoreResult<TaskView> {
-        let result = match &self.result_json {
-            None => None,
-            Some(raw) => {
-                Some(serde_json::from_str(raw).map_err(|_| corrupt(&self.task_id, "result"))?)
-            }
-        };
+        let result = self.result()?;
+        let result_sha256 = self.result_sha256()?;
         let verification = match self.verification_json.as_deref() {
             None | Some("") => None,
             Some(raw) => Some(serde_json::from_str(raw).map_err(|e| {
@@ -161,6 +176,7 @@ impl TaskRow {
             plan_digest: self.plan_digest.clone(),
             execution_digest: self.execution_digest.clone(),
             result,
+            result_sha256,
             verification,
             created_at_ms: self.created_at_ms,
             updated_at_ms: self.updated_at_ms,

@@ -13,7 +13,34 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 2,
         sql: V2,
     },
+    Migration {
+        version: 3,
+        sql: V3,
+    },
 ];
+
+/// Version 3: admin decisions (Verify, CancelTask) in their own
+/// append-only slot, one per `(task_id, idempotency_key)`, with the answer
+/// an identical replay returns. Existing tasks and events are unchanged.
+const V3: &str = r#"
+CREATE TABLE task_decisions (
+    task_id          TEXT    NOT NULL REFERENCES tasks (task_id),
+    idempotency_key  TEXT    NOT NULL,
+    request_sha256   TEXT    NOT NULL,
+    decision         TEXT    NOT NULL,
+    attempt          INTEGER NOT NULL,
+    result_sha256    TEXT,
+    applied_revision INTEGER NOT NULL,
+    outcome_json     TEXT    NOT NULL,
+    actor_name       TEXT    NOT NULL,
+    created_at_ms    INTEGER NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+CREATE TRIGGER task_decisions_no_update BEFORE UPDATE ON task_decisions
+BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
+CREATE TRIGGER task_decisions_no_delete BEFORE DELETE ON task_decisions
+BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
+"#;
 
 /// Version 2: each task's repository as a column, so a claim can take
 /// only the tasks of the repositories a host serves (filled from the

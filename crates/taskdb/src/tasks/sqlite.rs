@@ -9,8 +9,8 @@ use super::lease::lease_expired_record;
 use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
 use super::schema;
 use super::tx::{
-    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewEvent, NewExtension, NewResult, NewTask,
-    StoredExtension, Tx,
+    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension,
+    NewResult, NewTask, StoredDecision, StoredExtension, Tx,
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
@@ -520,6 +520,46 @@ impl Tx for SqliteTx<'_> {
                 ],
             )
             .map_err(|e| StoreError::sqlite("recording a retry extension", e))?;
+        Ok(())
+    }
+
+    fn decision(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>> {
+        self.conn
+            .query_row(
+                "SELECT request_sha256, outcome_json FROM task_decisions \
+                 WHERE task_id = ?1 AND idempotency_key = ?2",
+                params![task_id, key],
+                |r| {
+                    Ok(StoredDecision {
+                        request_sha256: r.get(0)?,
+                        outcome_json: r.get(1)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("looking up a decision", e))
+    }
+
+    fn insert_decision(&mut self, d: &NewDecision<'_>) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO task_decisions (task_id, idempotency_key, request_sha256, decision, \
+                 attempt, result_sha256, applied_revision, outcome_json, actor_name, \
+                 created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    d.task_id,
+                    d.idempotency_key,
+                    d.request_sha256,
+                    d.decision,
+                    d.attempt,
+                    d.result_sha256,
+                    d.applied_revision,
+                    d.outcome_json,
+                    d.actor_name,
+                    self.now,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("recording a decision", e))?;
         Ok(())
     }
 }

@@ -129,6 +129,28 @@ pub struct NewExtension<'a> {
     pub applied_revision: i64,
 }
 
+/// A stored admin decision, as a replay reads it back.
+#[derive(Debug)]
+pub struct StoredDecision {
+    pub request_sha256: String,
+    /// The [`airlock_proto::task::DecisionOutcome`] answered when it applied.
+    pub outcome_json: String,
+}
+
+/// An admin decision to record (append-only), in its own slot.
+#[derive(Debug)]
+pub struct NewDecision<'a> {
+    pub task_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub request_sha256: &'a str,
+    pub decision: &'a str,
+    pub attempt: i64,
+    pub result_sha256: Option<&'a str>,
+    pub applied_revision: i64,
+    pub outcome_json: &'a str,
+    pub actor_name: &'a str,
+}
+
 /// A transaction in progress. Everything it does commits together or not
 /// at all; `now` is the store's time, fixed when the transaction began.
 pub trait Tx {
@@ -168,6 +190,10 @@ pub trait Tx {
     fn apply_extension(&mut self, cas: &ExtensionCas<'_>) -> StoreResult<u64>;
     /// Records an extension.
     fn insert_extension(&mut self, e: &NewExtension<'_>) -> StoreResult<()>;
+    /// The decision stored under `(task_id, key)`.
+    fn decision(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>>;
+    /// Records a decision.
+    fn insert_decision(&mut self, d: &NewDecision<'_>) -> StoreResult<()>;
 }
 
 /// A database engine under the store.

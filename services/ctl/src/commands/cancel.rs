@@ -1,8 +1,10 @@
-//! `airlockctl cancel ID --reason TEXT`.
+//! `airlockctl cancel ID --reason TEXT`: a decision like `verify`'s,
+//! bound to the task as shown (see [`super::verify`]).
 
-use super::print_task_line;
-use crate::client::{Client, CtlError, shown};
+use super::verify::{Expect, decide};
+use crate::client::{Client, CtlError};
 use crate::output::Ctx;
+use airlock_proto::task::Decision;
 use std::process::ExitCode;
 
 /// Arguments of `cancel`.
@@ -14,16 +16,20 @@ pub struct Args {
     /// Why (recorded in the event log).
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
+
+    #[command(flatten)]
+    pub expect: Expect,
 }
 
 /// Cancels the task.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
-    let task = shown(
-        &client
-            .sup()
-            .cancel_task(&args.task_id, &args.reason)
-            .await?,
-    );
-    print_task_line(ctx, "Cancelled", &task);
-    Ok(ExitCode::SUCCESS)
+    decide(
+        ctx,
+        client,
+        &args.task_id,
+        Decision::Cancel,
+        &args.reason,
+        &args.expect,
+    )
+    .await
 }

@@ -69,6 +69,9 @@ pub fn render(ctx: &Ctx, t: &Value) -> String {
             s.push_str(&format!(", {c}"));
         }
         rows.push(("Result", s));
+        if let Some(h) = t["result_sha256"].as_str() {
+            rows.push(("Result SHA-256", h.to_owned()));
+        }
     }
     if let Some(v) = t["verification"].as_object() {
         let mut s = text(v.get("decision").unwrap_or(&Value::Null));

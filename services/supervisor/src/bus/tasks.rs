@@ -11,7 +11,8 @@ use super::{DEFAULT_PAGE, Shared, event, non_empty, parse_json, to_json};
 use crate::authz::{Manage, Read, Submit};
 use airlock_proto::bus::{EventPage, EventRecord, SubmitReply, TaskPage};
 use airlock_proto::plan::PlanRequest;
-use airlock_proto::task::{Decision, TaskState, TaskSubmission, TaskView};
+use airlock_proto::task::{Decision, DecisionRequest, TaskState, TaskSubmission, TaskView};
+use airlock_proto::{Code, Error};
 use std::sync::Arc;
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
@@ -55,6 +56,51 @@ fn submitted_task_id(text: &str) -> Option<String> {
         .get("task_id")?
         .as_str()
         .map(str::to_owned)
+}
+
+impl Tasks {
+    /// Verify and CancelTask: one decision path, the method fixing which
+    /// decisions it takes (CancelTask only `cancel`, Verify every other).
+    async fn decide(
+        &self,
+        hdr: &Header<'_>,
+        conn: &Connection,
+        emitter: &SignalEmitter<'_>,
+        ev: &'static str,
+        task_id: String,
+        request: String,
+    ) -> Result<String, BusError> {
+        let (_call, caller) = self.shared.admit(conn, hdr, ev, Some(&task_id)).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize::<Manage>(&caller, ev, Some(&task_id))
+            .await?;
+        let cancel = ev == event::TASK_CANCELLED;
+        let parsed = parse_json(&request, "the decision").and_then(|v| {
+            let req = DecisionRequest::from_value(&v)?;
+            if (req.decision == Decision::Cancel) != cancel {
+                return Err(Error::with(
+                    Code::VERIFICATION_DECISION_INVALID,
+                    if cancel {
+                        "CancelTask takes the decision cancel"
+                    } else {
+                        "Verify takes accept, rework or reject"
+                    },
+                ));
+            }
+            Ok(req)
+        });
+        let req = self
+            .shared
+            .checked(&auth, ev, Some(&task_id), parsed)
+            .await?;
+        let out = self.shared.ops.decide(&auth, task_id, req).await?;
+        if !out.idempotent {
+            announce(emitter, &out.task_id, out.state, out.revision).await;
+        }
+        Ok(to_json(&out)?)
+    }
 }
 
 #[interface(name = "org.airlock.Tasks1")]
@@ -215,57 +261,47 @@ impl Tasks {
         Ok(to_json(&EventPage { events, next_after })?)
     }
 
-    /// Cancels a task that is not terminal; the reason goes to the event
-    /// log. Returns the task. Needs `org.airlock.tasks.manage`.
+    /// Cancels a task that is not terminal, exactly once: `request` is an
+    /// `airlock.task-decision.v1` object with decision `cancel`, the
+    /// idempotency key and the revision, attempt and result SHA-256 the
+    /// admin saw (compare and swap). Returns the decision's outcome; the
+    /// same request again returns the stored one. The reason goes to the
+    /// event log. Needs `org.airlock.tasks.manage`.
     async fn cancel_task(
         &self,
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
         #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
         task_id: String,
-        reason: String,
+        request: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_CANCELLED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
-            .shared
-            .gate
-            .authorize::<Manage>(&caller, ev, Some(&task_id))
-            .await?;
-        let view = self.shared.ops.cancel(&auth, task_id, reason).await?;
-        announce_view(&emitter, &view).await;
-        Ok(to_json(&view)?)
+        self.decide(
+            &hdr,
+            conn,
+            &emitter,
+            event::TASK_CANCELLED,
+            task_id,
+            request,
+        )
+        .await
     }
 
-    /// Decides on a VERIFYING task: `accept`, `rework` or `reject`, with a
-    /// reason. Returns the task. Needs `org.airlock.tasks.manage`.
+    /// Decides on a VERIFYING task, exactly once: `request` is an
+    /// `airlock.task-decision.v1` object with decision `accept`, `rework`
+    /// or `reject`, a reason, the idempotency key and the revision, attempt
+    /// and result SHA-256 the admin saw (compare and swap). Returns the
+    /// decision's outcome; the same request again returns the stored one.
+    /// Needs `org.airlock.tasks.manage`.
     async fn verify(
         &self,
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
         #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
         task_id: String,
-        decision: String,
-        reason: String,
+        request: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_VERIFIED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
-            .shared
-            .gate
-            .authorize::<Manage>(&caller, ev, Some(&task_id))
-            .await?;
-        let decision = self
-            .shared
-            .checked(&auth, ev, Some(&task_id), Decision::parse(&decision))
-            .await?;
-        let view = self
-            .shared
-            .ops
-            .verify(&auth, task_id, decision, reason)
-            .await?;
-        announce_view(&emitter, &view).await;
-        Ok(to_json(&view)?)
+        self.decide(&hdr, conn, &emitter, event::TASK_VERIFIED, task_id, request)
+            .await
     }
 
     /// A task changed state (or was created): its id, new state and
