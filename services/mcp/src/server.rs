@@ -766,9 +766,19 @@ impl AirlockMcp {
             airlock_proto::limits::MAX_REASON_LEN as u64,
         )?;
         let reason = text::clean(&reason, airlock_proto::limits::MAX_REASON_LEN).0;
-        self.own_task(&a.task_id).await?;
+        // The cancellation is about the task as the agent's own check saw
+        // it (a compare-and-swap): if it moved on in between, it is refused
+        // with DECISION_CAS_MISMATCH and nothing changes.
+        let seen = self.own_task(&a.task_id).await?;
         let sup = self.supervisor().await?;
-        let task = sup.cancel_task(&a.task_id, &reason).await?;
+        let req = airlock_proto::task::DecisionRequest::about(
+            &seen,
+            airlock_proto::task::Decision::Cancel,
+            &reason,
+            None,
+        );
+        sup.cancel_task(&req).await?;
+        let task = sup.get_task(&a.task_id).await?;
         Ok(summary(&task))
     }
 }
