@@ -1235,6 +1235,10 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
             "repo add + reload (same PIDs); airlock-agent clones it, cannot write it, proposes a --worktree: commit on agent/*",
             |_| own_repository(c),
         );
+        r.check(
+            "airlock-mcp as airlock-agent: an MCP client reads, proposes with a packaged preset, its commit lands on agent/*; polkit refuses its cancel",
+            |_| mcp_agent(c),
+        );
     } else {
         r.skip(
             &[
@@ -1242,6 +1246,7 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
                 "airlock-agent submits",
                 "sandbox probe",
                 "ordinary user denied",
+                "airlock-mcp as airlock-agent",
             ],
             "no repository",
         );
@@ -1741,6 +1746,65 @@ stat -c '%U:%G %a' /srv/airlock/mul.git /srv/airlock/mul.git/objects
     Ok(format!(
         "mul.git added and served after a reload (PIDs unchanged); tb-propose SUCCEEDED at {}",
         &commit[..12.min(commit.len())]
+    ))
+}
+
+/// A coding agent's MCP client drives the packaged airlock-mcp as
+/// airlock-agent (tests/systemd/src/mcp_agent.py): real polkit, the
+/// packaged presets, the repository `own_repository` added.
+fn mcp_agent(c: &Container) -> Result<String, String> {
+    c.write("/tmp/tb/mcp_agent.py", include_str!("mcp_agent.py"))?;
+    let out = c.sh_ok(
+        "chmod 0755 /tmp/tb && chmod 0644 /tmp/tb/mcp_agent.py && touch /tmp/tb/airlock-mcp.stderr && chown airlock-agent /tmp/tb/airlock-mcp.stderr && cd /var/lib/airlock-agent && runuser -u airlock-agent -- python3 /tmp/tb/mcp_agent.py",
+        300 * SEC,
+    )?;
+    let v = json(out.trim().lines().last().unwrap_or_default())?;
+    let tools = v["tools"].as_array().map_or(0, Vec::len);
+    let commit = v["commit"].as_str().unwrap_or_default().to_owned();
+    let id = v["task_id"].as_str().unwrap_or_default().to_owned();
+    let head = c.sh_ok(
+        &format!("git --git-dir=/srv/airlock/mul.git rev-parse refs/heads/agent/{id}"),
+        30 * SEC,
+    )?;
+    let ok = tools == 10
+        && v["repositories"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x == "mul"))
+        && v["presets"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|x| x == "python-unittest"))
+        && v["read"] == "def mul(a, b):\n    return a + b\n"
+        && ["VERIFYING", "SUCCEEDED"].contains(&v["state"].as_str().unwrap_or_default())
+        && commit.len() == 40
+        && head.trim() == commit
+        && v["cancel"] == "AUTHORIZATION_DENIED"
+        && v["escape"] == "PATH_ESCAPE"
+        && v["exit"] == 0;
+    if !ok {
+        let log = c
+            .sh("cat /tmp/tb/airlock-mcp.stderr", 10 * SEC)
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        return Err(format!(
+            "{v} (agent/{id} at {}); airlock-mcp's log:\n{log}",
+            head.trim()
+        ));
+    }
+    // The administrator's decision, so that no task is left VERIFYING.
+    if v["state"] == "VERIFYING" {
+        c.sh_ok(
+            &format!(
+                "airlockctl verify {id} accept --reason 'testbed: airlock-mcp proposal verified'"
+            ),
+            60 * SEC,
+        )?;
+    }
+    Ok(format!(
+        "{} tools on {}; {id} {} at {}, on agent/{id}; cancel refused by polkit",
+        tools,
+        v["protocol"],
+        v["state"],
+        &commit[..12]
     ))
 }
 
