@@ -3,6 +3,7 @@
 use airlock_mcp::{AirlockMcp, Settings, limits};
 use clap::Parser;
 use rmcp::ServiceExt;
+use std::io::Write;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
@@ -87,10 +88,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.print_tools {
         let tools = airlock_mcp::server::tool_list();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&tools).unwrap_or_default()
-        );
+        let text = serde_json::to_string_pretty(&tools).unwrap_or_default();
+        // A closed pipe (| head) is not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "{text}");
         return ExitCode::SUCCESS;
     }
     tracing_subscriber::fmt()
