@@ -622,7 +622,7 @@ fn deb_structure(deb: &Path) -> Result<String, String> {
         }
     }
     let conffiles = info("conffiles")?;
-    if conffiles.trim() != "/etc/airlock/airlock.toml" {
+    if conffiles.trim() != "/etc/airlock/airlock.toml\n/etc/airlock/mcp.toml" {
         problems.push(format!("conffiles: {conffiles:?}"));
     }
     for script in ["prerm", "postrm"] {
@@ -677,7 +677,7 @@ fn rpm_structure(rpm: &Path, deb: &Path) -> Result<String, String> {
         }
     }
     let config = query(&["-c"])?;
-    if config.trim() != "/etc/airlock/airlock.toml" {
+    if config.trim() != "/etc/airlock/airlock.toml\n/etc/airlock/mcp.toml" {
         problems.push(format!("rpm config files: {config:?}"));
     }
     let rpm_files: std::collections::BTreeSet<String> =
@@ -1777,7 +1777,9 @@ fn mcp_agent(c: &Container) -> Result<String, String> {
         && ["VERIFYING", "SUCCEEDED"].contains(&v["state"].as_str().unwrap_or_default())
         && commit.len() == 40
         && head.trim() == commit
-        && v["cancel"] == "AUTHORIZATION_DENIED"
+        // polkit's auth_admin for tasks.manage: an administrator's password,
+        // which an agent (no interaction allowed) cannot give.
+        && v["cancel"] == "INTERACTIVE_AUTHORIZATION_REQUIRED"
         && v["escape"] == "PATH_ESCAPE"
         && v["exit"] == 0;
     if !ok {
@@ -1800,7 +1802,7 @@ fn mcp_agent(c: &Container) -> Result<String, String> {
         )?;
     }
     Ok(format!(
-        "{} tools on {}; {id} {} at {}, on agent/{id}; cancel refused by polkit",
+        "{} tools on {}; {id} {} at {}, on agent/{id}; cancel refused by polkit (INTERACTIVE_AUTHORIZATION_REQUIRED)",
         tools,
         v["protocol"],
         v["state"],
