@@ -419,7 +419,11 @@ mod tests {
                 n + 1
             );
         }
-        assert_eq!(RELEASED.len(), now.len(), "catalog/airlock.catalog is stale");
+        assert_eq!(
+            RELEASED.len(),
+            now.len(),
+            "catalog/airlock.catalog is stale"
+        );
     }
 
     /// journalctl itself accepts the file: every entry is in its catalogue
