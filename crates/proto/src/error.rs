@@ -399,6 +399,12 @@ catalogue! {
     SPOOL_FILE_REJECTED => Denied, None;
     /// A spool file's digest does not match the request that caused it.
     SPOOL_DIGEST_MISMATCH => Conflict, None;
+    /// The executor returned other paths than exactly the change set's (an extra, a missing or a repeated path).
+    CHANGED_PATHS_MISMATCH => Conflict, None;
+    /// The spool could not be read, written, listed or watched (an I/O error, not a rejected file).
+    SPOOL_UNAVAILABLE => Unavailable, None;
+    /// The worker is stopping; an attempt it was driving resumes from its journal when it starts again.
+    WORKER_STOPPING => Unavailable, None;
 
     // ---- git ----------------------------------------------------------------------
     /// The ref's current value is not the expected one (compare-and-swap lost).
@@ -455,6 +461,45 @@ impl Code {
     /// refusal until the request changes.
     pub const fn retryable(self) -> bool {
         matches!(self.class(), Class::Unavailable)
+    }
+
+    /// Whether the condition may clear by itself, so the same step may be
+    /// tried again unchanged: the worker retries a transient failure in
+    /// place (while its lease holds) instead of failing the attempt. The
+    /// same set as [`Code::retryable`], in the worker's words.
+    pub const fn transient(self) -> bool {
+        self.retryable()
+    }
+
+    /// Whether the worker, meeting this code while it drives an attempt,
+    /// ends the attempt with a failed result carrying the code (so the
+    /// supervisor records the real reason, and an administrator sees it in
+    /// `airlockctl show`). False for transient codes (retried in place) and
+    /// for the codes that say the worker no longer owns the attempt — its
+    /// lease is gone or fenced, the task moved on, the supervisor holds
+    /// another result, its journal belongs to another attempt or scope —
+    /// after which it must not report anything: it records
+    /// `reconciliation_required` instead.
+    pub const fn fails_attempt(self) -> bool {
+        !self.transient()
+            && !matches!(
+                self,
+                Code::LEASE_INVALID
+                    | Code::LEASE_EXPIRED
+                    | Code::LEASE_EPOCH_STALE
+                    | Code::TASK_STATE_INVALID
+                    | Code::TASK_NOT_FOUND
+                    | Code::RESULT_IDEMPOTENCY_CONFLICT
+                    | Code::CHECKPOINT_PHASE_INVALID
+                    | Code::CHECKPOINT_ATTEMPT_REGRESSION
+                    | Code::CHECKPOINT_EXECUTION_DIGEST_CONFLICT
+                    | Code::CHECKPOINT_SCOPE_MISMATCH_DENY
+                    | Code::CHECKPOINT_PHASE_REGRESSION
+                    | Code::CHECKPOINT_FUTURE_ATTEMPT
+                    | Code::PEER_UID_DENIED
+                    | Code::AUTHORIZATION_DENIED
+                    | Code::PROTOCOL_VERSION_MISMATCH
+            )
     }
 
     /// Looks a code up by its SCREAMING_SNAKE name.
@@ -582,6 +627,38 @@ mod tests {
         assert!(!Code::AGENT_REPOSITORY_DENIED.retryable());
         assert!(!Code::AGENT_NOT_FOUND.retryable());
         assert!(!Code::MESSAGE_INVALID.retryable());
+    }
+
+    #[test]
+    fn the_worker_fails_an_attempt_only_with_a_permanent_code_about_the_attempt() {
+        for c in [
+            Code::GIT_FAILED,
+            Code::GIT_OBJECT_MISSING,
+            Code::STORE_CORRUPT,
+            Code::CHANGED_PATHS_MISMATCH,
+            Code::SPOOL_DIGEST_MISMATCH,
+            Code::SPOOL_FILE_REJECTED,
+            Code::CAPABILITY_MISMATCH_DENY,
+            Code::REF_CAS_MISMATCH,
+            Code::INTERNAL,
+        ] {
+            assert!(c.fails_attempt() && !c.transient(), "{c:?}");
+        }
+        for c in [
+            Code::SPOOL_UNAVAILABLE,
+            Code::STORE_UNAVAILABLE,
+            Code::RUNTIME_UNAVAILABLE,
+            Code::WORKER_STOPPING,
+        ] {
+            assert!(c.transient() && !c.fails_attempt(), "{c:?}");
+        }
+        for c in [
+            Code::LEASE_EXPIRED,
+            Code::RESULT_IDEMPOTENCY_CONFLICT,
+            Code::CHECKPOINT_SCOPE_MISMATCH_DENY,
+        ] {
+            assert!(!c.transient() && !c.fails_attempt(), "{c:?}");
+        }
     }
 
     #[test]

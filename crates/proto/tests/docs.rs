@@ -54,19 +54,29 @@ fn render() -> String {
          A retryable code (`Code::retryable`) means the same request may succeed later \
          unchanged, once its condition clears (a dependency is back, an operator cleared \
          an agent's hold); any other refusal stays until the request changes.\n\n\
+         Two columns say what the worker does when it meets a code while it drives an \
+         attempt. **transient** (`Code::transient`, the retryable codes): it tries the \
+         step again in place while its lease holds. **fails the attempt** \
+         (`Code::fails_attempt`): it ends the attempt with a failed result carrying the \
+         code, which `airlockctl show` displays. A code that is neither says the worker \
+         no longer owns the attempt (its lease, the task's state, its journal's scope): \
+         it records `reconciliation_required` and reports nothing.\n\n\
          ## Codes\n\n\
-         | code | meaning | HTTP status | D-Bus error name | exit code |\n\
-         |---|---|---|---|---|\n",
+         | code | meaning | HTTP status | D-Bus error name | exit code | transient | fails the attempt |\n\
+         |---|---|---|---|---|---|---|\n",
     );
+    let yes = |b: bool| if b { "yes" } else { "no" };
     for code in Code::ALL {
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | `{}` | {} |",
+            "| `{}` | {} | {} | `{}` | {} | {} | {} |",
             code.as_str(),
             cell(code.meaning()),
             code.http_status(),
             code.dbus_error_name(),
-            code.exit_code()
+            code.exit_code(),
+            yes(code.transient()),
+            yes(code.fails_attempt())
         );
     }
     out

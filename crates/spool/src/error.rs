@@ -206,7 +206,7 @@ impl Error {
             | Error::Watch { .. }
             | Error::Wait { .. }
             | Error::List { .. }
-            | Error::Remove { .. } => Code::INTERNAL,
+            | Error::Remove { .. } => Code::SPOOL_UNAVAILABLE,
         }
     }
 

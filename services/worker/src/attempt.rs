@@ -302,7 +302,55 @@ impl Worker {
         lost.lock().ok().and_then(|l| *l)
     }
 
+    /// Drives the attempt; a step that fails is settled by the catalogue's
+    /// attributes of its code (docs/errors.md): a transient one is tried
+    /// again in place while the lease holds; one that fails the attempt
+    /// ends it with a failed result carrying the code (so the task ends
+    /// with its real reason, never as an expired lease); any other means
+    /// the attempt is no longer ours (reconciliation_required). Once a
+    /// result is pending it is the one reported: later trouble is not
+    /// turned into another result.
     fn drive(&self, grant: &Grant, lost: &Mutex<Option<Code>>) -> Step<Finish> {
+        let cb = CheckpointBinding::of(&grant.envelope, grant.attempt);
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let error = match self.drive_phases(grant, lost) {
+                Ok(finish) => return Ok(finish),
+                Err(e) => e,
+            };
+            let pending = self
+                .with_journal(|j| j.latest_for_attempt(&cb.task_id, grant.attempt))
+                .ok()
+                .flatten()
+                .is_some_and(|c| {
+                    matches!(
+                        c.phase,
+                        Phase::ResultPending
+                            | Phase::ResultSubmitted
+                            | Phase::ReconciliationRequired
+                    )
+                });
+            if error.code.transient() {
+                if self.stopping.load(Ordering::SeqCst) || Self::lease_lost(lost).is_some() {
+                    return Err(error);
+                }
+                tracing::warn!(task = %cb.task_id, attempt = cb.attempt, "transient failure, trying the step again: {error}");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+            if pending {
+                return Err(error);
+            }
+            if error.code.fails_attempt() {
+                return self.finish_failed(&cb, grant, error, None);
+            }
+            let detail = error.to_string();
+            return self.reconcile(&cb, error.code, &detail);
+        }
+    }
+
+    fn drive_phases(&self, grant: &Grant, lost: &Mutex<Option<Code>>) -> Step<Finish> {
         let env = &grant.envelope;
         let task = env.binding.task_id.as_str();
         let cb = CheckpointBinding::of(env, grant.attempt);
@@ -323,26 +371,19 @@ impl Worker {
         }
         loop {
             let phase = head.as_ref().map(|c| c.phase);
+            #[cfg(feature = "fault-injection")]
+            if let Some(e) = crate::fault::injected_error(phase, task) {
+                return Err(e);
+            }
             head = Some(match phase {
                 None => {
                     self.keep_envelope(env)?;
                     self.append(&cb, Phase::Claimed, json!({"lease_epoch": grant.lease.lease_epoch, "lease_token": grant.lease.lease_token, "request_id": rid}))?
                 }
-                Some(Phase::Claimed) => match self.prepare(env, grant.attempt, &rid) {
-                    Ok(payload) => self.append(&cb, Phase::WorkspacePrepared, payload)?,
-                    Err(e)
-                        if matches!(
-                            e.code,
-                            Code::SOURCE_ARCHIVE_LIMIT_EXCEEDED
-                                | Code::GIT_OBJECT_MISSING
-                                | Code::REPOSITORY_NOT_REGISTERED
-                                | Code::PATH_INVALID
-                        ) =>
-                    {
-                        return self.finish_failed(&cb, grant, e, None);
-                    }
-                    Err(e) => return Err(e),
-                },
+                Some(Phase::Claimed) => {
+                    let payload = self.prepare(env, grant.attempt, &rid)?;
+                    self.append(&cb, Phase::WorkspacePrepared, payload)?
+                }
                 Some(Phase::WorkspacePrepared) => {
                     let prepared = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
                     match self.await_result(env, &rid, &prepared, lost)? {
@@ -364,14 +405,7 @@ impl Worker {
                             Phase::CommitDone,
                             json!({"commit_oid": oid, "exec_result_sha256": sha}),
                         )?,
-                        Err(e)
-                            if matches!(
-                                e.code,
-                                Code::REF_CAS_MISMATCH
-                                    | Code::PATH_ESCAPE
-                                    | Code::REPOSITORY_NOT_REGISTERED
-                            ) =>
-                        {
+                        Err(e) if e.code.fails_attempt() => {
                             let evidence = self
                                 .read_result(env, &rid, Some(&sha))
                                 .ok()
@@ -610,7 +644,7 @@ impl Worker {
                 )));
             }
             if self.stopping.load(Ordering::SeqCst) {
-                return Err(Error::with(Code::RUNTIME_UNAVAILABLE, "worker stopping"));
+                return Err(Error::with(Code::WORKER_STOPPING, "worker stopping"));
             }
             if let Some(code) = Self::lease_lost(lost) {
                 return Err(Error::with(
@@ -812,7 +846,7 @@ fn check_changed_files(env: &Envelope, result: &ExecResult) -> Step<()> {
         .collect();
     if expected != got || got.len() != result.changed_files.len() {
         return Err(Error::with(
-            Code::SPOOL_DIGEST_MISMATCH,
+            Code::CHANGED_PATHS_MISMATCH,
             "changed files are not exactly the change set's paths",
         ));
     }
@@ -907,7 +941,7 @@ mod tests {
             &["a.txt", ".github/workflows/x.yml"],
         ] {
             let err = check_changed_files(&env, &result(bad)).unwrap_err();
-            assert_eq!(err.code, Code::SPOOL_DIGEST_MISMATCH, "{bad:?}");
+            assert_eq!(err.code, Code::CHANGED_PATHS_MISMATCH, "{bad:?}");
         }
     }
 }

@@ -9,15 +9,10 @@ use std::time::Duration;
 
 pub use airlock_client::blocking::Supervisor;
 
-/// True for refusals that may go away by themselves (retry later).
+/// True for refusals that may go away by themselves (retry later): the
+/// catalogue's attribute ([`Code::transient`], docs/errors.md).
 pub fn is_transient(code: Code) -> bool {
-    matches!(
-        code,
-        Code::RUNTIME_UNAVAILABLE
-            | Code::STORE_UNAVAILABLE
-            | Code::AUTHORITY_UNAVAILABLE
-            | Code::INTERNAL
-    )
+    code.transient()
 }
 
 /// Wakes claim loops when the supervisor announces a QUEUED task, so an

@@ -125,6 +125,73 @@ impl FaultPoint {
     }
 }
 
+/// The environment variable arming an injected error:
+/// `<phase>:<CODE>` makes the step that follows checkpoint `<phase>` (or
+/// `start`, the first step of an attempt) fail with `CODE`, once per
+/// process. The honest-failure tests use it to stand in for a git, spool
+/// or journal failure at that step, and check the task then ends with
+/// that code.
+pub const ERROR_ENV: &str = "AIRLOCK_FAULT_ERROR_AT";
+
+/// An armed error: after which phase (`None`: before the first), which code.
+pub type InjectedError = (Option<Phase>, Code);
+
+static ERROR_ARMED: std::sync::OnceLock<Option<InjectedError>> = std::sync::OnceLock::new();
+static ERROR_FIRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Parses `<phase>:<CODE>` (`start` for before the first checkpoint).
+pub fn parse_error(text: &str) -> Result<InjectedError, Error> {
+    let bad = |why: &str| {
+        Error::with(
+            Code::CONFIG_INVALID,
+            format!("{ERROR_ENV}={text:?}: {why} (<phase or start>:<CODE>)"),
+        )
+    };
+    let (phase, code) = text.split_once(':').ok_or_else(|| bad("no colon"))?;
+    let phase = match phase {
+        "start" => None,
+        p => Some(Phase::parse(p).map_err(|_| bad("unknown phase"))?),
+    };
+    let code = Code::from_name(code).ok_or_else(|| bad("unknown code"))?;
+    Ok((phase, code))
+}
+
+/// Reads and checks [`ERROR_ENV`] (a start-up error when malformed).
+pub fn arm_error_from_env() -> Result<Option<InjectedError>, Error> {
+    let armed = match std::env::var(ERROR_ENV) {
+        Ok(text) => Some(parse_error(&text)?),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(e) => {
+            return Err(Error::with(
+                Code::CONFIG_INVALID,
+                format!("{ERROR_ENV}: {e}"),
+            ));
+        }
+    };
+    if let Some((phase, code)) = armed {
+        tracing::warn!(
+            "FAULT INJECTION ACTIVE: the step after {} fails once with {code}",
+            phase.map_or("start", Phase::as_str)
+        );
+    }
+    let _ = ERROR_ARMED.set(armed);
+    Ok(armed)
+}
+
+/// The armed error, the first time an attempt is about to take the step
+/// after `phase`.
+pub fn injected_error(phase: Option<Phase>, task: &str) -> Option<Error> {
+    let (at, code) = (*ERROR_ARMED.get()?)?;
+    if at != phase || ERROR_FIRED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return None;
+    }
+    eprintln!(
+        "fault injection: {code} after {} task {task}",
+        phase.map_or("start", Phase::as_str)
+    );
+    Some(Error::with(code, "injected by AIRLOCK_FAULT_ERROR_AT"))
+}
+
 /// Whether a stop fault already fired in this process.
 static STOPPED_ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -173,5 +240,20 @@ mod tests {
             FaultPoint::parse("commit_dne").unwrap_err().code,
             Code::CONFIG_INVALID
         );
+    }
+
+    #[test]
+    fn injected_errors_name_a_phase_and_a_catalogue_code() {
+        assert_eq!(
+            parse_error("claimed:GIT_FAILED").unwrap(),
+            (Some(Phase::Claimed), Code::GIT_FAILED)
+        );
+        assert_eq!(
+            parse_error("start:STORE_CORRUPT").unwrap(),
+            (None, Code::STORE_CORRUPT)
+        );
+        for bad in ["claimed", "claimd:GIT_FAILED", "claimed:NOT_A_CODE"] {
+            assert_eq!(parse_error(bad).unwrap_err().code, Code::CONFIG_INVALID);
+        }
     }
 }

@@ -87,7 +87,10 @@ fn settings(config: &Config, executor_uid: Option<u32>) -> Result<WorkerSettings
         result_slack: Duration::from_secs(120),
         renew_interval: Duration::from_secs(u64::from(config.worker.renew_interval_seconds.max(1))),
         #[cfg(feature = "fault-injection")]
-        fault: airlock_worker::fault::FaultPoint::from_env()?,
+        fault: {
+            airlock_worker::fault::arm_error_from_env()?;
+            airlock_worker::fault::FaultPoint::from_env()?
+        },
     })
 }
 
@@ -270,6 +273,59 @@ fn report(grant: &Grant, outcome: Result<airlock_worker::Finish, Error>) {
     }
 }
 
+/// Ends an attempt whose envelope this worker refuses (a capability it
+/// does not offer, an envelope it cannot check) with a failed result
+/// carrying the refusal's code, so the task ends with its real reason
+/// instead of waiting for the lease to lapse. Nothing was done yet, so no
+/// checkpoint is needed: the result is derived from the claim alone and a
+/// resend after a lost answer is an idempotent replay of the same key.
+fn fail_refused_claim(
+    worker: &Worker,
+    stopping: &AtomicBool,
+    claim: &airlock_proto::task::ClaimGrant,
+    error: Error,
+) {
+    use airlock_proto::task::{Outcome, RESULT_SCHEMA, TaskResult};
+    let digest = claim.envelope["execution_digest"].as_str();
+    let branch = claim.envelope["target_branch"].as_str();
+    let (Some(digest), Some(branch)) = (digest, branch) else {
+        tracing::error!(task = %claim.task_id, "the refused envelope names no digest or branch; its lease will expire");
+        return;
+    };
+    let result = TaskResult {
+        schema: RESULT_SCHEMA.into(),
+        task_id: claim.task_id.clone(),
+        attempt: claim.attempt,
+        execution_digest: digest.to_owned(),
+        outcome: Outcome::Failed,
+        commit_oid: None,
+        target_branch: branch.to_owned(),
+        exec_result_sha256: None,
+        failure_code: Some(error.code.as_str().to_owned()),
+        verification: vec![],
+    };
+    let key =
+        airlock_proto::checkpoint::result_idempotency_key(&claim.task_id, claim.attempt, digest);
+    let lease = LeaseRef::of(claim);
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match worker.bus().submit_result(&lease, &key, &result) {
+            Ok(_) => {
+                tracing::info!(task = %claim.task_id, code = error.code.as_str(), "attempt failed with the refusal's code");
+                return;
+            }
+            Err(e) if is_transient(e.code) && !stopping.load(Ordering::SeqCst) => {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                tracing::error!(task = %claim.task_id, "could not report the refusal: {e}");
+                return;
+            }
+        }
+    }
+}
+
 fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Duration) {
     let mut backoff = poll;
     while !stopping.load(Ordering::SeqCst) {
@@ -291,7 +347,8 @@ fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Dur
                         report(&grant, worker.run(&grant));
                     }
                     Err(e) => {
-                        tracing::error!(task = %claim.task_id, "refusing the claimed envelope: {e}; its lease will expire")
+                        tracing::error!(task = %claim.task_id, attempt = claim.attempt, "refusing the claimed envelope: {e}");
+                        fail_refused_claim(worker, stopping, &claim, e);
                     }
                 }
             }

@@ -1,0 +1,232 @@
+//! Honest failures (issue 14): when the worker meets a permanent error
+//! while it drives an attempt, the attempt ends with a failed result that
+//! carries the error's own code, and the task ends with that code — never
+//! as an expired lease after attempts churned. A transient error is tried
+//! again in place and the task still succeeds in its first attempt.
+//!
+//! The whole suite on real processes (airlock-local: supervisor, worker,
+//! executor on a private bus, a real git repository). The worker is built
+//! with `fault-injection`; `AIRLOCK_FAULT_ERROR_AT=<phase>:<CODE>` makes
+//! the step after `<phase>` fail once with `CODE`, standing in for a git,
+//! spool or journal failure at that step. Two cases need no injection:
+//! an envelope the worker refuses at claim time (a capability it does not
+//! offer) and a source commit missing from the repository.
+
+use airlock_local::client::{Supervisor, task_on_demo};
+use airlock_local::{Suite, Tuning, start_with};
+use airlock_proto::Code;
+use airlock_proto::task::{TaskState, TaskView};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(repo)
+        .args(args)
+        .output()
+        .expect("git runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+struct Stack {
+    suite: Suite,
+    client: Supervisor,
+    base: String,
+}
+
+impl Stack {
+    fn start(name: &str) -> Stack {
+        let state =
+            std::env::temp_dir().join(format!("airlock-honest-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        let suite = start_with(
+            state,
+            true,
+            &Tuning {
+                lease_seconds: 30,
+                parallel_tasks: 1,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("starting the suite: {e}"));
+        let base = git(
+            &suite.layout.repos().join("demo.git"),
+            &["rev-parse", "refs/heads/main"],
+        );
+        let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
+        Stack {
+            suite,
+            client,
+            base,
+        }
+    }
+
+    /// Restarts the worker with `env` (an armed fault, or nothing).
+    fn worker_with(&mut self, env: &[(&str, &str)]) {
+        let ids = self.suite.ids;
+        let logs = self.suite.layout.logs();
+        self.suite
+            .fleet
+            .restart("worker", env, &ids, &logs)
+            .unwrap_or_else(|e| panic!("restarting the worker: {e}"));
+    }
+
+    fn submit(&self, s: &Value) {
+        self.client
+            .patiently(Duration::from_secs(30), |c| c.submit_task(s))
+            .unwrap_or_else(|e| panic!("SubmitTask: {e}"));
+    }
+
+    /// Waits for `task` to be terminal, well within one lease.
+    fn settled(&self, task: &str) -> TaskView {
+        let t = Instant::now();
+        loop {
+            let v = self
+                .client
+                .patiently(Duration::from_secs(30), |c| c.get_task(task))
+                .unwrap();
+            if v.state.is_terminal() {
+                return v;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(25),
+                "{task} is still {:?} (attempt {}) after 25 s, under a 30 s lease",
+                v.state,
+                v.attempt
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn actions(&self, task: &str) -> Vec<String> {
+        self.client
+            .list_events(task, 0, 1000)
+            .unwrap()
+            .events
+            .into_iter()
+            .map(|e| format!("{}:{}", e.action, e.outcome))
+            .collect()
+    }
+
+    /// Submits `submission` (max_attempts 1) and checks the task failed in
+    /// its one attempt with `code` as its result's failure code.
+    fn ends_with(&self, task: &str, submission: &Value, code: Code) {
+        self.submit(submission);
+        let v = self.settled(task);
+        let failure = v
+            .result
+            .as_ref()
+            .and_then(|r| r["failure_code"].as_str())
+            .map(str::to_owned);
+        assert_eq!(
+            (v.state, v.attempt, failure.as_deref()),
+            (TaskState::Failed, 1, Some(code.as_str())),
+            "{task}: {:?}",
+            v.result
+        );
+        let actions = self.actions(task);
+        assert!(
+            !actions.iter().any(|a| a.starts_with("TASK_LEASE_EXPIRED")),
+            "{task} must not end by lease expiry: {actions:?}"
+        );
+        assert!(
+            actions.contains(&"TASK_RESULT_SUBMITTED:allowed".to_owned()),
+            "{task}: the worker reported the failure: {actions:?}"
+        );
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.suite.fleet.stop(Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(&self.suite.layout.root);
+    }
+}
+
+fn task(name: &str, base: &str) -> Value {
+    task_on_demo(
+        name,
+        base,
+        1,
+        json!({"operation": "write_file", "path": format!("honest/{name}.txt"), "content": "x\n"}),
+        json!([{"label": "check", "argv": ["/bin/true"], "timeout_seconds": 30}]),
+    )
+}
+
+#[test]
+fn each_permanent_error_class_ends_the_task_with_its_own_code() {
+    let mut s = Stack::start("permanent");
+    // (the step after this phase, the code it fails with): a corrupt
+    // journal record, a git failure while archiving the source, the
+    // executor returning other paths than the change set's, a spool file
+    // of the wrong owner, the branch moved under the compare-and-swap.
+    let cases = [
+        ("start", Code::STORE_CORRUPT),
+        ("claimed", Code::GIT_FAILED),
+        ("workspace_prepared", Code::CHANGED_PATHS_MISMATCH),
+        ("workspace_prepared", Code::SPOOL_FILE_REJECTED),
+        ("verification_passed", Code::REF_CAS_MISMATCH),
+    ];
+    for (i, (phase, code)) in cases.into_iter().enumerate() {
+        let armed = format!("{phase}:{}", code.as_str());
+        s.worker_with(&[("AIRLOCK_FAULT_ERROR_AT", &armed)]);
+        let name = format!("honest-{i}");
+        s.ends_with(&name, &task(&name, &s.base), code);
+        let log = std::fs::read_to_string(s.suite.layout.logs().join("worker.log")).unwrap();
+        assert!(
+            log.contains(&format!(
+                "fault injection: {} after {phase} task {name}",
+                code.as_str()
+            )),
+            "the injected fault fired where armed"
+        );
+    }
+    // No injection: an envelope the worker refuses at claim time (it does
+    // not offer the capability), and a source commit the repository lacks.
+    s.worker_with(&[]);
+    let mut wants_more = task("honest-capability", &s.base);
+    wants_more["plan"]["execution"]["capability_scope"] =
+        json!(["git.read", "git.test", "net.fetch"]);
+    s.ends_with(
+        "honest-capability",
+        &wants_more,
+        Code::CAPABILITY_MISMATCH_DENY,
+    );
+    let missing = "0123456789abcdef0123456789abcdef01234567";
+    s.ends_with(
+        "honest-missing",
+        &task("honest-missing", missing),
+        Code::GIT_OBJECT_MISSING,
+    );
+    // Nothing reached a branch.
+    let repo = s.suite.layout.repos().join("demo.git");
+    assert_eq!(git(&repo, &["for-each-ref", "refs/heads/agent/"]), "");
+}
+
+#[test]
+fn a_transient_error_is_tried_again_and_the_first_attempt_succeeds() {
+    let mut s = Stack::start("transient");
+    for (i, phase) in ["claimed", "workspace_prepared", "verification_passed"]
+        .into_iter()
+        .enumerate()
+    {
+        s.worker_with(&[(
+            "AIRLOCK_FAULT_ERROR_AT",
+            &format!("{phase}:{}", Code::SPOOL_UNAVAILABLE.as_str()),
+        )]);
+        let name = format!("transient-{i}");
+        s.submit(&task(&name, &s.base));
+        let v = s.settled(&name);
+        assert_eq!((v.state, v.attempt), (TaskState::Succeeded, 1), "{name}");
+        let log = std::fs::read_to_string(s.suite.layout.logs().join("worker.log")).unwrap();
+        assert!(log.contains(&format!(
+            "fault injection: SPOOL_UNAVAILABLE after {phase} task {name}"
+        )));
+        assert!(log.contains("transient failure, trying the step again"));
+    }
+}
