@@ -89,6 +89,7 @@ pub struct Worker {
     spool: Spool,
     bus: Supervisor,
     stopping: Arc<AtomicBool>,
+    progress: crate::progress::Progress,
 }
 
 type Step<T> = Result<T, Error>;
@@ -124,7 +125,13 @@ impl Worker {
             spool,
             bus,
             stopping,
+            progress: crate::progress::Progress::default(),
         }
+    }
+
+    /// The calling thread's progress, for the watchdog ([`crate::progress`]).
+    pub fn progress(&self) -> &crate::progress::Progress {
+        &self.progress
     }
 
     /// The supervisor connection.
@@ -189,6 +196,7 @@ impl Worker {
 
     fn append(&self, cb: &CheckpointBinding, phase: Phase, payload: Value) -> Step<Checkpoint> {
         let cp = self.with_journal(|j| j.append(cb, phase, &payload))?;
+        self.progress.beat();
         tracing::info!(task = %cb.task_id, attempt = cb.attempt, phase = phase.as_str(), "checkpoint");
         #[cfg(feature = "fault-injection")]
         crate::fault::hit(
@@ -314,6 +322,7 @@ impl Worker {
         let cb = CheckpointBinding::of(&grant.envelope, grant.attempt);
         let mut backoff = Duration::from_millis(200);
         loop {
+            self.progress.beat();
             let error = match self.drive_phases(grant, lost) {
                 Ok(finish) => return Ok(finish),
                 Err(e) => e,
@@ -371,10 +380,13 @@ impl Worker {
         }
         loop {
             let phase = head.as_ref().map(|c| c.phase);
+            self.progress.beat();
             #[cfg(feature = "fault-injection")]
             if let Some(e) = crate::fault::injected_error(phase, task) {
                 return Err(e);
             }
+            #[cfg(feature = "fault-injection")]
+            crate::fault::wedge(phase, task);
             head = Some(match phase {
                 None => {
                     self.keep_envelope(env)?;
@@ -658,6 +670,7 @@ impl Worker {
             // Any wake-up (a publication, an overflow, the timeout) leads to
             // the same re-check of both directories above.
             watcher.wait(wait).map_err(spool_err)?;
+            self.progress.beat();
         }
     }
 
@@ -814,6 +827,7 @@ impl Worker {
                 }
                 Err(e) if is_transient(e.code) && !self.stopping.load(Ordering::SeqCst) => {
                     tracing::warn!(task = %cb.task_id, "result submission failed, retrying with the same key: {e}");
+                    self.progress.beat();
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }

@@ -192,6 +192,27 @@ pub fn injected_error(phase: Option<Phase>, task: &str) -> Option<Error> {
     Some(Error::with(code, "injected by AIRLOCK_FAULT_ERROR_AT"))
 }
 
+/// The environment variable naming a phase after which an attempt thread
+/// wedges: it blocks for good, as a call that never returns would, while
+/// the rest of the worker (its lease renewer included) runs on. The
+/// watchdog test uses it to show such a worker stops pinging systemd.
+pub const WEDGE_ENV: &str = "AIRLOCK_FAULT_WEDGE_AT";
+
+/// Blocks the calling attempt thread for good when [`WEDGE_ENV`] names the
+/// phase it is about to leave (`start`: before the first checkpoint).
+pub fn wedge(phase: Option<Phase>, task: &str) {
+    let Ok(at) = std::env::var(WEDGE_ENV) else {
+        return;
+    };
+    if at != phase.map_or("start", Phase::as_str) {
+        return;
+    }
+    eprintln!("fault injection: wedged after {at} task {task}");
+    loop {
+        std::thread::park();
+    }
+}
+
 /// Whether a stop fault already fired in this process.
 static STOPPED_ONCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

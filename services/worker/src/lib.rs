@@ -17,6 +17,7 @@ pub mod attempt;
 pub mod bus;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub mod progress;
 pub mod recover;
 
 pub use attempt::{Finish, Grant, Worker, WorkerSettings};

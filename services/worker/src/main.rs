@@ -139,7 +139,15 @@ fn run(args: Args) -> Result<(), Error> {
             stopping.store(true, Ordering::SeqCst);
         });
     }
-    let bus = Supervisor::connect_on(rt.handle().clone(), args.bus_address.as_deref())?;
+    // Every call to the supervisor is bounded by the renewal interval (at
+    // most 30 s): a call with no answer by then fails as transient
+    // (RUNTIME_UNAVAILABLE) and is tried again — a claim by the claim
+    // loop, a renewal at the next interval, a result under the same key —
+    // and its late answer is dropped with its future, never acted on (a
+    // claim granted too late stays unclaimed by us and its lease lapses).
+    let call_timeout = settings.renew_interval.min(airlock_client::DEFAULT_TIMEOUT);
+    let bus = Supervisor::connect_on(rt.handle().clone(), args.bus_address.as_deref())?
+        .with_timeout(call_timeout);
     let worker = Arc::new(Worker::new(
         settings,
         journal,
@@ -164,22 +172,35 @@ fn run(args: Args) -> Result<(), Error> {
     for grant in recover::resumable(&worker)? {
         tracing::info!(task = %grant.envelope.binding.task_id, attempt = grant.attempt, "resuming");
         let worker = Arc::clone(&worker);
-        threads.push(std::thread::spawn(move || {
-            report(&grant, worker.run(&grant))
-        }));
+        let name = format!("resume-{}", grant.envelope.binding.task_id);
+        threads.push(
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    report(&grant, worker.run(&grant));
+                    worker.progress().retire();
+                })
+                .map_err(|e| Error::with(Code::INTERNAL, format!("spawning a thread: {e}")))?,
+        );
     }
     let poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
     let wakeup = Arc::new(Wakeup::default());
     if let Err(e) = follow_queued(worker.bus(), Arc::clone(&wakeup)) {
         tracing::warn!("not following TaskChanged signals, polling only: {e}");
     }
-    for _ in 0..config.worker.parallel_tasks.max(1) {
+    for i in 0..config.worker.parallel_tasks.max(1) {
         let worker = Arc::clone(&worker);
         let stopping = Arc::clone(&stopping);
         let wakeup = Arc::clone(&wakeup);
-        threads.push(std::thread::spawn(move || {
-            claim_loop(&worker, &stopping, &wakeup, poll)
-        }));
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("claim-{i}"))
+                .spawn(move || {
+                    claim_loop(&worker, &stopping, &wakeup, poll);
+                    worker.progress().retire();
+                })
+                .map_err(|e| Error::with(Code::INTERNAL, format!("spawning a thread: {e}")))?,
+        );
     }
     let _ = sd_notify::notify(
         false,
@@ -188,18 +209,41 @@ fn run(args: Args) -> Result<(), Error> {
             sd_notify::NotifyState::Status("claiming tasks"),
         ],
     );
-    let mut watchdog_usec = 0;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+    let watchdog_usec = watchdog_usec().unwrap_or(0);
+    let watchdog = watchdog_usec > 0;
     // Wake at least twice a second to notice SIGTERM, and at half the
     // watchdog interval when systemd asks for pings.
     let mut tick = Duration::from_millis(500);
     if watchdog {
         tick = tick.min(Duration::from_micros(watchdog_usec / 2));
     }
+    // The watchdog is pinged only while every claiming or attempt thread
+    // moves (airlock_worker::progress): a wedged attempt stops the pings,
+    // and systemd restarts the worker.
+    let silence = Duration::from_micros(watchdog_usec.max(1));
+    let mut wedged = false;
     while !stopping.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
-        if watchdog {
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+        if !watchdog {
+            continue;
+        }
+        match worker.progress().stalled(silence) {
+            None => {
+                wedged = false;
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            }
+            Some((thread, silent)) => {
+                if !wedged {
+                    tracing::error!(%thread, ?silent, "a worker thread makes no progress: the watchdog is no longer pinged");
+                    let _ = sd_notify::notify(
+                        false,
+                        &[sd_notify::NotifyState::Status(&format!(
+                            "{thread} makes no progress"
+                        ))],
+                    );
+                }
+                wedged = true;
+            }
         }
     }
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
@@ -273,6 +317,17 @@ fn report(grant: &Grant, outcome: Result<airlock_worker::Finish, Error>) {
     }
 }
 
+/// The watchdog interval systemd asks for, as sd_watchdog_enabled(3)
+/// decides: `WATCHDOG_USEC`, unless `WATCHDOG_PID` is set and names
+/// another process.
+fn watchdog_usec() -> Option<u64> {
+    let usec = std::env::var("WATCHDOG_USEC").ok()?.parse::<u64>().ok()?;
+    match std::env::var("WATCHDOG_PID") {
+        Ok(pid) if pid.parse::<u32>().ok() != Some(std::process::id()) => None,
+        _ => Some(usec),
+    }
+}
+
 /// Ends an attempt whose envelope this worker refuses (a capability it
 /// does not offer, an envelope it cannot check) with a failed result
 /// carrying the refusal's code, so the task ends with its real reason
@@ -329,6 +384,7 @@ fn fail_refused_claim(
 fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Duration) {
     let mut backoff = poll;
     while !stopping.load(Ordering::SeqCst) {
+        worker.progress().beat();
         let seen = wakeup.generation();
         match worker.bus().claim() {
             Ok(Some(claim)) => {
