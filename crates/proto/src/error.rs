@@ -399,6 +399,8 @@ catalogue! {
     SPOOL_FILE_REJECTED => Denied, None;
     /// A spool file's digest does not match the request that caused it.
     SPOOL_DIGEST_MISMATCH => Conflict, None;
+    /// The branch no longer holds the commit the worker made for the attempt (it moved behind the worker's back); the attempt is reported failed and the worker's journal keeps the head it observed.
+    RECONCILIATION_REQUIRED => Conflict, None;
     /// The executor returned other paths than exactly the change set's (an extra, a missing or a repeated path).
     CHANGED_PATHS_MISMATCH => Conflict, None;
     /// The spool could not be read, written, listed or watched (an I/O error, not a rejected file).

@@ -437,6 +437,19 @@ impl Worker {
                         .as_str()
                         .unwrap_or_default()
                         .to_owned();
+                    // Converge only while the branch holds the commit made:
+                    // a ref moved behind the worker's back (between the
+                    // commit and the report, or across a crash) is not
+                    // reported as this attempt's success.
+                    let scratch = self.scratch(&rid)?;
+                    let observed = self
+                        .repo(env, &scratch)?
+                        .branch_head(&env.binding.target_branch)
+                        .map_err(git_err)?;
+                    let _ = std::fs::remove_dir_all(&scratch);
+                    if observed.as_deref() != Some(oid.as_str()) {
+                        return self.branch_moved(&cb, grant, &oid, observed.as_deref());
+                    }
                     let exec = self.read_result(env, &rid, Some(&sha))?;
                     let result = TaskResult {
                         schema: RESULT_SCHEMA.into(),
@@ -469,6 +482,11 @@ impl Worker {
                         .as_ref()
                         .and_then(|c| c.payload["code"].as_str().and_then(Code::from_name))
                         .unwrap_or(Code::INTERNAL);
+                    if code == Code::RECONCILIATION_REQUIRED {
+                        // Reported before the crash, or not: the same
+                        // result under the same key again is a replay.
+                        self.report_reconciliation(grant)?;
+                    }
                     return Ok(Finish::Reconcile(code));
                 }
                 Some(Phase::SourceCaptureDone) => {
@@ -834,6 +852,71 @@ impl Worker {
                 Err(e) if is_transient(e.code) => return Err(e),
                 // A refusal (lease lost, conflicting result) is not retried.
                 Err(e) => return self.reconcile(cb, e.code, &e.to_string()),
+            }
+        }
+    }
+
+    /// The branch does not hold the commit this attempt made: records
+    /// `reconciliation_required` with the head observed, then reports the
+    /// attempt failed with `RECONCILIATION_REQUIRED` (so the task does not
+    /// wait for its lease to lapse, and an administrator sees why).
+    fn branch_moved(
+        &self,
+        cb: &CheckpointBinding,
+        grant: &Grant,
+        commit: &str,
+        observed: Option<&str>,
+    ) -> Step<Finish> {
+        let branch = &grant.envelope.binding.target_branch;
+        tracing::error!(task = %cb.task_id, attempt = cb.attempt, %branch, commit, ?observed, "reconciliation required: the branch moved behind the worker's back");
+        self.append(
+            cb,
+            Phase::ReconciliationRequired,
+            json!({
+                "code": Code::RECONCILIATION_REQUIRED.as_str(),
+                "detail": format!("{branch} is at {} instead of the attempt's commit {commit}", observed.unwrap_or("nothing")),
+                "commit_oid": commit,
+                "observed_head": observed,
+            }),
+        )?;
+        self.report_reconciliation(grant)?;
+        Ok(Finish::Reconcile(Code::RECONCILIATION_REQUIRED))
+    }
+
+    /// Sends the failed result of an attempt that needs reconciliation:
+    /// derived from the grant alone, under the attempt's result key, so a
+    /// resend is an idempotent replay. A refusal (the lease is gone) is
+    /// logged; the journal keeps the observed head either way.
+    fn report_reconciliation(&self, grant: &Grant) -> Step<()> {
+        let env = &grant.envelope;
+        let task = &env.binding.task_id;
+        let result = TaskResult {
+            schema: RESULT_SCHEMA.into(),
+            task_id: task.clone(),
+            attempt: grant.attempt,
+            execution_digest: env.execution_digest.clone(),
+            outcome: Outcome::Failed,
+            commit_oid: None,
+            target_branch: env.binding.target_branch.clone(),
+            exec_result_sha256: None,
+            failure_code: Some(Code::RECONCILIATION_REQUIRED.as_str().to_owned()),
+            verification: vec![],
+        };
+        let key = result_idempotency_key(task, grant.attempt, &env.execution_digest);
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match self.bus.submit_result(&grant.lease, &key, &result) {
+                Ok(_) => return Ok(()),
+                Err(e) if is_transient(e.code) && !self.stopping.load(Ordering::SeqCst) => {
+                    self.progress.beat();
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) if is_transient(e.code) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(%task, "the reconciliation could not be reported: {e}");
+                    return Ok(());
+                }
             }
         }
     }

@@ -95,9 +95,10 @@ impl Stack {
             }
             assert!(
                 t.elapsed() < Duration::from_secs(25),
-                "{task} is still {:?} (attempt {}) after 25 s, under a 30 s lease",
+                "{task} is still {:?} (attempt {}) after 25 s, under a 30 s lease; the worker's log ends:\n{}",
                 v.state,
-                v.attempt
+                v.attempt,
+                airlock_local::fleet::tail(&self.suite.layout.logs().join("worker.log"), 30)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -229,4 +230,63 @@ fn a_transient_error_is_tried_again_and_the_first_attempt_succeeds() {
         )));
         assert!(log.contains("transient failure, trying the step again"));
     }
+}
+
+#[test]
+fn a_branch_moved_behind_the_workers_back_needs_reconciliation() {
+    let mut s = Stack::start("moved");
+    let repo = s.suite.layout.repos().join("demo.git");
+    // The worker dies right after commit_done: the commit is on the branch,
+    // the result not yet reported.
+    s.worker_with(&[("AIRLOCK_FAULT_KILL_AFTER", "commit_done")]);
+    s.submit(&task("moved-ref", &s.base));
+    let status = s.suite.fleet.wait_exit("worker", Duration::from_secs(20));
+    assert!(
+        status.is_some(),
+        "the worker was to kill itself at commit_done"
+    );
+    let made = git(&repo, &["rev-parse", "refs/heads/agent/moved-ref"]);
+    assert_ne!(made, s.base, "the governed commit is on the branch");
+    // Someone moves the branch behind the worker's back.
+    let other = git(&repo, &["rev-parse", "refs/heads/main"]);
+    let out = Command::new("git")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(&repo)
+        .args(["update-ref", "refs/heads/agent/moved-ref", &other, &made])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // The restarted worker resumes at commit_done, sees another head and
+    // reports the attempt as needing reconciliation instead of success.
+    s.worker_with(&[]);
+    let v = s.settled("moved-ref");
+    let failure = v.result.as_ref().and_then(|r| r["failure_code"].as_str());
+    assert_eq!(
+        (v.state, failure),
+        (
+            TaskState::Failed,
+            Some(Code::RECONCILIATION_REQUIRED.as_str())
+        ),
+        "{:?}",
+        v.result
+    );
+    assert!(
+        !s.actions("moved-ref")
+            .iter()
+            .any(|a| a.starts_with("TASK_LEASE_EXPIRED"))
+    );
+    let log = std::fs::read_to_string(s.suite.layout.logs().join("worker.log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("reconciliation required: the branch moved"))
+        .expect("the worker logs the reconciliation");
+    assert!(
+        line.contains(&other) && line.contains(&made),
+        "it names the observed head and its commit: {line}"
+    );
+    assert_eq!(
+        git(&repo, &["rev-parse", "refs/heads/agent/moved-ref"]),
+        other,
+        "the worker does not move the branch back"
+    );
 }
