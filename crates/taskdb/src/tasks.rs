@@ -134,6 +134,9 @@ pub mod action {
     pub const TASK_RETRY_EXTENSION_AUTHORIZED: &str = "TASK_RETRY_EXTENSION_AUTHORIZED";
     /// A queued task failed because its repository is no longer registered.
     pub const TASK_REPOSITORY_UNREGISTERED: &str = "TASK_REPOSITORY_UNREGISTERED";
+    /// A planner agent's restart-policy record changed (started, failed,
+    /// held, stopped, cleared); the payload is the record.
+    pub const AGENT_CHANGED: &str = "AGENT_CHANGED";
 
     /// Every action above, in the order declared. The journal catalogue and
     /// other tables keyed by action are checked against it; a test keeps it
@@ -149,6 +152,7 @@ pub mod action {
         TASK_CANCELLED,
         TASK_RETRY_EXTENSION_AUTHORIZED,
         TASK_REPOSITORY_UNREGISTERED,
+        AGENT_CHANGED,
     ];
 
     #[cfg(test)]
@@ -511,6 +515,10 @@ pub trait TaskStore: Send + std::fmt::Debug {
         req: &RetryExtensionRequest,
         configured_authorization_id: &str,
     ) -> StoreResult<RetryExtensionOutcome>;
+    /// See [`Store::agent_record`].
+    fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>>;
+    /// See [`Store::save_agent_record`].
+    fn save_agent_record(&mut self, name: &str, record: &Value, actor: &Actor) -> StoreResult<()>;
 }
 
 /// The store's rules over one engine `B`. Use it through [`TaskStore`]
@@ -612,6 +620,40 @@ impl<B: Backend> Store<B> {
     /// Anything wrong is `STORE_CORRUPT`.
     pub fn integrity_check(&self) -> StoreResult<()> {
         self.backend.integrity_check()
+    }
+
+    /// The stored restart-policy record of the planner agent `name`
+    /// (`airlock_agents::AgentRecord` as JSON; the store keeps it opaque).
+    pub fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>> {
+        let text = self
+            .backend
+            .write("reading an agent's record", &mut |tx| tx.agent_record(name))?;
+        text.map(|t| {
+            serde_json::from_str(&t).map_err(|e| {
+                StoreError::from(airlock_proto::Error::with(
+                    Code::STORE_CORRUPT,
+                    format!("agent {name:?}: its stored record is not JSON: {e}"),
+                ))
+            })
+        })
+        .transpose()
+    }
+
+    /// Stores the restart-policy record of the agent `name` and appends an
+    /// `AGENT_CHANGED` event carrying it, in one transaction: the record a
+    /// restarted supervisor resumes from, and its history.
+    pub fn save_agent_record(
+        &mut self,
+        name: &str,
+        record: &Value,
+        actor: &Actor,
+    ) -> StoreResult<()> {
+        let json = airlock_proto::canonical::to_canonical_string(record)?;
+        let payload = serde_json::json!({ "agent": name, "record": record });
+        self.backend.write("storing an agent's record", &mut |tx| {
+            tx.put_agent_record(name, &json)?;
+            audit::append_allowed_untasked(tx, actor, action::AGENT_CHANGED, payload.clone())
+        })
     }
 
     /// Passes `result` through, first recording a refusal as a denied event.
@@ -748,6 +790,12 @@ impl<B: Backend> TaskStore for Store<B> {
         configured_authorization_id: &str,
     ) -> StoreResult<RetryExtensionOutcome> {
         Store::extend_retry(self, task_id, req, configured_authorization_id)
+    }
+    fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>> {
+        Store::agent_record(self, name)
+    }
+    fn save_agent_record(&mut self, name: &str, record: &Value, actor: &Actor) -> StoreResult<()> {
+        Store::save_agent_record(self, name, record, actor)
     }
 }
 

@@ -27,6 +27,24 @@ pub(super) fn append_allowed(
     )
 }
 
+/// Appends an `allowed` event about no task (a planner agent's change).
+pub(super) fn append_allowed_untasked(
+    tx: &mut dyn Tx,
+    actor: &Actor,
+    action: &str,
+    payload: Value,
+) -> StoreResult<()> {
+    insert(
+        tx,
+        None,
+        actor,
+        action,
+        EventOutcome::Allowed,
+        None,
+        &payload,
+    )
+}
+
 /// Appends a `denied` event. The task id is kept only when well formed (a
 /// refusal may be about a garbage id) and the detail is bounded.
 pub(super) fn append_denial(

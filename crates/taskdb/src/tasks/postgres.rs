@@ -975,6 +975,30 @@ impl Tx for PgTx<'_, '_> {
         )
     }
 
+    fn agent_record(&mut self, name: &str) -> StoreResult<Option<String>> {
+        let rows = self.query(
+            "reading an agent's record",
+            "SELECT record_json FROM agents WHERE name = $1",
+            &[&name],
+        )?;
+        rows.first()
+            .map(|r| r.try_get(0))
+            .transpose()
+            .map_err(|e| pg_error("reading an agent's record", e))
+    }
+
+    fn put_agent_record(&mut self, name: &str, record_json: &str) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "storing an agent's record",
+            "INSERT INTO agents (name, record_json, updated_at_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET record_json = excluded.record_json, \
+             updated_at_ms = excluded.updated_at_ms",
+            &[&name, &record_json, &now],
+        )?;
+        Ok(())
+    }
+
     fn insert_extension(&mut self, e: &NewExtension<'_>) -> StoreResult<()> {
         let now = self.now;
         self.execute(
@@ -1062,7 +1086,24 @@ pub const MIGRATIONS: &[PgMigration] = &[
         version: 2,
         sql: V2,
     },
+    PgMigration {
+        version: 3,
+        sql: V3,
+    },
 ];
+
+/// Version 3: the planner agents' restart-policy records (the SQLite
+/// store's version 4), one row per agent name, rewritten on every change;
+/// every change is also an event. Existing rows are unchanged.
+const V3: &str = r#"
+CREATE TABLE agents (
+    name          text   PRIMARY KEY,
+    record_json   text   NOT NULL,
+    updated_at_ms bigint NOT NULL
+);
+REVOKE ALL ON agents FROM PUBLIC;
+GRANT SELECT, INSERT, UPDATE ON agents TO airlock_supervisor;
+"#;
 
 /// The schema version this build expects.
 pub fn latest_version() -> i64 {

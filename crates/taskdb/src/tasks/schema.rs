@@ -17,6 +17,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 3,
         sql: V3,
     },
+    Migration {
+        version: 4,
+        sql: V4,
+    },
 ];
 
 /// Version 3: admin decisions (Verify, CancelTask) in their own
@@ -40,6 +44,17 @@ CREATE TRIGGER task_decisions_no_update BEFORE UPDATE ON task_decisions
 BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
 CREATE TRIGGER task_decisions_no_delete BEFORE DELETE ON task_decisions
 BEGIN SELECT RAISE(ABORT, 'decisions are append-only'); END;
+"#;
+
+/// Version 4: the planner agents' restart-policy records, one row per
+/// agent name, rewritten on every change (the history is in `events`).
+/// Existing rows are unchanged.
+const V4: &str = r#"
+CREATE TABLE agents (
+    name          TEXT    PRIMARY KEY,
+    record_json   TEXT    NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
 "#;
 
 /// Version 2: each task's repository as a column, so a claim can take

@@ -499,6 +499,29 @@ impl Tx for SqliteTx<'_> {
         Ok(changed as u64)
     }
 
+    fn agent_record(&mut self, name: &str) -> StoreResult<Option<String>> {
+        self.conn
+            .query_row(
+                "SELECT record_json FROM agents WHERE name = ?1",
+                params![name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("reading an agent's record", e))
+    }
+
+    fn put_agent_record(&mut self, name: &str, record_json: &str) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO agents (name, record_json, updated_at_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name) DO UPDATE SET record_json = excluded.record_json, \
+                 updated_at_ms = excluded.updated_at_ms",
+                params![name, record_json, self.now],
+            )
+            .map_err(|e| StoreError::sqlite("storing an agent's record", e))?;
+        Ok(())
+    }
+
     fn insert_extension(&mut self, e: &NewExtension<'_>) -> StoreResult<()> {
         self.conn
             .execute(

@@ -194,6 +194,10 @@ pub trait Tx {
     fn decision(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>>;
     /// Records a decision.
     fn insert_decision(&mut self, d: &NewDecision<'_>) -> StoreResult<()>;
+    /// The stored policy record of the agent `name` (JSON), if any.
+    fn agent_record(&mut self, name: &str) -> StoreResult<Option<String>>;
+    /// Stores (inserts or replaces) the policy record of the agent `name`.
+    fn put_agent_record(&mut self, name: &str, record_json: &str) -> StoreResult<()>;
 }
 
 /// A database engine under the store.
