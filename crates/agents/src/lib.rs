@@ -28,6 +28,7 @@
 //! ```
 
 pub mod driver;
+pub mod host;
 pub mod policy;
 pub mod process;
 pub mod runner;

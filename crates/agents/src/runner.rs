@@ -116,7 +116,8 @@ pub struct AgentHandle {
     name: String,
     tx: mpsc::Sender<Request>,
     record: watch::Receiver<AgentRecord>,
-    task: tokio::task::JoinHandle<()>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl AgentHandle {
@@ -149,9 +150,12 @@ impl AgentHandle {
     /// Drains: stops the agent (best effort, within the call timeout)
     /// without recording an operator's stop, so the next supervisor resumes
     /// it, and waits for the task to end.
-    pub async fn drain(self) {
-        drop(self.tx);
-        let _ = self.task.await;
+    pub async fn drain(&self) {
+        self.shutdown.send_replace(true);
+        let task = self.task.lock().await.take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
     }
 }
 
@@ -172,6 +176,7 @@ pub fn spawn<D: Driver, S: RecordStore>(
     };
     let (watch_tx, watch_rx) = watch::channel(record.clone());
     let (tx, rx) = mpsc::channel(16);
+    let (shutdown, shutdown_rx) = watch::channel(false);
     let name = agent.name.clone();
     let mut runner = Runner {
         agent,
@@ -185,13 +190,14 @@ pub fn spawn<D: Driver, S: RecordStore>(
     };
     let task = tokio::spawn(async move {
         runner.apply(first).await;
-        runner.run(rx).await;
+        runner.run(rx, shutdown_rx).await;
     });
     Ok(AgentHandle {
         name,
         tx,
         record: watch_rx,
-        task,
+        shutdown,
+        task: tokio::sync::Mutex::new(Some(task)),
     })
 }
 
@@ -207,8 +213,12 @@ struct Runner<D, S> {
 }
 
 impl<D: Driver, S: RecordStore> Runner<D, S> {
-    async fn run(&mut self, mut rx: mpsc::Receiver<Request>) {
+    async fn run(&mut self, mut rx: mpsc::Receiver<Request>, mut shutdown: watch::Receiver<bool>) {
         loop {
+            if *shutdown.borrow_and_update() {
+                self.drain().await;
+                return;
+            }
             let now = self.clock.now_ms();
             let deadline = policy::next_deadline(&self.options.policy, &self.record);
             let probe = (self.record.status == Status::Running)
@@ -226,6 +236,13 @@ impl<D: Driver, S: RecordStore> Runner<D, S> {
                 }
             };
             tokio::select! {
+                changed = shutdown.changed() => {
+                    if changed.is_err() {
+                        self.drain().await;
+                        return;
+                    }
+                    continue;
+                }
                 request = rx.recv() => {
                     let Some((command, reply)) = request else {
                         self.drain().await;

@@ -359,7 +359,13 @@ pub const KEYS: &[KeySpec] = &[
             max: 64,
         },
         "[]",
-        "With supervisor.authorizer = \"local\": the users allowed every org.airlock.Tasks1 method (read, submit, manage). Ignored with polkit.",
+        "With supervisor.authorizer = \"local\": the users allowed every org.airlock.Tasks1 and org.airlock.Agents1 method (read, submit, manage). Ignored with polkit.",
+    ),
+    key(
+        "supervisor.agent_driver",
+        Kind::Choice(&["systemd", "local-host"]),
+        "\"systemd\"",
+        "What runs the [[agent]]s: \"systemd\" (instances of airlock-agent@.service; not built yet: a supervisor with agents and this driver refuses to start), or \"local-host\" (airlock-local's org.airlock.AgentHost1 on the suite's bus, which starts each agent as airlock-agent in its own process group; airlock-local sets it). Without agents it changes nothing.",
     ),
     // ---- [worker] ----------------------------------------------------------
     section(

@@ -125,6 +125,19 @@ pub struct Supervisor {
     pub authorizer: Authorizer,
     /// With the local authoriser: the users allowed every Tasks1 method.
     pub local_users: Vec<String>,
+    /// What runs the `[[agent]]`s.
+    pub agent_driver: AgentDriver,
+}
+
+/// What runs the planner agents.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentDriver {
+    /// systemd's `airlock-agent@NAME.service` instances.
+    #[default]
+    Systemd,
+    /// airlock-local's process host (`org.airlock.AgentHost1` on its bus).
+    LocalHost,
 }
 
 impl Default for Supervisor {
@@ -137,6 +150,7 @@ impl Default for Supervisor {
             worker_user: "airlock-worker".to_owned(),
             authorizer: Authorizer::Polkit,
             local_users: Vec::new(),
+            agent_driver: AgentDriver::Systemd,
         }
     }
 }

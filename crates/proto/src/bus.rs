@@ -20,6 +20,14 @@
 //! | | `Renew` | [`LeaseRef`] as `s` `t` `s` | `x` new expiry (unix ms) | peer uid = `supervisor.worker_user` |
 //! | | `SubmitResult` | [`LeaseRef`] as `s` `t` `s`, `s` key, `s` result JSON | `s` [`ResultReceipt`] | peer uid = `supervisor.worker_user` |
 //! | [`retry::INTERFACE`] | `ExtendRetry` | `s` task id, `s` request JSON, `s` owner id | `s` [`RetryExtensionOutcome`] | peer uid = `retry.user` |
+//! | [`agents::INTERFACE`] | `ListAgents` | | `s` [`AgentList`] | polkit `agents.read` |
+//! | | `GetAgent` | `s` name | `s` [`AgentView`] | polkit `agents.read` |
+//! | | `StartAgent` | `s` name | `s` [`AgentView`] | polkit `agents.manage` |
+//! | | `StopAgent` | `s` name | `s` [`AgentView`] | polkit `agents.manage` |
+//! | | `ClearHold` | `s` name | `s` [`AgentView`] | polkit `agents.manage` |
+//!
+//! airlock-local serves [`agent_host`] to the supervisor alone (peer uid):
+//! `Start`, `Probe` (`s` [`AgentLiveness`]) and `Stop`, each taking `s` name.
 //!
 //! [`DecisionRequest`]: crate::task::DecisionRequest
 //! [`DecisionOutcome`]: crate::task::DecisionOutcome
@@ -37,7 +45,7 @@ use serde_json::Value;
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks1.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (3, 0);
+pub const PROTOCOL_VERSION: (u32, u32) = (3, 1);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -132,12 +140,106 @@ pub mod retry {
     pub const METHODS: &[&str] = &[EXTEND_RETRY];
 }
 
+/// `org.airlock.Agents1`: the planner agents the supervisor runs;
+/// admins, authorised by polkit.
+pub mod agents {
+    /// The interface.
+    pub const INTERFACE: &str = "org.airlock.Agents1";
+    /// Every configured agent with its state.
+    pub const LIST_AGENTS: &str = "ListAgents";
+    /// One agent with its state.
+    pub const GET_AGENT: &str = "GetAgent";
+    /// Start a stopped agent (refused while held: AGENTOS_CRASH_LOOP).
+    pub const START_AGENT: &str = "StartAgent";
+    /// Stop an agent (never counted as a failure).
+    pub const STOP_AGENT: &str = "StopAgent";
+    /// Clear a hold: the count resets and the agent starts.
+    pub const CLEAR_HOLD: &str = "ClearHold";
+    /// Signal: `s` agent name, `s` state, `u` consecutive failures.
+    pub const AGENT_CHANGED: &str = "AgentChanged";
+    /// Methods, in declaration order.
+    pub const METHODS: &[&str] = &[LIST_AGENTS, GET_AGENT, START_AGENT, STOP_AGENT, CLEAR_HOLD];
+}
+
+/// `org.airlock.AgentHost1`: served by airlock-local (root) for the
+/// supervisor where there is no systemd; starts, probes and stops agent
+/// processes by name (the process driver). Admitted by the caller's uid:
+/// the supervisor's only. Not part of `INTERFACES` (another process
+/// serves it, under its own name).
+pub mod agent_host {
+    /// The well-known name.
+    pub const BUS_NAME: &str = "org.airlock.AgentHost1";
+    /// The object.
+    pub const OBJECT_PATH: &str = "/org/airlock/AgentHost1";
+    /// The interface.
+    pub const INTERFACE: &str = "org.airlock.AgentHost1";
+    /// `s` name → nothing: start the configured agent.
+    pub const START: &str = "Start";
+    /// `s` name → `s` [`super::AgentLiveness`].
+    pub const PROBE: &str = "Probe";
+    /// `s` name → nothing: stop it and its process group.
+    pub const STOP: &str = "Stop";
+    /// Methods, in declaration order.
+    pub const METHODS: &[&str] = &[START, PROBE, STOP];
+}
+
 /// Every interface the supervisor serves with its methods.
 pub const INTERFACES: &[(&str, &[&str])] = &[
     (tasks::INTERFACE, tasks::METHODS),
     (worker::INTERFACE, worker::METHODS),
     (retry::INTERFACE, retry::METHODS),
+    (agents::INTERFACE, agents::METHODS),
 ];
+
+/// One planner agent as `GetAgent` and `ListAgents` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentView {
+    /// Its name (`[[agent]] name`).
+    pub name: String,
+    /// `STOPPED`, `STARTING`, `RUNNING`, `BACKOFF` or `HELD`.
+    pub state: String,
+    /// Consecutive failures since the last reset.
+    pub consecutive_failures: u32,
+    /// With `BACKOFF`: when it starts again (unix ms).
+    pub next_start_at_ms: Option<u64>,
+    /// With `RUNNING`: since when (unix ms).
+    pub running_since_ms: Option<u64>,
+    /// The last failure's exit status, when it exited.
+    pub last_exit_status: Option<i32>,
+    /// The last failure's signal, when a signal ended it.
+    pub last_exit_signal: Option<i32>,
+    /// The last failure's reason (a failed start, a timed-out call).
+    pub last_failure: Option<String>,
+    /// With `HELD`: why.
+    pub hold_reason: Option<String>,
+    /// The repositories it may propose for.
+    pub repositories: Vec<String>,
+    /// When its record last changed (unix ms).
+    pub updated_at_ms: u64,
+}
+
+/// `ListAgents`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentList {
+    /// Every configured agent, by name.
+    pub agents: Vec<AgentView>,
+}
+
+/// `AgentHost1.Probe`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLiveness {
+    /// Whether it runs.
+    pub alive: bool,
+    /// Its exit status, when it exited.
+    pub exit_status: Option<i32>,
+    /// The signal that ended it.
+    pub exit_signal: Option<i32>,
+    /// What else is known.
+    pub reason: String,
+}
 
 /// The lease a worker holds on one attempt: every call after a claim names
 /// it, and the supervisor fences on all three parts.

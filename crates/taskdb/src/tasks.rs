@@ -137,6 +137,12 @@ pub mod action {
     /// A planner agent's restart-policy record changed (started, failed,
     /// held, stopped, cleared); the payload is the record.
     pub const AGENT_CHANGED: &str = "AGENT_CHANGED";
+    /// An operator's StartAgent.
+    pub const AGENT_START_REQUESTED: &str = "AGENT_START_REQUESTED";
+    /// An operator's StopAgent.
+    pub const AGENT_STOP_REQUESTED: &str = "AGENT_STOP_REQUESTED";
+    /// An operator's ClearHold.
+    pub const AGENT_HOLD_CLEARED: &str = "AGENT_HOLD_CLEARED";
 
     /// Every action above, in the order declared. The journal catalogue and
     /// other tables keyed by action are checked against it; a test keeps it
@@ -153,6 +159,9 @@ pub mod action {
         TASK_RETRY_EXTENSION_AUTHORIZED,
         TASK_REPOSITORY_UNREGISTERED,
         AGENT_CHANGED,
+        AGENT_START_REQUESTED,
+        AGENT_STOP_REQUESTED,
+        AGENT_HOLD_CLEARED,
     ];
 
     #[cfg(test)]
@@ -519,6 +528,8 @@ pub trait TaskStore: Send + std::fmt::Debug {
     fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>>;
     /// See [`Store::save_agent_record`].
     fn save_agent_record(&mut self, name: &str, record: &Value, actor: &Actor) -> StoreResult<()>;
+    /// See [`Store::record_allowed`].
+    fn record_allowed(&mut self, actor: &Actor, action: &str, payload: &Value) -> StoreResult<()>;
 }
 
 /// The store's rules over one engine `B`. Use it through [`TaskStore`]
@@ -653,6 +664,20 @@ impl<B: Backend> Store<B> {
         self.backend.write("storing an agent's record", &mut |tx| {
             tx.put_agent_record(name, &json)?;
             audit::append_allowed_untasked(tx, actor, action::AGENT_CHANGED, payload.clone())
+        })
+    }
+
+    /// Records an allowed decision about no task (an operator's command to
+    /// a planner agent), so that who asked is on record beside what the
+    /// policy then did.
+    pub fn record_allowed(
+        &mut self,
+        actor: &Actor,
+        action: &str,
+        payload: &Value,
+    ) -> StoreResult<()> {
+        self.backend.write("an event", &mut |tx| {
+            audit::append_allowed_untasked(tx, actor, action, payload.clone())
         })
     }
 
@@ -796,6 +821,9 @@ impl<B: Backend> TaskStore for Store<B> {
     }
     fn save_agent_record(&mut self, name: &str, record: &Value, actor: &Actor) -> StoreResult<()> {
         Store::save_agent_record(self, name, record, actor)
+    }
+    fn record_allowed(&mut self, actor: &Actor, action: &str, payload: &Value) -> StoreResult<()> {
+        Store::record_allowed(self, actor, action, payload)
     }
 }
 

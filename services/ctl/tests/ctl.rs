@@ -43,6 +43,9 @@ impl Sup {
             repositories: vec!["demo".into()],
             drain_timeout: Duration::from_secs(5),
             call_delay: None,
+            agents: Vec::new(),
+            agent_driver: airlock_config::AgentDriver::LocalHost,
+            agent_options: airlock_agents::Options::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(daemon::run(settings, async {

@@ -8,11 +8,13 @@
 //! finish (each commits or rolls back as a whole); release the name; answer
 //! stragglers for a moment; close the connection.
 
+use crate::agents::Agents;
 use crate::authz::local::LocalAuthorizer;
 use crate::authz::polkit::PolkitAuthorizer;
 #[cfg(any(test, feature = "test-authorizers"))]
 use crate::authz::testing::TestAuthorizer;
 use crate::authz::{Authorizer, Gatekeeper, PeerUids};
+use crate::bus::agents::AgentsIface;
 use crate::bus::retry::Retry;
 use crate::bus::tasks::Tasks;
 use crate::bus::worker::Worker;
@@ -65,6 +67,12 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// Slows every call down (shutdown tests only).
     pub call_delay: Option<Duration>,
+    /// The planner agents to run (`[[agent]]`).
+    pub agents: Vec<airlock_config::Agent>,
+    /// What runs them.
+    pub agent_driver: airlock_config::AgentDriver,
+    /// How the agent runners call their driver.
+    pub agent_options: airlock_agents::Options,
 }
 
 /// How long the journal export's last pass may take at shutdown.
@@ -196,6 +204,7 @@ pub async fn run_with_reload(
         worker: settings.worker_uid,
         retry: settings.retry_uid,
     };
+    let store_for_agents = store.clone();
     let gate = Gatekeeper::new(authorizer, peers, store);
     let shared = Arc::new(Shared::new(
         ops.clone(),
@@ -232,6 +241,16 @@ pub async fn run_with_reload(
         Location::Sqlite(_) => None,
     };
 
+    // The systemd driver is not built yet: refuse rather than leave the
+    // configured agents silently unrun.
+    if !settings.agents.is_empty() && settings.agent_driver == airlock_config::AgentDriver::Systemd
+    {
+        return Err(Error::with(
+            Code::CONFIG_INVALID,
+            "supervisor.agent_driver: \"systemd\" is not built yet; [[agent]]s run only under airlock-local (agent_driver = \"local-host\")",
+        ));
+    }
+
     sweeper::sweep_once(&shared, &emitter).await;
     // A repository removed while the supervisor was down: its queued tasks fail.
     fail_unregistered(&shared, &emitter).await;
@@ -255,6 +274,26 @@ pub async fn run_with_reload(
         }
         Err(e) => return Err(unavailable(&format!("requesting {BUS_NAME}"), e)),
     }
+    // Only the owner of the name runs agents: a second supervisor stops
+    // above, before it could start (or stop) any of them.
+    let agents = Arc::new(match settings.agent_driver {
+        _ if settings.agents.is_empty() => Agents::default(),
+        airlock_config::AgentDriver::LocalHost => Agents::start(
+            settings.agents.clone(),
+            Arc::new(airlock_agents::host::HostDriver::new(conn.clone())),
+            store_for_agents,
+            emitter.clone(),
+            settings.agent_options,
+        )?,
+        airlock_config::AgentDriver::Systemd => Agents::default(),
+    });
+    server
+        .at(
+            OBJECT_PATH,
+            AgentsIface::new(Arc::clone(&shared), Arc::clone(&agents)),
+        )
+        .await
+        .map_err(|e| unavailable("exporting Agents1", e))?;
     let summary = ops.summary().await?;
     let status = sweeper::status_line(
         summary.queued,
@@ -318,6 +357,9 @@ pub async fn run_with_reload(
         );
     }
     let _ = sweeper.await;
+    // Drain: every agent stopped (bounded by the driver's call timeout),
+    // nothing recorded as an operator's stop.
+    agents.drain().await;
     let _ = journal_stop.send(true);
     if tokio::time::timeout(JOURNAL_FLUSH, exporter).await.is_err() {
         tracing::warn!("journal export still running after its last pass; stopping anyway");
@@ -341,6 +383,7 @@ pub async fn run_with_reload(
         server.remove::<Tasks, _>(OBJECT_PATH).await,
         server.remove::<Worker, _>(OBJECT_PATH).await,
         server.remove::<Retry, _>(OBJECT_PATH).await,
+        server.remove::<AgentsIface, _>(OBJECT_PATH).await,
     ] {
         if let Err(e) = removed {
             tracing::warn!("unexporting an interface: {e}");

@@ -28,6 +28,7 @@
 //! - [`notify`]: READY, STATUS, STOPPING, WATCHDOG;
 //! - [`daemon`]: start-up and orderly shutdown.
 
+pub mod agents;
 pub mod authz;
 pub mod bus;
 pub mod daemon;

@@ -211,6 +211,9 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
         call_delay: args.debug_call_delay_ms.map(Duration::from_millis),
         #[cfg(not(feature = "test-authorizers"))]
         call_delay: None,
+        agents: config.agents.clone(),
+        agent_driver: sup.agent_driver,
+        agent_options: airlock_agents::Options::default(),
     };
     Ok((settings, config))
 }

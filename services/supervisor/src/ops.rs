@@ -8,7 +8,7 @@
 //! a reply is sent only after its change is committed (SQLite
 //! `synchronous=FULL`; PostgreSQL's commit).
 
-use crate::authz::{Authorized, Manage, Read, Retry, Submit, Worker};
+use crate::authz::{AgentsManage, Authorized, Manage, Read, Retry, Submit, Worker};
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{
@@ -56,6 +56,14 @@ impl Store {
         })
         .await
         .map_err(|e| Error::with(Code::INTERNAL, format!("store task failed: {e}")))
+    }
+
+    /// Runs `f` with the store locked on the calling thread: for the agent
+    /// runners, whose few small writes may wait on a task call's
+    /// transaction but never hold the lock across an await.
+    pub(crate) fn blocking<T>(&self, f: impl FnOnce(&mut dyn TaskStore) -> T) -> T {
+        let mut store = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        f(store.as_mut())
     }
 
     async fn call<T, F>(&self, f: F) -> Result<T, Error>
@@ -268,6 +276,25 @@ impl Ops {
         self.store
             .call(move |s| s.fail_unregistered(&registered))
             .await
+    }
+
+    /// Records an operator's command to the planner agent `agent` (the
+    /// policy's own changes follow as AGENT_CHANGED events).
+    pub async fn record_agent_command(
+        &self,
+        auth: &Authorized<AgentsManage>,
+        action: &'static str,
+        agent: String,
+    ) -> Result<(), Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.record_allowed(&actor, action, &serde_json::json!({ "agent": agent })))
+            .await
+    }
+
+    /// The store itself (the agent runners keep their records in it).
+    pub fn store(&self) -> Store {
+        self.store.clone()
     }
 
     /// Counts per state, for the queue-summary properties and the status

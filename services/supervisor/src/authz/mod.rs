@@ -54,11 +54,21 @@ pub enum Action {
     Submit,
     /// `org.airlock.tasks.manage`: CancelTask, Verify.
     Manage,
+    /// `org.airlock.agents.read`: ListAgents, GetAgent.
+    AgentsRead,
+    /// `org.airlock.agents.manage`: StartAgent, StopAgent, ClearHold.
+    AgentsManage,
 }
 
 impl Action {
     /// Every action.
-    pub const ALL: &'static [Action] = &[Action::Read, Action::Submit, Action::Manage];
+    pub const ALL: &'static [Action] = &[
+        Action::Read,
+        Action::Submit,
+        Action::Manage,
+        Action::AgentsRead,
+        Action::AgentsManage,
+    ];
 
     /// The polkit action id.
     pub fn polkit_id(self) -> &'static str {
@@ -66,6 +76,8 @@ impl Action {
             Action::Read => "org.airlock.tasks.read",
             Action::Submit => "org.airlock.tasks.submit",
             Action::Manage => "org.airlock.tasks.manage",
+            Action::AgentsRead => "org.airlock.agents.read",
+            Action::AgentsManage => "org.airlock.agents.manage",
         }
     }
 
@@ -75,6 +87,8 @@ impl Action {
             Action::Read => "read",
             Action::Submit => "submit",
             Action::Manage => "manage",
+            Action::AgentsRead => "agents-read",
+            Action::AgentsManage => "agents-manage",
         }
     }
 
@@ -212,6 +226,19 @@ permission!(
     /// `org.airlock.tasks.manage`.
     Manage,
     Action::Manage,
+    ActorKind::Admin
+);
+
+permission!(
+    /// `org.airlock.agents.read`.
+    AgentsRead,
+    Action::AgentsRead,
+    ActorKind::Admin
+);
+permission!(
+    /// `org.airlock.agents.manage`.
+    AgentsManage,
+    Action::AgentsManage,
     ActorKind::Admin
 );
 

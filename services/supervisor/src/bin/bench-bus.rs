@@ -247,6 +247,9 @@ fn main() {
         repositories: vec!["demo".into()],
         drain_timeout: Duration::from_secs(5),
         call_delay: None,
+        agents: Vec::new(),
+        agent_driver: airlock_config::AgentDriver::LocalHost,
+        agent_options: airlock_agents::Options::default(),
     };
 
     // The supervisor on its own runtime and threads, as in its own process.

@@ -7,6 +7,7 @@
 //! Every refusal is a D-Bus error named by the code's `dbus_error_name()`
 //! with the human detail as its message ([`error::BusError`]).
 
+pub mod agents;
 pub mod caller;
 pub mod error;
 pub mod inflight;

@@ -46,6 +46,10 @@ pub struct Opts {
     /// `[supervisor] database` instead of an SQLite file in the test's
     /// directory (e.g. a postgresql:// URL).
     pub database: Option<String>,
+    /// More keys of `[supervisor]`, as TOML lines.
+    pub supervisor_extra: String,
+    /// More tables at the end of the file (`[[agent]]`, …).
+    pub config_extra: String,
 }
 
 impl Default for Opts {
@@ -60,6 +64,8 @@ impl Default for Opts {
             run_as: None,
             extra_policies: vec![],
             database: None,
+            supervisor_extra: String::new(),
+            config_extra: String::new(),
         }
     }
 }
@@ -100,14 +106,14 @@ sweep_interval_seconds = {sweep}
 auto_accept = {auto}
 worker_user = "nobody"
 authorizer = "polkit"
-
+{supervisor_extra}
 [worker]
 renew_interval_seconds = 5
 
 [[repository]]
 name = "demo"
 path = "/srv/git/demo.git"
-"#,
+{config_extra}"#,
                 db = opts
                     .database
                     .clone()
@@ -115,6 +121,8 @@ path = "/srv/git/demo.git"
                 lease = opts.lease_seconds,
                 sweep = opts.sweep_interval_seconds,
                 auto = opts.auto_accept,
+                supervisor_extra = opts.supervisor_extra,
+                config_extra = opts.config_extra,
             ),
         )
         .unwrap();

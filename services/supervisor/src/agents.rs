@@ -1,0 +1,196 @@
+//! The planner agents: one restart-policy runner per `[[agent]]`
+//! ([`airlock_agents::runner`]), its record stored in the task store after
+//! every change (so a restarted supervisor resumes a hold as a hold), each
+//! change announced as `AgentChanged` and recorded as an `AGENT_CHANGED`
+//! event. Stopping the supervisor drains them: every agent is stopped
+//! (best effort, bounded by the call timeout) without recording an
+//! operator's stop, so the next supervisor resumes them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use airlock_agents::runner::{self, OnChange};
+use airlock_agents::{AgentHandle, AgentRecord, Command, Driver, Options, RecordStore, StoreError};
+use airlock_config::Agent;
+use airlock_proto::bus::{AgentList, AgentView};
+use airlock_proto::{Code, Error};
+use airlock_taskdb::tasks::Actor;
+use zbus::object_server::SignalEmitter;
+
+use crate::authz::{AgentsManage, AgentsRead, Authorized};
+use crate::ops::Store;
+
+/// The system actor the policy's changes are recorded under.
+pub const POLICY_ACTOR: &str = "agent-policy";
+
+/// The records, in the supervisor's task store.
+#[derive(Debug, Clone)]
+pub struct StoreRecords {
+    store: Store,
+}
+
+impl StoreRecords {
+    /// Records in `store`.
+    pub fn new(store: Store) -> StoreRecords {
+        StoreRecords { store }
+    }
+}
+
+impl RecordStore for StoreRecords {
+    fn load(&self, name: &str) -> Result<Option<AgentRecord>, StoreError> {
+        let value = self
+            .store
+            .blocking(|s| s.agent_record(name))
+            .map_err(|e| StoreError(e.to_string()))?;
+        value
+            .map(|v| {
+                serde_json::from_value(v).map_err(|e| StoreError(format!("agent {name:?}: {e}")))
+            })
+            .transpose()
+    }
+
+    fn save(&self, name: &str, record: &AgentRecord) -> Result<(), StoreError> {
+        let value = serde_json::to_value(record).map_err(|e| StoreError(e.to_string()))?;
+        self.store
+            .blocking(|s| s.save_agent_record(name, &value, &Actor::system(POLICY_ACTOR)))
+            .map_err(|e| StoreError(e.to_string()))
+    }
+}
+
+/// Every configured agent's runner.
+#[derive(Debug, Default)]
+pub struct Agents {
+    agents: BTreeMap<String, (Agent, AgentHandle)>,
+}
+
+/// The view `GetAgent` shows of `agent` with `record`.
+pub fn view(agent: &Agent, record: &AgentRecord) -> AgentView {
+    let last = record.last_exit.as_ref();
+    AgentView {
+        name: agent.name.clone(),
+        state: record.status.as_str().to_owned(),
+        consecutive_failures: record.consecutive_failures,
+        next_start_at_ms: record.next_start_at_ms,
+        running_since_ms: record.running_since_ms,
+        last_exit_status: last.and_then(|e| e.code),
+        last_exit_signal: last.and_then(|e| e.signal),
+        last_failure: last.map(airlock_agents::policy::describe_exit),
+        hold_reason: record.hold_reason.clone(),
+        repositories: agent.repositories.clone(),
+        updated_at_ms: record.updated_at_ms,
+    }
+}
+
+impl Agents {
+    /// Starts a runner per agent on `driver`, its records in `store`, its
+    /// changes announced through `emitter`.
+    pub fn start<D: Driver>(
+        agents: Vec<Agent>,
+        driver: Arc<D>,
+        store: Store,
+        emitter: SignalEmitter<'static>,
+        options: Options,
+    ) -> Result<Agents, Error> {
+        let records = Arc::new(StoreRecords::new(store));
+        let mut out = Agents::default();
+        for agent in agents {
+            let emitter = emitter.clone();
+            let on_change: OnChange = Arc::new(move |name: &str, r: &AgentRecord| {
+                let emitter = emitter.clone();
+                let (name, state, failures) =
+                    (name.to_owned(), r.status.as_str(), r.consecutive_failures);
+                tokio::spawn(async move {
+                    if let Err(e) = crate::bus::agents::AgentsIface::agent_changed(
+                        &emitter, &name, state, failures,
+                    )
+                    .await
+                    {
+                        tracing::warn!("could not emit AgentChanged for {name}: {e}");
+                    }
+                });
+            });
+            let handle = runner::spawn(
+                agent.clone(),
+                Arc::clone(&driver),
+                Arc::clone(&records),
+                Arc::new(airlock_agents::SystemClock),
+                options,
+                on_change,
+            )
+            .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, e.to_string()))?;
+            tracing::info!(agent = %agent.name, "agent runner started");
+            out.agents.insert(agent.name.clone(), (agent, handle));
+        }
+        Ok(out)
+    }
+
+    fn get(&self, name: &str) -> Result<&(Agent, AgentHandle), Error> {
+        self.agents.get(name).ok_or_else(|| {
+            Error::with(
+                Code::AGENT_NOT_FOUND,
+                format!("no agent {name:?} is configured"),
+            )
+        })
+    }
+
+    /// One agent.
+    pub fn view(&self, _auth: &Authorized<AgentsRead>, name: &str) -> Result<AgentView, Error> {
+        self.view_of(name)
+    }
+
+    fn view_of(&self, name: &str) -> Result<AgentView, Error> {
+        let (agent, handle) = self.get(name)?;
+        Ok(view(agent, &handle.record()))
+    }
+
+    /// Every agent, by name.
+    pub fn list(&self, _auth: &Authorized<AgentsRead>) -> AgentList {
+        AgentList {
+            agents: self
+                .agents
+                .values()
+                .map(|(a, h)| view(a, &h.record()))
+                .collect(),
+        }
+    }
+
+    /// An operator's command; the agent after it, or its refusal.
+    pub async fn command(
+        &self,
+        _auth: &Authorized<AgentsManage>,
+        name: &str,
+        command: Command,
+    ) -> Result<AgentView, Error> {
+        let (agent, handle) = self.get(name)?;
+        match handle.command(command).await {
+            Ok(record) => Ok(view(agent, &record)),
+            Err(Code::AGENTOS_CRASH_LOOP) => Err(Error::with(
+                Code::AGENTOS_CRASH_LOOP,
+                format!(
+                    "agent {name:?} is held ({}); clear the hold first",
+                    handle.record().hold_reason.unwrap_or_default()
+                ),
+            )),
+            Err(code) => Err(Error::with(code, format!("agent {name:?}"))),
+        }
+    }
+
+    /// Whether `name` is a configured agent.
+    pub fn knows(&self, name: &str) -> Result<(), Error> {
+        self.get(name).map(|_| ())
+    }
+
+    /// The agent configured as `name`.
+    pub fn config(&self, name: &str) -> Option<&Agent> {
+        self.agents.get(name).map(|(a, _)| a)
+    }
+
+    /// Stops every agent (the drain) and ends the runners.
+    pub async fn drain(&self) {
+        let drains = self.agents.values().map(|(a, h)| async move {
+            h.drain().await;
+            tracing::info!(agent = %a.name, "agent drained");
+        });
+        futures_util::future::join_all(drains).await;
+    }
+}

@@ -1,0 +1,277 @@
+//! Agents1 on a real bus with the real supervisor binary, its agents run by
+//! a real AgentHost1 (the process driver, served here as airlock-local
+//! serves it) as real processes: a crash-looping agent is held after 5
+//! failures and a restarted supervisor keeps the hold; StartAgent is
+//! refused while held, ClearHold restarts; StopAgent is no failure; the
+//! host refuses any caller but the supervisor's uid; every decision is in
+//! the event log.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_agents::host::{AgentHost, bus_policy, serve};
+use airlock_agents::process::{Identity, ProcessDriver};
+use airlock_proto::Code;
+use airlock_proto::bus::{AgentList, AgentView, agent_host};
+use common::*;
+use serde_json::Value;
+use zbus::Connection;
+
+const AGENTS: &str = "org.airlock.Agents1";
+
+fn agent_table(name: &str, script: &str) -> String {
+    format!(
+        "\n[[agent]]\nname = \"{name}\"\ncommand = [\"/bin/sh\", \"-c\", {script:?}]\nrepositories = [\"demo\"]\n"
+    )
+}
+
+struct Stack {
+    sup: Supervisor,
+    _host: Connection,
+    _policy: tempfile::TempDir,
+}
+
+async fn stack(agents: &str) -> Stack {
+    let policy_dir = tempfile::tempdir().unwrap();
+    let policy = policy_dir.path().join("org.airlock.AgentHost1.conf");
+    std::fs::write(&policy, bus_policy("root", "root")).unwrap();
+    let config = airlock_config::Config::parse(
+        &format!("[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n{agents}"),
+        std::path::Path::new("agents.toml"),
+    )
+    .unwrap();
+    // The harness starts the bus with a supervisor (no agents yet); the
+    // host takes its name; then the supervisor restarts with the agents.
+    let opts = Opts {
+        supervisor_extra: "agent_driver = \"local-host\"\n".into(),
+        extra_policies: vec![policy.clone()],
+        ..Opts::default()
+    };
+    let mut sup = Supervisor::start(opts);
+    let host_conn = zbus::connection::Builder::address(sup.bus.address())
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let identity = Identity::lookup("airlock-agent")
+        .or_else(|_| Identity::lookup("nobody"))
+        .unwrap();
+    let driver = ProcessDriver::new(Some(identity), sup.dir().join("agents"), Vec::new())
+        .unwrap()
+        .with_grace(Duration::from_millis(500));
+    serve(
+        &host_conn,
+        AgentHost::new(Arc::new(driver), config.agents, 0),
+    )
+    .await
+    .unwrap();
+    sup.sigterm();
+    sup.wait_exit(Duration::from_secs(20));
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&sup.config)
+        .unwrap();
+    std::io::Write::write_all(&mut file, agents.as_bytes()).unwrap();
+    sup.spawn();
+    Stack {
+        sup,
+        _host: host_conn,
+        _policy: policy_dir,
+    }
+}
+
+async fn get(conn: &Connection, name: &str) -> AgentView {
+    let text = call_s(conn, AGENTS, "GetAgent", &(name,)).await.unwrap();
+    airlock_proto::bus::decode("GetAgent", &text).unwrap()
+}
+
+async fn wait_state(conn: &Connection, name: &str, state: &str, within: Duration) -> AgentView {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = get(conn, name).await;
+        if v.state == state {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{name} never {state}: {v:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn events(conn: &Connection) -> Vec<Value> {
+    let page = call_json(conn, TASKS, "ListEvents", &("", 0i64, 1000u32))
+        .await
+        .unwrap();
+    page["events"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_looping_agent_is_held_and_a_restarted_supervisor_keeps_the_hold() {
+    let mut s = stack(&format!(
+        "{}{}",
+        agent_table("exits", "exit 1"),
+        agent_table("sleeper", "exec sleep 600")
+    ))
+    .await;
+    let conn = s.sup.client().await;
+    let held = wait_state(&conn, "exits", "HELD", Duration::from_secs(30)).await;
+    assert_eq!(held.consecutive_failures, 5);
+    assert_eq!(held.last_exit_status, Some(1));
+    assert!(
+        held.hold_reason
+            .as_deref()
+            .unwrap()
+            .starts_with("AGENTOS_CRASH_LOOP: 5 consecutive failures"),
+        "{held:?}"
+    );
+    assert_eq!(held.repositories, ["demo"]);
+    let sleeper = wait_state(&conn, "sleeper", "RUNNING", Duration::from_secs(10)).await;
+    assert_eq!(sleeper.consecutive_failures, 0);
+
+    let list: AgentList = airlock_proto::bus::decode(
+        "ListAgents",
+        &call_s(&conn, AGENTS, "ListAgents", &()).await.unwrap(),
+    )
+    .unwrap();
+    let names: Vec<&str> = list.agents.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["exits", "sleeper"]);
+
+    // held: a start is refused and changes nothing
+    let err = call_s(&conn, AGENTS, "StartAgent", &("exits",))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::AGENTOS_CRASH_LOOP), "{err:?}");
+    assert!(err.message.contains("clear the hold"), "{err:?}");
+    let err = call_s(&conn, AGENTS, "GetAgent", &("nope",))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::AGENT_NOT_FOUND), "{err:?}");
+
+    // a restarted supervisor does not bypass the hold
+    s.sup.sigterm();
+    s.sup.wait_exit(Duration::from_secs(20));
+    s.sup.spawn();
+    let conn = s.sup.client().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = get(&conn, "exits").await;
+    assert_eq!(
+        (again.state.as_str(), again.consecutive_failures),
+        ("HELD", 5)
+    );
+    let starts_before = events(&conn)
+        .await
+        .iter()
+        .filter(|e| e["action"] == "AGENT_CHANGED" && e["payload"]["agent"] == "exits")
+        .count();
+    // and the sleeper, drained by the stop, runs again
+    wait_state(&conn, "sleeper", "RUNNING", Duration::from_secs(10)).await;
+
+    // ClearHold restarts it (and it fails again: BACKOFF, one failure)
+    let cleared = call_json(&conn, AGENTS, "ClearHold", &("exits",))
+        .await
+        .unwrap();
+    assert!(
+        ["STARTING", "RUNNING", "BACKOFF"].contains(&cleared["state"].as_str().unwrap()),
+        "{cleared}"
+    );
+    assert!(
+        cleared["consecutive_failures"].as_u64().unwrap() <= 1,
+        "{cleared}"
+    );
+    let log = events(&conn).await;
+    let changes = log
+        .iter()
+        .filter(|e| e["action"] == "AGENT_CHANGED" && e["payload"]["agent"] == "exits")
+        .count();
+    assert!(
+        changes > starts_before,
+        "the clear and its start are recorded"
+    );
+    assert!(log.iter().any(|e| e["action"] == "AGENT_HOLD_CLEARED"
+        && e["outcome"] == "allowed"
+        && e["payload"]["agent"] == "exits"));
+    assert!(log.iter().any(|e| e["action"] == "AGENT_START_REQUESTED"
+        && e["outcome"] == "denied"
+        && e["code"] == "AGENTOS_CRASH_LOOP"));
+
+    // an operator's stop is no failure, and stays across a restart
+    let stopped = call_json(&conn, AGENTS, "StopAgent", &("sleeper",))
+        .await
+        .unwrap();
+    assert_eq!(stopped["state"], "STOPPED");
+    assert_eq!(stopped["consecutive_failures"], 0);
+    s.sup.sigterm();
+    s.sup.wait_exit(Duration::from_secs(20));
+    s.sup.spawn();
+    let conn = s.sup.client().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(get(&conn, "sleeper").await.state, "STOPPED");
+    let started = call_json(&conn, AGENTS, "StartAgent", &("sleeper",))
+        .await
+        .unwrap();
+    assert!(
+        ["STARTING", "RUNNING"].contains(&started["state"].as_str().unwrap()),
+        "{started}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_host_answers_the_supervisors_uid_only() {
+    let s = stack(&agent_table("sleeper", "exec sleep 600")).await;
+    // a stranger (uid 1) asking the host to stop an agent: the bus policy
+    // refuses it, and the host would too
+    let out = std::process::Command::new("dbus-send")
+        .args([
+            "--system",
+            "--print-reply",
+            &format!("--dest={}", agent_host::BUS_NAME),
+            agent_host::OBJECT_PATH,
+            &format!("{}.Stop", agent_host::INTERFACE),
+            "string:sleeper",
+        ])
+        .env("DBUS_SYSTEM_BUS_ADDRESS", s.sup.bus.address())
+        .uid(STRANGER_UID)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("AccessDenied"), "{err}");
+    let conn = s.sup.client().await;
+    wait_state(&conn, "sleeper", "RUNNING", Duration::from_secs(10)).await;
+    // the host's own check, past the bus policy: a host reserved for
+    // another uid refuses this root caller and stops nothing
+    let other = AgentHost::new(
+        Arc::new(
+            ProcessDriver::new(None, s.sup.dir().join("other"), Vec::new()).unwrap_or_else(|_| {
+                ProcessDriver::new(
+                    Some(Identity::lookup("nobody").unwrap()),
+                    s.sup.dir().join("other"),
+                    Vec::new(),
+                )
+                .unwrap()
+            }),
+        ),
+        Vec::new(),
+        4242,
+    );
+    let path = "/org/airlock/AgentHost1/reserved";
+    s._host.object_server().at(path, other).await.unwrap();
+    let err = conn
+        .call_method(
+            Some(agent_host::BUS_NAME),
+            path,
+            Some(agent_host::INTERFACE),
+            "Stop",
+            &("sleeper",),
+        )
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("AccessDenied") && text.contains("PEER_UID_DENIED"),
+        "{text}"
+    );
+    assert_eq!(get(&conn, "sleeper").await.state, "RUNNING");
+}
