@@ -54,6 +54,7 @@ pub struct Supervisor {
     tasks: zbus::Proxy<'static>,
     worker: zbus::Proxy<'static>,
     retry: zbus::Proxy<'static>,
+    agents: zbus::Proxy<'static>,
     interactive: bool,
     timeout: Duration,
     /// The protocol this client speaks, and whether the supervisor's was
@@ -111,6 +112,7 @@ impl Supervisor {
             tasks: proxy(&conn, bus::tasks::INTERFACE).await?,
             worker: proxy(&conn, bus::worker::INTERFACE).await?,
             retry: proxy(&conn, bus::retry::INTERFACE).await?,
+            agents: proxy(&conn, bus::agents::INTERFACE).await?,
             conn,
             interactive: false,
             timeout: DEFAULT_TIMEOUT,
@@ -292,6 +294,37 @@ impl Supervisor {
             &(task_id, after, limit),
         )
         .await
+    }
+
+    // ---- org.airlock.Agents1 -------------------------------------------
+
+    /// `ListAgents`.
+    pub async fn list_agents(&self) -> Result<bus::AgentList, Error> {
+        self.json(&self.agents, bus::agents::LIST_AGENTS, &()).await
+    }
+
+    /// `GetAgent`.
+    pub async fn get_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
+        self.json(&self.agents, bus::agents::GET_AGENT, &(name,))
+            .await
+    }
+
+    /// `StartAgent` (refused while held: `AGENTOS_CRASH_LOOP`).
+    pub async fn start_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
+        self.json(&self.agents, bus::agents::START_AGENT, &(name,))
+            .await
+    }
+
+    /// `StopAgent`.
+    pub async fn stop_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
+        self.json(&self.agents, bus::agents::STOP_AGENT, &(name,))
+            .await
+    }
+
+    /// `ClearHold`.
+    pub async fn clear_hold(&self, name: &str) -> Result<bus::AgentView, Error> {
+        self.json(&self.agents, bus::agents::CLEAR_HOLD, &(name,))
+            .await
     }
 
     /// `CancelTask`: `req.decision` is cancel.

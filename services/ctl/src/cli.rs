@@ -2,8 +2,8 @@
 //! shell completions are generated from these definitions.
 
 use crate::commands::{
-    cancel, completions, doctor, events, list, propose, replan, repo, retry, show, status, submit,
-    verify,
+    agent, cancel, completions, doctor, events, list, propose, replan, repo, retry, show, status,
+    submit, verify,
 };
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -12,7 +12,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 /// airlock supervisor (org.airlock.Supervisor1 on the D-Bus system bus).
 ///
 /// Every call is authorised by polkit on the supervisor's side
-/// (org.airlock.tasks.read, .submit, .manage). When stdin is a terminal,
+/// (org.airlock.tasks.read, .submit, .manage; org.airlock.agents.read,
+/// .manage). When stdin is a terminal,
 /// airlockctl allows interactive authentication and starts a text
 /// authentication agent if none is running.
 #[derive(Debug, Parser)]
@@ -63,6 +64,8 @@ pub enum Command {
     Retry(retry::Args),
     /// Authority repositories: add (import and register), list, remove, clone.
     Repo(repo::Args),
+    /// Planner agents the supervisor runs: list, show, start, stop, clear-hold.
+    Agent(agent::Args),
     /// Check this machine: users, directories, kernel features, bus, polkit, live unit hardening, databases, configuration.
     Doctor(doctor::Args),
     /// Print a shell completion script.

@@ -2,6 +2,7 @@
 //! New commands (`retry extend`, `doctor`) add a module here and a variant
 //! in [`crate::cli::Command`].
 
+pub mod agent;
 pub mod cancel;
 pub mod completions;
 pub mod doctor;
@@ -16,7 +17,7 @@ pub mod status;
 pub mod submit;
 pub mod verify;
 
-use crate::agent::Agent;
+use crate::agent::Agent as TextAgent;
 use crate::cli::{Cli, Command};
 use crate::client::{Client, CtlError, wants_interaction};
 use crate::output::Ctx;
@@ -42,7 +43,11 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
     let interactive = wants_interaction(cli.no_ask_password);
     let client = Client::connect(interactive).await?;
     // A text agent lets polkit ask for a password on this terminal.
-    let _agent = if interactive { Agent::start() } else { None };
+    let _agent = if interactive {
+        TextAgent::start()
+    } else {
+        None
+    };
     match cli.command {
         Command::Submit(a) => submit::run(ctx, &client, a).await,
         Command::List(a) => list::run(ctx, &client, a).await,
@@ -53,6 +58,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Events(a) => events::run(ctx, &client, a).await,
         Command::Status(a) => status::run(ctx, &client, a).await,
         Command::Retry(a) => retry::run(ctx, &client, a).await,
+        Command::Agent(a) => agent::run(ctx, &client, a).await,
         Command::Propose(a) => propose::run(ctx, Some(&client), a).await,
         Command::Completions(_) | Command::Doctor(_) | Command::Repo(_) => {
             unreachable!("handled above")

@@ -596,7 +596,16 @@ mod tests {
     fn action_names() {
         for a in Action::ALL {
             assert_eq!(Action::from_short_name(a.short_name()), Some(*a));
-            assert!(a.polkit_id().starts_with("org.airlock.tasks."));
+            let id = a.polkit_id();
+            assert!(
+                id.starts_with("org.airlock.tasks.") || id.starts_with("org.airlock.agents."),
+                "{id}"
+            );
+            let policy = include_str!("../../../../polkit/org.airlock.policy");
+            assert!(
+                policy.contains(&format!("<action id=\"{id}\">")),
+                "{id} is not in polkit/org.airlock.policy"
+            );
         }
     }
 }

@@ -1,0 +1,225 @@
+//! `airlockctl agent …` against a real supervisor (in-process) whose agents
+//! a real AgentHost1 runs as real processes, on a private bus: list, show,
+//! stop, start, clear-hold, with tables and `--json`; a held agent's start
+//! is refused with AGENTOS_CRASH_LOOP's exit code; an admin without
+//! org.airlock.agents.manage is refused.
+
+use std::process::{Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_agents::host::{AgentHost, bus_policy, serve};
+use airlock_agents::process::{Identity, ProcessDriver};
+use airlock_localbus::PrivateBus;
+use airlock_proto::Code;
+use airlock_supervisor::authz::Action;
+use airlock_supervisor::authz::testing::TestAuthorizer;
+use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use serde_json::Value;
+
+const AGENTS: &str = r#"
+[[repository]]
+name = "demo"
+path = "/srv/git/demo.git"
+
+[[agent]]
+name = "exits"
+command = ["/bin/sh", "-c", "exit 1"]
+repositories = ["demo"]
+
+[[agent]]
+name = "sleeper"
+command = ["/bin/sh", "-c", "exec sleep 600"]
+repositories = ["demo"]
+"#;
+
+async fn ctl(address: &str, args: &[&str]) -> Output {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_airlockctl"))
+            .args(args)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", address)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("airlockctl finished")
+    .unwrap()
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+async fn state(address: &str, name: &str) -> Value {
+    let o = ctl(address, &["agent", "show", name, "--json"]).await;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    json(&o)
+}
+
+async fn wait_for(address: &str, name: &str, wanted: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = state(address, name).await;
+        if v["state"] == wanted {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{name} never {wanted}: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn supervisor(
+    bus: &PrivateBus,
+    dir: &std::path::Path,
+    authorizer: TestAuthorizer,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), airlock_proto::Error>>,
+) {
+    let config = airlock_config::Config::parse(AGENTS, std::path::Path::new("t.toml")).unwrap();
+    let settings = Settings {
+        database: airlock_supervisor::daemon::Location::Sqlite(dir.join("tasks.sqlite3")),
+        bus_address: Some(bus.address().to_owned()),
+        authorizer: AuthorizerChoice::ForTests(authorizer),
+        worker_uid: 65534,
+        retry_uid: 65534,
+        lease_seconds: 300,
+        sweep_interval: Duration::from_secs(5),
+        auto_accept: false,
+        repositories: vec!["demo".into()],
+        drain_timeout: Duration::from_secs(5),
+        call_delay: None,
+        agents: config.agents,
+        agent_driver: airlock_config::AgentDriver::LocalHost,
+        agent_options: airlock_agents::Options {
+            probe_interval: Duration::from_millis(50),
+            ..airlock_agents::Options::default()
+        },
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(daemon::run(settings, async {
+        let _ = rx.await;
+    }));
+    let conn = bus.connect().await.unwrap();
+    let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
+    for _ in 0..200 {
+        if dbus
+            .name_has_owner("org.airlock.Supervisor1".try_into().unwrap())
+            .await
+            .unwrap()
+        {
+            return (tx, task);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the supervisor did not take its name");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_commands_end_to_end_with_tables_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("org.airlock.AgentHost1.conf");
+    std::fs::write(&policy, bus_policy("root", "root")).unwrap();
+    let bus = PrivateBus::start_with("root", &[policy.as_path()]).unwrap();
+    let config = airlock_config::Config::parse(AGENTS, std::path::Path::new("t.toml")).unwrap();
+    let host = bus.connect().await.unwrap();
+    let identity = Identity::lookup("airlock-agent")
+        .or_else(|_| Identity::lookup("nobody"))
+        .unwrap();
+    let driver = ProcessDriver::new(Some(identity), dir.path().join("agents"), Vec::new())
+        .unwrap()
+        .with_grace(Duration::from_millis(300));
+    serve(&host, AgentHost::new(Arc::new(driver), config.agents, 0))
+        .await
+        .unwrap();
+    let (stop, task) = supervisor(&bus, dir.path(), TestAuthorizer::allow_all()).await;
+    let addr = bus.address();
+
+    let held = wait_for(addr, "exits", "HELD").await;
+    assert_eq!(held["consecutive_failures"], 5);
+    assert_eq!(held["last_exit_status"], 1);
+    wait_for(addr, "sleeper", "RUNNING").await;
+
+    let o = ctl(addr, &["agent", "list"]).await;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success());
+    assert!(out.starts_with("NAME"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("exits") && l.contains("HELD") && l.contains("demo")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("sleeper") && l.contains("RUNNING")),
+        "{out}"
+    );
+    let list = json(&ctl(addr, &["agent", "list", "--json"]).await);
+    assert_eq!(list["agents"].as_array().unwrap().len(), 2);
+
+    let o = ctl(addr, &["agent", "show", "exits"]).await;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("HELD") && out.contains("AGENTOS_CRASH_LOOP") && out.contains("exit status 1"),
+        "{out}"
+    );
+
+    // a held agent's start: refused, with the code's exit status
+    let o = ctl(addr, &["agent", "start", "exits"]).await;
+    assert_eq!(
+        o.status.code(),
+        Some(i32::from(Code::AGENTOS_CRASH_LOOP.exit_code()))
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("AGENTOS_CRASH_LOOP"));
+    let o = ctl(addr, &["agent", "show", "nope"]).await;
+    assert_eq!(
+        o.status.code(),
+        Some(i32::from(Code::AGENT_NOT_FOUND.exit_code()))
+    );
+
+    // stop, then start
+    let o = ctl(addr, &["agent", "stop", "sleeper", "--json"]).await;
+    assert_eq!(json(&o)["state"], "STOPPED");
+    let o = ctl(addr, &["agent", "start", "sleeper"]).await;
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("Started: sleeper"));
+    wait_for(addr, "sleeper", "RUNNING").await;
+
+    // clear-hold: the count resets and it starts (and fails again)
+    let o = ctl(addr, &["agent", "clear-hold", "exits", "--json"]).await;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(json(&o)["consecutive_failures"].as_u64().unwrap() <= 1);
+
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managing_agents_needs_its_own_permission() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = PrivateBus::start().unwrap();
+    // may read tasks and agents, manage tasks, but not manage agents
+    let authorizer = TestAuthorizer::allowing([Action::Read, Action::Manage, Action::AgentsRead]);
+    let settings_dir = dir.path();
+    let (stop, task) = {
+        // no host: agents only in the configuration, driver calls fail
+        supervisor(&bus, settings_dir, authorizer).await
+    };
+    let addr = bus.address();
+    let o = ctl(addr, &["agent", "list", "--json"]).await;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for verb in ["start", "stop", "clear-hold"] {
+        let o = ctl(addr, &["--no-ask-password", "agent", verb, "sleeper"]).await;
+        assert_eq!(
+            o.status.code(),
+            Some(i32::from(Code::AUTHORIZATION_DENIED.exit_code())),
+            "{verb}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
