@@ -254,6 +254,8 @@ worker_user = "{worker_uid}"
 # airlock-local (and nobody else) call every Tasks1 method.
 authorizer = "local"
 local_users = ["{admin}"]
+# airlock-local runs the [[agent]]s itself (org.airlock.AgentHost1).
+agent_driver = "local-host"
 
 [retry]
 user = "{retry_user}"
@@ -274,7 +276,7 @@ root = "{spool}"
 name = "demo"
 path = "{repo}"
 description = "sample repository made by airlock-local demo"
-{extra}"#,
+{extra}{agents}"#,
         db = db,
         worker_uid = ids.name(ids.worker),
         admin = ids.name(ids.admin),
@@ -295,8 +297,22 @@ description = "sample repository made by airlock-local demo"
                 )
             })
             .collect::<String>(),
+        agents = agents_text(&tuning.agents),
         lease = tuning.lease_seconds,
         parallel = tuning.parallel_tasks,
         renew = (tuning.lease_seconds / 3).max(1),
     )
+}
+
+/// The `[[agent]]` tables of `agents`, as TOML.
+pub fn agents_text(agents: &[airlock_config::Agent]) -> String {
+    #[derive(serde::Serialize)]
+    struct Tables<'a> {
+        agent: &'a [airlock_config::Agent],
+    }
+    if agents.is_empty() {
+        return String::new();
+    }
+    let text = toml::to_string(&Tables { agent: agents }).unwrap_or_default();
+    format!("\n{text}")
 }

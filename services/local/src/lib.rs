@@ -1,6 +1,7 @@
 //! airlock-local as a library: start the whole suite on one machine, as
 //! the `airlock-local` binary and the crash matrix do.
 
+pub mod agents;
 pub mod client;
 pub mod demo;
 pub mod fleet;
@@ -22,6 +23,18 @@ pub struct Suite {
     pub bus: PrivateBus,
     pub fleet: Fleet,
     pub retry_url: String,
+    /// The agent host (dropped after the fleet: the supervisor drains the
+    /// agents through it as it stops).
+    pub agent_host: Option<agents::HostThread>,
+}
+
+impl Drop for Suite {
+    /// Stops in order: the components (the supervisor drains its agents
+    /// through the host as it stops), then the agent host, then the bus.
+    fn drop(&mut self) {
+        self.fleet.stop(Duration::from_secs(10));
+        self.agent_host.take();
+    }
 }
 
 /// A component binary: next to the running executable, or one directory
@@ -67,6 +80,9 @@ pub struct Tuning {
     /// that the stack is a host of its own (root only). The executor then
     /// makes its own namespace inside it.
     pub netns: Option<PathBuf>,
+    /// Planner agents to run (`[[agent]]` tables), started by the
+    /// supervisor through airlock-local's agent host.
+    pub agents: Vec<airlock_config::Agent>,
 }
 
 /// A PostgreSQL task store several stacks share.
@@ -96,6 +112,7 @@ impl Default for Tuning {
             shared_store: None,
             repos: None,
             netns: None,
+            agents: Vec::new(),
         }
     }
 }
@@ -178,9 +195,30 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     }
     preflight::check_config(&layout, &ids)?;
 
-    let bus = PrivateBus::start_with_owner(&ids.name(ids.supervisor))
+    let host_policy = layout.path("agent-host.conf");
+    let extra_policies: Vec<&std::path::Path> = if tuning.agents.is_empty() {
+        Vec::new()
+    } else {
+        let text =
+            airlock_agents::host::bus_policy(&ids.name(ids.admin), &ids.name(ids.supervisor));
+        std::fs::write(&host_policy, text)
+            .map_err(|e| format!("{}: {e}", host_policy.display()))?;
+        vec![host_policy.as_path()]
+    };
+    let bus = PrivateBus::start_with(&ids.name(ids.supervisor), &extra_policies)
         .map_err(|e| format!("starting dbus-daemon: {e}"))?;
     let address = bus.address().to_owned();
+    // The host is on the bus before the supervisor starts any agent.
+    let agent_host = if tuning.agents.is_empty() {
+        None
+    } else {
+        Some(agents::HostThread::start(
+            &address,
+            tuning.agents.clone(),
+            &ids,
+            layout.path("agents"),
+        )?)
+    };
     let config = layout.config().display().to_string();
     let logs = layout.logs();
     let mut fleet = Fleet::default();
@@ -297,5 +335,6 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
         bus,
         fleet,
         retry_url: format!("http://{retry_addr}"),
+        agent_host,
     })
 }

@@ -455,3 +455,22 @@ fn decisions_over_the_bus_are_exactly_once_compare_and_swaps() {
     assert_eq!(e.code, Code::DECISION_IDEMPOTENCY_CONFLICT);
     assert_eq!(s.get("dec-a").state, TaskState::Succeeded);
 }
+
+#[test]
+fn every_agents1_method_answers_through_the_client() {
+    // No agent configured: the list is empty and each agent method names
+    // the unknown agent with AGENT_NOT_FOUND (tests/agents.rs runs real
+    // agents through the same methods).
+    let s = stack();
+    let list = s.rt.block_on(s.client.list_agents()).unwrap();
+    assert!(list.agents.is_empty());
+    let sup = &s.client;
+    for outcome in [
+        s.rt.block_on(sup.get_agent("nope")),
+        s.rt.block_on(sup.start_agent("nope")),
+        s.rt.block_on(sup.stop_agent("nope")),
+        s.rt.block_on(sup.clear_hold("nope")),
+    ] {
+        assert_eq!(outcome.unwrap_err().code, Code::AGENT_NOT_FOUND);
+    }
+}

@@ -1,0 +1,105 @@
+//! The agent host: airlock-local (root) serves `org.airlock.AgentHost1`
+//! on the suite's bus, so that the supervisor — confined, without the
+//! right to become another user or to execute programs — drives the
+//! process driver exactly as it drives systemd on an installed system.
+//! Agents run as `airlock-agent` (when airlock-local runs as root and
+//! that user exists; else as `nobody`), each in its own process group,
+//! with the bus address in its environment.
+
+use crate::layout::Ids;
+use airlock_agents::host::{AgentHost, serve};
+use airlock_agents::process::{Identity, ProcessDriver};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The host's thread, with its own runtime; stopped when dropped (after
+/// the supervisor drained the agents, whatever is left is killed with the
+/// thread: each agent's parent-death signal is SIGKILL).
+#[derive(Debug)]
+pub struct HostThread {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HostThread {
+    /// Serves `agents` on the bus at `address` to the supervisor's uid,
+    /// keeping their logs and credentials under `runtime`.
+    pub fn start(
+        address: &str,
+        agents: Vec<airlock_config::Agent>,
+        ids: &Ids,
+        runtime: PathBuf,
+    ) -> Result<HostThread, String> {
+        let identity = if ids.separated {
+            Some(
+                Identity::lookup("airlock-agent")
+                    .or_else(|_| Identity::lookup("nobody"))
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        let env = vec![("DBUS_SYSTEM_BUS_ADDRESS".to_owned(), address.to_owned())];
+        let driver = ProcessDriver::new(identity, runtime, env).map_err(|e| e.to_string())?;
+        let supervisor_uid = ids.supervisor.uid;
+        let address = address.to_owned();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        // A thread of its own that lives as long as the suite: the agents'
+        // parent-death signal follows the thread that started them.
+        let thread = std::thread::Builder::new()
+            .name("agent-host".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let conn = match zbus::connection::Builder::address(address.as_str()) {
+                        Ok(b) => b.build().await,
+                        Err(e) => Err(e),
+                    };
+                    let conn = match conn {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(format!("agent host: {e}")));
+                            return;
+                        }
+                    };
+                    let host = AgentHost::new(Arc::new(driver), agents, supervisor_uid);
+                    if let Err(e) = serve(&conn, host).await {
+                        let _ = ready_tx.send(Err(format!("agent host: {e}")));
+                        return;
+                    }
+                    let _ = ready_tx.send(Ok(()));
+                    let _ = stop_rx.await;
+                });
+            })
+            .map_err(|e| e.to_string())?;
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|e| format!("agent host did not start: {e}"))??;
+        Ok(HostThread {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for HostThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
