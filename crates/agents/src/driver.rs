@@ -27,8 +27,11 @@ pub enum Liveness {
 /// Start, probe and stop agents by name.
 pub trait Driver: Send + Sync + 'static {
     /// Starts `agent`. Returns once it runs (or the driver knows it failed
-    /// to start).
-    fn start(&self, agent: &Agent) -> impl Future<Output = Result<(), DriverError>> + Send;
+    /// to start), with the id of the session the agent leads when the
+    /// driver gives it one (the process driver: the leader's pid), by which
+    /// the supervisor recognises the agent's processes as callers.
+    fn start(&self, agent: &Agent)
+    -> impl Future<Output = Result<Option<u32>, DriverError>> + Send;
 
     /// Whether the agent called `name` still runs.
     fn probe(&self, name: &str) -> impl Future<Output = Result<Liveness, DriverError>> + Send;

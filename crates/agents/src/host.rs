@@ -90,18 +90,20 @@ impl AgentHost {
 
 #[interface(name = "org.airlock.AgentHost1")]
 impl AgentHost {
-    /// Starts the configured agent `name` (stopping a previous run first).
+    /// Starts the configured agent `name` (stopping a previous run first);
+    /// returns the session it leads (its leader's pid).
     async fn start(
         &self,
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
         name: String,
-    ) -> zbus::fdo::Result<()> {
+    ) -> zbus::fdo::Result<u32> {
         self.admit(conn, &hdr).await?;
         let agent = self.agent(&name)?;
         self.driver
             .start(agent)
             .await
+            .map(|s| s.unwrap_or(0))
             .map_err(|e| zbus::fdo::Error::Failed(e.0))
     }
 
@@ -209,8 +211,13 @@ impl HostDriver {
 }
 
 impl Driver for HostDriver {
-    async fn start(&self, agent: &Agent) -> Result<(), DriverError> {
-        self.call(agent_host::START, &agent.name).await.map(|_| ())
+    async fn start(&self, agent: &Agent) -> Result<Option<u32>, DriverError> {
+        let reply = self.call(agent_host::START, &agent.name).await?;
+        let session: u32 = reply
+            .body()
+            .deserialize()
+            .map_err(|e| DriverError(format!("Start reply: {e}")))?;
+        Ok((session != 0).then_some(session))
     }
 
     async fn probe(&self, name: &str) -> Result<Liveness, DriverError> {

@@ -5,8 +5,9 @@
 //! - start: a clean environment (PATH, HOME, AIRLOCK_AGENT, the bus
 //!   address, the agent's allowlisted variables, CREDENTIALS_DIRECTORY when
 //!   it has a credential), stdin from /dev/null, stdout and stderr appended
-//!   to `<runtime>/<name>.log`; in the child, in order: a new process
-//!   group, the parent-death signal SIGKILL (an agent does not outlive its
+//!   to `<runtime>/<name>.log`; in the child, in order: a new session (and
+//!   process group; its id, the leader's pid, is what `start` returns), the
+//!   parent-death signal SIGKILL (an agent does not outlive its
 //!   supervisor), RLIMIT_AS and RLIMIT_NPROC from the agent's limits,
 //!   RLIMIT_CORE 0, then the agent's groups, gid and uid.
 //! - probe: `waitid(P_PIDFD, WNOHANG | WNOWAIT)`, so the exited leader stays
@@ -175,8 +176,7 @@ impl ProcessDriver {
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(log)
-            .stderr(err_log)
-            .process_group(0);
+            .stderr(err_log);
         for (k, v) in &self.base_env {
             cmd.env(k, v);
         }
@@ -192,12 +192,16 @@ impl ProcessDriver {
         let tasks = u64::from(agent.tasks_max);
         let identity = self.identity.clone();
         // SAFETY: the closure runs in the forked child before exec and only
-        // makes async-signal-safe system calls (prctl, setrlimit, setgroups,
-        // setresgid, setresuid) on values computed before the fork; it
-        // allocates nothing.
+        // makes async-signal-safe system calls (setsid, prctl, setrlimit,
+        // setgroups, setresgid, setresuid) on values computed before the
+        // fork; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
                 use nix::sys::resource::{Resource, setrlimit};
+                // A session of its own (and so a process group): no
+                // process of another agent can join its group, and the
+                // session id names the agent to the supervisor.
+                nix::unistd::setsid()?;
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 setrlimit(Resource::RLIMIT_AS, memory, memory)?;
                 setrlimit(Resource::RLIMIT_NPROC, tasks, tasks)?;
@@ -255,7 +259,7 @@ impl ProcessDriver {
 }
 
 impl Driver for ProcessDriver {
-    async fn start(&self, agent: &Agent) -> Result<(), DriverError> {
+    async fn start(&self, agent: &Agent) -> Result<Option<u32>, DriverError> {
         let old = self
             .running
             .lock()
@@ -265,11 +269,12 @@ impl Driver for ProcessDriver {
             self.terminate(old).await;
         }
         let running = self.spawn(agent)?;
+        let leader = running.child.id();
         self.running
             .lock()
             .map_err(|_| DriverError("poisoned".into()))?
             .insert(agent.name.clone(), running);
-        Ok(())
+        Ok(Some(leader))
     }
 
     async fn probe(&self, name: &str) -> Result<Liveness, DriverError> {

@@ -116,6 +116,7 @@ pub struct AgentHandle {
     name: String,
     tx: mpsc::Sender<Request>,
     record: watch::Receiver<AgentRecord>,
+    session: watch::Receiver<Option<u32>>,
     shutdown: watch::Sender<bool>,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -129,6 +130,12 @@ impl AgentHandle {
     /// The record as it is now.
     pub fn record(&self) -> AgentRecord {
         self.record.borrow().clone()
+    }
+
+    /// The session the running agent leads, when its driver gave one
+    /// (`None` unless it is STARTING or RUNNING).
+    pub fn session(&self) -> Option<u32> {
+        *self.session.borrow()
     }
 
     /// A receiver that sees every stored change.
@@ -177,6 +184,7 @@ pub fn spawn<D: Driver, S: RecordStore>(
     let (watch_tx, watch_rx) = watch::channel(record.clone());
     let (tx, rx) = mpsc::channel(16);
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let (session_tx, session_rx) = watch::channel(None);
     let name = agent.name.clone();
     let mut runner = Runner {
         agent,
@@ -187,6 +195,7 @@ pub fn spawn<D: Driver, S: RecordStore>(
         on_change,
         record,
         watch: watch_tx,
+        session: session_tx,
     };
     let task = tokio::spawn(async move {
         runner.apply(first).await;
@@ -196,6 +205,7 @@ pub fn spawn<D: Driver, S: RecordStore>(
         name,
         tx,
         record: watch_rx,
+        session: session_rx,
         shutdown,
         task: tokio::sync::Mutex::new(Some(task)),
     })
@@ -210,6 +220,7 @@ struct Runner<D, S> {
     on_change: OnChange,
     record: AgentRecord,
     watch: watch::Sender<AgentRecord>,
+    session: watch::Sender<Option<u32>>,
 }
 
 impl<D: Driver, S: RecordStore> Runner<D, S> {
@@ -290,6 +301,9 @@ impl<D: Driver, S: RecordStore> Runner<D, S> {
             if step.changed {
                 self.store_record();
             }
+            if !matches!(self.record.status, Status::Starting | Status::Running) {
+                self.session.send_replace(None);
+            }
             for action in step.actions {
                 match action {
                     Action::Stop => self.stop().await,
@@ -319,7 +333,10 @@ impl<D: Driver, S: RecordStore> Runner<D, S> {
     async fn start(&self) -> Input {
         let timeout = self.options.call_timeout;
         match tokio::time::timeout(timeout, self.driver.start(&self.agent)).await {
-            Ok(Ok(())) => Input::Started,
+            Ok(Ok(session)) => {
+                self.session.send_replace(session);
+                Input::Started
+            }
             Ok(Err(e)) => Input::StartFailed(Exit {
                 reason: format!("start failed: {e}"),
                 ..Exit::default()

@@ -57,7 +57,7 @@ struct Timed {
 }
 
 impl Driver for Timed {
-    async fn start(&self, agent: &Agent) -> Result<(), DriverError> {
+    async fn start(&self, agent: &Agent) -> Result<Option<u32>, DriverError> {
         self.starts.lock().unwrap().push(Instant::now());
         self.inner.start(agent).await
     }
@@ -150,6 +150,17 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// The session id of `pid` (field 6 of /proc/PID/stat).
+fn session_of(pid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
 async fn read_when_there(path: &Path) -> String {
     for _ in 0..200 {
         if let Ok(text) = std::fs::read_to_string(path) {
@@ -175,7 +186,7 @@ async fn stopping_an_agent_kills_its_descendants_in_its_process_group() {
         out.display()
     );
     let a = agent("sleeper", &["/bin/sh", "-c", &script], "");
-    driver.start(&a).await.unwrap();
+    let session = driver.start(&a).await.unwrap();
     let leader: i32 = read_when_there(&out).await.trim().parse().unwrap();
     let child: i32 = read_when_there(&out.with_extension("child"))
         .await
@@ -188,6 +199,11 @@ async fn stopping_an_agent_kills_its_descendants_in_its_process_group() {
         .parse()
         .unwrap();
     assert_eq!(driver.pid("sleeper"), Some(leader as u32));
+    // the agent leads a session of its own, and its children are in it
+    assert_eq!(session, Some(leader as u32));
+    for pid in [leader, child, grand] {
+        assert_eq!(session_of(pid), Some(leader as u32), "{pid}");
+    }
     for pid in [leader, child, grand] {
         assert!(alive(pid), "{pid} runs before the stop");
     }

@@ -92,10 +92,10 @@ impl Fake {
 }
 
 impl Driver for Fake {
-    async fn start(&self, _agent: &Agent) -> Result<(), DriverError> {
+    async fn start(&self, _agent: &Agent) -> Result<Option<u32>, DriverError> {
         self.answer("start", &self.starts, Outcome::Ok)
             .await
-            .map(|_| ())
+            .map(|_| None)
     }
 
     async fn probe(&self, _name: &str) -> Result<Liveness, DriverError> {

@@ -27,7 +27,8 @@
 //! | | `ClearHold` | `s` name | `s` [`AgentView`] | polkit `agents.manage` |
 //!
 //! airlock-local serves [`agent_host`] to the supervisor alone (peer uid):
-//! `Start`, `Probe` (`s` [`AgentLiveness`]) and `Stop`, each taking `s` name.
+//! `Start` (`u` the agent's session id), `Probe` (`s` [`AgentLiveness`])
+//! and `Stop`, each taking `s` name.
 //!
 //! [`DecisionRequest`]: crate::task::DecisionRequest
 //! [`DecisionOutcome`]: crate::task::DecisionOutcome
@@ -173,7 +174,8 @@ pub mod agent_host {
     pub const OBJECT_PATH: &str = "/org/airlock/AgentHost1";
     /// The interface.
     pub const INTERFACE: &str = "org.airlock.AgentHost1";
-    /// `s` name → nothing: start the configured agent.
+    /// `s` name → `u` the session the agent leads (its leader's pid; 0:
+    /// none): start the configured agent.
     pub const START: &str = "Start";
     /// `s` name → `s` [`super::AgentLiveness`].
     pub const PROBE: &str = "Probe";

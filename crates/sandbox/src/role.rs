@@ -368,6 +368,11 @@ const SUPERVISOR: RolePolicy = RolePolicy {
             Access::Read,
             "names of callers for the audit log (NSS reads /etc/passwd and /etc/group, which useradd and usermod replace with new files, so a grant on the files themselves goes stale on the first new user); the secrets in /etc stay behind their modes (/etc/shadow 0640 root:shadow, the retry token 0600 root) for the airlock user",
         )],
+        &[fixed(
+            "/proc",
+            Access::Read,
+            "the session of a caller's process (/proc/PID/stat), which names the planner agent a submission comes from; other users' processes show the supervisor (user airlock) only what /proc shows every user",
+        )],
         DEVICES,
         &[
             config(

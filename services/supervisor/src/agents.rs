@@ -175,6 +175,14 @@ impl Agents {
         }
     }
 
+    /// The running agent whose session is `session`, if any.
+    pub fn by_session(&self, session: u32) -> Option<&Agent> {
+        self.agents
+            .values()
+            .find(|(_, h)| h.session() == Some(session))
+            .map(|(a, _)| a)
+    }
+
     /// Whether `name` is a configured agent.
     pub fn knows(&self, name: &str) -> Result<(), Error> {
         self.get(name).map(|_| ())
@@ -193,4 +201,13 @@ impl Agents {
         });
         futures_util::future::join_all(drains).await;
     }
+}
+
+/// The session id of process `pid` (field 6 of `/proc/PID/stat`), if it
+/// still exists.
+pub fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(3)?.parse().ok()
 }

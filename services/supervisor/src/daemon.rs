@@ -287,6 +287,7 @@ pub async fn run_with_reload(
         )?,
         airlock_config::AgentDriver::Systemd => Agents::default(),
     });
+    shared.set_agents(Arc::clone(&agents));
     server
         .at(
             OBJECT_PATH,

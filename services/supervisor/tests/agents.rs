@@ -35,11 +35,17 @@ struct Stack {
 }
 
 async fn stack(agents: &str) -> Stack {
+    stack_with(agents, "").await
+}
+
+async fn stack_with(agents: &str, more_config: &str) -> Stack {
     let policy_dir = tempfile::tempdir().unwrap();
     let policy = policy_dir.path().join("org.airlock.AgentHost1.conf");
     std::fs::write(&policy, bus_policy("root", "root")).unwrap();
     let config = airlock_config::Config::parse(
-        &format!("[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n{agents}"),
+        &format!(
+            "[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n{more_config}{agents}"
+        ),
         std::path::Path::new("agents.toml"),
     )
     .unwrap();
@@ -47,6 +53,7 @@ async fn stack(agents: &str) -> Stack {
     // host takes its name; then the supervisor restarts with the agents.
     let opts = Opts {
         supervisor_extra: "agent_driver = \"local-host\"\n".into(),
+        config_extra: more_config.to_owned(),
         extra_policies: vec![policy.clone()],
         ..Opts::default()
     };
@@ -59,7 +66,11 @@ async fn stack(agents: &str) -> Stack {
     let identity = Identity::lookup("airlock-agent")
         .or_else(|_| Identity::lookup("nobody"))
         .unwrap();
-    let driver = ProcessDriver::new(Some(identity), sup.dir().join("agents"), Vec::new())
+    let env = vec![(
+        "DBUS_SYSTEM_BUS_ADDRESS".to_owned(),
+        sup.bus.address().to_owned(),
+    )];
+    let driver = ProcessDriver::new(Some(identity), sup.dir().join("agents"), env)
         .unwrap()
         .with_grace(Duration::from_millis(500));
     serve(
@@ -274,4 +285,114 @@ async fn the_agent_host_answers_the_supervisors_uid_only() {
         "{text}"
     );
     assert_eq!(get(&conn, "sleeper").await.state, "RUNNING");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositories() {
+    let out = tempfile::Builder::new()
+        .prefix("airlock-agent-out-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        out.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let mine = submission("agent-task-demo").to_string();
+    let mut other = submission("agent-task-other");
+    other["binding"]["repository"] = "other".into();
+    let other = other.to_string();
+    // the agent submits twice with dbus-send (a child in its session),
+    // writing each reply or error, then waits
+    let script = format!(
+        "for t in mine other; do \
+           body=$(cat {dir}/$t.json); \
+           dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
+             org.airlock.Tasks1.SubmitTask \"string:$body\" > {dir}/$t.out 2>&1; \
+           echo $? > {dir}/$t.rc; \
+         done; exec sleep 600",
+        dir = out.path().display()
+    );
+    let agents = format!(
+        "\n[[agent]]\nname = \"submitter\"\ncommand = [\"/bin/sh\", \"-c\", {script:?}]\nrepositories = [\"demo\"]\n"
+    );
+    std::fs::write(out.path().join("mine.json"), &mine).unwrap();
+    std::fs::write(out.path().join("other.json"), &other).unwrap();
+    let s = stack_with(
+        &agents,
+        "\n[[repository]]\nname = \"other\"\npath = \"/srv/git/other.git\"\n",
+    )
+    .await;
+    let conn = s.sup.client().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !out.path().join("other.rc").exists() {
+        assert!(Instant::now() < deadline, "the agent never submitted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let read = |n: &str| std::fs::read_to_string(out.path().join(n)).unwrap();
+    assert_eq!(read("mine.rc").trim(), "0", "{}", read("mine.out"));
+    assert_ne!(read("other.rc").trim(), "0");
+    assert!(
+        read("other.out").contains("AGENT_REPOSITORY_DENIED"),
+        "{}",
+        read("other.out")
+    );
+
+    let log = events(&conn).await;
+    let submitted: Vec<&Value> = log
+        .iter()
+        .filter(|e| e["action"] == "TASK_SUBMITTED" && e["outcome"] == "allowed")
+        .collect();
+    assert_eq!(submitted.len(), 1, "{log:?}");
+    assert_eq!(submitted[0]["task_id"], "agent-task-demo");
+    let actor = submitted[0]["actor"]["name"].as_str().unwrap();
+    assert!(actor.starts_with("agent:submitter "), "{actor}");
+    let denied: Vec<&Value> = log
+        .iter()
+        .filter(|e| e["code"] == "AGENT_REPOSITORY_DENIED")
+        .collect();
+    assert_eq!(denied.len(), 1, "{log:?}");
+    assert!(
+        denied[0]["actor"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("agent:submitter ")
+    );
+    // nothing of the other repository was queued
+    let err = call_s(&conn, TASKS, "GetTask", &("agent-task-other",))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::TASK_NOT_FOUND));
+
+    // the same user outside the agent's session is not the agent: a plain
+    // planner, neither named as the agent nor limited to its repositories
+    let mut plain = submission("plain-task-other");
+    plain["binding"]["repository"] = "other".into();
+    let uid = nix::unistd::User::from_name("airlock-agent")
+        .ok()
+        .flatten()
+        .map_or(65534, |u| u.uid.as_raw());
+    let o = std::process::Command::new("dbus-send")
+        .args([
+            "--system",
+            "--print-reply",
+            "--dest=org.airlock.Supervisor1",
+            "/org/airlock/Supervisor1",
+            "org.airlock.Tasks1.SubmitTask",
+            &format!("string:{plain}"),
+        ])
+        .env("DBUS_SYSTEM_BUS_ADDRESS", s.sup.bus.address())
+        .uid(uid)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = events(&conn).await;
+    let e = log
+        .iter()
+        .find(|e| e["action"] == "TASK_SUBMITTED" && e["task_id"] == "plain-task-other")
+        .unwrap();
+    assert!(
+        !e["actor"]["name"].as_str().unwrap().starts_with("agent:"),
+        "{e}"
+    );
 }

@@ -109,6 +109,7 @@ impl fmt::Display for Action {
 pub struct Caller {
     sender: String,
     uid: u32,
+    pid: Option<u32>,
     user: Option<String>,
     interactive: bool,
 }
@@ -122,9 +123,21 @@ impl Caller {
         Caller {
             sender: sender.to_owned(),
             uid,
+            pid: None,
             user,
             interactive,
         }
+    }
+
+    /// With the process id the bus daemon reported for the sender.
+    pub fn with_pid(mut self, pid: Option<u32>) -> Self {
+        self.pid = pid;
+        self
+    }
+
+    /// The sender's process id, as the bus daemon reported it.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
     }
 
     /// The sender's unique bus name (`:1.42`).
@@ -310,6 +323,16 @@ impl<P: Permission> Authorized<P> {
     /// Who was authorised, as recorded in events.
     pub fn actor(&self) -> &Actor {
         &self.actor
+    }
+}
+
+impl Authorized<Submit> {
+    /// The same permission, its actor named as the planner agent `agent`
+    /// it was recognised as (`agent:NAME uid-name@:1.42`): the submission
+    /// and its events are attributed to the agent.
+    pub fn attributed_to_agent(mut self, agent: &str) -> Self {
+        self.actor.name = format!("agent:{agent} {}", self.actor.name);
+        self
     }
 }
 

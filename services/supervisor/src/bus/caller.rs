@@ -21,7 +21,7 @@ const CACHE_CAP: usize = 4096;
 /// Resolves and caches callers' credentials.
 #[derive(Debug, Default)]
 pub struct CallerResolver {
-    cache: Mutex<HashMap<String, (u32, Option<String>)>>,
+    cache: Mutex<HashMap<String, (u32, Option<u32>, Option<String>)>>,
 }
 
 /// The sender of a message, before its credentials are known.
@@ -52,25 +52,35 @@ impl CallerResolver {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&sender)
             .cloned();
-        let (uid, user) = match cached {
+        let (uid, pid, user) = match cached {
             Some(known) => known,
             None => {
-                let uid = peer_uid(conn, &sender).await?;
+                let (uid, pid) = peer_credentials(conn, &sender).await?;
                 let user = user_name(uid).await;
                 let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
                 if cache.len() >= CACHE_CAP {
                     cache.clear();
                 }
-                cache.insert(sender.clone(), (uid, user.clone()));
-                (uid, user)
+                cache.insert(sender.clone(), (uid, pid, user.clone()));
+                (uid, pid, user)
             }
         };
-        Ok(Caller::from_bus(&sender, uid, user, interactive))
+        Ok(Caller::from_bus(&sender, uid, user, interactive).with_pid(pid))
     }
 }
 
 /// Asks the bus daemon for the uid behind `sender`.
 pub async fn peer_uid(conn: &Connection, sender: &str) -> Result<u32, Error> {
+    peer_credentials(conn, sender).await.map(|(uid, _)| uid)
+}
+
+/// Asks the bus daemon for the uid and, when it knows it, the process id
+/// behind `sender` (taken from the socket's peer credentials when the peer
+/// connected).
+pub async fn peer_credentials(
+    conn: &Connection,
+    sender: &str,
+) -> Result<(u32, Option<u32>), Error> {
     let refuse = |why: String| {
         Error::with(
             Code::AUTHORIZATION_DENIED,
@@ -90,10 +100,12 @@ pub async fn peer_uid(conn: &Connection, sender: &str) -> Result<u32, Error> {
     let body = reply.body();
     let (creds,): (HashMap<String, OwnedValue>,) =
         body.deserialize().map_err(|e| refuse(e.to_string()))?;
-    creds
+    let uid = creds
         .get("UnixUserID")
         .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| refuse("no UnixUserID".to_owned()))
+        .ok_or_else(|| refuse("no UnixUserID".to_owned()))?;
+    let pid = creds.get("ProcessID").and_then(|v| u32::try_from(v).ok());
+    Ok((uid, pid))
 }
 
 /// The user name of `uid`, if the system knows one.

@@ -63,6 +63,7 @@ pub struct Shared {
     pub(crate) inflight: InFlight,
     pub(crate) info: Info,
     repositories: std::sync::RwLock<Vec<String>>,
+    agents: std::sync::OnceLock<std::sync::Arc<crate::agents::Agents>>,
     resolver: CallerResolver,
     call_delay: Option<Duration>,
 }
@@ -84,6 +85,7 @@ impl Shared {
             inflight: InFlight::default(),
             info,
             repositories: std::sync::RwLock::new(repositories),
+            agents: std::sync::OnceLock::new(),
             resolver: CallerResolver::default(),
             call_delay,
         }
@@ -95,6 +97,22 @@ impl Shared {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// The agent runners, once started.
+    pub fn set_agents(&self, agents: std::sync::Arc<crate::agents::Agents>) {
+        let _ = self.agents.set(agents);
+    }
+
+    /// The planner agent `caller` is a process of: the running agent whose
+    /// session the caller's process (as the bus daemon reported it) is in.
+    /// A session cannot be joined from outside it, so another process of
+    /// the same user cannot pass for the agent; an agent's process that
+    /// left its session (`setsid`) is no longer recognised as the agent.
+    pub fn agent_of(&self, caller: &crate::authz::Caller) -> Option<airlock_config::Agent> {
+        let agents = self.agents.get()?;
+        let session = crate::agents::session_of(caller.pid()?)?;
+        agents.by_session(session).cloned()
     }
 
     /// Replaces the registered names (a reload).

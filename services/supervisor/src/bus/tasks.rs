@@ -126,11 +126,29 @@ impl Tasks {
             .gate
             .authorize::<Submit>(&caller, ev, task_id.as_deref())
             .await?;
+        // A planner agent's process is named as the agent, and may propose
+        // only for its repositories.
+        let agent = self.shared.agent_of(&caller);
+        let auth = match &agent {
+            Some(a) => auth.attributed_to_agent(&a.name),
+            None => auth,
+        };
         let parsed = parse_json(&submission, "the submission").and_then(|v| {
             let s = TaskSubmission::from_value(&v)?;
             let registered = self.shared.repositories();
             s.binding
                 .check_registered(registered.iter().map(String::as_str))?;
+            if let Some(a) = &agent {
+                if !a.may_propose_for(&s.binding.repository) {
+                    return Err(airlock_proto::Error::with(
+                        airlock_proto::Code::AGENT_REPOSITORY_DENIED,
+                        format!(
+                            "agent {:?} may propose for {:?} only, not {:?}",
+                            a.name, a.repositories, s.binding.repository
+                        ),
+                    ));
+                }
+            }
             Ok(s)
         });
         let submission = self
