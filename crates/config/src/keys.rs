@@ -362,6 +362,15 @@ pub const KEYS: &[KeySpec] = &[
         "With supervisor.authorizer = \"local\": the users allowed every org.airlock.Tasks1 and org.airlock.Agents1 method (read, submit, manage). Ignored with polkit.",
     ),
     key(
+        "supervisor.local_planners",
+        Kind::List {
+            item: Item::User,
+            max: 64,
+        },
+        "[]",
+        "With supervisor.authorizer = \"local\": the users allowed to read and submit tasks and nothing else (what polkit's rule grants airlock-agent on an installed system). airlock-local lists the agents' user here. Ignored with polkit.",
+    ),
+    key(
         "supervisor.agent_driver",
         Kind::Choice(&["systemd", "local-host"]),
         "\"systemd\"",

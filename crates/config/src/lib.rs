@@ -125,6 +125,8 @@ pub struct Supervisor {
     pub authorizer: Authorizer,
     /// With the local authoriser: the users allowed every Tasks1 method.
     pub local_users: Vec<String>,
+    /// With the local authoriser: the users allowed to read and submit tasks only.
+    pub local_planners: Vec<String>,
     /// What runs the `[[agent]]`s.
     pub agent_driver: AgentDriver,
 }
@@ -150,6 +152,7 @@ impl Default for Supervisor {
             worker_user: "airlock-worker".to_owned(),
             authorizer: Authorizer::Polkit,
             local_users: Vec::new(),
+            local_planners: Vec::new(),
             agent_driver: AgentDriver::Systemd,
         }
     }

@@ -60,7 +60,8 @@ impl Check<'_, '_> {
             s.sweep_interval_seconds,
         )?;
         self.user("supervisor.worker_user", &s.worker_user)?;
-        self.list("supervisor.local_users", &s.local_users)
+        self.list("supervisor.local_users", &s.local_users)?;
+        self.list("supervisor.local_planners", &s.local_planners)
     }
 
     fn worker(&self, w: &Worker) -> Result {

@@ -13,6 +13,45 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The user agents run as: `airlock-agent` when airlock-local runs as
+/// root and that user exists, else `nobody` as root, else the caller.
+pub fn agent_user(ids: &Ids) -> String {
+    if !ids.separated {
+        return ids.name(ids.admin);
+    }
+    if Identity::lookup("airlock-agent").is_ok() {
+        "airlock-agent".to_owned()
+    } else {
+        "nobody".to_owned()
+    }
+}
+
+/// Lets the agents' user read the authority repositories: `repos/` gets
+/// the group `airlock-readers` (or the agents' user's own group), as
+/// `/srv/airlock` on an installed system; the repositories in it are
+/// world-readable below it (git's modes), the worker their only writer.
+pub fn share_repositories(repos: &std::path::Path, ids: &Ids) -> Result<(), String> {
+    if !ids.separated {
+        return Ok(());
+    }
+    let group = match nix::unistd::Group::from_name("airlock-readers") {
+        Ok(Some(g)) => g.gid,
+        _ => {
+            Identity::lookup(&agent_user(ids))
+                .map_err(|e| e.to_string())?
+                .gid
+        }
+    };
+    nix::unistd::chown(
+        repos,
+        Some(nix::unistd::Uid::from_raw(ids.worker.uid)),
+        Some(group),
+    )
+    .map_err(|e| format!("{}: {e}", repos.display()))?;
+    std::fs::set_permissions(repos, std::os::unix::fs::PermissionsExt::from_mode(0o2750))
+        .map_err(|e| format!("{}: {e}", repos.display()))
+}
+
 /// The host's thread, with its own runtime; stopped when dropped (after
 /// the supervisor drained the agents, whatever is left is killed with the
 /// thread: each agent's parent-death signal is SIGKILL).
@@ -32,11 +71,7 @@ impl HostThread {
         runtime: PathBuf,
     ) -> Result<HostThread, String> {
         let identity = if ids.separated {
-            Some(
-                Identity::lookup("airlock-agent")
-                    .or_else(|_| Identity::lookup("nobody"))
-                    .map_err(|e| e.to_string())?,
-            )
+            Some(Identity::lookup(&agent_user(ids)).map_err(|e| e.to_string())?)
         } else {
             None
         };

@@ -254,6 +254,8 @@ worker_user = "{worker_uid}"
 # airlock-local (and nobody else) call every Tasks1 method.
 authorizer = "local"
 local_users = ["{admin}"]
+# The agents' user may read and submit tasks, nothing else.
+local_planners = [{planners}]
 # airlock-local runs the [[agent]]s itself (org.airlock.AgentHost1).
 agent_driver = "local-host"
 
@@ -298,6 +300,11 @@ description = "sample repository made by airlock-local demo"
             })
             .collect::<String>(),
         agents = agents_text(&tuning.agents),
+        planners = if tuning.agents.is_empty() {
+            String::new()
+        } else {
+            format!("\"{}\"", crate::agents::agent_user(ids))
+        },
         lease = tuning.lease_seconds,
         parallel = tuning.parallel_tasks,
         renew = (tuning.lease_seconds / 3).max(1),

@@ -190,6 +190,9 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     .map_err(|e| e.to_string())?;
     let repos = tuning.repos.clone().unwrap_or_else(|| layout.repos());
     demo::create_repository_at(&repos, &ids)?;
+    if !tuning.agents.is_empty() {
+        agents::share_repositories(&repos, &ids)?;
+    }
     for (name, path) in &tuning.repositories {
         import::repository(&layout, &ids, name, path)?;
     }

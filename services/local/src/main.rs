@@ -37,6 +37,12 @@ enum Command {
         /// worker's). Repeatable.
         #[arg(long = "repo", value_name = "NAME=PATH", value_parser = parse_repo)]
         repos: Vec<(String, PathBuf)>,
+        /// Run the planner agents of FILE: `[[agent]]` tables as in
+        /// airlock.toml (docs/configuration.md). Each runs as airlock-agent
+        /// (as root), restarted by the supervisor's crash-loop policy;
+        /// `airlockctl agent list` shows them.
+        #[arg(long, value_name = "FILE")]
+        agents: Option<PathBuf>,
     },
     /// Start everything in a fresh state directory, run a sample task end to end, print the result, stop.
     Demo {
@@ -52,7 +58,12 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.command {
-        Command::Up { state, repos } => up(state.unwrap_or_else(default_state), repos),
+        Command::Up {
+            state,
+            repos,
+            agents,
+        } => read_agents(agents.as_deref())
+            .and_then(|agents| up(state.unwrap_or_else(default_state), repos, agents)),
         Command::Demo { json, state } => demo::run(json, state),
     };
     match result {
@@ -84,9 +95,35 @@ fn default_state() -> PathBuf {
     }
 }
 
-fn up(state: PathBuf, repos: Vec<(String, PathBuf)>) -> Result<(), String> {
+/// The `[[agent]]` tables of `file` (and nothing else).
+fn read_agents(file: Option<&std::path::Path>) -> Result<Vec<airlock_config::Agent>, String> {
+    let Some(file) = file else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let parsed = airlock_config::Config::parse(&text, file).map_err(|e| e.to_string())?;
+    let only_agents = parsed.repositories.is_empty()
+        && airlock_config::Config {
+            agents: Vec::new(),
+            ..parsed.clone()
+        } == airlock_config::Config::embedded_default();
+    if !only_agents || parsed.agents.is_empty() {
+        return Err(format!(
+            "{}: expected [[agent]] tables and nothing else",
+            file.display()
+        ));
+    }
+    Ok(parsed.agents)
+}
+
+fn up(
+    state: PathBuf,
+    repos: Vec<(String, PathBuf)>,
+    agents: Vec<airlock_config::Agent>,
+) -> Result<(), String> {
     let tuning = airlock_local::Tuning {
         repositories: repos.clone(),
+        agents,
         ..Default::default()
     };
     let mut suite = airlock_local::start_with(state, false, &tuning)?;
@@ -108,6 +145,13 @@ fn up(state: PathBuf, repos: Vec<(String, PathBuf)>) -> Result<(), String> {
         suite.layout.token().display()
     );
     println!("  logs:       {}", suite.layout.logs().display());
+    if suite.agent_host.is_some() {
+        println!(
+            "  agents:     DBUS_SYSTEM_BUS_ADDRESS='{}' airlockctl agent list   (their output in {})",
+            suite.bus.address(),
+            suite.layout.path("agents").display()
+        );
+    }
     let config = suite.layout.config();
     let bus = suite.bus.address().to_owned();
     for (name, from) in std::iter::once(("demo".to_owned(), None))

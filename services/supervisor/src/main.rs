@@ -94,7 +94,11 @@ struct Args {
 }
 
 /// The authoriser named `name` (from the flag or the configuration).
-fn authorizer(name: &str, local_users: &[String]) -> Result<AuthorizerChoice, Error> {
+fn authorizer(
+    name: &str,
+    local_users: &[String],
+    local_planners: &[String],
+) -> Result<AuthorizerChoice, Error> {
     match name {
         "polkit" => Ok(AuthorizerChoice::Polkit),
         "local" => {
@@ -102,7 +106,13 @@ fn authorizer(name: &str, local_users: &[String]) -> Result<AuthorizerChoice, Er
                 .iter()
                 .map(|u| uid_of("supervisor.local_users", u))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(AuthorizerChoice::Local(LocalAuthorizer::new(uids)))
+            let planners = local_planners
+                .iter()
+                .map(|u| uid_of("supervisor.local_planners", u))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(AuthorizerChoice::Local(
+                LocalAuthorizer::new(uids).with_planners(planners),
+            ))
         }
         #[cfg(feature = "test-authorizers")]
         other => match TestAuthorizer::parse(other) {
@@ -193,6 +203,7 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
     let authorizer = authorizer(
         args.authorizer.as_deref().unwrap_or(configured),
         local_users,
+        &sup.local_planners,
     )?;
     let worker_user = args.worker_user.as_deref().unwrap_or(&sup.worker_user);
     let retry_user = args.retry_user.as_deref().unwrap_or(&config.retry.user);

@@ -15,10 +15,12 @@ use std::collections::BTreeSet;
 /// The spelling of this authoriser in `supervisor.authorizer`.
 pub const LOCAL: &str = "local";
 
-/// Allows the listed uids every action.
+/// Allows the listed uids every action, and the planners' uids reading and
+/// submitting tasks only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalAuthorizer {
     uids: BTreeSet<u32>,
+    planners: BTreeSet<u32>,
 }
 
 impl LocalAuthorizer {
@@ -26,7 +28,15 @@ impl LocalAuthorizer {
     pub fn new(uids: impl IntoIterator<Item = u32>) -> Self {
         LocalAuthorizer {
             uids: uids.into_iter().collect(),
+            planners: BTreeSet::new(),
         }
+    }
+
+    /// Also allows `planners` what polkit's rule allows airlock-agent:
+    /// reading and submitting tasks (`supervisor.local_planners`).
+    pub fn with_planners(mut self, planners: impl IntoIterator<Item = u32>) -> Self {
+        self.planners = planners.into_iter().collect();
+        self
     }
 }
 
@@ -41,7 +51,9 @@ impl Authorizer for LocalAuthorizer {
     }
 
     fn check<'a>(&'a self, action: Action, caller: &'a Caller) -> BoxFuture<'a, Verdict> {
-        let verdict = if self.uids.contains(&caller.uid()) {
+        let planner = self.planners.contains(&caller.uid())
+            && matches!(action, Action::Read | Action::Submit);
+        let verdict = if self.uids.contains(&caller.uid()) || planner {
             Verdict::Allow
         } else {
             Verdict::Deny(Error::with(
@@ -74,5 +86,19 @@ mod tests {
             Verdict::Allow => panic!("uid 1001 allowed"),
         }
         assert!(!a.is_for_tests());
+    }
+
+    #[tokio::test]
+    async fn a_planner_may_read_and_submit_only() {
+        let a = LocalAuthorizer::new([0]).with_planners([989]);
+        let c = Caller::from_bus(":1.3", 989, None, false);
+        for action in Action::ALL {
+            let allowed = matches!(a.check(*action, &c).await, Verdict::Allow);
+            assert_eq!(
+                allowed,
+                matches!(action, Action::Read | Action::Submit),
+                "{action:?}"
+            );
+        }
     }
 }
