@@ -152,6 +152,38 @@ this; the token itself is never recorded.",
 (`airlockctl repo remove`, or its drop-in deleted and the suite reloaded), so the task failed\n\
 with REPOSITORY_NOT_REGISTERED. Register the repository again and resubmit to run it.",
     },
+    CatalogEntry {
+        action: action::AGENT_CHANGED,
+        id: "3cc157445a9a4340a13ddadad0ecd600",
+        subject: "airlock planner agent changed state",
+        body: "The supervisor's crash-loop policy moved a planner agent (its name and new record are in\n\
+AIRLOCK_PAYLOAD): started, running, failed and waiting to restart (BACKOFF), stopped, or HELD\n\
+after 5 consecutive failures with AGENTOS_CRASH_LOOP. A held agent stays held, across supervisor\n\
+restarts too, until `airlockctl agent clear-hold NAME`; `airlockctl agent show NAME` shows its\n\
+last exit status and the hold's reason.",
+    },
+    CatalogEntry {
+        action: action::AGENT_START_REQUESTED,
+        id: "4f8480e1634e4c53a73b36ac9e9dc964",
+        subject: "airlock planner agent start requested",
+        body: "An administrator (@AIRLOCK_ACTOR@, uid @AIRLOCK_ACTOR_UID@) asked the supervisor to start a\n\
+stopped planner agent (AIRLOCK_PAYLOAD names it); its failure count starts again from zero.",
+    },
+    CatalogEntry {
+        action: action::AGENT_STOP_REQUESTED,
+        id: "48ec5eda1b594a59829f75bfd15056d0",
+        subject: "airlock planner agent stop requested",
+        body: "An administrator (@AIRLOCK_ACTOR@, uid @AIRLOCK_ACTOR_UID@) stopped a planner agent\n\
+(AIRLOCK_PAYLOAD names it). A stop is never counted as a failure, and the agent stays stopped,\n\
+across supervisor restarts too, until it is started again.",
+    },
+    CatalogEntry {
+        action: action::AGENT_HOLD_CLEARED,
+        id: "64510d4fb67f4ecf88d620f4ab082ad7",
+        subject: "airlock planner agent hold cleared",
+        body: "An administrator (@AIRLOCK_ACTOR@, uid @AIRLOCK_ACTOR_UID@) cleared a planner agent's\n\
+crash-loop hold (AIRLOCK_PAYLOAD names it): its failure count is reset and it is started again.",
+    },
 ];
 
 /// The longest `AIRLOCK_PAYLOAD` written; longer payloads are cut and say so.

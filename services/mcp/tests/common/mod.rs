@@ -118,6 +118,9 @@ impl Sup {
             repositories: vec!["demo".into()],
             drain_timeout: Duration::from_secs(5),
             call_delay: None,
+            agents: Vec::new(),
+            agent_driver: Default::default(),
+            agent_options: Default::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(daemon::run(settings, async {
