@@ -18,10 +18,13 @@ use zbus::zvariant::OwnedValue;
 /// Most callers remembered before the cache is emptied and refilled.
 const CACHE_CAP: usize = 4096;
 
+/// What the bus daemon reported for one sender: uid, process id, user name.
+type Known = (u32, Option<u32>, Option<String>);
+
 /// Resolves and caches callers' credentials.
 #[derive(Debug, Default)]
 pub struct CallerResolver {
-    cache: Mutex<HashMap<String, (u32, Option<u32>, Option<String>)>>,
+    cache: Mutex<HashMap<String, Known>>,
 }
 
 /// The sender of a message, before its credentials are known.
