@@ -76,7 +76,35 @@ fn a_corrupt_record_is_store_corrupt(backend: Backend) {
     assert_eq!(err.code(), airlock_proto::Code::STORE_CORRUPT, "{err}");
 }
 
+fn upgrading_a_store_without_the_agents_table_keeps_its_tasks(backend: Backend) {
+    // A store as the previous schema left it: no agents table.
+    let mut fx = Fixture::new(backend);
+    fx.submit("task-a", 2);
+    let before = fx.store.get("task-a").unwrap();
+    match backend {
+        Backend::Sqlite => {
+            fx.exec("DROP TABLE agents").unwrap();
+            fx.exec("PRAGMA user_version = 3").unwrap();
+        }
+        Backend::Postgres => {
+            fx.exec("DROP TABLE agents").unwrap();
+            fx.exec("UPDATE airlock_schema SET version = 2").unwrap();
+        }
+    }
+    if let Some(pg) = &fx.pg {
+        airlock_taskdb::tasks::PgStore::open(&pg.owner_location()).expect("the owner migrates");
+    }
+    let mut store = fx.reopen();
+    assert_eq!(store.get("task-a").unwrap(), before);
+    assert_eq!(store.agent_record("planner").unwrap(), None);
+    store
+        .save_agent_record("planner", &held(), &policy())
+        .unwrap();
+    assert_eq!(store.agent_record("planner").unwrap(), Some(held()));
+}
+
 both_backends!(
+    upgrading_a_store_without_the_agents_table_keeps_its_tasks,
     a_record_is_stored_replaced_and_audited,
     a_hold_survives_reopening_the_store,
     a_corrupt_record_is_store_corrupt,
