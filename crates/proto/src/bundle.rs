@@ -145,6 +145,12 @@ pub struct ConfinementReport {
     pub seccomp: bool,
     /// Namespaces that were unshared.
     pub namespaces: Vec<String>,
+    /// The commands' filesystem view: `minimal-root` (their workspace,
+    /// a private /tmp, their own /proc, a minimal /dev and read-only system
+    /// paths, nothing else) or `host-view` (the host's, narrowed by
+    /// Landlock, every metadata call by path refused); `none` when no
+    /// command ran.
+    pub view: String,
 }
 
 /// Executor → worker: `results/<request_id>.json`.

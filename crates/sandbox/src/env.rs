@@ -47,6 +47,18 @@ pub fn to_cstrings(env: &[(String, String)]) -> Result<Vec<CString>> {
         .collect()
 }
 
+/// Makes `fds` (stdin, stdout, stderr) descriptors 0, 1 and 2; every
+/// other descriptor is close-on-exec already (the spawner opens all so).
+pub fn redirect(fds: [std::os::fd::RawFd; 3]) -> Result<()> {
+    for (target, fd) in fds.into_iter().enumerate() {
+        // SAFETY: dup2 only manipulates the descriptor table.
+        if unsafe { libc::dup2(fd, target as i32) } < 0 {
+            return Err(Error::CloseFds(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
 /// Enters the working directory (after the id switch, so the target
 /// uid's own permissions apply).
 pub fn enter_workdir(workdir: &Path) -> Result<()> {

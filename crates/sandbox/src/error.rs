@@ -174,6 +174,22 @@ pub enum Error {
     /// The report could not be written.
     #[error("cannot write the report: {0}")]
     Report(#[source] io::Error),
+
+    /// A step of the minimal root failed (a mount, the pivot, a mount point).
+    #[error("minimal root: {what} {target}: {source}")]
+    Mount {
+        /// The operation.
+        what: &'static str,
+        /// The path it acted on.
+        target: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The executor's spawner could not be started, or its channel failed.
+    #[error("spawner: {0}")]
+    Spawner(String),
 }
 
 impl Error {
@@ -211,6 +227,8 @@ impl Error {
             Error::CommandNotFound { .. } | Error::Exec { .. } => "exec",
             Error::Supervise(_) | Error::Survivors { .. } => "supervise",
             Error::Report(_) => "report",
+            Error::Mount { .. } => "minimal_root",
+            Error::Spawner(_) => "spawner",
         }
     }
 

@@ -1,7 +1,8 @@
-//! The sandbox's init: pid 1 of the new pid namespace (or a subreaper
-//! child when there is none). It sets up the mount namespace, forks the
-//! command, reaps everything, and when the command exits kills whatever
-//! is left before it reports and exits.
+//! The sandbox's init: pid 1 of the command's own pid namespace, in a copy
+//! of the spawner's mount namespace. It builds the command's view (the
+//! workspace, /tmp, /proc, then pivot_root into the minimal root), forks
+//! the command, reaps everything, and when the command exits kills
+//! whatever is left before it reports and exits.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
@@ -14,51 +15,65 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 
 use crate::report::{Message, Namespaces, Outcome};
-use crate::{Plan, exit_now, namespaces, reaper, send, target};
+use crate::root::Template;
+use crate::sandbox::{CommandPlan, Job, send};
+use crate::{exit_now, namespaces, reaper, target};
 
 /// Runs the init; never returns.
-pub(crate) fn run(mut plan: Plan, mut status: File, lifeline: OwnedFd, ns: &Namespaces) -> ! {
-    // Die with the supervisor; if it is already gone, stop here.
+pub(crate) fn run(
+    mut plan: CommandPlan<'_>,
+    template: &Template,
+    job: &Job,
+    tmp_size: u64,
+    mut status: File,
+    lifeline: OwnedFd,
+    ns: &Namespaces,
+) -> ! {
+    // Die with the spawner; if it is already gone, stop here.
     let _ = prctl::set_pdeathsig(Signal::SIGKILL);
     if supervisor_gone(&lifeline) {
         exit_now(125);
     }
-    // Orphans of the command become our children (matters without a pid namespace).
-    let _ = prctl::set_child_subreaper(true);
     if ns.uts {
         namespaces::set_hostname();
     }
-    let mounts = if plan.namespaces {
-        namespaces::enter_mounts(ns.pid, plan.tmp_size)
-    } else {
-        Default::default()
+    let entered = match template.enter(&job.binds, job.overlay.as_ref(), tmp_size) {
+        Ok(e) => e,
+        Err(err) => {
+            eprintln!("airlock-confine: {}: {err}", err.code().as_str());
+            send(
+                &mut status,
+                &Message::Failed {
+                    step: err.step().into(),
+                    code: err.code().as_str().into(),
+                    message: err.to_string(),
+                    exit_status: err.exit_status(),
+                },
+            );
+            exit_now(125)
+        }
     };
     send(
         &mut status,
         &Message::Mounts {
-            mount: mounts.mount,
-            proc: mounts.proc,
-            tmp: mounts.tmp,
-            shm: mounts.shm,
+            mount: true,
+            proc: entered.proc,
+            tmp: entered.tmp,
+            shm: entered.tmp,
+            root: true,
         },
     );
-    if mounts.proc {
-        plan.grants.ro_if_present.push("/proc".into());
-    }
-    if mounts.tmp {
-        plan.grants.rw.push("/tmp".into());
-    }
-    if mounts.shm {
-        plan.grants.rw.push("/dev/shm".into());
+    if !entered.proc {
+        plan.grants.ro_if_present.retain(|p| p != "/proc");
     }
 
-    // SAFETY: this process is single-threaded (the supervisor checked before
-    // its own fork, and the init starts no thread), so the child may do
+    // SAFETY: this process is single-threaded (a clone of the
+    // single-threaded spawner that starts no thread), so the child may do
     // anything, including allocate, before it execs.
     let command = match unsafe { fork() } {
         Ok(ForkResult::Child) => {
             drop(lifeline);
-            target::run(&plan, mounts, &mut status)
+            target::run(&plan, entered, &mut status)
         }
         Ok(ForkResult::Parent { child }) => child,
         Err(e) => {
@@ -66,7 +81,8 @@ pub(crate) fn run(mut plan: Plan, mut status: File, lifeline: OwnedFd, ns: &Name
             exit_now(125)
         }
     };
-    let outcome = reap(command, ns.pid && nix::unistd::getpid().as_raw() == 1);
+    drop(plan);
+    let outcome = reap(command);
     send(
         &mut status,
         &Message::Exit {
@@ -91,8 +107,8 @@ fn supervisor_gone(lifeline: &OwnedFd) -> bool {
 }
 
 /// Reaps children until none is left; once the command has exited,
-/// everything else is killed.
-fn reap(command: Pid, namespace_init: bool) -> Outcome {
+/// everything else in the pid namespace is killed.
+fn reap(command: Pid) -> Outcome {
     let mut outcome = None;
     loop {
         match waitpid(None, None) {
@@ -106,7 +122,7 @@ fn reap(command: Pid, namespace_init: bool) -> Outcome {
             Err(_) => break,
         }
         if outcome.is_some() {
-            reaper::kill_remaining(namespace_init);
+            reaper::kill_namespace();
         }
     }
     outcome.unwrap_or(Outcome::Failed {

@@ -39,6 +39,9 @@ pub struct Grants {
     pub rw_files_if_present: Vec<PathBuf>,
     /// Read of files, skipped when missing (devices).
     pub ro_files_if_present: Vec<PathBuf>,
+    /// Read (files and directory listings, no execute) beneath each; each
+    /// must exist (the minimal root's `/`).
+    pub read_dirs: Vec<PathBuf>,
 }
 
 /// The kernel's Landlock ABI version, 0 when Landlock is unavailable.
@@ -119,7 +122,8 @@ pub struct Rule {
 impl Grants {
     /// The grants as rules, in a fixed order.
     pub fn rules(&self) -> Vec<Rule> {
-        let sets: [(&[PathBuf], Access, bool); 5] = [
+        let sets: [(&[PathBuf], Access, bool); 6] = [
+            (&self.read_dirs, Access::Read, true),
             (&self.ro, Access::ReadExec, true),
             (&self.ro_if_present, Access::ReadExec, false),
             (&self.rw, Access::All, true),

@@ -41,11 +41,21 @@ pub struct Report {
 }
 
 impl Report {
-    /// "full" or "degraded".
+    /// "full", "degraded", or "own root" (the spawner in the minimal root,
+    /// whose mount namespace is its filesystem confinement).
     pub fn status(&self) -> &'static str {
-        if self.degraded { "degraded" } else { "full" }
+        if self.landlock.status == OWN_ROOT {
+            "not used (own root)"
+        } else if self.degraded {
+            "degraded"
+        } else {
+            "full"
+        }
     }
 }
+
+/// [`LandlockReport::status`] of a spawner that relies on its own root.
+const OWN_ROOT: &str = "own-root";
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -69,11 +79,34 @@ impl fmt::Display for Report {
 /// Confines the calling process as `role`, with `paths` resolved from the
 /// daemon's configuration. See the module documentation for the order.
 pub fn lockdown(role: Role, paths: &Paths) -> Result<Report> {
+    apply(role, paths, true, true)
+}
+
+/// Confines the executor's spawner ([`Role::Spawner`]) once it has prepared
+/// its sandbox. In the minimal root, Landlock is not applied: it would
+/// forbid the mounts each command's view is made of, and the spawner's own
+/// mount namespace already holds nothing but the command root's template
+/// and the work root. In the host view, Landlock applies with the role's
+/// grants.
+pub fn lockdown_spawner(
+    view: crate::report::ViewMode,
+    work_root: &std::path::Path,
+    allow_degraded: bool,
+) -> Result<Report> {
+    let mut paths = Paths::new().with(crate::role::Slot::WorkRoot, work_root);
+    paths.allow_degraded = allow_degraded;
+    // The minimal root's spawner no longer sees /proc: its sandbox's
+    // preparation checked it was single-threaded, and it starts no thread.
+    let host_view = view == crate::report::ViewMode::HostView;
+    apply(Role::Spawner, &paths, host_view, host_view)
+}
+
+fn apply(role: Role, paths: &Paths, use_landlock: bool, check_threads: bool) -> Result<Report> {
     let policy = role.policy();
     let mut notes = Vec::new();
     // 1. One thread: a thread started earlier would escape Landlock.
     let threads = std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
-    if threads != 1 {
+    if check_threads && threads != 1 {
         return Err(Error::NotSingleThreaded { threads });
     }
     let root = nix::unistd::geteuid().is_root();
@@ -110,6 +143,26 @@ pub fn lockdown(role: Role, paths: &Paths) -> Result<Report> {
         set_limit(resource, name, value)?;
     }
     // 5. Landlock.
+    if !use_landlock {
+        notes.push(
+            "Landlock not applied: the process's own mount namespace holds only the minimal root's template and the work root".into(),
+        );
+        let seccomp_rules = role.seccomp_rules();
+        seccomp::install_rules(&seccomp_rules)?;
+        return Ok(Report {
+            role,
+            bounding,
+            landlock: LandlockReport {
+                kernel_abi: landlock::kernel_abi(),
+                requested_abi: 0,
+                min_abi: 0,
+                status: OWN_ROOT.into(),
+            },
+            degraded: false,
+            seccomp_rules: seccomp_rules.len(),
+            notes,
+        });
+    }
     let tcp = !paths.tcp_connect.is_empty();
     if tcp && policy.tcp.is_none() {
         return Err(Error::Landlock(format!(

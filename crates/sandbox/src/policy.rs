@@ -164,14 +164,7 @@ impl Policy {
                 self.landlock_min_abi
             )));
         }
-        for (k, v) in &self.env {
-            let key_ok = !k.is_empty()
-                && !k.as_bytes()[0].is_ascii_digit()
-                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !key_ok || v.contains('\0') {
-                return Err(Error::Policy(format!("invalid environment entry {k:?}")));
-            }
-        }
+        check_env(&self.env)?;
         if self.timeout == Some(Duration::ZERO) {
             return Err(Error::Policy("timeout must be positive".into()));
         }
@@ -268,7 +261,24 @@ impl Policy {
     }
 }
 
-fn check_path(p: &Path) -> Result<()> {
+/// Environment entries: a shell-safe name and no NUL byte.
+pub(crate) fn check_env(env: &[(String, String)]) -> Result<()> {
+    for (k, v) in env {
+        let key_ok = !k.is_empty()
+            && !k.as_bytes()[0].is_ascii_digit()
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !key_ok || v.contains('\0') {
+            return Err(Error::Policy(format!("invalid environment entry {k:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// An absolute path without NUL bytes or `..` components.
+pub(crate) fn check_path(p: &Path) -> Result<()> {
+    if p.components().any(|c| c == std::path::Component::ParentDir) {
+        return Err(Error::Policy(format!("path {} has a '..'", p.display())));
+    }
     if !p.is_absolute() {
         return Err(Error::Policy(format!(
             "path {} is not absolute",

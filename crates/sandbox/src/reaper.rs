@@ -1,20 +1,37 @@
-//! No residency: finding and killing every process the command left
-//! behind, and proving none is left.
+//! No residency: killing every process the command left behind, and
+//! knowing none is left — without scanning /proc.
 //!
-//! In a pid namespace, the init kills all of it with `kill(-1, SIGKILL)`
-//! and the kernel kills the rest when the init dies. Without one, the
-//! init and the supervisor are child subreapers, so every orphan of the
-//! command becomes their child and is killed until none remains.
+//! In the minimal root the command's init is pid 1 of its own pid
+//! namespace: when the command exits it kills everything else with
+//! `kill(-1, SIGKILL)`, and the kernel completes an init's exit only after
+//! every other process of its namespace is gone, so reaping the init
+//! proves the namespace empty. In the host view the spawner is a child
+//! subreaper: every orphan of the command becomes its child, listed in its
+//! own `/proc/self/task/<tid>/children`, and is killed until `waitpid`
+//! reports that it has no child at all.
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpid};
 
-/// Pids whose parent is `parent`, from /proc.
+/// This process's children: its own `children` list (one file, not a scan
+/// of every process), or a /proc scan where that list is not available.
+pub fn children_of_self() -> Vec<Pid> {
+    let me = getpid();
+    if let Ok(list) = fs::read_to_string(format!("/proc/self/task/{me}/children")) {
+        return list
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok().map(Pid::from_raw))
+            .collect();
+    }
+    children_of(me)
+}
+
+/// Pids whose parent is `parent`, from a scan of /proc (the fallback of
+/// [`children_of_self`] on kernels without CONFIG_PROC_CHILDREN).
 pub fn children_of(parent: Pid) -> Vec<Pid> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -30,23 +47,17 @@ pub fn children_of(parent: Pid) -> Vec<Pid> {
     .collect()
 }
 
-/// Kills every process that can be reached: all of the pid namespace
-/// when `namespace_init` (this process is pid 1 of the namespace it
-/// created), else every child of this (subreaper) process.
-pub fn kill_all(namespace_init: bool) {
-    if namespace_init && getpid().as_raw() == 1 {
+/// In a pid namespace's init: kills every other process of the namespace.
+pub fn kill_namespace() {
+    if getpid().as_raw() == 1 {
         // Pid 1 of its own namespace: -1 means every other process in it.
         let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-    } else {
-        for child in children_of(getpid()) {
-            let _ = kill(child, Signal::SIGKILL);
-        }
     }
 }
 
 /// True while this process has a child that is still running; reaps a
 /// child that already exited (its status is not needed here).
-fn has_live_child() -> bool {
+pub fn has_live_child() -> bool {
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => return true,
@@ -56,36 +67,15 @@ fn has_live_child() -> bool {
     }
 }
 
-/// Like [`kill_all`], but without scanning /proc when this process has no
-/// live child: a scan for children could then find none. (Orphans are
-/// reparented before their parent's exit is reported, so none is missed.)
-pub fn kill_remaining(namespace_init: bool) {
-    if (namespace_init && getpid().as_raw() == 1) || has_live_child() {
-        kill_all(namespace_init);
-    }
-}
-
 /// Kills and reaps children until there are none left (never `kill(-1)`).
 pub fn kill_and_reap_all() {
     while has_live_child() {
-        kill_all(false);
+        for child in children_of_self() {
+            let _ = kill(child, Signal::SIGKILL);
+        }
         match waitpid(None, None) {
             Ok(_) | Err(Errno::EINTR) => continue,
             Err(_) => break, // ECHILD: nothing left
         }
     }
-}
-
-/// Processes whose pid namespace is the one identified by `ns` (device,
-/// inode of its nsfs file). Processes this one may not inspect are not
-/// counted; in an unprivileged sandbox every member has the caller's uid.
-pub fn pid_namespace_members(ns: (u64, u64)) -> usize {
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return 0;
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|m| (m.dev(), m.ino()) == ns)
-        })
-        .count()
 }

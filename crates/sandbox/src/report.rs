@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::policy::Limits;
 
 /// The schema name written into every report.
-pub const REPORT_SCHEMA: &str = "airlock.confine.report/1";
+pub const REPORT_SCHEMA: &str = "airlock.confine.report/2";
 
 /// Which namespaces the sandbox got. Each is used when the kernel allows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,8 +28,35 @@ pub struct Namespaces {
     pub proc: bool,
     /// A private tmpfs on /tmp.
     pub tmp: bool,
-    /// A private tmpfs on /dev/shm.
+    /// A private tmpfs on /dev/shm (in the minimal root, /dev/shm is a
+    /// link to the private /tmp).
     pub shm: bool,
+    /// The minimal root: the command's whole view is its workspace, a
+    /// private /tmp, its own /proc, a minimal /dev and read-only system
+    /// paths ([`crate::root`]).
+    pub root: bool,
+}
+
+/// Which filesystem view commands get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ViewMode {
+    /// A minimal root per command (user, mount and pid namespaces).
+    MinimalRoot,
+    /// The host's view, narrowed by Landlock; every metadata call by path
+    /// (chmod, chown, utime, xattrs) is refused by seccomp, since Landlock
+    /// does not govern them. Used where user namespaces are unavailable.
+    HostView,
+}
+
+impl ViewMode {
+    /// The name in reports, logs and `airlockctl doctor`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ViewMode::MinimalRoot => "minimal-root",
+            ViewMode::HostView => "host-view",
+        }
+    }
 }
 
 /// How Landlock was applied.
@@ -112,6 +139,13 @@ pub struct Report {
     pub survivors: usize,
     /// Wall-clock duration in milliseconds.
     pub elapsed_ms: u64,
+    /// The filesystem view the command had.
+    pub view: ViewMode,
+    /// User + system CPU time of the command and every process it started
+    /// (that was reaped), in milliseconds.
+    pub cpu_ms: u64,
+    /// Largest resident set of any of them, in KiB.
+    pub peak_rss_kib: u64,
 }
 
 /// Messages the sandbox's inner processes send to the supervising helper
@@ -129,6 +163,8 @@ pub(crate) enum Message {
         tmp: bool,
         /// Private /dev/shm mounted.
         shm: bool,
+        /// Pivoted into the minimal root.
+        root: bool,
     },
     /// From the command's process, just before execve.
     Confined {

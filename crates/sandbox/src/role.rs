@@ -24,8 +24,10 @@ pub enum Role {
     Supervisor,
     /// airlock-worker: the journal, the authority repositories, git.
     Worker,
-    /// airlock-executor: the spool's answers and airlock-confine.
+    /// airlock-executor: the spool's answers and the work root.
     Executor,
+    /// The executor's spawner: starts every verification command.
+    Spawner,
     /// airlock-retryd: its passed socket and the bus.
     Retryd,
 }
@@ -54,12 +56,12 @@ pub enum Slot {
     SpoolResults,
     /// The spool's `failed/`.
     SpoolFailed,
+    /// The spool's `wants/`.
+    SpoolWants,
     /// The executor's `--work` root.
     WorkRoot,
     /// The directory of the executor's `run-once --out`.
     OutputDir,
-    /// The airlock-confine program.
-    Helper,
 }
 
 impl Slot {
@@ -75,9 +77,9 @@ impl Slot {
             Slot::SpoolSources => "spool `sources/`",
             Slot::SpoolResults => "spool `results/`",
             Slot::SpoolFailed => "spool `failed/`",
+            Slot::SpoolWants => "spool `wants/`",
             Slot::WorkRoot => "`--work` root",
             Slot::OutputDir => "directory of `run-once --out`",
-            Slot::Helper => "airlock-confine (`--confine`)",
         }
     }
 }
@@ -454,6 +456,11 @@ const WORKER: RolePolicy = RolePolicy {
                 Access::Read,
                 "reads the executor's failures",
             ),
+            config(
+                Slot::SpoolWants,
+                Access::Read,
+                "reads the executor's requests for a source archive",
+            ),
             Grant {
                 required: false,
                 ..config(
@@ -490,29 +497,9 @@ const WORKER: RolePolicy = RolePolicy {
 
 const EXECUTOR: RolePolicy = RolePolicy {
     grants: &[
-        SYSTEM_EXEC,
-        &[
-            fixed(
-                "/etc",
-                Access::ReadExec,
-                "commands' configuration; airlock-confine narrows it to a few files per command",
-            ),
-            fixed(
-                "/proc",
-                Access::Read,
-                "airlock-confine's reaper finds survivors in /proc",
-            ),
-            Grant {
-                who: Who::NotRoot,
-                ..fixed(
-                    "/proc",
-                    Access::FileWrite,
-                    "an unprivileged airlock-confine writes its user namespace's id maps",
-                )
-            },
-        ],
+        LIBS_READ,
+        ETC_READ,
         DEVICES,
-        COMMAND_DEVICES,
         &[
             config(
                 Slot::SpoolRequests,
@@ -535,34 +522,79 @@ const EXECUTOR: RolePolicy = RolePolicy {
                 "publishes failures and removes its old ones",
             ),
             config(
+                Slot::SpoolWants,
+                Access::All,
+                "asks for the source of a tree it lacks, and removes its old requests",
+            ),
+            config(
                 Slot::WorkRoot,
                 Access::All,
-                "per-request workspaces and each command's private TMPDIR",
+                "the tree cache, per-request upper directories and workspaces (whiteouts are character devices 0/0)",
             ),
             config(
                 Slot::OutputDir,
                 Access::All,
                 "run-once writes its answer there",
             ),
-            config(
-                Slot::Helper,
-                Access::FileExec,
-                "the only program the executor starts",
-            ),
         ],
     ],
-    lifted: &[Lifted {
-        name: "unshare",
-        reason: "airlock-confine, the executor's child, gives each command its own namespaces",
-    }],
-    bounding: Bounding::Keep(
-        "run as root, the executor hands airlock-confine the capabilities it needs to switch ids and build namespaces; the command's process empties every set",
-    ),
+    lifted: &[],
+    bounding: Bounding::Empty,
     limits: &[],
     degraded: Degraded::RefuseUnlessAllowed,
     max_abi: (
         crate::policy::MAX_LANDLOCK_ABI,
-        "the executor makes no connection after lockdown; its commands get the kernel's whole ABI",
+        "the executor makes no connection after lockdown",
+    ),
+};
+
+const SPAWNER: RolePolicy = RolePolicy {
+    grants: &[
+        SYSTEM_EXEC,
+        &[
+            fixed(
+                "/etc",
+                Access::ReadExec,
+                "commands' configuration; each command's own ruleset narrows it to a few files",
+            ),
+            fixed(
+                "/proc",
+                Access::Read,
+                "its own children list (/proc/self/task/*/children): the command's orphans to kill",
+            ),
+        ],
+        DEVICES,
+        COMMAND_DEVICES,
+        &[config(
+            Slot::WorkRoot,
+            Access::All,
+            "commands' workspaces and private TMPDIRs",
+        )],
+    ],
+    lifted: &[
+        Lifted {
+            name: "mount",
+            reason: "each command's init mounts its workspace, /tmp and /proc",
+        },
+        Lifted {
+            name: "umount2",
+            reason: "each command's init detaches the spawner's root after pivot_root",
+        },
+        Lifted {
+            name: "pivot_root",
+            reason: "each command's init makes the minimal root its root",
+        },
+        Lifted {
+            name: "clone",
+            reason: "each command's init is cloned into new mount, pid and IPC namespaces",
+        },
+    ],
+    bounding: Bounding::Empty,
+    limits: &[],
+    degraded: Degraded::RefuseUnlessAllowed,
+    max_abi: (
+        crate::policy::MAX_LANDLOCK_ABI,
+        "the spawner makes no connection; its commands get the kernel's whole ABI",
     ),
     tcp: None,
 };
@@ -584,7 +616,13 @@ const RETRYD: RolePolicy = RolePolicy {
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 4] = [Role::Supervisor, Role::Worker, Role::Executor, Role::Retryd];
+    pub const ALL: [Role; 5] = [
+        Role::Supervisor,
+        Role::Worker,
+        Role::Executor,
+        Role::Spawner,
+        Role::Retryd,
+    ];
 
     /// The daemon's program name.
     pub fn program(self) -> &'static str {
@@ -592,6 +630,7 @@ impl Role {
             Role::Supervisor => "airlock-supervisor",
             Role::Worker => "airlock-worker",
             Role::Executor => "airlock-executor",
+            Role::Spawner => "airlock-executor (spawner)",
             Role::Retryd => "airlock-retryd",
         }
     }
@@ -602,6 +641,7 @@ impl Role {
             Role::Supervisor => &SUPERVISOR,
             Role::Worker => &WORKER,
             Role::Executor => &EXECUTOR,
+            Role::Spawner => &SPAWNER,
             Role::Retryd => &RETRYD,
         }
     }
@@ -640,6 +680,15 @@ pub fn markdown() -> String {
     for role in Role::ALL {
         let p = role.policy();
         out.push_str(&format!("### {}\n\n", role.program()));
+        if role == Role::Spawner {
+            out.push_str(
+                "Forked by the executor before its own lockdown. In the minimal root its \
+                 filesystem confinement is its own mount namespace, which holds only the \
+                 command root's template and the work root (Landlock would forbid the mounts \
+                 each command's view is made of); in the host view Landlock applies with \
+                 these grants.\n\n",
+            );
+        }
         out.push_str("| Landlock grant | access | why |\n|---|---|---|\n");
         for g in role.grants() {
             let place = match g.place {
@@ -728,6 +777,8 @@ mod tests {
 
     #[test]
     fn every_role_denies_what_no_daemon_needs() {
+        // What the spawner lifts to build each command's minimal root.
+        let spawner_lifts = ["mount", "umount2", "pivot_root", "clone"];
         for role in Role::ALL {
             let rules = role.seccomp_rules();
             for name in [
@@ -762,14 +813,15 @@ mod tests {
                 "delete_module",
                 "socket",
                 "ioctl",
+                "unshare",
             ] {
-                assert!(
+                let lifted = role == Role::Spawner && spawner_lifts.contains(&name);
+                assert_eq!(
                     rules.iter().any(|r| r.name == name),
-                    "{role:?} lacks {name}"
+                    !lifted,
+                    "{role:?} {name}"
                 );
             }
-            let unshare = rules.iter().any(|r| r.name == "unshare");
-            assert_eq!(unshare, role != Role::Executor, "{role:?}");
         }
     }
 
@@ -782,20 +834,20 @@ mod tests {
     }
 
     #[test]
-    fn only_the_executor_and_supervisor_reach_etc_whole() {
+    fn only_the_worker_and_the_spawner_may_exec_and_only_the_spawner_and_supervisor_reach_etc_whole() {
         for role in Role::ALL {
             let exec = role
                 .grants()
                 .any(|g| matches!(g.access, Access::ReadExec | Access::FileExec));
             assert_eq!(
                 exec,
-                matches!(role, Role::Executor | Role::Worker),
+                matches!(role, Role::Spawner | Role::Worker),
                 "{role:?}"
             );
             let etc = role.grants().any(|g| g.place == Place::Fixed("/etc"));
             assert_eq!(
                 etc,
-                matches!(role, Role::Executor | Role::Supervisor),
+                matches!(role, Role::Spawner | Role::Supervisor),
                 "{role:?}"
             );
         }

@@ -14,7 +14,7 @@ use seccompiler::{
 };
 
 use crate::error::{Error, Result};
-use crate::seccomp_policy::{Deny, Rule, When, active};
+use crate::seccomp_policy::{Deny, Extras, Rule, When, active, active_with};
 
 fn arch() -> Result<TargetArch> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| Error::Seccomp(e.to_string()))
@@ -70,6 +70,14 @@ fn rules_for(when: When) -> Result<Vec<SeccompRule>> {
             )
             .map_err(err)?,
         ],
+        When::ArgNonZero { arg } => {
+            vec![rule(cond(
+                arg,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::Ne,
+                0,
+            )?)?]
+        }
         When::ArgAnyBit { arg, mask } => (0..64)
             .map(|b| 1u64 << b)
             .filter(|bit| mask & bit != 0)
@@ -140,6 +148,20 @@ fn x32_filter() -> BpfProgram {
         ins(RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
         ins(RET_K, 0, 0, RET_ALLOW),
     ]
+}
+
+/// Compiles the command policy with `extras` (see [`Extras`]).
+pub fn compile_with(extras: Extras) -> Result<Vec<BpfProgram>> {
+    compile_rules(&active_with(extras).collect::<Vec<_>>())
+}
+
+/// Installs already compiled programs on the calling thread (no_new_privs
+/// must be set): one seccomp(2) call each, no allocation.
+pub fn install_programs(programs: &[BpfProgram]) -> Result<()> {
+    for program in programs {
+        seccompiler::apply_filter(program).map_err(|e| Error::Seccomp(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// Installs the filters on the calling thread (no_new_privs must be set).

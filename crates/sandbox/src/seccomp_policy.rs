@@ -63,6 +63,11 @@ pub enum When {
         /// The only values allowed.
         values: &'static [u32],
     },
+    /// When the 64-bit argument `arg` is not zero (a non-NULL pointer).
+    ArgNonZero {
+        /// Argument index (0-based).
+        arg: u8,
+    },
     /// When any bit of `mask` is set in the 64-bit argument `arg`.
     ArgAnyBit {
         /// Argument index (0-based).
@@ -235,7 +240,64 @@ macro_rules! paste_sys {
     (quotactl) => {
         libc::SYS_quotactl
     };
+    (chmod) => {
+        libc::SYS_chmod
+    };
+    (fchmodat) => {
+        libc::SYS_fchmodat
+    };
+    (fchmodat2) => {
+        libc::SYS_fchmodat2
+    };
+    (chown) => {
+        libc::SYS_chown
+    };
+    (lchown) => {
+        libc::SYS_lchown
+    };
+    (fchownat) => {
+        libc::SYS_fchownat
+    };
+    (utime) => {
+        libc::SYS_utime
+    };
+    (utimes) => {
+        libc::SYS_utimes
+    };
+    (futimesat) => {
+        libc::SYS_futimesat
+    };
+    (utimensat) => {
+        libc::SYS_utimensat
+    };
+    (setxattr) => {
+        libc::SYS_setxattr
+    };
+    (lsetxattr) => {
+        libc::SYS_lsetxattr
+    };
+    (removexattr) => {
+        libc::SYS_removexattr
+    };
+    (lremovexattr) => {
+        libc::SYS_lremovexattr
+    };
+    (setxattrat) => {
+        SYS_SETXATTRAT
+    };
+    (removexattrat) => {
+        SYS_REMOVEXATTRAT
+    };
+    (truncate) => {
+        libc::SYS_truncate
+    };
 }
+
+/// setxattrat(2) (Linux 6.13; one number on every architecture since the
+/// unified table), not yet in the libc crate.
+const SYS_SETXATTRAT: libc::c_long = 463;
+/// removexattrat(2) (Linux 6.13).
+const SYS_REMOVEXATTRAT: libc::c_long = 466;
 
 /// Namespace-creating clone flags (CLONE_NEWTIME is only valid for unshare
 /// and clone3, both denied outright).
@@ -565,11 +627,155 @@ pub const UNIX_PATH_RULES: &[Rule] = &[
     ),
 ];
 
+/// Added when the command shares the host's filesystem view (no minimal
+/// root: user namespaces unavailable). Landlock governs no metadata call,
+/// so without these rows a command could chmod, chown, utime or set
+/// extended attributes of any file its uid owns outside its workspace (the
+/// spool's answers, the tree cache). Every call that names a file by path
+/// is refused, inside the workspace too; the descriptor-based calls
+/// (`fchmod`, `fchown`, `futimens`, `fsetxattr`, `ftruncate`) still work,
+/// because they need a descriptor Landlock only grants beneath the
+/// workspace, its tmp and root-owned system paths (an `O_PATH` descriptor
+/// does not serve them: the kernel answers EBADF).
+pub const METADATA_PATH_RULES: &[Rule] = &[
+    rule!(
+        chmod,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern chmod, so no mode change by path"
+    ),
+    rule!(
+        fchmodat,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern chmod, so no mode change by path"
+    ),
+    rule!(
+        fchmodat2,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern chmod (AT_EMPTY_PATH would serve an O_PATH descriptor)"
+    ),
+    rule!(
+        chown,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern chown, so no owner change by path"
+    ),
+    rule!(
+        lchown,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern chown, so no owner change by path"
+    ),
+    rule!(
+        fchownat,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern chown (AT_EMPTY_PATH would serve an O_PATH descriptor)"
+    ),
+    rule!(
+        utime,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern timestamps, so none changed by path"
+    ),
+    rule!(
+        utimes,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern timestamps, so none changed by path"
+    ),
+    rule!(
+        futimesat,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern timestamps, so none changed by path"
+    ),
+    rule!(
+        utimensat,
+        When::ArgNonZero { arg: 1 },
+        Eperm,
+        "fallback view: timestamps by path refused; futimens (a NULL path) works on an open descriptor"
+    ),
+    rule!(
+        setxattr,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern extended attributes, so none set by path"
+    ),
+    rule!(
+        lsetxattr,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern extended attributes, so none set by path"
+    ),
+    rule!(
+        removexattr,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern extended attributes, so none removed by path"
+    ),
+    rule!(
+        lremovexattr,
+        When::Always,
+        Eperm,
+        "fallback view: Landlock does not govern extended attributes, so none removed by path"
+    ),
+    rule!(
+        setxattrat,
+        When::Always,
+        Eperm,
+        "fallback view: extended attributes by path (or an O_PATH descriptor) refused"
+    ),
+    rule!(
+        removexattrat,
+        When::Always,
+        Eperm,
+        "fallback view: extended attributes by path (or an O_PATH descriptor) refused"
+    ),
+];
+
+/// Added in the fallback view when Landlock is older than ABI 3, which
+/// first governs truncate(2): a truncate by path is refused everywhere.
+pub const TRUNCATE_PATH_RULES: &[Rule] = &[rule!(
+    truncate,
+    When::Always,
+    Eperm,
+    "fallback view below Landlock ABI 3: truncate(2) by path is not governed by Landlock"
+)];
+
+/// The Landlock ABI that first governs truncate(2).
+pub const LANDLOCK_ABI_TRUNCATE: u8 = 3;
+
+/// Which optional row sets are in force for one command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// [`UNIX_PATH_RULES`]: Landlock does not confine pathname UNIX sockets.
+    pub unix_paths: bool,
+    /// [`METADATA_PATH_RULES`]: the command shares the host's view.
+    pub metadata_paths: bool,
+    /// [`TRUNCATE_PATH_RULES`]: the host's view and Landlock below ABI 3.
+    pub truncate_paths: bool,
+}
+
 /// The rows in force: [`RULES`], plus [`UNIX_PATH_RULES`] when Landlock
 /// does not confine pathname UNIX sockets.
 pub fn active(unix_paths: bool) -> impl Iterator<Item = &'static Rule> {
-    let extra: &'static [Rule] = if unix_paths { UNIX_PATH_RULES } else { &[] };
-    RULES.iter().chain(extra)
+    active_with(Extras {
+        unix_paths,
+        ..Extras::default()
+    })
+}
+
+/// The rows in force for `extras`.
+pub fn active_with(extras: Extras) -> impl Iterator<Item = &'static Rule> {
+    let pick = |on: bool, rows: &'static [Rule]| if on { rows } else { &[] };
+    RULES
+        .iter()
+        .chain(pick(extras.unix_paths, UNIX_PATH_RULES))
+        .chain(pick(extras.metadata_paths, METADATA_PATH_RULES))
+        .chain(pick(extras.truncate_paths, TRUNCATE_PATH_RULES))
 }
 
 /// x86-64 only: the x32 ABI numbers its calls with bit 30 set, which no rule
@@ -582,7 +788,12 @@ mod tests {
 
     #[test]
     fn every_rule_has_a_reason() {
-        for r in active(true) {
+        let all = Extras {
+            unix_paths: true,
+            metadata_paths: true,
+            truncate_paths: true,
+        };
+        for r in active_with(all) {
             assert!(r.reason.len() > 10, "{} needs a reason", r.name);
             assert!(!r.reason.contains('\n'));
         }
@@ -650,9 +861,61 @@ mod tests {
     }
 
     #[test]
+    fn metadata_rows_cover_every_path_based_metadata_call() {
+        let all = Extras {
+            unix_paths: true,
+            metadata_paths: true,
+            truncate_paths: true,
+        };
+        for name in [
+            "chmod",
+            "fchmodat",
+            "fchmodat2",
+            "chown",
+            "lchown",
+            "fchownat",
+            "utime",
+            "utimes",
+            "futimesat",
+            "utimensat",
+            "setxattr",
+            "lsetxattr",
+            "removexattr",
+            "lremovexattr",
+            "setxattrat",
+            "removexattrat",
+            "truncate",
+        ] {
+            assert!(active_with(all).any(|r| r.name == name), "{name} missing");
+            assert!(
+                !RULES.iter().any(|r| r.name == name),
+                "{name} always denied"
+            );
+        }
+        // futimens (utimensat with a NULL path) stays allowed.
+        assert!(
+            METADATA_PATH_RULES
+                .iter()
+                .any(|r| r.name == "utimensat" && r.when == When::ArgNonZero { arg: 1 })
+        );
+        assert_eq!(
+            active_with(all).count(),
+            RULES.len()
+                + UNIX_PATH_RULES.len()
+                + METADATA_PATH_RULES.len()
+                + TRUNCATE_PATH_RULES.len()
+        );
+    }
+
+    #[test]
     fn one_action_per_syscall() {
-        for a in active(true) {
-            for b in active(true) {
+        let all = Extras {
+            unix_paths: true,
+            metadata_paths: true,
+            truncate_paths: true,
+        };
+        for a in active_with(all) {
+            for b in active_with(all) {
                 if a.nr == b.nr {
                     assert_eq!(a.deny, b.deny, "{}", a.name);
                     assert_eq!(a.name, b.name);

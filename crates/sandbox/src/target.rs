@@ -5,13 +5,14 @@ use std::convert::Infallible;
 use std::fs::File;
 
 use crate::error::Result;
-use crate::namespaces::Mounts;
 use crate::report::Message;
-use crate::{Plan, caps, env, exec, exit_now, ids, landlock, no_new_privs, rlimits, seccomp, send};
+use crate::root::Entered;
+use crate::sandbox::{CommandPlan, send};
+use crate::{caps, env, exec, exit_now, ids, landlock, no_new_privs, rlimits, seccomp};
 
 /// Confines this process and executes the command; never returns.
-pub(crate) fn run(plan: &Plan, mounts: Mounts, status: &mut File) -> ! {
-    let err = match confine_and_exec(plan, mounts, status) {
+pub(crate) fn run(plan: &CommandPlan<'_>, entered: Entered, status: &mut File) -> ! {
+    let err = match confine_and_exec(plan, entered, status) {
         Err(e) => e,
         Ok(never) => match never {},
     };
@@ -28,7 +29,15 @@ pub(crate) fn run(plan: &Plan, mounts: Mounts, status: &mut File) -> ! {
     exit_now(err.exit_status())
 }
 
-fn confine_and_exec(plan: &Plan, mounts: Mounts, status: &mut File) -> Result<Infallible> {
+fn confine_and_exec(
+    plan: &CommandPlan<'_>,
+    entered: Entered,
+    status: &mut File,
+) -> Result<Infallible> {
+    // 0. Standard streams: /dev/null in, the caller's pipes out.
+    if let Some(fds) = plan.stdio {
+        env::redirect(fds)?;
+    }
     // 1. Empty the bounding set and lock securebits while CAP_SETPCAP is held.
     caps::drop_bounding()?;
     // 2. Supplementary groups, gid, uid (root only; verified).
@@ -38,7 +47,7 @@ fn confine_and_exec(plan: &Plan, mounts: Mounts, status: &mut File) -> Result<In
     // 4. execve can never grant privileges again.
     no_new_privs::set()?;
     // 5. Resource limits, and no core dumps.
-    rlimits::apply(&plan.limits)?;
+    rlimits::apply(plan.limits)?;
     // 6. Landlock; refuse unless fully enforced or degraded mode is allowed.
     let landlock = landlock::restrict(&plan.grants, plan.min_abi)?;
     let mut warnings = landlock::newer_kernel_warning(&landlock)
@@ -55,12 +64,13 @@ fn confine_and_exec(plan: &Plan, mounts: Mounts, status: &mut File) -> Result<In
             true
         }
     };
-    // 7. seccomp, last: after it, only the calls below are made. Where
-    //    Landlock cannot confine pathname UNIX sockets, seccomp keeps them
-    //    out of reach instead.
-    seccomp::install(!landlock::confines_unix_paths(&landlock))?;
+    // 7. seccomp, last, compiled before the fork: after it, only the calls
+    //    below are made. Where Landlock cannot confine pathname UNIX
+    //    sockets, the program that keeps them out of reach is chosen.
+    let unix = !landlock::confines_unix_paths(&landlock);
+    seccomp::install_programs(&plan.programs[usize::from(unix)])?;
     // 8. Clean environment, working directory and signal state.
-    let envp = env::build(&plan.workdir, mounts.tmp, &plan.env);
+    let envp = env::build(&plan.workdir, entered.tmp || plan.tmp, &plan.env);
     let program = exec::resolve(&plan.command, path_of(&envp))?;
     let envp = env::to_cstrings(&envp)?;
     env::enter_workdir(&plan.workdir)?;

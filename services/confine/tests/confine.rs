@@ -225,14 +225,17 @@ fn proc_status_shows_no_new_privs_seccomp_and_no_capabilities() {
         assert_eq!(field(cap), "0000000000000000", "{cap}");
     }
     let rep = &r.report;
-    assert_eq!(rep["schema"], "airlock.confine.report/1");
+    assert_eq!(rep["schema"], "airlock.confine.report/2");
+    assert_eq!(rep["view"], "minimal-root");
     assert_eq!(rep["seccomp"], true);
     assert_eq!(rep["no_new_privs"], true);
     assert_eq!(rep["capabilities_dropped"], true);
     assert_eq!(rep["degraded"], false);
     assert_eq!(rep["landlock"]["status"], "full");
     assert!(rep["landlock"]["kernel_abi"].as_i64().unwrap() >= 1);
-    for ns in ["pid", "ipc", "uts", "net", "mount", "proc", "tmp", "shm"] {
+    for ns in [
+        "pid", "ipc", "uts", "net", "mount", "proc", "tmp", "shm", "root",
+    ] {
         assert_eq!(rep["namespaces"][ns], true, "namespace {ns}: {rep}");
     }
     assert_eq!(
@@ -263,12 +266,23 @@ fn uid_0_keeps_no_capability_and_cannot_read_secrets() {
         "{}",
         r.stdout
     );
+    // In the minimal root neither exists; in the host view Landlock refuses.
     assert!(
-        r.stderr.contains("/etc/shadow: Permission denied"),
+        r.stderr.contains("/etc/shadow: No such file or directory"),
         "{}",
         r.stderr
     );
     assert!(r.stderr.contains("/root"), "{}", r.stderr);
+    let host = s.run(
+        &["--gid", "0", "--no-namespaces"],
+        &["sh", "-c", "id -u; cat /etc/shadow"],
+    );
+    assert_ne!(host.status, 0);
+    assert!(
+        host.stderr.contains("/etc/shadow: Permission denied"),
+        "{}",
+        host.stderr
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -296,7 +310,7 @@ attempt("write_ro", lambda: open("{ro}/f", "w").write("x"))
 attempt("read_ro", lambda: open("{ro}/data").read())
 attempt("list_outside", lambda: os.listdir("{outside}"))
 attempt("read_shadow", lambda: open("/etc/shadow").read())
-attempt("read_host_tmp", lambda: os.listdir("/var/tmp"))
+attempt("read_home", lambda: os.listdir("/home"))
 attempt("write_dev_null", lambda: open("/dev/null", "w").write("x"))
 "#,
         ws = s.ws().display(),
@@ -304,9 +318,40 @@ attempt("write_dev_null", lambda: open("/dev/null", "w").write("x"))
         ro = ro.display()
     );
     let ro_arg = ro.to_str().unwrap();
+    let (enoent, eacces, erofs) = (
+        i64::from(libc::ENOENT),
+        i64::from(libc::EACCES),
+        i64::from(libc::EROFS),
+    );
+    // The minimal root: what is not granted does not exist; what is bound
+    // read-only is a read-only mount (EROFS) as well as Landlock's (EACCES).
     let r = s.run(&["--ro", ro_arg], &["python3", "-c", &py(&body)]);
     r.ok();
-    let eacces = i64::from(libc::EACCES);
+    assert_eq!(r.report["view"], "minimal-root");
+    assert_eq!(r.value("write_ws"), 0);
+    assert_eq!(r.value("mkdir_ws"), 0);
+    assert_eq!(r.value("write_outside"), enoent);
+    assert_eq!(r.value("mkdir_outside"), enoent);
+    assert!(
+        [eacces, erofs].contains(&r.value("write_ro")),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.value("read_ro"), 0);
+    assert_eq!(r.value("list_outside"), enoent);
+    assert_eq!(r.value("read_shadow"), enoent);
+    assert_eq!(r.value("read_home"), enoent);
+    assert_eq!(r.value("write_dev_null"), 0);
+    assert_eq!(fs::read_to_string(s.ws().join("f")).unwrap(), "x");
+    fs::remove_file(s.ws().join("f")).unwrap();
+    fs::remove_dir(s.ws().join("d")).unwrap();
+    // The host view: Landlock alone refuses.
+    let r = s.run(
+        &["--ro", ro_arg, "--no-namespaces"],
+        &["python3", "-c", &py(&body)],
+    );
+    r.ok();
+    assert_eq!(r.report["view"], "host-view");
     assert_eq!(r.value("write_ws"), 0);
     assert_eq!(r.value("mkdir_ws"), 0);
     assert_eq!(r.value("write_outside"), eacces);
@@ -315,7 +360,7 @@ attempt("write_dev_null", lambda: open("/dev/null", "w").write("x"))
     assert_eq!(r.value("read_ro"), 0);
     assert_eq!(r.value("list_outside"), eacces);
     assert_eq!(r.value("read_shadow"), eacces);
-    assert_eq!(r.value("read_host_tmp"), eacces);
+    assert_eq!(r.value("read_home"), eacces);
     assert_eq!(r.value("write_dev_null"), 0);
     assert_eq!(fs::read_to_string(s.ws().join("f")).unwrap(), "x");
     assert!(!outside.join("f").exists());
@@ -930,17 +975,34 @@ fn private_tmp_is_private() {
 fn workspace_under_tmp_keeps_the_host_tmp_hidden_otherwise() {
     require_root!();
     let s = Scratch::new_in("/tmp", 61020);
-    let r = s.run(&[], &["sh", "-c", "echo ok > f && echo $TMPDIR && ls /tmp"]);
+    let sibling = tempfile::Builder::new()
+        .prefix("airlock-host-tmp-sibling")
+        .tempfile_in("/tmp")
+        .unwrap();
+    let r = s.run(
+        &[],
+        &["sh", "-c", "echo ok > f && echo $TMPDIR && ls -a /tmp"],
+    );
+    let mut lines = r.stdout.lines();
+    assert_eq!(lines.next(), Some(s.ws().to_str().unwrap()), "{}", r.stdout);
+    // /tmp in the view holds only the way to the workspace.
+    let listed: Vec<&str> = lines.collect();
+    let ws = s.ws();
+    let first = ws
+        .strip_prefix("/tmp")
+        .unwrap()
+        .components()
+        .next()
+        .unwrap();
     assert_eq!(
-        r.stdout.lines().next(),
-        Some(s.ws().to_str().unwrap()),
-        "{}",
+        listed,
+        [".", "..", first.as_os_str().to_str().unwrap()],
+        "host /tmp must stay hidden: {}",
         r.stdout
     );
     assert!(
-        r.stderr.contains("Permission denied"),
-        "host /tmp must not be listable: {}",
-        r.stderr
+        !r.stdout
+            .contains(sibling.path().file_name().unwrap().to_str().unwrap())
     );
     assert_eq!(fs::read_to_string(s.ws().join("f")).unwrap(), "ok\n");
     assert_eq!(r.report["namespaces"]["tmp"], false);
@@ -1081,7 +1143,8 @@ fn without_namespaces_orphans_are_still_found_and_killed() {
         r.report["namespaces"],
         serde_json::json!({
             "user": false, "pid": false, "ipc": false, "uts": false,
-            "net": false, "mount": false, "proc": false, "tmp": false, "shm": false
+            "net": false, "mount": false, "proc": false, "tmp": false, "shm": false,
+            "root": false
         })
     );
     assert_eq!(r.report["landlock"]["status"], "full");

@@ -3,10 +3,14 @@
 //! Start-up, in order, each step failing hard:
 //! 1. isolation self-check (EXECUTOR_NOT_ISOLATED naming the check);
 //! 2. configuration;
-//! 3. spool, work root and the airlock-confine helper opened and checked;
-//! 4. the executor confines itself (`lockdown`: bounding set, no_new_privs,
-//!    rlimits, Landlock, seccomp), before any thread is started;
-//! 5. then, and only then, requests are read.
+//! 3. spool and work root opened and checked;
+//! 4. the spawner forked (`airlock_sandbox::spawner`): it prepares the
+//!    commands' sandbox — the minimal root where user namespaces are
+//!    allowed, else the host view — and confines itself;
+//! 5. the executor confines itself (`lockdown`: bounding set, no_new_privs,
+//!    rlimits, Landlock, seccomp), before any thread is started; it
+//!    executes nothing from now on;
+//! 6. then, and only then, requests are read.
 
 use airlock_executor::apply::CredentialPolicy;
 use airlock_executor::error::{Error, Result};
@@ -15,9 +19,10 @@ use airlock_executor::lockdown::{self, Paths, Slot};
 use airlock_executor::policy::ProgramPolicy;
 use airlock_executor::request::{self, Settings};
 use airlock_executor::result::Answer;
-use airlock_executor::run::{DEFAULT_CONFINE, Runner};
+use airlock_executor::run::{self as run, Runner};
 use airlock_executor::selfcheck;
 use airlock_proto::limits::MAX_MESSAGE_BYTES;
+use airlock_sandbox::spawner::{Options, Spawner};
 use airlock_spool::{Expect, GcPolicy, Kind, Side, Spool};
 use clap::{Args, Parser, Subcommand};
 use std::os::unix::fs::PermissionsExt;
@@ -33,9 +38,13 @@ const NOBODY: u32 = 65534;
 #[command(
     name = "airlock-executor",
     version,
-    about = "Uncredentialed executor: applies a plan to a throw-away copy of the source and runs its verification commands, each in a fresh airlock-confine sandbox.",
+    about = "Uncredentialed executor: applies a plan to a throw-away copy of the source and runs its verification commands, each in a fresh sandbox.",
     long_about = "Uncredentialed executor: applies a plan to a throw-away copy of the source and \
-runs its verification commands, each in a fresh airlock-confine sandbox.\n\n\
+runs its verification commands, each in a fresh sandbox.\n\n\
+Each command gets a minimal root where the kernel allows user namespaces: its workspace, \
+a private /tmp, its own /proc, a minimal /dev and read-only system paths, nothing else. \
+Elsewhere it gets the host view narrowed by Landlock, with every metadata call by path \
+(chmod, chown, utime, xattrs) refused. The start-up log names the view.\n\n\
 At start it refuses to run (EXECUTOR_NOT_ISOLATED) if the environment holds a \
 secret-looking variable, /run/credentials or $CREDENTIALS_DIRECTORY is readable, or \
 any network interface but lo exists. There is no option to skip these checks: run \
@@ -62,9 +71,6 @@ struct Common {
     /// airlock.toml; without it the built-in defaults apply.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The airlock-confine helper that runs each command.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_CONFINE)]
-    confine: PathBuf,
     /// Directory for per-request workspaces (created if missing).
     #[arg(
         long,
@@ -159,20 +165,6 @@ fn worker_uid(args: &ServeArgs, config: &airlock_config::Config) -> Result<u32> 
     }
 }
 
-fn check_helper(path: &Path) -> Result<()> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::Setup {
-        path: path.to_owned(),
-        detail: format!("airlock-confine: {e}"),
-    })?;
-    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        return Err(Error::Setup {
-            path: path.to_owned(),
-            detail: "airlock-confine is not an executable file".into(),
-        });
-    }
-    Ok(())
-}
-
 fn prepare_work_root(path: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(path).map_err(|e| Error::Setup {
         path: path.to_owned(),
@@ -208,7 +200,34 @@ fn command_ids(user: &str) -> Option<(u32, u32)> {
     }
 }
 
-fn settings(config: &airlock_config::Config, common: &Common, work_root: PathBuf) -> Settings {
+/// Forks the spawner (before the lockdown: it builds each command's
+/// minimal root by mounting, which Landlock would forbid).
+fn spawner(config: &airlock_config::Config, work_root: &Path) -> Result<Runner> {
+    let ex = &config.executor;
+    let spawner = Spawner::start(Options {
+        setup: run::setup(&ex.limits, ex.allow_degraded_landlock),
+        drop_to: command_ids(&ex.user),
+        work_root: work_root.to_owned(),
+    })
+    .map_err(|e| Error::ConfineSpawn(e.to_string()))?;
+    let hello = spawner.hello();
+    eprintln!(
+        "airlock-executor: commands get the {} view{} (ids {}:{}); spawner {}",
+        hello.view.as_str(),
+        hello
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default(),
+        hello.ids.0,
+        hello.ids.1,
+        hello.lockdown
+    );
+    let tail = usize::try_from(ex.limits.output_tail_bytes).unwrap_or(4096);
+    Ok(Runner::new(spawner, tail))
+}
+
+fn settings(config: &airlock_config::Config, runner: Runner, work_root: PathBuf) -> Settings {
     let ex = &config.executor;
     let l = &ex.limits;
     Settings {
@@ -224,13 +243,7 @@ fn settings(config: &airlock_config::Config, common: &Common, work_root: PathBuf
         },
         max_archive_bytes: l.max_archive_bytes,
         max_file_bytes: l.max_file_bytes,
-        runner: Runner {
-            confine: common.confine.clone(),
-            ids: command_ids(&ex.user),
-            limits: l.clone(),
-            allow_degraded: ex.allow_degraded_landlock,
-            tail_bytes: usize::try_from(l.output_tail_bytes).unwrap_or(4096),
-        },
+        runner: Some(runner),
         work_root,
         own: None,
     }
@@ -249,17 +262,17 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
         .unwrap_or_else(|| config.spool.root.clone());
     let spool = Spool::open(&root)?;
     let work_root = prepare_work_root(&args.common.work)?;
-    check_helper(&args.common.confine)?;
-    let mut settings = settings(&config, &args.common, work_root.clone());
+    // 4. The spawner, before any confinement of our own.
+    let runner = spawner(&config, &work_root)?;
+    let mut settings = settings(&config, runner, work_root.clone());
     let mut watcher = spool.watch(&[Kind::Requests])?;
-    // 4. Confinement: bounding set, no_new_privs, rlimits, Landlock, seccomp.
+    // 5. Confinement: bounding set, no_new_privs, rlimits, Landlock, seccomp.
     let mut paths = Paths::new()
         .with(Slot::SpoolRequests, spool.dir_path(Kind::Requests))
         .with(Slot::SpoolSources, spool.dir_path(Kind::Sources))
         .with(Slot::SpoolResults, spool.dir_path(Kind::Results))
         .with(Slot::SpoolFailed, spool.dir_path(Kind::Failed))
-        .with(Slot::WorkRoot, work_root)
-        .with(Slot::Helper, args.common.confine.clone());
+        .with(Slot::WorkRoot, work_root);
     paths.allow_degraded = config.executor.allow_degraded_landlock;
     let own = lockdown::apply(&paths)?;
     eprintln!(
@@ -275,7 +288,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     let me = rustix::process::geteuid().as_raw();
     let retain = Duration::from_secs(args.retain_hours.saturating_mul(3600));
     let mut last_gc: Option<Instant> = None;
-    // 5. The loop: scan, handle each unanswered request once, wait.
+    // 6. The loop: scan, handle each unanswered request once, wait.
     loop {
         for id in spool.list(Kind::Requests)? {
             if spool.exists(Kind::Results, &id)? || spool.exists(Kind::Failed, &id)? {
@@ -363,8 +376,8 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
         .worker_uid
         .unwrap_or_else(|| rustix::process::geteuid().as_raw());
     let work_root = prepare_work_root(&args.common.work)?;
-    check_helper(&args.common.confine)?;
-    let mut settings = settings(&config, &args.common, work_root.clone());
+    let runner = spawner(&config, &work_root)?;
+    let mut settings = settings(&config, runner, work_root.clone());
     // Both inputs are read before the lockdown; the archive digest is
     // checked against the request in memory.
     let request_bytes = airlock_spool::read_path(
@@ -391,8 +404,7 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
     };
     let mut paths = Paths::new()
         .with(Slot::WorkRoot, work_root)
-        .with(Slot::OutputDir, out_dir)
-        .with(Slot::Helper, args.common.confine.clone());
+        .with(Slot::OutputDir, out_dir);
     paths.allow_degraded = config.executor.allow_degraded_landlock;
     let own = lockdown::apply(&paths)?;
     settings.own = Some(own);

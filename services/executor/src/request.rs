@@ -21,7 +21,7 @@ use crate::extract::{ArchiveLimits, extract};
 use crate::lockdown::SelfConfinement;
 use crate::policy::ProgramPolicy;
 use crate::result::{self, Answer, Outcome};
-use crate::run::{Runner, chown_tree};
+use crate::run::{Runner, WorkspaceSource, chown_tree};
 use airlock_proto::bundle::ExecRequest;
 use airlock_proto::envelope::{Action, Envelope};
 use sha2::{Digest, Sha256};
@@ -40,8 +40,9 @@ pub struct Settings {
     pub max_archive_bytes: u64,
     /// Largest changed or captured file.
     pub max_file_bytes: u64,
-    /// How commands are confined.
-    pub runner: Runner,
+    /// How commands are confined: the spawner (none in tests that never
+    /// reach a command; a command then fails with SANDBOX_UNAVAILABLE).
+    pub runner: Option<Runner>,
     /// Where per-request workspaces are made.
     pub work_root: PathBuf,
     /// The executor's own confinement.
@@ -147,16 +148,33 @@ fn in_workspace(
         Action::Deterministic => {
             let touched = ws.apply(&envelope.change_set, &settings.credentials)?;
             outcome.changed_files = ws.entries(&touched, &settings.credentials)?;
-            if !envelope.verification.is_empty() {
-                if let Some((uid, gid)) = settings.runner.ids {
-                    chown_tree(&src, uid, gid).map_err(|e| Error::Setup {
-                        path: src.clone(),
-                        detail: format!("chown to {uid}:{gid}: {e}"),
-                    })?;
+            let runner = match (&settings.runner, envelope.verification.is_empty()) {
+                (_, true) => None,
+                (Some(r), false) => Some(r),
+                (None, false) => {
+                    return Err(Error::ConfineSpawn("no spawner to run commands".into()));
                 }
+            };
+            if let Some(runner) = runner.filter(|_| rustix::process::geteuid().is_root()) {
+                // Run as root, the spawner runs as the commands' uid.
+                let (uid, gid) = runner.hello().ids;
+                chown_tree(&src, uid, gid).map_err(|e| Error::Setup {
+                    path: src.clone(),
+                    detail: format!("chown to {uid}:{gid}: {e}"),
+                })?;
             }
+            let source = WorkspaceSource::Dir(src.clone());
             for (i, cmd) in envelope.verification.iter().enumerate() {
-                let (evidence, confinement) = settings.runner.run(cmd, &ws, dir, i)?;
+                // The working directory must be a real directory beneath the
+                // workspace now (a previous command may have replaced it).
+                if cmd.cwd != "." && crate::beneath::dir(ws.root(), &cmd.cwd, false)?.is_none() {
+                    return Err(Error::PathInvalid {
+                        path: cmd.cwd.clone(),
+                        why: "working directory does not exist",
+                    });
+                }
+                let Some(runner) = runner else { break };
+                let (evidence, confinement) = runner.run(cmd, &source, dir, i)?;
                 let ok = evidence.exit_code == Some(0) && !evidence.timed_out;
                 outcome.verification.push(evidence);
                 confinements.push(confinement);

@@ -49,6 +49,7 @@ pub fn confinement_report(
             landlock: own.map_or("none", |o| o.status).to_owned(),
             seccomp: false,
             namespaces: Vec::new(),
+            view: "none".to_owned(),
         };
     }
     let mut namespaces = commands[0].namespaces.clone();
@@ -59,6 +60,15 @@ pub fn confinement_report(
         landlock: if full { "full" } else { "degraded" }.to_owned(),
         seccomp: commands.iter().all(|c| c.seccomp),
         namespaces,
+        view: if commands
+            .iter()
+            .all(|c| c.view == airlock_sandbox::ViewMode::MinimalRoot)
+        {
+            airlock_sandbox::ViewMode::MinimalRoot.as_str()
+        } else {
+            airlock_sandbox::ViewMode::HostView.as_str()
+        }
+        .to_owned(),
     }
 }
 

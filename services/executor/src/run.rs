@@ -1,59 +1,57 @@
-//! Running one verification command in a fresh sandbox: one
-//! `airlock-confine` process per command, so no state (processes, /tmp,
-//! environment) carries from one command to the next.
+//! Running one verification command: the executor's spawner
+//! (`airlock_sandbox::spawner`, forked before the executor confined
+//! itself) starts it with one fork and one exec in a fresh sandbox, so no
+//! state (processes, /tmp, environment) carries from one command to the
+//! next.
 //!
-//! The command gets read-write access to the workspace and to a private
-//! temporary directory (its HOME and TMPDIR), read-only system paths, the
-//! configured rlimits and the command's timeout; everything else is the
-//! helper's (ids, capabilities, no_new_privs, Landlock, seccomp,
-//! namespaces). The helper's JSON report is the only source of the
-//! confinement facts in the result: without a usable report the request
-//! fails with SANDBOX_UNAVAILABLE, it is never filled in.
+//! In the minimal root the command sees its workspace at `/workspace`
+//! (the request's overlay or directory), a private tmpfs on `/tmp` (its
+//! HOME and TMPDIR), its own `/proc`, a minimal `/dev` and read-only system
+//! paths — nothing else. In the host view (user namespaces refused) it
+//! gets the workspace at its own path and a private directory in the
+//! request's scratch as HOME and TMPDIR, Landlock and seccomp refusing the
+//! rest (every metadata call by path included). The spawner's report is
+//! the only source of the confinement facts in the result: without a
+//! usable report the request fails with SANDBOX_UNAVAILABLE, it is never
+//! filled in.
 //!
 //! Evidence comes from the executor's side: SHA-256 of all of stdout and
-//! stderr with a bounded tail of each, wall time, and CPU time and peak RSS
-//! from `wait4` on the helper (which waits for the whole command tree).
+//! stderr with a bounded tail of each, wall time; CPU time and peak RSS of
+//! the command's process tree from the spawner's `wait4`.
 
-use crate::apply::Workspace;
-use crate::beneath;
 use crate::error::{Error, Result};
 use airlock_proto::bundle::CommandEvidence;
 use airlock_proto::canonical::digest_of;
 use airlock_proto::envelope::Command;
-use airlock_sandbox::{Limits, Outcome, Policy, REPORT_SCHEMA, Report};
-use rustix::event::{PollFd, PollFlags, Timespec};
-use rustix::process::{Pid, PidfdFlags, Signal};
+use airlock_sandbox::spawner::{Hello, Spawner};
+use airlock_sandbox::{
+    Bind, Job, Limits, Outcome, Overlay, REPORT_SCHEMA, Report, Stdio, ViewMode,
+};
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::io::Read;
-use std::os::unix::process::CommandExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Extra time the helper gets past the command's timeout before the
-/// executor kills it itself.
+/// Extra time the spawner gets past the command's timeout before the
+/// executor gives up on it.
 pub const HELPER_GRACE: Duration = Duration::from_secs(15);
 
-/// Where the helper normally lives.
-pub const DEFAULT_CONFINE: &str = "/usr/libexec/airlock/airlock-confine";
+/// Where the workspace appears in the minimal root.
+pub const VIEW_WORKSPACE: &str = airlock_sandbox::root::WORKSPACE;
 
-/// How every command is confined.
-#[derive(Clone, Debug)]
+/// How every command is confined: the spawner and what it reported.
+#[derive(Debug)]
 pub struct Runner {
-    /// The airlock-confine binary.
-    pub confine: PathBuf,
-    /// Uid and gid to run commands as (only when the executor is root).
-    pub ids: Option<(u32, u32)>,
-    /// rlimits from `[executor.limits]`.
-    pub limits: airlock_config::Limits,
-    /// Pass `--allow-degraded` to the helper.
-    pub allow_degraded: bool,
+    spawner: Mutex<Spawner>,
+    hello: Hello,
     /// Bytes of stdout/stderr kept as tails.
     pub tail_bytes: usize,
 }
 
-/// What one helper report says about the sandbox.
+/// What one report says about the sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Confinement {
     /// The kernel's Landlock ABI.
@@ -64,6 +62,52 @@ pub struct Confinement {
     pub seccomp: bool,
     /// Namespaces obtained, by name.
     pub namespaces: Vec<String>,
+    /// The filesystem view.
+    pub view: ViewMode,
+}
+
+/// Where one command's workspace comes from.
+#[derive(Clone, Debug)]
+pub enum WorkspaceSource {
+    /// A directory the command may change (host view, or a plain bind).
+    Dir(PathBuf),
+    /// A cached tree under the request's upper directory (minimal root).
+    Overlay {
+        /// The cached tree (read-only).
+        lower: PathBuf,
+        /// The request's changes.
+        upper: PathBuf,
+        /// overlayfs's work directory.
+        work: PathBuf,
+    },
+}
+
+/// The sandbox settings of the executor, from `[executor.limits]`.
+pub fn setup(limits: &airlock_config::Limits, allow_degraded: bool) -> airlock_sandbox::Setup {
+    airlock_sandbox::Setup {
+        uid: None,
+        gid: None,
+        system_ro: true,
+        ro: Vec::new(),
+        mountpoints: vec![VIEW_WORKSPACE.into()],
+        limits: Limits {
+            nproc: Some(u64::from(limits.processes)),
+            address_space: Some(u64::from(limits.address_space_mib) << 20),
+            file_size: Some(u64::from(limits.file_size_mib) << 20),
+            open_files: Some(u64::from(limits.open_files)),
+            cpu_seconds: Some(u64::from(limits.cpu_seconds)),
+        },
+        allow_degraded,
+        landlock_min_abi: 1,
+        private_tmp: true,
+        tmp_size: 256 << 20,
+        namespaces: true,
+        // The executor's own network namespace holds only lo (its
+        // self-check), and seccomp allows only AF_UNIX sockets.
+        net: false,
+        uts: false,
+        keep: None,
+    }
 }
 
 struct Captured {
@@ -71,11 +115,9 @@ struct Captured {
     tail: String,
 }
 
-fn capture(
-    mut stream: impl Read + Send + 'static,
-    keep: usize,
-) -> std::thread::JoinHandle<Captured> {
+fn capture(stream: OwnedFd, keep: usize) -> std::thread::JoinHandle<Captured> {
     std::thread::spawn(move || {
+        let mut stream = std::fs::File::from(stream);
         let mut hasher = Sha256::new();
         let mut tail: VecDeque<u8> = VecDeque::with_capacity(keep);
         let mut buf = vec![0u8; 64 * 1024];
@@ -101,63 +143,9 @@ fn capture(
     })
 }
 
-struct Waited {
-    status: i32,
-    cpu_ms: u64,
-    peak_rss_kib: u64,
-    killed_by_executor: bool,
-}
-
-fn wait_helper(pid: u32, deadline: Duration) -> Result<Waited> {
-    let raw = i32::try_from(pid).map_err(|_| Error::ConfineSpawn("pid out of range".into()))?;
-    let rpid = Pid::from_raw(raw).ok_or_else(|| Error::ConfineSpawn("pid 0".into()))?;
-    let mut killed_by_executor = false;
-    if let Ok(pidfd) = rustix::process::pidfd_open(rpid, PidfdFlags::empty()) {
-        let start = Instant::now();
-        loop {
-            let left = deadline.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                let _ = rustix::process::kill_process(rpid, Signal::KILL);
-                killed_by_executor = true;
-                break;
-            }
-            let ts = Timespec {
-                tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
-                tv_nsec: i64::from(left.subsec_nanos()),
-            };
-            let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
-            match rustix::event::poll(&mut fds, Some(&ts)) {
-                Ok(n) if n > 0 => break,
-                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(Error::ConfineSpawn(format!("poll: {e}"))),
-            }
-        }
-    }
-    let mut status: libc::c_int = 0;
-    // SAFETY: rusage is plain old data; zeroed is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: `status` and `usage` are valid, exclusively borrowed
-        // out-parameters for the duration of the call; `raw` is our own
-        // child, not yet reaped (std's Child is never waited on).
-        let r = unsafe { libc::wait4(raw, &mut status, 0, &mut usage) };
-        if r == raw {
-            break;
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::ConfineSpawn(format!("wait4: {err}")));
-        }
-    }
-    let ms = |tv: libc::timeval| {
-        u64::try_from(tv.tv_sec).unwrap_or(0) * 1000 + u64::try_from(tv.tv_usec).unwrap_or(0) / 1000
-    };
-    Ok(Waited {
-        status,
-        cpu_ms: ms(usage.ru_utime) + ms(usage.ru_stime),
-        peak_rss_kib: u64::try_from(usage.ru_maxrss).unwrap_or(0),
-        killed_by_executor,
-    })
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| Error::ConfineSpawn(format!("pipe: {e}")))
 }
 
 /// Recursively hands a freshly made tree to `uid:gid`, never following a
@@ -174,19 +162,108 @@ pub fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
 }
 
 impl Runner {
-    /// The sandbox policy for one command (the helper's options are
-    /// [`Policy::to_args`] plus `--report`).
-    pub fn policy(&self, workspace: &Path, workdir: &Path, tmp: &Path, timeout: u32) -> Policy {
-        let l = &self.limits;
-        let tmp_s = tmp.to_string_lossy().into_owned();
-        let ceiling = workspace
+    /// Wraps a started spawner.
+    pub fn new(spawner: Spawner, tail_bytes: usize) -> Runner {
+        let hello = spawner.hello().clone();
+        Runner {
+            spawner: Mutex::new(spawner),
+            hello,
+            tail_bytes,
+        }
+    }
+
+    /// The view commands get.
+    pub fn view(&self) -> ViewMode {
+        self.hello.view
+    }
+
+    /// What the spawner reported when it started.
+    pub fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    /// The job for one command: the workspace, its working directory
+    /// (`cwd`, relative, already checked to exist), HOME and TMPDIR.
+    /// `scratch` is a per-request directory the command cannot otherwise
+    /// reach (the host view's private TMPDIR lives there).
+    pub fn job(
+        &self,
+        cmd: &Command,
+        ws: &WorkspaceSource,
+        scratch: &Path,
+        index: usize,
+    ) -> Result<Job> {
+        let setup = |e: std::io::Error, p: &Path| Error::Setup {
+            path: p.to_owned(),
+            detail: e.to_string(),
+        };
+        let mut env: Vec<(String, String)> = Vec::new();
+        let (binds, overlay, root) = match (self.hello.view, ws) {
+            (ViewMode::MinimalRoot, WorkspaceSource::Overlay { lower, upper, work }) => (
+                Vec::new(),
+                Some(Overlay {
+                    lower: lower.clone(),
+                    upper: upper.clone(),
+                    work: work.clone(),
+                    target: VIEW_WORKSPACE.into(),
+                }),
+                PathBuf::from(VIEW_WORKSPACE),
+            ),
+            (ViewMode::MinimalRoot, WorkspaceSource::Dir(dir)) => (
+                vec![Bind {
+                    source: dir.clone(),
+                    target: VIEW_WORKSPACE.into(),
+                }],
+                None,
+                PathBuf::from(VIEW_WORKSPACE),
+            ),
+            (ViewMode::HostView, WorkspaceSource::Dir(dir)) => {
+                let tmp = scratch.join(format!("tmp-{index}"));
+                {
+                    use std::os::unix::fs::DirBuilderExt;
+                    std::fs::DirBuilder::new()
+                        .mode(0o700)
+                        .create(&tmp)
+                        .map_err(|e| setup(e, &tmp))?;
+                }
+                let (uid, gid) = self.hello.ids;
+                if rustix::process::geteuid().is_root() {
+                    chown_tree(&tmp, uid, gid).map_err(|e| setup(e, &tmp))?;
+                }
+                let t = tmp.to_string_lossy().into_owned();
+                env.push(("HOME".into(), t.clone()));
+                env.push(("TMPDIR".into(), t));
+                (
+                    vec![
+                        Bind {
+                            source: dir.clone(),
+                            target: dir.clone(),
+                        },
+                        Bind {
+                            source: tmp.clone(),
+                            target: tmp,
+                        },
+                    ],
+                    None,
+                    dir.clone(),
+                )
+            }
+            (ViewMode::HostView, WorkspaceSource::Overlay { .. }) => {
+                return Err(Error::ConfineSpawn(
+                    "an overlay workspace needs the minimal root".into(),
+                ));
+            }
+        };
+        if self.hello.view == ViewMode::MinimalRoot {
+            env.push(("HOME".into(), "/tmp".into()));
+            env.push(("TMPDIR".into(), "/tmp".into()));
+        }
+        let ceiling = root
             .parent()
-            .unwrap_or(workspace)
+            .unwrap_or(&root)
             .to_string_lossy()
             .into_owned();
-        let env = [
-            ("HOME", tmp_s.as_str()),
-            ("TMPDIR", tmp_s.as_str()),
+        for (k, v) in [
             ("GIT_CONFIG_NOSYSTEM", "1"),
             ("GIT_CONFIG_GLOBAL", "/dev/null"),
             ("GIT_CEILING_DIRECTORIES", ceiling.as_str()),
@@ -195,119 +272,70 @@ impl Runner {
             ("PAGER", "cat"),
             ("PYTHONNOUSERSITE", "1"),
             ("PYTHONHASHSEED", "0"),
-        ]
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-        Policy {
-            uid: self.ids.map(|(u, _)| u),
-            gid: self.ids.map(|(_, g)| g),
-            ro: Vec::new(),
-            rw: vec![workspace.to_owned(), tmp.to_owned()],
-            workdir: Some(workdir.to_owned()),
-            system_ro: true,
-            limits: Limits {
-                nproc: Some(u64::from(l.processes)),
-                address_space: Some(u64::from(l.address_space_mib) << 20),
-                file_size: Some(u64::from(l.file_size_mib) << 20),
-                open_files: Some(u64::from(l.open_files)),
-                cpu_seconds: Some(u64::from(l.cpu_seconds)),
-            },
-            allow_degraded: self.allow_degraded,
-            timeout: Some(Duration::from_secs(u64::from(timeout))),
-            env,
-            ..Policy::default()
+        ] {
+            env.push((k.into(), v.into()));
         }
+        let workdir = if cmd.cwd == "." {
+            root
+        } else {
+            root.join(&cmd.cwd)
+        };
+        Ok(Job {
+            binds,
+            overlay,
+            workdir,
+            env,
+            argv: cmd.argv.iter().map(Into::into).collect(),
+            timeout: Some(Duration::from_secs(u64::from(cmd.timeout_seconds))),
+        })
     }
 
     /// Runs `cmd` (already allowed by the program policy) in a fresh
-    /// sandbox. `scratch` is a per-request directory the command cannot
-    /// reach, holding its private tmp and the helper's report.
+    /// sandbox.
     pub fn run(
         &self,
         cmd: &Command,
-        ws: &Workspace,
+        ws: &WorkspaceSource,
         scratch: &Path,
         index: usize,
     ) -> Result<(CommandEvidence, Confinement)> {
-        // The working directory must be a real directory beneath the
-        // workspace now (a previous command may have replaced it).
-        let workdir = if cmd.cwd == "." {
-            ws.path().to_owned()
-        } else {
-            match beneath::dir(ws.root(), &cmd.cwd, false)? {
-                Some(_) => ws.path().join(&cmd.cwd),
-                None => {
-                    return Err(Error::PathInvalid {
-                        path: cmd.cwd.clone(),
-                        why: "working directory does not exist",
-                    });
-                }
-            }
-        };
-        let tmp = scratch.join(format!("tmp-{index}"));
-        let report = scratch.join(format!("report-{index}.json"));
-        let setup = |e: std::io::Error, p: &Path| Error::Setup {
-            path: p.to_owned(),
-            detail: e.to_string(),
-        };
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&tmp)
-                .map_err(|e| setup(e, &tmp))?;
-        }
-        if let Some((uid, gid)) = self.ids {
-            chown_tree(&tmp, uid, gid).map_err(|e| setup(e, &tmp))?;
-        }
-        let mut child = std::process::Command::new(&self.confine);
-        child
-            .args(
-                self.policy(ws.path(), &workdir, &tmp, cmd.timeout_seconds)
-                    .to_args(),
-            )
-            .arg("--report")
-            .arg(&report)
-            .arg("--")
-            .args(&cmd.argv)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .current_dir(scratch)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // The helper leads its own process group so that a stray signal
-        // to the executor's group does not reach it.
-        child.process_group(0);
-        let started = Instant::now();
-        let mut child = child
-            .spawn()
-            .map_err(|e| Error::ConfineSpawn(format!("{}: {e}", self.confine.display())))?;
+        let job = self.job(cmd, ws, scratch, index)?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
         let keep = self.tail_bytes;
-        let out = child.stdout.take().map(|s| capture(s, keep));
-        let err = child.stderr.take().map(|s| capture(s, keep));
-        let deadline = Duration::from_secs(u64::from(cmd.timeout_seconds)) + HELPER_GRACE;
-        let waited = wait_helper(child.id(), deadline)?;
+        let started = Instant::now();
+        let out = capture(out_r, keep);
+        let err = capture(err_r, keep);
+        let report = {
+            let mut spawner = self
+                .spawner
+                .lock()
+                .map_err(|_| Error::ConfineSpawn("spawner lock poisoned".into()))?;
+            spawner.run(
+                &job,
+                Stdio {
+                    stdout: out_w,
+                    stderr: err_w,
+                },
+                HELPER_GRACE,
+            )
+        };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if waited.killed_by_executor {
-            // The readers are left to finish when the last writer dies.
-            return Err(Error::ConfineReport(format!(
-                "{}: the helper outlived the timeout by {}s and was killed",
-                cmd.label,
-                HELPER_GRACE.as_secs()
-            )));
-        }
-        let join = |h: Option<std::thread::JoinHandle<Captured>>| {
-            h.and_then(|h| h.join().ok()).unwrap_or(Captured {
+        let report = report.map_err(|e| Error::ConfineReport(format!("{}: {e}", cmd.label)))?;
+        let join = |h: std::thread::JoinHandle<Captured>| {
+            h.join().unwrap_or(Captured {
                 sha256: hex::encode(Sha256::digest(b"")),
                 tail: String::new(),
             })
         };
         let (stdout, stderr) = (join(out), join(err));
-        let report_value = read_report(&report)?;
-        let (exit_code, signal, timed_out) = outcome(&cmd.label, &report_value)?;
-        let _ = waited.status;
+        if report.schema != REPORT_SCHEMA {
+            return Err(Error::ConfineReport(format!(
+                "unknown schema {:?}",
+                report.schema
+            )));
+        }
+        let (exit_code, signal, timed_out) = outcome(&cmd.label, &report)?;
         let evidence = CommandEvidence {
             label: cmd.label.clone(),
             argv_sha256: digest_of(&cmd.argv).map_err(|e| Error::ConfineSpawn(e.to_string()))?,
@@ -315,32 +343,15 @@ impl Runner {
             signal,
             timed_out,
             duration_ms,
-            cpu_ms: waited.cpu_ms,
-            peak_rss_kib: waited.peak_rss_kib,
+            cpu_ms: report.cpu_ms,
+            peak_rss_kib: report.peak_rss_kib,
             stdout_sha256: stdout.sha256,
             stderr_sha256: stderr.sha256,
             stdout_tail: stdout.tail,
             stderr_tail: stderr.tail,
         };
-        Ok((evidence, confinement(&report_value)))
+        Ok((evidence, confinement(&report)))
     }
-}
-
-fn read_report(path: &Path) -> Result<Report> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::ConfineReport(format!("{}: {e}", path.display())))?;
-    if bytes.len() > 1 << 20 {
-        return Err(Error::ConfineReport("report larger than 1 MiB".into()));
-    }
-    let report: Report = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::ConfineReport(format!("{}: {e}", path.display())))?;
-    if report.schema != REPORT_SCHEMA {
-        return Err(Error::ConfineReport(format!(
-            "unknown schema {:?}",
-            report.schema
-        )));
-    }
-    Ok(report)
 }
 
 /// (exit code, signal, timed out) from the report's outcome.
@@ -350,7 +361,7 @@ fn outcome(label: &str, report: &Report) -> Result<(Option<i32>, Option<i32>, bo
         Outcome::Signaled { signal } => Ok((None, Some(*signal), false)),
         Outcome::TimedOut => Ok((None, None, true)),
         Outcome::Interrupted { signal } => Err(Error::ConfineReport(format!(
-            "{label}: the helper was interrupted by signal {signal}"
+            "{label}: the spawner was interrupted by signal {signal}"
         ))),
         Outcome::Failed { code, message, .. } => Err(Error::Confine {
             label: label.to_owned(),
@@ -368,6 +379,7 @@ fn confinement(report: &Report) -> Confinement {
         ("net", n.net),
         ("pid", n.pid),
         ("proc", n.proc),
+        ("root", n.root),
         ("shm", n.shm),
         ("tmp", n.tmp),
         ("user", n.user),
@@ -383,5 +395,6 @@ fn confinement(report: &Report) -> Confinement {
         landlock_full: landlock.is_some_and(|l| l.status == "full") && !report.degraded,
         seccomp: report.seccomp,
         namespaces,
+        view: report.view,
     }
 }

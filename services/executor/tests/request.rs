@@ -1,7 +1,7 @@
 //! A request end to end through `request::handle`, up to (not including)
 //! the sandbox: every refusal before a command runs, with its code, and
-//! the workspace removed afterwards. The helper path is deliberately
-//! missing, so a command that did run would show up as SANDBOX_UNAVAILABLE.
+//! the workspace removed afterwards. There is deliberately no spawner, so
+//! a command that did run would show up as SANDBOX_UNAVAILABLE.
 
 mod common;
 
@@ -10,14 +10,12 @@ use airlock_executor::extract::ArchiveLimits;
 use airlock_executor::policy::ProgramPolicy;
 use airlock_executor::request::{Settings, handle};
 use airlock_executor::result::Answer;
-use airlock_executor::run::Runner;
 use airlock_proto::bundle::ExecRequest;
 use common::*;
 use serde_json::json;
 
 fn settings(work: &std::path::Path) -> Settings {
     let config = airlock_config::Config::default();
-    let l = &config.executor.limits;
     Settings {
         programs: ProgramPolicy::from_config(&config.executor),
         credentials: CredentialPolicy::default(),
@@ -29,13 +27,7 @@ fn settings(work: &std::path::Path) -> Settings {
         },
         max_archive_bytes: 1 << 20,
         max_file_bytes: 1 << 20,
-        runner: Runner {
-            confine: work.join("no-such-helper"),
-            ids: None,
-            limits: l.clone(),
-            allow_degraded: false,
-            tail_bytes: 4096,
-        },
+        runner: None,
         work_root: work.to_owned(),
         own: None,
     }

@@ -1,5 +1,5 @@
 //! The real executor binary, in a fresh network namespace (`unshare -n`),
-//! with the real airlock-confine: the start-up refusals, `run-once`, and
+//! with its real spawner: the start-up refusals, `run-once`, and
 //! the `serve` loop answering spooled requests.
 
 mod common;
@@ -10,32 +10,9 @@ use airlock_spool::{Kind, Spool, Wake};
 use base64::Engine;
 use common::*;
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-/// airlock-confine from this profile's target directory, built on demand
-/// when only this package's tests were built.
-fn confine() -> PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let path = profile_dir().join("airlock-confine");
-        if !path.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut build = Command::new(cargo);
-            build.args(["build", "-p", "airlock-confine"]);
-            if profile_dir().file_name().and_then(|n| n.to_str()) == Some("release") {
-                build.arg("--release");
-            }
-            let status = build.status().expect("cargo build -p airlock-confine");
-            assert!(status.success(), "building airlock-confine failed");
-        }
-        assert!(path.exists(), "{} missing", path.display());
-        path
-    })
-    .clone()
-}
 
 /// The executor in a new network namespace with an empty environment.
 fn executor(args: &[&str]) -> Command {
@@ -120,7 +97,8 @@ fn check_happy_result(r: &ExecResult, request: &ExecRequest) {
     assert_eq!(r.confinement.landlock, "full");
     assert!(r.confinement.landlock_abi >= 1);
     assert!(r.confinement.seccomp);
-    for ns in ["net", "pid"] {
+    assert_eq!(r.confinement.view, "minimal-root");
+    for ns in ["mount", "pid", "ipc", "proc", "tmp", "root"] {
         assert!(
             r.confinement.namespaces.iter().any(|n| n == ns),
             "{:?}",
@@ -138,7 +116,6 @@ fn refuses_to_start_when_not_isolated() {
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     Spool::create_layout(&spool).unwrap();
-    let confine = confine();
     let work = dir.path().join("work");
     let base = [
         "serve",
@@ -146,8 +123,6 @@ fn refuses_to_start_when_not_isolated() {
         spool.to_str().unwrap(),
         "--worker-uid",
         "0",
-        "--confine",
-        confine.to_str().unwrap(),
         "--work",
         work.to_str().unwrap(),
     ];
@@ -226,7 +201,6 @@ fn run_once_applies_verifies_and_binds_the_result() {
     std::fs::write(&arc_path, &archive).unwrap();
     let out_path = dir.path().join("out").join("result.json");
     std::fs::create_dir(out_path.parent().unwrap()).unwrap();
-    let confine = confine();
     let out = executor(&[
         "run-once",
         "--request",
@@ -235,8 +209,6 @@ fn run_once_applies_verifies_and_binds_the_result() {
         arc_path.to_str().unwrap(),
         "--out",
         out_path.to_str().unwrap(),
-        "--confine",
-        confine.to_str().unwrap(),
         "--work",
         dir.path().join("work").to_str().unwrap(),
     ])
@@ -272,7 +244,6 @@ fn serve_answers_each_spooled_request_once() {
     Spool::create_layout(&root).unwrap();
     let spool = Spool::open(&root).unwrap();
     let mut watcher = spool.watch(&[Kind::Results, Kind::Failed]).unwrap();
-    let confine = confine();
     let log = std::fs::File::create(dir.path().join("executor.log")).unwrap();
     let child = executor(&[
         "serve",
@@ -280,8 +251,6 @@ fn serve_answers_each_spooled_request_once() {
         root.to_str().unwrap(),
         "--worker-uid",
         "0",
-        "--confine",
-        confine.to_str().unwrap(),
         "--work",
         dir.path().join("work").to_str().unwrap(),
     ])
@@ -521,7 +490,6 @@ fn source_capture_returns_files_and_denies_credentials() {
         std::fs::write(&req_path, serde_json::to_vec(&request).unwrap()).unwrap();
         std::fs::write(&arc_path, &archive).unwrap();
         let out_path = dir.path().join(format!("{name}.out.json"));
-        let confine = confine();
         let out = executor(&[
             "run-once",
             "--request",
@@ -530,8 +498,6 @@ fn source_capture_returns_files_and_denies_credentials() {
             arc_path.to_str().unwrap(),
             "--out",
             out_path.to_str().unwrap(),
-            "--confine",
-            confine.to_str().unwrap(),
             "--work",
             dir.path().join("work").to_str().unwrap(),
         ])
@@ -576,7 +542,6 @@ fn run_once_as_an_unprivileged_user() {
         std::os::unix::fs::chown(p, Some(UID), Some(UID)).unwrap();
     }
     let out_path = dir.path().join("result.json");
-    let confine = confine();
     let out = Command::new("unshare")
         .args([
             "-n",
@@ -596,8 +561,6 @@ fn run_once_as_an_unprivileged_user() {
             arc_path.to_str().unwrap(),
             "--out",
             out_path.to_str().unwrap(),
-            "--confine",
-            confine.to_str().unwrap(),
             "--work",
             dir.path().join("work").to_str().unwrap(),
         ])

@@ -1023,6 +1023,7 @@ mod tests {
                 landlock: "full".into(),
                 seccomp: true,
                 namespaces: vec![],
+                view: "minimal-root".into(),
             },
         }
     }

@@ -85,16 +85,19 @@ fn io<E: fmt::Display>(what: impl fmt::Display) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
-/// How the executor's helper gets (or does not get) its namespaces.
+/// Which view the executor's commands get.
 #[derive(Clone, Debug)]
 pub enum Mode {
-    /// The helper creates user, pid, net, ipc, uts and mount namespaces (an
-    /// executor run by hand or under another init).
-    Namespaces,
-    /// The executor unit's `RestrictNamespaces=yes`, emulated by running the
-    /// executor under this wrapper (`airlock-escape-restrict-namespaces`):
-    /// no namespace at all, as in production under systemd.
-    RestrictNamespaces(PathBuf),
+    /// The minimal root: the spawner creates a user and a mount namespace,
+    /// each command its own mount, pid and IPC namespaces, and sees only
+    /// its workspace, a private /tmp, its /proc, a minimal /dev and
+    /// read-only system paths (the executor by hand, or under its unit).
+    MinimalRoot,
+    /// The host view, where the kernel refuses namespaces (user namespaces
+    /// disabled or restricted), emulated by running the executor under
+    /// this wrapper (`airlock-escape-no-namespaces`): Landlock, seccomp
+    /// (every metadata call by path refused), rlimits and the subreaper.
+    HostView(PathBuf),
     /// The control: the same command as the same kind of uid, in the same
     /// network and mount namespace setup with the same fixtures, run
     /// directly (`setpriv … python3`), without the executor or any sandbox.
@@ -106,16 +109,16 @@ impl Mode {
     /// A short name for the report.
     pub fn name(&self) -> &'static str {
         match self {
-            Mode::Namespaces => "namespaces",
-            Mode::RestrictNamespaces(_) => "restrict-namespaces",
+            Mode::MinimalRoot => "minimal-root",
+            Mode::HostView(_) => "host-view",
             Mode::Control => "control",
         }
     }
 
     fn uid_offset(&self) -> u32 {
         match self {
-            Mode::Namespaces => 0,
-            Mode::RestrictNamespaces(_) => 100,
+            Mode::MinimalRoot => 0,
+            Mode::HostView(_) => 100,
             Mode::Control => 200,
         }
     }
@@ -272,23 +275,19 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
-/// The executor and helper binaries of this build.
+/// The executor binary of this build (its spawner starts every command).
 #[derive(Clone, Debug)]
 pub struct Bins {
     /// airlock-executor.
     pub executor: PathBuf,
-    /// airlock-confine.
-    pub confine: PathBuf,
 }
 
 impl Bins {
     /// The binaries beside this test binary's profile (`target/<profile>`),
     /// built with cargo only when they are missing. Never rebuilt when
     /// present: a rebuild with this package's feature set would replace
-    /// the binaries other tests are running at that moment (a running
-    /// executor's Landlock grant names the old airlock-confine inode, so it
-    /// could no longer start its helper). `./scripts/test` builds them all
-    /// first.
+    /// the binaries other tests are running at that moment. `./scripts/test`
+    /// builds them all first.
     pub fn locate() -> Res<Bins> {
         let exe = std::env::current_exe().map_err(io("current_exe"))?;
         // target/<profile>/deps/<test>-<hash>
@@ -299,21 +298,13 @@ impl Bins {
             .to_owned();
         let bins = Bins {
             executor: profile.join("airlock-executor"),
-            confine: profile.join("airlock-confine"),
         };
-        let missing = !bins.executor.exists() || !bins.confine.exists();
+        let missing = !bins.executor.exists();
         if let (true, Ok(cargo), Some(target)) = (missing, std::env::var("CARGO"), profile.parent())
         {
             let mut build = Command::new(cargo);
             build
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "airlock-executor",
-                    "-p",
-                    "airlock-confine",
-                ])
+                .args(["build", "--quiet", "-p", "airlock-executor"])
                 .env("CARGO_TARGET_DIR", target)
                 .current_dir(env!("CARGO_MANIFEST_DIR"));
             if profile.file_name().and_then(|n| n.to_str()) == Some("release") {
@@ -321,10 +312,10 @@ impl Bins {
             }
             let status = build.status().map_err(io("cargo build"))?;
             if !status.success() {
-                return Err("cargo build -p airlock-executor -p airlock-confine failed".into());
+                return Err("cargo build -p airlock-executor failed".into());
             }
         }
-        for b in [&bins.executor, &bins.confine] {
+        for b in [&bins.executor] {
             if !b.exists() {
                 return Err(format!("{} is missing", b.display()));
             }
@@ -884,6 +875,7 @@ impl Suite {
         mkdir(&dir.join("gap"), 0o755, None)?;
         let gap_file = dir.join("gap").join("file.txt");
         put(&gap_file, b"gap\n", 0o644, Some(uid))?;
+        set_keep_xattr(&gap_file)?;
         // A sibling request's workspace in the same work root (same uid).
         let sibling = dir
             .join("work")
@@ -902,7 +894,42 @@ impl Suite {
             .map_err(io("marker pid"))?;
 
         let out_path = dir.join("out").join("result.json");
-        let args = self.args(probe, &own, &gap_file, &sibling, &out_path, &marker_info);
+        let spool = self.spool_answers(&dir, uid)?;
+        // Metadata outside that the probe's uid owns: checked after every
+        // probe, whatever it tried.
+        let meta_targets: Vec<PathBuf> = std::iter::once(gap_file.clone())
+            .chain(spool.iter().cloned())
+            .collect();
+        let meta_before = meta_targets
+            .iter()
+            .map(|p| metadata_of(p))
+            .collect::<Res<Vec<_>>>()?;
+        let meta_changes = || -> Vec<String> {
+            meta_targets
+                .iter()
+                .zip(&meta_before)
+                .filter_map(|(p, before)| match metadata_of(p) {
+                    Ok(now) if now == *before => None,
+                    Ok(now) => Some(format!(
+                        "metadata of {} changed: {before:?} -> {now:?}",
+                        p.display()
+                    )),
+                    Err(e) => Some(format!("metadata of {}: {e}", p.display())),
+                })
+                .collect()
+        };
+        let args = self.args(
+            probe,
+            mode,
+            &Targets {
+                own: &own,
+                gap: &gap_file,
+                sibling: &sibling,
+                spool: &spool,
+            },
+            &out_path,
+            &marker_info,
+        );
         let (request, archive) = build_request(probe, index, &args)?;
         let req_path = dir.join("request.json");
         let arc_path = dir.join("source.tar");
@@ -925,6 +952,7 @@ impl Suite {
                 &own,
                 &own_content,
                 ran,
+                meta_changes(),
             );
         }
         let executor_log =
@@ -997,6 +1025,7 @@ impl Suite {
                 problems.push(e);
             }
         }
+        problems.extend(meta_changes());
 
         let result: Option<ExecResult> = serde_json::from_slice(&answer).ok();
         let Some(result) = result else {
@@ -1016,6 +1045,16 @@ impl Suite {
         };
         if let Err(e) = result.validate_against(&request) {
             problems.push(format!("the answer is not bound to the request: {e}"));
+        }
+        let view = match mode {
+            Mode::MinimalRoot => "minimal-root",
+            _ => "host-view",
+        };
+        if result.confinement.view != view {
+            return Ok(Verdict::Inconclusive(format!(
+                "the commands got the {} view, not the {view}",
+                result.confinement.view
+            )));
         }
         if result.confinement.landlock != "full" || !result.confinement.seccomp {
             return Ok(Verdict::Inconclusive(format!(
@@ -1145,20 +1184,27 @@ impl Suite {
     fn args(
         &self,
         probe: &Probe,
-        own: &Path,
-        gap: &Path,
-        sibling: &Path,
+        mode: &Mode,
+        t: &Targets<'_>,
         out: &Path,
         marker: &Value,
     ) -> Value {
         let mut a = serde_json::Map::new();
-        a.insert("errnos".into(), json!(probe.errnos));
+        // In the minimal root what lies outside the view does not exist
+        // (ENOENT; the control shows each target exists) and the view's own
+        // frame is a read-only mount (EROFS): both mean blocked there.
+        let mut errnos: Vec<&str> = probe.errnos.to_vec();
+        if matches!(mode, Mode::MinimalRoot) && !errnos.is_empty() {
+            errnos.extend(["ENOENT", "EROFS"]);
+        }
+        a.insert("errnos".into(), json!(errnos));
         for (k, v) in &self.fixtures {
             a.insert((*k).into(), json!(v));
         }
-        a.insert("own".into(), json!(own));
-        a.insert("gap_file".into(), json!(gap));
-        a.insert("sibling_secret".into(), json!(sibling.join("secret.txt")));
+        a.insert("own".into(), json!(t.own));
+        a.insert("gap_file".into(), json!(t.gap));
+        a.insert("sibling_secret".into(), json!(t.sibling.join("secret.txt")));
+        a.insert("spool_answers".into(), json!(t.spool));
         a.insert("out_path".into(), json!(out));
         a.insert("marker".into(), marker.clone());
         a.insert("ports".into(), self.ports.clone());
@@ -1210,7 +1256,7 @@ impl Suite {
             &uid.to_string(),
             "--clear-groups",
         ]);
-        if let Mode::RestrictNamespaces(wrapper) = mode {
+        if let Mode::HostView(wrapper) = mode {
             cmd.arg(wrapper);
         }
         cmd.arg(&self.bins.executor)
@@ -1221,8 +1267,6 @@ impl Suite {
             .arg(archive)
             .arg("--out")
             .arg(out)
-            .arg("--confine")
-            .arg(&self.bins.confine)
             .arg("--work")
             .arg(&work)
             .env_clear()
@@ -1245,6 +1289,82 @@ impl Suite {
         }
         Ok(fs::read_to_string(&log_path).unwrap_or_default())
     }
+}
+
+/// Files a probe aims at, made fresh for each run.
+struct Targets<'a> {
+    own: &'a Path,
+    gap: &'a Path,
+    sibling: &'a Path,
+    spool: &'a [PathBuf],
+}
+
+/// The extended attribute every metadata target carries (a probe tries to
+/// remove it).
+pub const KEEP_XATTR: &str = "user.airlock-keep";
+
+impl Suite {
+    /// Another request's answers in a spool laid out as the executor's:
+    /// `results/` and `failed/` files owned by the executor's uid (here the
+    /// probe's), as `tmpfiles/airlock.conf` and the spool code make them.
+    fn spool_answers(&self, dir: &Path, uid: u32) -> Res<Vec<PathBuf>> {
+        let spool = dir.join("spool");
+        mkdir(&spool, 0o755, None)?;
+        let mut out = Vec::new();
+        for (sub, name) in [
+            ("results", format!("r{}.json", "1".repeat(40))),
+            ("failed", format!("r{}.json", "2".repeat(40))),
+        ] {
+            mkdir(&spool.join(sub), 0o2750, Some(uid))?;
+            let f = spool.join(sub).join(name);
+            put(&f, b"{\"answer\":\"another request's\"}", 0o640, Some(uid))?;
+            set_keep_xattr(&f)?;
+            out.push(f);
+        }
+        Ok(out)
+    }
+}
+
+/// Sets [`KEEP_XATTR`] on `path`.
+fn set_keep_xattr(path: &Path) -> Res<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(io("path"))?;
+    let name = std::ffi::CString::new(KEEP_XATTR).map_err(io("xattr"))?;
+    // SAFETY: both strings are NUL-terminated and live across the call; the
+    // value is a 1-byte buffer.
+    let r = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    if r != 0 {
+        return Err(format!(
+            "setxattr {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Mode, owner, size, modification time and [`KEEP_XATTR`] of `path`.
+fn metadata_of(path: &Path) -> Res<(u32, u32, u64, i64, i64, bool)> {
+    let m = fs::symlink_metadata(path).map_err(io(path.display()))?;
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(io("path"))?;
+    let name = std::ffi::CString::new(KEEP_XATTR).map_err(io("xattr"))?;
+    let mut buf = [0u8; 8];
+    // SAFETY: NUL-terminated strings and a buffer of the length given.
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    Ok((
+        m.mode(),
+        m.uid(),
+        m.len(),
+        m.mtime(),
+        m.ctime(),
+        n == 1 && buf[0] == b'1',
+    ))
 }
 
 /// The shell run (as root) in the suite's network namespace and a private
@@ -1448,8 +1568,9 @@ exec \"$@\"
         own: &Path,
         own_content: &str,
         ran: ControlRun,
+        meta_changes: Vec<String>,
     ) -> Res<Verdict> {
-        let mut seen = Vec::new();
+        let mut seen = meta_changes;
         if !ran.outlived.is_empty() {
             seen.push(format!(
                 "still running after SIGTERM at the {} s timeout: {}",
@@ -1592,6 +1713,7 @@ fn harness_how(probe: &Probe) -> &'static str {
         "daemonize" => "no process of its uid outlived the command",
         "git_hooks" => "the result carries only the change set",
         "cleanup_symlink_trap" => "the clean-up followed no planted symlink",
+        "write_host_tmp" => "nothing appeared in the host's /tmp, /var/tmp or /dev/shm",
         "kill_everything" => {
             "the marker, the executor and the helper of the same uid received nothing"
         }
@@ -1613,6 +1735,7 @@ fn syscall_numbers() -> Value {
         ("fsopen", libc::SYS_fsopen),
         ("open_tree", libc::SYS_open_tree),
         ("chroot", libc::SYS_chroot),
+        ("fchownat", libc::SYS_fchownat),
         ("pivot_root", libc::SYS_pivot_root),
         ("unshare", libc::SYS_unshare),
         ("clone", libc::SYS_clone),

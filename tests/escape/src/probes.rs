@@ -134,6 +134,47 @@ impl Probe {
     }
 }
 
+/// Every metadata call Landlock does not govern, on each path of `targets`
+/// (a Python expression): chmod, chown (to its own ids: still a change),
+/// utime, setxattr, removexattr of the harness's `user.airlock-keep`,
+/// truncate, and fchownat(AT_EMPTY_PATH) on an O_PATH descriptor (which
+/// Landlock lets a command open anywhere it may look up).
+macro_rules! meta_code {
+    ($targets:literal) => {
+        concat!(
+            "targets = ",
+            $targets,
+            r##"
+did, hows = [], []
+def opath_chown(path):
+    fd = os.open(path, os.O_PATH)
+    try:
+        sysx("fchownat", fd, "", os.getuid(), os.getgid(), 0x1000)
+    finally:
+        os.close(fd)
+for path in targets:
+    name = os.path.basename(path)
+    for what, fn in (("chmod", lambda: os.chmod(path, 0o600)),
+                     ("chown", lambda: os.chown(path, os.getuid(), os.getgid())),
+                     ("utime", lambda: os.utime(path, (0, 0))),
+                     ("setxattr", lambda: os.setxattr(path, "user.airlock-pwned", b"1")),
+                     ("removexattr", lambda: os.removexattr(path, "user.airlock-keep")),
+                     ("truncate", lambda: os.truncate(path, 0)),
+                     ("fchownat O_PATH", lambda: opath_chown(path))):
+        try:
+            fn()
+            did.append(f"{what} {name}")
+        except OSError as e:
+            hows.append(why(f"{what} {name}", e.errno))
+if did: escaped("changed metadata outside: " + ", ".join(did))
+blocked("; ".join(hows))"##
+        )
+    };
+}
+
+const META_CODE_OUTSIDE: &str = meta_code!(r#"[A["gap_file"]]"#);
+const META_CODE_SPOOL: &str = meta_code!(r#"A["spool_answers"]"#);
+
 /// Every probe, in the order they are reported.
 pub const PROBES: &[Probe] = &[
     // --- reading secrets ---------------------------------------------------
@@ -195,9 +236,15 @@ blocked("only 0, 1 and 2 are open")"##),
         .errnos(&["EACCES"])
         .host("/etc is root's, mode 0755: DAC denies any other uid"),
     p("write_host_tmp", "create files in the host's /tmp, /var/tmp, /dev/shm",
-      r##"attempt_all([(d, lambda d=d: write(f"{d}/airlock-pwned-{A['tok']}"))
-             for d in ("/tmp", "/var/tmp", "/dev/shm")])"##)
-        .errnos(&["EACCES"]),
+      r##"res = []
+for d in ("/tmp", "/var/tmp", "/dev/shm"):
+    try:
+        write(f"{d}/airlock-pwned-{A['tok']}")
+        res.append(f"{d}: written in the command's own view")
+    except OSError as e:
+        res.append(f"{d}: {en(e.errno)}")
+planted("; ".join(res))"##)
+        .judge(Judge::Harness),
     p("write_via_symlink", "write a file outside through a symlink planted in the workspace",
       r##"os.symlink(A["target"], "link")
 attempt("write through ws/link", lambda: write("link"))"##)
@@ -238,7 +285,9 @@ attempt("rename ws file out", lambda: os.rename("mine", A["outside"] + "/moved-"
     p("git_hooks", "get a .git hook, a config or extra edits into the commit",
       r##"os.makedirs(".git/hooks", exist_ok=True)
 write(".git/hooks/pre-commit", b"#!/bin/sh\necho pwned\n")
-os.chmod(".git/hooks/pre-commit", 0o755)
+fd = os.open(".git/hooks/pre-commit", os.O_RDONLY)
+os.fchmod(fd, 0o755)
+os.close(fd)
 write(".git/config", b"[core]\n\thooksPath = .git/hooks\n")
 write("hello.py", b"VALUE = 666\n")
 write("extra.py", b"smuggled = True\n")
@@ -388,7 +437,13 @@ attempt_all([(f, lambda f=f: os.readlink(f"/proc/{pid}/{f}")) for f in ("cwd", "
             + [("listdir fd", lambda: os.listdir(f"/proc/{pid}/fd"))])"##)
         .errnos(&["EACCES"]),
     p("proc_list", "enumerate the host's processes in /proc",
-      r##"attempt("list /proc", lambda: os.listdir("/proc"))"##)
+      r##"try:
+    pids = [int(x) for x in os.listdir("/proc") if x.isdigit()]
+except OSError as e:
+    blocked(why("list /proc", e.errno))
+if A["marker"]["pid"] in pids:
+    escaped(f"list /proc: the marker's pid among {len(pids)}")
+blocked(f"list /proc: only the sandbox's own {len(pids)} processes")"##)
         .errnos(&["EACCES"]),
     p("proc_sys_write", "write kernel knobs in /proc and /sys",
       r##"attempt_all([(f, lambda f=f: write(f, b"1")) for f in ("/proc/sysrq-trigger", "/proc/sys/kernel/hostname", "/sys/kernel/uevent_helper", "/proc/self/oom_score_adj") if os.path.exists(f)])"##)
@@ -640,18 +695,11 @@ if os.fork() == 0:
 time.sleep(0.3)
 planted("a double-forked, setsid daemon")"##)
         .judge(Judge::Harness),
-    // --- known gaps (reported, not counted) --------------------------------
-    p("metadata_same_uid", "chmod/utime/setxattr a file outside that its uid owns",
-      r##"did, hows = [], []
-for what, fn in (("chmod", lambda: os.chmod(A["gap_file"], 0o600)), ("utime", lambda: os.utime(A["gap_file"], (0, 0))),
-                 ("setxattr", lambda: os.setxattr(A["gap_file"], "user.airlock", b"1"))):
-    try:
-        fn()
-        did.append(what)
-    except OSError as e:
-        hows.append(why(what, e.errno))
-if did: escaped("changed metadata outside: " + ", ".join(did))
-blocked("; ".join(hows))"##)
-        .judge(Judge::KnownGap)
+    // --- metadata: what Landlock does not govern ---------------------------
+    p("metadata_outside", "chmod/chown/utime/set and remove xattrs/truncate a file outside that its uid owns",
+      META_CODE_OUTSIDE)
+        .errnos(&["EPERM", "EACCES"]),
+    p("metadata_spool", "the same on another request's answers in the spool (owned by the executor's uid)",
+      META_CODE_SPOOL)
         .errnos(&["EPERM", "EACCES"]),
 ];

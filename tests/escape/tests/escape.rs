@@ -105,8 +105,8 @@ fn every_hostile_command_is_blocked() {
         control.probes()
     );
 
-    let wrapper = PathBuf::from(env!("CARGO_BIN_EXE_airlock-escape-restrict-namespaces"));
-    let modes = [Mode::Namespaces, Mode::RestrictNamespaces(wrapper)];
+    let wrapper = PathBuf::from(env!("CARGO_BIN_EXE_airlock-escape-no-namespaces"));
+    let modes = [Mode::MinimalRoot, Mode::HostView(wrapper)];
     let mut summaries: Vec<(&str, Summary)> = Vec::new();
     for mode in &modes {
         println!("== mode: {}", mode.name());

@@ -1,10 +1,12 @@
-//! `airlock-escape-restrict-namespaces PROGRAM [ARG…]`: runs PROGRAM the way
-//! systemd's `RestrictNamespaces=yes` (in the executor's unit) would: a
-//! seccomp filter makes unshare(2) and setns(2) fail with EPERM, clone(2)
-//! with any namespace flag fail with EPERM, and clone3(2) fail with ENOSYS
-//! (so that callers fall back to clone). The escape suite runs the
-//! executor under it to test the sandbox as production builds it: without
-//! namespaces, on Landlock, seccomp, rlimits and the subreaper alone.
+//! `airlock-escape-no-namespaces PROGRAM [ARG…]`: runs PROGRAM as on a host
+//! that refuses namespaces to it (user namespaces disabled by sysctl, or
+//! restricted as Ubuntu 24.04's AppArmor does; systemd's
+//! `RestrictNamespaces=yes` alike): a seccomp filter makes unshare(2) and
+//! setns(2) fail with EPERM, clone(2) with any namespace flag fail with
+//! EPERM, and clone3(2) fail with ENOSYS (so that callers fall back to
+//! clone). The escape suite runs the executor under it to test the host
+//! view: no minimal root, commands on Landlock, seccomp (every metadata
+//! call by path refused), rlimits and the subreaper alone.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -36,7 +38,7 @@ fn main() {
         .collect();
     assert!(
         !args.is_empty(),
-        "usage: airlock-escape-restrict-namespaces PROGRAM [ARG…]"
+        "usage: airlock-escape-no-namespaces PROGRAM [ARG…]"
     );
     let eperm = RET_ERRNO | libc::EPERM as u32;
     let enosys = RET_ERRNO | libc::ENOSYS as u32;
