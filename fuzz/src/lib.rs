@@ -69,7 +69,13 @@ pub fn extract(data: &[u8]) -> Result<(), String> {
     std::fs::create_dir(&ws_path).map_err(|e| format!("mkdir: {e}"))?;
     std::fs::write(outer.path().join("sentinel"), SENTINEL).map_err(|e| format!("{e}"))?;
     let ws = Workspace::open(&ws_path, 1 << 20).map_err(|e| format!("open: {e}"))?;
-    let _ = executor_extract(data, ws.root(), &limits(), &CredentialPolicy::default());
+    let _ = executor_extract(
+        data,
+        ws.root(),
+        &limits(),
+        &CredentialPolicy::default(),
+        airlock_proto::tree::ObjectFormat::Sha1,
+    );
     drop(ws);
     check_outer(outer.path())
 }
@@ -158,8 +164,7 @@ pub fn valid_request() -> Value {
         request_id: request_id_for("task-fuzz", 1, &env.execution_digest),
         attempt: 1,
         envelope: env.to_value(),
-        source_archive_sha256: "0".repeat(64),
-        source_archive_bytes: 10,
+        source_tree: "0".repeat(40),
     };
     serde_json::to_value(&r).expect("request")
 }
@@ -196,7 +201,8 @@ pub fn request_corpus() -> Vec<Vec<u8>> {
         ("/envelope/change_set/0/operation", json!("chmod")),
         ("/envelope/governance", json!({"force_push": true})),
         ("/attempt", json!(4_294_967_296u64)),
-        ("/source_archive_bytes", json!(-5)),
+        ("/source_tree", json!("../../x")),
+        ("/source_tree", json!("A".repeat(40))),
         ("/request_id", json!("../../x")),
         ("/schema", json!(null)),
         ("/envelope", json!([])),

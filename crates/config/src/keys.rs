@@ -437,13 +437,13 @@ pub const KEYS: &[KeySpec] = &[
         "spool.root",
         Kind::Path,
         "\"/var/spool/airlock\"",
-        "Root of the spool; holds requests/, sources/, results/ and failed/.",
+        "Root of the spool; holds requests/, sources/, results/, failed/ and wants/.",
     ),
     key(
         "spool.max_file_bytes",
         int(MIB, 4 * GIB),
-        "67108864",
-        "Largest file either side reads from the spool, in bytes. At least executor.limits.max_archive_bytes, since source archives cross the spool.",
+        "1073741824",
+        "Largest file either side reads from the spool, in bytes. At least executor.limits.max_archive_bytes, since source archives cross the spool (only when the executor lacks a tree).",
     ),
     key(
         "spool.exchange_group",
@@ -505,6 +505,18 @@ pub const KEYS: &[KeySpec] = &[
         "[]",
         "Credential-like repository paths (such as .env or *.pem) that changes and source captures may touch anyway; any other is refused with CREDENTIAL_PATH_DENIED. Each entry must be a path the credential policy would otherwise refuse, so a typo cannot pass unnoticed.",
     ),
+    key(
+        "executor.tree_cache_entries",
+        int(1, 1_000),
+        "8",
+        "Most source trees the executor keeps extracted (its tree cache, keyed by git tree id); the least recently used go first. A request whose tree is cached costs no archive and no extraction.",
+    ),
+    key(
+        "executor.tree_cache_mib",
+        int(64, 16 * 1_048_576),
+        "8192",
+        "Most MiB of files the tree cache keeps (a tree larger than this alone is kept only while it is used).",
+    ),
     // ---- [executor.limits] -------------------------------------------------
     section(
         "executor.limits",
@@ -544,14 +556,14 @@ pub const KEYS: &[KeySpec] = &[
     key(
         "executor.limits.max_archive_bytes",
         int(1_024, 4 * GIB),
-        "67108864",
-        "Largest source archive the executor accepts, in bytes (SOURCE_ARCHIVE_INVALID beyond it).",
+        "1073741824",
+        "Largest source archive the executor accepts, in bytes (SOURCE_ARCHIVE_INVALID beyond it). 1 GiB: an uncompressed tar spends 512 to 1024 bytes of headers per file, about 100 MiB for 100,000 files, before their content; it crosses the spool only when the executor lacks the tree.",
     ),
     key(
         "executor.limits.max_archive_entries",
         int(1, 1_000_000),
-        "20000",
-        "Most entries in a source archive (SOURCE_ARCHIVE_LIMIT_EXCEEDED beyond it).",
+        "250000",
+        "Most entries in a source archive (SOURCE_ARCHIVE_LIMIT_EXCEEDED beyond it). 250,000: a 100,000-file repository works out of the box, with room; the worker archives files only, and a cached tree costs nothing per request whatever its size.",
     ),
     key(
         "executor.limits.max_file_bytes",
@@ -562,8 +574,8 @@ pub const KEYS: &[KeySpec] = &[
     key(
         "executor.limits.max_total_bytes",
         int(1, 16 * GIB),
-        "268435456",
-        "Largest sum of extracted file sizes, in bytes (SOURCE_ARCHIVE_LIMIT_EXCEEDED beyond it).",
+        "2147483648",
+        "Largest sum of extracted file sizes, in bytes (SOURCE_ARCHIVE_LIMIT_EXCEEDED beyond it). 2 GiB, for mid-size repositories; each tree is extracted once into the cache.",
     ),
     key(
         "executor.limits.max_expansion_ratio",

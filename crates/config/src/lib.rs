@@ -196,7 +196,7 @@ impl Default for Worker {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Spool {
-    /// Root of `requests/`, `sources/`, `results/` and `failed/`.
+    /// Root of `requests/`, `sources/`, `results/`, `failed/` and `wants/`.
     pub root: PathBuf,
     /// Largest file either side accepts from the spool, in bytes.
     pub max_file_bytes: u64,
@@ -208,7 +208,7 @@ impl Default for Spool {
     fn default() -> Self {
         Spool {
             root: PathBuf::from("/var/spool/airlock"),
-            max_file_bytes: 64 * 1024 * 1024,
+            max_file_bytes: 1024 * 1024 * 1024,
             exchange_group: "airlock-exchange".to_owned(),
         }
     }
@@ -230,6 +230,10 @@ pub struct Executor {
     pub git_read_only_subcommands: Vec<String>,
     /// Credential-like repository paths a change or capture may touch anyway.
     pub allow_credential_paths: Vec<String>,
+    /// Most source trees kept extracted (the tree cache).
+    pub tree_cache_entries: u32,
+    /// Most MiB of files in the tree cache.
+    pub tree_cache_mib: u64,
     /// `[executor.limits]`.
     pub limits: Limits,
 }
@@ -252,6 +256,8 @@ impl Default for Executor {
             python_modules: strings(&["pytest", "py_compile", "unittest", "compileall"]),
             git_read_only_subcommands: strings(keys::DEFAULT_GIT_READ_ONLY),
             allow_credential_paths: Vec::new(),
+            tree_cache_entries: 8,
+            tree_cache_mib: 8192,
             limits: Limits::default(),
         }
     }
@@ -293,10 +299,10 @@ impl Default for Limits {
             file_size_mib: 256,
             open_files: 1024,
             cpu_seconds: 600,
-            max_archive_bytes: 64 * 1024 * 1024,
-            max_archive_entries: 20_000,
+            max_archive_bytes: 1024 * 1024 * 1024,
+            max_archive_entries: 250_000,
             max_file_bytes: airlock_proto::limits::MAX_CHANGE_CONTENT_BYTES as u64,
-            max_total_bytes: 256 * 1024 * 1024,
+            max_total_bytes: 2 * 1024 * 1024 * 1024,
             max_expansion_ratio: 100,
             output_tail_bytes: airlock_proto::limits::MAX_OUTPUT_TAIL_BYTES as u32,
         }

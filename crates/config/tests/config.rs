@@ -544,7 +544,7 @@ fn spool_files_must_fit_a_source_archive() {
         "spool.max_file_bytes",
     );
     assert!(
-        message.contains("at least executor.limits.max_archive_bytes (67108864)"),
+        message.contains("at least executor.limits.max_archive_bytes (1073741824)"),
         "{message}"
     );
     parse("[spool]\nmax_file_bytes = 2097152\n[executor.limits]\nmax_archive_bytes = 2097152\n")

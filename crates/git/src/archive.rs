@@ -3,6 +3,7 @@
 use crate::AuthorityRepo;
 use crate::error::{GitError, GitResult};
 use airlock_proto::path::check_relative_path;
+use airlock_proto::tree::{PAX_KEY_PREFIX, TreeEntry};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::Stdio;
 
@@ -35,7 +36,10 @@ pub struct ArchiveStats {
     /// Sum of their sizes.
     pub bytes: u64,
     /// Entries left out because they are not regular files (symlinks,
-    /// submodules); the commit keeps them, the executor never sees them.
+    /// submodules); the commit keeps them, the executor never sees them as
+    /// files. Their modes and ids travel in the archive's pax global
+    /// header (see [`airlock_proto::tree`]), so that the executor can
+    /// recompute the tree id.
     pub skipped: Vec<String>,
 }
 
@@ -46,7 +50,37 @@ struct Entry {
     path: String,
 }
 
+/// The pax records (`<length> <key>=<value>\n`, the length counting
+/// itself) of the entries an archive carries as metadata only.
+fn pax_records(entries: &[TreeEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let body = format!(" {PAX_KEY_PREFIX}{i}={}\n", e.to_pax());
+        // The length field counts its own digits.
+        let mut len = body.len() + 1;
+        while len.to_string().len() + body.len() != len {
+            len = len.to_string().len() + body.len();
+        }
+        out.extend_from_slice(format!("{len}{body}").as_bytes());
+    }
+    out
+}
+
 impl AuthorityRepo {
+    /// The git tree id of `commit` (its source tree's digest).
+    pub fn tree_of(&self, commit: &str) -> GitResult<String> {
+        if self.resolve_commit(commit)?.as_deref() != Some(commit) {
+            return Err(GitError::ObjectMissing(commit.to_owned()));
+        }
+        let out = self.git.output(&[
+            "rev-parse",
+            "--verify",
+            "--end-of-options",
+            &format!("{commit}^{{tree}}"),
+        ])?;
+        Ok(out.trim().to_owned())
+    }
+
     /// Lists the blobs of `commit`'s tree, refusing unsafe paths and
     /// enforcing `limits`, in git's (byte-sorted) order.
     fn tree_entries(
@@ -54,6 +88,7 @@ impl AuthorityRepo {
         commit: &str,
         limits: &ArchiveLimits,
         stats: &mut ArchiveStats,
+        skipped: &mut Vec<TreeEntry>,
     ) -> GitResult<Vec<Entry>> {
         if self.resolve_commit(commit)?.as_deref() != Some(commit) {
             return Err(GitError::ObjectMissing(commit.to_owned()));
@@ -76,6 +111,11 @@ impl AuthorityRepo {
                 u32::from_str_radix(mode, 8).map_err(|e| std::io::Error::other(e.to_string()))?;
             if mode != 0o100644 && mode != 0o100755 {
                 stats.skipped.push(path.to_owned());
+                skipped.push(TreeEntry {
+                    mode,
+                    oid: oid.to_owned(),
+                    path: path.to_owned(),
+                });
                 continue;
             }
             check_relative_path(path).map_err(GitError::Refused)?;
@@ -122,7 +162,8 @@ impl AuthorityRepo {
         out: impl Write,
     ) -> GitResult<ArchiveStats> {
         let mut stats = ArchiveStats::default();
-        let entries = self.tree_entries(commit, limits, &mut stats)?;
+        let mut skipped = Vec::new();
+        let entries = self.tree_entries(commit, limits, &mut stats, &mut skipped)?;
         let mut child = self
             .git
             .command(&["cat-file", "--batch"])
@@ -153,6 +194,17 @@ impl AuthorityRepo {
         );
         let mut builder = tar::Builder::new(out);
         builder.mode(tar::HeaderMode::Deterministic);
+        if !skipped.is_empty() {
+            let records = pax_records(&skipped);
+            let mut header = tar::Header::new_ustar();
+            header.set_entry_type(tar::EntryType::XGlobalHeader);
+            header.set_size(records.len() as u64);
+            header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            builder.append_data(&mut header, "pax_global_header", records.as_slice())?;
+        }
         let mut header_line = String::new();
         for entry in &entries {
             header_line.clear();

@@ -98,9 +98,16 @@ fn archive_is_deterministic_and_holds_regular_files_only() {
     assert_eq!(skipped, vec!["link", "sub"]);
     let mut names = Vec::new();
     let mut ar = tar::Archive::new(&a[..]);
+    let mut globals = 0;
     for entry in ar.entries().unwrap() {
         let entry = entry.unwrap();
         let h = entry.header();
+        if h.entry_type() == tar::EntryType::XGlobalHeader {
+            // The tree's entries that are not files, as metadata only.
+            assert!(names.is_empty(), "the global header comes first");
+            globals += 1;
+            continue;
+        }
         assert_eq!(h.entry_type(), tar::EntryType::Regular);
         assert_eq!(
             (h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap()),
@@ -120,6 +127,57 @@ fn archive_is_deterministic_and_holds_regular_files_only() {
             ("src/lib.py".into(), 0o644)
         ]
     );
+    assert_eq!(globals, 1);
+}
+
+/// The tree id recomputed from an archive's content (what the executor's
+/// cache checks) is git's own tree id of the commit, symlink and submodule
+/// included: they travel as pax records.
+#[test]
+fn the_archive_holds_the_commits_tree_and_names_it() {
+    use airlock_proto::tree::{ObjectFormat, PAX_KEY_PREFIX, TreeBuilder, TreeEntry};
+    use std::io::Read;
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let tree = repo.tree_of(&f.main).unwrap();
+    assert_eq!(
+        tree,
+        git(&f.bare, &["rev-parse", &format!("{}^{{tree}}", f.main)])
+    );
+    let (a, _) = archive(&repo, &f.main);
+    let mut t = TreeBuilder::new(ObjectFormat::Sha1);
+    let mut extras = Vec::new();
+    let mut ar = tar::Archive::new(&a[..]);
+    for entry in ar.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        if entry.header().entry_type() == tar::EntryType::XGlobalHeader {
+            for ext in entry.pax_extensions().unwrap().unwrap() {
+                let ext = ext.unwrap();
+                assert!(ext.key().unwrap().starts_with(PAX_KEY_PREFIX));
+                let e = TreeEntry::from_pax(ext.value_bytes()).unwrap();
+                t.add_entry(&e).unwrap();
+                extras.push((e.path, e.mode));
+            }
+            continue;
+        }
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let exec = entry.header().mode().unwrap() & 0o111 != 0;
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).unwrap();
+        t.add_blob(&path, exec, &data).unwrap();
+    }
+    extras.sort();
+    assert_eq!(
+        extras,
+        [("link".into(), 0o120000), ("sub".into(), 0o160000)]
+    );
+    assert_eq!(
+        t.finish(),
+        tree,
+        "git's tree id, recomputed from the archive"
+    );
+    // An unknown commit has no tree.
+    assert!(repo.tree_of(&"e".repeat(40)).is_err());
 }
 
 #[test]

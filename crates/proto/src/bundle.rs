@@ -4,7 +4,7 @@
 //! request id, which is itself derived from the task, the attempt and the
 //! execution digest, so each side can recompute what to expect.
 
-use crate::canonical::{digest_of, is_sha256_hex, sha256_hex};
+use crate::canonical::{digest_of, sha256_hex};
 use crate::error::{Code, Error, Result};
 use crate::limits::MAX_OUTPUT_TAIL_BYTES;
 use crate::path::check_relative_path;
@@ -12,9 +12,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Schema tags.
-pub const EXEC_REQUEST_SCHEMA: &str = "airlock.exec-request.v1";
+pub const EXEC_REQUEST_SCHEMA: &str = "airlock.exec-request.v2";
 /// Schema tag of a result bundle.
-pub const EXEC_RESULT_SCHEMA: &str = "airlock.exec-result.v1";
+pub const EXEC_RESULT_SCHEMA: &str = "airlock.exec-result.v2";
+/// Schema tag of the executor's request for a source archive.
+pub const SOURCE_WANTED_SCHEMA: &str = "airlock.source-wanted.v1";
 /// Schema tag of a failure record.
 pub const EXEC_FAILURE_SCHEMA: &str = "airlock.exec-failure.v1";
 
@@ -33,8 +35,12 @@ pub fn is_request_id(s: &str) -> bool {
             .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// Worker → executor: `requests/<request_id>.json`, with the source archive
-/// at `sources/<request_id>.tar`.
+/// Worker → executor: `requests/<request_id>.json`. The source travels
+/// only when the executor lacks its tree: the executor then asks with a
+/// [`SourceWanted`] at `wants/<request_id>.json`, and the worker answers
+/// with the archive at `sources/<request_id>.tar`, which the executor
+/// accepts only if the git tree id it recomputes from the archive's content
+/// is `source_tree` ([`crate::tree`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
@@ -46,10 +52,9 @@ pub struct ExecRequest {
     pub attempt: u32,
     /// The full execution envelope; the executor validates it again.
     pub envelope: Value,
-    /// SHA-256 of the source archive.
-    pub source_archive_sha256: String,
-    /// Size of the source archive in bytes.
-    pub source_archive_bytes: u64,
+    /// The git tree id of the envelope's source commit (40 or 64 hex
+    /// digits): what the workspace holds before the change set.
+    pub source_tree: String,
 }
 
 impl ExecRequest {
@@ -75,8 +80,8 @@ impl ExecRequest {
                 "request id is not derived from its task",
             ));
         }
-        if !is_sha256_hex(&self.source_archive_sha256) {
-            return Err(Error::with(Code::MESSAGE_INVALID, "source_archive_sha256"));
+        if crate::tree::ObjectFormat::of_id(&self.source_tree).is_none() {
+            return Err(Error::with(Code::MESSAGE_INVALID, "source_tree"));
         }
         Ok(())
     }
@@ -165,8 +170,9 @@ pub struct ExecResult {
     pub request_sha256: String,
     /// The envelope's digest.
     pub execution_digest: String,
-    /// SHA-256 of the source archive that was extracted.
-    pub source_archive_sha256: String,
+    /// The git tree id the workspace was made from (the request's, which
+    /// the executor's cache entry was verified to hold).
+    pub source_tree: String,
     /// True when every verification command exited 0.
     pub passed: bool,
     /// Changed files (deterministic) in path order.
@@ -194,7 +200,7 @@ impl ExecResult {
         if self.request_id != request.request_id
             || self.request_sha256 != request.digest()
             || self.execution_digest != digest
-            || self.source_archive_sha256 != request.source_archive_sha256
+            || self.source_tree != request.source_tree
         {
             return Err(Error::new(Code::SPOOL_DIGEST_MISMATCH));
         }
@@ -220,6 +226,37 @@ impl ExecResult {
     /// SHA-256 of the canonical result.
     pub fn digest(&self) -> String {
         digest_of(self).expect("a result is always canonical")
+    }
+}
+
+/// Executor → worker: `wants/<request_id>.json` when the executor lacks the
+/// request's tree and needs its source archive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceWanted {
+    /// Always [`SOURCE_WANTED_SCHEMA`].
+    pub schema: String,
+    /// The request's id.
+    pub request_id: String,
+    /// SHA-256 of the canonical request.
+    pub request_sha256: String,
+    /// The tree the executor lacks (the request's `source_tree`).
+    pub source_tree: String,
+}
+
+impl SourceWanted {
+    /// Checks it against the request it names.
+    pub fn validate_against(&self, request: &ExecRequest) -> Result<()> {
+        if self.schema != SOURCE_WANTED_SCHEMA {
+            return Err(Error::new(Code::SCHEMA_INVALID));
+        }
+        if self.request_id != request.request_id
+            || self.request_sha256 != request.digest()
+            || self.source_tree != request.source_tree
+        {
+            return Err(Error::new(Code::SPOOL_DIGEST_MISMATCH));
+        }
+        Ok(())
     }
 }
 
@@ -259,8 +296,7 @@ mod tests {
             request_id: request_id_for("task-a", 1, &"d".repeat(64)),
             attempt: 1,
             envelope,
-            source_archive_sha256: "a".repeat(64),
-            source_archive_bytes: 10,
+            source_tree: "a".repeat(40),
         };
         assert!(r.validate().is_ok());
         r.attempt = 2;

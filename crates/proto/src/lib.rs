@@ -53,5 +53,6 @@ pub mod redact;
 pub mod retry;
 pub mod states;
 pub mod task;
+pub mod tree;
 
 pub use error::{Class, Code, Error, Result};

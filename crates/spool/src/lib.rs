@@ -5,6 +5,8 @@
 //! <root>/sources/<request_id>.tar     worker   → executor   (source archive)
 //! <root>/results/<request_id>.json    executor → worker     (ExecResult)
 //! <root>/failed/<request_id>.json     executor → worker     (ExecFailure)
+//! <root>/wants/<request_id>.json      executor → worker     (SourceWanted: the
+//!                                                          executor lacks the tree)
 //! ```
 //!
 //! Every file is published atomically ([`Spool::publish`]: temporary name,
@@ -50,7 +52,7 @@ use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
 use std::path::{Path, PathBuf};
 
-/// The four spool directories.
+/// The five spool directories.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// `requests/`: ExecRequest JSON, written by the worker.
@@ -61,11 +63,20 @@ pub enum Kind {
     Results,
     /// `failed/`: ExecFailure JSON, written by the executor.
     Failed,
+    /// `wants/`: SourceWanted JSON, written by the executor when it lacks a
+    /// request's source tree.
+    Wants,
 }
 
 impl Kind {
     /// Every directory, in layout order.
-    pub const ALL: [Kind; 4] = [Kind::Requests, Kind::Sources, Kind::Results, Kind::Failed];
+    pub const ALL: [Kind; 5] = [
+        Kind::Requests,
+        Kind::Sources,
+        Kind::Results,
+        Kind::Failed,
+        Kind::Wants,
+    ];
 
     /// The directory's name under the spool root.
     pub const fn dir_name(self) -> &'static str {
@@ -74,6 +85,7 @@ impl Kind {
             Kind::Sources => "sources",
             Kind::Results => "results",
             Kind::Failed => "failed",
+            Kind::Wants => "wants",
         }
     }
 
@@ -89,7 +101,7 @@ impl Kind {
     pub const fn producer(self) -> Side {
         match self {
             Kind::Requests | Kind::Sources => Side::Worker,
-            Kind::Results | Kind::Failed => Side::Executor,
+            Kind::Results | Kind::Failed | Kind::Wants => Side::Executor,
         }
     }
 
@@ -115,6 +127,7 @@ impl Kind {
             Kind::Sources => 1,
             Kind::Results => 2,
             Kind::Failed => 3,
+            Kind::Wants => 4,
         }
     }
 }
@@ -133,20 +146,20 @@ impl Side {
     pub fn writes(self) -> &'static [Kind] {
         match self {
             Side::Worker => &[Kind::Requests, Kind::Sources],
-            Side::Executor => &[Kind::Results, Kind::Failed],
+            Side::Executor => &[Kind::Results, Kind::Failed, Kind::Wants],
         }
     }
 }
 
-/// A spool root with its four directories held open.
+/// A spool root with its five directories held open.
 #[derive(Debug)]
 pub struct Spool {
     root: PathBuf,
-    dirs: [OwnedFd; 4],
+    dirs: [OwnedFd; 5],
 }
 
 impl Spool {
-    /// Creates `root` and its four directories (mode 0750) where missing.
+    /// Creates `root` and its five directories (mode 0750) where missing.
     /// Packaging normally does this (tmpfiles); tests and `airlock-local` use it.
     pub fn create_layout(root: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
@@ -165,7 +178,7 @@ impl Spool {
         Ok(())
     }
 
-    /// Opens the four directories of `root`; none may be a symlink.
+    /// Opens the five directories of `root`; none may be a symlink.
     pub fn open(root: &Path) -> Result<Self> {
         let root_fd = file::open_dir(root)?;
         let open = |kind: Kind| -> Result<OwnedFd> {
@@ -191,6 +204,7 @@ impl Spool {
                 open(Kind::Sources)?,
                 open(Kind::Results)?,
                 open(Kind::Failed)?,
+                open(Kind::Wants)?,
             ],
         })
     }

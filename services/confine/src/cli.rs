@@ -9,50 +9,61 @@ use std::time::Duration;
 use airlock_sandbox::{Limits, MAX_LANDLOCK_ABI, Policy};
 use clap::Parser;
 
-const ABOUT: &str = "Run a command confined: other ids, no capabilities, no_new_privs, rlimits, Landlock, seccomp, namespaces";
+const ABOUT: &str = "Run a command confined: its own minimal root, other ids, no capabilities, no_new_privs, rlimits, Landlock, seccomp";
 
 const LONG_ABOUT: &str = "\
 airlock-confine runs one command in a fresh sandbox and returns its exit status. \
-It is the helper airlock's executor uses for every verification command, and a \
-standalone tool for administrators.
+It is built on the same engine as airlock's executor, which prepares the sandbox \
+once and starts every verification command with it; here it serves one command.
 
-The helper is single-threaded and confines itself in this fixed order before it \
-executes the command; every step fails hard:
+The helper is single-threaded and prepares, in this fixed order, every step \
+failing hard:
 
- 1. Namespaces: a user namespace when not run as root (mapping only your own uid \
-and gid), then ipc, uts, net (only a down loopback) and pid, each when the kernel \
-allows; the helper forks an init that is pid 1 of the new pid namespace and enters a \
-mount namespace with private propagation, a fresh /proc showing only the sandbox's \
-processes, and a private size-limited tmpfs on /tmp.
- 2. The init forks the command's process, which empties the capability bounding set \
-and locks securebits, then (as root) clears supplementary groups and switches gid and \
-uid (default 65534), then clears the ambient, inheritable, effective and permitted \
-capability sets and verifies them empty.
+ 1. The view. Where the kernel allows it, a minimal root: a user namespace when not \
+run as root (mapping only your own uid and gid), a mount namespace, and in it a root \
+holding only the system paths (/usr, /bin, /lib*, a few files of /etc, never all of \
+/etc) bound read-only, --ro paths read-only and --rw directories read-write at their \
+own places, a /dev with only null, zero, full, random and urandom, a private tmpfs \
+on /tmp (/dev/shm points at it) and /proc of the command's own pid namespace; \
+nothing else exists, so not even chmod, chown, utime or xattr calls (which Landlock \
+does not govern) can reach another file. Where user namespaces are refused (disabled \
+by sysctl, or restricted as Ubuntu's AppArmor does), or with --no-namespaces, the \
+host view: the same Landlock grants, and seccomp refuses every metadata call by \
+path. The report's \"view\" says which.
+ 2. The command's init is cloned into new mount, pid, IPC, UTS and network (only a \
+down loopback) namespaces; it mounts the command's directories, /tmp and /proc, \
+pivots into the minimal root, and forks the command's process, which empties the \
+capability bounding set and locks securebits, then (as root) clears supplementary \
+groups and switches gid and uid (default 65534), then clears the ambient, \
+inheritable, effective and permitted capability sets and verifies them empty.
  3. no_new_privs: setuid bits and file capabilities can never grant anything again.
  4. Resource limits (soft = hard): processes, address space, file size, open files, \
 CPU seconds, and no core dumps.
  5. Landlock: every access right of the running kernel's Landlock ABI is handled. \
-Read and execute: --ro paths and system paths (/usr, /bin, /lib*, a few files of \
-/etc, never all of /etc); read-write: --rw directories and the private /tmp; \
-/dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom. A ruleset that is not \
-fully enforced is refused unless --allow-degraded is given.
- 6. seccomp, last: sockets other than AF_UNIX, ptrace, process_vm_*, pidfd_getfd, \
-mount and the new mount API, umount, pivot_root, chroot, unshare, setns, clone with \
-namespace flags, keyrings, bpf, perf_event_open, io_uring, userfaultfd, kexec, \
-module loading, reboot, swap, acct, quotactl, syslog and the TIOCSTI and TIOCLINUX \
-ioctls fail with EPERM; clone3 fails with ENOSYS so that glibc falls back to clone; \
-x32 system calls fail with ENOSYS and foreign-architecture calls kill the process. \
-Where Landlock cannot confine pathname UNIX sockets (ABI below 9), connect and \
-datagram UNIX sockets fail with EPERM too, so that the host's sockets (the system \
-bus, journald, /dev/log) stay out of reach; socketpair streams still work.
+Read and execute: --ro paths and system paths; read-write: --rw directories and the \
+private /tmp; /dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom. A ruleset \
+that is not fully enforced is refused unless --allow-degraded is given.
+ 6. seccomp, last (compiled once, before any fork): sockets other than AF_UNIX, \
+ptrace, process_vm_*, pidfd_getfd, mount and the new mount API, umount, pivot_root, \
+chroot, unshare, setns, clone with namespace flags, keyrings, bpf, perf_event_open, \
+io_uring, userfaultfd, kexec, module loading, reboot, swap, acct, quotactl, syslog and \
+the TIOCSTI and TIOCLINUX ioctls fail with EPERM; clone3 fails with ENOSYS so that \
+glibc falls back to clone; x32 system calls fail with ENOSYS and foreign-architecture \
+calls kill the process. Where Landlock cannot confine pathname UNIX sockets (ABI \
+below 9), connect and datagram UNIX sockets fail with EPERM too, so that the host's \
+sockets (the system bus, journald, /dev/log) stay out of reach; socketpair streams \
+still work. In the host view, chmod, chown, utime, setxattr and removexattr by path \
+(and fchownat or fchmodat2 on an O_PATH descriptor) fail with EPERM; their \
+descriptor forms work on files the command may open.
  7. A clean environment: only PATH, LC_ALL, HOME (the working directory), TMPDIR \
 (/tmp when private, else the working directory) and --env entries; default signal \
 dispositions; then a new session (setsid) and execve.
 
 When the command exits, the init kills every process left in the sandbox (daemons \
-included); on --timeout the helper kills the init, which takes the whole pid \
-namespace with it. Before exiting the helper verifies that no process of the \
-sandbox is left.";
+included), and the kernel lets the init's exit complete only once its pid namespace \
+is empty; on --timeout the helper kills the init, which takes the whole namespace \
+with it. In the host view the helper is a child subreaper and kills the command's \
+orphans until it has no child left.";
 
 const AFTER_LONG_HELP: &str = "\
 EXIT STATUS:

@@ -213,6 +213,45 @@ impl Workspace {
         })
     }
 
+    /// Writes a regular file (creating parents), executable or not: how a
+    /// file of the tree is copied into an overlay's upper directory.
+    pub fn put(&self, rel: &str, bytes: &[u8], executable: bool) -> Result<()> {
+        self.write(rel, bytes)?;
+        let fd = self.open_regular(rel)?.ok_or_else(|| Error::PathInvalid {
+            path: rel.to_owned(),
+            why: "vanished while written",
+        })?;
+        let mode = if executable { 0o755 } else { 0o644 };
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode)).map_err(|e| {
+            Error::Workspace {
+                path: rel.to_owned(),
+                source: e.into(),
+            }
+        })
+    }
+
+    /// Makes `rel` an overlay whiteout (a character device 0/0, which an
+    /// unprivileged process may create): in the overlay, the lower layer's
+    /// file at `rel` is gone. Parents are created as needed.
+    pub fn whiteout(&self, rel: &str) -> Result<()> {
+        let (parent, name) = beneath::split(rel);
+        let dir = match parent {
+            Some(p) => beneath::dir(&self.root, p, true)?.ok_or_else(|| Error::PathInvalid {
+                path: rel.to_owned(),
+                why: "parent directory missing",
+            })?,
+            None => rustix::io::dup(&self.root).map_err(|e| beneath::classify(rel, e))?,
+        };
+        rustix::fs::mknodat(
+            &dir,
+            name,
+            FileType::CharacterDevice,
+            rustix::fs::Mode::empty(),
+            rustix::fs::makedev(0, 0),
+        )
+        .map_err(|e| beneath::classify(rel, e))
+    }
+
     fn delete(&self, rel: &str) -> Result<()> {
         let (parent, name) = beneath::split(rel);
         let dir = match parent {

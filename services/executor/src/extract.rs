@@ -20,11 +20,19 @@
 //! not written into the workspace, so no verification command can print
 //! them into evidence that flows back to the planner, unless the policy
 //! allows them.
+//!
+//! Every member's content is hashed as a git blob on the way (withheld ones
+//! too), and the entries an archive carries as metadata only (the pax
+//! global header's `airlock.tree-entry.N` records: symlinks, submodules)
+//! are added, so that the git tree id of what was extracted is known at
+//! the end ([`Extracted::tree`]); the tree cache accepts an archive only
+//! when it is the request's.
 
 use crate::apply::CredentialPolicy;
 use crate::beneath;
 use crate::error::{Error, Result};
 use airlock_proto::path::check_relative_path;
+use airlock_proto::tree::{ObjectFormat, PAX_KEY_PREFIX, TreeBuilder, TreeEntry, blob_hasher};
 use rustix::fd::OwnedFd;
 use rustix::fs::OFlags;
 use std::cell::Cell;
@@ -59,6 +67,11 @@ pub struct Extracted {
     pub bytes: u64,
     /// Credential-like paths that were not written.
     pub withheld: Vec<String>,
+    /// Entries of the tree not present as files: the archive's metadata
+    /// records and the withheld files (to recompute the tree id later).
+    pub extras: Vec<TreeEntry>,
+    /// The git tree id of everything the archive holds.
+    pub tree: String,
 }
 
 /// Counts decompressed bytes and fails once `limit` is passed.
@@ -81,13 +94,16 @@ impl<R: Read> Read for Counted<R> {
     }
 }
 
-/// Extracts `archive` (already digest-verified, in memory) beneath `root`.
+/// Extracts `archive` (in memory) beneath `root`, computing the git tree id
+/// of its content in `format`.
 pub fn extract(
     archive: &[u8],
     root: &OwnedFd,
     limits: &ArchiveLimits,
     credentials: &CredentialPolicy,
+    format: ObjectFormat,
 ) -> Result<Extracted> {
+    let mut tree = TreeBuilder::new(format);
     let tripped = Rc::new(Cell::new(false));
     let limit = (archive.len() as u64)
         .saturating_mul(limits.max_expansion_ratio)
@@ -133,7 +149,27 @@ pub fn extract(
         }
         let kind = entry.header().entry_type();
         if kind == tar::EntryType::XGlobalHeader {
-            // git archive's pax global header (the commit id): no file.
+            // No file: the tree's entries that are not files (and git
+            // archive's commit id comment, ignored).
+            let records = entry
+                .pax_extensions()
+                .map_err(|e| malformed(e, &tripped))?
+                .into_iter()
+                .flatten();
+            for record in records {
+                let record = record.map_err(|e| malformed(e, &tripped))?;
+                if record.key_bytes().starts_with(PAX_KEY_PREFIX.as_bytes()) {
+                    let e = TreeEntry::from_pax(record.value_bytes())
+                        .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+                    check_relative_path(&e.path).map_err(|_| Error::ArchivePath {
+                        path: e.path.clone(),
+                        why: "not a clean relative path",
+                    })?;
+                    tree.add_entry(&e)
+                        .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+                    out.extras.push(e);
+                }
+            }
             continue;
         }
         let raw = entry.path_bytes().into_owned();
@@ -166,16 +202,34 @@ pub fn extract(
                 why: format!("mode {mode:o} has setuid, setgid or sticky bits"),
             });
         }
-        if credentials.denies(&path) {
-            out.withheld.push(path);
-            continue;
-        }
         if kind == tar::EntryType::Directory {
-            beneath::dir(root, &path, true)?;
-            out.dirs += 1;
+            if !credentials.denies(&path) {
+                beneath::dir(root, &path, true)?;
+                out.dirs += 1;
+            }
             continue;
         }
         let size = entry.header().size().map_err(|e| malformed(e, &tripped))?;
+        let executable = mode & 0o111 != 0;
+        let git_mode = if executable { 0o100755 } else { 0o100644 };
+        if credentials.denies(&path) {
+            // Not written, but part of the tree all the same.
+            let mut hasher = Hashing {
+                inner: (&mut entry).take(size),
+                hasher: blob_hasher(format, size),
+            };
+            io::copy(&mut hasher, &mut io::sink()).map_err(|e| malformed(e, &tripped))?;
+            let oid = hasher.hasher.finish();
+            tree.add(&path, git_mode, oid.clone())
+                .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+            out.extras.push(TreeEntry {
+                mode: git_mode,
+                oid: hex::encode(oid),
+                path: path.clone(),
+            });
+            out.withheld.push(path);
+            continue;
+        }
         if size > limits.max_file_bytes {
             return Err(Error::ArchiveLimit(format!(
                 "{path}: {size} bytes, more than {}",
@@ -189,13 +243,34 @@ pub fn extract(
                 limits.max_total_bytes
             )));
         }
-        write_member(root, &path, mode, size, &mut entry, &tripped, &bomb)?;
+        let mut hashing = Hashing {
+            inner: &mut entry,
+            hasher: blob_hasher(format, size),
+        };
+        write_member(root, &path, mode, size, &mut hashing, &tripped, &bomb)?;
+        tree.add(&path, git_mode, hashing.hasher.finish())
+            .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
         out.files += 1;
     }
     if tripped.get() {
         return Err(bomb());
     }
+    out.tree = tree.finish();
     Ok(out)
+}
+
+/// Passes bytes through while hashing them as a git blob.
+struct Hashing<R> {
+    inner: R,
+    hasher: airlock_proto::tree::ObjectHasher,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 fn write_member(

@@ -1,11 +1,14 @@
 //! airlock-executor: the uncredentialed side of the spool.
 //!
 //! It holds no credential and no network, checks that at start
-//! ([`selfcheck`]), confines itself with Landlock ([`lockdown`]), and then,
-//! for each request the worker publishes, applies the plan to a throw-away
-//! copy of the source and runs the plan's verification commands, each in a
-//! fresh `airlock-confine` sandbox ([`run`]). It answers with a result bound
-//! by digests to the request, or a failure with a catalogue code.
+//! ([`selfcheck`]), forks its spawner (which prepares every command's
+//! sandbox: a minimal root where user namespaces are allowed), confines
+//! itself with Landlock and seccomp ([`lockdown`]; it executes nothing from
+//! then on), and then, for each request the worker publishes, applies the
+//! plan to a throw-away copy of the source and has the spawner run the
+//! plan's verification commands, each in a fresh sandbox with one fork and
+//! one exec ([`run`]). It answers with a result bound by digests to the
+//! request, or a failure with a catalogue code.
 //!
 //! ```text
 //!  worker ──requests/<id>.json, sources/<id>.tar──▶ executor
@@ -14,7 +17,7 @@
 //!  request: parse ─▶ validate ─▶ program policy ─▶ archive digest
 //!           ─▶ extract (extract.rs) ─▶ apply change set (apply.rs)
 //!           ─▶ read changed files back ─▶ for each command:
-//!              airlock-confine … -- argv   (run.rs)
+//!              spawner: init (own pid ns, minimal root) ─▶ argv   (run.rs)
 //!           ─▶ ExecResult | ExecFailure   (result.rs)
 //! ```
 //!
@@ -23,6 +26,7 @@
 
 pub mod apply;
 pub mod beneath;
+pub mod cache;
 pub mod error;
 pub mod extract;
 pub mod lockdown;

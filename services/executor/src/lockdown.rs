@@ -1,14 +1,12 @@
 //! The executor's own confinement, applied once at start, after the
-//! configuration, spool and helper are opened and before any request is
-//! read: the `Executor` role of `airlock_sandbox::role`, applied by
-//! `airlock_sandbox::lockdown::lockdown` (capability bounding set, no_new_privs,
-//! RLIMIT_CORE, Landlock, seccomp). Everything the executor starts —
-//! airlock-confine and every command — inherits it. The grants and their
-//! reasons are listed in `docs/privsep.md`.
-//!
-//! Landlock also denies mount(2) to a confined process, so the command
-//! sandboxes get no fresh /proc and no tmpfs /tmp; the executor gives each
-//! command a private TMPDIR in its work root instead (see `run`).
+//! configuration, spool and work root are opened and the spawner is forked,
+//! and before any request is read: the `Executor` role of
+//! `airlock_sandbox::role`, applied by `airlock_sandbox::lockdown::lockdown`
+//! (capability bounding set, no_new_privs, RLIMIT_CORE, Landlock, seccomp).
+//! Its Landlock grants hold no execute right: the executor starts nothing;
+//! commands are its spawner's children, forked before this lockdown because
+//! Landlock forbids the mounts each command's minimal root is made of. The
+//! grants and their reasons are listed in `docs/privsep.md`.
 
 use crate::error::{Error, Result};
 use airlock_sandbox::role::Role;

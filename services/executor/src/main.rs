@@ -13,6 +13,7 @@
 //! 6. then, and only then, requests are read.
 
 use airlock_executor::apply::CredentialPolicy;
+use airlock_executor::cache::{CacheLimits, TreeCache};
 use airlock_executor::error::{Error, Result};
 use airlock_executor::extract::ArchiveLimits;
 use airlock_executor::lockdown::{self, Paths, Slot};
@@ -21,6 +22,7 @@ use airlock_executor::request::{self, Settings};
 use airlock_executor::result::Answer;
 use airlock_executor::run::{self as run, Runner};
 use airlock_executor::selfcheck;
+use airlock_proto::bundle::{SOURCE_WANTED_SCHEMA, SourceWanted};
 use airlock_proto::limits::MAX_MESSAGE_BYTES;
 use airlock_sandbox::spawner::{Options, Spawner};
 use airlock_spool::{Expect, GcPolicy, Kind, Side, Spool};
@@ -106,9 +108,9 @@ struct RunOnceArgs {
     /// The ExecRequest JSON.
     #[arg(long, value_name = "FILE")]
     request: PathBuf,
-    /// The source archive (tar or tar.gz).
+    /// The source archive (tar or tar.gz), for a tree not in the cache.
     #[arg(long, value_name = "FILE")]
-    archive: PathBuf,
+    archive: Option<PathBuf>,
     /// Where to write the ExecResult or ExecFailure JSON (must not exist).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
@@ -227,6 +229,25 @@ fn spawner(config: &airlock_config::Config, work_root: &Path) -> Result<Runner> 
     Ok(Runner::new(spawner, tail))
 }
 
+/// The view commands get, for `airlockctl doctor`: `<work>/sandbox.json`
+/// (written fresh at every start; a failure to write is only logged).
+fn write_view_status(work_root: &Path, runner: Option<&Runner>) {
+    let Some(runner) = runner else { return };
+    let hello = runner.hello();
+    let status = serde_json::json!({
+        "view": hello.view.as_str(),
+        "reason": hello.reason,
+        "pid": std::process::id(),
+    });
+    let path = work_root.join(airlock_executor::run::VIEW_STATUS_FILE);
+    let tmp = work_root.join(".sandbox.json.tmp");
+    let written =
+        std::fs::write(&tmp, status.to_string()).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        eprintln!("airlock-executor: cannot write {}: {e}", path.display());
+    }
+}
+
 fn settings(config: &airlock_config::Config, runner: Runner, work_root: PathBuf) -> Settings {
     let ex = &config.executor;
     let l = &ex.limits;
@@ -265,14 +286,15 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     // 4. The spawner, before any confinement of our own.
     let runner = spawner(&config, &work_root)?;
     let mut settings = settings(&config, runner, work_root.clone());
-    let mut watcher = spool.watch(&[Kind::Requests])?;
+    let mut watcher = spool.watch(&[Kind::Requests, Kind::Sources])?;
     // 5. Confinement: bounding set, no_new_privs, rlimits, Landlock, seccomp.
     let mut paths = Paths::new()
         .with(Slot::SpoolRequests, spool.dir_path(Kind::Requests))
         .with(Slot::SpoolSources, spool.dir_path(Kind::Sources))
         .with(Slot::SpoolResults, spool.dir_path(Kind::Results))
         .with(Slot::SpoolFailed, spool.dir_path(Kind::Failed))
-        .with(Slot::WorkRoot, work_root);
+        .with(Slot::SpoolWants, spool.dir_path(Kind::Wants))
+        .with(Slot::WorkRoot, work_root.clone());
     paths.allow_degraded = config.executor.allow_degraded_landlock;
     let own = lockdown::apply(&paths)?;
     eprintln!(
@@ -284,17 +306,27 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
         worker_uid
     );
     settings.own = Some(own);
+    write_view_status(&work_root, settings.runner.as_ref());
+    let cache = open_cache(&config, &work_root, settings.runner.as_ref())?;
     let max_spool = config.spool.max_file_bytes;
     let me = rustix::process::geteuid().as_raw();
     let retain = Duration::from_secs(args.retain_hours.saturating_mul(3600));
     let mut last_gc: Option<Instant> = None;
     // 6. The loop: scan, handle each unanswered request once, wait.
     loop {
-        for id in spool.list(Kind::Requests)? {
-            if spool.exists(Kind::Results, &id)? || spool.exists(Kind::Failed, &id)? {
-                continue;
+        // Until a pass answers nothing: a request left waiting for its
+        // source may be served by a tree another one just filled.
+        loop {
+            let mut answered = false;
+            for id in spool.list(Kind::Requests)? {
+                if spool.exists(Kind::Results, &id)? || spool.exists(Kind::Failed, &id)? {
+                    continue;
+                }
+                answered |= handle_spooled(&spool, &settings, &cache, &id, worker_uid, max_spool);
             }
-            handle_spooled(&spool, &settings, &id, worker_uid, max_spool);
+            if !answered {
+                break;
+            }
         }
         if last_gc.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
             match spool.gc(
@@ -318,7 +350,18 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
 }
 
-fn handle_spooled(spool: &Spool, settings: &Settings, id: &str, worker_uid: u32, max_spool: u64) {
+/// Handles one spooled request if its source is at hand: its tree cached,
+/// or its archive published (which then fills the cache). Otherwise asks
+/// the worker for the archive (`wants/<id>.json`) and leaves the request
+/// for a later pass.
+fn handle_spooled(
+    spool: &Spool,
+    settings: &Settings,
+    cache: &TreeCache,
+    id: &str,
+    worker_uid: u32,
+    max_spool: u64,
+) -> bool {
     let started = Instant::now();
     let bytes = spool
         .read(
@@ -331,22 +374,47 @@ fn handle_spooled(spool: &Spool, settings: &Settings, id: &str, worker_uid: u32,
             },
         )
         .map_err(Error::from);
-    let answer = request::handle(settings, Some(id), bytes, |req| {
-        spool
-            .read(
-                Kind::Sources,
-                &req.request_id,
-                &Expect {
-                    owner_uid: worker_uid,
-                    max_bytes: settings.max_archive_bytes.min(max_spool),
-                    sha256: Some(req.source_archive_sha256.clone()),
+    let answer = match bytes.and_then(|b| request::parse(&b, Some(id))) {
+        Err(e) => Answer::Failure(airlock_executor::result::failure(id, None, &e)),
+        Ok(req) => {
+            let source = match cache.get(&req.source_tree) {
+                Some(cached) => Ok(cached),
+                None => match spool.exists(Kind::Sources, id) {
+                    Ok(true) => spool
+                        .read(
+                            Kind::Sources,
+                            id,
+                            &Expect {
+                                owner_uid: worker_uid,
+                                max_bytes: settings.max_archive_bytes.min(max_spool),
+                                sha256: None,
+                            },
+                        )
+                        .map_err(|e| Error::ArchiveInvalid(e.to_string()))
+                        .and_then(|archive| {
+                            cache.fill(
+                                &req.source_tree,
+                                &archive,
+                                &settings.archive,
+                                &settings.credentials,
+                            )
+                        }),
+                    Ok(false) => {
+                        want_source(spool, &req);
+                        return false;
+                    }
+                    Err(e) => Err(Error::ArchiveInvalid(e.to_string())),
                 },
-            )
-            .map_err(|e| match e {
-                airlock_spool::Error::DigestMismatch { .. } => Error::ArchiveDigest(e.to_string()),
-                other => Error::ArchiveInvalid(other.to_string()),
-            })
-    });
+            };
+            let hit = match &source {
+                Ok(c) if c.filled => "tree filled from the archive",
+                Ok(_) => "tree cached",
+                Err(_) => "no tree",
+            };
+            eprintln!("airlock-executor: {id}: {hit} ({})", req.source_tree);
+            request::handle_parsed(settings, &req, |_| source)
+        }
+    };
     let (kind, summary) = match &answer {
         Answer::Result(r) => (Kind::Results, format!("passed={}", r.passed)),
         Answer::Failure(f) => (Kind::Failed, format!("{}: {}", f.code, f.detail)),
@@ -360,13 +428,78 @@ fn handle_spooled(spool: &Spool, settings: &Settings, id: &str, worker_uid: u32,
         .map_err(|e| e.to_string())
         .and_then(|(b, kind)| spool.publish(kind, id, &b).map_err(|e| e.to_string()));
     match published {
-        Ok(path) => eprintln!(
-            "airlock-executor: {id}: {summary} -> {} ({} ms)",
-            path.display(),
-            started.elapsed().as_millis()
-        ),
-        Err(e) => eprintln!("airlock-executor: {id}: {summary}; not published: {e}"),
+        Ok(path) => {
+            eprintln!(
+                "airlock-executor: {id}: {summary} -> {} ({} ms)",
+                path.display(),
+                started.elapsed().as_millis()
+            );
+            true
+        }
+        Err(e) => {
+            eprintln!("airlock-executor: {id}: {summary}; not published: {e}");
+            false
+        }
     }
+}
+
+/// Asks the worker for a request's source archive, once.
+fn want_source(spool: &Spool, req: &airlock_proto::bundle::ExecRequest) {
+    let id = &req.request_id;
+    if spool.exists(Kind::Wants, id).unwrap_or(false) {
+        return;
+    }
+    let want = SourceWanted {
+        schema: SOURCE_WANTED_SCHEMA.into(),
+        request_id: id.clone(),
+        request_sha256: req.digest(),
+        source_tree: req.source_tree.clone(),
+    };
+    let published = serde_json::to_vec(&want)
+        .map_err(|e| e.to_string())
+        .and_then(|b| {
+            spool
+                .publish(Kind::Wants, id, &b)
+                .map_err(|e| e.to_string())
+        });
+    match published {
+        Ok(_) => eprintln!(
+            "airlock-executor: {id}: tree {} not cached; asked the worker for its source",
+            req.source_tree
+        ),
+        Err(e) => eprintln!("airlock-executor: {id}: cannot ask for the source: {e}"),
+    }
+}
+
+/// Opens the tree cache (after the lockdown: only the work root is needed),
+/// verifying every entry.
+fn open_cache(
+    config: &airlock_config::Config,
+    work_root: &Path,
+    runner: Option<&Runner>,
+) -> Result<TreeCache> {
+    let ex = &config.executor;
+    let owner = runner
+        .filter(|_| rustix::process::geteuid().is_root())
+        .map(|r| r.hello().ids);
+    let (cache, verified) = TreeCache::open(
+        work_root,
+        CacheLimits {
+            max_entries: ex.tree_cache_entries,
+            max_bytes: ex.tree_cache_mib.saturating_mul(1 << 20),
+        },
+        owner,
+    )?;
+    eprintln!(
+        "airlock-executor: tree cache: {} entries verified{}",
+        verified.kept.len(),
+        verified
+            .removed
+            .iter()
+            .map(|(t, why)| format!("; removed {t}: {why}"))
+            .collect::<String>()
+    );
+    Ok(cache)
 }
 
 fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
@@ -378,8 +511,8 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
     let work_root = prepare_work_root(&args.common.work)?;
     let runner = spawner(&config, &work_root)?;
     let mut settings = settings(&config, runner, work_root.clone());
-    // Both inputs are read before the lockdown; the archive digest is
-    // checked against the request in memory.
+    // Both inputs are read before the lockdown; the archive, when the tree
+    // is not cached, must hold the request's tree.
     let request_bytes = airlock_spool::read_path(
         &args.request,
         &Expect {
@@ -389,26 +522,45 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
         },
     )
     .map_err(Error::from);
-    let archive_bytes = airlock_spool::read_path(
-        &args.archive,
-        &Expect {
-            owner_uid: owner,
-            max_bytes: settings.max_archive_bytes,
-            sha256: None,
-        },
-    )
-    .map_err(|e| Error::ArchiveInvalid(e.to_string()));
+    let archive_bytes = args.archive.as_ref().map(|archive| {
+        airlock_spool::read_path(
+            archive,
+            &Expect {
+                owner_uid: owner,
+                max_bytes: settings.max_archive_bytes,
+                sha256: None,
+            },
+        )
+        .map_err(|e| Error::ArchiveInvalid(e.to_string()))
+    });
     let out_dir = match args.out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
     let mut paths = Paths::new()
-        .with(Slot::WorkRoot, work_root)
+        .with(Slot::WorkRoot, work_root.clone())
         .with(Slot::OutputDir, out_dir);
     paths.allow_degraded = config.executor.allow_degraded_landlock;
     let own = lockdown::apply(&paths)?;
     settings.own = Some(own);
-    let answer = request::handle(&settings, None, request_bytes, |_| archive_bytes);
+    let cache = open_cache(&config, &work_root, settings.runner.as_ref())?;
+    let answer = request::handle(&settings, None, request_bytes, |req| {
+        if let Some(cached) = cache.get(&req.source_tree) {
+            return Ok(cached);
+        }
+        match archive_bytes {
+            Some(bytes) => cache.fill(
+                &req.source_tree,
+                &bytes?,
+                &settings.archive,
+                &settings.credentials,
+            ),
+            None => Err(Error::ArchiveInvalid(format!(
+                "tree {} is not cached and no --archive was given",
+                req.source_tree
+            ))),
+        }
+    });
     let bytes = answer.to_bytes()?;
     airlock_spool::publish_path(&args.out, &bytes)?;
     match answer {

@@ -5,26 +5,32 @@
 //! 2. its id must be the file's name and derived from its envelope;
 //! 3. validate the envelope (schema, binding, governance, digest);
 //! 4. check every verification command against the program policy;
-//! 5. the source archive: exact size, SHA-256 equal to the request's;
-//! 6. extract it into a fresh workspace;
+//! 5. the source: the tree cache's entry for the request's `source_tree`,
+//!    filled (when missing) only from an archive that hashes to that tree;
+//! 6. a workspace over it: in the minimal root an overlay whose upper
+//!    directory receives the change set (files copied up, deletions as
+//!    whiteouts) — O(change), whatever the repository's size; in the host
+//!    view a copy of the tree (reflinked where the file system can);
 //! 7. deterministic: apply the change set, read the changed paths back
 //!    (this content, not whatever the commands leave, is the result), run
 //!    each command in its own sandbox, stopping at the first that fails;
-//!    source_capture: read the requested paths;
+//!    source_capture: read the requested paths from the tree;
 //! 8. bind the result to the request by digests.
 //!
-//! The workspace is removed afterwards, whatever happened.
+//! The per-request directory is removed afterwards, whatever happened.
 
 use crate::apply::{CredentialPolicy, Workspace};
+use crate::beneath;
+use crate::cache::{Cached, remove_tree};
 use crate::error::{Error, Result};
-use crate::extract::{ArchiveLimits, extract};
+use crate::extract::ArchiveLimits;
 use crate::lockdown::SelfConfinement;
 use crate::policy::ProgramPolicy;
 use crate::result::{self, Answer, Outcome};
 use crate::run::{Runner, WorkspaceSource, chown_tree};
 use airlock_proto::bundle::ExecRequest;
-use airlock_proto::envelope::{Action, Envelope};
-use sha2::{Digest, Sha256};
+use airlock_proto::envelope::{Action, Change, Envelope};
+use airlock_sandbox::ViewMode;
 use std::path::{Path, PathBuf};
 
 /// Everything fixed at start that shapes how requests are handled.
@@ -50,21 +56,31 @@ pub struct Settings {
 }
 
 /// Handles one request. `expected_id` is the id its file name carries
-/// (None for `run-once`); `archive` yields the raw archive bytes.
+/// (None for `run-once`); `source` yields the request's cached tree
+/// (filling the cache from an archive when it must).
 pub fn handle(
     settings: &Settings,
     expected_id: Option<&str>,
     request_bytes: Result<Vec<u8>>,
-    archive: impl FnOnce(&ExecRequest) -> Result<Vec<u8>>,
+    source: impl FnOnce(&ExecRequest) -> Result<Cached>,
 ) -> Answer {
     let fallback_id = expected_id.unwrap_or("unknown").to_owned();
     let request = match request_bytes.and_then(|b| parse(&b, expected_id)) {
         Ok(r) => r,
         Err(e) => return Answer::Failure(result::failure(&fallback_id, None, &e)),
     };
-    match execute(settings, &request, archive) {
+    handle_parsed(settings, &request, source)
+}
+
+/// [`handle`] for a request already parsed (steps 3–8).
+pub fn handle_parsed(
+    settings: &Settings,
+    request: &ExecRequest,
+    source: impl FnOnce(&ExecRequest) -> Result<Cached>,
+) -> Answer {
+    match execute(settings, request, source) {
         Ok(answer) => answer,
-        Err(e) => Answer::Failure(result::failure(&request.request_id, Some(&request), &e)),
+        Err(e) => Answer::Failure(result::failure(&request.request_id, Some(request), &e)),
     }
 }
 
@@ -87,7 +103,7 @@ pub fn parse(bytes: &[u8], expected_id: Option<&str>) -> Result<ExecRequest> {
 fn execute(
     settings: &Settings,
     request: &ExecRequest,
-    archive: impl FnOnce(&ExecRequest) -> Result<Vec<u8>>,
+    source: impl FnOnce(&ExecRequest) -> Result<Cached>,
 ) -> Result<Answer> {
     // 3. The envelope.
     let envelope =
@@ -96,46 +112,39 @@ fn execute(
     for cmd in &envelope.verification {
         settings.programs.check(cmd)?;
     }
-    // 5. The archive.
-    let bytes = archive(request)?;
-    if bytes.len() as u64 > settings.max_archive_bytes {
-        return Err(Error::ArchiveInvalid(format!(
-            "larger than {} bytes",
-            settings.max_archive_bytes
-        )));
-    }
-    if bytes.len() as u64 != request.source_archive_bytes {
-        return Err(Error::ArchiveInvalid(format!(
-            "{} bytes, the request says {}",
-            bytes.len(),
-            request.source_archive_bytes
-        )));
-    }
-    let actual = hex::encode(Sha256::digest(&bytes));
-    if actual != request.source_archive_sha256 {
+    // 5. The source tree.
+    let tree = source(request)?;
+    if tree.tree != request.source_tree {
         return Err(Error::ArchiveDigest(format!(
-            "sha256 {actual}, the request says {}",
-            request.source_archive_sha256
+            "the cache gave tree {}, the request names {}",
+            tree.tree, request.source_tree
         )));
     }
     // 6–8 in a fresh directory that is removed whatever happens.
     let dir = Scratch::create(&settings.work_root, &request.request_id)?;
-    let answer = in_workspace(settings, request, &envelope, &bytes, &dir.path);
+    let answer = in_workspace(settings, request, &envelope, &tree, &dir.path);
     drop(dir);
     answer
+}
+
+/// The runner and the commands' ids when the executor is root (they must
+/// own what the spawner mounts for them).
+fn runner_for<'a>(settings: &'a Settings, envelope: &Envelope) -> Result<Option<&'a Runner>> {
+    match (&settings.runner, envelope.verification.is_empty()) {
+        (_, true) => Ok(None),
+        (Some(r), false) => Ok(Some(r)),
+        (None, false) => Err(Error::ConfineSpawn("no spawner to run commands".into())),
+    }
 }
 
 fn in_workspace(
     settings: &Settings,
     request: &ExecRequest,
     envelope: &Envelope,
-    archive: &[u8],
+    tree: &Cached,
     dir: &Path,
 ) -> Result<Answer> {
-    let src = dir.join("src");
-    mkdir(&src, 0o755)?;
-    let ws = Workspace::open(&src, settings.max_file_bytes)?;
-    extract(archive, ws.root(), &settings.archive, &settings.credentials)?;
+    let lower = Workspace::open(&tree.path, settings.max_file_bytes)?;
     let mut outcome = Outcome {
         passed: true,
         ..Outcome::default()
@@ -143,37 +152,59 @@ fn in_workspace(
     let mut confinements = Vec::new();
     match envelope.action {
         Action::SourceCapture => {
-            outcome.captured_files = ws.entries(&envelope.capture_paths, &settings.credentials)?;
+            outcome.captured_files =
+                lower.entries(&envelope.capture_paths, &settings.credentials)?;
         }
         Action::Deterministic => {
-            let touched = ws.apply(&envelope.change_set, &settings.credentials)?;
-            outcome.changed_files = ws.entries(&touched, &settings.credentials)?;
-            let runner = match (&settings.runner, envelope.verification.is_empty()) {
-                (_, true) => None,
-                (Some(r), false) => Some(r),
-                (None, false) => {
-                    return Err(Error::ConfineSpawn("no spawner to run commands".into()));
-                }
+            let runner = runner_for(settings, envelope)?;
+            let overlay =
+                runner.is_some_and(|r| r.view() == ViewMode::MinimalRoot) || runner.is_none();
+            let (source, ws) = if overlay {
+                let upper = dir.join("upper");
+                let work = dir.join("ovl");
+                mkdir(&upper, 0o755)?;
+                mkdir(&work, 0o755)?;
+                let ws = Workspace::open(&upper, settings.max_file_bytes)?;
+                outcome.changed_files =
+                    apply_layered(&lower, &ws, &envelope.change_set, &settings.credentials)?;
+                (
+                    WorkspaceSource::Overlay {
+                        lower: tree.path.clone(),
+                        upper,
+                        work,
+                    },
+                    ws,
+                )
+            } else {
+                let src = dir.join("src");
+                copy_tree(&tree.path, &src)?;
+                let ws = Workspace::open(&src, settings.max_file_bytes)?;
+                let touched = ws.apply(&envelope.change_set, &settings.credentials)?;
+                outcome.changed_files = ws.entries(&touched, &settings.credentials)?;
+                (WorkspaceSource::Dir(src), ws)
             };
             if let Some(runner) = runner.filter(|_| rustix::process::geteuid().is_root()) {
                 // Run as root, the spawner runs as the commands' uid.
                 let (uid, gid) = runner.hello().ids;
-                chown_tree(&src, uid, gid).map_err(|e| Error::Setup {
-                    path: src.clone(),
+                chown_tree(dir, uid, gid).map_err(|e| Error::Setup {
+                    path: dir.to_owned(),
                     detail: format!("chown to {uid}:{gid}: {e}"),
                 })?;
             }
-            let source = WorkspaceSource::Dir(src.clone());
+            let Some(runner) = runner else {
+                let report = result::confinement_report(settings.own.as_ref(), &[]);
+                let r = result::result(request, &envelope.execution_digest, outcome, report)?;
+                return Ok(Answer::Result(Box::new(r)));
+            };
             for (i, cmd) in envelope.verification.iter().enumerate() {
-                // The working directory must be a real directory beneath the
+                // The working directory must be a real directory in the
                 // workspace now (a previous command may have replaced it).
-                if cmd.cwd != "." && crate::beneath::dir(ws.root(), &cmd.cwd, false)?.is_none() {
+                if cmd.cwd != "." && !dir_exists(&ws, overlay.then_some(&lower), &cmd.cwd)? {
                     return Err(Error::PathInvalid {
                         path: cmd.cwd.clone(),
                         why: "working directory does not exist",
                     });
                 }
-                let Some(runner) = runner else { break };
                 let (evidence, confinement) = runner.run(cmd, &source, dir, i)?;
                 let ok = evidence.exit_code == Some(0) && !evidence.timed_out;
                 outcome.verification.push(evidence);
@@ -188,6 +219,92 @@ fn in_workspace(
     let report = result::confinement_report(settings.own.as_ref(), &confinements);
     let r = result::result(request, &envelope.execution_digest, outcome, report)?;
     Ok(Answer::Result(Box::new(r)))
+}
+
+/// Whether `rel` is a directory of the workspace (the upper layer, else
+/// the tree beneath it).
+fn dir_exists(ws: &Workspace, lower: Option<&Workspace>, rel: &str) -> Result<bool> {
+    if beneath::dir(ws.root(), rel, false)?.is_some() {
+        return Ok(true);
+    }
+    match lower {
+        Some(l) => Ok(beneath::dir(l.root(), rel, false)?.is_some()),
+        None => Ok(false),
+    }
+}
+
+/// Applies `changes` to `upper`, an overlay's upper directory over `lower`:
+/// each path's file is copied up first (so a replace or a guard reads the
+/// tree's content), the change set is applied to the upper directory as to
+/// any workspace, the changed files are read back, and each deleted file
+/// the tree holds gets a whiteout (a character device 0/0), which hides it
+/// in the overlay. Returns the changed files.
+fn apply_layered(
+    lower: &Workspace,
+    upper: &Workspace,
+    changes: &[Change],
+    credentials: &CredentialPolicy,
+) -> Result<Vec<airlock_proto::bundle::FileEntry>> {
+    for change in changes {
+        let rel = change.path();
+        // Writing beneath a parent that is a file in the tree fails in a
+        // plain workspace; in the upper directory it would create the
+        // directory and hide the file: refuse it the same way.
+        if let (Change::WriteFile { .. }, (Some(parent), _)) = (change, beneath::split(rel)) {
+            beneath::dir(lower.root(), parent, false)?;
+        }
+        if upper.read(rel)?.is_none() {
+            if let Some(snap) = lower.read(rel)? {
+                upper.put(rel, &snap.bytes, snap.executable)?;
+            }
+        }
+    }
+    let touched = upper.apply(changes, credentials)?;
+    let entries = upper.entries(&touched, credentials)?;
+    for e in entries.iter().filter(|e| e.deleted) {
+        if lower.read(&e.path)?.is_some() {
+            upper.whiteout(&e.path)?;
+        }
+    }
+    Ok(entries)
+}
+
+/// Copies a cached tree into a fresh workspace (the host view): each file
+/// reflinked where the file system can, else copied in the kernel.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    let err = |e: std::io::Error, p: &Path| Error::Setup {
+        path: p.to_owned(),
+        detail: e.to_string(),
+    };
+    mkdir(to, 0o755)?;
+    for entry in std::fs::read_dir(from).map_err(|e| err(e, from))? {
+        let entry = entry.map_err(|e| err(e, from))?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let ft = entry.file_type().map_err(|e| err(e, &src))?;
+        if ft.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else if ft.is_file() {
+            copy_file(&src, &dst).map_err(|e| err(e, &src))?;
+        }
+    }
+    Ok(())
+}
+
+fn copy_file(src: &Path, dst: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let from = std::fs::File::open(src)?;
+    let mode = from.metadata()?.permissions().mode() & 0o777;
+    let to = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(dst)?;
+    if rustix::fs::ioctl_ficlone(&to, &from).is_ok() {
+        return Ok(());
+    }
+    let mut from = from;
+    let mut to = to;
+    std::io::copy(&mut from, &mut to).map(drop)
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
@@ -211,11 +328,14 @@ impl Scratch {
         // request_id has been validated (r + 40 hex), so it is a plain name.
         let path = work_root.join(request_id);
         if std::fs::symlink_metadata(&path).is_ok() {
-            // Left over from a crash: std's remove_dir_all never follows symlinks.
-            std::fs::remove_dir_all(&path).map_err(|e| Error::Setup {
-                path: path.clone(),
-                detail: format!("cannot remove a stale workspace: {e}"),
-            })?;
+            // Left over from a crash: never follows symlinks.
+            remove_tree(&path);
+            if std::fs::symlink_metadata(&path).is_ok() {
+                return Err(Error::Setup {
+                    path,
+                    detail: "cannot remove a stale workspace".into(),
+                });
+            }
         }
         mkdir(&path, 0o711)?;
         Ok(Scratch { path })
@@ -224,6 +344,6 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        remove_tree(&self.path);
     }
 }

@@ -85,7 +85,7 @@ pub struct Outcome {
     pub passed: bool,
 }
 
-/// A result bound to `request` by its digest, execution digest and archive digest.
+/// A result bound to `request` by its digest, execution digest and source tree.
 pub fn result(
     request: &ExecRequest,
     execution_digest: &str,
@@ -97,7 +97,7 @@ pub fn result(
         request_id: request.request_id.clone(),
         request_sha256: request.digest(),
         execution_digest: execution_digest.to_owned(),
-        source_archive_sha256: request.source_archive_sha256.clone(),
+        source_tree: request.source_tree.clone(),
         passed: outcome.passed,
         changed_files: outcome.changed_files,
         captured_files: outcome.captured_files,

@@ -39,6 +39,10 @@ use std::time::{Duration, Instant};
 /// executor gives up on it.
 pub const HELPER_GRACE: Duration = Duration::from_secs(15);
 
+/// In the work root: the view the running executor's commands get (for
+/// `airlockctl doctor`).
+pub const VIEW_STATUS_FILE: &str = "sandbox.json";
+
 /// Where the workspace appears in the minimal root.
 pub const VIEW_WORKSPACE: &str = airlock_sandbox::root::WORKSPACE;
 

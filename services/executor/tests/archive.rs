@@ -4,6 +4,8 @@
 
 mod common;
 
+use airlock_proto::tree::ObjectFormat;
+
 use airlock_executor::apply::{CredentialPolicy, Workspace};
 use airlock_executor::extract::{ArchiveLimits, extract};
 use airlock_proto::Code;
@@ -34,7 +36,14 @@ fn fixture() -> Fixture {
 
 fn refuse(archive: &[u8], limits: &ArchiveLimits) -> (Code, Fixture) {
     let f = fixture();
-    let err = extract(archive, f.ws.root(), limits, &CredentialPolicy::default()).unwrap_err();
+    let err = extract(
+        archive,
+        f.ws.root(),
+        limits,
+        &CredentialPolicy::default(),
+        ObjectFormat::Sha1,
+    )
+    .unwrap_err();
     // Nothing outside the workspace, and no special file inside it.
     let outside: Vec<String> = std::fs::read_dir(f.outer.path())
         .unwrap()
@@ -66,9 +75,15 @@ fn a_clean_archive_is_extracted_plain_and_gzipped() {
             f.ws.root(),
             &limits(),
             &CredentialPolicy::default(),
+            ObjectFormat::Sha1,
         )
         .unwrap();
         assert_eq!(out.files, 3);
+        assert_eq!(
+            out.tree,
+            tree_of(&archive),
+            "the git tree id of the content"
+        );
         assert_eq!(
             tree(f.ws.path()),
             [
@@ -239,11 +254,14 @@ fn credential_paths_are_withheld_unless_allowed() {
     let policy = CredentialPolicy {
         allow: vec!["tests/fixtures/**".into()],
     };
-    let out = extract(&tar, f.ws.root(), &limits(), &policy).unwrap();
+    let out = extract(&tar, f.ws.root(), &limits(), &policy, ObjectFormat::Sha1).unwrap();
     assert_eq!(
         out.withheld,
         vec![".env".to_owned(), "deploy/.ssh/id_ed25519".to_owned()]
     );
+    // Withheld files are not written, but they are part of the tree.
+    assert_eq!(out.tree, tree_of(&tar));
+    assert_eq!(out.extras.len(), 2);
     assert!(f.ws.read(".env").unwrap().is_none());
     assert!(f.ws.read("tests/fixtures/server.key").unwrap().is_some());
 }

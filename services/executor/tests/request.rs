@@ -6,6 +6,7 @@
 mod common;
 
 use airlock_executor::apply::CredentialPolicy;
+use airlock_executor::cache::{CacheLimits, Cached, TreeCache};
 use airlock_executor::extract::ArchiveLimits;
 use airlock_executor::policy::ProgramPolicy;
 use airlock_executor::request::{Settings, handle};
@@ -45,16 +46,49 @@ fn write_hello() -> serde_json::Value {
     json!([{"path": "hello.py", "operation": "write_file", "content": "VALUE = 2\n"}])
 }
 
+/// The tree cache of a work root (no bounds to speak of).
+fn cache(work: &std::path::Path) -> TreeCache {
+    let limits = CacheLimits {
+        max_entries: 8,
+        max_bytes: 1 << 30,
+    };
+    TreeCache::open(work, limits, None).unwrap().0
+}
+
+/// Fills the cache from `archive` for the request's tree (as the serve
+/// loop does on a miss).
+fn from_archive<'a>(
+    s: &'a Settings,
+    cache: &'a TreeCache,
+    archive: Vec<u8>,
+) -> impl FnOnce(&ExecRequest) -> airlock_executor::Result<Cached> + 'a {
+    move |req| cache.fill(&req.source_tree, &archive, &s.archive, &s.credentials)
+}
+
 /// Runs `request` (as JSON bytes) with `archive`; returns the failure code, or "RESULT".
 fn answer(request: &[u8], file_id: Option<&str>, archive: Vec<u8>) -> (String, Option<String>) {
     let work = tempfile::tempdir().unwrap();
     let s = settings(work.path());
-    let a = handle(&s, file_id, Ok(request.to_vec()), |_| Ok(archive));
-    assert_eq!(
-        std::fs::read_dir(work.path()).unwrap().count(),
-        0,
-        "workspace left behind"
+    let c = cache(work.path());
+    let a = handle(
+        &s,
+        file_id,
+        Ok(request.to_vec()),
+        from_archive(&s, &c, archive),
     );
+    let left: Vec<String> = std::fs::read_dir(work.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["trees"], "workspace left behind");
+    let trees = std::fs::read_dir(work.path().join("trees")).unwrap();
+    for t in trees {
+        let name = t.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with(".fill"),
+            "a half-filled cache entry left: {name}"
+        );
+    }
     match a {
         Answer::Result(_) => ("RESULT".into(), None),
         Answer::Failure(f) => (f.code, f.request_sha256),
@@ -71,11 +105,12 @@ fn a_request_without_commands_produces_a_bound_result() {
     let req = exec_request(&env, &archive());
     let work = tempfile::tempdir().unwrap();
     let s = settings(work.path());
+    let c = cache(work.path());
     let Answer::Result(r) = handle(
         &s,
         Some(&req.request_id),
         Ok(bytes(&req)),
-        |_| Ok(archive()),
+        from_archive(&s, &c, archive()),
     ) else {
         panic!("refused")
     };
@@ -131,21 +166,29 @@ fn a_tampered_envelope_is_refused() {
 }
 
 #[test]
-fn archives_must_match_the_request() {
+fn archives_must_hold_the_requests_tree() {
     let env = envelope("task-req-arc", plan(write_hello(), json!([])));
     let req = exec_request(&env, &archive());
-    let mut bigger = archive();
-    bigger.extend_from_slice(&[0u8; 512]);
+    // Another content, another tree.
+    let other = tar_of(&[("hello.py", b"VALUE = 3\n", 0o644)]);
     assert_eq!(
-        answer(&bytes(&req), None, bigger).0,
-        "SOURCE_ARCHIVE_INVALID"
-    );
-    let mut flipped = archive();
-    flipped[0] ^= 1;
-    assert_eq!(
-        answer(&bytes(&req), None, flipped).0,
+        answer(&bytes(&req), None, other).0,
         "SOURCE_ARCHIVE_SHA_MISMATCH"
     );
+    // Another mode is another tree too.
+    let exec = tar_of(&[("hello.py", b"VALUE = 1\n", 0o755)]);
+    assert_eq!(
+        answer(&bytes(&req), None, exec).0,
+        "SOURCE_ARCHIVE_SHA_MISMATCH"
+    );
+    // An extra file as well.
+    let extra = tar_of(&[("hello.py", b"VALUE = 1\n", 0o644), ("x", b"", 0o644)]);
+    assert_eq!(
+        answer(&bytes(&req), None, extra).0,
+        "SOURCE_ARCHIVE_SHA_MISMATCH"
+    );
+    // The right one.
+    assert_eq!(answer(&bytes(&req), None, archive()).0, "RESULT");
     // A hostile archive with the right digest is still refused by extraction.
     let hostile = tar_with(
         raw_header(b"../../x", tar::EntryType::Regular, 1, 0o644, b""),

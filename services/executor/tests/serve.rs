@@ -219,11 +219,12 @@ fn run_once_applies_verifies_and_binds_the_result() {
     check_happy_result(&result, &request);
     assert!(!dir.path().join("probe").exists());
     assert!(!Path::new("/etc/airlock-pwned").exists());
-    // The workspace is gone.
-    assert_eq!(
-        std::fs::read_dir(dir.path().join("work")).unwrap().count(),
-        0
-    );
+    // The workspace is gone; the tree cache stays.
+    let left: Vec<String> = std::fs::read_dir(dir.path().join("work"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["trees"]);
 }
 
 struct Server {
@@ -307,17 +308,18 @@ fn serve_answers_each_spooled_request_once() {
         expected.push((request.request_id.clone(), what));
         requests.push(request);
     }
-    // A request whose archive was tampered with after the request was made.
+    // A request naming another tree than its archive holds.
     let env = envelope(
         "task-serve-drift",
         deterministic("task-serve-drift", json!([])),
     );
-    let request = exec_request(&env, &archive);
-    let mut tampered = archive.clone();
-    let last = tampered.len() - 1;
-    tampered[last] ^= 1;
+    let other = gzip(&tar_of(&[
+        ("hello.py", b"VALUE = 1\n", 0o644),
+        ("more.py", b"", 0o644),
+    ]));
+    let request = exec_request(&env, &other);
     spool
-        .publish(Kind::Sources, &request.request_id, &tampered)
+        .publish(Kind::Sources, &request.request_id, &archive)
         .unwrap();
     spool
         .publish(
@@ -422,6 +424,60 @@ fn serve_answers_each_spooled_request_once() {
         );
     }
     assert!(!root.join("results").join("planted.json").exists());
+    // One tree served them all: filled once, then cached.
+    let log = std::fs::read_to_string(dir.path().join("executor.log")).unwrap();
+    assert_eq!(
+        log.matches("tree filled from the archive").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("tree cached").count(), 4, "{log}");
+
+    // A tree the executor lacks, and no archive: it asks (wants/<id>.json,
+    // bound to the request), then answers once the archive comes.
+    let wanted_archive = tar_of(&[
+        ("hello.py", b"VALUE = 1\n", 0o644),
+        ("new.py", b"x = 1\n", 0o644),
+    ]);
+    let env = envelope(
+        "task-serve-want",
+        deterministic("task-serve-want", json!([])),
+    );
+    let wanted = exec_request(&env, &wanted_archive);
+    let mut wants = spool.watch(&[Kind::Wants]).unwrap();
+    spool
+        .publish(
+            Kind::Requests,
+            &wanted.request_id,
+            &serde_json::to_vec(&wanted).unwrap(),
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !spool.exists(Kind::Wants, &wanted.request_id).unwrap() {
+        assert!(Instant::now() < deadline, "no source request");
+        let _ = wants.wait(Duration::from_secs(5)).unwrap();
+    }
+    let want: airlock_proto::bundle::SourceWanted = serde_json::from_slice(
+        &spool
+            .read(Kind::Wants, &wanted.request_id, &expect)
+            .unwrap(),
+    )
+    .unwrap();
+    want.validate_against(&wanted).unwrap();
+    assert!(!answered(&wanted.request_id), "answered without its source");
+    spool
+        .publish(Kind::Sources, &wanted.request_id, &wanted_archive)
+        .unwrap();
+    while !answered(&wanted.request_id) {
+        assert!(
+            Instant::now() < deadline,
+            "not answered once the source came"
+        );
+        let _ = watcher.wait(Duration::from_secs(5)).unwrap();
+    }
+    let r = result(&wanted.request_id);
+    r.validate_against(&wanted).unwrap();
+    assert!(r.passed);
     // Nothing is answered twice: a new wake-up (an unrelated publication)
     // makes the loop rescan, and the answered requests stay as they were.
     let before: Vec<_> = airlock_spool_listing(&spool);
@@ -452,11 +508,21 @@ fn serve_answers_each_spooled_request_once() {
     for entry in &before {
         assert!(after.contains(entry), "{entry:?} changed");
     }
-    // The workspaces are gone.
-    assert_eq!(
-        std::fs::read_dir(dir.path().join("work")).unwrap().count(),
-        0
-    );
+    // The workspaces are gone; the tree cache and the view status stay.
+    let mut left: Vec<String> = std::fs::read_dir(dir.path().join("work"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["sandbox.json", "trees"]);
+    let mut trees: Vec<String> = std::fs::read_dir(dir.path().join("work").join("trees"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    trees.sort();
+    let mut want_trees = vec![requests[0].source_tree.clone(), wanted.source_tree.clone()];
+    want_trees.sort();
+    assert_eq!(trees, want_trees, "the tampered archive filled nothing");
 }
 
 /// (directory, id, mtime) of every answer.

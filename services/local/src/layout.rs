@@ -190,6 +190,7 @@ pub fn create(layout: &Layout, ids: &Ids) -> std::io::Result<()> {
         ("spool/sources", 0o2750, ids.worker.uid, ids.exchange_gid),
         ("spool/results", 0o2750, ids.executor.uid, ids.exchange_gid),
         ("spool/failed", 0o2750, ids.executor.uid, ids.exchange_gid),
+        ("spool/wants", 0o2750, ids.executor.uid, ids.exchange_gid),
     ] {
         let (owner, group) = if ids.separated {
             (owner, group)

@@ -142,7 +142,6 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     let worker_bin = sibling("airlock-worker")?;
     let executor_bin = sibling("airlock-executor")?;
     let retryd_bin = sibling("airlock-retryd")?;
-    let confine_bin = sibling("airlock-confine")?;
 
     // Readable by every component user, whatever the caller's umask.
     layout::file(

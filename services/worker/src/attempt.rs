@@ -4,7 +4,7 @@ use crate::bus::{Supervisor, is_transient};
 use airlock_git::{ArchiveLimits, AuthorityRepo, CommitSpec, FileChange, GitError};
 use airlock_journal::checkpoint::{Checkpoint, CheckpointJournal};
 use airlock_proto::bundle::{
-    EXEC_REQUEST_SCHEMA, ExecFailure, ExecRequest, ExecResult, request_id_for,
+    EXEC_REQUEST_SCHEMA, ExecFailure, ExecRequest, ExecResult, SourceWanted, request_id_for,
 };
 use airlock_proto::bus::LeaseRef;
 use airlock_proto::canonical::{digest_of, sha256_hex};
@@ -500,10 +500,53 @@ impl Worker {
         }
     }
 
-    /// Publishes the source archive and the request. Both are derived from
-    /// the envelope alone, so a replay after a crash publishes the same
-    /// bytes; an existing file is accepted only if it is byte-identical.
+    /// Publishes the request, naming the source by its git tree id (read
+    /// from the repository without touching a blob: O(1) whatever its
+    /// size). The archive follows only if the executor asks for it
+    /// ([`Worker::send_source`]). The request is derived from the envelope
+    /// alone, so a replay after a crash publishes the same bytes; an
+    /// existing file is accepted only if it is byte-identical.
     fn prepare(&self, env: &Envelope, attempt: u32, rid: &str) -> Step<Value> {
+        let scratch = self.scratch(rid)?;
+        let repo = self.repo(env, &scratch)?;
+        let tree = repo.tree_of(env.binding.source_head()).map_err(git_err)?;
+        let request = ExecRequest {
+            schema: EXEC_REQUEST_SCHEMA.into(),
+            request_id: rid.to_owned(),
+            attempt,
+            envelope: env.to_value(),
+            source_tree: tree.clone(),
+        };
+        let request_bytes =
+            serde_json::to_vec(&request).map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+        self.publish_once(Kind::Requests, rid, &request_bytes)?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        Ok(json!({"request_id": rid, "request_sha256": request.digest(), "source_tree": tree}))
+    }
+
+    /// Answers the executor's `wants/<rid>.json` (it lacks the request's
+    /// tree): checks it names our request and its tree, then publishes the
+    /// deterministic archive of the source commit at `sources/<rid>.tar`,
+    /// once. The executor accepts it only if it hashes to that tree.
+    fn send_source(&self, env: &Envelope, rid: &str, request: &ExecRequest) -> Step<()> {
+        if self.spool.exists(Kind::Sources, rid).map_err(spool_err)? {
+            return Ok(());
+        }
+        let bytes = self
+            .spool
+            .read(
+                Kind::Wants,
+                rid,
+                &Expect {
+                    owner_uid: self.settings.executor_uid,
+                    max_bytes: 64 * 1024,
+                    sha256: None,
+                },
+            )
+            .map_err(spool_err)?;
+        let want: SourceWanted = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("source request: {e}")))?;
+        want.validate_against(request)?;
         let scratch = self.scratch(rid)?;
         let repo = self.repo(env, &scratch)?;
         let mut archive = Vec::new();
@@ -513,23 +556,10 @@ impl Worker {
             &mut archive,
         )
         .map_err(git_err)?;
-        let archive_sha = sha256_hex(&archive);
-        let request = ExecRequest {
-            schema: EXEC_REQUEST_SCHEMA.into(),
-            request_id: rid.to_owned(),
-            attempt,
-            envelope: env.to_value(),
-            source_archive_sha256: archive_sha.clone(),
-            source_archive_bytes: archive.len() as u64,
-        };
-        let request_bytes =
-            serde_json::to_vec(&request).map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
         self.publish_once(Kind::Sources, rid, &archive)?;
-        self.publish_once(Kind::Requests, rid, &request_bytes)?;
         let _ = std::fs::remove_dir_all(&scratch);
-        Ok(
-            json!({"request_id": rid, "request_sha256": request.digest(), "source_archive_sha256": archive_sha}),
-        )
+        tracing::info!(request = %rid, tree = %request.source_tree, bytes = archive.len(), "source archive sent");
+        Ok(())
     }
 
     fn publish_once(&self, kind: Kind, rid: &str, bytes: &[u8]) -> Step<()> {
@@ -622,7 +652,7 @@ impl Worker {
         lost: &Mutex<Option<Code>>,
     ) -> Step<Result<(ExecResult, String), (Error, Option<Vec<CommandSummary>>)>> {
         let request_sha = prepared["request_sha256"].as_str();
-        self.own_request(rid, request_sha)?;
+        let request = self.own_request(rid, request_sha)?;
         let budget: u64 = env
             .verification
             .iter()
@@ -631,9 +661,21 @@ impl Worker {
         let deadline = Instant::now() + Duration::from_secs(budget) + self.settings.result_slack;
         let mut watcher = self
             .spool
-            .watch(&[Kind::Results, Kind::Failed])
+            .watch(&[Kind::Results, Kind::Failed, Kind::Wants])
             .map_err(spool_err)?;
         loop {
+            if self.spool.exists(Kind::Wants, rid).map_err(spool_err)? {
+                if let Err(e) = self.send_source(env, rid, &request) {
+                    match e.code {
+                        // The source cannot be archived (limits, a missing
+                        // object): the attempt fails with that code.
+                        Code::SOURCE_ARCHIVE_LIMIT_EXCEEDED | Code::GIT_OBJECT_MISSING => {
+                            return Ok(Err((e, None)));
+                        }
+                        _ => return Err(e),
+                    }
+                }
+            }
             if self.spool.exists(Kind::Results, rid).map_err(spool_err)? {
                 let result = match self.read_result(env, rid, None) {
                     Ok(r) => r,
@@ -1004,7 +1046,7 @@ mod tests {
             request_id: "r".into(),
             request_sha256: "0".repeat(64),
             execution_digest: "0".repeat(64),
-            source_archive_sha256: "0".repeat(64),
+            source_tree: "0".repeat(40),
             passed: true,
             changed_files: paths
                 .iter()

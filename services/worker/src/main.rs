@@ -277,6 +277,7 @@ fn confine(
         .with(Slot::SpoolSources, spool.dir_path(Kind::Sources))
         .with(Slot::SpoolResults, spool.dir_path(Kind::Results))
         .with(Slot::SpoolFailed, spool.dir_path(Kind::Failed))
+        .with(Slot::SpoolWants, spool.dir_path(Kind::Wants))
         .with_all(Slot::Repositories, settings.repositories.values().cloned())
         .with(Slot::RepositoryRoot, config.worker.repository_root.clone())
         .with(Slot::DropInDir, drop_ins.to_path_buf());

@@ -21,11 +21,12 @@
 //!   it. Every point must land [`MIN_PER_POINT`] times.
 //! - **The worker at random instants.**
 //! - **The executor mid-command**: every third task's verification command
-//!   writes `crash-start` (a nonce) into its `TMPDIR`, sleeps, then writes
-//!   `crash-end`. `TMPDIR` is the command's private tmp inside the
-//!   executor's per-request scratch directory (`exec/work/<request>/tmp-N`):
-//!   the sandbox may write there and the harness (the same uid, or root)
-//!   may read it. The stdout of a killed run is lost with it, so files are
+//!   writes `crash-start` (a nonce) into its workspace, sleeps, then writes
+//!   `crash-end`. The workspace's new files land in the executor's
+//!   per-request directory (`exec/work/<request>/upper`, the overlay's
+//!   upper directory in the minimal root; `exec/work/<request>/src` in the
+//!   host view): the sandbox may write there and the harness (the same
+//!   uid, or root) may read it; the result carries only the change set. The stdout of a killed run is lost with it, so files are
 //!   the evidence. Before the kill the harness waits for a command with
 //!   `crash-start` and no `crash-end`, kills the executor, and reads the
 //!   directory again: the same nonce and still no `crash-end` means the
@@ -116,7 +117,7 @@ fn submission(i: usize, base: &str) -> Value {
     let argv = if i % 3 == 0 {
         let script = format!(
             "import os, time\n\
-             d = os.environ['TMPDIR']\n\
+             d = os.getcwd()\n\
              open(os.path.join(d, '{START_MARKER}'), 'w').write(str(time.time_ns()))\n\
              time.sleep(0.5)\n\
              open(os.path.join(d, '{END_MARKER}'), 'w').write('done')\n"

@@ -895,6 +895,10 @@ impl Suite {
 
         let out_path = dir.join("out").join("result.json");
         let spool = self.spool_answers(&dir, uid)?;
+        // The tree cache in the work root, as the executor lays it out (in
+        // the sandboxed runs the executor finds no seal, removes this entry
+        // and fills a real one from the archive, at the same path).
+        let cache_file = self.tree_cache_entry(&dir, uid)?;
         // Metadata outside that the probe's uid owns: checked after every
         // probe, whatever it tried.
         let meta_targets: Vec<PathBuf> = std::iter::once(gap_file.clone())
@@ -905,7 +909,7 @@ impl Suite {
             .map(|p| metadata_of(p))
             .collect::<Res<Vec<_>>>()?;
         let meta_changes = || -> Vec<String> {
-            meta_targets
+            let mut found: Vec<String> = meta_targets
                 .iter()
                 .zip(&meta_before)
                 .filter_map(|(p, before)| match metadata_of(p) {
@@ -916,7 +920,13 @@ impl Suite {
                     )),
                     Err(e) => Some(format!("metadata of {}: {e}", p.display())),
                 })
-                .collect()
+                .collect();
+            if probe.checks.contains(&Check::TreeCacheIntact) {
+                if let Err(e) = cache_intact(&cache_file) {
+                    found.push(e);
+                }
+            }
+            found
         };
         let args = self.args(
             probe,
@@ -926,6 +936,7 @@ impl Suite {
                 gap: &gap_file,
                 sibling: &sibling,
                 spool: &spool,
+                cache: &cache_file,
             },
             &out_path,
             &marker_info,
@@ -1148,6 +1159,8 @@ impl Suite {
                     return Err("the executor's clean-up removed an outside file".into());
                 }
             }
+            // Judged with the outside metadata (it needs the entry's path).
+            Check::TreeCacheIntact => {}
         }
         Ok(())
     }
@@ -1205,6 +1218,7 @@ impl Suite {
         a.insert("gap_file".into(), json!(t.gap));
         a.insert("sibling_secret".into(), json!(t.sibling.join("secret.txt")));
         a.insert("spool_answers".into(), json!(t.spool));
+        a.insert("tree_cache_file".into(), json!(t.cache));
         a.insert("out_path".into(), json!(out));
         a.insert("marker".into(), marker.clone());
         a.insert("ports".into(), self.ports.clone());
@@ -1297,6 +1311,7 @@ struct Targets<'a> {
     gap: &'a Path,
     sibling: &'a Path,
     spool: &'a [PathBuf],
+    cache: &'a Path,
 }
 
 /// The extended attribute every metadata target carries (a probe tries to
@@ -1304,6 +1319,20 @@ struct Targets<'a> {
 pub const KEEP_XATTR: &str = "user.airlock-keep";
 
 impl Suite {
+    /// A tree cache entry for the probes' source tree, owned by the probe's
+    /// uid (the executor's): `<work>/trees/<tree>/tree/hello.py`.
+    fn tree_cache_entry(&self, dir: &Path, uid: u32) -> Res<PathBuf> {
+        let trees = dir.join("work").join("trees");
+        mkdir(&trees, 0o711, Some(uid))?;
+        let entry = trees.join(source_tree()?);
+        mkdir(&entry, 0o755, Some(uid))?;
+        mkdir(&entry.join("tree"), 0o755, Some(uid))?;
+        let file = entry.join("tree").join("hello.py");
+        put(&file, b"VALUE = 1\n", 0o644, Some(uid))?;
+        set_keep_xattr(&file)?;
+        Ok(file)
+    }
+
     /// Another request's answers in a spool laid out as the executor's:
     /// `results/` and `failed/` files owned by the executor's uid (here the
     /// probe's), as `tmpfiles/airlock.conf` and the spool code make them.
@@ -1323,6 +1352,35 @@ impl Suite {
         }
         Ok(out)
     }
+}
+
+/// The cached `hello.py` holds what the tree holds, with its mode, a real
+/// modification time and no attribute a probe set.
+fn cache_intact(path: &Path) -> Res<()> {
+    let m =
+        fs::symlink_metadata(path).map_err(io(format!("tree cache file {}", path.display())))?;
+    let content = fs::read(path).unwrap_or_default();
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(io("path"))?;
+    let name = std::ffi::CString::new("user.airlock-pwned").map_err(io("xattr"))?;
+    let mut buf = [0u8; 8];
+    // SAFETY: NUL-terminated strings and a buffer of the length given.
+    let pwned = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    } >= 0;
+    if content != b"VALUE = 1\n" || m.mode() & 0o7777 != 0o644 || m.mtime() < 2 || pwned {
+        return Err(format!(
+            "the tree cache's file changed: mode {:o}, mtime {}, {} bytes, pwned xattr {pwned}",
+            m.mode() & 0o7777,
+            m.mtime(),
+            content.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Sets [`KEEP_XATTR`] on `path`.
@@ -1621,6 +1679,8 @@ exec \"$@\"
                         );
                     }
                 }
+                // Judged with the outside metadata (meta_changes).
+                Check::TreeCacheIntact => {}
                 // No executor, no result: whatever the workspace holds
                 // beyond the change set is what a naive copy would carry.
                 Check::ResultIsTheChangeSet => {
@@ -1820,8 +1880,20 @@ pub fn build_request(probe: &Probe, index: usize, args: &Value) -> Res<(ExecRequ
         request_id: request_id_for(&envelope.binding.task_id, 1, &envelope.execution_digest),
         attempt: 1,
         envelope: envelope.to_value(),
-        source_archive_sha256: sha(&archive),
-        source_archive_bytes: archive.len() as u64,
+        source_tree: source_tree()?,
     };
     Ok((request, archive))
+}
+
+/// The git tree id of the probes' source (what the archive holds).
+pub fn source_tree() -> Res<String> {
+    use airlock_proto::tree::{ObjectFormat, TreeBuilder};
+    let mut t = TreeBuilder::new(ObjectFormat::Sha1);
+    for (path, content) in [
+        ("hello.py", &b"VALUE = 1\n"[..]),
+        ("escape_lib.py", LIB_PY.as_bytes()),
+    ] {
+        t.add_blob(path, false, content).map_err(io("tree"))?;
+    }
+    Ok(t.finish())
 }

@@ -45,6 +45,9 @@ pub enum Check {
     /// The shared `keep` file outside is still there after the executor's
     /// clean-up.
     KeepSurvivesCleanup,
+    /// The request's tree in the executor's tree cache kept its content,
+    /// mode, modification time and attributes.
+    TreeCacheIntact,
 }
 
 /// What a probe's "blocked" proves.
@@ -174,6 +177,7 @@ blocked("; ".join(hows))"##
 
 const META_CODE_OUTSIDE: &str = meta_code!(r#"[A["gap_file"]]"#);
 const META_CODE_SPOOL: &str = meta_code!(r#"A["spool_answers"]"#);
+const META_CODE_CACHE: &str = meta_code!(r#"[A["tree_cache_file"]]"#);
 
 /// Every probe, in the order they are reported.
 pub const PROBES: &[Probe] = &[
@@ -701,5 +705,9 @@ planted("a double-forked, setsid daemon")"##)
         .errnos(&["EPERM", "EACCES"]),
     p("metadata_spool", "the same on another request's answers in the spool (owned by the executor's uid)",
       META_CODE_SPOOL)
+        .errnos(&["EPERM", "EACCES"]),
+    p("metadata_tree_cache", "the same on the executor's tree cache (the request's own source tree, owned by its uid)",
+      META_CODE_CACHE)
+        .checks(&[Check::TreeCacheIntact])
         .errnos(&["EPERM", "EACCES"]),
 ];

@@ -2054,6 +2054,21 @@ fn sandbox_probe(c: &Container, host_before: &BTreeMap<String, String>) -> Resul
             bundle["file"], bundle["sha256"]
         ));
     }
+    // Under the unit, commands get the minimal root with a /proc of their own.
+    let confinement = &bundle["confinement"];
+    let namespaces: Vec<&str> = confinement["namespaces"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    if confinement["view"] != "minimal-root"
+        || !["mount", "pid", "ipc", "proc", "tmp", "root"]
+            .iter()
+            .all(|n| namespaces.contains(n))
+    {
+        return Err(format!(
+            "the probe ran without its minimal root under the unit: {confinement}"
+        ));
+    }
     let report = &bundle["report"];
     let judged = judge_unreachable(
         |p| {

@@ -230,6 +230,92 @@ pub fn kernel() -> Vec<Check> {
     vec![landlock, seccomp]
 }
 
+/// The filesystem view verification commands get: what the running
+/// executor reported at start (`<work>/sandbox.json`), else what
+/// airlock-confine gets when run as the executor's user.
+pub fn command_view(root: &Path) -> Check {
+    let name = "command view";
+    let fix = Some(
+        "allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 an AppArmor profile granting userns to /usr/bin/airlock-executor) and restart airlock-executor",
+    );
+    let judge = |view: &str, reason: Option<&str>, whose: &str| match view {
+        "minimal-root" => check(
+            name,
+            Status::Pass,
+            format!(
+                "minimal root: {whose} see only their workspace, /tmp, /proc, /dev and read-only system paths"
+            ),
+            None,
+        ),
+        "host-view" => check(
+            name,
+            Status::Warn,
+            format!(
+                "host view ({}): {whose} rely on Landlock and seccomp, with every metadata call by path refused, even in the workspace",
+                reason.unwrap_or("no reason given")
+            ),
+            fix,
+        ),
+        other => check(name, Status::Fail, format!("unknown view {other:?}"), None),
+    };
+    let status = under(root, "/var/lib/airlock-exec/work/sandbox.json");
+    if let Ok(text) = std::fs::read_to_string(&status) {
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let pid = v["pid"].as_u64().unwrap_or(0);
+        return judge(
+            v["view"].as_str().unwrap_or(""),
+            v["reason"].as_str(),
+            &format!("the commands of the executor (pid {pid}, as it reported at start)"),
+        );
+    }
+    let confine = under(root, "/usr/libexec/airlock/airlock-confine");
+    let user = nix::unistd::User::from_name("airlock-exec").ok().flatten();
+    let (Some(user), true) = (user, confine.is_file()) else {
+        return check(
+            name,
+            Status::Warn,
+            "no executor has reported its view, and airlock-confine or user airlock-exec is missing to probe it",
+            Some("start airlock-executor (systemctl start airlock-executor)"),
+        );
+    };
+    let mut probe = std::process::Command::new(&confine);
+    probe
+        .args([
+            "--report",
+            "/proc/self/fd/1",
+            "--timeout",
+            "10s",
+            "--",
+            "/bin/true",
+        ])
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    if nix::unistd::geteuid().is_root() {
+        use std::os::unix::process::CommandExt;
+        probe.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+    }
+    match probe.output() {
+        Ok(out) => {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let reason = v["warnings"]
+                .as_array()
+                .and_then(|w| w.iter().find_map(|x| x.as_str()));
+            judge(
+                v["view"].as_str().unwrap_or(""),
+                reason,
+                "commands (probed with airlock-confine as airlock-exec; no executor reported yet)",
+            )
+        }
+        Err(e) => check(
+            name,
+            Status::Warn,
+            format!("cannot probe with {}: {e}", confine.display()),
+            Some("start airlock-executor (systemctl start airlock-executor)"),
+        ),
+    }
+}
+
 /// polkit actions installed.
 pub fn polkit(root: &Path) -> Check {
     let path = under(root, "/usr/share/polkit-1/actions/org.airlock.policy");
@@ -543,6 +629,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> ExitCode {
     let mut checks = users();
     checks.extend(directories(&args.root));
     checks.extend(kernel());
+    checks.push(command_view(&args.root));
     checks.push(polkit(&args.root));
     checks.push(bus_name().await);
     checks.extend(units());

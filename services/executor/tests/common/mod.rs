@@ -28,16 +28,47 @@ pub fn envelope(task: &str, request: Value) -> Envelope {
     Envelope::project(&binding(task), &req).unwrap()
 }
 
-/// An ExecRequest for `envelope` and `archive`.
+/// An ExecRequest for `envelope` whose source is the tree `archive` holds.
 pub fn exec_request(envelope: &Envelope, archive: &[u8]) -> ExecRequest {
     ExecRequest {
         schema: EXEC_REQUEST_SCHEMA.into(),
         request_id: request_id_for(&envelope.binding.task_id, 1, &envelope.execution_digest),
         attempt: 1,
         envelope: envelope.to_value(),
-        source_archive_sha256: sha(archive),
-        source_archive_bytes: archive.len() as u64,
+        source_tree: tree_of(archive),
     }
+}
+
+/// The git tree id (SHA-1 format) of a tar or tar.gz of regular files, as
+/// the worker's repository would name it; an unreadable archive gets the
+/// empty tree's id.
+pub fn tree_of(archive: &[u8]) -> String {
+    use airlock_proto::tree::{ObjectFormat, TreeBuilder};
+    use std::io::Read;
+    let reader: Box<dyn Read + '_> = if archive.starts_with(&[0x1f, 0x8b]) {
+        Box::new(flate2::read::GzDecoder::new(archive))
+    } else {
+        Box::new(archive)
+    };
+    let mut tree = TreeBuilder::new(ObjectFormat::Sha1);
+    let mut tar = tar::Archive::new(reader);
+    let Ok(entries) = tar.entries() else {
+        return tree.finish();
+    };
+    for entry in entries {
+        let Ok(mut entry) = entry else { break };
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            continue;
+        }
+        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let exec = entry.header().mode().unwrap_or(0) & 0o111 != 0;
+        let mut data = Vec::new();
+        if entry.read_to_end(&mut data).is_err() {
+            break;
+        }
+        let _ = tree.add_blob(&path, exec, &data);
+    }
+    tree.finish()
 }
 
 /// A plain tar of regular files.

@@ -1,0 +1,290 @@
+//! The source tree's digest: git's own tree id, recomputed from content.
+//!
+//! A request names its source by the git tree id of the base commit
+//! (`ExecRequest::source_tree`), which the worker reads from the repository
+//! without touching a blob. The executor keys its tree cache by it, and
+//! whenever it fills the cache from an archive it recomputes the id from
+//! what it extracted — blob ids from the bytes, tree objects from the
+//! paths and modes, as git does — and refuses the archive unless the ids
+//! are equal. Entries an archive does not carry as files (symbolic links,
+//! submodules, other modes) travel as [`TreeEntry`] records in the
+//! archive's pax global header, so that they count in the id too.
+//!
+//! ```
+//! use airlock_proto::tree::{ObjectFormat, TreeBuilder};
+//! let mut t = TreeBuilder::new(ObjectFormat::Sha1);
+//! t.add_blob("README.md", false, b"hello\n").unwrap();
+//! // What `git write-tree` gives for a README.md holding "hello\n":
+//! assert_eq!(t.finish(), "853694aae8816094a0d875fee7ea26278dbf5d0f");
+//! ```
+
+use std::collections::BTreeMap;
+
+use sha1::Digest as _;
+
+use crate::error::{Code, Error, Result};
+
+/// The pax record key prefix of a [`TreeEntry`] in the archive's global header.
+pub const PAX_KEY_PREFIX: &str = "airlock.tree-entry.";
+
+/// A repository's object format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectFormat {
+    /// SHA-1 ids (40 hex digits).
+    Sha1,
+    /// SHA-256 ids (64 hex digits).
+    Sha256,
+}
+
+impl ObjectFormat {
+    /// The format of a hex object id, by its length (lowercase hex only).
+    pub fn of_id(id: &str) -> Option<ObjectFormat> {
+        if !id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        match id.len() {
+            40 => Some(ObjectFormat::Sha1),
+            64 => Some(ObjectFormat::Sha256),
+            _ => None,
+        }
+    }
+
+    /// A hasher of git objects in this format.
+    pub fn hasher(self) -> ObjectHasher {
+        match self {
+            ObjectFormat::Sha1 => ObjectHasher::Sha1(sha1::Sha1::new()),
+            ObjectFormat::Sha256 => ObjectHasher::Sha256(sha2::Sha256::new()),
+        }
+    }
+}
+
+/// Hashes one git object incrementally.
+#[derive(Clone, Debug)]
+pub enum ObjectHasher {
+    /// SHA-1.
+    Sha1(sha1::Sha1),
+    /// SHA-256.
+    Sha256(sha2::Sha256),
+}
+
+impl ObjectHasher {
+    /// Feeds bytes.
+    pub fn update(&mut self, data: &[u8]) {
+        match self {
+            ObjectHasher::Sha1(h) => h.update(data),
+            ObjectHasher::Sha256(h) => sha2::Digest::update(h, data),
+        }
+    }
+
+    /// The raw id.
+    pub fn finish(self) -> Vec<u8> {
+        match self {
+            ObjectHasher::Sha1(h) => h.finalize().to_vec(),
+            ObjectHasher::Sha256(h) => sha2::Digest::finalize(h).to_vec(),
+        }
+    }
+}
+
+/// A blob's hasher: `blob <size>\0` first, then the content as it streams.
+pub fn blob_hasher(format: ObjectFormat, size: u64) -> ObjectHasher {
+    let mut h = format.hasher();
+    h.update(format!("blob {size}\0").as_bytes());
+    h
+}
+
+/// One entry of a tree that an archive does not carry as a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// Git mode, e.g. 0o120000 (symlink) or 0o160000 (submodule).
+    pub mode: u32,
+    /// Object id, hex.
+    pub oid: String,
+    /// Repository-relative path.
+    pub path: String,
+}
+
+impl TreeEntry {
+    /// The pax record value: `<octal mode> <oid> <path>`.
+    pub fn to_pax(&self) -> String {
+        format!("{:o} {} {}", self.mode, self.oid, self.path)
+    }
+
+    /// Parses a pax record value written by [`TreeEntry::to_pax`].
+    pub fn from_pax(value: &[u8]) -> Result<TreeEntry> {
+        let bad = || Error::with(Code::SOURCE_ARCHIVE_INVALID, "malformed tree entry record");
+        let text = std::str::from_utf8(value).map_err(|_| bad())?;
+        let mut parts = text.splitn(3, ' ');
+        let (Some(mode), Some(oid), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad());
+        };
+        let mode = u32::from_str_radix(mode, 8).map_err(|_| bad())?;
+        if ObjectFormat::of_id(oid).is_none() || path.is_empty() {
+            return Err(bad());
+        }
+        Ok(TreeEntry {
+            mode,
+            oid: oid.to_owned(),
+            path: path.to_owned(),
+        })
+    }
+}
+
+/// Builds a tree id from entries, as `git write-tree` would.
+#[derive(Clone, Debug)]
+pub struct TreeBuilder {
+    format: ObjectFormat,
+    root: Dir,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Dir {
+    files: BTreeMap<Vec<u8>, (u32, Vec<u8>)>,
+    dirs: BTreeMap<Vec<u8>, Dir>,
+}
+
+impl TreeBuilder {
+    /// An empty tree.
+    pub fn new(format: ObjectFormat) -> TreeBuilder {
+        TreeBuilder {
+            format,
+            root: Dir::default(),
+        }
+    }
+
+    /// The object format.
+    pub fn format(&self) -> ObjectFormat {
+        self.format
+    }
+
+    /// Adds a regular file from its content.
+    pub fn add_blob(&mut self, path: &str, executable: bool, content: &[u8]) -> Result<()> {
+        let mut h = blob_hasher(self.format, content.len() as u64);
+        h.update(content);
+        let mode = if executable { 0o100755 } else { 0o100644 };
+        self.add(path, mode, h.finish())
+    }
+
+    /// Adds an entry by mode and raw id. A path that is both a file and a
+    /// directory, or given twice, is refused.
+    pub fn add(&mut self, path: &str, mode: u32, oid: Vec<u8>) -> Result<()> {
+        let dup = || {
+            Error::with(
+                Code::SOURCE_ARCHIVE_PATH_INVALID,
+                format!("{path}: given twice, or both a file and a directory"),
+            )
+        };
+        let mut parts: Vec<&str> = path.split('/').collect();
+        let Some(name) = parts.pop() else {
+            return Err(dup());
+        };
+        let mut dir = &mut self.root;
+        for p in parts {
+            if dir.files.contains_key(p.as_bytes()) {
+                return Err(dup());
+            }
+            dir = dir.dirs.entry(p.as_bytes().to_vec()).or_default();
+        }
+        if dir.dirs.contains_key(name.as_bytes()) || dir.files.contains_key(name.as_bytes()) {
+            return Err(dup());
+        }
+        dir.files.insert(name.as_bytes().to_vec(), (mode, oid));
+        Ok(())
+    }
+
+    /// Adds a [`TreeEntry`].
+    pub fn add_entry(&mut self, e: &TreeEntry) -> Result<()> {
+        let oid = hex::decode(&e.oid)
+            .map_err(|_| Error::with(Code::SOURCE_ARCHIVE_INVALID, "tree entry id is not hex"))?;
+        if ObjectFormat::of_id(&e.oid) != Some(self.format) {
+            return Err(Error::with(
+                Code::SOURCE_ARCHIVE_INVALID,
+                "tree entry id of another object format",
+            ));
+        }
+        self.add(&e.path, e.mode, oid)
+    }
+
+    /// The tree id, hex.
+    pub fn finish(self) -> String {
+        hex::encode(write_tree(self.format, &self.root))
+    }
+}
+
+fn write_tree(format: ObjectFormat, dir: &Dir) -> Vec<u8> {
+    // Git orders entries by name, a directory's name compared as if it
+    // ended in '/'.
+    let mut entries: Vec<(Vec<u8>, u32, Vec<u8>)> = Vec::new();
+    for (name, (mode, oid)) in &dir.files {
+        entries.push((name.clone(), *mode, oid.clone()));
+    }
+    for (name, sub) in &dir.dirs {
+        entries.push((name.clone(), 0o40000, write_tree(format, sub)));
+    }
+    let key = |(name, mode, _): &(Vec<u8>, u32, Vec<u8>)| {
+        let mut k = name.clone();
+        if *mode == 0o40000 {
+            k.push(b'/');
+        }
+        k
+    };
+    entries.sort_by_key(key);
+    let mut body = Vec::new();
+    for (name, mode, oid) in &entries {
+        body.extend_from_slice(format!("{mode:o} ").as_bytes());
+        body.extend_from_slice(name);
+        body.push(0);
+        body.extend_from_slice(oid);
+    }
+    let mut h = format.hasher();
+    h.update(format!("tree {}\0", body.len()).as_bytes());
+    h.update(&body);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_empty_tree_is_gits() {
+        assert_eq!(
+            TreeBuilder::new(ObjectFormat::Sha1).finish(),
+            "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+        );
+        assert_eq!(
+            TreeBuilder::new(ObjectFormat::Sha256).finish(),
+            "6ef19b41225c5369f1c104d45d8d85efa9b057b53b14b4b9b939dd74decc5321"
+        );
+    }
+
+    #[test]
+    fn directories_sort_as_if_they_ended_in_a_slash() {
+        // "a.b" (file) sorts before "a/" (dir), which sorts before "a0".
+        let mut t = TreeBuilder::new(ObjectFormat::Sha1);
+        t.add_blob("README.md", false, b"hello\n").unwrap();
+        t.add_blob("a/x", false, b"").unwrap();
+        t.add_blob("a.b", false, b"").unwrap();
+        t.add_blob("a0", true, b"").unwrap();
+        // What `git write-tree` gives for these four (a0 executable).
+        assert_eq!(t.finish(), "dafed6cebe3a832d02800701ffcb64509e34cb36");
+    }
+
+    #[test]
+    fn paths_cannot_be_files_and_directories() {
+        let mut t = TreeBuilder::new(ObjectFormat::Sha1);
+        t.add_blob("a", false, b"").unwrap();
+        assert!(t.add_blob("a/b", false, b"").is_err());
+        assert!(t.add_blob("a", false, b"").is_err());
+    }
+
+    #[test]
+    fn pax_records_round_trip() {
+        let e = TreeEntry {
+            mode: 0o120000,
+            oid: "a".repeat(40),
+            path: "dir/link with space".into(),
+        };
+        assert_eq!(TreeEntry::from_pax(e.to_pax().as_bytes()).unwrap(), e);
+        assert!(TreeEntry::from_pax(b"120000 zz path").is_err());
+    }
+}
