@@ -4,6 +4,13 @@
 //! synchronous=FULL — with 1 and 4 tasks in flight, plus the number of
 //! fsyncs per task (counted with strace in a separate, untimed run), next
 //! to the raw write+fsync rate of the same disk measured in the same run.
+//!
+//! Then the repository-size axis: the same trivial task (one file written,
+//! `/bin/true`) on repositories of about 40, 2,000, 20,000 and 100,000
+//! files (`--sizes`), one suite each: the first task's latency (the
+//! executor asks for the source and fills its tree cache) and the median
+//! of the next `--size-tasks` (warm cache), with the ratio of each warm
+//! median to the smallest repository's (target: 20,000 files within 1.5×).
 //! Prints figures; asserts nothing.
 
 use airlock_local::client::{Supervisor, task_on_demo};
@@ -149,17 +156,147 @@ fn fsyncs_per_task(state: PathBuf, n: usize) -> Option<f64> {
     Some(calls as f64 / n as f64)
 }
 
+/// Grows the suite's demo repository to about `files` files in one commit
+/// on main (git fast-import: 100 files per directory, each its own small
+/// content), then gives it back to its owner.
+fn grow_repository(repo: &Path, files: usize) {
+    use std::os::unix::fs::MetadataExt;
+    let base = git(repo, &["rev-parse", "refs/heads/main"]);
+    let present = git(repo, &["ls-tree", "-r", "--name-only", &base])
+        .lines()
+        .count();
+    let mut stream = Vec::new();
+    let add = files.saturating_sub(present);
+    for i in 0..add {
+        let content = format!("file {i}\n");
+        write!(
+            stream,
+            "blob\nmark :{}\ndata {}\n{content}\n",
+            i + 1,
+            content.len()
+        )
+        .unwrap();
+    }
+    write!(
+        stream,
+        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> 1700000000 +0000\ndata 12\ngrow for size\nfrom {base}\n"
+    )
+    .unwrap();
+    for i in 0..add {
+        writeln!(
+            stream,
+            "M 100644 :{} tree/d{:04}/f{i:06}.txt",
+            i + 1,
+            i / 100
+        )
+        .unwrap();
+    }
+    let mut child = Command::new("git")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(repo)
+        .args(["fast-import", "--quiet"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("git fast-import");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&stream)
+        .expect("fast-import stream");
+    assert!(child.wait().expect("fast-import").success(), "fast-import");
+    let meta = std::fs::metadata(repo).expect("repository");
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{}:{}", meta.uid(), meta.gid()))
+        .arg(repo)
+        .status()
+        .expect("chown");
+    assert!(status.success());
+}
+
+/// The repository-size axis; see the module documentation.
+fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
+    println!();
+    println!(
+        "repository size: a trivial task (one file, /bin/true), {tasks} warm tasks one at a time per size"
+    );
+    println!(
+        "{:>8} {:>10} {:>14} {:>14} {:>12} {:>16}",
+        "files", "in tree", "first ms", "warm p50 ms", "warm p90 ms", "warm ÷ smallest"
+    );
+    let mut smallest = None;
+    for &files in sizes {
+        let state = base.join(format!("size-{files}"));
+        let suite = start_with(
+            state,
+            true,
+            &Tuning {
+                lease_seconds: 60,
+                parallel_tasks: 1,
+            },
+        )
+        .expect("suite");
+        let repo = suite.layout.repos().join("demo.git");
+        grow_repository(&repo, files);
+        let head = git(&repo, &["rev-parse", "refs/heads/main"]);
+        let in_tree = git(&repo, &["ls-tree", "-r", "--name-only", &head])
+            .lines()
+            .count();
+        let (first, _) = drive(&suite, &format!("first{files}"), 1, 1);
+        let (_, mut lat) = drive(&suite, &format!("warm{files}"), tasks, 1);
+        lat.sort();
+        let p50 = pct(&lat, 0.5);
+        let base_p50 = *smallest.get_or_insert(p50);
+        let ratio = p50 / base_p50;
+        let mark = if (20_000..100_000).contains(&files) {
+            if ratio <= 1.5 {
+                "  [<= 1.5] met"
+            } else {
+                "  [<= 1.5] MISSED"
+            }
+        } else {
+            ""
+        };
+        println!(
+            "{files:>8} {in_tree:>10} {:>14.1} {p50:>14.1} {:>12.1} {ratio:>16.2}{mark}",
+            first.as_secs_f64() * 1000.0,
+            pct(&lat, 0.9),
+        );
+        drop(suite);
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut tasks = 30usize;
+    let mut size_tasks = 10usize;
+    let mut sizes: Vec<usize> = vec![40, 2_000, 20_000, 100_000];
+    let mut throughput = true;
     let mut root = PathBuf::from("/var/tmp");
     while let Some(a) = args.next() {
         match a.as_str() {
             "--tasks" => tasks = args.next().and_then(|v| v.parse().ok()).expect("--tasks N"),
+            "--size-tasks" => {
+                size_tasks = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--size-tasks N")
+            }
+            "--sizes" => {
+                sizes = args
+                    .next()
+                    .expect("--sizes N,N,…")
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse().expect("--sizes: numbers"))
+                    .collect()
+            }
+            "--only-sizes" => throughput = false,
             "--dir" => root = PathBuf::from(args.next().expect("--dir DIR")),
             "-h" | "--help" => {
                 println!(
-                    "bench-e2e [--tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk."
+                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--only-sizes] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies. --only-sizes skips the throughput part."
                 );
                 return;
             }
@@ -168,6 +305,11 @@ fn main() {
     }
     let base = root.join(format!("airlock-bench-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&base).expect("bench dir");
+    if !throughput {
+        size_axis(&base, &sizes, size_tasks);
+        let _ = std::fs::remove_dir_all(&base);
+        return;
+    }
     let raw = raw_fsync_rate(&base, 2.0);
     println!(
         "raw write+fsync of 256 bytes on {}: {raw:.0}/s",
@@ -208,6 +350,9 @@ fn main() {
             raw / n
         ),
         None => println!("fsyncs per task: n/a (strace not installed)"),
+    }
+    if !sizes.is_empty() {
+        size_axis(&base, &sizes, size_tasks);
     }
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -227,6 +227,116 @@ fn run_once_applies_verifies_and_binds_the_result() {
     assert_eq!(left, ["trees"]);
 }
 
+/// The workspace over the tree cache: the command sees the tree with the
+/// change set applied (a replaced file, a deleted one gone, a new one in a
+/// new directory, modes kept) and may change it, while the cached tree
+/// stays as it was; a second request of the same tree needs no archive.
+#[test]
+fn a_workspace_shows_the_tree_and_the_change_set_and_leaves_the_cache_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = tar_of(&[
+        ("hello.py", b"VALUE = 1\n", 0o644),
+        ("gone.py", b"bye\n", 0o644),
+        ("data/keep.txt", b"keep\n", 0o644),
+        ("tools/check.sh", b"#!/bin/sh\nexit 0\n", 0o755),
+    ]);
+    let check = r#"
+import os, sys
+assert open('hello.py').read() == 'VALUE = 2\n', 'replaced'
+assert not os.path.exists('gone.py'), 'deleted'
+assert open('new/dir/added.txt').read() == 'added\n', 'written'
+assert os.access('tools/check.sh', os.X_OK), 'mode kept'
+assert sorted(os.listdir('.')) == ['data', 'hello.py', 'new', 'tools'], sorted(os.listdir('.'))
+open('data/keep.txt', 'a').write('changed by the command\n')
+open('made-by-command', 'w').write('x')
+os.remove('hello.py')
+print('workspace as planned')
+"#;
+    let plan = |task: &str| {
+        json!({
+            "action": "deterministic",
+            "change_set": [
+                {"path": "hello.py", "operation": "replace_text", "old": "VALUE = 1", "new": "VALUE = 2", "count": 1},
+                {"path": "gone.py", "operation": "delete_file"},
+                {"path": "new/dir/added.txt", "operation": "write_file", "content": "added\n"},
+            ],
+            "verification": [{"label": "check", "argv": ["/usr/bin/python3", "-c", check], "cwd": ".", "timeout_seconds": 60}],
+            "capability_scope": ["git.test"],
+            "commit_idempotency_key": format!("commit-{task}"),
+        })
+    };
+    let run = |task: &str, with_archive: bool| -> (ExecResult, String) {
+        let env = envelope(task, plan(task));
+        let request = exec_request(&env, &archive);
+        let req_path = dir.path().join(format!("{task}.json"));
+        let arc_path = dir.path().join("source.tar");
+        std::fs::write(&req_path, serde_json::to_vec(&request).unwrap()).unwrap();
+        std::fs::write(&arc_path, &archive).unwrap();
+        let out_path = dir.path().join(format!("{task}-result.json"));
+        let mut args = vec![
+            "run-once".to_owned(),
+            "--request".into(),
+            req_path.display().to_string(),
+            "--out".into(),
+            out_path.display().to_string(),
+            "--work".into(),
+            dir.path().join("work").display().to_string(),
+        ];
+        if with_archive {
+            args.extend(["--archive".into(), arc_path.display().to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = executor(&args).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let r: ExecResult = serde_json::from_slice(&std::fs::read(&out_path).unwrap()).unwrap();
+        r.validate_against(&request).unwrap();
+        (r, request.source_tree)
+    };
+    let (first, tree) = run("task-overlay-1", true);
+    assert!(first.passed, "{:#?}", first.verification);
+    assert!(
+        first.verification[0]
+            .stdout_tail
+            .contains("workspace as planned")
+    );
+    let changed: Vec<(&str, bool)> = first
+        .changed_files
+        .iter()
+        .map(|f| (f.path.as_str(), f.deleted))
+        .collect();
+    assert_eq!(
+        changed,
+        [
+            ("gone.py", true),
+            ("hello.py", false),
+            ("new/dir/added.txt", false)
+        ],
+        "the change set as applied, before the command ran"
+    );
+    // The cached tree is the archive's, untouched by the change set or the command.
+    let cached = dir
+        .path()
+        .join("work")
+        .join("trees")
+        .join(&tree)
+        .join("tree");
+    assert_eq!(
+        std::fs::read(cached.join("hello.py")).unwrap(),
+        b"VALUE = 1\n"
+    );
+    assert_eq!(std::fs::read(cached.join("gone.py")).unwrap(), b"bye\n");
+    assert_eq!(
+        std::fs::read(cached.join("data/keep.txt")).unwrap(),
+        b"keep\n"
+    );
+    assert!(!cached.join("made-by-command").exists());
+    assert!(!cached.join("new").exists());
+    // The same tree again, without an archive: served from the cache,
+    // which verified at start that it still holds its tree.
+    let (second, _) = run("task-overlay-2", false);
+    assert!(second.passed, "{:#?}", second.verification);
+}
+
 struct Server {
     child: std::process::Child,
 }
