@@ -9,7 +9,7 @@
 //!    user and mount namespaces, the minimal root's template, compiled
 //!    seccomp), and per command a job over its socket with stdout and
 //!    stderr pipes, one fork for the init and one fork and one exec for
-//!    the command, in its own mount, pid and IPC namespaces, with the
+//!    the command, in its own mount and pid namespaces, with the
 //!    workspace, a private /tmp and /proc mounted, Landlock and seccomp;
 //! 3. **executor (host view)**: the same spawner where user namespaces are
 //!    refused (Landlock, seccomp with the metadata rows, no mounts);
@@ -17,7 +17,7 @@
 //!    sandbox for one command and exits (so the preparation and one more
 //!    exec are in each run);
 //! 5. **bwrap** (the baseline): bubblewrap with the equivalent policy — a
-//!    user, pid and IPC namespace, the same read-only system paths, a
+//!    user and a pid namespace, the same read-only system paths, a
 //!    minimal /dev, /proc, a tmpfs /tmp, the workspace at /workspace, a
 //!    new session, the same seccomp programs (`--add-seccomp-fd`), a clean
 //!    environment — but no Landlock, which bwrap does not have.
@@ -245,7 +245,6 @@ impl Bench {
         let mut a: Vec<OsString> = [
             "--unshare-user",
             "--unshare-pid",
-            "--unshare-ipc",
             "--die-with-parent",
             "--new-session",
             "--clearenv",
@@ -353,6 +352,7 @@ fn executor_setup(namespaces: bool) -> airlock_sandbox::Setup {
         },
         net: false,
         uts: false,
+        ipc: false,
         namespaces,
         ..airlock_sandbox::Setup::default()
     }
@@ -398,7 +398,12 @@ pub fn run(runs: u32, confine: Option<&Path>, bwrap: Option<&Path>) -> BenchResu
         .filter(|p| p.is_file());
     // The executor's seccomp programs, for bwrap's --add-seccomp-fd.
     let mut seccomp = Vec::new();
-    for (i, program) in airlock_sandbox::seccomp::compile_with(Default::default())?
+    let extras = airlock_sandbox::seccomp_policy::Extras {
+        unix_paths: true,
+        shared_ipc: true,
+        ..Default::default()
+    };
+    for (i, program) in airlock_sandbox::seccomp::compile_with(extras)?
         .iter()
         .enumerate()
     {

@@ -58,24 +58,32 @@ fn bounding_has(cap: u32) -> Option<bool> {
 
 /// Empties the ambient, inheritable, effective and permitted sets and
 /// verifies it. Returns whether the bounding set is empty as well.
+///
+/// For a process whose effective uid is not 0 (in its user namespace),
+/// the permitted and effective sets are left to execve(2), which empties
+/// them: without ambient or inheritable capabilities, under no_new_privs
+/// and with no file capability that counts in its namespace, a non-root
+/// uid keeps none across execve. capset(2) is then not needed — the
+/// executor's unit denies it (@privileged) — even for the command of the
+/// minimal root, which holds its spawner's capabilities in the spawner's
+/// user namespace until it executes.
 pub fn clear() -> Result<bool> {
     let err = |e: caps::errors::CapsError| Error::Capabilities(e.to_string());
     caps::clear(None, CapSet::Ambient).map_err(err)?;
-    // capset(2) only for a set that holds something: an unprivileged helper
-    // whose sets are already empty then runs under a seccomp filter that
-    // denies capset (the executor's unit denies @privileged).
-    for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
-        if !caps::read(None, set).map_err(err)?.is_empty() {
-            caps::clear(None, set).map_err(err)?;
+    let root = nix::unistd::geteuid().is_root();
+    let sets: &[CapSet] = if root {
+        &[CapSet::Inheritable, CapSet::Effective, CapSet::Permitted]
+    } else {
+        &[CapSet::Inheritable]
+    };
+    // capset(2) only for a set that holds something.
+    for set in sets {
+        if !caps::read(None, *set).map_err(err)?.is_empty() {
+            caps::clear(None, *set).map_err(err)?;
         }
     }
-    for set in [
-        CapSet::Ambient,
-        CapSet::Inheritable,
-        CapSet::Effective,
-        CapSet::Permitted,
-    ] {
-        let left = caps::read(None, set).map_err(err)?;
+    for set in [CapSet::Ambient].iter().chain(sets) {
+        let left = caps::read(None, *set).map_err(err)?;
         if !left.is_empty() {
             return Err(Error::Capabilities(format!("{set:?} still holds {left:?}")));
         }

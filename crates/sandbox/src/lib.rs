@@ -193,6 +193,7 @@ pub fn run(policy: &Policy, command: &[OsString]) -> Report {
         namespaces: policy.namespaces,
         net: true,
         uts: true,
+        ipc: true,
         keep: None,
     };
     let job = Job {

@@ -586,7 +586,7 @@ const SPAWNER: RolePolicy = RolePolicy {
         },
         Lifted {
             name: "clone",
-            reason: "each command's init is cloned into new mount, pid and IPC namespaces",
+            reason: "each command's init is cloned into new mount and pid namespaces",
         },
     ],
     bounding: Bounding::Empty,

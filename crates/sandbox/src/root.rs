@@ -3,7 +3,8 @@
 //! Built in two stages. Once per spawner ([`Template::build`], in the
 //! spawner's own user and mount namespaces): a small tmpfs becomes the
 //! spawner's root (the host moves to `/oldroot`), and in it a command root,
-//! `/newroot`, is laid out — the system paths bound read-only, a `/dev`
+//! `/newroot`, is laid out — the system paths bound read-only (the few
+//! small files of /etc copied, a snapshot taken then), a `/dev`
 //! holding only `null`, `zero`, `full`, `random` and `urandom`, empty
 //! mount points for `/proc`, `/tmp` and the read-write directories — then
 //! `/newroot` itself is remounted read-only. A spawner that serves many
@@ -42,8 +43,12 @@ pub const OLDROOT: &str = "/oldroot";
 /// The executor's workspace in every command's view.
 pub const WORKSPACE: &str = "/workspace";
 
-/// Size of the spawner's own tmpfs root: directories and empty mount points only.
-const SPAWNER_ROOT_SIZE: &str = "size=4m,nr_inodes=4096,mode=0755";
+/// Size of the spawner's own tmpfs root: directories, empty mount points
+/// and the copies of small /etc files.
+const SPAWNER_ROOT_SIZE: &str = "size=16m,nr_inodes=4096,mode=0755";
+
+/// Largest /etc file copied into the template (larger ones are bound).
+const ETC_COPY_MAX: u64 = 1 << 20;
 
 /// What the command root holds, decided once.
 #[derive(Clone, Debug, Default)]
@@ -314,10 +319,34 @@ impl Template {
                 ro_present.push(host.clone());
                 continue;
             }
+            // Small files of /etc are copied, not bound: a snapshot taken
+            // at start (fewer mounts to copy into every command's
+            // namespace), read-only once the template is.
+            if spec.system
+                && meta.is_file()
+                && meta.len() <= ETC_COPY_MAX
+                && host.starts_with("/etc/")
+                && !spec.ro.contains(host)
+            {
+                make_mountpoint(&target, false, &bound)?;
+                fs::copy(&source, &target).map_err(io_err("copy", &source))?;
+                let _ = fs::set_permissions(
+                    &target,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o444),
+                );
+                ro_present.push(host.clone());
+                continue;
+            }
             make_mountpoint(&target, meta.is_dir(), &bound)?;
             bind(&source, &target, meta.is_dir(), ro_flags)?;
             bound.insert(target);
             ro_present.push(host.clone());
+        }
+        // One Landlock rule for the template's /etc: it holds only the files
+        // and directories above.
+        if ro_present.iter().any(|p| p.starts_with("/etc/")) {
+            ro_present.retain(|p| !p.starts_with("/etc/"));
+            ro_present.push("/etc".into());
         }
 
         // 4. /dev: the five devices, the descriptor links, /dev/shm -> /tmp.

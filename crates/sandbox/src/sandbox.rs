@@ -89,6 +89,10 @@ pub struct Setup {
     pub net: bool,
     /// A UTS namespace per command (host name `airlock-sandbox`).
     pub uts: bool,
+    /// An IPC namespace per command; without one, creating System V IPC
+    /// objects and POSIX message queues is refused
+    /// ([`crate::seccomp_policy::SHARED_IPC_RULES`]).
+    pub ipc: bool,
     /// After the template is built, keep only these host paths in the
     /// spawner's view; `None` keeps the host (a one-shot spawner).
     pub keep: Option<Vec<PathBuf>>,
@@ -110,6 +114,7 @@ impl Default for Setup {
             namespaces: true,
             net: true,
             uts: true,
+            ipc: true,
             keep: None,
         }
     }
@@ -207,7 +212,9 @@ impl Sandbox {
         let devnull = unsafe { OwnedFd::from_raw_fd(devnull) };
         let mut ns = Namespaces::default();
         let mut clone_flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
-        clone_flags |= CloneFlags::CLONE_NEWIPC;
+        if setup.ipc {
+            clone_flags |= CloneFlags::CLONE_NEWIPC;
+        }
         if setup.uts {
             clone_flags |= CloneFlags::CLONE_NEWUTS;
         }
@@ -232,18 +239,20 @@ impl Sandbox {
         if template.is_some() {
             ns.mount = true;
             ns.pid = true;
-            ns.ipc = true;
+            ns.ipc = setup.ipc;
             ns.uts = setup.uts;
             ns.net = setup.net;
         }
         let kernel = landlock::kernel_abi();
         let host_view = view == ViewMode::HostView;
         let truncate = host_view && kernel < i32::from(LANDLOCK_ABI_TRUNCATE);
+        let shared_ipc = !(setup.ipc && template.is_some());
         let compile = |unix_paths| {
             seccomp::compile_with(Extras {
                 unix_paths,
                 metadata_paths: host_view,
                 truncate_paths: truncate,
+                shared_ipc,
             })
         };
         let programs = [compile(false)?, compile(true)?];
@@ -295,6 +304,63 @@ impl Sandbox {
     /// Why the minimal root is not used, when it is not.
     pub fn view_reason(&self) -> Option<&str> {
         self.view_reason.as_deref()
+    }
+
+    /// Whether an overlay workspace can be mounted over directories of
+    /// `dir` (a directory in this process's view, e.g. the executor's work
+    /// root): tried once in a throw-away mount namespace. overlayfs refuses
+    /// some file systems as its upper layer (an overlayfs itself, as in a
+    /// container with a volatile root); the caller then copies instead.
+    pub fn probe_overlay(&self, dir: &std::path::Path) -> std::result::Result<(), String> {
+        if self.template.is_none() {
+            return Err("no minimal root".into());
+        }
+        let probe = dir.join(format!(".overlay-probe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&probe);
+        let made = ["lower", "upper", "work", "mnt"]
+            .iter()
+            .try_for_each(|d| std::fs::create_dir_all(probe.join(d)))
+            .and_then(|()| std::fs::write(probe.join("lower").join("f"), b"x"));
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(&probe);
+            return Err(format!("cannot lay out {}: {e}", probe.display()));
+        }
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr",
+            probe.join("lower").display(),
+            probe.join("upper").display(),
+            probe.join("work").display()
+        );
+        let target = probe.join("mnt");
+        // SAFETY: single-threaded (checked at preparation); the child mounts
+        // in its own mount namespace and exits.
+        let outcome = match unsafe { clone_process(CloneFlags::CLONE_NEWNS) } {
+            Ok(None) => {
+                let r = nix::mount::mount(
+                    Some("overlay"),
+                    &target,
+                    Some("overlay"),
+                    nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                    Some(opts.as_str()),
+                );
+                crate::exit_now(match r {
+                    Ok(()) => 0,
+                    Err(e) => (e as i32).clamp(1, 255),
+                })
+            }
+            Ok(Some(pid)) => match waitpid(pid, None) {
+                Ok(WaitStatus::Exited(_, 0)) => Ok(()),
+                Ok(WaitStatus::Exited(_, e)) => Err(format!(
+                    "overlayfs refuses {}: {}",
+                    dir.display(),
+                    Errno::from_raw(e)
+                )),
+                other => Err(format!("overlay probe: {other:?}")),
+            },
+            Err(e) => Err(format!("overlay probe: {e}")),
+        };
+        remove_probe(&probe);
+        outcome
     }
 
     /// Namespaces every command gets.
@@ -509,6 +575,17 @@ impl Sandbox {
         }
         Ok(())
     }
+}
+
+/// Removes the overlay probe's directories (overlayfs leaves its work
+/// directory's `work` subdirectory with mode 000).
+fn remove_probe(probe: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(
+        probe.join("work").join("work"),
+        std::fs::Permissions::from_mode(0o700),
+    );
+    let _ = std::fs::remove_dir_all(probe);
 }
 
 enum ViewFailure {

@@ -291,6 +291,18 @@ macro_rules! paste_sys {
     (truncate) => {
         libc::SYS_truncate
     };
+    (shmget) => {
+        libc::SYS_shmget
+    };
+    (semget) => {
+        libc::SYS_semget
+    };
+    (msgget) => {
+        libc::SYS_msgget
+    };
+    (mq_open) => {
+        libc::SYS_mq_open
+    };
 }
 
 /// setxattrat(2) (Linux 6.13; one number on every architecture since the
@@ -745,6 +757,38 @@ pub const TRUNCATE_PATH_RULES: &[Rule] = &[rule!(
     "fallback view below Landlock ABI 3: truncate(2) by path is not governed by Landlock"
 )];
 
+/// Added when the command has no IPC namespace of its own (the executor's
+/// commands share the executor's, which is private to it): a System V
+/// object or a POSIX message queue would outlive the command and reach the
+/// next one. POSIX shared memory and semaphores live in /dev/shm, which in
+/// the minimal root is the command's private /tmp.
+pub const SHARED_IPC_RULES: &[Rule] = &[
+    rule!(
+        shmget,
+        When::Always,
+        Eperm,
+        "no IPC namespace of its own: a System V segment would outlive the command"
+    ),
+    rule!(
+        semget,
+        When::Always,
+        Eperm,
+        "no IPC namespace of its own: a System V semaphore set would outlive the command"
+    ),
+    rule!(
+        msgget,
+        When::Always,
+        Eperm,
+        "no IPC namespace of its own: a System V message queue would outlive the command"
+    ),
+    rule!(
+        mq_open,
+        When::Always,
+        Eperm,
+        "no IPC namespace of its own: a POSIX message queue would outlive the command"
+    ),
+];
+
 /// The Landlock ABI that first governs truncate(2).
 pub const LANDLOCK_ABI_TRUNCATE: u8 = 3;
 
@@ -757,6 +801,8 @@ pub struct Extras {
     pub metadata_paths: bool,
     /// [`TRUNCATE_PATH_RULES`]: the host's view and Landlock below ABI 3.
     pub truncate_paths: bool,
+    /// [`SHARED_IPC_RULES`]: no IPC namespace per command.
+    pub shared_ipc: bool,
 }
 
 /// The rows in force: [`RULES`], plus [`UNIX_PATH_RULES`] when Landlock
@@ -776,6 +822,7 @@ pub fn active_with(extras: Extras) -> impl Iterator<Item = &'static Rule> {
         .chain(pick(extras.unix_paths, UNIX_PATH_RULES))
         .chain(pick(extras.metadata_paths, METADATA_PATH_RULES))
         .chain(pick(extras.truncate_paths, TRUNCATE_PATH_RULES))
+        .chain(pick(extras.shared_ipc, SHARED_IPC_RULES))
 }
 
 /// x86-64 only: the x32 ABI numbers its calls with bit 30 set, which no rule
@@ -792,6 +839,7 @@ mod tests {
             unix_paths: true,
             metadata_paths: true,
             truncate_paths: true,
+            shared_ipc: true,
         };
         for r in active_with(all) {
             assert!(r.reason.len() > 10, "{} needs a reason", r.name);
@@ -866,6 +914,7 @@ mod tests {
             unix_paths: true,
             metadata_paths: true,
             truncate_paths: true,
+            shared_ipc: true,
         };
         for name in [
             "chmod",
@@ -904,6 +953,7 @@ mod tests {
                 + UNIX_PATH_RULES.len()
                 + METADATA_PATH_RULES.len()
                 + TRUNCATE_PATH_RULES.len()
+                + SHARED_IPC_RULES.len()
         );
     }
 
@@ -913,6 +963,7 @@ mod tests {
             unix_paths: true,
             metadata_paths: true,
             truncate_paths: true,
+            shared_ipc: true,
         };
         for a in active_with(all) {
             for b in active_with(all) {

@@ -12,10 +12,12 @@
 //!    template, after which its view holds only the template and the
 //!    executor's work root ([`crate::root`]) — or, where user namespaces
 //!    are refused, the host view;
-//! 4. confines itself ([`crate::lockdown::lockdown_spawner`]): no_new_privs,
+//! 4. tries once whether an overlay can be mounted over the work root's
+//!    file system (not over an overlayfs, for one);
+//! 5. confines itself ([`crate::lockdown::lockdown_spawner`]): no_new_privs,
 //!    RLIMIT_CORE 0, a seccomp deny-list; Landlock in the host view (its
 //!    mount namespace is its filesystem confinement in the minimal root);
-//! 5. answers [`Hello`], then serves one [`Job`] at a time.
+//! 6. answers [`Hello`], then serves one [`Job`] at a time.
 //!
 //! The channel is a UNIX stream socket pair: each message is a 4-byte
 //! length and a JSON body; a job carries the command's stdout and stderr
@@ -56,6 +58,9 @@ pub struct Hello {
     pub ids: (u32, u32),
     /// The spawner's own confinement, one line.
     pub lockdown: String,
+    /// Overlay workspaces can be mounted over the work root (else `None`
+    /// and the reason: the executor copies trees instead).
+    pub overlay: std::result::Result<(), String>,
     /// Set when the spawner could not start; nothing else is meaningful then.
     pub error: Option<String>,
 }
@@ -222,6 +227,7 @@ fn serve(stream: UnixStream, options: Options) -> ! {
             namespaces: Namespaces::default(),
             ids: (0, 0),
             lockdown: String::new(),
+            overlay: Err("not started".into()),
             error: Some(e),
         };
         if let Ok(body) = serde_json::to_vec(&hello) {
@@ -260,20 +266,23 @@ fn serve(stream: UnixStream, options: Options) -> ! {
         Ok(s) => s,
         Err(e) => hello_err(&stream, format!("{}: {e}", e.code().as_str())),
     };
-    // 4. Its own confinement.
+    // 4. Can a workspace be an overlay on the work root's file system?
+    let overlay = sandbox.probe_overlay(&options.work_root);
+    // 5. Its own confinement.
     let lockdown =
         match crate::lockdown::lockdown_spawner(sandbox.view(), &options.work_root, allow_degraded)
         {
             Ok(r) => r.to_string(),
             Err(e) => hello_err(&stream, format!("{}: {e}", e.code().as_str())),
         };
-    // 5. Ready; one job at a time.
+    // 6. Ready; one job at a time.
     let hello = Hello {
         view: sandbox.view(),
         reason: sandbox.view_reason().map(str::to_owned),
         namespaces: sandbox.namespaces().clone(),
         ids: sandbox.ids(),
         lockdown,
+        overlay,
         error: None,
     };
     let Ok(body) = serde_json::to_vec(&hello) else {

@@ -2,27 +2,87 @@
 //! workspace root goes through openat2 with RESOLVE_BENEATH,
 //! RESOLVE_NO_SYMLINKS and RESOLVE_NO_MAGICLINKS, so `..`, an absolute
 //! path, a symlink (planted or not) or a /proc magic link fails in the
-//! kernel instead of being followed.
+//! kernel instead of being followed — or, where openat2 is refused
+//! (ENOSYS), through the same walk by hand ([`openat2_beneath`]).
 
 use crate::error::{Error, Result};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The resolution flags of every workspace access.
 pub const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
+/// Set once openat2(2) answered ENOSYS: every later open walks by hand.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+/// openat2 with [`RESOLVE`] beneath `dir`; where the kernel or a filter
+/// answers ENOSYS (systemd's `RestrictSUIDSGID=` cannot inspect openat2's
+/// mode argument and refuses the call), the same resolution by hand: an
+/// absolute path or a `..` component fails with EXDEV, and every component
+/// is opened with O_NOFOLLOW (directories with O_DIRECTORY), so a symlink
+/// anywhere fails with ELOOP and nothing is ever followed.
+pub fn openat2_beneath(
+    dir: impl AsFd,
+    rel: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> rustix::io::Result<OwnedFd> {
+    if !NO_OPENAT2.load(Ordering::Relaxed) {
+        match rustix::fs::openat2(&dir, rel, flags, mode, RESOLVE) {
+            Err(Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
+            other => return other,
+        }
+    }
+    walk(dir, rel, flags, mode)
+}
+
+/// [`openat2_beneath`]'s resolution by hand.
+fn walk(dir: impl AsFd, rel: &str, flags: OFlags, mode: Mode) -> rustix::io::Result<OwnedFd> {
+    if rel.starts_with('/') {
+        return Err(Errno::XDEV);
+    }
+    let parts: Vec<&str> = rel
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if parts.contains(&"..") {
+        return Err(Errno::XDEV);
+    }
+    let Some((last, parents)) = parts.split_last() else {
+        return rustix::fs::openat(&dir, ".", flags | OFlags::NOFOLLOW, mode);
+    };
+    let mut cur: Option<OwnedFd> = None;
+    for component in parents {
+        let base: &dyn AsFd = match &cur {
+            Some(fd) => fd,
+            None => &dir,
+        };
+        cur = Some(rustix::fs::openat(
+            base,
+            *component,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?);
+    }
+    let base: &dyn AsFd = match &cur {
+        Some(fd) => fd,
+        None => &dir,
+    };
+    rustix::fs::openat(base, *last, flags | OFlags::NOFOLLOW, mode)
+}
+
 /// openat2 beneath `root`. The errors that mean "this path tries to leave
 /// or to follow a link" become [`Error::PathEscape`].
 pub fn open(root: impl AsFd, rel: &str, flags: OFlags, mode: u32) -> Result<Option<OwnedFd>> {
-    match rustix::fs::openat2(
+    match openat2_beneath(
         root,
         rel,
         flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
         Mode::from_raw_mode(mode),
-        RESOLVE,
     ) {
         Ok(fd) => Ok(Some(fd)),
         Err(Errno::NOENT) => Ok(None),
@@ -110,4 +170,43 @@ pub fn file_type(fd: &OwnedFd, rel: &str) -> Result<(FileType, rustix::fs::Stat)
         source: e.into(),
     })?;
     Ok((FileType::from_raw_mode(st.st_mode), st))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_walk_by_hand_follows_no_link_and_never_leaves() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        std::fs::write(d.path().join("a/b/f"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc", d.path().join("a/link")).unwrap();
+        std::os::unix::fs::symlink("b/f", d.path().join("a/flink")).unwrap();
+        let root =
+            rustix::fs::open(d.path(), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let ro = OFlags::RDONLY | OFlags::CLOEXEC;
+        assert!(walk(&root, "a/b/f", ro, Mode::empty()).is_ok());
+        assert!(walk(&root, "./a//b/f", ro, Mode::empty()).is_ok());
+        assert_eq!(
+            walk(&root, "a/link/passwd", ro, Mode::empty()).unwrap_err(),
+            Errno::LOOP
+        );
+        assert_eq!(
+            walk(&root, "a/flink", ro, Mode::empty()).unwrap_err(),
+            Errno::LOOP
+        );
+        assert_eq!(
+            walk(&root, "a/../a/b/f", ro, Mode::empty()).unwrap_err(),
+            Errno::XDEV
+        );
+        assert_eq!(
+            walk(&root, "/etc/passwd", ro, Mode::empty()).unwrap_err(),
+            Errno::XDEV
+        );
+        assert_eq!(
+            walk(&root, "a/b/f/g", ro, Mode::empty()).unwrap_err(),
+            Errno::NOTDIR
+        );
+    }
 }

@@ -291,12 +291,11 @@ fn write_member(
         None => rustix::io::dup(root).map_err(|e| beneath::classify(path, e))?,
     };
     let file_mode = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
-    let fd = match rustix::fs::openat2(
+    let fd = match beneath::openat2_beneath(
         &dir,
         name,
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         rustix::fs::Mode::from_raw_mode(file_mode),
-        beneath::RESOLVE,
     ) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::EXIST) => {

@@ -167,6 +167,52 @@ fn worker_uid(args: &ServeArgs, config: &airlock_config::Config) -> Result<u32> 
     }
 }
 
+/// The owner the worker's files show here. Under the unit's
+/// `PrivateUsers=yes` only root, the executor's user and group are mapped:
+/// the worker's uid is not, and its files show the overflow uid. Then only
+/// the worker can have made such a file in `requests/` or `sources/`: they
+/// must show that owner (the worker's, unmapped) and be writable by it
+/// alone — checked here, or the executor refuses to start.
+fn worker_owner_as_seen(spool: &Spool, worker_uid: u32) -> Result<u32> {
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let mapped = map.lines().any(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        f.len() == 3 && (f[0]..f[0] + f[2]).contains(&u64::from(worker_uid))
+    });
+    if mapped {
+        return Ok(worker_uid);
+    }
+    let overflow: u32 = std::fs::read_to_string("/proc/sys/kernel/overflowuid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(NOBODY);
+    for kind in [Kind::Requests, Kind::Sources] {
+        let dir = spool.dir_path(kind);
+        let meta = std::fs::metadata(&dir).map_err(|e| Error::Setup {
+            path: dir.clone(),
+            detail: e.to_string(),
+        })?;
+        use std::os::unix::fs::MetadataExt;
+        if meta.uid() != overflow || meta.mode() & 0o022 != 0 {
+            return Err(Error::Setup {
+                path: dir,
+                detail: format!(
+                    "the worker's uid {worker_uid} is not mapped in this user namespace, so its directory must show the overflow uid {overflow} and be writable by it alone (found uid {}, mode {:o})",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            });
+        }
+    }
+    eprintln!(
+        "airlock-executor: the worker's uid {worker_uid} is not mapped here (PrivateUsers=): its files show uid {overflow}"
+    );
+    Ok(overflow)
+}
+
 fn prepare_work_root(path: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(path).map_err(|e| Error::Setup {
         path: path.to_owned(),
@@ -213,8 +259,17 @@ fn spawner(config: &airlock_config::Config, work_root: &Path) -> Result<Runner> 
     })
     .map_err(|e| Error::ConfineSpawn(e.to_string()))?;
     let hello = spawner.hello();
+    let workspace = match (&hello.view, &hello.overlay) {
+        (airlock_sandbox::ViewMode::MinimalRoot, Ok(())) => {
+            "workspaces: an overlay of the cached tree".to_owned()
+        }
+        (_, Err(why)) if hello.view == airlock_sandbox::ViewMode::MinimalRoot => {
+            format!("workspaces: a copy of the cached tree ({why})")
+        }
+        _ => "workspaces: a copy of the cached tree".to_owned(),
+    };
     eprintln!(
-        "airlock-executor: commands get the {} view{} (ids {}:{}); spawner {}",
+        "airlock-executor: commands get the {} view{} (ids {}:{}); {workspace}; spawner {}",
         hello.view.as_str(),
         hello
             .reason
@@ -282,6 +337,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| config.spool.root.clone());
     let spool = Spool::open(&root)?;
+    let worker_uid = worker_owner_as_seen(&spool, worker_uid)?;
     let work_root = prepare_work_root(&args.common.work)?;
     // 4. The spawner, before any confinement of our own.
     let runner = spawner(&config, &work_root)?;

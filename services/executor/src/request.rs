@@ -157,8 +157,10 @@ fn in_workspace(
         }
         Action::Deterministic => {
             let runner = runner_for(settings, envelope)?;
-            let overlay =
-                runner.is_some_and(|r| r.view() == ViewMode::MinimalRoot) || runner.is_none();
+            // An overlay where the spawner can mount one (the minimal root,
+            // and a work root overlayfs accepts), else a copy of the tree.
+            let overlay = runner
+                .is_none_or(|r| r.view() == ViewMode::MinimalRoot && r.hello().overlay.is_ok());
             let (source, ws) = if overlay {
                 let upper = dir.join("upper");
                 let work = dir.join("ovl");

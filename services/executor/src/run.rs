@@ -107,9 +107,14 @@ pub fn setup(limits: &airlock_config::Limits, allow_degraded: bool) -> airlock_s
         tmp_size: 256 << 20,
         namespaces: true,
         // The executor's own network namespace holds only lo (its
-        // self-check), and seccomp allows only AF_UNIX sockets.
+        // self-check), and seccomp allows only AF_UNIX sockets. No IPC
+        // namespace either (its unit allows user, mnt and pid only): the
+        // executor's is private, and commands may not create System V
+        // objects or POSIX message queues in it (POSIX shared memory lives
+        // in their private /tmp).
         net: false,
         uts: false,
+        ipc: false,
         keep: None,
     }
 }

@@ -98,7 +98,7 @@ fn check_happy_result(r: &ExecResult, request: &ExecRequest) {
     assert!(r.confinement.landlock_abi >= 1);
     assert!(r.confinement.seccomp);
     assert_eq!(r.confinement.view, "minimal-root");
-    for ns in ["mount", "pid", "ipc", "proc", "tmp", "root"] {
+    for ns in ["mount", "pid", "proc", "tmp", "root"] {
         assert!(
             r.confinement.namespaces.iter().any(|n| n == ns),
             "{:?}",

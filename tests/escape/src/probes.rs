@@ -206,7 +206,15 @@ pub const PROBES: &[Probe] = &[
     p("read_sibling_workspace", "read another request's workspace (same uid)",
       r##"attempt("read sibling workspace", lambda: read(A["sibling_secret"]))"##)
         .errnos(&["EACCES"]),
-    p("list_etc", "enumerate /etc", r##"attempt("list /etc", lambda: os.listdir("/etc"))"##)
+    p("list_etc", "enumerate the host's /etc (shadow, ssh, the airlock configuration)",
+      r##"try:
+    names = os.listdir("/etc")
+except OSError as e:
+    blocked(why("list /etc", e.errno))
+seen = sorted(set(names) & {"shadow", "gshadow", "ssh", "sudoers", "airlock", "machine-id"})
+if seen:
+    escaped("list /etc: " + ", ".join(seen))
+blocked(f"list /etc: only the sandbox's own {len(names)} entries")"##)
         .errnos(&["EACCES"]),
     p("read_devices", "read raw devices and the kernel log",
       r##"attempt_all([(d, lambda d=d: os.read(os.open(d, os.O_RDONLY | os.O_NONBLOCK), 1))

@@ -2061,7 +2061,7 @@ fn sandbox_probe(c: &Container, host_before: &BTreeMap<String, String>) -> Resul
         .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
         .unwrap_or_default();
     if confinement["view"] != "minimal-root"
-        || !["mount", "pid", "ipc", "proc", "tmp", "root"]
+        || !["mount", "pid", "proc", "tmp", "root"]
             .iter()
             .all(|n| namespaces.contains(n))
     {

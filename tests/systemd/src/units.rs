@@ -39,8 +39,8 @@ pub const EXPOSURE_LIMITS: &[ExposureLimit] = &[
     },
     ExposureLimit {
         unit: "airlock-executor.service",
-        live: 0.5,
-        offline: 0.5,
+        live: 0.9,
+        offline: 0.9,
     },
     ExposureLimit {
         unit: "airlock-retryd.service",
