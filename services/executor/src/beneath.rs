@@ -61,12 +61,25 @@ fn walk(dir: impl AsFd, rel: &str, flags: OFlags, mode: Mode) -> rustix::io::Res
             Some(fd) => fd,
             None => &dir,
         };
-        cur = Some(rustix::fs::openat(
+        let opened = rustix::fs::openat(
             base,
             *component,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
-        )?);
+        );
+        cur = Some(match opened {
+            // O_DIRECTORY answers ENOTDIR for a symlink: say ELOOP, as
+            // RESOLVE_NO_SYMLINKS would.
+            Err(Errno::NOTDIR) => {
+                let st =
+                    rustix::fs::statat(base, *component, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+                if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+                    return Err(Errno::LOOP);
+                }
+                return Err(Errno::NOTDIR);
+            }
+            other => other?,
+        });
     }
     let base: &dyn AsFd = match &cur {
         Some(fd) => fd,
