@@ -177,9 +177,11 @@ fn grow_repository(repo: &Path, files: usize) {
         )
         .unwrap();
     }
+    let message = "grow for the size axis\n";
     write!(
         stream,
-        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> 1700000000 +0000\ndata 12\ngrow for size\nfrom {base}\n"
+        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> 1700000000 +0000\ndata {}\n{message}from {base}\n",
+        message.len()
     )
     .unwrap();
     for i in 0..add {

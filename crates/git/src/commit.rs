@@ -4,8 +4,7 @@ use crate::AuthorityRepo;
 use crate::error::{GitError, GitResult};
 use airlock_proto::path::check_relative_path;
 use airlock_proto::{Code, Error};
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 
 /// One file change of a governed commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,23 +53,101 @@ pub struct CommitSpec {
 const IDENTITY_NAME: &str = "airlock";
 const IDENTITY_EMAIL: &str = "airlock@localhost";
 
-/// Removes the temporary index however the commit ends.
-struct TempIndex(PathBuf);
-
-impl Drop for TempIndex {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-        let _ = std::fs::remove_file(self.0.with_extension("lock"));
-    }
-}
-
 fn escape() -> impl Fn(&str, &str) -> GitError {
     |path: &str, why: &str| {
         GitError::Refused(Error::with(Code::PATH_ESCAPE, format!("{path}: {why}")))
     }
 }
 
+/// A tree entry's mode in `git ls-tree` / `git mktree` form.
+const TREE_MODE: &str = "040000";
+
+/// One row of a tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TreeEntryRow {
+    mode: String,
+    kind: String,
+    oid: String,
+}
+
+/// A tree being edited: its rows, and the subtrees on the changed paths.
+#[derive(Debug, Default)]
+struct TreeEdit {
+    entries: BTreeMap<String, TreeEntryRow>,
+    children: BTreeMap<String, TreeEdit>,
+    changed: bool,
+}
+
+impl TreeEdit {
+    fn loaded(entries: BTreeMap<String, TreeEntryRow>) -> TreeEdit {
+        TreeEdit {
+            entries,
+            ..TreeEdit::default()
+        }
+    }
+}
+
 impl AuthorityRepo {
+    /// The rows of one tree object (not recursive).
+    fn read_tree(&self, oid: &str) -> GitResult<BTreeMap<String, TreeEntryRow>> {
+        let listing = self.git.output(&["ls-tree", "-z", "--full-tree", oid])?;
+        let mut rows = BTreeMap::new();
+        for record in listing.split('\0').filter(|r| !r.is_empty()) {
+            let (meta, name) = record
+                .split_once('\t')
+                .ok_or_else(|| std::io::Error::other("malformed ls-tree output"))?;
+            let mut f = meta.split(' ');
+            let (Some(mode), Some(kind), Some(oid)) = (f.next(), f.next(), f.next()) else {
+                return Err(std::io::Error::other("malformed ls-tree output").into());
+            };
+            rows.insert(
+                name.to_owned(),
+                TreeEntryRow {
+                    mode: mode.to_owned(),
+                    kind: kind.to_owned(),
+                    oid: oid.to_owned(),
+                },
+            );
+        }
+        Ok(rows)
+    }
+
+    /// Writes the edited trees bottom-up; `None` for a tree left empty.
+    fn write_tree(&self, edit: &mut TreeEdit) -> GitResult<Option<String>> {
+        let children = std::mem::take(&mut edit.children);
+        for (name, mut child) in children {
+            if !child.changed {
+                continue;
+            }
+            match self.write_tree(&mut child)? {
+                Some(oid) => {
+                    edit.entries.insert(
+                        name,
+                        TreeEntryRow {
+                            mode: TREE_MODE.to_owned(),
+                            kind: "tree".to_owned(),
+                            oid,
+                        },
+                    );
+                }
+                None => {
+                    edit.entries.remove(&name);
+                }
+            }
+        }
+        if edit.entries.is_empty() {
+            return Ok(None);
+        }
+        let mut input = Vec::new();
+        for (name, row) in &edit.entries {
+            input.extend_from_slice(
+                format!("{} {} {}\t{name}\0", row.mode, row.kind, row.oid).as_bytes(),
+            );
+        }
+        let oid = self.git.output_with(&["mktree", "-z"], Some(&input), &[])?;
+        Ok(Some(oid.trim().to_owned()))
+    }
+
     /// The committer timestamp of `commit`, read from the raw object.
     fn committer_time(&self, commit: &str) -> GitResult<i64> {
         let raw = self.git.output(&["cat-file", "commit", commit])?;
@@ -89,65 +166,70 @@ impl AuthorityRepo {
     /// parent's committer time, so the OID depends on the spec alone.
     /// A change may not pass through or replace a symlink, a submodule or a
     /// directory (PATH_ESCAPE).
+    ///
+    /// Only the trees on the changed paths are read (`git ls-tree` of each)
+    /// and written again (`git mktree`), bottom-up: the cost follows the
+    /// change, not the repository. The tree is the one `read-tree`,
+    /// `update-index` and `write-tree` would give (a directory left empty
+    /// disappears, as git stores no empty tree).
     pub fn governed_commit(&self, spec: &CommitSpec) -> GitResult<String> {
         if self.resolve_commit(&spec.parent)?.as_deref() != Some(spec.parent.as_str()) {
             return Err(GitError::ObjectMissing(spec.parent.clone()));
         }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        // In the scratch directory `with_scratch` chose (the worker's
-        // workspace; its lockdown grants no /tmp).
-        let index = TempIndex(
-            self.scratch
-                .join(format!("airlock-index-{}-{nanos}", std::process::id())),
-        );
-        let index_path = index.0.to_string_lossy().into_owned();
-        let env = [("GIT_INDEX_FILE", index_path.as_str())];
-        self.git.output_with(
-            &["read-tree", &format!("{}^{{tree}}", spec.parent)],
-            None,
-            &env,
-        )?;
-        let listing = self
+        let root_oid = self
             .git
-            .output_with(&["ls-files", "-s", "-z"], None, &env)?;
-        let mut modes: HashMap<String, String> = HashMap::new();
-        for record in listing.split('\0').filter(|r| !r.is_empty()) {
-            if let Some((meta, path)) = record.split_once('\t') {
-                modes.insert(
-                    path.to_owned(),
-                    meta.split(' ').next().unwrap_or("").to_owned(),
-                );
-            }
-        }
+            .output(&[
+                "rev-parse",
+                "--verify",
+                "--end-of-options",
+                &format!("{}^{{tree}}", spec.parent),
+            ])?
+            .trim()
+            .to_owned();
         let refuse = escape();
-        let mut info = Vec::new();
+        let mut root = TreeEdit::loaded(self.read_tree(&root_oid)?);
         for change in &spec.changes {
             let path = check_relative_path(&change.path).map_err(GitError::Refused)?;
-            let mut prefix = String::new();
-            for component in path
-                .split('/')
-                .collect::<Vec<_>>()
-                .split_last()
-                .map(|(_, a)| a.to_vec())
-                .unwrap_or_default()
-            {
-                if !prefix.is_empty() {
-                    prefix.push('/');
+            let (dirs, name) = match path.rsplit_once('/') {
+                Some((d, n)) => (d.split('/').collect::<Vec<_>>(), n),
+                None => (Vec::new(), path),
+            };
+            // Walk down, loading each tree on the way; a missing directory
+            // is created for a write (and means nothing to delete).
+            let mut dir = &mut root;
+            let mut walked = String::new();
+            let mut missing = false;
+            for component in dirs {
+                if !walked.is_empty() {
+                    walked.push('/');
                 }
-                prefix.push_str(component);
-                if modes.contains_key(&prefix) {
-                    return Err(refuse(path, &format!("{prefix} is not a directory")));
+                walked.push_str(component);
+                match dir.entries.get(component) {
+                    Some(e) if e.mode != TREE_MODE => {
+                        return Err(refuse(path, &format!("{walked} is not a directory")));
+                    }
+                    Some(e) if !dir.children.contains_key(component) => {
+                        let oid = e.oid.clone();
+                        dir.children.insert(
+                            component.to_owned(),
+                            TreeEdit::loaded(self.read_tree(&oid)?),
+                        );
+                    }
+                    Some(_) => {}
+                    None => {
+                        missing = true;
+                        dir.children.entry(component.to_owned()).or_default();
+                    }
                 }
+                dir.changed = true;
+                dir = dir.children.get_mut(component).expect("just inserted");
             }
-            match modes.get(path).map(String::as_str) {
+            match dir.entries.get(name).map(|e| e.mode.as_str()) {
+                Some(TREE_MODE) => return Err(refuse(path, "is a directory")),
                 None | Some("100644") | Some("100755") => {}
                 Some(other) => return Err(refuse(path, &format!("replaces a mode {other} entry"))),
             }
-            let dir_prefix = format!("{path}/");
-            if modes.keys().any(|k| k.starts_with(&dir_prefix)) {
+            if dir.children.contains_key(name) {
                 return Err(refuse(path, "is a directory"));
             }
             match &change.content {
@@ -162,19 +244,33 @@ impl AuthorityRepo {
                     } else {
                         "100644"
                     };
-                    info.extend_from_slice(format!("{mode} {} 0\t{path}\0", oid.trim()).as_bytes());
-                    modes.insert(path.to_owned(), mode.to_owned());
+                    dir.entries.insert(
+                        name.to_owned(),
+                        TreeEntryRow {
+                            mode: mode.to_owned(),
+                            kind: "blob".to_owned(),
+                            oid: oid.trim().to_owned(),
+                        },
+                    );
+                    dir.changed = true;
                 }
-                None => {
-                    let zero = "0".repeat(spec.parent.len());
-                    info.extend_from_slice(format!("0 {zero}\t{path}\0").as_bytes());
-                    modes.remove(path);
+                None if !missing => {
+                    if dir.entries.remove(name).is_some() {
+                        dir.changed = true;
+                    }
                 }
+                None => {}
             }
         }
-        self.git
-            .output_with(&["update-index", "-z", "--index-info"], Some(&info), &env)?;
-        let tree = self.git.output_with(&["write-tree"], None, &env)?;
+        let tree = match self.write_tree(&mut root)? {
+            Some(oid) => oid,
+            // Every file deleted: git's empty tree, written as such.
+            None => self
+                .git
+                .output_with(&["mktree", "-z"], Some(b""), &[])?
+                .trim()
+                .to_owned(),
+        };
         let date = format!("{} +0000", self.committer_time(&spec.parent)? + 1);
         let identity = [
             ("GIT_AUTHOR_NAME", IDENTITY_NAME),
@@ -187,7 +283,7 @@ impl AuthorityRepo {
         let mut message = spec.message.trim_end().to_owned();
         message.push('\n');
         let oid = self.git.output_with(
-            &["commit-tree", tree.trim(), "-p", &spec.parent, "-F", "-"],
+            &["commit-tree", &tree, "-p", &spec.parent, "-F", "-"],
             Some(message.as_bytes()),
             &identity,
         )?;

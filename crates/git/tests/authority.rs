@@ -258,6 +258,67 @@ fn governed_commit_is_deterministic() {
     );
 }
 
+/// The trees the governed commit writes (only those on the changed paths)
+/// are the ones git's own index would give for the same changes.
+#[test]
+fn governed_trees_are_what_gits_index_would_write() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let spec = CommitSpec {
+        parent: f.main.clone(),
+        changes: vec![
+            FileChange::write("src/lib.py", b"VALUE = 9\n".to_vec(), false),
+            FileChange::write("a/b/c/new.txt", b"new\n".to_vec(), true),
+            FileChange::delete("src/deep/x.txt"),
+            FileChange::delete("not/there.txt"),
+            FileChange::write("README.md", b"hello\n".to_vec(), true),
+        ],
+        message: "m".into(),
+    };
+    let commit = repo.governed_commit(&spec).unwrap();
+    let ours = git(&f.bare, &["rev-parse", &format!("{commit}^{{tree}}")]);
+    // The same with a temporary index.
+    let index = f.dir.path().join("index");
+    let with_index = |args: &[&str], input: Option<&[u8]>| -> String {
+        use std::io::Write;
+        let mut c = Command::new("git");
+        c.arg("--git-dir")
+            .arg(&f.bare)
+            .args(args)
+            .env("GIT_INDEX_FILE", &index)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.unwrap_or(b""))
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "git {args:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    with_index(&["read-tree", &format!("{}^{{tree}}", f.main)], None);
+    let blob = |content: &[u8]| with_index(&["hash-object", "-w", "--stdin"], Some(content));
+    let zero = "0".repeat(40);
+    let info = format!(
+        "100644 {} 0\tsrc/lib.py\0100755 {} 0\ta/b/c/new.txt\00 {zero}\tsrc/deep/x.txt\0100755 {} 0\tREADME.md\0",
+        blob(b"VALUE = 9\n"),
+        blob(b"new\n"),
+        blob(b"hello\n"),
+    );
+    with_index(
+        &["update-index", "-z", "--index-info"],
+        Some(info.as_bytes()),
+    );
+    let theirs = with_index(&["write-tree"], None);
+    assert_eq!(ours, theirs);
+    // The emptied directory is gone, as git stores no empty tree.
+    let listing = git(&f.bare, &["ls-tree", "-r", "--name-only", &commit]);
+    assert!(!listing.contains("src/deep"), "{listing}");
+}
+
 #[test]
 fn changes_cannot_pass_through_links_submodules_or_directories() {
     let f = fixture();
