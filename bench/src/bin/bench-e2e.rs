@@ -236,6 +236,7 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
             &Tuning {
                 lease_seconds: 60,
                 parallel_tasks: 1,
+                ..Default::default()
             },
         )
         .expect("suite");

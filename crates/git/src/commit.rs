@@ -254,10 +254,8 @@ impl AuthorityRepo {
                     );
                     dir.changed = true;
                 }
-                None if !missing => {
-                    if dir.entries.remove(name).is_some() {
-                        dir.changed = true;
-                    }
+                None if !missing && dir.entries.remove(name).is_some() => {
+                    dir.changed = true;
                 }
                 None => {}
             }

@@ -546,6 +546,7 @@ const EXECUTOR: RolePolicy = RolePolicy {
         crate::policy::MAX_LANDLOCK_ABI,
         "the executor makes no connection after lockdown",
     ),
+    tcp: None,
 };
 
 const SPAWNER: RolePolicy = RolePolicy {
@@ -834,7 +835,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_worker_and_the_spawner_may_exec_and_only_the_spawner_and_supervisor_reach_etc_whole() {
+    fn exec_for_worker_and_spawner_only_and_etc_whole_for_spawner_and_supervisor_only() {
         for role in Role::ALL {
             let exec = role
                 .grants()
