@@ -2,12 +2,13 @@
 //!
 //! Every probe in [`probes::PROBES`] is a hostile verification command sent
 //! through the real executor path: the harness builds a real `ExecRequest`
-//! (a valid envelope, a real source archive) whose one verification command
-//! is `/usr/bin/python3 -c <probe>`, and runs `airlock-executor run-once`
-//! as a non-root uid (one per probe) in a network namespace of its own, with
-//! the real `airlock-confine`. This is the production shape: a non-root
-//! executor, Landlocked itself, whose helper keeps its uid and creates a
-//! user namespace.
+//! (a valid envelope, its source tree, a real source archive) whose one
+//! verification command is `/usr/bin/python3 -c <probe>`, and runs
+//! `airlock-executor run-once` as a non-root uid (one per probe) in a
+//! network namespace of its own. This is the production shape: a non-root
+//! executor, Landlocked itself, whose spawner starts each command in the
+//! minimal root ([`Mode::MinimalRoot`]), or in the host view where the
+//! kernel refuses namespaces ([`Mode::HostView`]).
 //!
 //! ```text
 //!  harness (root)
@@ -16,8 +17,8 @@
 //!   │             a veth peer namespace (169.254.x.2)
 //!   ├─ marker (uid U, outside): secret in env, argv and memory; logs signals
 //!   └─ ip netns exec NS  unshare -m  (fake /run/credentials, optional tmpfs work volume)
-//!        └─ setpriv uid U: airlock-executor run-once --confine airlock-confine
-//!             └─ airlock-confine → python3 -c <probe> <fixtures as JSON>
+//!        └─ setpriv uid U [airlock-escape-no-namespaces]: airlock-executor run-once
+//!             └─ spawner → init → python3 -c <probe> <fixtures as JSON>
 //! ```
 //!
 //! A probe is **blocked** when the command itself reports it could not
@@ -56,7 +57,7 @@ const LISTENER_PY: &str = include_str!("py/listener.py");
 
 /// The interpreter the program policy allows.
 pub const PYTHON: &str = "/usr/bin/python3";
-/// Probe `i` runs as uid `UID_BASE + i` (+ 100 in the second mode;
+/// Probe `i` runs as uid `UID_BASE + i` (+ 100 in the host view;
 /// RLIMIT_NPROC counts per uid).
 pub const UID_BASE: u32 = 47100;
 /// Owner of the fake worker state directory.
