@@ -43,8 +43,9 @@ enum Command {
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
         rounds: u32,
     },
-    /// Confinement cost: /bin/true and python3 -c pass bare, under
-    /// airlock-confine (with and without namespaces) and under bubblewrap.
+    /// Confinement cost: /bin/true and python3 -c pass bare, through the
+    /// executor's spawner (minimal root and host view), under
+    /// airlock-confine and under bubblewrap with an equivalent policy.
     Confine {
         /// Measured runs of each command under each variant.
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(5..=10_000))]
