@@ -10,7 +10,9 @@
 //! the step after `<phase>` fail once with `CODE`, standing in for a git,
 //! spool or journal failure at that step. Two cases need no injection:
 //! an envelope the worker refuses at claim time (a capability it does not
-//! offer) and a source commit missing from the repository.
+//! offer) and a source commit missing from the repository. Also here: a
+//! resume at commit_done whose branch moved needs reconciliation, and a
+//! call the supervisor does not answer is bounded.
 
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
@@ -289,4 +291,43 @@ fn a_branch_moved_behind_the_workers_back_needs_reconciliation() {
         other,
         "the worker does not move the branch back"
     );
+}
+
+#[test]
+fn a_call_the_supervisor_does_not_answer_is_bounded_and_the_worker_carries_on() {
+    // lease 30 s: the worker renews every 10 s and bounds each call by that.
+    let s = Stack::start("late");
+    let log = s.suite.layout.logs().join("worker.log");
+    let pid = s
+        .suite
+        .fleet
+        .pid("supervisor")
+        .expect("the supervisor runs");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    // The supervisor stops answering (a frozen process: the bus queues the
+    // worker's calls, nothing replies).
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let t = Instant::now();
+    let mut seen = false;
+    while t.elapsed() < Duration::from_secs(20) {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("Claim: no answer within 10s") {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let waited = t.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(
+        seen,
+        "the worker's claim must fail after its bound, not hang:\n{}",
+        airlock_local::fleet::tail(&log, 20)
+    );
+    assert!(waited >= Duration::from_secs(9), "{waited:?}");
+    // The late answers are dropped; the worker goes on claiming, and a
+    // task submitted now runs to its end in its first attempt.
+    s.submit(&task("late-1", &s.base));
+    let v = s.settled("late-1");
+    assert_eq!((v.state, v.attempt), (TaskState::Succeeded, 1));
 }
