@@ -666,14 +666,13 @@ impl Worker {
         loop {
             if self.spool.exists(Kind::Wants, rid).map_err(spool_err)? {
                 if let Err(e) = self.send_source(env, rid, &request) {
-                    match e.code {
-                        // The source cannot be archived (limits, a missing
-                        // object): the attempt fails with that code.
-                        Code::SOURCE_ARCHIVE_LIMIT_EXCEEDED | Code::GIT_OBJECT_MISSING => {
-                            return Ok(Err((e, None)));
-                        }
-                        _ => return Err(e),
+                    // The source cannot be archived (limits, a missing
+                    // object, …): a code that fails the attempt does so
+                    // here; any other is settled by drive().
+                    if e.code.fails_attempt() {
+                        return Ok(Err((e, None)));
                     }
+                    return Err(e);
                 }
             }
             if self.spool.exists(Kind::Results, rid).map_err(spool_err)? {
