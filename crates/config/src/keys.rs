@@ -338,7 +338,7 @@ pub const KEYS: &[KeySpec] = &[
         "supervisor.auto_accept",
         Kind::Bool,
         "false",
-        "When true, a task whose verification commands passed moves to SUCCEEDED without an admin's decision. When false it waits in VERIFYING for one.",
+        "When true, a task whose verification commands passed, every one fully confined by the executor's own measure (Landlock in full, seccomp, a known filesystem view, a uid other than root), moves to SUCCEEDED without an admin's decision; any other result waits in VERIFYING, its gaps recorded in the result event and shown by airlockctl show. When false every result waits for a decision.",
     ),
     key(
         "supervisor.worker_user",
@@ -468,6 +468,12 @@ pub const KEYS: &[KeySpec] = &[
         Kind::Bool,
         "false",
         "When false, the executor refuses to run (SANDBOX_UNAVAILABLE) if Landlock cannot be applied in full. When true it runs with what the kernel offers and logs that it did.",
+    ),
+    key(
+        "executor.landlock_min_abi",
+        int(1, 10),
+        "1",
+        "The lowest Landlock ABI the commands' sandbox accepts. A kernel offering less is refused (SANDBOX_UNAVAILABLE), or, with allow_degraded_landlock, run degraded: the result's isolation evidence then says so and auto_accept leaves it to a human. 1 accepts any Landlock; raise it to demand newer rights (ABI 3: truncate; 5: device ioctls; 6: signal and abstract-socket scoping).",
     ),
     key(
         "executor.programs",

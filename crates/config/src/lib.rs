@@ -222,6 +222,8 @@ pub struct Executor {
     pub user: String,
     /// Run even when Landlock cannot be fully applied.
     pub allow_degraded_landlock: bool,
+    /// The lowest Landlock ABI the commands' sandbox accepts.
+    pub landlock_min_abi: u8,
     /// Absolute paths of the programs a verification command may start.
     pub programs: Vec<PathBuf>,
     /// Modules `python3 -m` may name.
@@ -244,6 +246,7 @@ impl Default for Executor {
         Executor {
             user: "airlock-exec".to_owned(),
             allow_degraded_landlock: false,
+            landlock_min_abi: 1,
             programs: [
                 "/usr/bin/python3",
                 "/usr/bin/git",

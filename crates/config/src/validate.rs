@@ -94,6 +94,7 @@ impl Check<'_, '_> {
             &e.git_read_only_subcommands,
         )?;
         self.list("executor.allow_credential_paths", &e.allow_credential_paths)?;
+        self.int("executor.landlock_min_abi", e.landlock_min_abi)?;
         self.int("executor.tree_cache_entries", e.tree_cache_entries)?;
         self.int("executor.tree_cache_mib", e.tree_cache_mib)?;
         self.limits(&e.limits)

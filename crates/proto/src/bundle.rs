@@ -150,6 +150,8 @@ pub struct ConfinementReport {
     pub seccomp: bool,
     /// Namespaces that were unshared.
     pub namespaces: Vec<String>,
+    /// The uid the commands ran as, outside any user namespace.
+    pub uid: Option<u32>,
     /// The commands' filesystem view: `minimal-root` (their workspace,
     /// a private /tmp, their own /proc, a minimal /dev and read-only system
     /// paths, nothing else) or `host-view` (the host's, narrowed by

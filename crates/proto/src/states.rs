@@ -198,7 +198,7 @@ pub const TABLE: &[(Op, TaskState, Outcome)] = &{
             Running,
             To(
                 &[Verifying, Succeeded],
-                "SUCCEEDED at once with auto_accept when every command passed",
+                "SUCCEEDED at once with auto_accept when every command passed fully confined",
             ),
         ),
         (

@@ -470,6 +470,141 @@ pub struct TaskResult {
     pub failure_code: Option<String>,
     /// One entry per verification command.
     pub verification: Vec<CommandSummary>,
+    /// How the verification commands were isolated, as the executor
+    /// measured it: required on a passed or captured result, present on a
+    /// failed one whose commands ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
+}
+
+/// The isolation evidence of one attempt's verification commands, from
+/// the executor's confinement report (the weakest of its commands: every
+/// command of a request runs under the same prepared confinement, and a
+/// report that differs per command is reduced to what held for all).
+///
+/// Every property is recorded as measured or as `unmeasured`, never
+/// assumed: [`Isolation::gaps`] names each property that was not measured
+/// at full strength, and only a result without gaps counts as fully
+/// confined (the one kind `auto_accept` may accept without a human).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Isolation {
+    /// The Landlock ABI the commands' ruleset used; `None`: unmeasured.
+    pub landlock_abi: Option<u32>,
+    /// `full`, `degraded` (allowed by `executor.allow_degraded_landlock`)
+    /// or `unmeasured`.
+    pub landlock: String,
+    /// `enforced`, `off` or `unmeasured`.
+    pub seccomp: String,
+    /// The namespaces the commands were given; `None`: unmeasured.
+    pub namespaces: Option<Vec<String>>,
+    /// The commands' filesystem view: `minimal-root`, `host-view` or
+    /// `unmeasured`.
+    pub view: String,
+    /// The uid the commands ran as (outside any user namespace); `None`:
+    /// unmeasured.
+    pub uid: Option<u32>,
+}
+
+/// The word for a property nobody measured.
+pub const UNMEASURED: &str = "unmeasured";
+
+impl Isolation {
+    /// Nothing measured (no executor report).
+    pub fn unmeasured() -> Self {
+        Isolation {
+            landlock_abi: None,
+            landlock: UNMEASURED.into(),
+            seccomp: UNMEASURED.into(),
+            namespaces: None,
+            view: UNMEASURED.into(),
+            uid: None,
+        }
+    }
+
+    /// The evidence in an executor's confinement report. A report of no
+    /// command (`view` `none`) measured nothing about commands.
+    pub fn from_report(r: &crate::bundle::ConfinementReport) -> Self {
+        if r.view == "none" {
+            return Isolation {
+                uid: r.uid,
+                ..Isolation::unmeasured()
+            };
+        }
+        let landlock = match r.landlock.as_str() {
+            "full" | "degraded" => r.landlock.clone(),
+            _ => UNMEASURED.to_owned(),
+        };
+        let view = match r.view.as_str() {
+            "minimal-root" | "host-view" => r.view.clone(),
+            _ => UNMEASURED.to_owned(),
+        };
+        Isolation {
+            landlock_abi: (r.landlock_abi > 0).then_some(r.landlock_abi),
+            landlock,
+            seccomp: if r.seccomp { "enforced" } else { "off" }.into(),
+            namespaces: Some(r.namespaces.clone()),
+            view,
+            uid: r.uid,
+        }
+    }
+
+    /// Why the commands were not fully confined; empty when they were.
+    /// Fully confined: Landlock fully enforced at a known ABI, seccomp
+    /// enforced, a known filesystem view (the minimal root, or the
+    /// host view with every path-based metadata call refused, where user
+    /// namespaces are unavailable), and a known uid other than root.
+    pub fn gaps(&self) -> Vec<String> {
+        let mut gaps = Vec::new();
+        match (self.landlock.as_str(), self.landlock_abi) {
+            ("full", Some(_)) => {}
+            ("degraded", abi) => gaps.push(format!(
+                "Landlock degraded (ABI {})",
+                abi.map_or_else(|| UNMEASURED.to_owned(), |a| a.to_string())
+            )),
+            _ => gaps.push("Landlock unmeasured".to_owned()),
+        }
+        match self.seccomp.as_str() {
+            "enforced" => {}
+            "off" => gaps.push("seccomp off".to_owned()),
+            _ => gaps.push("seccomp unmeasured".to_owned()),
+        }
+        match self.view.as_str() {
+            "minimal-root" | "host-view" => {}
+            _ => gaps.push("filesystem view unmeasured".to_owned()),
+        }
+        if self.namespaces.is_none() {
+            gaps.push("namespaces unmeasured".to_owned());
+        }
+        match self.uid {
+            Some(0) => gaps.push("commands ran as root".to_owned()),
+            Some(_) => {}
+            None => gaps.push("uid unmeasured".to_owned()),
+        }
+        gaps
+    }
+
+    /// True when [`Isolation::gaps`] is empty.
+    pub fn fully_confined(&self) -> bool {
+        self.gaps().is_empty()
+    }
+
+    /// Structural bounds (the values are the executor's words).
+    fn validate(&self) -> Result<()> {
+        let word = |s: &str, allowed: &[&str]| allowed.contains(&s);
+        let ok = word(&self.landlock, &["full", "degraded", UNMEASURED])
+            && word(&self.seccomp, &["enforced", "off", UNMEASURED])
+            && word(&self.view, &["minimal-root", "host-view", UNMEASURED])
+            && self
+                .namespaces
+                .as_ref()
+                .is_none_or(|n| n.len() <= 16 && n.iter().all(|s| !s.is_empty() && s.len() <= 16));
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::with(Code::MESSAGE_INVALID, "isolation"))
+        }
+    }
 }
 
 impl TaskResult {
@@ -507,6 +642,13 @@ impl TaskResult {
         }
         if self.verification.len() > crate::limits::MAX_COMMANDS {
             return Err(Error::new(Code::FIELD_BOUNDS_EXCEEDED));
+        }
+        match (&self.isolation, self.outcome) {
+            (None, Outcome::Passed | Outcome::Captured) => {
+                return bad("a passed or captured result carries its isolation evidence");
+            }
+            (Some(i), _) => i.validate()?,
+            (None, Outcome::Failed) => {}
         }
         for c in &self.verification {
             let tails = [&c.stdout_tail, &c.stderr_tail];
@@ -608,6 +750,63 @@ mod tests {
         );
     }
 
+    fn confined() -> Isolation {
+        Isolation::from_report(&crate::bundle::ConfinementReport {
+            landlock_abi: 7,
+            landlock: "full".into(),
+            seccomp: true,
+            namespaces: vec!["user".into(), "mnt".into(), "pid".into()],
+            uid: Some(992),
+            view: "minimal-root".into(),
+        })
+    }
+
+    #[test]
+    fn isolation_is_full_only_when_every_property_was_measured_at_full_strength() {
+        let full = confined();
+        assert!(full.fully_confined(), "{:?}", full.gaps());
+        let report = |f: &dyn Fn(&mut crate::bundle::ConfinementReport)| {
+            let mut r = crate::bundle::ConfinementReport {
+                landlock_abi: 7,
+                landlock: "full".into(),
+                seccomp: true,
+                namespaces: vec![],
+                uid: Some(992),
+                view: "host-view".into(),
+            };
+            f(&mut r);
+            Isolation::from_report(&r)
+        };
+        assert!(
+            report(&|_| {}).fully_confined(),
+            "the host view is a confined mode"
+        );
+        let gaps = |f: &dyn Fn(&mut crate::bundle::ConfinementReport)| report(f).gaps();
+        assert_eq!(
+            gaps(&|r| r.landlock = "degraded".into()),
+            ["Landlock degraded (ABI 7)"]
+        );
+        assert_eq!(
+            gaps(&|r| r.landlock = "none".into()),
+            ["Landlock unmeasured"]
+        );
+        assert_eq!(gaps(&|r| r.landlock_abi = 0), ["Landlock unmeasured"]);
+        assert_eq!(gaps(&|r| r.seccomp = false), ["seccomp off"]);
+        assert_eq!(gaps(&|r| r.uid = Some(0)), ["commands ran as root"]);
+        assert_eq!(gaps(&|r| r.uid = None), ["uid unmeasured"]);
+        assert_eq!(
+            gaps(&|r| r.view = "something-new".into()),
+            ["filesystem view unmeasured"]
+        );
+        // No command ran: nothing about commands was measured.
+        let none = report(&|r| r.view = "none".into());
+        assert!(!none.fully_confined());
+        assert_eq!(none.landlock, UNMEASURED);
+        assert_eq!(none.seccomp, UNMEASURED);
+        // Nothing measured at all is never confined.
+        assert_eq!(Isolation::unmeasured().gaps().len(), 5);
+    }
+
     #[test]
     fn result_validation() {
         let mut r = TaskResult {
@@ -621,8 +820,18 @@ mod tests {
             exec_result_sha256: Some("e".repeat(64)),
             failure_code: None,
             verification: vec![],
+            isolation: None,
         };
+        assert_eq!(
+            r.validate().unwrap_err().code,
+            Code::MESSAGE_INVALID,
+            "a passed result without isolation evidence"
+        );
+        r.isolation = Some(confined());
         assert!(r.validate().is_ok());
+        r.isolation.as_mut().unwrap().view = "chroot".into();
+        assert_eq!(r.validate().unwrap_err().code, Code::MESSAGE_INVALID);
+        r.isolation = Some(confined());
         r.commit_oid = None;
         assert!(r.validate().is_err());
         r.outcome = Outcome::Failed;

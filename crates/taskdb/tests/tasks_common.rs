@@ -165,6 +165,14 @@ pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
             .into(),
         exec_result_sha256: Some("e".repeat(64)),
         failure_code: (outcome == Outcome::Failed).then(|| "VERIFICATION_FAILED".into()),
+        isolation: (outcome != Outcome::Failed).then(|| airlock_proto::task::Isolation {
+            landlock_abi: Some(7),
+            landlock: "full".into(),
+            seccomp: "enforced".into(),
+            namespaces: Some(vec!["user".into(), "mnt".into(), "pid".into()]),
+            view: "minimal-root".into(),
+            uid: Some(992),
+        }),
         verification: vec![CommandSummary {
             label: "compile".into(),
             exit_code: Some(if outcome == Outcome::Failed { 1 } else { 0 }),

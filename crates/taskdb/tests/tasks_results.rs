@@ -5,7 +5,7 @@
 mod common;
 
 use airlock_proto::Code;
-use airlock_proto::task::{CommandSummary, Decision, Outcome, TaskResult, TaskState};
+use airlock_proto::task::{CommandSummary, Decision, Isolation, Outcome, TaskResult, TaskState};
 use airlock_taskdb::tasks::{EventOutcome, action, verification_sha256};
 use common::*;
 use serde_json::json;
@@ -85,6 +85,82 @@ fn auto_accept_succeeds_only_when_every_command_exited_zero(backend: Backend) {
         assert_eq!(v.state, TaskState::Verifying, "case {i}");
         assert_eq!(v.verification, None);
     }
+}
+
+/// auto_accept accepts only results whose commands all ran fully
+/// confined: degraded Landlock, seccomp off, root, or anything unmeasured
+/// leaves the task VERIFYING, and the result event says why.
+fn auto_accept_is_withheld_unless_the_commands_ran_fully_confined(backend: Backend) {
+    let mut fx = Fixture::new(backend);
+    let edits: [(fn(&mut Option<Isolation>), &str); 6] = [
+        (
+            |i| i.as_mut().unwrap().landlock = "degraded".into(),
+            "Landlock degraded (ABI 7)",
+        ),
+        (
+            |i| i.as_mut().unwrap().seccomp = "off".into(),
+            "seccomp off",
+        ),
+        (
+            |i| i.as_mut().unwrap().uid = Some(0),
+            "commands ran as root",
+        ),
+        (
+            |i| i.as_mut().unwrap().view = "unmeasured".into(),
+            "filesystem view unmeasured",
+        ),
+        (
+            |i| *i = Some(Isolation::unmeasured()),
+            "Landlock unmeasured",
+        ),
+        (
+            |i| i.as_mut().unwrap().namespaces = None,
+            "namespaces unmeasured",
+        ),
+    ];
+    for (n, (edit, gap)) in edits.iter().enumerate() {
+        let id = format!("task-iso-{n}");
+        fx.submit(&id, 1);
+        let grant = fx.claim();
+        let mut result = result_for(&grant, Outcome::Passed);
+        edit(&mut result.isolation);
+        let v = submit_result(&mut fx, &grant, &result_key(&grant), &result, true)
+            .unwrap()
+            .task;
+        assert_eq!(v.state, TaskState::Verifying, "case {n}");
+        assert_eq!(v.verification, None, "case {n}");
+        let stored = &v.result.as_ref().expect("the result is kept")["isolation"];
+        assert!(stored.is_object(), "case {n}: {stored}");
+        let events = fx.store.events(Some(&id), 0, 100).unwrap();
+        let submitted = events
+            .iter()
+            .find(|e| e.action == "TASK_RESULT_SUBMITTED")
+            .expect("the result event");
+        let withheld = submitted.payload["auto_accept_withheld"]
+            .as_array()
+            .unwrap_or_else(|| panic!("case {n}: {}", submitted.payload));
+        assert!(
+            withheld.iter().any(|g| g == gap),
+            "case {n}: {withheld:?} lacks {gap:?}"
+        );
+    }
+    // A passed result without evidence is refused and changes nothing.
+    fx.submit("task-iso-none", 1);
+    let grant = fx.claim();
+    let mut result = result_for(&grant, Outcome::Passed);
+    result.isolation = None;
+    let e = submit_result(&mut fx, &grant, &result_key(&grant), &result, true).unwrap_err();
+    assert_eq!(e.code(), Code::MESSAGE_INVALID, "{e}");
+    assert_eq!(
+        fx.store.get("task-iso-none").unwrap().state,
+        TaskState::Running
+    );
+    // The control: the same result, fully confined, is accepted at once.
+    result.isolation = result_for(&grant, Outcome::Passed).isolation;
+    let v = submit_result(&mut fx, &grant, &result_key(&grant), &result, true)
+        .unwrap()
+        .task;
+    assert_eq!(v.state, TaskState::Succeeded);
 }
 
 fn a_failed_result_is_an_automatic_rework_then_a_failure(backend: Backend) {
@@ -652,6 +728,7 @@ fn queued_tasks_of_a_removed_repository_fail_with_repository_not_registered_and_
 both_backends!(
     a_passed_result_goes_to_verifying_and_clears_the_lease,
     auto_accept_succeeds_only_when_every_command_exited_zero,
+    auto_accept_is_withheld_unless_the_commands_ran_fully_confined,
     a_failed_result_is_an_automatic_rework_then_a_failure,
     an_identical_result_replays_even_after_the_task_moved_on,
     another_result_under_a_used_key_is_a_conflict,

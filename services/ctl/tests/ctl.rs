@@ -116,6 +116,7 @@ impl Sup {
             "target_branch": grant["envelope"]["target_branch"],
             "exec_result_sha256": "e".repeat(64), "failure_code": null,
             "verification": [{"label": "compile", "exit_code": 0, "timed_out": false, "duration_ms": 3}],
+            "isolation": {"landlock_abi": 7, "landlock": "full", "seccomp": "enforced", "namespaces": ["user", "mnt", "pid"], "view": "minimal-root", "uid": 992},
         });
         conn.call_method(
             Some("org.airlock.Supervisor1"),

@@ -253,7 +253,7 @@ fn command_ids(user: &str) -> Option<(u32, u32)> {
 fn spawner(config: &airlock_config::Config, work_root: &Path) -> Result<Runner> {
     let ex = &config.executor;
     let spawner = Spawner::start(Options {
-        setup: run::setup(&ex.limits, ex.allow_degraded_landlock),
+        setup: run::setup(&ex.limits, ex.allow_degraded_landlock, ex.landlock_min_abi),
         drop_to: command_ids(&ex.user),
         work_root: work_root.to_owned(),
     })

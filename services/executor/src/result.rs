@@ -43,6 +43,8 @@ pub fn confinement_report(
     own: Option<&SelfConfinement>,
     commands: &[Confinement],
 ) -> ConfinementReport {
+    // Commands run as the executor's own uid (no setuid in between).
+    let uid = rustix::process::getuid().as_raw();
     if commands.is_empty() {
         return ConfinementReport {
             landlock_abi: own.map_or(0, |o| o.abi),
@@ -50,6 +52,7 @@ pub fn confinement_report(
             seccomp: false,
             namespaces: Vec::new(),
             view: "none".to_owned(),
+            uid: Some(uid),
         };
     }
     let mut namespaces = commands[0].namespaces.clone();
@@ -60,6 +63,7 @@ pub fn confinement_report(
         landlock: if full { "full" } else { "degraded" }.to_owned(),
         seccomp: commands.iter().all(|c| c.seccomp),
         namespaces,
+        uid: Some(uid),
         view: if commands
             .iter()
             .all(|c| c.view == airlock_sandbox::ViewMode::MinimalRoot)

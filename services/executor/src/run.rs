@@ -87,7 +87,11 @@ pub enum WorkspaceSource {
 }
 
 /// The sandbox settings of the executor, from `[executor.limits]`.
-pub fn setup(limits: &airlock_config::Limits, allow_degraded: bool) -> airlock_sandbox::Setup {
+pub fn setup(
+    limits: &airlock_config::Limits,
+    allow_degraded: bool,
+    landlock_min_abi: u8,
+) -> airlock_sandbox::Setup {
     airlock_sandbox::Setup {
         uid: None,
         gid: None,
@@ -102,7 +106,7 @@ pub fn setup(limits: &airlock_config::Limits, allow_degraded: bool) -> airlock_s
             cpu_seconds: Some(u64::from(limits.cpu_seconds)),
         },
         allow_degraded,
-        landlock_min_abi: 1,
+        landlock_min_abi,
         private_tmp: true,
         tmp_size: 256 << 20,
         namespaces: true,

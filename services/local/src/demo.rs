@@ -195,7 +195,8 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
                 json!({
                     "task_id": task_id, "state": view.state.as_str(), "commit_oid": commit, "target_branch": branch,
                     "branch_head": branch_head, "base_oid": base, "diffstat": diffstat,
-                    "verification": result["verification"], "transitions": transitions,
+                    "verification": result["verification"], "isolation": result["isolation"],
+                    "transitions": transitions,
                     "privilege_separation": suite.ids.separated,
                 })
             );

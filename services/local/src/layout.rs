@@ -274,7 +274,7 @@ repository_root = "{repos}"
 
 [spool]
 root = "{spool}"
-
+{executor}
 [[repository]]
 name = "demo"
 path = "{repo}"
@@ -306,6 +306,14 @@ description = "sample repository made by airlock-local demo"
         } else {
             format!("\"{}\"", crate::agents::agent_user(ids))
         },
+        executor = tuning
+            .executor_landlock
+            .map(|(abi, degraded)| {
+                format!(
+                    "\n[executor]\nlandlock_min_abi = {abi}\nallow_degraded_landlock = {degraded}\n"
+                )
+            })
+            .unwrap_or_default(),
         lease = tuning.lease_seconds,
         parallel = tuning.parallel_tasks,
         renew = (tuning.lease_seconds / 3).max(1),

@@ -83,6 +83,10 @@ pub struct Tuning {
     /// Planner agents to run (`[[agent]]` tables), started by the
     /// supervisor through airlock-local's agent host.
     pub agents: Vec<airlock_config::Agent>,
+    /// `[executor] landlock_min_abi` and `allow_degraded_landlock`, when
+    /// set: a stack whose commands run under degraded Landlock (tests of
+    /// the isolation evidence).
+    pub executor_landlock: Option<(u8, bool)>,
 }
 
 /// A PostgreSQL task store several stacks share.
@@ -113,6 +117,7 @@ impl Default for Tuning {
             repos: None,
             netns: None,
             agents: Vec::new(),
+            executor_landlock: None,
         }
     }
 }

@@ -50,6 +50,12 @@ fn demo_reaches_succeeded_with_a_verified_commit_on_its_agent_branch() {
             v["privilege_separation"], true,
             "as root every component runs as its own uid"
         );
+        // The isolation evidence that let auto_accept take it: Landlock in
+        // full, seccomp, a known view, and a uid that is not root's.
+        let iso = &v["isolation"];
+        assert_eq!(iso["landlock"], "full", "{iso}");
+        assert_eq!(iso["seccomp"], "enforced", "{iso}");
+        assert!(iso["uid"].as_u64().is_some_and(|u| u != 0), "{iso}");
     }
 }
 

@@ -11,7 +11,7 @@ use airlock_proto::canonical::{digest_of, sha256_hex};
 use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key};
 use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
-use airlock_proto::task::{CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, tail_of};
+use airlock_proto::task::{CommandSummary, Isolation, Outcome, RESULT_SCHEMA, TaskResult, tail_of};
 use airlock_proto::{Code, Error};
 use airlock_spool::{Expect, Kind, Spool};
 use base64::Engine;
@@ -421,8 +421,8 @@ impl Worker {
                             let evidence = self
                                 .read_result(env, &rid, Some(&sha))
                                 .ok()
-                                .map(|r| r.verification.clone());
-                            return self.finish_failed(&cb, grant, e, evidence.map(summaries));
+                                .map(|r| evidence_of(&r));
+                            return self.finish_failed(&cb, grant, e, evidence);
                         }
                         Err(e) => return Err(e),
                     }
@@ -462,6 +462,7 @@ impl Worker {
                         exec_result_sha256: Some(sha),
                         failure_code: None,
                         verification: summaries(exec.verification.clone()),
+                        isolation: Some(Isolation::from_report(&exec.confinement)),
                     };
                     self.pending(&cb, grant, &result)?
                 }
@@ -650,7 +651,7 @@ impl Worker {
         rid: &str,
         prepared: &Value,
         lost: &Mutex<Option<Code>>,
-    ) -> Step<Result<(ExecResult, String), (Error, Option<Vec<CommandSummary>>)>> {
+    ) -> Step<Result<(ExecResult, String), (Error, Option<Evidence>)>> {
         let request_sha = prepared["request_sha256"].as_str();
         let request = self.own_request(rid, request_sha)?;
         let budget: u64 = env
@@ -682,7 +683,7 @@ impl Worker {
                 };
                 let sha = result.digest();
                 if !result.passed {
-                    let evidence = summaries(result.verification.clone());
+                    let evidence = evidence_of(&result);
                     return Ok(Err((
                         Error::with(Code::VERIFICATION_FAILED, "a verification command failed"),
                         Some(evidence),
@@ -801,7 +802,7 @@ impl Worker {
         cb: &CheckpointBinding,
         grant: &Grant,
         error: Error,
-        evidence: Option<Vec<CommandSummary>>,
+        evidence: Option<Evidence>,
     ) -> Step<Finish> {
         tracing::warn!(task = %cb.task_id, attempt = cb.attempt, "attempt failed: {error}");
         let env = &grant.envelope;
@@ -815,7 +816,8 @@ impl Worker {
             target_branch: env.binding.target_branch.clone(),
             exec_result_sha256: None,
             failure_code: Some(error.code.as_str().to_owned()),
-            verification: evidence.unwrap_or_default(),
+            isolation: evidence.as_ref().map(|e| e.isolation.clone()),
+            verification: evidence.map(|e| e.verification).unwrap_or_default(),
         };
         let head = self.pending(cb, grant, &result)?;
         self.submit(cb, grant, &head.payload)
@@ -991,6 +993,20 @@ fn check_changed_files(env: &Envelope, result: &ExecResult) -> Step<()> {
     Ok(())
 }
 
+/// What a failed result keeps of the executor's: each command's summary
+/// and how the commands were isolated.
+struct Evidence {
+    verification: Vec<CommandSummary>,
+    isolation: Isolation,
+}
+
+fn evidence_of(exec: &ExecResult) -> Evidence {
+    Evidence {
+        verification: summaries(exec.verification.clone()),
+        isolation: Isolation::from_report(&exec.confinement),
+    }
+}
+
 fn summaries(evidence: Vec<airlock_proto::bundle::CommandEvidence>) -> Vec<CommandSummary> {
     evidence
         .into_iter()
@@ -1065,6 +1081,7 @@ mod tests {
                 seccomp: true,
                 namespaces: vec![],
                 view: "minimal-root".into(),
+                uid: Some(992),
             },
         }
     }

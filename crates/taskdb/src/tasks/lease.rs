@@ -322,7 +322,9 @@ impl<B: Backend> Store<B> {
     ///
     /// The lease is cleared. Passed or captured → VERIFYING, or SUCCEEDED at
     /// once when `auto_accept` and the summaries name exactly the envelope's
-    /// commands, each exited 0 and none timed out. Failed → an automatic
+    /// commands, each exited 0 and none timed out, and the result's
+    /// isolation evidence shows them fully confined (otherwise the event
+    /// records why auto_accept was withheld). Failed → an automatic
     /// NEEDS_REWORK: QUEUED while attempts remain, else FAILED.
     #[allow(clippy::too_many_arguments)]
     pub fn submit_result(
@@ -448,6 +450,7 @@ impl<B: Backend> Store<B> {
             })?;
 
             let mut automatic = false;
+            let mut withheld: Option<Vec<String>> = None;
             match result.outcome {
                 Outcome::Passed | Outcome::Captured => {
                     let labels: Vec<&str> = result
@@ -460,13 +463,22 @@ impl<B: Backend> Store<B> {
                             .verification
                             .iter()
                             .all(|c| c.exit_code == Some(0) && !c.timed_out);
-                    if auto_accept && all_passed {
+                    // A result whose commands were not all measured fully
+                    // confined waits for a human, whatever auto_accept says.
+                    let gaps = result
+                        .isolation
+                        .as_ref()
+                        .map_or_else(|| vec!["isolation unmeasured".to_owned()], |i| i.gaps());
+                    if auto_accept && all_passed && !gaps.is_empty() {
+                        withheld = Some(gaps);
+                        row.status = TaskState::Verifying;
+                    } else if auto_accept && all_passed {
                         automatic = true;
                         row.status = TaskState::Succeeded;
                         row.verification_json = Some(to_canonical_string(&json!({
                             "decision": "ACCEPTED",
                             "automatic": true,
-                            "reason": "every verification command exited 0",
+                            "reason": "every verification command exited 0, fully confined",
                             "actor": worker.name,
                             "attempt": row.attempt,
                             "result_sha256": result_sha256,
@@ -516,6 +528,7 @@ impl<B: Backend> Store<B> {
                     "result_sha256": result_sha256,
                     "outcome": result.outcome,
                     "automatic_decision": automatic,
+                    "auto_accept_withheld": withheld,
                     "state": row.status.as_str(),
                     "revision": row.revision,
                 }),

@@ -2,6 +2,7 @@
 
 use crate::client::{Client, CtlError, shown};
 use crate::output::{Ctx, text, time_of};
+use airlock_proto::task::{Isolation, UNMEASURED};
 use serde_json::Value;
 use std::process::ExitCode;
 
@@ -69,6 +70,7 @@ pub fn render(ctx: &Ctx, t: &Value) -> String {
             s.push_str(&format!(", {c}"));
         }
         rows.push(("Result", s));
+        rows.push(("Isolation", isolation(r.get("isolation"))));
         if let Some(h) = t["result_sha256"].as_str() {
             rows.push(("Result SHA-256", h.to_owned()));
         }
@@ -89,4 +91,43 @@ pub fn render(ctx: &Ctx, t: &Value) -> String {
     rows.iter()
         .map(|(k, v)| format!("{:>w$}: {v}\n", k, w = w))
         .collect()
+}
+
+/// The isolation evidence of a result, in words: what was measured and,
+/// when the commands were not fully confined, each gap (auto_accept then
+/// leaves the decision to a human).
+fn isolation(evidence: Option<&Value>) -> String {
+    let Some(i) = evidence
+        .filter(|v| !v.is_null())
+        .and_then(|v| serde_json::from_value::<Isolation>(v.clone()).ok())
+    else {
+        return "unmeasured (no evidence in this result): not fully confined".to_owned();
+    };
+    let measured = format!(
+        "Landlock {} (ABI {}), seccomp {}, view {}, namespaces {}, uid {}",
+        i.landlock,
+        i.landlock_abi
+            .map_or_else(|| UNMEASURED.to_owned(), |a| a.to_string()),
+        i.seccomp,
+        i.view,
+        i.namespaces.as_ref().map_or_else(
+            || UNMEASURED.to_owned(),
+            |n| if n.is_empty() {
+                "none".to_owned()
+            } else {
+                n.join(",")
+            }
+        ),
+        i.uid
+            .map_or_else(|| UNMEASURED.to_owned(), |u| u.to_string()),
+    );
+    let gaps = i.gaps();
+    if gaps.is_empty() {
+        format!("fully confined: {measured}")
+    } else {
+        format!(
+            "NOT fully confined ({}); auto_accept leaves it to a human: {measured}",
+            gaps.join("; ")
+        )
+    }
 }

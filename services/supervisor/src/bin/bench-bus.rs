@@ -203,6 +203,7 @@ async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
             "target_branch": grant.envelope["target_branch"],
             "exec_result_sha256": "e".repeat(64), "failure_code": null,
             "verification": [{"label": "compile", "exit_code": 0, "timed_out": false, "duration_ms": 3}],
+            "isolation": {"landlock_abi": 7, "landlock": "full", "seccomp": "enforced", "namespaces": ["user", "mnt", "pid"], "view": "minimal-root", "uid": 992},
         }))
         .expect("a result");
         let key = format!("result-{}-1", grant.task_id);

@@ -404,6 +404,7 @@ pub fn passed_result(grant: &Value) -> Value {
         "exec_result_sha256": "e".repeat(64),
         "failure_code": null,
         "verification": [{"label": "compile", "exit_code": 0, "timed_out": false, "duration_ms": 12}],
+        "isolation": {"landlock_abi": 7, "landlock": "full", "seccomp": "enforced", "namespaces": ["user", "mnt", "pid"], "view": "minimal-root", "uid": 992},
     })
 }
 
