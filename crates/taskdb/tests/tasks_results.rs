@@ -92,7 +92,8 @@ fn auto_accept_succeeds_only_when_every_command_exited_zero(backend: Backend) {
 /// leaves the task VERIFYING, and the result event says why.
 fn auto_accept_is_withheld_unless_the_commands_ran_fully_confined(backend: Backend) {
     let mut fx = Fixture::new(backend);
-    let edits: [(fn(&mut Option<Isolation>), &str); 6] = [
+    type Edit = fn(&mut Option<Isolation>);
+    let edits: [(Edit, &str); 6] = [
         (
             |i| i.as_mut().unwrap().landlock = "degraded".into(),
             "Landlock degraded (ABI 7)",
