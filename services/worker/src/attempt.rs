@@ -944,6 +944,7 @@ impl Worker {
             exec_result_sha256: None,
             failure_code: Some(Code::RECONCILIATION_REQUIRED.as_str().to_owned()),
             verification: vec![],
+            isolation: None,
         };
         let key = result_idempotency_key(task, grant.attempt, &env.execution_digest);
         let mut backoff = Duration::from_millis(200);

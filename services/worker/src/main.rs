@@ -359,6 +359,7 @@ fn fail_refused_claim(
         exec_result_sha256: None,
         failure_code: Some(error.code.as_str().to_owned()),
         verification: vec![],
+        isolation: None,
     };
     let key =
         airlock_proto::checkpoint::result_idempotency_key(&claim.task_id, claim.attempt, digest);
