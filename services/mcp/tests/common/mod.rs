@@ -208,6 +208,7 @@ impl Sup {
             "exec_result_sha256": "e".repeat(64),
             "failure_code": if passed { Value::Null } else { json!("VERIFICATION_FAILED") },
             "verification": commands,
+            "isolation": {"landlock_abi": 7, "landlock": "full", "seccomp": "enforced", "namespaces": ["user", "mnt", "pid"], "view": "minimal-root", "uid": 992},
         });
         conn.call_method(
             Some("org.airlock.Supervisor1"),
