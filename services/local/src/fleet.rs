@@ -214,6 +214,13 @@ impl Fleet {
     /// SIGTERM to every member, newest first; SIGKILL after `grace`.
     pub fn stop(&mut self, grace: Duration) {
         while let Some(mut m) = self.members.pop() {
+            // A member already reaped (check_alive, an earlier kill) has
+            // given its pid back to the system: signalling that pid could
+            // reach an unrelated process. Only a member not yet reaped (a
+            // zombie still holds its pid) is signalled.
+            if !matches!(m.child.try_wait(), Ok(None)) {
+                continue;
+            }
             let pid = Pid::from_raw(m.child.id() as i32);
             let _ = kill(pid, Signal::SIGTERM);
             let deadline = Instant::now() + grace;
