@@ -11,11 +11,14 @@
 mod common;
 
 use airlock_client::Supervisor as Client;
+use airlock_supervisor::journal::{CATALOG, REFUSED};
 use common::{Opts, Supervisor, submission};
 use std::time::{Duration, Instant};
 
-const SUBMITTED_ID: &str = "30cd7e4400814c929cb61023fca56d03";
-const REFUSED_ID: &str = "229810b04d424c38a8a0473d4ae44051";
+/// The ids come from the catalogue table itself; its own unit tests hold
+/// them to the released catalogue.
+const SUBMITTED_ID: &str = CATALOG[0].id;
+const REFUSED_ID: &str = REFUSED.id;
 
 /// The audit lines of the log.
 fn audit_lines(sup: &Supervisor) -> Vec<String> {
@@ -57,6 +60,7 @@ fn cursor(sup: &Supervisor) -> i64 {
 
 #[test]
 fn committed_events_reach_the_journal_once_with_their_message_ids_even_across_a_crash() {
+    assert_eq!(CATALOG[0].action, "TASK_SUBMITTED");
     let mut sup = Supervisor::start(Opts::default());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
