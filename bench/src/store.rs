@@ -307,7 +307,7 @@ fn checkpoint_appends(
             "idempotency_key": result_idempotency_key(&task_id, attempt, &digest),
             "lease_epoch": attempt,
         });
-        journal.append(&binding(attempt), phase, &payload)?;
+        journal.append_value(&binding(attempt), phase, &payload)?;
         Ok(())
     })
 }

@@ -40,7 +40,9 @@
 //! # Example
 //!
 //! ```
-//! use airlock_proto::checkpoint::{CheckpointBinding, Phase};
+//! use airlock_proto::checkpoint::{
+//!     CheckpointBinding, ClaimedPayload, Payload, Phase, WorkspacePreparedPayload,
+//! };
 //! use airlock_journal::checkpoint::CheckpointJournal;
 //! use serde_json::json;
 //!
@@ -57,19 +59,29 @@
 //!     target_branch: "agent/task-1".into(),
 //!     generation: 1,
 //! };
-//! journal.append(&binding, Phase::Claimed, &json!({"lease_epoch": 1}))?;
-//! let cp = journal.append(&binding, Phase::WorkspacePrepared, &json!({}))?;
+//! let claimed = Payload::Claimed(ClaimedPayload {
+//!     lease_epoch: 1,
+//!     lease_token: "t".repeat(43),
+//!     request_id: "r-1".into(),
+//! });
+//! journal.append(&binding, &claimed)?;
+//! let cp = journal.append(&binding, &Payload::WorkspacePrepared(WorkspacePreparedPayload {
+//!     request_id: "r-1".into(),
+//!     request_sha256: "e".repeat(64),
+//!     source_tree: "f".repeat(40),
+//! }))?;
 //! assert_eq!(cp.sequence, 2);
+//! assert_eq!(journal.latest("task-1")?.unwrap().decode()?, cp.decode()?);
 //!
 //! // Going back is refused, and the worker resumes unfinished tasks at start.
-//! let err = journal.append(&binding, Phase::Claimed, &json!({"other": 1})).unwrap_err();
+//! let err = journal.append_value(&binding, Phase::Claimed, &json!({"other": 1})).unwrap_err();
 //! assert_eq!(err.code(), airlock_proto::Code::CHECKPOINT_PHASE_REGRESSION);
 //! assert_eq!(journal.unfinished()?[0].phase, Phase::WorkspacePrepared);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use airlock_proto::canonical::{sha256_hex, to_canonical_string};
-use airlock_proto::checkpoint::{CheckpointBinding, Phase};
+use airlock_proto::checkpoint::{CheckpointBinding, Payload, Phase};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Clock, SystemClock};
 use airlock_sqlite::db::{self, Kind, Migration};
@@ -206,6 +218,26 @@ pub struct Checkpoint {
     pub created_at_ms: i64,
 }
 
+impl Checkpoint {
+    /// The typed payload of this checkpoint's phase. A payload that does
+    /// not decode as its phase's type (a missing or unknown field, a wrong
+    /// type, a malformed digest or id) is `STORE_CORRUPT`.
+    pub fn decode(&self) -> Result<Payload, Error> {
+        Payload::decode(self.phase, &self.payload).map_err(|e| {
+            Error::with(
+                e.code,
+                format!(
+                    "checkpoint {}/{}/{}: {}",
+                    self.task_id,
+                    self.attempt,
+                    self.sequence,
+                    e.detail.as_deref().unwrap_or("")
+                ),
+            )
+        })
+    }
+}
+
 /// The append-only, phase-monotonic journal of one worker.
 ///
 /// One value holds one SQLite connection; several journals may open the
@@ -232,13 +264,29 @@ impl CheckpointJournal {
         &self.path
     }
 
-    /// Records that `binding`'s attempt reached `phase`, with `payload` (a
-    /// JSON object of at most [`MAX_PAYLOAD_BYTES`] canonical bytes).
+    /// Records that `binding`'s attempt reached the phase of `payload`,
+    /// with that typed payload ([`Payload`]: one type per phase, so a
+    /// field cannot go missing on the way in). Read it back with
+    /// [`Checkpoint::decode`].
     ///
     /// Returns the stored checkpoint: the new one, or on an exact replay the
     /// one already recorded. Refusals (see the [module docs](self)) change
     /// nothing. When this returns `Ok`, the checkpoint is durable.
     pub fn append(
+        &mut self,
+        binding: &CheckpointBinding,
+        payload: &Payload,
+    ) -> StoreResult<Checkpoint> {
+        self.append_value(binding, payload.phase(), &payload.to_value())
+    }
+
+    /// The untyped store beneath [`CheckpointJournal::append`]: records
+    /// `phase` with any JSON object of at most [`MAX_PAYLOAD_BYTES`]
+    /// canonical bytes. The journal's own tests use it to exercise the
+    /// ordering rules on arbitrary objects, and the worker's tests to write
+    /// what an older release (or a damaged file) holds; the worker itself
+    /// writes only through `append`.
+    pub fn append_value(
         &mut self,
         binding: &CheckpointBinding,
         phase: Phase,

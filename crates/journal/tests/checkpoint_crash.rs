@@ -116,7 +116,7 @@ fn crash_child_writer() {
         if let Some(head) = head.as_ref().filter(|_| rng.gen_ratio(1, 10)) {
             // An exact replay after a restart returns the stored row.
             let again = journal
-                .append(&head.binding, head.phase, &head.payload)
+                .append_value(&head.binding, head.phase, &head.payload)
                 .unwrap();
             assert_eq!(&again, head);
             println!("REPLAYED");
@@ -131,7 +131,7 @@ fn crash_child_writer() {
         };
         let payload =
             json!({"n": rng.r#gen::<u32>(), "phase": phase.as_str(), "pad": "p".repeat(pad)});
-        let cp = journal.append(&b, phase, &payload).unwrap();
+        let cp = journal.append_value(&b, phase, &payload).unwrap();
         let expected_sequence = match head {
             Some(h) if h.attempt == cp.attempt => h.sequence + 1,
             _ => 1,

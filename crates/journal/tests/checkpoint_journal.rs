@@ -63,14 +63,14 @@ fn CHECKPOINT_DURABLE_WRITE_survives_reopen_in_a_new_connection() {
         mut journal,
     } = journal();
     let first = journal
-        .append(
+        .append_value(
             &binding(1),
             Phase::Claimed,
             &json!({"phase": "claimed", "attempt": 1}),
         )
         .unwrap();
     let second = journal
-        .append(
+        .append_value(
             &binding(1),
             Phase::WorkspacePrepared,
             &json!({"phase": "workspace_prepared", "attempt": 1}),
@@ -126,14 +126,14 @@ fn CHECKPOINT_SCOPE_ISOLATION_each_coordinate() {
             mut journal,
         } = journal();
         journal
-            .append(&binding(1), Phase::Claimed, &json!({"phase": "claimed"}))
+            .append_value(&binding(1), Phase::Claimed, &json!({"phase": "claimed"}))
             .unwrap();
 
         // Same attempt, one coordinate changed: refused, nothing written.
         let mut changed = binding(1);
         change(&mut changed);
         assert_eq!(
-            code(journal.append(
+            code(journal.append_value(
                 &changed,
                 Phase::WorkspacePrepared,
                 &json!({"phase": "workspace_prepared"})
@@ -143,7 +143,7 @@ fn CHECKPOINT_SCOPE_ISOLATION_each_coordinate() {
         );
         // Even an exact replay of the stored row under other coordinates.
         assert_eq!(
-            code(journal.append(&changed, Phase::Claimed, &json!({"phase": "claimed"}))),
+            code(journal.append_value(&changed, Phase::Claimed, &json!({"phase": "claimed"}))),
             Code::CHECKPOINT_SCOPE_MISMATCH_DENY,
             "{what} (replay)"
         );
@@ -171,7 +171,7 @@ fn CHECKPOINT_SCOPE_ISOLATION_each_coordinate() {
 fn RESUME_FROM_CHECKPOINT_across_attempts_with_the_same_binding() {
     let Fixture { mut journal, .. } = journal();
     journal
-        .append(
+        .append_value(
             &binding(1),
             Phase::SourceCaptureDone,
             &json!({
@@ -197,7 +197,7 @@ fn verify_latest_binding_is_none_for_an_empty_journal_or_another_digest() {
     let Fixture { mut journal, .. } = journal();
     assert_eq!(journal.verify_latest_binding(&binding(1)).unwrap(), None);
     journal
-        .append(
+        .append_value(
             &binding(1),
             Phase::CommitDone,
             &json!({"oid": "f".repeat(40)}),
@@ -215,7 +215,7 @@ fn verify_latest_binding_is_none_for_an_empty_journal_or_another_digest() {
 fn CHECKPOINT_FUTURE_ATTEMPT_when_the_journal_is_ahead_of_the_caller() {
     let Fixture { mut journal, .. } = journal();
     journal
-        .append(&binding(3), Phase::Claimed, &json!({}))
+        .append_value(&binding(3), Phase::Claimed, &json!({}))
         .unwrap();
     assert_eq!(
         code(journal.verify_latest_binding(&binding(2))),
@@ -241,19 +241,21 @@ fn new_attempt_restarts_at_sequence_1() {
     .enumerate()
     {
         let cp = journal
-            .append(&binding(1), phase, &json!({"phase": phase.as_str()}))
+            .append_value(&binding(1), phase, &json!({"phase": phase.as_str()}))
             .unwrap();
         assert_eq!(cp.sequence, i as u64 + 1);
     }
     let cp = journal
-        .append(&binding(2), Phase::Claimed, &json!({"phase": "claimed"}))
+        .append_value(&binding(2), Phase::Claimed, &json!({"phase": "claimed"}))
         .unwrap();
     assert_eq!((cp.attempt, cp.sequence), (2, 1));
     // A new attempt may also carry a new plan (digest) and new coordinates.
     let mut third = binding(4);
     third.execution_digest = "e".repeat(64);
     third.expected_branch_oid = "f".repeat(40);
-    let cp = journal.append(&third, Phase::Claimed, &json!({})).unwrap();
+    let cp = journal
+        .append_value(&third, Phase::Claimed, &json!({}))
+        .unwrap();
     assert_eq!((cp.attempt, cp.sequence), (4, 1));
     assert_eq!(
         journal
@@ -285,12 +287,14 @@ fn CHECKPOINT_PHASE_REGRESSION_within_an_attempt() {
         mut journal,
     } = journal();
     let b = binding(1);
-    journal.append(&b, Phase::Claimed, &json!({})).unwrap();
     journal
-        .append(&b, Phase::WorkspacePrepared, &json!({}))
+        .append_value(&b, Phase::Claimed, &json!({}))
         .unwrap();
     journal
-        .append(&b, Phase::CommitDone, &json!({"oid": "1"}))
+        .append_value(&b, Phase::WorkspacePrepared, &json!({}))
+        .unwrap();
+    journal
+        .append_value(&b, Phase::CommitDone, &json!({"oid": "1"}))
         .unwrap();
     for back in [
         Phase::Claimed,
@@ -298,14 +302,14 @@ fn CHECKPOINT_PHASE_REGRESSION_within_an_attempt() {
         Phase::VerificationPassed,
     ] {
         assert_eq!(
-            code(journal.append(&b, back, &json!({"again": true}))),
+            code(journal.append_value(&b, back, &json!({"again": true}))),
             Code::CHECKPOINT_PHASE_REGRESSION,
             "{back:?}"
         );
     }
     // The same rank with a new payload is not a regression (seed rule).
     let cp = journal
-        .append(&b, Phase::CommitDone, &json!({"oid": "2"}))
+        .append_value(&b, Phase::CommitDone, &json!({"oid": "2"}))
         .unwrap();
     assert_eq!(cp.sequence, 4);
     assert_eq!(rows(&path), 4);
@@ -320,10 +324,10 @@ fn CHECKPOINT_ATTEMPT_REGRESSION_for_an_older_attempt() {
         mut journal,
     } = journal();
     journal
-        .append(&binding(2), Phase::Claimed, &json!({}))
+        .append_value(&binding(2), Phase::Claimed, &json!({}))
         .unwrap();
     assert_eq!(
-        code(journal.append(&binding(1), Phase::ResultPending, &json!({}))),
+        code(journal.append_value(&binding(1), Phase::ResultPending, &json!({}))),
         Code::CHECKPOINT_ATTEMPT_REGRESSION
     );
     assert_eq!(rows(&path), 1);
@@ -338,17 +342,17 @@ fn CHECKPOINT_EXECUTION_DIGEST_CONFLICT_within_an_attempt() {
         mut journal,
     } = journal();
     journal
-        .append(&binding(1), Phase::Claimed, &json!({}))
+        .append_value(&binding(1), Phase::Claimed, &json!({}))
         .unwrap();
     let mut other = binding(1);
     other.execution_digest = "e".repeat(64);
     assert_eq!(
-        code(journal.append(&other, Phase::WorkspacePrepared, &json!({}))),
+        code(journal.append_value(&other, Phase::WorkspacePrepared, &json!({}))),
         Code::CHECKPOINT_EXECUTION_DIGEST_CONFLICT
     );
     // Replaying the stored row under another digest is the same conflict.
     assert_eq!(
-        code(journal.append(&other, Phase::Claimed, &json!({}))),
+        code(journal.append_value(&other, Phase::Claimed, &json!({}))),
         Code::CHECKPOINT_EXECUTION_DIGEST_CONFLICT
     );
     assert_eq!(rows(&path), 1);
@@ -363,7 +367,7 @@ fn exact_replay_returns_the_same_row_and_adds_none() {
     } = journal();
     let b = binding(1);
     let first = journal
-        .append(
+        .append_value(
             &b,
             Phase::ResultPending,
             &json!({"b": 2, "a": {"key": "k", "sha": "s"}}),
@@ -371,7 +375,7 @@ fn exact_replay_returns_the_same_row_and_adds_none() {
         .unwrap();
     // Key order does not matter: the payload is canonical JSON.
     let again = journal
-        .append(
+        .append_value(
             &b,
             Phase::ResultPending,
             &json!({"a": {"sha": "s", "key": "k"}, "b": 2}),
@@ -382,13 +386,13 @@ fn exact_replay_returns_the_same_row_and_adds_none() {
 
     // A replay is answered even once the attempt (or the task) moved on.
     journal
-        .append(&b, Phase::ResultSubmitted, &json!({}))
+        .append_value(&b, Phase::ResultSubmitted, &json!({}))
         .unwrap();
     journal
-        .append(&binding(2), Phase::Claimed, &json!({}))
+        .append_value(&binding(2), Phase::Claimed, &json!({}))
         .unwrap();
     let late = journal
-        .append(
+        .append_value(
             &b,
             Phase::ResultPending,
             &json!({"b": 2, "a": {"key": "k", "sha": "s"}}),
@@ -398,7 +402,7 @@ fn exact_replay_returns_the_same_row_and_adds_none() {
     assert_eq!(rows(&path), 3);
     // But a new payload for the old attempt is an attempt regression.
     assert_eq!(
-        code(journal.append(&b, Phase::ResultPending, &json!({"b": 3}))),
+        code(journal.append_value(&b, Phase::ResultPending, &json!({"b": 3}))),
         Code::CHECKPOINT_ATTEMPT_REGRESSION
     );
 }
@@ -407,12 +411,14 @@ fn exact_replay_returns_the_same_row_and_adds_none() {
 fn reconciliation_required_is_allowed_after_a_later_phase() {
     let Fixture { mut journal, .. } = journal();
     let b = binding(1);
-    journal.append(&b, Phase::CommitDone, &json!({})).unwrap();
     journal
-        .append(&b, Phase::ResultPending, &json!({}))
+        .append_value(&b, Phase::CommitDone, &json!({}))
+        .unwrap();
+    journal
+        .append_value(&b, Phase::ResultPending, &json!({}))
         .unwrap();
     let rec = journal
-        .append(
+        .append_value(
             &b,
             Phase::ReconciliationRequired,
             &json!({"why": "ref not visible"}),
@@ -421,7 +427,7 @@ fn reconciliation_required_is_allowed_after_a_later_phase() {
     assert_eq!(rec.sequence, 3);
     // Twice, with new evidence.
     journal
-        .append(
+        .append_value(
             &b,
             Phase::ReconciliationRequired,
             &json!({"why": "still not visible"}),
@@ -429,17 +435,17 @@ fn reconciliation_required_is_allowed_after_a_later_phase() {
         .unwrap();
     // After it, nothing ranked below it; the result phases still are.
     assert_eq!(
-        code(journal.append(&b, Phase::CommitDone, &json!({"redo": true}))),
+        code(journal.append_value(&b, Phase::CommitDone, &json!({"redo": true}))),
         Code::CHECKPOINT_PHASE_REGRESSION
     );
     journal
-        .append(&b, Phase::ResultPending, &json!({"retry": 1}))
+        .append_value(&b, Phase::ResultPending, &json!({"retry": 1}))
         .unwrap();
     journal
-        .append(&b, Phase::ResultSubmitted, &json!({}))
+        .append_value(&b, Phase::ResultSubmitted, &json!({}))
         .unwrap();
     journal
-        .append(
+        .append_value(
             &b,
             Phase::ReconciliationRequired,
             &json!({"why": "late conflict"}),
@@ -469,22 +475,22 @@ fn unfinished_lists_every_head_short_of_result_submitted() {
     };
     assert!(journal.unfinished().unwrap().is_empty());
     journal
-        .append(&task("t-done", 1), Phase::ResultSubmitted, &json!({}))
+        .append_value(&task("t-done", 1), Phase::ResultSubmitted, &json!({}))
         .unwrap();
     journal
-        .append(&task("t-commit", 1), Phase::Claimed, &json!({}))
+        .append_value(&task("t-commit", 1), Phase::Claimed, &json!({}))
         .unwrap();
     journal
-        .append(&task("t-commit", 1), Phase::CommitDone, &json!({}))
+        .append_value(&task("t-commit", 1), Phase::CommitDone, &json!({}))
         .unwrap();
     journal
-        .append(&task("t-retry", 1), Phase::ResultSubmitted, &json!({}))
+        .append_value(&task("t-retry", 1), Phase::ResultSubmitted, &json!({}))
         .unwrap();
     journal
-        .append(&task("t-retry", 2), Phase::Claimed, &json!({}))
+        .append_value(&task("t-retry", 2), Phase::Claimed, &json!({}))
         .unwrap();
     journal
-        .append(
+        .append_value(
             &task("t-recon", 1),
             Phase::ReconciliationRequired,
             &json!({}),
@@ -516,24 +522,24 @@ fn payloads_are_bounded_objects_and_refusals_write_nothing() {
     let b = binding(1);
     let big = json!({"blob": "x".repeat(MAX_PAYLOAD_BYTES)});
     assert_eq!(
-        code(journal.append(&b, Phase::Claimed, &big)),
+        code(journal.append_value(&b, Phase::Claimed, &big)),
         Code::FIELD_BOUNDS_EXCEEDED
     );
     let fits = json!({"blob": "x".repeat(MAX_PAYLOAD_BYTES - r#"{"blob":""}"#.len())});
     assert_eq!(
-        code(journal.append(&b, Phase::Claimed, &json!([1]))),
+        code(journal.append_value(&b, Phase::Claimed, &json!([1]))),
         Code::MESSAGE_INVALID
     );
     assert_eq!(
-        code(journal.append(&b, Phase::Claimed, &json!({"x": 0.5}))),
+        code(journal.append_value(&b, Phase::Claimed, &json!({"x": 0.5}))),
         Code::CANONICAL_JSON_UNSUPPORTED
     );
     assert_eq!(
-        code(journal.append(&binding(0), Phase::Claimed, &json!({}))),
+        code(journal.append_value(&binding(0), Phase::Claimed, &json!({}))),
         Code::FIELD_BOUNDS_EXCEEDED
     );
     assert_eq!(rows(&path), 0);
-    journal.append(&b, Phase::Claimed, &fits).unwrap();
+    journal.append_value(&b, Phase::Claimed, &fits).unwrap();
     assert_eq!(journal.latest(TASK).unwrap().unwrap().payload, fits);
 }
 
@@ -545,9 +551,11 @@ fn the_journal_is_append_only_at_the_sql_level() {
         mut journal,
     } = journal();
     let b = binding(1);
-    journal.append(&b, Phase::Claimed, &json!({})).unwrap();
+    journal
+        .append_value(&b, Phase::Claimed, &json!({}))
+        .unwrap();
     let second = journal
-        .append(&b, Phase::CommitDone, &json!({"oid": "1"}))
+        .append_value(&b, Phase::CommitDone, &json!({"oid": "1"}))
         .unwrap();
 
     let raw = Connection::open(&path).unwrap();
@@ -623,7 +631,7 @@ fn rows_edited_behind_the_journals_back_are_store_corrupt() {
         mut journal,
     } = journal();
     journal
-        .append(&binding(1), Phase::Claimed, &json!({"n": 1}))
+        .append_value(&binding(1), Phase::Claimed, &json!({"n": 1}))
         .unwrap();
     let raw = Connection::open(&path).unwrap();
     raw.execute_batch(
@@ -649,9 +657,11 @@ fn integrity_check_reports_a_broken_sequence() {
         mut journal,
     } = journal();
     let b = binding(1);
-    journal.append(&b, Phase::Claimed, &json!({})).unwrap();
     journal
-        .append(&b, Phase::WorkspacePrepared, &json!({}))
+        .append_value(&b, Phase::Claimed, &json!({}))
+        .unwrap();
+    journal
+        .append_value(&b, Phase::WorkspacePrepared, &json!({}))
         .unwrap();
     journal.integrity_check().unwrap();
     let raw = Connection::open(&path).unwrap();
@@ -677,7 +687,7 @@ fn concurrent_writers_on_one_file_keep_sequences_contiguous() {
                 for n in 0..per_thread {
                     // reconciliation_required is always allowed, so both
                     // writers race on one attempt without refusals.
-                    j.append(
+                    j.append_value(
                         &binding(1),
                         Phase::ReconciliationRequired,
                         &json!({"writer": t, "n": n}),
@@ -719,5 +729,57 @@ fn a_task_store_file_is_not_opened_as_a_journal() {
     assert_eq!(
         code(CheckpointJournal::open(&path)),
         Code::STORE_UNAVAILABLE
+    );
+}
+
+#[test]
+fn typed_payloads_round_trip_and_one_that_does_not_decode_is_store_corrupt() {
+    use airlock_proto::checkpoint::{ClaimedPayload, Payload, WorkspacePreparedPayload};
+    let Fixture {
+        _dir, mut journal, ..
+    } = journal();
+    let claimed = Payload::Claimed(ClaimedPayload {
+        lease_epoch: 1,
+        lease_token: "t".repeat(43),
+        request_id: "r-1".into(),
+    });
+    let cp = journal.append(&binding(1), &claimed).unwrap();
+    assert_eq!(cp.phase, Phase::Claimed);
+    assert_eq!(
+        journal.latest(TASK).unwrap().unwrap().decode().unwrap(),
+        claimed
+    );
+    // A row whose payload lacks a field of its phase's type (as an older
+    // or damaged writer could leave it) reads back, but does not decode.
+    journal
+        .append_value(
+            &binding(1),
+            Phase::WorkspacePrepared,
+            &json!({"request_id": "r-1", "source_tree": "b".repeat(40)}),
+        )
+        .unwrap();
+    let head = journal.latest(TASK).unwrap().unwrap();
+    let err = head.decode().unwrap_err();
+    assert_eq!(err.code, Code::STORE_CORRUPT);
+    assert!(
+        err.to_string()
+            .contains("workspace_prepared checkpoint payload")
+            && err.to_string().contains("request_sha256"),
+        "{err}"
+    );
+    // The well-formed row before it still decodes: the damage is per row.
+    assert_eq!(journal.history(TASK).unwrap()[0].decode().unwrap(), claimed);
+    let fine = Payload::WorkspacePrepared(WorkspacePreparedPayload {
+        request_id: "r-1".into(),
+        request_sha256: "a".repeat(64),
+        source_tree: "b".repeat(40),
+    });
+    assert_eq!(
+        journal
+            .append(&binding(1), &fine)
+            .unwrap()
+            .decode()
+            .unwrap(),
+        fine
     );
 }

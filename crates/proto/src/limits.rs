@@ -45,6 +45,9 @@ pub const MAX_SOURCE_SIGNALS_IN: usize = 256;
 pub const MAX_SOURCE_SIGNAL_CHARS: usize = 512;
 /// Most files a source_capture may ask for.
 pub const MAX_CAPTURE_PATHS: usize = 64;
+/// Largest sum of the contents a source capture returns (the files travel
+/// in the task result, which is bounded by [`MAX_RESULT_BYTES`]).
+pub const MAX_CAPTURE_BYTES: usize = 128 * 1024;
 /// Largest attempt budget a task may ever have (the retry-extension cap).
 pub const MAX_ATTEMPTS_CAP: u32 = 50;
 /// Attempt budget when a submission does not name one.

@@ -477,6 +477,93 @@ pub struct TaskResult {
     pub isolation: Option<Isolation>,
 }
 
+/// What a source capture returns to the planner: the files its plan asked
+/// for, read from the task's source commit, and the plan's signals.
+/// Credential-like paths are never captured: the executor does not hold
+/// them (its copy of the source leaves them out) and refuses a plan that
+/// names one with `CREDENTIAL_PATH_DENIED`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capture {
+    /// The git tree id the files were read from.
+    pub source_tree: String,
+    /// The planner's normalised signals, as the envelope carried them.
+    pub source_signals: Vec<String>,
+    /// One entry per requested path, in path order.
+    pub files: Vec<CapturedFile>,
+}
+
+/// One captured path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapturedFile {
+    /// Repository-relative path.
+    pub path: String,
+    /// False when the source commit has no file at this path.
+    pub present: bool,
+    /// SHA-256 of the content (present files only).
+    pub sha256: Option<String>,
+    /// Whether the file is executable.
+    pub executable: bool,
+    /// The content, base64 (present files only).
+    pub content_b64: Option<String>,
+}
+
+impl Capture {
+    /// Bounds and consistency: a tree id, at most
+    /// [`MAX_CAPTURE_PATHS`](crate::limits::MAX_CAPTURE_PATHS) valid paths
+    /// in strict path order, a present file's content hashing to its
+    /// digest, an absent one carrying none, and at most
+    /// [`MAX_CAPTURE_BYTES`](crate::limits::MAX_CAPTURE_BYTES) of content
+    /// in all (`FILE_TOO_LARGE` beyond).
+    pub fn validate(&self) -> Result<()> {
+        use base64::Engine;
+        let bad = |why: String| Err(Error::with(Code::MESSAGE_INVALID, why));
+        if !crate::binding::is_oid(&self.source_tree) {
+            return bad("capture source_tree".into());
+        }
+        if self.files.len() > crate::limits::MAX_CAPTURE_PATHS
+            || self.source_signals.len() > crate::limits::MAX_SOURCE_SIGNALS
+        {
+            return Err(Error::with(Code::FIELD_BOUNDS_EXCEEDED, "capture"));
+        }
+        let mut total = 0usize;
+        let mut previous: Option<&str> = None;
+        for f in &self.files {
+            crate::path::check_relative_path(&f.path)?;
+            if previous.is_some_and(|p| p >= f.path.as_str()) {
+                return bad("captured files are not in strict path order".into());
+            }
+            previous = Some(&f.path);
+            match (f.present, &f.sha256, &f.content_b64) {
+                (true, Some(sha), Some(b64)) => {
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(b64)
+                        .map_err(|e| {
+                            Error::with(Code::MESSAGE_INVALID, format!("{}: {e}", f.path))
+                        })?;
+                    if crate::canonical::sha256_hex(&bytes) != *sha {
+                        return bad(format!("{}: content does not match its digest", f.path));
+                    }
+                    total += bytes.len();
+                }
+                (false, None, None) if !f.executable => {}
+                _ => return bad(format!("{}: present, digest and content disagree", f.path)),
+            }
+        }
+        if total > crate::limits::MAX_CAPTURE_BYTES {
+            return Err(Error::with(
+                Code::FILE_TOO_LARGE,
+                format!(
+                    "captured files hold {total} bytes, limit {}",
+                    crate::limits::MAX_CAPTURE_BYTES
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The isolation evidence of one attempt's verification commands, from
 /// the executor's confinement report (the weakest of its commands: every
 /// command of a request runs under the same prepared confinement, and a

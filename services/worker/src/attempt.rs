@@ -8,14 +8,18 @@ use airlock_proto::bundle::{
 };
 use airlock_proto::bus::LeaseRef;
 use airlock_proto::canonical::{digest_of, sha256_hex};
-use airlock_proto::checkpoint::{CheckpointBinding, Phase, result_idempotency_key};
+use airlock_proto::checkpoint::{
+    CheckpointBinding, ClaimedPayload, CommitDonePayload, Payload, Phase, ReconciliationPayload,
+    ResultPendingPayload, ResultSubmittedPayload, VerificationPassedPayload,
+    WorkspacePreparedPayload, result_idempotency_key,
+};
 use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
 use airlock_proto::task::{CommandSummary, Isolation, Outcome, RESULT_SCHEMA, TaskResult, tail_of};
 use airlock_proto::{Code, Error};
 use airlock_spool::{Expect, Kind, Spool};
 use base64::Engine;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -194,8 +198,9 @@ impl Worker {
         f(&mut j).map_err(refused)
     }
 
-    fn append(&self, cb: &CheckpointBinding, phase: Phase, payload: Value) -> Step<Checkpoint> {
-        let cp = self.with_journal(|j| j.append(cb, phase, &payload))?;
+    fn append(&self, cb: &CheckpointBinding, payload: Payload) -> Step<Checkpoint> {
+        let phase = payload.phase();
+        let cp = self.with_journal(|j| j.append(cb, &payload))?;
         self.progress.beat();
         tracing::info!(task = %cb.task_id, attempt = cb.attempt, phase = phase.as_str(), "checkpoint");
         #[cfg(feature = "fault-injection")]
@@ -327,17 +332,19 @@ impl Worker {
                 Ok(finish) => return Ok(finish),
                 Err(e) => e,
             };
+            // A pending result is the one reported, unless its record no
+            // longer decodes (STORE_CORRUPT): then the attempt's failure
+            // is reported under the same key instead (a supervisor that
+            // already holds the original answers a conflict, and the
+            // attempt needs reconciliation).
             let pending = self
                 .with_journal(|j| j.latest_for_attempt(&cb.task_id, grant.attempt))
                 .ok()
                 .flatten()
-                .is_some_and(|c| {
-                    matches!(
-                        c.phase,
-                        Phase::ResultPending
-                            | Phase::ResultSubmitted
-                            | Phase::ReconciliationRequired
-                    )
+                .is_some_and(|c| match c.phase {
+                    Phase::ResultPending => c.decode().is_ok(),
+                    Phase::ResultSubmitted | Phase::ReconciliationRequired => true,
+                    _ => false,
                 });
             if error.code.transient() {
                 if self.stopping.load(Ordering::SeqCst) || Self::lease_lost(lost).is_some() {
@@ -379,7 +386,11 @@ impl Worker {
             );
         }
         loop {
+            #[cfg(feature = "fault-injection")]
             let phase = head.as_ref().map(|c| c.phase);
+            // The head's payload, typed: one that does not decode is
+            // STORE_CORRUPT, never a default the next step acts on.
+            let decoded = head.as_ref().map(Checkpoint::decode).transpose()?;
             self.progress.beat();
             #[cfg(feature = "fault-injection")]
             if let Some(e) = crate::fault::injected_error(phase, task) {
@@ -387,35 +398,49 @@ impl Worker {
             }
             #[cfg(feature = "fault-injection")]
             crate::fault::wedge(phase, task);
-            head = Some(match phase {
+            head = Some(match decoded {
                 None => {
                     self.keep_envelope(env)?;
-                    self.append(&cb, Phase::Claimed, json!({"lease_epoch": grant.lease.lease_epoch, "lease_token": grant.lease.lease_token, "request_id": rid}))?
+                    self.append(
+                        &cb,
+                        Payload::Claimed(ClaimedPayload {
+                            lease_epoch: grant.lease.lease_epoch,
+                            lease_token: grant.lease.lease_token.clone(),
+                            request_id: rid.clone(),
+                        }),
+                    )?
                 }
-                Some(Phase::Claimed) => {
+                Some(Payload::Claimed(_)) => {
                     let payload = self.prepare(env, grant.attempt, &rid)?;
-                    self.append(&cb, Phase::WorkspacePrepared, payload)?
+                    self.append(&cb, Payload::WorkspacePrepared(payload))?
                 }
-                Some(Phase::WorkspacePrepared) => {
-                    let prepared = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
+                Some(Payload::WorkspacePrepared(prepared)) => {
                     match self.await_result(env, &rid, &prepared, lost)? {
-                        Ok((result, sha)) => self.append(&cb, Phase::VerificationPassed, json!({"request_id": rid, "exec_result_sha256": sha, "changed": result.changed_files.len()}))?,
-                        Err((error, evidence)) => return self.finish_failed(&cb, grant, error, evidence),
+                        Ok((result, sha)) => self.append(
+                            &cb,
+                            Payload::VerificationPassed(VerificationPassedPayload {
+                                request_id: rid.clone(),
+                                exec_result_sha256: sha,
+                                changed: result.changed_files.len() as u64,
+                            }),
+                        )?,
+                        Err((error, evidence)) => {
+                            return self.finish_failed(&cb, grant, error, evidence);
+                        }
                     }
                 }
-                Some(Phase::VerificationPassed) => {
-                    let sha = head
-                        .as_ref()
-                        .and_then(|c| c.payload["exec_result_sha256"].as_str().map(str::to_owned))
-                        .unwrap_or_default();
+                Some(Payload::VerificationPassed(passed)) => {
+                    let sha = passed.exec_result_sha256;
                     if let Some(code) = Self::lease_lost(lost) {
                         return self.reconcile(&cb, code, "lease lost before the commit");
                     }
                     match self.commit(env, &rid, &sha) {
                         Ok(oid) => self.append(
                             &cb,
-                            Phase::CommitDone,
-                            json!({"commit_oid": oid, "exec_result_sha256": sha}),
+                            Payload::CommitDone(CommitDonePayload {
+                                commit_oid: oid,
+                                exec_result_sha256: sha,
+                            }),
                         )?,
                         Err(e) if e.code.fails_attempt() => {
                             let evidence = self
@@ -427,16 +452,11 @@ impl Worker {
                         Err(e) => return Err(e),
                     }
                 }
-                Some(Phase::CommitDone) => {
-                    let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
-                    let oid = payload["commit_oid"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
-                    let sha = payload["exec_result_sha256"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
+                Some(Payload::CommitDone(done)) => {
+                    let CommitDonePayload {
+                        commit_oid: oid,
+                        exec_result_sha256: sha,
+                    } = done;
                     // Converge only while the branch holds the commit made:
                     // a ref moved behind the worker's back (between the
                     // commit and the report, or across a crash) is not
@@ -464,25 +484,19 @@ impl Worker {
                         verification: summaries(exec.verification.clone()),
                         isolation: Some(Isolation::from_report(&exec.confinement)),
                     };
-                    self.pending(&cb, grant, &result)?
+                    self.pending(&cb, grant, &result)?.0
                 }
-                Some(Phase::ResultPending) => {
-                    let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
-                    return self.submit(&cb, grant, &payload);
+                Some(Payload::ResultPending(pending)) => {
+                    return self.submit(&cb, grant, &pending);
                 }
-                Some(Phase::ResultSubmitted) => {
-                    let payload = head.as_ref().map(|c| c.payload.clone()).unwrap_or_default();
+                Some(Payload::ResultSubmitted(submitted)) => {
                     return Ok(Finish::Submitted {
-                        outcome: serde_json::from_value(payload["outcome"].clone())
-                            .unwrap_or(Outcome::Failed),
-                        commit_oid: payload["commit_oid"].as_str().map(str::to_owned),
+                        outcome: submitted.outcome,
+                        commit_oid: submitted.commit_oid,
                     });
                 }
-                Some(Phase::ReconciliationRequired) => {
-                    let code = head
-                        .as_ref()
-                        .and_then(|c| c.payload["code"].as_str().and_then(Code::from_name))
-                        .unwrap_or(Code::INTERNAL);
+                Some(Payload::ReconciliationRequired(recorded)) => {
+                    let code = recorded.code;
                     if code == Code::RECONCILIATION_REQUIRED {
                         // Reported before the crash, or not: the same
                         // result under the same key again is a replay.
@@ -490,7 +504,7 @@ impl Worker {
                     }
                     return Ok(Finish::Reconcile(code));
                 }
-                Some(Phase::SourceCaptureDone) => {
+                Some(Payload::SourceCaptureDone(_)) => {
                     return self.reconcile(
                         &cb,
                         Code::EXECUTION_ACTION_UNSUPPORTED,
@@ -507,7 +521,7 @@ impl Worker {
     /// ([`Worker::send_source`]). The request is derived from the envelope
     /// alone, so a replay after a crash publishes the same bytes; an
     /// existing file is accepted only if it is byte-identical.
-    fn prepare(&self, env: &Envelope, attempt: u32, rid: &str) -> Step<Value> {
+    fn prepare(&self, env: &Envelope, attempt: u32, rid: &str) -> Step<WorkspacePreparedPayload> {
         let scratch = self.scratch(rid)?;
         let repo = self.repo(env, &scratch)?;
         let tree = repo.tree_of(env.binding.source_head()).map_err(git_err)?;
@@ -522,7 +536,11 @@ impl Worker {
             serde_json::to_vec(&request).map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
         self.publish_once(Kind::Requests, rid, &request_bytes)?;
         let _ = std::fs::remove_dir_all(&scratch);
-        Ok(json!({"request_id": rid, "request_sha256": request.digest(), "source_tree": tree}))
+        Ok(WorkspacePreparedPayload {
+            request_id: rid.to_owned(),
+            request_sha256: request.digest(),
+            source_tree: tree,
+        })
     }
 
     /// Answers the executor's `wants/<rid>.json` (it lacks the request's
@@ -649,11 +667,10 @@ impl Worker {
         &self,
         env: &Envelope,
         rid: &str,
-        prepared: &Value,
+        prepared: &WorkspacePreparedPayload,
         lost: &Mutex<Option<Code>>,
     ) -> Step<Result<(ExecResult, String), (Error, Option<Evidence>)>> {
-        let request_sha = prepared["request_sha256"].as_str();
-        let request = self.own_request(rid, request_sha)?;
+        let request = self.own_request(rid, Some(&prepared.request_sha256))?;
         let budget: u64 = env
             .verification
             .iter()
@@ -819,8 +836,8 @@ impl Worker {
             isolation: evidence.as_ref().map(|e| e.isolation.clone()),
             verification: evidence.map(|e| e.verification).unwrap_or_default(),
         };
-        let head = self.pending(cb, grant, &result)?;
-        self.submit(cb, grant, &head.payload)
+        let (_, pending) = self.pending(cb, grant, &result)?;
+        self.submit(cb, grant, &pending)
     }
 
     /// Durably records the result, its hash and its idempotency key before
@@ -830,32 +847,33 @@ impl Worker {
         cb: &CheckpointBinding,
         grant: &Grant,
         result: &TaskResult,
-    ) -> Step<Checkpoint> {
-        let key =
-            result_idempotency_key(&cb.task_id, grant.attempt, &grant.envelope.execution_digest);
-        let result_value =
-            serde_json::to_value(result).map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
-        let sha = digest_of(&result_value)?;
-        self.append(
-            cb,
-            Phase::ResultPending,
-            json!({"idempotency_key": key, "result_sha256": sha, "result": result_value}),
-        )
+    ) -> Step<(Checkpoint, ResultPendingPayload)> {
+        let pending = ResultPendingPayload {
+            idempotency_key: result_idempotency_key(
+                &cb.task_id,
+                grant.attempt,
+                &grant.envelope.execution_digest,
+            ),
+            result_sha256: digest_of(result)?,
+            result: result.clone(),
+        };
+        let cp = self.append(cb, Payload::ResultPending(Box::new(pending.clone())))?;
+        Ok((cp, pending))
     }
 
-    fn submit(&self, cb: &CheckpointBinding, grant: &Grant, pending: &Value) -> Step<Finish> {
-        let key = pending["idempotency_key"].as_str().unwrap_or_default();
-        let result: TaskResult = serde_json::from_value(pending["result"].clone())
-            .map_err(|e| Error::with(Code::STORE_CORRUPT, e.to_string()))?;
-        if digest_of(&pending["result"])? != pending["result_sha256"].as_str().unwrap_or_default() {
-            return Err(Error::with(
-                Code::STORE_CORRUPT,
-                "pending result does not match its hash",
-            ));
-        }
+    /// Submits a pending result (its hash was checked when its checkpoint
+    /// was decoded, or computed just now).
+    fn submit(
+        &self,
+        cb: &CheckpointBinding,
+        grant: &Grant,
+        pending: &ResultPendingPayload,
+    ) -> Step<Finish> {
+        let key = pending.idempotency_key.as_str();
+        let result = &pending.result;
         let mut backoff = Duration::from_millis(200);
         loop {
-            match self.bus.submit_result(&grant.lease, key, &result) {
+            match self.bus.submit_result(&grant.lease, key, result) {
                 Ok(receipt) => {
                     let replay = receipt.idempotent;
                     #[cfg(feature = "fault-injection")]
@@ -866,8 +884,13 @@ impl Worker {
                     );
                     self.append(
                         cb,
-                        Phase::ResultSubmitted,
-                        json!({"idempotency_key": key, "result_sha256": pending["result_sha256"], "outcome": result.outcome, "commit_oid": result.commit_oid, "replay": replay}),
+                        Payload::ResultSubmitted(ResultSubmittedPayload {
+                            idempotency_key: key.to_owned(),
+                            result_sha256: pending.result_sha256.clone(),
+                            outcome: result.outcome,
+                            commit_oid: result.commit_oid.clone(),
+                            replay,
+                        }),
                     )?;
                     let _ = self.spool.gc(
                         airlock_spool::Side::Worker,
@@ -883,7 +906,7 @@ impl Worker {
                     );
                     return Ok(Finish::Submitted {
                         outcome: result.outcome,
-                        commit_oid: result.commit_oid,
+                        commit_oid: result.commit_oid.clone(),
                     });
                 }
                 Err(e) if is_transient(e.code) && !self.stopping.load(Ordering::SeqCst) => {
@@ -914,12 +937,14 @@ impl Worker {
         tracing::error!(task = %cb.task_id, attempt = cb.attempt, %branch, commit, ?observed, "reconciliation required: the branch moved behind the worker's back");
         self.append(
             cb,
-            Phase::ReconciliationRequired,
-            json!({
-                "code": Code::RECONCILIATION_REQUIRED.as_str(),
-                "detail": format!("{branch} is at {} instead of the attempt's commit {commit}", observed.unwrap_or("nothing")),
-                "commit_oid": commit,
-                "observed_head": observed,
+            Payload::ReconciliationRequired(ReconciliationPayload {
+                code: Code::RECONCILIATION_REQUIRED,
+                detail: format!(
+                    "{branch} is at {} instead of the attempt's commit {commit}",
+                    observed.unwrap_or("nothing")
+                ),
+                commit_oid: Some(commit.to_owned()),
+                observed_head: observed.map(str::to_owned),
             }),
         )?;
         self.report_reconciliation(grant)?;
@@ -969,8 +994,12 @@ impl Worker {
         tracing::error!(task = %cb.task_id, attempt = cb.attempt, "reconciliation required: {code}: {why}");
         self.append(
             cb,
-            Phase::ReconciliationRequired,
-            json!({"code": code.as_str(), "detail": why}),
+            Payload::ReconciliationRequired(ReconciliationPayload {
+                code,
+                detail: why.to_owned(),
+                commit_oid: None,
+                observed_head: None,
+            }),
         )?;
         Ok(Finish::Reconcile(code))
     }
@@ -1036,6 +1065,7 @@ mod tests {
     use airlock_proto::binding::Binding;
     use airlock_proto::bundle::{ConfinementReport, EXEC_RESULT_SCHEMA, FileEntry};
     use airlock_proto::envelope::ExecutionRequest;
+    use serde_json::json;
 
     fn envelope() -> Envelope {
         let base = "a".repeat(40);

@@ -1,7 +1,7 @@
 //! Start-up recovery: stale workspaces, and attempts to resume.
 
 use crate::attempt::{Grant, Worker};
-use airlock_proto::checkpoint::Phase;
+use airlock_proto::checkpoint::{Payload, Phase, ReconciliationPayload};
 use airlock_proto::{Code, Error};
 use std::path::Path;
 
@@ -62,15 +62,20 @@ pub fn resumable(worker: &Worker) -> Result<Vec<Grant>, Error> {
         let claimed = history
             .iter()
             .find(|c| c.attempt == head.attempt && c.phase == Phase::Claimed);
-        let lease = claimed.and_then(|c| {
-            Some((
-                c.payload["lease_epoch"].as_u64()?,
-                c.payload["lease_token"].as_str()?.to_owned(),
-            ))
-        });
+        // The lease, from the claimed checkpoint's typed payload; one that
+        // does not decode is STORE_CORRUPT and the attempt cannot resume.
+        let lease = match claimed.map(|c| c.decode()) {
+            Some(Ok(Payload::Claimed(p))) => Ok((p.lease_epoch, p.lease_token)),
+            Some(Ok(_)) => Err(Error::new(Code::INTERNAL)),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::with(
+                Code::INTERNAL,
+                "no claimed checkpoint with a lease",
+            )),
+        };
         let envelope = worker.load_envelope(&head.binding.execution_digest);
         match (lease, envelope) {
-            (Some((lease_epoch, lease_token)), Ok(envelope)) => {
+            (Ok((lease_epoch, lease_token)), Ok(envelope)) => {
                 grants.push(Grant {
                     attempt: head.attempt,
                     lease: airlock_proto::bus::LeaseRef {
@@ -82,19 +87,19 @@ pub fn resumable(worker: &Worker) -> Result<Vec<Grant>, Error> {
                 });
             }
             (lease, envelope) => {
-                let why = match (&lease, &envelope) {
-                    (None, _) => "no claimed checkpoint with a lease".to_owned(),
-                    (_, Err(e)) => format!("envelope unavailable: {e}"),
-                    _ => String::new(),
+                let (code, why) = match (&lease, &envelope) {
+                    (Err(e), _) => (e.code, format!("the claim's lease is unreadable: {e}")),
+                    (_, Err(e)) => (Code::INTERNAL, format!("envelope unavailable: {e}")),
+                    _ => (Code::INTERNAL, String::new()),
                 };
                 tracing::error!(task = %head.task_id, attempt = head.attempt, "cannot resume: {why}");
-                worker.with_journal(|j| {
-                    j.append(
-                        &head.binding,
-                        Phase::ReconciliationRequired,
-                        &serde_json::json!({"code": "INTERNAL", "detail": why}),
-                    )
-                })?;
+                let payload = Payload::ReconciliationRequired(ReconciliationPayload {
+                    code,
+                    detail: why,
+                    commit_oid: None,
+                    observed_head: None,
+                });
+                worker.with_journal(|j| j.append(&head.binding, &payload))?;
             }
         }
     }

@@ -120,6 +120,12 @@ impl Stack {
     /// its one attempt with `code` as its result's failure code.
     fn ends_with(&self, task: &str, submission: &Value, code: Code) {
         self.submit(submission);
+        self.failed_with(task, code);
+    }
+
+    /// Checks `task` failed in its one attempt with `code`, reported by
+    /// the worker, not by a lease expiring.
+    fn failed_with(&self, task: &str, code: Code) {
         let v = self.settled(task);
         let failure = v
             .result
@@ -209,6 +215,119 @@ fn each_permanent_error_class_ends_the_task_with_its_own_code() {
     // Nothing reached a branch.
     let repo = s.suite.layout.repos().join("demo.git");
     assert_eq!(git(&repo, &["for-each-ref", "refs/heads/agent/"]), "");
+}
+
+/// Rewrites the payload of `task`'s `phase` checkpoint in the worker's
+/// journal (a stopped worker's), with digests that match, as damage or a
+/// hand edit that kept the file consistent would: only the payload's type
+/// can tell. The append-only triggers are dropped for the edit and put
+/// back as they were.
+fn edit_payload(journal: &Path, task: &str, phase: &str, edit: impl Fn(&mut Value)) {
+    use airlock_proto::canonical::{sha256_hex, to_canonical_string};
+    let db = rusqlite::Connection::open(journal).unwrap();
+    let (payload, sequence): (String, i64) = db
+        .query_row(
+            "SELECT payload_json, sequence FROM checkpoints WHERE task_id = ?1 AND phase = ?2",
+            [task, phase],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let mut value: Value = serde_json::from_str(&payload).unwrap();
+    edit(&mut value);
+    let text = to_canonical_string(&value).unwrap();
+    let sha = sha256_hex(text.as_bytes());
+    let triggers: Vec<String> = db
+        .prepare(
+            "SELECT sql FROM sqlite_master WHERE type = 'trigger'
+              AND name IN ('checkpoints_no_update', 'checkpoint_heads_forward_only')",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(triggers.len(), 2);
+    db.execute_batch(
+        "DROP TRIGGER checkpoints_no_update; DROP TRIGGER checkpoint_heads_forward_only;",
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE checkpoints SET payload_json = ?1, payload_sha256 = ?2
+          WHERE task_id = ?3 AND sequence = ?4 AND phase = ?5",
+        rusqlite::params![text, sha, task, sequence, phase],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE checkpoint_heads SET payload_sha256 = ?1 WHERE task_id = ?2 AND sequence = ?3",
+        rusqlite::params![sha, task, sequence],
+    )
+    .unwrap();
+    for t in &triggers {
+        db.execute_batch(t).unwrap();
+    }
+    drop(db);
+    // Whatever SQLite made beside the journal as root goes back to the
+    // journal's owner.
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(journal).unwrap();
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let f = format!("{}{suffix}", journal.display());
+        if Path::new(&f).exists() {
+            std::os::unix::fs::chown(&f, Some(meta.uid()), Some(meta.gid())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_payload_that_does_not_decode_ends_the_task_with_store_corrupt() {
+    let mut s = Stack::start("corrupt");
+    let journal = s.suite.layout.path("worker/checkpoints.sqlite3");
+    let repo = s.suite.layout.repos().join("demo.git");
+    // The worker dies right after `phase`; its payload is then edited and
+    // the restarted worker resumes from it.
+    type Edit = fn(&mut Value);
+    let cases: [(&str, &str, Edit); 3] = [
+        ("workspace_prepared", "a missing field", |v| {
+            v.as_object_mut().unwrap().remove("request_sha256");
+        }),
+        ("verification_passed", "a wrong type", |v| {
+            v["exec_result_sha256"] = json!(42);
+        }),
+        ("verification_passed", "an empty digest", |v| {
+            v["exec_result_sha256"] = json!("");
+        }),
+    ];
+    for (i, (phase, what, edit)) in cases.into_iter().enumerate() {
+        s.worker_with(&[("AIRLOCK_FAULT_KILL_AFTER", phase)]);
+        let name = format!("corrupt-{i}");
+        s.submit(&task(&name, &s.base));
+        assert!(
+            s.suite
+                .fleet
+                .wait_exit("worker", Duration::from_secs(20))
+                .is_some(),
+            "the worker was to kill itself after {phase}"
+        );
+        edit_payload(&journal, &name, phase, edit);
+        s.worker_with(&[]);
+        s.failed_with(&name, Code::STORE_CORRUPT);
+        let log = std::fs::read_to_string(s.suite.layout.logs().join("worker.log")).unwrap();
+        assert!(
+            log.lines().any(|l| l.contains(&name)
+                && l.contains("STORE_CORRUPT")
+                && l.contains(&format!("{phase} checkpoint payload"))),
+            "{what}: the worker names the damaged checkpoint:\n{}",
+            airlock_local::fleet::tail(&s.suite.layout.logs().join("worker.log"), 20)
+        );
+        assert_eq!(
+            git(
+                &repo,
+                &["for-each-ref", &format!("refs/heads/agent/{name}")]
+            ),
+            "",
+            "{what}: nothing was committed from a damaged record"
+        );
+    }
 }
 
 #[test]
