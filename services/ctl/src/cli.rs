@@ -66,7 +66,28 @@ pub enum Command {
     Repo(repo::Args),
     /// Planner agents the supervisor runs: list, show, start, stop, clear-hold.
     Agent(agent::Args),
-    /// Check this machine: users, directories, kernel features, bus, polkit, live unit hardening, databases, configuration.
+    /// Check this machine: users, directories, kernel features, bus, polkit, each unit's hardening, databases, configuration.
+    ///
+    /// Each check passes, warns or fails and names its fix. The hardening
+    /// verifier takes every directive the package's unit files set (compiled
+    /// into airlockctl from units/) and checks it on its own, by name, against
+    /// the running unit as `systemctl show` reports it, drop-ins included:
+    /// airlock-supervisor, -worker, -executor and -retryd (service and socket),
+    /// and every running instance of a shipped template
+    /// (airlock-agent@NAME.service, its %i expanded). A directive whose
+    /// effective value differs from the shipped one, that systemctl does not
+    /// report, or that it reports in a form the verifier does not recognise
+    /// fails as "UNIT Directive" (with --json, "unit" and "property"), and
+    /// the fix names the drop-in. Sets compare as sets (paths with their "-",
+    /// groups, capabilities, address prefixes with "any" and "localhost"
+    /// expanded), times, sizes, limits and modes as numbers, booleans in any
+    /// spelling; SystemCallFilter= and RestrictAddressFamilies= match when
+    /// nothing is allowed beyond the shipped lines (the groups expanded by
+    /// this host's `systemd-analyze syscall-filter`). Not verified:
+    /// Description=, Documentation=, dependencies (systemd adds its own),
+    /// LoadCredential= (systemctl prints [unprintable]).
+    ///
+    /// Exit status 0 when nothing fails (warnings allowed), 1 when a check fails.
     Doctor(doctor::Args),
     /// Print a shell completion script.
     Completions(completions::Args),

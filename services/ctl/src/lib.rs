@@ -7,6 +7,8 @@
 //! - [`client`]: the bus connection, calls with ALLOW_INTERACTIVE_AUTHORIZATION
 //!   when stdin is a terminal, and D-Bus errors mapped back to the catalogue;
 //! - [`agent`]: a polkit text agent for interactive authorisation;
+//! - [`hardening`]: `doctor`'s hardening verifier, each shipped unit
+//!   directive against `systemctl show`;
 //! - [`output`]: tables, colour (only on a terminal, never with NO_COLOR),
 //!   JSON for scripts.
 //!
@@ -17,6 +19,7 @@ pub mod agent;
 pub mod cli;
 pub mod client;
 pub mod commands;
+pub mod hardening;
 pub mod output;
 
 use std::process::ExitCode;

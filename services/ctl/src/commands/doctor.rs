@@ -5,6 +5,7 @@
 //! files the package ships (`sysusers/airlock.conf`, `tmpfiles/airlock.conf`,
 //! compiled in), so the doctor and the package cannot disagree.
 
+use crate::hardening::{self, Host, SHIPPED_UNITS, ShippedUnit, Shown, SyscallGroups};
 use crate::output::Ctx;
 use nix::unistd::{Group, User};
 use serde_json::{Value, json};
@@ -69,6 +70,10 @@ pub struct Check {
     pub detail: String,
     /// What to run or change, when not passing.
     pub fix: Option<String>,
+    /// The unit a hardening check is about.
+    pub unit: Option<String>,
+    /// The unit directive a hardening check is about, e.g. `PrivateNetwork`.
+    pub property: Option<String>,
 }
 
 fn check(
@@ -82,6 +87,8 @@ fn check(
         status,
         detail: detail.into(),
         fix: fix.map(str::to_owned),
+        unit: None,
+        property: None,
     }
 }
 
@@ -429,15 +436,7 @@ fn units() -> Vec<Check> {
     let mut pids = Vec::new();
     for unit in UNITS {
         let shown = Command::new("systemctl")
-            .args([
-                "show",
-                "-p",
-                "MainPID",
-                "-p",
-                "ActiveState",
-                "--value",
-                unit,
-            ])
+            .args(["show", "-p", "MainPID", "--value", unit])
             .output();
         let Some(shown) = shown.ok().filter(|o| o.status.success()) else {
             out.push(check(
@@ -449,16 +448,9 @@ fn units() -> Vec<Check> {
             continue;
         };
         let text = String::from_utf8_lossy(&shown.stdout);
-        let mut lines = text.lines();
-        let pid = lines.next().unwrap_or("0").trim().to_owned();
-        let state = lines.next().unwrap_or("").trim().to_owned();
+        let pid = text.lines().next().unwrap_or("0").trim().to_owned();
         if pid == "0" || pid.is_empty() {
-            out.push(check(
-                unit.to_string(),
-                Status::Warn,
-                format!("not running ({state})"),
-                Some("systemctl start airlock.target"),
-            ));
+            // The hardening verifier reports the unit as not running.
             continue;
         }
         pids.push(pid.clone());
@@ -474,6 +466,181 @@ fn units() -> Vec<Check> {
     }
     out.extend(other_daemons(&pids));
     out
+}
+
+/// `systemctl show -p … UNIT`, as properties.
+fn systemctl_show(unit: &str, properties: &[String]) -> Result<Shown, String> {
+    let mut cmd = Command::new("systemctl");
+    cmd.arg("show");
+    for p in properties {
+        cmd.arg("-p").arg(p);
+    }
+    let out = cmd
+        .arg("--")
+        .arg(unit)
+        .output()
+        .map_err(|e| format!("systemctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "systemctl show {unit}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(Shown::parse(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The running instances of a template (`airlock-agent@*.service`).
+fn running_instances(unit: &ShippedUnit) -> Result<Vec<String>, String> {
+    let out = Command::new("systemctl")
+        .args([
+            "list-units",
+            "--all",
+            "--plain",
+            "--no-legend",
+            "--no-pager",
+            "--",
+        ])
+        .arg(unit.instance_pattern())
+        .output()
+        .map_err(|e| format!("systemctl: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // UNIT LOAD ACTIVE SUB DESCRIPTION…
+            (f.len() >= 3 && f[1] == "loaded" && f[2] == "active").then(|| f[0].to_owned())
+        })
+        .collect())
+}
+
+/// The hardening verifier: each directive of each shipped unit (and of
+/// each running instance of a shipped template), on its own and by name,
+/// against what `systemctl show` reports of the running unit
+/// ([`crate::hardening`]). A unit that is not running is reported as such.
+fn hardening() -> Vec<Check> {
+    let mut out = Vec::new();
+    if !Command::new("systemctl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        out.push(check(
+            "unit hardening",
+            Status::Warn,
+            "systemctl not available (not booted with systemd?): the units' hardening is not checked",
+            None,
+        ));
+        return out;
+    }
+    let mut host: Option<Host> = None;
+    for unit in SHIPPED_UNITS {
+        let names: Vec<(String, Option<String>)> = if unit.is_template() {
+            match running_instances(unit) {
+                Ok(list) if list.is_empty() => {
+                    out.push(check(
+                        format!("{} hardening", unit.name),
+                        Status::Pass,
+                        "no instance is running: nothing to check",
+                        None,
+                    ));
+                    continue;
+                }
+                Ok(list) => list
+                    .into_iter()
+                    .map(|n| {
+                        let instance = n
+                            .split_once('@')
+                            .and_then(|(_, rest)| rest.rsplit_once('.'))
+                            .map(|(i, _)| i.to_owned());
+                        (n, instance)
+                    })
+                    .collect(),
+                Err(e) => {
+                    out.push(check(
+                        format!("{} hardening", unit.name),
+                        Status::Fail,
+                        format!("cannot list its instances: {e}"),
+                        None,
+                    ));
+                    continue;
+                }
+            }
+        } else {
+            vec![(unit.name.to_owned(), None)]
+        };
+        for (name, instance) in names {
+            let mut props = hardening::properties(unit);
+            props.extend(["ActiveState", "SubState", "DropInPaths"].map(String::from));
+            let shown = match systemctl_show(&name, &props) {
+                Ok(s) => s,
+                Err(e) => {
+                    out.push(check(format!("{name} hardening"), Status::Fail, e, None));
+                    continue;
+                }
+            };
+            let state = shown.get("ActiveState").unwrap_or("unknown");
+            if !matches!(
+                state,
+                "active" | "reloading" | "activating" | "deactivating"
+            ) {
+                out.push(check(
+                    format!("{name} hardening"),
+                    Status::Warn,
+                    format!("not running ({state}): its hardening is not checked"),
+                    Some("systemctl start airlock.target"),
+                ));
+                continue;
+            }
+            if host.is_none() {
+                host = Some(Host {
+                    syscall_groups: syscall_groups(),
+                });
+            }
+            let host = host.as_ref().expect("set above");
+            let drop_ins = shown.get("DropInPaths").unwrap_or("").trim().to_owned();
+            for v in hardening::verify(unit, instance.as_deref(), &shown, host) {
+                let fix = (!v.ok).then(|| {
+                    if drop_ins.is_empty() {
+                        format!(
+                            "the unit file differs from the package's: systemctl revert {name} (or reinstall airlock), then systemctl restart {name}"
+                        )
+                    } else {
+                        format!(
+                            "a drop-in changes it ({drop_ins}): remove its {}= line, or systemctl revert {name}; then systemctl daemon-reload and systemctl restart {name}",
+                            v.property
+                        )
+                    }
+                });
+                let mut c = check(
+                    format!("{name} {}", v.property),
+                    if v.ok { Status::Pass } else { Status::Fail },
+                    v.detail,
+                    None,
+                );
+                c.fix = fix;
+                c.unit = Some(name.clone());
+                c.property = Some(v.property);
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// This host's system call groups (`systemd-analyze syscall-filter`); empty
+/// when it cannot be run.
+fn syscall_groups() -> SyscallGroups {
+    Command::new("systemd-analyze")
+        .arg("syscall-filter")
+        .env("SYSTEMD_COLORS", "0")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| SyscallGroups::parse(&String::from_utf8_lossy(&o.stdout)))
+        .unwrap_or_default()
 }
 
 /// `PRAGMA integrity_check`, opened read-only.
@@ -633,6 +800,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> ExitCode {
     checks.push(polkit(&args.root));
     checks.push(bus_name().await);
     checks.extend(units());
+    checks.extend(hardening());
     let (cfg_check, cfg) = config(&args.config);
     checks.push(cfg_check);
     if let Some(c) = &cfg {
@@ -653,7 +821,14 @@ fn report(ctx: &Ctx, checks: &[Check]) -> ExitCode {
     if ctx.json {
         let list: Vec<Value> = checks
             .iter()
-            .map(|c| json!({"check": c.name, "status": c.status.as_str(), "detail": c.detail, "fix": c.fix}))
+            .map(|c| {
+                let mut v = json!({"check": c.name, "status": c.status.as_str(), "detail": c.detail, "fix": c.fix});
+                if let (Some(unit), Some(property)) = (&c.unit, &c.property) {
+                    v["unit"] = json!(unit);
+                    v["property"] = json!(property);
+                }
+                v
+            })
             .collect();
         ctx.print_json(
             &json!({"checks": list, "summary": {"pass": pass, "warn": warn, "fail": fail}}),
