@@ -461,8 +461,19 @@ pub struct Verdict {
     pub detail: String,
 }
 
-/// A unit's directives grouped: per directive, its values in file order.
-fn directives(unit: &ShippedUnit, instance: Option<&str>) -> Vec<(String, Vec<String>)> {
+/// Directives checked on every service even where its file does not set
+/// them, as unset (empty): a drop-in that adds a writable path, an ambient
+/// capability or a group widens the unit as surely as one that changes a
+/// shipped line.
+pub const UNSET_MEANS_EMPTY: &[&str] = &[
+    "ReadWritePaths",
+    "AmbientCapabilities",
+    "SupplementaryGroups",
+];
+
+/// A unit's directives grouped: per directive, its values in file order;
+/// for a service, [`UNSET_MEANS_EMPTY`] as an empty assignment when unset.
+pub fn directives(unit: &ShippedUnit, instance: Option<&str>) -> Vec<(String, Vec<String>)> {
     let mut order: Vec<(String, Vec<String>)> = Vec::new();
     let name = match instance {
         Some(i) => unit.name.replacen("@.", &format!("@{i}."), 1),
@@ -473,6 +484,13 @@ fn directives(unit: &ShippedUnit, instance: Option<&str>) -> Vec<(String, Vec<St
         match order.iter_mut().find(|(k, _)| *k == a.key) {
             Some((_, v)) => v.push(value),
             None => order.push((a.key, vec![value])),
+        }
+    }
+    if unit.name.ends_with(".service") {
+        for key in UNSET_MEANS_EMPTY {
+            if !order.iter().any(|(k, _)| k == key) {
+                order.push(((*key).to_owned(), vec![String::new()]));
+            }
         }
     }
     order
@@ -549,8 +567,8 @@ pub fn verify(
 /// The `systemctl show` properties the verified directives of `unit` need.
 pub fn properties(unit: &ShippedUnit) -> Vec<String> {
     let mut out = BTreeSet::new();
-    for a in unit.assignments() {
-        let Some(rule) = rule_for(&a.key) else {
+    for (key, _) in directives(unit, None) {
+        let Some(rule) = rule_for(&key) else {
             continue;
         };
         for p in shown_names(rule.kind) {

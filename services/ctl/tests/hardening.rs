@@ -6,8 +6,8 @@
 //! and `systemd-analyze syscall-filter` of the same systemd.
 
 use airlockctl::hardening::{
-    Host, Kind, RULES, SHIPPED_UNITS, ShippedUnit, Shown, SyscallGroups, expand_specifiers,
-    rule_for, shown_names, split_quoted, verify,
+    Host, Kind, RULES, SHIPPED_UNITS, ShippedUnit, Shown, SyscallGroups, UNSET_MEANS_EMPTY,
+    directives, expand_specifiers, rule_for, shown_names, split_quoted, verify,
 };
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -144,12 +144,15 @@ fn recorded_shipped_units_pass_every_property() {
             .map(|v| format!("{} {}: {}", u.name, v.property, v.detail))
             .collect();
         assert!(bad.is_empty(), "{}", bad.join("\n"));
-        let verifiable: BTreeSet<String> = u
+        let mut verifiable: BTreeSet<String> = u
             .assignments()
             .into_iter()
             .filter(|a| !matches!(rule_for(&a.key).map(|r| r.kind), Some(Kind::NotVerified(_))))
             .map(|a| a.key)
             .collect();
+        if u.name.ends_with(".service") {
+            verifiable.extend(UNSET_MEANS_EMPTY.iter().map(|k| (*k).to_owned()));
+        }
         let checked: BTreeSet<String> = verdicts.iter().map(|v| v.property.clone()).collect();
         assert_eq!(checked, verifiable, "{}", u.name);
         // The filter is compared as the whole expanded set; the names
@@ -255,15 +258,16 @@ fn each_property_fails_alone_when_missing_or_unrecognised() {
     for u in recorded() {
         let good = shown(&format!("{}.show", u.name));
         let mut by_name: Vec<(String, Vec<String>)> = Vec::new();
-        for a in u.assignments() {
-            let Some(rule) = rule_for(&a.key) else {
+        let all = directives(u, None);
+        for (key, _) in &all {
+            let Some(rule) = rule_for(key) else {
                 continue;
             };
             for p in shown_names(rule.kind) {
                 match by_name.iter_mut().find(|(n, _)| *n == p) {
-                    Some((_, ds)) if !ds.contains(&a.key) => ds.push(a.key.clone()),
+                    Some((_, ds)) if !ds.contains(key) => ds.push(key.clone()),
                     Some(_) => {}
-                    None => by_name.push((p, vec![a.key.clone()])),
+                    None => by_name.push((p, vec![key.clone()])),
                 }
             }
         }
@@ -278,10 +282,9 @@ fn each_property_fails_alone_when_missing_or_unrecognised() {
                 // An empty list is what an empty shipped list shows.
                 let empty_is_fine = wrong.is_empty()
                     && want.iter().all(|d| {
-                        u.assignments()
-                            .iter()
-                            .filter(|a| a.key == *d)
-                            .all(|a| a.value.is_empty())
+                        all.iter()
+                            .filter(|(k, _)| k == d)
+                            .all(|(_, vs)| vs.iter().all(String::is_empty))
                     });
                 let expect = if empty_is_fine {
                     BTreeSet::new()
@@ -294,6 +297,21 @@ fn each_property_fails_alone_when_missing_or_unrecognised() {
         }
     }
     assert!(cases > 300, "{cases} cases");
+}
+
+/// Directives a unit does not ship are checked as unset where adding one
+/// widens it: a writable path, an ambient capability, a group.
+#[test]
+fn a_drop_in_adding_a_writable_path_or_a_capability_fails() {
+    let u = unit("airlock-supervisor.service");
+    let mut s = shown("airlock-supervisor.service.show");
+    assert!(failing(u, &s).is_empty());
+    s.set("ReadWritePaths", "/etc");
+    s.set("AmbientCapabilities", "cap_net_admin");
+    assert_eq!(
+        failing(u, &s),
+        set(&["AmbientCapabilities", "ReadWritePaths"])
+    );
 }
 
 #[test]
@@ -322,11 +340,11 @@ fn a_template_is_checked_per_instance_with_its_specifiers_expanded() {
     assert!(t.is_template());
     assert_eq!(t.instance_pattern(), "airlock-agent@*.service");
     let good = Shown::parse(
-        "ExecStart={ path=/usr/bin/run-agent ; argv[]=/usr/bin/run-agent --name fixer --unit airlock-agent@fixer.service ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\nRuntimeDirectory=airlock-agent/fixer\nPrivateNetwork=no\n",
+        "ExecStart={ path=/usr/bin/run-agent ; argv[]=/usr/bin/run-agent --name fixer --unit airlock-agent@fixer.service ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\nRuntimeDirectory=airlock-agent/fixer\nPrivateNetwork=no\nReadWritePaths=\nAmbientCapabilities=\nSupplementaryGroups=\n",
     );
     let v = verify(&t, Some("fixer"), &good, &host());
     assert!(v.iter().all(|v| v.ok), "{v:?}");
-    assert_eq!(v.len(), 3);
+    assert_eq!(v.len(), 3 + UNSET_MEANS_EMPTY.len());
     let other = verify(&t, Some("other"), &good, &host());
     let bad: BTreeSet<String> = other
         .into_iter()

@@ -573,7 +573,7 @@ fn hardening() -> Vec<Check> {
         };
         for (name, instance) in names {
             let mut props = hardening::properties(unit);
-            props.extend(["ActiveState", "SubState", "DropInPaths"].map(String::from));
+            props.extend(["ActiveState", "DropInPaths", "NeedDaemonReload"].map(String::from));
             let shown = match systemctl_show(&name, &props) {
                 Ok(s) => s,
                 Err(e) => {
@@ -600,6 +600,14 @@ fn hardening() -> Vec<Check> {
                 });
             }
             let host = host.as_ref().expect("set above");
+            if shown.get("NeedDaemonReload") == Some("yes") {
+                out.push(check(
+                    format!("{name} hardening"),
+                    Status::Warn,
+                    "its files changed on disk since systemd loaded them: the verdicts below are for the loaded unit",
+                    Some("systemctl daemon-reload, then systemctl restart the unit and run doctor again"),
+                ));
+            }
             let drop_ins = shown.get("DropInPaths").unwrap_or("").trim().to_owned();
             for v in hardening::verify(unit, instance.as_deref(), &shown, host) {
                 let fix = (!v.ok).then(|| {
