@@ -14,6 +14,7 @@
 
 #![allow(clippy::missing_errors_doc)]
 
+pub mod hardening;
 pub mod scenario;
 pub mod units;
 

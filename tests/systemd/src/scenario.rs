@@ -1191,6 +1191,14 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
         |_| doctor(c),
     );
     r.check(
+        "doctor's hardening verifier: every unit's directives checked by name",
+        |_| crate::hardening::doctor_checks_every_unit(c),
+    );
+    r.check(
+        "doctor: drop-ins removing PrivateNetwork= (worker) and InaccessiblePaths= (supervisor) fail exactly those properties; removed, doctor passes",
+        |_| crate::hardening::doctor_names_weakened_properties(c),
+    );
+    r.check(
         "the packaged binaries have no test switches (allow-all-for-tests refused)",
         |_| no_test_switches(c),
     );
@@ -1198,6 +1206,10 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
         r.check(
             "demo task by root with airlockctl: SUCCEEDED, commit on agent/*",
             |_| demo_task(c),
+        );
+        r.check(
+            "systemd's watchdog restarts a worker whose attempt thread is wedged (a fault build, in this root only); the task ends",
+            |_| wedged_worker(c, p),
         );
         let host = r
             .check(
@@ -1378,6 +1390,39 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
         }
         Ok("token regenerated (600 root), all active".to_owned())
     });
+}
+
+/// Issue 14: the worker's watchdog. The fault build comes from the
+/// target directory the packages were built in (`<target>/packages/`).
+fn wedged_worker(c: &Container, p: &Packages) -> Result<String, String> {
+    let target = p
+        .deb
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("the .deb is not in <target>/packages")?;
+    let fault = crate::hardening::fault_worker(target)?;
+    let submit = |id: &str| {
+        c.sh_ok(
+            &format!(
+                "python3 /tmp/tb/mktask.py {id} fix 2 /tmp/tb/{id}.json >/dev/null && airlockctl --json submit /tmp/tb/{id}.json"
+            ),
+            60 * SEC,
+        )
+        .map(|_| ())
+    };
+    let settle = |id: &str| {
+        let task = wait_state(c, id, &["VERIFYING", "SUCCEEDED", "FAILED"], 300 * SEC)?;
+        if task["state"] == "VERIFYING" {
+            c.sh_ok(
+                &format!(
+                    "airlockctl verify {id} accept --reason 'testbed: resumed after the watchdog'"
+                ),
+                60 * SEC,
+            )?;
+        }
+        wait_state(c, id, &["SUCCEEDED", "FAILED"], 60 * SEC)
+    };
+    crate::hardening::watchdog_restarts_a_wedged_worker(c, &fault, submit, settle)
 }
 
 fn expect_paths(c: &Container, present: &[&str], absent: &[&str]) -> Result<(), String> {
