@@ -478,3 +478,55 @@ fn values_are_read_as_systemd_writes_them() {
     );
     assert!(split_quoted("'open").is_none());
 }
+
+/// A template's instance, recorded: `airlock-agent@example.service` of the
+/// template as it was recorded (`airlock-agent@.service.unit`, kept beside
+/// the output so the test does not depend on the template's later edits;
+/// the shipped one too, when it is the same file). Weakened by a drop-in
+/// `NoNewPrivileges=no` + `RestrictAddressFamilies=`, reloaded and not
+/// restarted (what doctor reads is the loaded unit).
+#[test]
+fn a_recorded_agent_instance_passes_and_a_weakened_one_fails_exactly_that() {
+    let text: &'static str = Box::leak(
+        std::fs::read_to_string(fixtures().join("airlock-agent@.service.unit"))
+            .unwrap()
+            .into_boxed_str(),
+    );
+    let recorded = ShippedUnit {
+        name: "airlock-agent@.service",
+        text,
+    };
+    let mut templates = vec![&recorded];
+    let shipped = SHIPPED_UNITS
+        .iter()
+        .find(|u| u.name == recorded.name && u.text == text);
+    templates.extend(shipped);
+    for t in templates {
+        let good = shown("airlock-agent@example.service.show");
+        let verdicts = verify(t, Some("example"), &good, &host());
+        let bad: Vec<String> = verdicts
+            .iter()
+            .filter(|v| !v.ok)
+            .map(|v| format!("{}: {}", v.property, v.detail))
+            .collect();
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+        for p in [
+            "ExecStart",
+            "StateDirectory",
+            "WorkingDirectory",
+            "EnvironmentFile",
+        ] {
+            assert!(verdicts.iter().any(|v| v.property == p), "{p} not checked");
+        }
+        let weak = shown("airlock-agent@example.service.weakened.show");
+        let failed: BTreeSet<String> = verify(t, Some("example"), &weak, &host())
+            .into_iter()
+            .filter(|v| !v.ok)
+            .map(|v| v.property)
+            .collect();
+        assert_eq!(failed, set(&["NoNewPrivileges", "RestrictAddressFamilies"]));
+        // Another instance's output is not this one's.
+        let other = verify(t, Some("other"), &good, &host());
+        assert!(other.iter().any(|v| v.property == "ExecStart" && !v.ok));
+    }
+}
