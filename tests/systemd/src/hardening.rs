@@ -99,7 +99,8 @@ pub fn doctor_checks_every_unit(c: &Container) -> Result<String, String> {
 
 /// A drop-in per unit, daemon-reload, restart: doctor fails exactly the
 /// weakened properties, by name, and exits non-zero; without the drop-ins
-/// it passes again. An agent unit, when one runs, too.
+/// it passes again. (An agent unit: [`doctor_names_a_weakened_agent`],
+/// where one runs.)
 pub fn doctor_names_weakened_properties(c: &Container) -> Result<String, String> {
     let weaken = [
         (
@@ -122,22 +123,6 @@ pub fn doctor_names_weakened_properties(c: &Container) -> Result<String, String>
         ));
         want.insert((unit.to_owned(), prop.to_owned()));
         units.push(unit);
-    }
-    // An agent instance, when the template is installed and one runs:
-    // weakened in its configuration (reloaded, not restarted, so that the
-    // supervisor's restart policy is not involved).
-    let agent = c
-        .sh_ok(
-            "systemctl list-units --plain --no-legend --state=active 'airlock-agent@*.service' | cut -d' ' -f1 | head -n1",
-            30 * SEC,
-        )?
-        .trim()
-        .to_owned();
-    if !agent.is_empty() {
-        script.push_str(&format!(
-            "mkdir -p /etc/systemd/system/{agent}.d\nprintf '[Service]\\nNoNewPrivileges=no\\n' > /etc/systemd/system/{agent}.d/weaken.conf\n"
-        ));
-        want.insert((agent.clone(), "NoNewPrivileges".to_owned()));
     }
     script.push_str(&format!(
         "systemctl daemon-reload\nsystemctl restart {}\n",
@@ -182,9 +167,6 @@ pub fn doctor_names_weakened_properties(c: &Container) -> Result<String, String>
     for u in &units {
         restore.push_str(&format!(" /etc/systemd/system/{u}.d/weaken.conf"));
     }
-    if !agent.is_empty() {
-        restore.push_str(&format!(" /etc/systemd/system/{agent}.d/weaken.conf"));
-    }
     restore.push_str(&format!(
         "\nsystemctl daemon-reload\nsystemctl restart {}\n",
         units.join(" ")
@@ -201,14 +183,7 @@ pub fn doctor_names_weakened_properties(c: &Container) -> Result<String, String>
             out.describe()
         ));
     }
-    Ok(format!(
-        "with the drop-ins {detail}; without them exit 0{}",
-        if agent.is_empty() {
-            "; no agent instance was running, none weakened"
-        } else {
-            ""
-        }
-    ))
+    Ok(format!("with the drop-ins {detail}; without them exit 0"))
 }
 
 fn wait_active(c: &Container, units: &[&str]) -> Result<(), String> {
@@ -421,4 +396,47 @@ fn wait_journal(c: &Container, since: &str, needle: &str, limit: Duration) -> Re
         }
         std::thread::sleep(SEC);
     }
+}
+
+/// Issue 12's testbed bullet, for a running agent instance (`unit`, e.g.
+/// `airlock-agent@fixer.service`): a drop-in `NoNewPrivileges=no` and
+/// `RestrictAddressFamilies=` on it, daemon-reload (no restart: the
+/// supervisor's restart policy stays out of it; doctor reads the loaded
+/// unit) → doctor exits non-zero and fails exactly those two properties
+/// of that unit; the drop-in removed and reloaded → doctor passes.
+pub fn doctor_names_a_weakened_agent(c: &Container, unit: &str) -> Result<String, String> {
+    let dir = format!("/etc/systemd/system/{unit}.d");
+    c.sh_ok(
+        &format!(
+            "set -e\nsystemctl is-active {unit}\nmkdir -p {dir}\nprintf '[Service]\\nNoNewPrivileges=no\\nRestrictAddressFamilies=\\n' > {dir}/weaken.conf\nsystemctl daemon-reload\n"
+        ),
+        60 * SEC,
+    )?;
+    let weakened = doctor_failures(c);
+    c.sh_ok(
+        &format!("rm -f {dir}/weaken.conf\nsystemctl daemon-reload\n"),
+        60 * SEC,
+    )?;
+    let (out, _, failing) = weakened?;
+    let want: Failing = ["NoNewPrivileges", "RestrictAddressFamilies"]
+        .iter()
+        .map(|p| (unit.to_owned(), (*p).to_owned()))
+        .collect();
+    if out.ok() || failing != want {
+        return Err(format!(
+            "doctor ({}) failed {failing:?}, want exactly {want:?}",
+            out.describe()
+        ));
+    }
+    let (after, _, failing) = doctor_failures(c)?;
+    if !after.ok() || !failing.is_empty() {
+        return Err(format!(
+            "without the drop-in doctor ({}) fails {failing:?}",
+            after.describe()
+        ));
+    }
+    Ok(format!(
+        "with the drop-in {}: {unit} NoNewPrivileges, {unit} RestrictAddressFamilies; without it exit 0",
+        out.describe()
+    ))
 }
