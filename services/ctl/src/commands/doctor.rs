@@ -522,15 +522,12 @@ fn running_instances(unit: &ShippedUnit) -> Result<Vec<String>, String> {
 /// ([`crate::hardening`]). A unit that is not running is reported as such.
 fn hardening() -> Vec<Check> {
     let mut out = Vec::new();
-    if !Command::new("systemctl")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
+    // sd_booted(3): systemd is the init when /run/systemd/system exists.
+    if !Path::new("/run/systemd/system").is_dir() {
         out.push(check(
             "unit hardening",
             Status::Warn,
-            "systemctl not available (not booted with systemd?): the units' hardening is not checked",
+            "not booted with systemd: the units' hardening is not checked",
             None,
         ));
         return out;
@@ -573,7 +570,15 @@ fn hardening() -> Vec<Check> {
         };
         for (name, instance) in names {
             let mut props = hardening::properties(unit);
-            props.extend(["ActiveState", "DropInPaths", "NeedDaemonReload"].map(String::from));
+            props.extend(
+                [
+                    "LoadState",
+                    "ActiveState",
+                    "DropInPaths",
+                    "NeedDaemonReload",
+                ]
+                .map(String::from),
+            );
             let shown = match systemctl_show(&name, &props) {
                 Ok(s) => s,
                 Err(e) => {
@@ -581,6 +586,15 @@ fn hardening() -> Vec<Check> {
                     continue;
                 }
             };
+            if shown.get("LoadState") == Some("not-found") {
+                out.push(check(
+                    format!("{name} hardening"),
+                    Status::Warn,
+                    "systemd does not know the unit (the package is not installed?): its hardening is not checked",
+                    Some("install the airlock package"),
+                ));
+                continue;
+            }
             let state = shown.get("ActiveState").unwrap_or("unknown");
             if !matches!(
                 state,
