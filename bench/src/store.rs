@@ -364,6 +364,7 @@ fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult
                 stdout_tail: None,
                 stderr_tail: None,
             }],
+            captured: None,
         };
         let receipt = store.submit_result(
             &task_id,

@@ -155,6 +155,7 @@ fn cycle(store: &mut dyn TaskStore, task_id: &str, worker: &Actor) -> BenchResul
             stdout_tail: None,
             stderr_tail: None,
         }],
+        captured: None,
     };
     let receipt = store.submit_result(
         &id,

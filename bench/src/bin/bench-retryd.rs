@@ -52,6 +52,7 @@ fn failed_task(db: &std::path::Path) -> serde_json::Value {
         failure_code: Some("VERIFICATION_FAILED".into()),
         verification: vec![],
         isolation: None,
+        captured: None,
     };
     store
         .submit_result(

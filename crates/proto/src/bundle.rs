@@ -181,6 +181,9 @@ pub struct ExecResult {
     pub changed_files: Vec<FileEntry>,
     /// Captured files (source_capture) in path order.
     pub captured_files: Vec<FileEntry>,
+    /// Requested capture paths the credential policy withholds (never
+    /// read, never returned), in path order.
+    pub withheld_paths: Vec<String>,
     /// One entry per verification command, in order.
     pub verification: Vec<CommandEvidence>,
     /// How the commands were confined.
@@ -214,6 +217,9 @@ impl ExecResult {
                     format!("{}: inconsistent entry", f.path),
                 ));
             }
+        }
+        for p in &self.withheld_paths {
+            check_relative_path(p)?;
         }
         for c in &self.verification {
             if c.stdout_tail.len() > MAX_OUTPUT_TAIL_BYTES * 4

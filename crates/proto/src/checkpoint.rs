@@ -218,10 +218,7 @@ pub struct SourceCaptureDonePayload {
     pub request_id: String,
     /// SHA-256 of the executor's result bundle.
     pub exec_result_sha256: String,
-    /// The attempt that ran the capture (this one, or an earlier attempt
-    /// of the identical binding whose capture is reused).
-    pub captured_in_attempt: u32,
-    /// What was captured.
+    /// What was captured, and in which attempt.
     pub capture: crate::task::Capture,
     /// The executor's isolation evidence of that request.
     pub isolation: crate::task::Isolation,
@@ -433,9 +430,6 @@ impl Payload {
             Payload::SourceCaptureDone(p) => {
                 named("request_id", &p.request_id)?;
                 sha("exec_result_sha256", &p.exec_result_sha256)?;
-                if p.captured_in_attempt == 0 {
-                    return Err("captured_in_attempt is 0".into());
-                }
                 p.capture.validate().map_err(|e| e.to_string())
             }
             Payload::CommitDone(p) => {
@@ -524,6 +518,7 @@ mod tests {
             failure_code: None,
             verification: vec![],
             isolation: Some(crate::task::Isolation::unmeasured()),
+            captured: None,
         }
     }
 
@@ -549,9 +544,10 @@ mod tests {
             Payload::SourceCaptureDone(Box::new(SourceCaptureDonePayload {
                 request_id: "r-1".into(),
                 exec_result_sha256: "e".repeat(64),
-                captured_in_attempt: 1,
                 capture: crate::task::Capture {
                     source_tree: "b".repeat(40),
+                    captured_in_attempt: 1,
+                    withheld: vec![".env".into()],
                     source_signals: vec!["look at main".into()],
                     files: vec![
                         crate::task::CapturedFile {

@@ -257,7 +257,7 @@ catalogue! {
     EXECUTION_PLAN_SOURCE_HEAD_CONFLICT => Conflict, None;
     /// The plan's idempotency key is malformed.
     EXECUTION_PLAN_IDEMPOTENCY_INVALID => Invalid, None;
-    /// A registered plan must have the deterministic action.
+    /// A registered plan must name its execution: a deterministic change or a source capture.
     EXECUTION_PLAN_DETERMINISTIC_REQUIRED => Invalid, None;
     /// The same plan idempotency key was used with other content.
     EXECUTION_PLAN_IDEMPOTENCY_CONFLICT => Conflict, None;
@@ -401,7 +401,7 @@ catalogue! {
     SPOOL_DIGEST_MISMATCH => Conflict, None;
     /// The branch no longer holds the commit the worker made for the attempt (it moved behind the worker's back); the attempt is reported failed and the worker's journal keeps the head it observed.
     RECONCILIATION_REQUIRED => Conflict, None;
-    /// The executor returned other paths than exactly the change set's (an extra, a missing or a repeated path).
+    /// The executor returned other paths than exactly the change set's, or than a capture's (an extra, a missing or a repeated path).
     CHANGED_PATHS_MISMATCH => Conflict, None;
     /// The spool could not be read, written, listed or watched (an I/O error, not a rejected file).
     SPOOL_UNAVAILABLE => Unavailable, None;

@@ -128,7 +128,8 @@ pub struct PlanRegistration {
 }
 
 /// Applies the registration rules: coordinates equal the binding; the plan
-/// is deterministic and projects to a valid envelope; the same key with the
+/// is a deterministic change or a source capture of at least one path and
+/// projects to a valid envelope; the same key with the
 /// same content replays, with other content conflicts; another key is a
 /// replacement and must name the stored plan's digest and source head.
 pub fn register_plan(
@@ -148,8 +149,25 @@ pub fn register_plan(
     if !is_key(&request.idempotency_key) {
         return Err(Error::new(Code::EXECUTION_PLAN_IDEMPOTENCY_INVALID));
     }
-    if request.execution.action != Action::Deterministic {
-        return Err(Error::new(Code::EXECUTION_PLAN_DETERMINISTIC_REQUIRED));
+    if request.execution.action == Action::SourceCapture
+        && request.execution.capture_paths.is_empty()
+    {
+        return Err(Error::with(
+            Code::EXECUTION_OPERATIONS_INVALID,
+            "a source capture names at least one path (capture_paths)",
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = request
+        .execution
+        .capture_paths
+        .iter()
+        .find(|p| !seen.insert(p.as_str()))
+    {
+        return Err(Error::with(
+            Code::EXECUTION_OPERATIONS_INVALID,
+            format!("{twice}: captured twice"),
+        ));
     }
     let envelope = Envelope::project(binding, &request.execution)?;
     let execution = request.execution.to_value();
@@ -356,8 +374,33 @@ pub(crate) mod tests {
         );
         assert_eq!(
             code(|v| v["execution"] = json!({"action": "source_capture"})),
+            Code::EXECUTION_OPERATIONS_INVALID,
+            "a capture of nothing"
+        );
+        assert_eq!(
+            code(|v| {
+                v.as_object_mut().unwrap().remove("execution");
+            }),
             Code::EXECUTION_PLAN_DETERMINISTIC_REQUIRED
         );
+        assert_eq!(
+            code(
+                |v| v["execution"] = json!({"action": "source_capture", "capture_paths": ["a.py"], "change_set": [{"operation": "delete_file", "path": "a.py"}]})
+            ),
+            Code::SOURCE_CAPTURE_MUTATION_DENY
+        );
+        let capture = register(
+            &{
+                let mut v = plan_json();
+                v["execution"] = json!({"action": "source_capture", "capture_paths": ["src/b.py", "a.py"], "source_signals": ["look  at a"]});
+                v
+            },
+            None,
+        )
+        .unwrap();
+        assert_eq!(capture.envelope.action, Action::SourceCapture);
+        assert!(!capture.envelope.action.mutates());
+        assert_eq!(capture.envelope.source_signals, ["look at a"]);
         assert_eq!(code(|v| v["extra"] = json!(1)), Code::MESSAGE_INVALID);
     }
 }

@@ -475,22 +475,33 @@ pub struct TaskResult {
     /// failed one whose commands ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<Isolation>,
+    /// What a source capture returned: present exactly on a captured
+    /// result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<Capture>,
 }
 
 /// What a source capture returns to the planner: the files its plan asked
 /// for, read from the task's source commit, and the plan's signals.
-/// Credential-like paths are never captured: the executor does not hold
-/// them (its copy of the source leaves them out) and refuses a plan that
-/// names one with `CREDENTIAL_PATH_DENIED`.
+/// Credential-like paths (`.env`, `*.pem`, `id_rsa`, … unless
+/// `executor.allow_credential_paths` names them) are withheld: the
+/// executor's copy of the source never holds them, and such a path is
+/// listed in `withheld`, without content.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Capture {
     /// The git tree id the files were read from.
     pub source_tree: String,
+    /// The attempt that ran the capture: this result's, or an earlier
+    /// attempt of the identical execution and binding whose capture was
+    /// reused.
+    pub captured_in_attempt: u32,
     /// The planner's normalised signals, as the envelope carried them.
     pub source_signals: Vec<String>,
-    /// One entry per requested path, in path order.
+    /// One entry per requested path that was not withheld, in path order.
     pub files: Vec<CapturedFile>,
+    /// Requested credential-like paths, not captured, in path order.
+    pub withheld: Vec<String>,
 }
 
 /// One captured path.
@@ -522,7 +533,18 @@ impl Capture {
         if !crate::binding::is_oid(&self.source_tree) {
             return bad("capture source_tree".into());
         }
-        if self.files.len() > crate::limits::MAX_CAPTURE_PATHS
+        if self.captured_in_attempt == 0 {
+            return bad("captured_in_attempt starts at 1".into());
+        }
+        for w in &self.withheld {
+            crate::path::check_relative_path(w)?;
+        }
+        if self.withheld.windows(2).any(|w| w[0] >= w[1])
+            || self.files.iter().any(|f| self.withheld.contains(&f.path))
+        {
+            return bad("withheld paths are unordered or also captured".into());
+        }
+        if self.files.len() + self.withheld.len() > crate::limits::MAX_CAPTURE_PATHS
             || self.source_signals.len() > crate::limits::MAX_SOURCE_SIGNALS
         {
             return Err(Error::with(Code::FIELD_BOUNDS_EXCEEDED, "capture"));
@@ -714,6 +736,12 @@ impl TaskResult {
         }
         if (self.outcome == Outcome::Failed) != self.failure_code.is_some() {
             return bad("a failed result carries a failure code, and only it");
+        }
+        if (self.outcome == Outcome::Captured) != self.captured.is_some() {
+            return bad("a captured result carries its capture, and only it");
+        }
+        if let Some(c) = &self.captured {
+            c.validate()?;
         }
         if let Some(code) = &self.failure_code {
             if Code::from_name(code).is_none() {
@@ -908,6 +936,7 @@ mod tests {
             failure_code: None,
             verification: vec![],
             isolation: None,
+            captured: None,
         };
         assert_eq!(
             r.validate().unwrap_err().code,

@@ -181,6 +181,13 @@ pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
             stdout_tail: None,
             stderr_tail: None,
         }],
+        captured: (outcome == Outcome::Captured).then(|| airlock_proto::task::Capture {
+            source_tree: "b".repeat(40),
+            captured_in_attempt: grant.attempt,
+            source_signals: vec![],
+            files: vec![],
+            withheld: vec![],
+        }),
     }
 }
 

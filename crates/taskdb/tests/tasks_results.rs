@@ -419,6 +419,17 @@ fn result_refusals_change_nothing(backend: Backend) {
     let mut r = good.clone();
     r.outcome = Outcome::Captured;
     r.commit_oid = None;
+    r.captured = Some(airlock_proto::task::Capture {
+        source_tree: "b".repeat(40),
+        captured_in_attempt: 1,
+        source_signals: vec![],
+        files: vec![],
+        withheld: vec![],
+    });
+    assert!(
+        r.validate().is_ok(),
+        "well formed: refused only as not fitting the plan"
+    );
     run(
         &mut fx,
         Code::MESSAGE_INVALID,

@@ -2,8 +2,8 @@
 //! shell completions are generated from these definitions.
 
 use crate::commands::{
-    agent, cancel, completions, doctor, events, list, propose, replan, repo, retry, show, status,
-    submit, verify,
+    agent, cancel, capture, completions, doctor, events, list, propose, replan, repo, retry, show,
+    status, submit, verify,
 };
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -44,6 +44,10 @@ pub enum Command {
     /// Propose changes: build a task from a work tree or a diff against a
     /// registered repository, and submit it (the planner's one command).
     Propose(propose::Args),
+    /// Capture files of a registered repository at a revision, read-only:
+    /// they come back in the task's result (credential-like paths
+    /// withheld), nothing is committed.
+    Capture(capture::Args),
     /// Submit a task (an airlock.task.v1 JSON file, or - for stdin).
     Submit(submit::Args),
     /// List tasks, optionally only those in one state.

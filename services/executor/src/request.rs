@@ -14,7 +14,8 @@
 //! 7. deterministic: apply the change set, read the changed paths back
 //!    (this content, not whatever the commands leave, is the result), run
 //!    each command in its own sandbox, stopping at the first that fails;
-//!    source_capture: read the requested paths from the tree;
+//!    source_capture: read the requested paths from the tree, withholding
+//!    every credential-like path (listed, never read);
 //! 8. bind the result to the request by digests.
 //!
 //! The per-request directory is removed afterwards, whatever happened.
@@ -152,8 +153,17 @@ fn in_workspace(
     let mut confinements = Vec::new();
     match envelope.action {
         Action::SourceCapture => {
-            outcome.captured_files =
-                lower.entries(&envelope.capture_paths, &settings.credentials)?;
+            // A credential-like path is withheld, not read: the tree
+            // cache never holds its content anyway (extract leaves it out).
+            let (mut withheld, wanted): (Vec<String>, Vec<String>) = envelope
+                .capture_paths
+                .iter()
+                .cloned()
+                .partition(|p| settings.credentials.denies(p));
+            withheld.sort();
+            withheld.dedup();
+            outcome.captured_files = lower.entries(&wanted, &settings.credentials)?;
+            outcome.withheld_paths = withheld;
         }
         Action::Deterministic => {
             let runner = runner_for(settings, envelope)?;

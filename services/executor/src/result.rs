@@ -83,6 +83,8 @@ pub struct Outcome {
     pub changed_files: Vec<FileEntry>,
     /// Files returned by a source capture.
     pub captured_files: Vec<FileEntry>,
+    /// Capture paths the credential policy withholds.
+    pub withheld_paths: Vec<String>,
     /// Evidence of each command that ran.
     pub verification: Vec<CommandEvidence>,
     /// True when every command exited 0 in time.
@@ -105,6 +107,7 @@ pub fn result(
         passed: outcome.passed,
         changed_files: outcome.changed_files,
         captured_files: outcome.captured_files,
+        withheld_paths: outcome.withheld_paths,
         verification: outcome.verification,
         confinement,
     };

@@ -649,7 +649,7 @@ fn airlock_spool_listing(spool: &Spool) -> Vec<(String, String, std::time::Syste
 }
 
 #[test]
-fn source_capture_returns_files_and_denies_credentials() {
+fn source_capture_returns_files_and_withholds_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let archive = gzip(&tar_of(&[
         ("src/a.py", b"A = 1\n", 0o644),
@@ -692,8 +692,23 @@ fn source_capture_returns_files_and_denies_credentials() {
         r.captured_files[1].sha256.as_deref(),
         Some(sha(b"A = 1\n").as_str())
     );
-    let f: ExecFailure = serde_json::from_slice(&run(json!([".env"]), "cred")).unwrap();
-    assert_eq!(f.code, "CREDENTIAL_PATH_DENIED");
+    assert!(r.withheld_paths.is_empty());
+    // A credential-like path is withheld: listed, never read, its content
+    // nowhere in the result; the other paths are captured as asked.
+    let bytes = run(json!([".env", "src/a.py"]), "cred");
+    let r: ExecResult = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(r.withheld_paths, [".env"]);
+    assert_eq!(
+        r.captured_files
+            .iter()
+            .map(|f| f.path.as_str())
+            .collect::<Vec<_>>(),
+        ["src/a.py"]
+    );
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(!text.contains("SECRET"), "{text}");
+    use base64::Engine;
+    assert!(!text.contains(&base64::engine::general_purpose::STANDARD.encode(b"SECRET=1\n")));
 }
 
 #[test]

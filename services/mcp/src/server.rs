@@ -832,6 +832,10 @@ fn result_of(task: &TaskView) -> Option<TaskResult> {
 }
 
 fn next_step(task: &TaskView) -> &'static str {
+    let captured = result_of(task).is_some_and(|r| r.captured.is_some());
+    if captured && matches!(task.state, TaskState::Verifying | TaskState::Succeeded) {
+        return "captured: captured lists the files read at base_commit (credential-like paths withheld); read their content with read_file at base_commit; nothing was committed";
+    }
     match task.state {
         TaskState::Queued | TaskState::Running => {
             "in progress: call wait_for_task until it is final"
@@ -877,6 +881,15 @@ pub fn summary(task: &TaskView) -> Value {
         "commit": if matches!(task.state, TaskState::Succeeded | TaskState::Verifying) { result.as_ref().and_then(|r| r.commit_oid.clone()) } else { None },
         "failure_code": result.as_ref().and_then(|r| r.failure_code.clone()),
         "commands": commands,
+        "captured": result.as_ref().and_then(|r| r.captured.as_ref()).map(|c| json!({
+            "captured_in_attempt": c.captured_in_attempt,
+            "files": c.files.iter().map(|f| json!({
+                "path": f.path,
+                "present": f.present,
+                "sha256": f.sha256,
+            })).collect::<Vec<_>>(),
+            "withheld": c.withheld,
+        })),
         "created_at_ms": task.created_at_ms,
         "updated_at_ms": task.updated_at_ms,
         "next_step": next_step(task),

@@ -108,6 +108,15 @@ pub fn task_schema() -> Value {
                 "duration_ms": {"type": "integer"},
                 "passed": {"type": "boolean"}
             }), &["label", "exit_code", "timed_out", "duration_ms", "passed"])},
+            "captured": nullable(object(json!({
+                "captured_in_attempt": {"type": "integer"},
+                "files": {"type": "array", "items": object(json!({
+                    "path": {"type": "string"},
+                    "present": {"type": "boolean"},
+                    "sha256": nullable(json!({"type": "string", "pattern": "^[0-9a-f]{64}$"}))
+                }), &["path", "present", "sha256"])},
+                "withheld": {"type": "array", "items": {"type": "string"}, "description": "credential-like paths asked for and never read"}
+            }), &["captured_in_attempt", "files", "withheld"])),
             "created_at_ms": {"type": "integer"},
             "updated_at_ms": {"type": "integer"},
             "next_step": {"type": "string", "description": "what to do now"}
@@ -124,6 +133,7 @@ pub fn task_schema() -> Value {
             "commit",
             "failure_code",
             "commands",
+            "captured",
             "created_at_ms",
             "updated_at_ms",
             "next_step",

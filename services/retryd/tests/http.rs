@@ -86,6 +86,7 @@ fn exhausted_task(store: &mut SqliteStore, task: &str) {
         failure_code: Some("VERIFICATION_FAILED".into()),
         verification: vec![],
         isolation: None,
+        captured: None,
     };
     store
         .submit_result(

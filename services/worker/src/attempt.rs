@@ -10,12 +10,14 @@ use airlock_proto::bus::LeaseRef;
 use airlock_proto::canonical::{digest_of, sha256_hex};
 use airlock_proto::checkpoint::{
     CheckpointBinding, ClaimedPayload, CommitDonePayload, Payload, Phase, ReconciliationPayload,
-    ResultPendingPayload, ResultSubmittedPayload, VerificationPassedPayload,
-    WorkspacePreparedPayload, result_idempotency_key,
+    ResultPendingPayload, ResultSubmittedPayload, SourceCaptureDonePayload,
+    VerificationPassedPayload, WorkspacePreparedPayload, result_idempotency_key,
 };
 use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
-use airlock_proto::task::{CommandSummary, Isolation, Outcome, RESULT_SCHEMA, TaskResult, tail_of};
+use airlock_proto::task::{
+    Capture, CapturedFile, CommandSummary, Isolation, Outcome, RESULT_SCHEMA, TaskResult, tail_of,
+};
 use airlock_proto::{Code, Error};
 use airlock_spool::{Expect, Kind, Spool};
 use base64::Engine;
@@ -374,17 +376,6 @@ impl Worker {
         // A journal ahead of this grant, or bound to another scope, stops here.
         self.with_journal(|j| j.verify_latest_binding(&cb))?;
         let mut head = self.with_journal(|j| j.latest_for_attempt(task, grant.attempt))?;
-        if env.action != Action::Deterministic {
-            return self.finish_failed(
-                &cb,
-                grant,
-                Error::with(
-                    Code::EXECUTION_ACTION_UNSUPPORTED,
-                    "the worker commits deterministic plans only",
-                ),
-                None,
-            );
-        }
         loop {
             #[cfg(feature = "fault-injection")]
             let phase = head.as_ref().map(|c| c.phase);
@@ -410,10 +401,18 @@ impl Worker {
                         }),
                     )?
                 }
-                Some(Payload::Claimed(_)) => {
-                    let payload = self.prepare(env, grant.attempt, &rid)?;
-                    self.append(&cb, Payload::WorkspacePrepared(payload))?
-                }
+                Some(Payload::Claimed(_)) => match self.reusable_capture(&cb)? {
+                    // An earlier attempt of the identical execution and
+                    // binding captured already: its capture is this one's.
+                    Some(done) => {
+                        tracing::info!(%task, attempt = grant.attempt, "reusing the capture of attempt {}", done.capture.captured_in_attempt);
+                        self.append(&cb, Payload::SourceCaptureDone(Box::new(done)))?
+                    }
+                    None => {
+                        let payload = self.prepare(env, grant.attempt, &rid)?;
+                        self.append(&cb, Payload::WorkspacePrepared(payload))?
+                    }
+                },
                 Some(Payload::WorkspacePrepared(prepared)) => {
                     match self.await_result(env, &rid, &prepared, lost)? {
                         Ok((result, sha)) => self.append(
@@ -427,6 +426,19 @@ impl Worker {
                         Err((error, evidence)) => {
                             return self.finish_failed(&cb, grant, error, evidence);
                         }
+                    }
+                }
+                Some(Payload::VerificationPassed(passed))
+                    if env.action == Action::SourceCapture =>
+                {
+                    let done =
+                        self.capture_of(env, grant.attempt, &rid, &passed.exec_result_sha256);
+                    match done {
+                        Ok(done) => self.append(&cb, Payload::SourceCaptureDone(Box::new(done)))?,
+                        Err(e) if e.code.fails_attempt() => {
+                            return self.finish_failed(&cb, grant, e, None);
+                        }
+                        Err(e) => return Err(e),
                     }
                 }
                 Some(Payload::VerificationPassed(passed)) => {
@@ -483,6 +495,7 @@ impl Worker {
                         failure_code: None,
                         verification: summaries(exec.verification.clone()),
                         isolation: Some(Isolation::from_report(&exec.confinement)),
+                        captured: None,
                     };
                     self.pending(&cb, grant, &result)?.0
                 }
@@ -504,15 +517,92 @@ impl Worker {
                     }
                     return Ok(Finish::Reconcile(code));
                 }
-                Some(Payload::SourceCaptureDone(_)) => {
-                    return self.reconcile(
-                        &cb,
-                        Code::EXECUTION_ACTION_UNSUPPORTED,
-                        "source capture in a deterministic attempt",
-                    );
+                Some(Payload::SourceCaptureDone(done)) => {
+                    if env.action != Action::SourceCapture {
+                        return self.reconcile(
+                            &cb,
+                            Code::EXECUTION_ACTION_UNSUPPORTED,
+                            "source capture in a deterministic attempt",
+                        );
+                    }
+                    let result = TaskResult {
+                        schema: RESULT_SCHEMA.into(),
+                        task_id: task.to_owned(),
+                        attempt: grant.attempt,
+                        execution_digest: env.execution_digest.clone(),
+                        outcome: Outcome::Captured,
+                        commit_oid: None,
+                        target_branch: env.binding.target_branch.clone(),
+                        exec_result_sha256: Some(done.exec_result_sha256),
+                        failure_code: None,
+                        verification: vec![],
+                        isolation: Some(done.isolation),
+                        captured: Some(done.capture),
+                    };
+                    self.pending(&cb, grant, &result)?.0
                 }
             });
         }
+    }
+
+    /// The capture of an earlier attempt this one may report as its own:
+    /// the latest `source_capture_done` of an earlier attempt whose binding
+    /// has the identical scope (execution digest and every coordinate but
+    /// the attempt; seed 001's verify_latest_binding). Another execution
+    /// digest (a replaced plan) or any other coordinate means a capture
+    /// afresh.
+    fn reusable_capture(&self, cb: &CheckpointBinding) -> Step<Option<SourceCaptureDonePayload>> {
+        let scope = cb.scope_sha256();
+        let history = self.with_journal(|j| j.history(&cb.task_id))?;
+        let Some(earlier) = history.iter().rev().find(|c| {
+            c.attempt < cb.attempt
+                && c.phase == Phase::SourceCaptureDone
+                && c.binding.scope_sha256() == scope
+        }) else {
+            return Ok(None);
+        };
+        match earlier.decode()? {
+            Payload::SourceCaptureDone(done) => Ok(Some(*done)),
+            _ => Err(Error::new(Code::INTERNAL)),
+        }
+    }
+
+    /// The capture the executor returned for `rid` (its result, verified
+    /// again by the digest recorded at verification_passed): the captured
+    /// files and withheld paths must be exactly the plan's capture paths.
+    fn capture_of(
+        &self,
+        env: &Envelope,
+        attempt: u32,
+        rid: &str,
+        exec_sha: &str,
+    ) -> Step<SourceCaptureDonePayload> {
+        let exec = self.read_result(env, rid, Some(exec_sha))?;
+        check_captured_files(env, &exec)?;
+        let capture = Capture {
+            source_tree: exec.source_tree.clone(),
+            captured_in_attempt: attempt,
+            source_signals: env.source_signals.clone(),
+            files: exec
+                .captured_files
+                .iter()
+                .map(|f| CapturedFile {
+                    path: f.path.clone(),
+                    present: !f.deleted,
+                    sha256: f.sha256.clone(),
+                    executable: f.executable,
+                    content_b64: f.content_b64.clone(),
+                })
+                .collect(),
+            withheld: exec.withheld_paths.clone(),
+        };
+        capture.validate()?;
+        Ok(SourceCaptureDonePayload {
+            request_id: rid.to_owned(),
+            exec_result_sha256: exec_sha.to_owned(),
+            capture,
+            isolation: Isolation::from_report(&exec.confinement),
+        })
     }
 
     /// Publishes the request, naming the source by its git tree id (read
@@ -834,6 +924,7 @@ impl Worker {
             exec_result_sha256: None,
             failure_code: Some(error.code.as_str().to_owned()),
             isolation: evidence.as_ref().map(|e| e.isolation.clone()),
+            captured: None,
             verification: evidence.map(|e| e.verification).unwrap_or_default(),
         };
         let (_, pending) = self.pending(cb, grant, &result)?;
@@ -970,6 +1061,7 @@ impl Worker {
             failure_code: Some(Code::RECONCILIATION_REQUIRED.as_str().to_owned()),
             verification: vec![],
             isolation: None,
+            captured: None,
         };
         let key = result_idempotency_key(task, grant.attempt, &env.execution_digest);
         let mut backoff = Duration::from_millis(200);
@@ -1018,6 +1110,42 @@ fn check_changed_files(env: &Envelope, result: &ExecResult) -> Step<()> {
         return Err(Error::with(
             Code::CHANGED_PATHS_MISMATCH,
             "changed files are not exactly the change set's paths",
+        ));
+    }
+    Ok(())
+}
+
+/// A capture returns exactly the plan's capture paths, each once: captured,
+/// or withheld because it is credential-like (a path the policy would let
+/// through is never withheld, and nothing the plan did not name is
+/// returned).
+fn check_captured_files(env: &Envelope, result: &ExecResult) -> Step<()> {
+    let expected: BTreeSet<&str> = env.capture_paths.iter().map(String::as_str).collect();
+    let mut got = BTreeSet::new();
+    let returned = result
+        .captured_files
+        .iter()
+        .map(|f| f.path.as_str())
+        .chain(result.withheld_paths.iter().map(String::as_str));
+    let mut count = 0;
+    for p in returned {
+        got.insert(p);
+        count += 1;
+    }
+    if expected != got || count != got.len() || !result.changed_files.is_empty() {
+        return Err(Error::with(
+            Code::CHANGED_PATHS_MISMATCH,
+            "captured and withheld files are not exactly the capture's paths",
+        ));
+    }
+    if let Some(p) = result
+        .withheld_paths
+        .iter()
+        .find(|p| !airlock_proto::path::is_credential_path(p))
+    {
+        return Err(Error::with(
+            Code::CHANGED_PATHS_MISMATCH,
+            format!("{p}: withheld, but not a credential-like path"),
         ));
     }
     Ok(())
@@ -1105,6 +1233,7 @@ mod tests {
                 })
                 .collect(),
             captured_files: vec![],
+            withheld_paths: vec![],
             verification: vec![],
             confinement: ConfinementReport {
                 landlock_abi: 7,

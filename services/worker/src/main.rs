@@ -360,6 +360,7 @@ fn fail_refused_claim(
         failure_code: Some(error.code.as_str().to_owned()),
         verification: vec![],
         isolation: None,
+        captured: None,
     };
     let key =
         airlock_proto::checkpoint::result_idempotency_key(&claim.task_id, claim.attempt, digest);

@@ -161,6 +161,16 @@ pub struct Built {
     pub edits: Vec<Edit>,
 }
 
+/// The coordinates a proposal resolves to.
+struct Head {
+    task_id: String,
+    target_branch: String,
+    base_oid: String,
+    expected: String,
+    mode: &'static str,
+    source_head: String,
+}
+
 /// A fresh task id: `p-` and 16 random hex digits.
 pub fn new_task_id() -> Result<String, Error> {
     let mut bytes = [0u8; 8];
@@ -254,6 +264,56 @@ impl Proposal {
 
     /// Builds the task from `changes` read against `repo` (see the module docs).
     pub fn build(&self, repo: &SourceRepo, changes: Changes<'_>) -> Result<Built, Error> {
+        let head = self.head(repo)?;
+        let edits = match changes {
+            Changes::Worktree(dir) => worktree::edits(repo, &head.source_head, dir)?,
+            Changes::Patch(text) => patch_edits(repo, &head.source_head, text)?,
+            Changes::Files { write, delete } => file_edits(repo, &head.source_head, write, delete)?,
+        };
+        if edits.is_empty() {
+            return Err(Error::with(
+                Code::PROPOSAL_EMPTY,
+                format!("nothing differs from {}", head.source_head),
+            ));
+        }
+        for e in &edits {
+            check_relative_path(e.path())?;
+        }
+        let execution = json!({
+            "action": "deterministic",
+            "change_set": edits.iter().map(Edit::change).collect::<Vec<_>>(),
+            "verification": self.verification,
+        });
+        self.finish(head, execution, edits)
+    }
+
+    /// Builds a source capture: a read-only task that returns the files at
+    /// `paths` of the source head (credential-like paths withheld) and
+    /// carries the planner's `signals` (hints, normalised: whitespace
+    /// folded, empty and repeated ones dropped). Nothing is committed; the
+    /// files come back in the task's result (`captured`), which
+    /// `GetTask` shows. The proposal's verification commands are not used.
+    pub fn capture(
+        &self,
+        repo: &SourceRepo,
+        paths: &[String],
+        signals: &[String],
+    ) -> Result<Built, Error> {
+        let head = self.head(repo)?;
+        for p in paths {
+            check_relative_path(p)?;
+        }
+        let execution = json!({
+            "action": "source_capture",
+            "capture_paths": paths,
+            "source_signals": signals,
+            "capability_scope": ["git.read"],
+        });
+        self.finish(head, execution, Vec::new())
+    }
+
+    /// Resolves the task id, branch, base and source head.
+    fn head(&self, repo: &SourceRepo) -> Result<Head, Error> {
         let task_id = match &self.task_id {
             Some(id) if is_task_id(id) => id.clone(),
             Some(id) => return Err(Error::with(Code::TASK_ID_INVALID, id.clone())),
@@ -275,21 +335,26 @@ impl Proposal {
             }
             None => ("CREATE_NEW", base_oid.clone()),
         };
-        let source_head = expected.clone();
-        let edits = match changes {
-            Changes::Worktree(dir) => worktree::edits(repo, &source_head, dir)?,
-            Changes::Patch(text) => patch_edits(repo, &source_head, text)?,
-            Changes::Files { write, delete } => file_edits(repo, &source_head, write, delete)?,
-        };
-        if edits.is_empty() {
-            return Err(Error::with(
-                Code::PROPOSAL_EMPTY,
-                format!("nothing differs from {source_head}"),
-            ));
-        }
-        for e in &edits {
-            check_relative_path(e.path())?;
-        }
+        Ok(Head {
+            source_head: expected.clone(),
+            task_id,
+            target_branch,
+            base_oid,
+            expected,
+            mode,
+        })
+    }
+
+    /// The submission around `execution`, checked as the supervisor will.
+    fn finish(&self, head: Head, execution: Value, edits: Vec<Edit>) -> Result<Built, Error> {
+        let Head {
+            task_id,
+            target_branch,
+            base_oid,
+            expected,
+            mode,
+            source_head,
+        } = head;
         let job_id = format!("job-{task_id}");
         let task = json!({
             "schema": TASK_SCHEMA,
@@ -304,11 +369,7 @@ impl Proposal {
                 "schema": PLAN_SCHEMA, "task_id": task_id, "job_id": job_id,
                 "source_head_oid": source_head, "generation": 1,
                 "idempotency_key": format!("plan-{task_id}-1"),
-                "execution": {
-                    "action": "deterministic",
-                    "change_set": edits.iter().map(Edit::change).collect::<Vec<_>>(),
-                    "verification": self.verification,
-                },
+                "execution": execution,
             },
         });
         // The supervisor's own checks, before anything is sent.

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod cancel;
+pub mod capture;
 pub mod completions;
 pub mod doctor;
 pub mod events;
@@ -38,6 +39,9 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Propose(args) if args.dry_run => {
             return propose::run(ctx, None, args).await;
         }
+        Command::Capture(args) if args.dry_run => {
+            return capture::run(ctx, None, args).await;
+        }
         command => Cli { command, ..cli },
     };
     let interactive = wants_interaction(cli.no_ask_password);
@@ -60,6 +64,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Retry(a) => retry::run(ctx, &client, a).await,
         Command::Agent(a) => agent::run(ctx, &client, a).await,
         Command::Propose(a) => propose::run(ctx, Some(&client), a).await,
+        Command::Capture(a) => capture::run(ctx, Some(&client), a).await,
         Command::Completions(_) | Command::Doctor(_) | Command::Repo(_) => {
             unreachable!("handled above")
         }

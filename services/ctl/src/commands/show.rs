@@ -11,11 +11,23 @@ use std::process::ExitCode;
 pub struct Args {
     /// The task id.
     pub task_id: String,
+    /// Of a source capture's result: write this captured file's content to
+    /// standard output, as it is (nothing else is printed).
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<String>,
 }
 
 /// Fetches and prints the task.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
     let task = shown(&client.sup().get_task(&args.task_id).await?);
+    if let Some(path) = &args.file {
+        let bytes = captured_file(&task, path)?;
+        use std::io::Write;
+        std::io::stdout()
+            .write_all(&bytes)
+            .map_err(|e| CtlError::generic(format!("writing {path}: {e}")))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if ctx.json {
         ctx.print_json(&task);
     } else {
@@ -70,6 +82,47 @@ pub fn render(ctx: &Ctx, t: &Value) -> String {
             s.push_str(&format!(", {c}"));
         }
         rows.push(("Result", s));
+        if let Some(c) = r.get("captured").filter(|c| !c.is_null()) {
+            let files = c["files"].as_array().cloned().unwrap_or_default();
+            rows.push((
+                "Captured",
+                format!(
+                    "{} file(s) from tree {} (captured in attempt {}); `airlockctl show {} --file PATH` prints one",
+                    files.len(),
+                    text(&c["source_tree"]),
+                    text(&c["captured_in_attempt"]),
+                    text(&t["task_id"]),
+                ),
+            ));
+            for f in &files {
+                let line = if f["present"].as_bool() == Some(true) {
+                    let sha = f["sha256"].as_str().unwrap_or("");
+                    format!(
+                        "{}  {} bytes, sha256 {}",
+                        text(&f["path"]),
+                        decoded_len(f),
+                        &sha[..sha.len().min(16)]
+                    )
+                } else {
+                    format!("{}  (no such file at the source commit)", text(&f["path"]))
+                };
+                rows.push(("File", line));
+            }
+            let withheld: Vec<String> = c["withheld"]
+                .as_array()
+                .map(|w| w.iter().map(text).collect())
+                .unwrap_or_default();
+            if !withheld.is_empty() {
+                rows.push((
+                    "Withheld",
+                    format!("{} (credential-like: never read)", withheld.join(", ")),
+                ));
+            }
+            if let Some(signals) = c["source_signals"].as_array().filter(|s| !s.is_empty()) {
+                let s: Vec<String> = signals.iter().map(text).collect();
+                rows.push(("Signals", s.join(" | ")));
+            }
+        }
         rows.push(("Isolation", isolation(r.get("isolation"))));
         if let Some(h) = t["result_sha256"].as_str() {
             rows.push(("Result SHA-256", h.to_owned()));
@@ -91,6 +144,52 @@ pub fn render(ctx: &Ctx, t: &Value) -> String {
     rows.iter()
         .map(|(k, v)| format!("{:>w$}: {v}\n", k, w = w))
         .collect()
+}
+
+/// The content of a captured file of the task's result.
+fn captured_file(task: &Value, path: &str) -> Result<Vec<u8>, CtlError> {
+    use base64::Engine;
+    let captured = &task["result"]["captured"];
+    if !captured.is_object() {
+        return Err(CtlError::local(
+            airlock_proto::Code::MESSAGE_INVALID,
+            format!("{} has no captured result", text(&task["task_id"])),
+        ));
+    }
+    if captured["withheld"]
+        .as_array()
+        .is_some_and(|w| w.iter().any(|p| p.as_str() == Some(path)))
+    {
+        return Err(CtlError::local(
+            airlock_proto::Code::CREDENTIAL_PATH_DENIED,
+            format!("{path} was withheld: a credential-like path is never captured"),
+        ));
+    }
+    let file = captured["files"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["path"].as_str() == Some(path)))
+        .ok_or_else(|| {
+            CtlError::local(
+                airlock_proto::Code::PATH_INVALID,
+                format!("{path} is not among the captured files"),
+            )
+        })?;
+    let Some(b64) = file["content_b64"].as_str() else {
+        return Err(CtlError::local(
+            airlock_proto::Code::PATH_INVALID,
+            format!("{path} does not exist at the source commit"),
+        ));
+    };
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| CtlError::local(airlock_proto::Code::MESSAGE_INVALID, format!("{path}: {e}")))
+}
+
+/// The size of a captured file from its base64 length.
+fn decoded_len(f: &Value) -> usize {
+    let b64 = f["content_b64"].as_str().unwrap_or("");
+    let pad = b64.bytes().rev().take_while(|b| *b == b'=').count();
+    (b64.len() / 4 * 3).saturating_sub(pad)
 }
 
 /// The isolation evidence of a result, in words: what was measured and,
