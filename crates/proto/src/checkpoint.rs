@@ -70,6 +70,54 @@ impl Phase {
         }
     }
 
+    /// What reaching the phase means, for docs/states.md.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Phase::Claimed => {
+                "the task was claimed under a lease; the envelope is kept for a restart"
+            }
+            Phase::WorkspacePrepared => {
+                "the request is in the spool, naming the source commit's tree"
+            }
+            Phase::VerificationPassed => {
+                "the executor's result passed and was verified against the request"
+            }
+            Phase::SourceCaptureDone => {
+                "a source capture finished (or an earlier attempt's capture of the identical execution and binding is reused); the capture is in the payload"
+            }
+            Phase::CommitDone => "the governed commit exists and the branch points at it",
+            Phase::ReconciliationRequired => {
+                "the worker cannot settle the attempt alone (recorded at any point; the branch's observed head when it moved)"
+            }
+            Phase::ResultPending => {
+                "the result, its hash and its idempotency key are durable; not yet submitted"
+            }
+            Phase::ResultSubmitted => "the supervisor accepted the result",
+        }
+    }
+
+    /// The fields of the phase's payload ([`Payload`]), every one required.
+    pub fn payload_fields(self) -> &'static [&'static str] {
+        match self {
+            Phase::Claimed => &["lease_epoch", "lease_token", "request_id"],
+            Phase::WorkspacePrepared => &["request_id", "request_sha256", "source_tree"],
+            Phase::VerificationPassed => &["changed", "exec_result_sha256", "request_id"],
+            Phase::SourceCaptureDone => {
+                &["capture", "exec_result_sha256", "isolation", "request_id"]
+            }
+            Phase::CommitDone => &["commit_oid", "exec_result_sha256"],
+            Phase::ReconciliationRequired => &["code", "commit_oid", "detail", "observed_head"],
+            Phase::ResultPending => &["idempotency_key", "result", "result_sha256"],
+            Phase::ResultSubmitted => &[
+                "commit_oid",
+                "idempotency_key",
+                "outcome",
+                "replay",
+                "result_sha256",
+            ],
+        }
+    }
+
     /// Parses a wire name; unknown names are CHECKPOINT_PHASE_INVALID.
     pub fn parse(name: &str) -> Result<Self> {
         Phase::ALL
@@ -596,6 +644,15 @@ mod tests {
     #[test]
     fn every_phase_has_a_payload_that_round_trips() {
         let all = one_of_each();
+        for p in &all {
+            let keys: Vec<String> = p.to_value().as_object().unwrap().keys().cloned().collect();
+            assert_eq!(
+                keys,
+                p.phase().payload_fields(),
+                "the documented fields of {}",
+                p.phase().as_str()
+            );
+        }
         let phases: Vec<Phase> = all.iter().map(Payload::phase).collect();
         assert_eq!(phases, Phase::ALL, "one payload type per phase, in order");
         for p in all {

@@ -162,6 +162,34 @@ fn render_states() -> String {
         }
         out.push('\n');
     }
+    out.push_str(
+        "\n## The worker's checkpoint phases\n\n\
+         While a task is `RUNNING` the worker records each step of its attempt in its \
+         checkpoint journal before acting on it, phases monotonic by rank within an attempt \
+         (`source_capture_done` and `commit_done` share a rank: an attempt reaches one of them; \
+         `reconciliation_required` may be recorded at any point). Each phase has one payload \
+         type in `crates/proto/src/checkpoint.rs`, written and read only through it: every \
+         field is required, unknown fields are refused, and a payload that does not decode \
+         is `STORE_CORRUPT` (the attempt ends with that code). A `source_capture_done` is \
+         reused by a later attempt of the same task only when the execution digest and every \
+         coordinate but the attempt are identical.\n\n\
+         | phase | rank | payload | meaning |\n|---|---|---|---|\n",
+    );
+    for p in airlock_proto::checkpoint::Phase::ALL {
+        let fields: Vec<String> = p
+            .payload_fields()
+            .iter()
+            .map(|f| format!("`{f}`"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} |",
+            p.as_str(),
+            p.order(),
+            fields.join(", "),
+            cell(p.meaning())
+        );
+    }
     out
 }
 
