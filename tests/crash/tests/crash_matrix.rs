@@ -57,6 +57,14 @@
 //!
 //! The summary printed at the end is built from the same values the
 //! assertions check, and printed before them.
+//!
+//! A second test here, on its own stack, kills the worker after a
+//! *permanent failure* is recorded (issue 14): an error injected at one of
+//! three steps (`AIRLOCK_FAULT_ERROR_AT`), then a SIGKILL at
+//! `result_pending`, `result_accepted` or `result_submitted`; each task
+//! must end FAILED with that code in its one attempt, accepted once, no
+//! lease expired, no branch, one `result_submitted` in the journal
+//! (`a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once`).
 
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_local::client::{Supervisor, task_on_demo};
@@ -621,6 +629,197 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         stale_after.is_empty(),
         "stale workspaces after the last worker: {stale_after:?}"
     );
+    drop(h);
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+/// Issue 14's path "a kill after a permanent failure is recorded": the
+/// worker meets a permanent error (injected with `AIRLOCK_FAULT_ERROR_AT`,
+/// standing in for a git or executor failure at that step), records the
+/// failed result, and is SIGKILLed right after it was recorded
+/// (`result_pending`), after the supervisor accepted it (`result_accepted`,
+/// `result_submitted` not yet appended) or after `result_submitted`. The
+/// restarted worker resumes from its journal: every task ends FAILED in its
+/// one attempt with the injected code, its result accepted exactly once,
+/// never `LEASE_EXPIRED`, no branch, one `result_submitted` in the journal.
+#[test]
+fn a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once() {
+    use airlock_proto::Code;
+    use airlock_proto::checkpoint::Phase;
+    let state = std::env::temp_dir().join(format!("airlock-crash-perm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let suite: Suite = start_with(
+        state.clone(),
+        true,
+        &Tuning {
+            lease_seconds: 30,
+            parallel_tasks: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting the suite: {e}"));
+    let logs = suite.layout.logs();
+    let repo = suite.layout.repos().join("demo.git");
+    let base = git(&repo, &["rev-parse", "refs/heads/main"]);
+    let client = Client::new(suite.bus.address());
+    let mut h = Harness {
+        suite,
+        client,
+        logs: logs.clone(),
+        repo: repo.clone(),
+        kills: Kills::default(),
+    };
+    // (the step after this phase fails with this code, the kill point)
+    let errors = [
+        ("claimed", Code::GIT_FAILED),
+        ("workspace_prepared", Code::CHANGED_PATHS_MISMATCH),
+        ("verification_passed", Code::REF_CAS_MISMATCH),
+    ];
+    let points = ["result_pending", "result_accepted", "result_submitted"];
+    let mut cases = Vec::new();
+    for (i, ((phase, code), point)) in errors
+        .iter()
+        .flat_map(|e| points.iter().map(move |p| (*e, *p)))
+        .enumerate()
+    {
+        let task = format!("perm-{i:02}");
+        let log = logs.join("worker.log");
+        let offset = file_len(&log);
+        let armed = format!("{phase}:{}", code.as_str());
+        h.restart(
+            "worker",
+            &[
+                ("AIRLOCK_FAULT_ERROR_AT", &armed),
+                ("AIRLOCK_FAULT_KILL_AFTER", point),
+            ],
+        );
+        let mut s = submission(i * 3 + 1, &base);
+        s["binding"]["task_id"] = json!(task);
+        s["binding"]["job_id"] = json!(format!("job-{task}"));
+        s["binding"]["target_branch"] = json!(format!("agent/{task}"));
+        s["binding"]["idempotency_key"] = json!(format!("submit-{task}"));
+        s["plan"]["task_id"] = json!(task);
+        s["plan"]["job_id"] = json!(format!("job-{task}"));
+        s["plan"]["idempotency_key"] = json!(format!("plan-{task}"));
+        s["max_attempts"] = json!(1);
+        h.client.submit(&s);
+        let status = h.suite.fleet.wait_exit("worker", Duration::from_secs(20));
+        let text = log_since(&log, offset);
+        assert_eq!(
+            status.and_then(|s| s.signal()),
+            Some(9),
+            "{task}: the worker was to die at {point}:\n{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "fault injection: {} after {phase} task {task}",
+                code.as_str()
+            )) && text.contains(&format!("fault injection: SIGKILL at {point} task {task}")),
+            "{task}: the error and the kill landed where armed:\n{text}"
+        );
+        *h.kills.at_point.entry(point).or_default() += 1;
+        if point != "result_pending" {
+            assert!(
+                h.client.get(&task).result.is_some(),
+                "{task}: killed at {point}, the supervisor holds the result"
+            );
+        }
+        // A worker without faults resumes the attempt from its journal;
+        // the task settles before the next case arms another worker.
+        let resumed = file_len(&log);
+        h.restart("worker", &[]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Settled: terminal, and the worker's journal at result_submitted
+        // (already there when the kill came after it).
+        let recorded = format!("checkpoint task={task} attempt=1 phase=\"result_submitted\"");
+        while !(h.client.get(&task).state.is_terminal()
+            && (point == "result_submitted" || log_since(&log, resumed).contains(&recorded)))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{task}: not terminal 30 s after the restart:\n{}",
+                airlock_local::fleet::tail(&log, 20)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cases.push((task, code, point));
+    }
+    // Every task settles without another kill.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let finals = loop {
+        let tasks: Vec<String> = cases.iter().map(|c| c.0.clone()).collect();
+        let s = states(&h.client, &tasks);
+        if s.values().all(|v| v.state.is_terminal()) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "not terminal: {s:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    h.suite.fleet.stop(Duration::from_secs(10));
+    let store = SqliteStore::open(&h.suite.layout.tasks_db()).unwrap();
+    store.integrity_check().unwrap();
+    let journal =
+        CheckpointJournal::open(&h.suite.layout.path("worker/checkpoints.sqlite3")).unwrap();
+    journal.integrity_check().unwrap();
+    let (mut lost, mut duplicated, mut problems) = (0, 0, Vec::new());
+    for (task, code, point) in &cases {
+        let v = &finals[task];
+        let failure = v.result.as_ref().and_then(|r| r["failure_code"].as_str());
+        if (v.state, v.attempt, failure) != (TaskState::Failed, 1, Some(code.as_str())) {
+            lost += 1;
+            problems.push(format!(
+                "{task} ({point}): {} at attempt {}, failure {failure:?}",
+                v.state.as_str(),
+                v.attempt
+            ));
+        }
+        let events = store.events(Some(task), 0, 1000).unwrap();
+        let accepted = events
+            .iter()
+            .filter(|e| e.action == "TASK_RESULT_SUBMITTED" && e.outcome == EventOutcome::Allowed)
+            .count();
+        if accepted != 1 {
+            duplicated += usize::from(accepted > 1);
+            problems.push(format!(
+                "{task} ({point}): result accepted {accepted} times"
+            ));
+        }
+        if events.iter().any(|e| e.action == "TASK_LEASE_EXPIRED") {
+            problems.push(format!("{task} ({point}): its lease expired"));
+        }
+        let submitted = journal
+            .history(task)
+            .unwrap()
+            .iter()
+            .filter(|c| c.phase == Phase::ResultSubmitted)
+            .count();
+        if submitted != 1 {
+            problems.push(format!(
+                "{task} ({point}): {submitted} result_submitted checkpoints"
+            ));
+        }
+        let branch = git(
+            &repo,
+            &[
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                &format!("refs/heads/agent/{task}"),
+            ],
+        );
+        if !branch.is_empty() {
+            duplicated += 1;
+            problems.push(format!("{task} ({point}): a failed task has a branch"));
+        }
+    }
+    println!(
+        "crash matrix, permanent failures: {} kills after the failure was recorded {:?}; {} tasks, {lost} lost, {duplicated} duplicated",
+        h.kills.total(),
+        h.kills.at_point,
+        cases.len(),
+    );
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!((lost, duplicated), (0, 0));
     drop(h);
     let _ = std::fs::remove_dir_all(&state);
 }
