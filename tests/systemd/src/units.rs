@@ -47,6 +47,14 @@ pub const EXPOSURE_LIMITS: &[ExposureLimit] = &[
         live: 0.2,
         offline: 0.4,
     },
+    // The agent template: network allowed (model APIs), AF_INET sockets,
+    // the readers group and setrlimit (its launcher lowers RLIMIT_AS) are
+    // what it costs.
+    ExposureLimit {
+        unit: "airlock-agent@.service",
+        live: 1.4,
+        offline: 1.4,
+    },
 ];
 
 /// The limits of one service; `None` for a service the table does not

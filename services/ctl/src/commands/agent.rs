@@ -28,6 +28,29 @@ pub enum Action {
     Stop(Name),
     /// Clear a crash-loop hold: the failure count resets and the agent starts.
     ClearHold(Name),
+    /// Run the configured agent NAME in this process: the entry point of
+    /// airlock-agent@NAME.service (not a command for administrators).
+    ///
+    /// Reads the agent from the configuration (the argv is never taken from
+    /// anywhere else), refuses to run as root, lowers RLIMIT_AS to its
+    /// memory_max_mib and RLIMIT_CORE to 0, and executes its command with a
+    /// clean environment: PATH, HOME (the unit's state directory),
+    /// AIRLOCK_AGENT, CREDENTIALS_DIRECTORY when the agent has a
+    /// credential_file (systemd's LoadCredential=), and the variables its
+    /// environment allowlist names, from this process's environment (the
+    /// unit's Environment= or EnvironmentFile= drop-ins).
+    #[command(hide = true)]
+    Exec(Exec),
+}
+
+/// Arguments of `agent exec`.
+#[derive(Debug, clap::Args)]
+pub struct Exec {
+    /// The agent's name ([[agent]] name in airlock.toml).
+    pub name: String,
+    /// The configuration file.
+    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    pub config: std::path::PathBuf,
 }
 
 /// One agent's name.
@@ -73,6 +96,7 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         Action::Start(n) => ("Started", sup.start_agent(&n.name).await?),
         Action::Stop(n) => ("Stopped", sup.stop_agent(&n.name).await?),
         Action::ClearHold(n) => ("Hold cleared", sup.clear_hold(&n.name).await?),
+        Action::Exec(_) => unreachable!("agent exec does not use the bus"),
     };
     let agent = shown(&agent);
     if ctx.json {
@@ -120,4 +144,58 @@ pub fn render(ctx: &Ctx, a: &Value) -> String {
         out.push_str(&format!("{:<22}{v}\n", format!("{k}:")));
     }
     out
+}
+
+/// `agent exec`: replaces this process with the configured agent, or
+/// returns why it cannot.
+pub fn exec(args: Exec) -> Result<ExitCode, CtlError> {
+    use airlock_proto::Code;
+    use std::os::unix::process::CommandExt;
+
+    if nix::unistd::Uid::effective().is_root() {
+        return Err(CtlError::local(
+            Code::AUTHORIZATION_DENIED,
+            "agent exec runs an agent as its own user (airlock-agent), never as root",
+        ));
+    }
+    let config = airlock_config::Config::load(&args.config)
+        .map_err(|e| CtlError::local(Code::CONFIG_INVALID, e.to_string()))?;
+    let agent = config
+        .agents
+        .iter()
+        .find(|a| a.name == args.name)
+        .ok_or_else(|| {
+            CtlError::local(
+                Code::AGENT_NOT_FOUND,
+                format!("no agent {:?} in {}", args.name, args.config.display()),
+            )
+        })?;
+    let home = std::env::var_os("STATE_DIRECTORY").unwrap_or_else(|| "/".into());
+    let mut cmd = std::process::Command::new(&agent.command[0]);
+    cmd.args(&agent.command[1..])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &home)
+        .env("AIRLOCK_AGENT", &agent.name)
+        .current_dir(&home);
+    for name in &agent.environment {
+        if let Some(v) = std::env::var_os(name) {
+            cmd.env(name, v);
+        }
+    }
+    if agent.credential_file.is_some()
+        && let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY")
+    {
+        cmd.env("CREDENTIALS_DIRECTORY", dir);
+    }
+    let memory = u64::from(agent.memory_max_mib) * 1024 * 1024;
+    let limit = |r, v| {
+        nix::sys::resource::setrlimit(r, v, v).map_err(|e| {
+            CtlError::local(Code::SANDBOX_UNAVAILABLE, format!("setrlimit {r:?}: {e}"))
+        })
+    };
+    limit(nix::sys::resource::Resource::RLIMIT_AS, memory)?;
+    limit(nix::sys::resource::Resource::RLIMIT_CORE, 0)?;
+    let e = cmd.exec();
+    Err(CtlError::generic(format!("{}: {e}", agent.command[0])))
 }

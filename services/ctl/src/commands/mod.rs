@@ -35,6 +35,10 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Doctor(args) => return Ok(doctor::run(ctx, args).await),
         // Repositories are files and git, not the bus.
         Command::Repo(args) => return repo::run(ctx, args),
+        // The agent unit's entry point: the configuration, then execve.
+        Command::Agent(agent::Args {
+            action: agent::Action::Exec(args),
+        }) => return agent::exec(args),
         // A dry run builds the task without the supervisor.
         Command::Propose(args) if args.dry_run => {
             return propose::run(ctx, None, args).await;
