@@ -22,6 +22,10 @@ pub enum Liveness {
     Alive,
     /// The agent is gone, and how it ended when known.
     Gone(Exit),
+    /// The agent is gone because the system is stopping the whole suite
+    /// (systemd stops the agents before the supervisor, whose drain
+    /// follows): no failure of the agent.
+    Drained,
 }
 
 /// Start, probe and stop agents by name.

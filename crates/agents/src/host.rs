@@ -128,6 +128,13 @@ impl AgentHost {
                 exit_signal: None,
                 reason: String::new(),
             },
+            // The process driver never reports a drain.
+            Liveness::Drained => AgentLiveness {
+                alive: false,
+                exit_status: None,
+                exit_signal: None,
+                reason: "drained".into(),
+            },
             Liveness::Gone(exit) => AgentLiveness {
                 alive: false,
                 exit_status: exit.code,

@@ -6,7 +6,9 @@
 //! - [`driver`]: the port (start, probe, stop) every driver implements;
 //! - [`runner`]: one task per agent that races every driver call against a
 //!   timeout, feeds the policy and stores its record after every change;
-//! - [`process`]: the process driver (airlock-local, no systemd).
+//! - [`process`]: the process driver (airlock-local, no systemd);
+//! - [`systemd`]: the systemd driver (`airlock-agent@NAME.service` over
+//!   `org.freedesktop.systemd1`).
 //!
 //! # Example
 //!
@@ -32,6 +34,7 @@ pub mod host;
 pub mod policy;
 pub mod process;
 pub mod runner;
+pub mod systemd;
 
 use std::collections::HashMap;
 use std::sync::Mutex;

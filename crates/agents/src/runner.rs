@@ -353,6 +353,8 @@ impl<D: Driver, S: RecordStore> Runner<D, S> {
         match tokio::time::timeout(timeout, self.driver.probe(&self.agent.name)).await {
             Ok(Ok(Liveness::Alive)) => Input::Alive,
             Ok(Ok(Liveness::Gone(exit))) => Input::Crashed(exit),
+            // Not a failure; the supervisor's own stop (and drain) follows.
+            Ok(Ok(Liveness::Drained)) => Input::Tick,
             Ok(Err(e)) => Input::Crashed(Exit {
                 reason: format!("probe failed: {e}"),
                 ..Exit::default()

@@ -21,6 +21,8 @@ enum Outcome {
     Hang,
     /// For probes: the agent is gone with this exit status.
     Gone(i32),
+    /// For probes: the agent is gone because the suite is stopping.
+    Drained,
 }
 
 const EPOCH: u64 = 1_800_000_000_000;
@@ -81,6 +83,7 @@ impl Fake {
                 signal: None,
                 reason: String::new(),
             })),
+            Outcome::Drained => Ok(Liveness::Drained),
             Outcome::Hang => {
                 tokio::time::sleep(HANG).await;
                 // Only reached if someone waited: the runner must not.
@@ -267,6 +270,46 @@ async fn crash_loop_a_hung_or_failing_probe_is_a_crash() {
     assert_eq!(r.last_exit.as_ref().and_then(|e| e.code), Some(3));
     assert_eq!(fake.calls("start").len(), 3);
     assert!(fake.calls("probe-late-answer").is_empty());
+    h.drain().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn crash_loop_an_agent_stopped_with_the_suite_is_no_failure() {
+    // systemd stops the agent units before the supervisor (BindsTo=,
+    // After=): probes that find it gone then are a drain, not a crash;
+    // once the suite is no longer stopping, a gone agent is a crash again.
+    let fake = Fake::new();
+    Fake::script(
+        &fake.probes,
+        &[
+            Outcome::Ok,
+            Outcome::Drained,
+            Outcome::Drained,
+            Outcome::Drained,
+            Outcome::Gone(1),
+        ],
+    );
+    let store = Arc::new(MemoryStore::default());
+    let h = runner::spawn(
+        agent(),
+        fake.clone(),
+        store,
+        Arc::new(TokioClock::new(EPOCH)),
+        options(),
+        quiet(),
+    )
+    .unwrap();
+    let mut rx = h.watch();
+    let r = rx
+        .wait_for(|r| r.consecutive_failures == 1)
+        .await
+        .unwrap()
+        .clone();
+    // Four probes before the crash, one failure only: the crash's.
+    assert_eq!(fake.calls("probe").len(), 5);
+    assert_eq!(r.status, Status::Backoff);
+    assert_eq!(r.last_exit.as_ref().and_then(|e| e.code), Some(1));
+    assert_eq!(fake.calls("start").len(), 1);
     h.drain().await;
 }
 

@@ -61,6 +61,9 @@ impl RecordStore for StoreRecords {
 #[derive(Debug, Default)]
 pub struct Agents {
     agents: BTreeMap<String, (Agent, AgentHandle)>,
+    /// Under the systemd driver: systemd names the unit of a caller's
+    /// process (attribution by unit instead of by session).
+    units: Option<airlock_agents::systemd::SystemdDriver>,
 }
 
 /// The view `GetAgent` shows of `agent` with `record`.
@@ -172,6 +175,27 @@ impl Agents {
                 ),
             )),
             Err(code) => Err(Error::with(code, format!("agent {name:?}"))),
+        }
+    }
+
+    /// Attributes callers by the systemd unit of their process
+    /// (`airlock-agent@NAME.service`), as `units` reports it.
+    pub fn with_units(mut self, units: airlock_agents::systemd::SystemdDriver) -> Agents {
+        self.units = Some(units);
+        self
+    }
+
+    /// The configured agent the process `pid` belongs to: under systemd,
+    /// the agent whose unit `GetUnitByPID` names (whatever its record says:
+    /// every process of an agent's unit is that agent); otherwise the
+    /// running agent whose session the process is in.
+    pub async fn attribute(&self, pid: u32) -> Option<&Agent> {
+        match &self.units {
+            Some(units) => {
+                let name = units.agent_of_pid(pid).await?;
+                self.config(&name)
+            }
+            None => self.by_session(session_of(pid)?),
         }
     }
 

@@ -241,16 +241,6 @@ pub async fn run_with_reload(
         Location::Sqlite(_) => None,
     };
 
-    // The systemd driver is not built yet: refuse rather than leave the
-    // configured agents silently unrun.
-    if !settings.agents.is_empty() && settings.agent_driver == airlock_config::AgentDriver::Systemd
-    {
-        return Err(Error::with(
-            Code::CONFIG_INVALID,
-            "supervisor.agent_driver: \"systemd\" is not built yet; [[agent]]s run only under airlock-local (agent_driver = \"local-host\")",
-        ));
-    }
-
     sweeper::sweep_once(&shared, &emitter).await;
     // A repository removed while the supervisor was down: its queued tasks fail.
     fail_unregistered(&shared, &emitter).await;
@@ -285,7 +275,57 @@ pub async fn run_with_reload(
             emitter.clone(),
             settings.agent_options,
         )?,
-        airlock_config::AgentDriver::Systemd => Agents::default(),
+        airlock_config::AgentDriver::Systemd => {
+            // systemd (pid 1) hands each instance its key from one place.
+            for a in &settings.agents {
+                let want = std::path::PathBuf::from(format!("/etc/airlock/agents/{}.key", a.name));
+                if a.credential_file.as_ref().is_some_and(|f| *f != want) {
+                    return Err(Error::with(
+                        Code::CONFIG_INVALID,
+                        format!(
+                            "agent {:?}: under the systemd driver its credential_file must be {} (the unit's LoadCredential=)",
+                            a.name,
+                            want.display()
+                        ),
+                    ));
+                }
+            }
+            // Subscribed, with the match rules installed, before anything
+            // starts; then whatever agent unit a previous supervisor left
+            // running is stopped, and the runners decide from the store.
+            let call_timeout = settings.agent_options.call_timeout;
+            let bounded = |what: &'static str| {
+                move |_| {
+                    Error::with(
+                        Code::RUNTIME_UNAVAILABLE,
+                        format!(
+                            "systemd1 {what}: not answered within {} ms",
+                            call_timeout.as_millis()
+                        ),
+                    )
+                }
+            };
+            let driver = tokio::time::timeout(
+                call_timeout,
+                airlock_agents::systemd::SystemdDriver::connect(conn.clone()),
+            )
+            .await
+            .map_err(bounded("Subscribe"))?
+            .map_err(|e| Error::with(Code::RUNTIME_UNAVAILABLE, e.to_string()))?;
+            match tokio::time::timeout(call_timeout, driver.reconcile()).await {
+                Ok(Ok(stopped)) => tracing::info!(?stopped, "agent units reconciled"),
+                Ok(Err(e)) => tracing::warn!("reconciling the agent units: {e}"),
+                Err(_) => tracing::warn!("reconciling the agent units: not answered in time"),
+            }
+            Agents::start(
+                settings.agents.clone(),
+                Arc::new(driver.clone()),
+                store_for_agents,
+                emitter.clone(),
+                settings.agent_options,
+            )?
+            .with_units(driver)
+        }
     });
     shared.set_agents(Arc::clone(&agents));
     server

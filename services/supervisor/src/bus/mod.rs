@@ -104,15 +104,18 @@ impl Shared {
         let _ = self.agents.set(agents);
     }
 
-    /// The planner agent `caller` is a process of: the running agent whose
-    /// session the caller's process (as the bus daemon reported it) is in.
-    /// A session cannot be joined from outside it, so another process of
-    /// the same user cannot pass for the agent; an agent's process that
-    /// left its session (`setsid`) is no longer recognised as the agent.
-    pub fn agent_of(&self, caller: &crate::authz::Caller) -> Option<airlock_config::Agent> {
+    /// The planner agent `caller` is a process of, from the caller's pid
+    /// as the bus daemon reported it. Under systemd: the agent whose unit
+    /// (`airlock-agent@NAME.service`) systemd says the process runs in; a
+    /// process cannot leave its unit's cgroup, and only root can move it
+    /// into one. Under airlock-local: the running agent whose session the
+    /// process is in; a session cannot be joined from outside it, so
+    /// another process of the same user cannot pass for the agent, and an
+    /// agent's process that left its session (`setsid`) is no longer
+    /// recognised as the agent.
+    pub async fn agent_of(&self, caller: &crate::authz::Caller) -> Option<airlock_config::Agent> {
         let agents = self.agents.get()?;
-        let session = crate::agents::session_of(caller.pid()?)?;
-        agents.by_session(session).cloned()
+        agents.attribute(caller.pid()?).await.cloned()
     }
 
     /// Replaces the registered names (a reload).

@@ -128,7 +128,7 @@ impl Tasks {
             .await?;
         // A planner agent's process is named as the agent, and may propose
         // only for its repositories.
-        let agent = self.shared.agent_of(&caller);
+        let agent = self.shared.agent_of(&caller).await;
         let auth = match &agent {
             Some(a) => auth.attributed_to_agent(&a.name),
             None => auth,
