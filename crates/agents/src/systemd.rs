@@ -48,7 +48,6 @@ const PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const UNIT: &str = "org.freedesktop.systemd1.Unit";
 const SERVICE: &str = "org.freedesktop.systemd1.Service";
-const JOB: &str = "org.freedesktop.systemd1.Job";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 
 /// The template's unit-name prefix and suffix.
@@ -274,7 +273,9 @@ impl SystemdDriver {
 
     /// Whether a stop of the unit this process runs in is queued or running
     /// (`systemctl stop airlock.target`, or of the supervisor): the agents,
-    /// ordered after it, are stopped first, and the drain follows.
+    /// ordered after it, are stopped first, and the drain follows. Asked of
+    /// systemd each time: the unit of this process (`GetUnitByPID`), its
+    /// `ActiveState`, and the manager's job queue (`ListJobs`).
     async fn suite_stopping(&self) -> bool {
         let own = match self
             .manager("GetUnitByPID", &(std::process::id(),))
@@ -286,26 +287,39 @@ impl SystemdDriver {
                     .map_err(|e| failed("GetUnitByPID reply", e))
             }) {
             Ok(path) => path,
-            Err(_) => return false,
+            Err(e) => {
+                tracing::warn!("cannot tell whether the suite is stopping: {e}");
+                return false;
+            }
         };
         if let Ok(active) = self.string(&own, UNIT, "ActiveState").await
             && active == "deactivating"
         {
             return true;
         }
-        let Ok(job) = self.property(&own, UNIT, "Job").await else {
-            return false;
+        type Job = (
+            u32,
+            String,
+            String,
+            String,
+            OwnedObjectPath,
+            OwnedObjectPath,
+        );
+        let jobs: Vec<Job> = match self.manager("ListJobs", &()).await.and_then(|reply| {
+            reply
+                .body()
+                .deserialize::<Vec<Job>>()
+                .map_err(|e| failed("ListJobs reply", e))
+        }) {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                tracing::warn!("cannot tell whether the suite is stopping: {e}");
+                return false;
+            }
         };
-        let Ok((id, path)) = <(u32, OwnedObjectPath)>::try_from(job) else {
-            return false;
-        };
-        if id == 0 {
-            return false;
-        }
-        matches!(
-            self.string(&path, JOB, "JobType").await.as_deref(),
-            Ok("stop" | "restart")
-        )
+        jobs.iter().any(|(_, _, kind, _, _, unit)| {
+            *unit == own && matches!(kind.as_str(), "stop" | "restart")
+        })
     }
 
     /// After a supervisor (re)start, before any runner: stops every active

@@ -374,7 +374,7 @@ pub const KEYS: &[KeySpec] = &[
         "supervisor.agent_driver",
         Kind::Choice(&["systemd", "local-host"]),
         "\"systemd\"",
-        "What runs the [[agent]]s: \"systemd\" (instances of airlock-agent@.service; not built yet: a supervisor with agents and this driver refuses to start), or \"local-host\" (airlock-local's org.airlock.AgentHost1 on the suite's bus, which starts each agent as airlock-agent in its own process group; airlock-local sets it). Without agents it changes nothing.",
+        "What runs the [[agent]]s: \"systemd\" (instances of airlock-agent@.service, which the supervisor starts and stops over org.freedesktop.systemd1 as polkit/50-airlock-supervisor.rules allows), or \"local-host\" (airlock-local's org.airlock.AgentHost1 on the suite's bus, which starts each agent as airlock-agent in its own process group; airlock-local sets it). Without agents it changes nothing.",
     ),
     // ---- [worker] ----------------------------------------------------------
     section(
@@ -691,14 +691,14 @@ pub const KEYS: &[KeySpec] = &[
         },
         default: Some("[]"),
         required: false,
-        meaning: "Names of environment variables passed from the driver's environment to the agent (such as HTTPS_PROXY or LANG); every other variable is cleared. The drivers themselves set AIRLOCK_AGENT (the agent's name), PATH, HOME, the bus address when it is not the default, and CREDENTIALS_DIRECTORY when a credential_file is set.",
+        meaning: "Names of environment variables passed from the driver's environment to the agent (such as HTTPS_PROXY or LANG); every other variable is cleared. Under systemd the driver's environment is the agent unit's: Environment= of a drop-in, or /etc/airlock/agents/NAME.env. The drivers themselves set AIRLOCK_AGENT (the agent's name), PATH, HOME, the bus address when it is not the default, and CREDENTIALS_DIRECTORY when a credential_file is set.",
     },
     KeySpec {
         key: "agent[].credential_file",
         kind: Kind::Path,
         default: None,
         required: false,
-        meaning: "A file holding this agent's model API key, read by the driver and handed to this agent alone as the credential `model-key` in $CREDENTIALS_DIRECTORY. No two agents may name the same file. Parsing does not open it.",
+        meaning: "A file holding this agent's model API key, read by the driver and handed to this agent alone as the credential `model-key` in $CREDENTIALS_DIRECTORY. No two agents may name the same file. Parsing does not open it. Under the systemd driver it must be /etc/airlock/agents/NAME.key, which the unit's LoadCredential= reads (and which must exist, empty for an agent without a key).",
     },
     key(
         "agent[].memory_max_mib",
