@@ -515,9 +515,20 @@ fn package_checks(r: &mut Report, s: &Settings, work: &Path) -> Option<Packages>
         }
         Ok(Packages { deb, rpm, version })
     })?;
-    if only_agents() {
-        return Some(pkgs);
+    if !only_agents() {
+        lintian(r, &pkgs);
     }
+    r.check(
+        "deb: maintainer scripts name the files it installs; Depends",
+        |_| deb_structure(&pkgs.deb),
+    );
+    r.check("rpm: scriptlets equivalent, same files as the deb", |_| {
+        rpm_structure(&pkgs.rpm, &pkgs.deb)
+    });
+    Some(pkgs)
+}
+
+fn lintian(r: &mut Report, pkgs: &Packages) {
     r.check("lintian accepts the .deb (no errors)", |_| {
         let out = run(
             Command::new("lintian")
@@ -543,14 +554,6 @@ fn package_checks(r: &mut Report, s: &Settings, work: &Path) -> Option<Packages>
         let summary: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} x{n}")).collect();
         Ok(format!("0 errors; {}", summary.join(", ")))
     });
-    r.check(
-        "deb: maintainer scripts name the files it installs; Depends",
-        |_| deb_structure(&pkgs.deb),
-    );
-    r.check("rpm: scriptlets equivalent, same files as the deb", |_| {
-        rpm_structure(&pkgs.rpm, &pkgs.deb)
-    });
-    Some(pkgs)
 }
 
 fn deb_structure(deb: &Path) -> Result<String, String> {
@@ -2884,6 +2887,10 @@ fn agent_checks(r: &mut Report, c: &Container) {
         let _ = r.check("agents: removed again", |_| remove_agents(c));
         return;
     };
+    r.check(
+        "agents: doctor names exactly the properties a drop-in weakens on a running agent unit",
+        |_| crate::hardening::doctor_names_a_weakened_agent(c, "airlock-agent@steady.service"),
+    );
     r.check(
         "agents: the crash-looping agent is HELD after 5 failures (AGENTOS_CRASH_LOOP in agent show), nothing restarts it",
         |_| crash_loop_held(c),
