@@ -2526,13 +2526,24 @@ description = "testbed: exits 1 at once"
 
 [[agent]]
 name = "steady"
-command = ["/bin/sh", "-c", "sleep infinity & wait"]
+command = ["/bin/sh", "-c", 'airlockctl --no-ask-password --json submit /opt/tb/steady.json > "$HOME/submit.out" 2>&1; echo $? > "$HOME/submit.rc"; sleep infinity & wait']
 repositories = ["calc"]
-description = "testbed: runs until stopped, with a child"
+description = "testbed: submits a task for calc, then runs until stopped, with a child"
+
+[[agent]]
+name = "submitter"
+command = ["/bin/sh", "-c", 'airlockctl --no-ask-password --json submit /opt/tb/denied.json > "$HOME/submit.out" 2>&1; echo $? > "$HOME/submit.rc"; exec sleep infinity']
+repositories = ["elsewhere"]
+description = "testbed: submits a task for calc, which it may not propose for"
+
+[[repository]]
+name = "elsewhere"
+path = "/srv/airlock/elsewhere.git"
 "#;
 const AGENT_UNITS: &[&str] = &[
     "airlock-agent@crashy.service",
     "airlock-agent@steady.service",
+    "airlock-agent@submitter.service",
 ];
 
 fn agent_view(c: &Container, name: &str) -> Result<Value, String> {
@@ -2604,13 +2615,20 @@ fn configure_agents(c: &Container) -> Result<String, String> {
     c.write("/tmp/tb/agents.toml", AGENTS_TOML)?;
     c.write("/tmp/tb/cgroup_procs.py", CGROUP_PROCS_PY)?;
     c.sh_ok(
-        "cp /etc/airlock/airlock.toml /tmp/tb/airlock.toml.before-agents && \
-         cat /tmp/tb/agents.toml >> /etc/airlock/airlock.toml && \
-         install -m 0600 /dev/null /etc/airlock/agents/crashy.key && \
-         install -m 0600 /dev/null /etc/airlock/agents/steady.key && \
-         systemctl restart airlock-supervisor.service",
+        "set -e
+         mkdir -p /opt/tb
+         python3 /tmp/tb/mktask.py tb-agent-steady nofix 1 /opt/tb/steady.json
+         python3 /tmp/tb/mktask.py tb-agent-denied nofix 1 /opt/tb/denied.json
+         chmod 755 /opt/tb && chmod 644 /opt/tb/*.json
+         git init -q --bare /srv/airlock/elsewhere.git
+         chown -R airlock-worker:airlock-worker /srv/airlock/elsewhere.git
+         cp /etc/airlock/airlock.toml /tmp/tb/airlock.toml.before-agents
+         cat /tmp/tb/agents.toml >> /etc/airlock/airlock.toml
+         for a in crashy steady submitter; do install -m 0600 /dev/null /etc/airlock/agents/$a.key; done
+         systemctl restart airlock.target",
         120 * SEC,
     )?;
+    all_active(c, STARTED_BY_TARGET)?;
     all_active(c, &["airlock-supervisor.service"])?;
     let steady = wait_agent(c, "steady", "RUNNING", 60 * SEC)?;
     let active = unit_prop(c, "airlock-agent@steady.service", "ActiveState")?;
@@ -2624,6 +2642,84 @@ fn configure_agents(c: &Container) -> Result<String, String> {
     Ok(format!(
         "steady RUNNING as airlock-agent@steady.service ({active}, {} processes in its cgroup)",
         procs.len()
+    ))
+}
+
+/// Submissions from an agent's unit are the agent's (systemd's
+/// `GetUnitByPID`): steady's is allowed and recorded as `agent:steady`;
+/// submitter's, for a repository it may not propose for, is refused with
+/// AGENT_REPOSITORY_DENIED and nothing is queued; the same file submitted
+/// by the same user outside any agent unit is a plain planner's.
+fn agent_attribution(c: &Container) -> Result<String, String> {
+    let deadline = Instant::now() + 60 * SEC;
+    while !c
+        .sh(
+            "test -f /var/lib/airlock-agent/steady/submit.rc && test -f /var/lib/airlock-agent/submitter/submit.rc",
+            10 * SEC,
+        )?
+        .ok()
+    {
+        if Instant::now() > deadline {
+            return Err("the agents did not submit within 60 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let read = |f: &str| c.sh_ok(&format!("cat /var/lib/airlock-agent/{f}"), 10 * SEC);
+    let (steady_rc, steady_out) = (read("steady/submit.rc")?, read("steady/submit.out")?);
+    let (denied_rc, denied_out) = (read("submitter/submit.rc")?, read("submitter/submit.out")?);
+    if steady_rc.trim() != "0" {
+        return Err(format!("steady's submission failed: {steady_out}"));
+    }
+    if denied_rc.trim() == "0" || !denied_out.contains("AGENT_REPOSITORY_DENIED") {
+        return Err(format!(
+            "submitter's submission ({}): {denied_out}",
+            denied_rc.trim()
+        ));
+    }
+    let events = c.sh_ok("airlockctl --json events", 30 * SEC)?;
+    let events: Vec<Value> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    let actor = |e: &Value| e["actor"]["name"].as_str().unwrap_or_default().to_owned();
+    let submitted: Vec<String> = events
+        .iter()
+        .filter(|e| {
+            e["action"] == "TASK_SUBMITTED"
+                && e["outcome"] == "allowed"
+                && e["task_id"] == "tb-agent-steady"
+        })
+        .map(actor)
+        .collect();
+    let refused: Vec<String> = events
+        .iter()
+        .filter(|e| e["code"] == "AGENT_REPOSITORY_DENIED")
+        .map(actor)
+        .collect();
+    if submitted.is_empty() || !submitted.iter().all(|a| a.starts_with("agent:steady ")) {
+        return Err(format!("tb-agent-steady submitted by {submitted:?}"));
+    }
+    if refused.len() != 1 || !refused[0].starts_with("agent:submitter ") {
+        return Err(format!("AGENT_REPOSITORY_DENIED recorded for {refused:?}"));
+    }
+    let missing = c.sh("airlockctl --json show tb-agent-denied", 30 * SEC)?;
+    if missing.ok() || !missing.stderr.contains("TASK_NOT_FOUND") {
+        return Err(format!("the refused task: {}", missing.both()));
+    }
+    // The same user and file outside any agent unit: a plain planner.
+    let plain = c.sh(
+        "runuser -u airlock-agent -- airlockctl --no-ask-password --json submit /opt/tb/denied.json",
+        60 * SEC,
+    )?;
+    if !plain.ok() {
+        return Err(format!(
+            "airlock-agent outside an agent unit: {}",
+            plain.both()
+        ));
+    }
+    Ok(format!(
+        "steady's TASK_SUBMITTED by {:?}; submitter refused AGENT_REPOSITORY_DENIED as {:?}, nothing queued; the same submission by airlock-agent outside a unit accepted",
+        submitted[0], refused[0]
     ))
 }
 
@@ -2869,7 +2965,7 @@ fn stop_target_stops_agents(c: &Container) -> Result<String, String> {
 fn remove_agents(c: &Container) -> Result<String, String> {
     c.sh_ok(
         "cp /tmp/tb/airlock.toml.before-agents /etc/airlock/airlock.toml && \
-         rm -f /etc/airlock/agents/crashy.key /etc/airlock/agents/steady.key && \
+         rm -f /etc/airlock/agents/crashy.key /etc/airlock/agents/steady.key /etc/airlock/agents/submitter.key && \
          systemctl restart airlock.target && \
          { systemctl stop 'airlock-agent@*.service'; systemctl reset-failed 'airlock-agent@*.service'; true; }",
         120 * SEC,
@@ -2887,6 +2983,10 @@ fn agent_checks(r: &mut Report, c: &Container) {
         let _ = r.check("agents: removed again", |_| remove_agents(c));
         return;
     };
+    r.check(
+        "agents: a submission from an agent's unit is the agent's (GetUnitByPID), limited to its repositories",
+        |_| agent_attribution(c),
+    );
     r.check(
         "agents: doctor names exactly the properties a drop-in weakens on a running agent unit",
         |_| crate::hardening::doctor_names_a_weakened_agent(c, "airlock-agent@steady.service"),
