@@ -1013,6 +1013,57 @@ mod tests {
     }
 
     #[test]
+    fn a_captured_result_is_summarised_by_its_paths_without_their_content() {
+        let base = "a".repeat(40);
+        let content = "c2VjcmV0LWxvb2tpbmcgYnV0IHBsYWluIGNvbnRlbnQK";
+        let task: TaskView = serde_json::from_value(json!({
+            "task_id": "cap-1", "state": "VERIFYING", "attempt": 2, "max_attempts": 3,
+            "revision": 7, "lease_epoch": 2, "lease_expires_at_ms": null,
+            "binding": {
+                "task_id": "cap-1", "job_id": "job-cap-1", "repository": "demo",
+                "base_oid": base, "expected_branch_oid": base, "target_branch": "agent/cap-1",
+                "branch_mode": "CREATE_NEW", "generation": 1, "idempotency_key": "submit-cap-1",
+            },
+            "plan_digest": "b".repeat(64), "execution_digest": "d".repeat(64),
+            "result": {
+                "schema": "airlock.task-result.v1", "task_id": "cap-1", "attempt": 2,
+                "execution_digest": "d".repeat(64), "outcome": "captured", "commit_oid": null,
+                "target_branch": "agent/cap-1", "exec_result_sha256": "e".repeat(64),
+                "failure_code": null, "verification": [],
+                "isolation": {"landlock_abi": null, "landlock": "unmeasured", "seccomp": "unmeasured",
+                              "namespaces": null, "view": "unmeasured", "uid": 992},
+                "captured": {
+                    "source_tree": "f".repeat(40), "captured_in_attempt": 1,
+                    "source_signals": ["why"],
+                    "files": [{"path": "calc.py", "present": true, "sha256": "1".repeat(64),
+                               "executable": false, "content_b64": content}],
+                    "withheld": [".env"],
+                },
+            },
+            "result_sha256": "9".repeat(64), "verification": null,
+            "created_at_ms": 1, "updated_at_ms": 2,
+        }))
+        .unwrap();
+        let s = summary(&task);
+        assert_eq!(
+            s["captured"],
+            json!({"captured_in_attempt": 1, "withheld": [".env"],
+                   "files": [{"path": "calc.py", "present": true, "sha256": "1".repeat(64)}]})
+        );
+        assert!(s["commit"].is_null());
+        assert!(s["next_step"].as_str().unwrap().starts_with("captured:"));
+        assert!(
+            !s.to_string().contains(content),
+            "the summary is bounded: no content"
+        );
+        // Every other summary names no capture.
+        let mut plain = task.clone();
+        plain.result = None;
+        plain.state = TaskState::Queued;
+        assert!(summary(&plain)["captured"].is_null());
+    }
+
+    #[test]
     fn an_unknown_key_in_the_presets_is_a_configuration_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mcp.toml");
