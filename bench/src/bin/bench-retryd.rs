@@ -51,6 +51,7 @@ fn failed_task(db: &std::path::Path) -> serde_json::Value {
         exec_result_sha256: None,
         failure_code: Some("VERIFICATION_FAILED".into()),
         verification: vec![],
+        reconciliation: None,
         isolation: None,
         captured: None,
     };

@@ -4,6 +4,10 @@
 use crate::Supervisor as Async;
 use airlock_proto::Error;
 use airlock_proto::bus::{EventPage, LeaseRef, ResultReceipt, SubmitReply, TaskPage};
+use airlock_proto::reconcile::{
+    AdoptionCheck, AdoptionReport, ReconciliationCase, ReconciliationPage, ResolveOutcome,
+    ResolveRequest,
+};
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
 use std::sync::Arc;
@@ -127,6 +131,36 @@ impl Supervisor {
         result: &TaskResult,
     ) -> Result<ResultReceipt, Error> {
         self.block_on(self.inner.submit_result(lease, key, result))
+    }
+
+    /// `ListReconciliations`.
+    pub fn list_reconciliations(
+        &self,
+        status: &str,
+        after: &str,
+        limit: u32,
+    ) -> Result<ReconciliationPage, Error> {
+        self.block_on(self.inner.list_reconciliations(status, after, limit))
+    }
+
+    /// `GetReconciliation`.
+    pub fn get_reconciliation(&self, task_id: &str) -> Result<ReconciliationCase, Error> {
+        self.block_on(self.inner.get_reconciliation(task_id))
+    }
+
+    /// `ResolveReconciliation`.
+    pub fn resolve_reconciliation(&self, req: &ResolveRequest) -> Result<ResolveOutcome, Error> {
+        self.block_on(self.inner.resolve_reconciliation(req))
+    }
+
+    /// `TakeAdoption`.
+    pub fn take_adoption(&self) -> Result<Option<AdoptionCheck>, Error> {
+        self.block_on(self.inner.take_adoption())
+    }
+
+    /// `SettleAdoption`.
+    pub fn settle_adoption(&self, report: &AdoptionReport) -> Result<ReconciliationCase, Error> {
+        self.block_on(self.inner.settle_adoption(report))
     }
 
     /// `ExtendRetry`.

@@ -33,6 +33,10 @@ pub use error::{from_zbus, is_unreachable};
 use airlock_proto::bus::{
     self, BUS_NAME, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
 };
+use airlock_proto::reconcile::{
+    AdoptionCheck, AdoptionReport, ReconciliationCase, ReconciliationPage, ResolveOutcome,
+    ResolveRequest,
+};
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
 use airlock_proto::{Code, Error};
@@ -55,6 +59,7 @@ pub struct Supervisor {
     worker: zbus::Proxy<'static>,
     retry: zbus::Proxy<'static>,
     agents: zbus::Proxy<'static>,
+    reconcile: zbus::Proxy<'static>,
     interactive: bool,
     timeout: Duration,
     /// The protocol this client speaks, and whether the supervisor's was
@@ -113,6 +118,7 @@ impl Supervisor {
             worker: proxy(&conn, bus::worker::INTERFACE).await?,
             retry: proxy(&conn, bus::retry::INTERFACE).await?,
             agents: proxy(&conn, bus::agents::INTERFACE).await?,
+            reconcile: proxy(&conn, bus::reconcile::INTERFACE).await?,
             conn,
             interactive: false,
             timeout: DEFAULT_TIMEOUT,
@@ -327,6 +333,48 @@ impl Supervisor {
             .await
     }
 
+    // ---- org.airlock.Reconcile1 ----------------------------------------
+
+    /// `ListReconciliations`: `status` and `after` empty for none; `limit`
+    /// 0 for the default page.
+    pub async fn list_reconciliations(
+        &self,
+        status: &str,
+        after: &str,
+        limit: u32,
+    ) -> Result<ReconciliationPage, Error> {
+        self.json(
+            &self.reconcile,
+            bus::reconcile::LIST_RECONCILIATIONS,
+            &(status, after, limit),
+        )
+        .await
+    }
+
+    /// `GetReconciliation`: the task's latest case.
+    pub async fn get_reconciliation(&self, task_id: &str) -> Result<ReconciliationCase, Error> {
+        self.json(
+            &self.reconcile,
+            bus::reconcile::GET_RECONCILIATION,
+            &(task_id,),
+        )
+        .await
+    }
+
+    /// `ResolveReconciliation`.
+    pub async fn resolve_reconciliation(
+        &self,
+        req: &ResolveRequest,
+    ) -> Result<ResolveOutcome, Error> {
+        let body = req.to_value().to_string();
+        self.json(
+            &self.reconcile,
+            bus::reconcile::RESOLVE_RECONCILIATION,
+            &(req.task_id.as_str(), body.as_str()),
+        )
+        .await
+    }
+
     /// `CancelTask`: `req.decision` is cancel.
     pub async fn cancel_task(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
         let body = req.to_value().to_string();
@@ -434,6 +482,26 @@ impl Supervisor {
                 key,
                 json.as_str(),
             ),
+        )
+        .await
+    }
+
+    /// `TakeAdoption`: a case an administrator chose to adopt, or `None`.
+    pub async fn take_adoption(&self) -> Result<Option<AdoptionCheck>, Error> {
+        self.json(&self.worker, bus::worker::TAKE_ADOPTION, &())
+            .await
+    }
+
+    /// `SettleAdoption`: what the ref holds; the case as it is now.
+    pub async fn settle_adoption(
+        &self,
+        report: &AdoptionReport,
+    ) -> Result<ReconciliationCase, Error> {
+        let json = bus::encode(report)?;
+        self.json(
+            &self.worker,
+            bus::worker::SETTLE_ADOPTION,
+            &(json.as_str(),),
         )
         .await
     }

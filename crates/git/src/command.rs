@@ -66,7 +66,7 @@ impl Git {
         cmd
     }
 
-    fn run(
+    pub(crate) fn run(
         &self,
         args: &[&str],
         input: Option<&[u8]>,

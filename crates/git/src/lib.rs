@@ -96,6 +96,28 @@ impl AuthorityRepo {
         ])
     }
 
+    /// Whether `ancestor` is `descendant` or one of its ancestors (both
+    /// commit ids; an id that is not a commit here is not an ancestor).
+    pub fn is_ancestor(&self, ancestor: &str, descendant: &str) -> GitResult<bool> {
+        if ancestor.starts_with('-') || descendant.starts_with('-') {
+            return Ok(false);
+        }
+        let out = self.git.run(
+            &["merge-base", "--is-ancestor", ancestor, descendant],
+            None,
+            &[],
+        )?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(1) | Some(128) => Ok(false),
+            _ => Err(GitError::Failed {
+                args: format!("merge-base --is-ancestor {ancestor} {descendant}"),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            }),
+        }
+    }
+
     /// The current value of `refs/heads/<branch>`, if the branch exists.
     pub fn branch_head(&self, branch: &str) -> GitResult<Option<String>> {
         refs::check_agent_branch(branch)?;

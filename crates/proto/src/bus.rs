@@ -19,6 +19,11 @@
 //! | [`worker::INTERFACE`] | `Claim` | | `s` [`ClaimGrant`] or `null` | peer uid = `supervisor.worker_user` |
 //! | | `Renew` | [`LeaseRef`] as `s` `t` `s` | `x` new expiry (unix ms) | peer uid = `supervisor.worker_user` |
 //! | | `SubmitResult` | [`LeaseRef`] as `s` `t` `s`, `s` key, `s` result JSON | `s` [`ResultReceipt`] | peer uid = `supervisor.worker_user` |
+//! | | `TakeAdoption` | | `s` [`AdoptionCheck`] or `null` | peer uid = `supervisor.worker_user` |
+//! | | `SettleAdoption` | `s` [`AdoptionReport`] JSON | `s` [`ReconciliationCase`] | peer uid = `supervisor.worker_user` |
+//! | [`reconcile::INTERFACE`] | `ListReconciliations` | `s` status or `""`, `s` after task id or `""`, `u` limit | `s` [`ReconciliationPage`] | polkit `tasks.read` |
+//! | | `GetReconciliation` | `s` task id | `s` [`ReconciliationCase`] (the task's latest) | polkit `tasks.read` |
+//! | | `ResolveReconciliation` | `s` task id, `s` [`ResolveRequest`] JSON | `s` [`ResolveOutcome`] | polkit `reconcile.manage` |
 //! | [`retry::INTERFACE`] | `ExtendRetry` | `s` task id, `s` request JSON, `s` owner id | `s` [`RetryExtensionOutcome`] | peer uid = `retry.user` |
 //! | [`agents::INTERFACE`] | `ListAgents` | | `s` [`AgentList`] | polkit `agents.read` |
 //! | | `GetAgent` | `s` name | `s` [`AgentView`] | polkit `agents.read` |
@@ -31,6 +36,12 @@
 //! and `Stop`, each taking `s` name.
 //!
 //! [`DecisionRequest`]: crate::task::DecisionRequest
+//! [`AdoptionCheck`]: crate::reconcile::AdoptionCheck
+//! [`AdoptionReport`]: crate::reconcile::AdoptionReport
+//! [`ReconciliationCase`]: crate::reconcile::ReconciliationCase
+//! [`ReconciliationPage`]: crate::reconcile::ReconciliationPage
+//! [`ResolveRequest`]: crate::reconcile::ResolveRequest
+//! [`ResolveOutcome`]: crate::reconcile::ResolveOutcome
 //! [`DecisionOutcome`]: crate::task::DecisionOutcome
 //!
 //! A refusal is a D-Bus error named by [`Code::dbus_error_name`], with the
@@ -46,7 +57,7 @@ use serde_json::Value;
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks1.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (5, 0);
+pub const PROTOCOL_VERSION: (u32, u32) = (6, 0);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -126,8 +137,32 @@ pub mod worker {
     pub const RENEW: &str = "Renew";
     /// Submit an attempt's result.
     pub const SUBMIT_RESULT: &str = "SubmitResult";
+    /// Take a reconciliation case an administrator chose to adopt, to
+    /// check the ref (`null` when none waits).
+    pub const TAKE_ADOPTION: &str = "TakeAdoption";
+    /// Report what the ref holds for an adoption taken.
+    pub const SETTLE_ADOPTION: &str = "SettleAdoption";
     /// Methods, in declaration order.
-    pub const METHODS: &[&str] = &[CLAIM, RENEW, SUBMIT_RESULT];
+    pub const METHODS: &[&str] = &[CLAIM, RENEW, SUBMIT_RESULT, TAKE_ADOPTION, SETTLE_ADOPTION];
+}
+
+/// `org.airlock.Reconcile1`: reconciliation cases (an attempt whose branch
+/// moved behind the worker's back); admins, authorised by polkit.
+pub mod reconcile {
+    /// The interface.
+    pub const INTERFACE: &str = "org.airlock.Reconcile1";
+    /// Page through cases.
+    pub const LIST_RECONCILIATIONS: &str = "ListReconciliations";
+    /// A task's latest case.
+    pub const GET_RECONCILIATION: &str = "GetReconciliation";
+    /// Adopt the observed head or fail the task, exactly once.
+    pub const RESOLVE_RECONCILIATION: &str = "ResolveReconciliation";
+    /// Methods, in declaration order.
+    pub const METHODS: &[&str] = &[
+        LIST_RECONCILIATIONS,
+        GET_RECONCILIATION,
+        RESOLVE_RECONCILIATION,
+    ];
 }
 
 /// `org.airlock.Retry1`: airlock-retryd only, admitted by its peer uid.
@@ -191,6 +226,7 @@ pub const INTERFACES: &[(&str, &[&str])] = &[
     (worker::INTERFACE, worker::METHODS),
     (retry::INTERFACE, retry::METHODS),
     (agents::INTERFACE, agents::METHODS),
+    (reconcile::INTERFACE, reconcile::METHODS),
 ];
 
 /// One planner agent as `GetAgent` and `ListAgents` show it.

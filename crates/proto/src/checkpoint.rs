@@ -567,6 +567,7 @@ mod tests {
             verification: vec![],
             isolation: Some(crate::task::Isolation::unmeasured()),
             captured: None,
+            reconciliation: None,
         }
     }
 

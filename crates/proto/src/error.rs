@@ -300,6 +300,22 @@ catalogue! {
     /// expected_result_sha256 is neither null nor 64 lowercase hex digits.
     RESULT_SHA256_INVALID => Invalid, None;
 
+    // ---- reconciliation cases (Reconcile1) -----------------------------------------
+    /// No reconciliation case is recorded for that task (or that attempt of it).
+    RECONCILIATION_NOT_FOUND => NotFound, None;
+    /// A resolution is not adopt or fail, or its request is malformed.
+    RECONCILIATION_RESOLUTION_INVALID => Invalid, None;
+    /// The resolution's idempotency key was used on this task with another resolution.
+    RECONCILIATION_IDEMPOTENCY_CONFLICT => Conflict, None;
+    /// The case's attempt, revision or observed head is not the one the resolution names: the case changed since the admin looked.
+    RECONCILIATION_CAS_MISMATCH => Conflict, None;
+    /// The case is not open (already being adopted, adopted or failed).
+    RECONCILIATION_CLOSED => Conflict, None;
+    /// The branch moved again after the case recorded its head: the worker found another head when it checked an adoption; the case is open again with the new head.
+    RECONCILIATION_HEAD_MOVED => Conflict, None;
+    /// The head cannot be adopted: the branch is missing, or its head does not descend from the commit the task started from.
+    RECONCILIATION_HEAD_UNRELATED => Conflict, None;
+
     // ---- retry extension (owner-controlled) -------------------------------------
     /// The request does not have exactly the retry-extension field set.
     RETRY_EXTENSION_FIELDS_INVALID => Invalid, None;

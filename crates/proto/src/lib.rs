@@ -20,6 +20,8 @@
 //! | [`bundle::ExecRequest`] + source archive | worker → executor | spool `requests/`, `sources/` | after checkpoint `claimed` |
 //! | [`bundle::ExecResult`] | executor → worker | spool `results/` | once per request |
 //! | [`bundle::ExecFailure`] | executor → worker | spool `failed/` | once per request, instead of a result |
+//! | [`reconcile::ResolveRequest`] | admin → supervisor | D-Bus `Reconcile1.ResolveReconciliation` | case open (polkit `reconcile.manage`) |
+//! | [`reconcile::AdoptionCheck`] / [`reconcile::AdoptionReport`] | supervisor ↔ worker | D-Bus `Worker1.TakeAdoption`/`SettleAdoption` | a case adopting; caller uid = worker |
 //! | [`retry::RetryExtensionRequest`] | owner → retryd | HTTP `POST /v1/tasks/{id}/retry-extension` | task FAILED, attempts exhausted, no lease |
 //! | [`checkpoint::CheckpointBinding`] + [`checkpoint::Phase`] | worker → its own future self | checkpoint journal | phases monotonic within an attempt |
 //!
@@ -49,6 +51,7 @@ pub mod fields;
 pub mod limits;
 pub mod path;
 pub mod plan;
+pub mod reconcile;
 pub mod redact;
 pub mod retry;
 pub mod states;

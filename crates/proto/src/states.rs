@@ -222,7 +222,7 @@ pub const TABLE: &[(Op, TaskState, Outcome)] = &{
             Running,
             To(
                 &[Queued, Failed],
-                "QUEUED while attempts remain, else FAILED",
+                "QUEUED while attempts remain, else FAILED; FAILED at once with REPOSITORY_NOT_REGISTERED, and with RECONCILIATION_REQUIRED, which opens a reconciliation case",
             ),
         ),
         (

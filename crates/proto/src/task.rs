@@ -479,6 +479,10 @@ pub struct TaskResult {
     /// result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured: Option<Capture>,
+    /// What the worker saw of a branch that moved behind its back: required
+    /// on a failed result with `RECONCILIATION_REQUIRED`, absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconciliation: Option<crate::reconcile::BranchFacts>,
 }
 
 /// What a source capture returns to the planner: the files its plan asked
@@ -748,6 +752,17 @@ impl TaskResult {
                 return bad("failure_code is not a catalogue code");
             }
         }
+        let reconciling =
+            self.failure_code.as_deref() == Some(Code::RECONCILIATION_REQUIRED.as_str());
+        match &self.reconciliation {
+            Some(facts) if reconciling => facts.validate()?,
+            None if !reconciling => {}
+            _ => {
+                return bad(
+                    "a RECONCILIATION_REQUIRED result carries what the worker saw of the branch, and only it",
+                );
+            }
+        }
         if self
             .exec_result_sha256
             .as_deref()
@@ -935,6 +950,7 @@ mod tests {
             exec_result_sha256: Some("e".repeat(64)),
             failure_code: None,
             verification: vec![],
+            reconciliation: None,
             isolation: None,
             captured: None,
         };
@@ -955,6 +971,16 @@ mod tests {
         assert!(r.validate().is_err());
         r.failure_code = Some("VERIFICATION_FAILED".into());
         assert!(r.validate().is_ok());
+        r.failure_code = Some("RECONCILIATION_REQUIRED".into());
+        assert!(r.validate().is_err(), "without what the worker saw");
+        r.reconciliation = Some(crate::reconcile::BranchFacts {
+            commit_oid: "c".repeat(40),
+            observed_head: None,
+        });
+        assert!(r.validate().is_ok());
+        r.failure_code = Some("VERIFICATION_FAILED".into());
+        assert!(r.validate().is_err(), "facts on another failure");
+        r.reconciliation = None;
         let mut failed = CommandSummary {
             label: "tests".into(),
             exit_code: Some(1),

@@ -190,6 +190,20 @@ fn render_states() -> String {
             cell(p.meaning())
         );
     }
+    out.push_str(
+        "\n## Reconciliation cases\n\n\
+         An attempt whose branch moved behind the worker's back (resumed at `commit_done` with \
+         the branch elsewhere, or resumed after a crash with the compare-and-swap finding it \
+         elsewhere) is reported failed with `RECONCILIATION_REQUIRED` and what the worker saw; \
+         the task ends `FAILED` and a case opens. An administrator resolves it once \
+         (`airlockctl reconcile resolve`, compare-and-swap on the case as shown). The supervisor \
+         holds no git access, so `adopt` is settled by the worker, which reads the ref: the \
+         one way a `FAILED` task becomes `SUCCEEDED`. Adoption never moves a ref.\n\n",
+    );
+    out.push_str("| operation | case | outcome |\n|---|---|---|\n");
+    for (op, from, outcome) in airlock_proto::reconcile::CASE_TABLE {
+        let _ = writeln!(out, "| `{op}` | {} | {} |", cell(from), cell(outcome));
+    }
     out
 }
 

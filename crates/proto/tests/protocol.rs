@@ -20,6 +20,7 @@ const MESSAGE_MODULES: &[&str] = &[
     "checkpoint.rs",
     "envelope.rs",
     "plan.rs",
+    "reconcile.rs",
     "retry.rs",
     "states.rs",
     "task.rs",

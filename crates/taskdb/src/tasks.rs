@@ -46,6 +46,8 @@
 //!             │                │  └─result failed, attempts left  │
 //!             └────────────────┴──────────────────────────────────┴─rework, attempts left
 //!   out of attempts (result failed, rework, lease expired) ─▶ FAILED
+//!   result failed with RECONCILIATION_REQUIRED ─▶ FAILED at once, a reconciliation case opened
+//!   FAILED with an adopting case ─worker: head unchanged, descends from the base─▶ SUCCEEDED
 //!   FAILED with attempt == max_attempts ─extend_retry─▶ QUEUED (max_attempts + 1)
 //!   any non-terminal state ─cancel─▶ CANCELLED
 //! ```
@@ -65,6 +67,7 @@ mod audit;
 mod lease;
 mod lifecycle;
 pub mod postgres;
+mod reconcile;
 mod retry;
 mod row;
 mod schema;
@@ -83,6 +86,9 @@ pub use postgres::{PgBackend, PgLocation};
 pub use sqlite::SqliteBackend;
 
 pub use airlock_proto::plan::{PlanRecord, PlanRequest};
+pub use airlock_proto::reconcile::{
+    AdoptionCheck, AdoptionReport, CaseStatus, ReconciliationCase, ResolveOutcome, ResolveRequest,
+};
 pub use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 pub use airlock_proto::task::{
     ClaimGrant, DECISION_SCHEMA, Decision, DecisionOutcome, DecisionRequest, TaskResult, TaskState,
@@ -143,6 +149,14 @@ pub mod action {
     pub const AGENT_STOP_REQUESTED: &str = "AGENT_STOP_REQUESTED";
     /// An operator's ClearHold.
     pub const AGENT_HOLD_CLEARED: &str = "AGENT_HOLD_CLEARED";
+    /// A worker reported an attempt whose branch moved behind its back
+    /// (RECONCILIATION_REQUIRED): a reconciliation case opened.
+    pub const TASK_RECONCILIATION_OPENED: &str = "TASK_RECONCILIATION_OPENED";
+    /// An admin resolved a reconciliation case (adopt or fail).
+    pub const TASK_RECONCILIATION_RESOLVED: &str = "TASK_RECONCILIATION_RESOLVED";
+    /// The worker's check of an adoption: allowed when the head was adopted
+    /// (the task SUCCEEDED), denied with the code that reopened the case.
+    pub const TASK_RECONCILIATION_ADOPTED: &str = "TASK_RECONCILIATION_ADOPTED";
 
     /// Every action above, in the order declared. The journal catalogue and
     /// other tables keyed by action are checked against it; a test keeps it
@@ -162,6 +176,9 @@ pub mod action {
         AGENT_START_REQUESTED,
         AGENT_STOP_REQUESTED,
         AGENT_HOLD_CLEARED,
+        TASK_RECONCILIATION_OPENED,
+        TASK_RECONCILIATION_RESOLVED,
+        TASK_RECONCILIATION_ADOPTED,
     ];
 
     #[cfg(test)]
@@ -530,6 +547,30 @@ pub trait TaskStore: Send + std::fmt::Debug {
     fn save_agent_record(&mut self, name: &str, record: &Value, actor: &Actor) -> StoreResult<()>;
     /// See [`Store::record_allowed`].
     fn record_allowed(&mut self, actor: &Actor, action: &str, payload: &Value) -> StoreResult<()>;
+    /// See [`Store::reconciliations`].
+    fn reconciliations(
+        &mut self,
+        status: Option<CaseStatus>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<ReconciliationCase>>;
+    /// See [`Store::reconciliation`].
+    fn reconciliation(&mut self, task_id: &str) -> StoreResult<ReconciliationCase>;
+    /// See [`Store::resolve_reconciliation`].
+    fn resolve_reconciliation(
+        &mut self,
+        task_id: &str,
+        req: &ResolveRequest,
+        actor: &Actor,
+    ) -> StoreResult<ResolveOutcome>;
+    /// See [`Store::take_adoption`].
+    fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>>;
+    /// See [`Store::settle_adoption`].
+    fn settle_adoption(
+        &mut self,
+        report: &AdoptionReport,
+        worker: &Actor,
+    ) -> StoreResult<ReconciliationCase>;
 }
 
 /// The store's rules over one engine `B`. Use it through [`TaskStore`]
@@ -824,6 +865,35 @@ impl<B: Backend> TaskStore for Store<B> {
     }
     fn record_allowed(&mut self, actor: &Actor, action: &str, payload: &Value) -> StoreResult<()> {
         Store::record_allowed(self, actor, action, payload)
+    }
+    fn reconciliations(
+        &mut self,
+        status: Option<CaseStatus>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<ReconciliationCase>> {
+        Store::reconciliations(self, status, after_task_id, limit)
+    }
+    fn reconciliation(&mut self, task_id: &str) -> StoreResult<ReconciliationCase> {
+        Store::reconciliation(self, task_id)
+    }
+    fn resolve_reconciliation(
+        &mut self,
+        task_id: &str,
+        req: &ResolveRequest,
+        actor: &Actor,
+    ) -> StoreResult<ResolveOutcome> {
+        Store::resolve_reconciliation(self, task_id, req, actor)
+    }
+    fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>> {
+        Store::take_adoption(self)
+    }
+    fn settle_adoption(
+        &mut self,
+        report: &AdoptionReport,
+        worker: &Actor,
+    ) -> StoreResult<ReconciliationCase> {
+        Store::settle_adoption(self, report, worker)
     }
 }
 

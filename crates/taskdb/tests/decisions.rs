@@ -330,11 +330,15 @@ fn upgrading_a_store_without_the_decision_slot_keeps_its_tasks(backend: Backend)
         // (and none of the later tables either: the agents' records)
         Backend::Sqlite => {
             fx.exec("DROP TABLE task_decisions").unwrap();
+            fx.exec("DROP TABLE reconciliation_resolutions").unwrap();
+            fx.exec("DROP TABLE reconciliations").unwrap();
             fx.exec("DROP TABLE agents").unwrap();
             fx.exec("PRAGMA user_version = 2").unwrap();
         }
         Backend::Postgres => {
             fx.exec("DROP TABLE task_decisions").unwrap();
+            fx.exec("DROP TABLE reconciliation_resolutions").unwrap();
+            fx.exec("DROP TABLE reconciliations").unwrap();
             fx.exec("DROP TABLE agents").unwrap();
             fx.exec("UPDATE airlock_schema SET version = 1").unwrap();
         }

@@ -165,6 +165,7 @@ pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
             .into(),
         exec_result_sha256: Some("e".repeat(64)),
         failure_code: (outcome == Outcome::Failed).then(|| "VERIFICATION_FAILED".into()),
+        reconciliation: None,
         isolation: (outcome != Outcome::Failed).then(|| airlock_proto::task::Isolation {
             landlock_abi: Some(7),
             landlock: "full".into(),
@@ -515,10 +516,17 @@ impl Fixture {
             "results",
             "task_retry_extensions",
             "task_decisions",
+            "reconciliation_resolutions",
         ] {
             let count = self.row(&format!("SELECT COUNT(*) FROM {table}"))[0].clone();
             out.push(format!("{table}={}", count.unwrap_or_default()));
         }
+        out.extend(
+            self.rows("SELECT task_id, attempt, status, case_json FROM reconciliations ORDER BY task_id, attempt")
+                .into_iter()
+                .flatten()
+                .map(|v| v.unwrap_or_else(|| "NULL".to_owned())),
+        );
         out
     }
 

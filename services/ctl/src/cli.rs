@@ -2,8 +2,8 @@
 //! shell completions are generated from these definitions.
 
 use crate::commands::{
-    agent, cancel, capture, completions, doctor, events, list, propose, replan, repo, retry, show,
-    status, submit, verify,
+    agent, cancel, capture, completions, doctor, events, list, propose, reconcile, replan, repo,
+    retry, show, status, submit, verify,
 };
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -13,7 +13,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 ///
 /// Every call is authorised by polkit on the supervisor's side
 /// (org.airlock.tasks.read, .submit, .manage; org.airlock.agents.read,
-/// .manage). When stdin is a terminal,
+/// .manage; org.airlock.reconcile.manage). When stdin is a terminal,
 /// airlockctl allows interactive authentication and starts a text
 /// authentication agent if none is running.
 #[derive(Debug, Parser)]
@@ -70,6 +70,8 @@ pub enum Command {
     Repo(repo::Args),
     /// Planner agents the supervisor runs: list, show, start, stop, clear-hold.
     Agent(agent::Args),
+    /// Reconciliation cases (a branch moved behind the worker's back): list, show, resolve adopt|fail.
+    Reconcile(reconcile::Args),
     /// Check this machine: users, directories, kernel features, bus, polkit, each unit's hardening, databases, configuration.
     ///
     /// Each check passes, warns or fails and names its fix. The hardening

@@ -85,6 +85,7 @@ fn exhausted_task(store: &mut SqliteStore, task: &str) {
         exec_result_sha256: None,
         failure_code: Some("VERIFICATION_FAILED".into()),
         verification: vec![],
+        reconciliation: None,
         isolation: None,
         captured: None,
     };

@@ -15,6 +15,7 @@ use crate::authz::polkit::PolkitAuthorizer;
 use crate::authz::testing::TestAuthorizer;
 use crate::authz::{Authorizer, Gatekeeper, PeerUids};
 use crate::bus::agents::AgentsIface;
+use crate::bus::reconcile::Reconcile;
 use crate::bus::retry::Retry;
 use crate::bus::tasks::Tasks;
 use crate::bus::worker::Worker;
@@ -227,6 +228,10 @@ pub async fn run_with_reload(
         .at(OBJECT_PATH, Retry::new(Arc::clone(&shared)))
         .await
         .map_err(|e| unavailable("exporting Retry1", e))?;
+    server
+        .at(OBJECT_PATH, Reconcile::new(Arc::clone(&shared)))
+        .await
+        .map_err(|e| unavailable("exporting Reconcile1", e))?;
     let emitter = SignalEmitter::new(&conn, OBJECT_PATH)
         .map_err(|e| unavailable("signal emitter", e))?
         .into_owned();
@@ -424,6 +429,7 @@ pub async fn run_with_reload(
         server.remove::<Tasks, _>(OBJECT_PATH).await,
         server.remove::<Worker, _>(OBJECT_PATH).await,
         server.remove::<Retry, _>(OBJECT_PATH).await,
+        server.remove::<Reconcile, _>(OBJECT_PATH).await,
         server.remove::<AgentsIface, _>(OBJECT_PATH).await,
     ] {
         if let Err(e) = removed {

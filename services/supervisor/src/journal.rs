@@ -186,6 +186,34 @@ across supervisor restarts too, until it is started again.",
         body: "An administrator (@AIRLOCK_ACTOR@, uid @AIRLOCK_ACTOR_UID@) cleared a planner agent's\n\
 crash-loop hold (AIRLOCK_PAYLOAD names it): its failure count is reset and it is started again.",
     },
+    CatalogEntry {
+        action: action::TASK_RECONCILIATION_OPENED,
+        id: "63925e080bbe4dd5bea2c78dadf4af76",
+        subject: "airlock task needs reconciliation",
+        body: "The worker found the branch of task @AIRLOCK_TASK_ID@ at another commit than the one its\n\
+attempt made (it moved behind the worker's back). The task ended FAILED with\n\
+RECONCILIATION_REQUIRED and a reconciliation case opened; AIRLOCK_PAYLOAD names the branch, the\n\
+commit made and the head observed. `airlockctl reconcile show @AIRLOCK_TASK_ID@`, then\n\
+`airlockctl reconcile resolve @AIRLOCK_TASK_ID@ adopt|fail --reason TEXT`.",
+    },
+    CatalogEntry {
+        action: action::TASK_RECONCILIATION_RESOLVED,
+        id: "2622b7102b0f47f1ad096b0f2a5aae46",
+        subject: "airlock reconciliation resolved by an administrator",
+        body: "An administrator (@AIRLOCK_ACTOR@, uid @AIRLOCK_ACTOR_UID@) resolved the reconciliation case\n\
+of task @AIRLOCK_TASK_ID@ (AIRLOCK_PAYLOAD: adopt or fail, the reason, the head seen). Fail ends\n\
+the case with the task FAILED; adopt waits for the worker to check that the branch still holds\n\
+that head.",
+    },
+    CatalogEntry {
+        action: action::TASK_RECONCILIATION_ADOPTED,
+        id: "4092d4b4513c408a97c07085dfad3490",
+        subject: "airlock adopted a branch head after reconciliation",
+        body: "The worker checked the branch of task @AIRLOCK_TASK_ID@: it still holds the head an\n\
+administrator chose to adopt, and that head descends from the task's base. The task SUCCEEDED\n\
+with that head as its commit (AIRLOCK_PAYLOAD). When the check fails the entry is a refusal with\n\
+RECONCILIATION_HEAD_MOVED or RECONCILIATION_HEAD_UNRELATED and the case is open again.",
+    },
 ];
 
 /// The longest `AIRLOCK_PAYLOAD` written; longer payloads are cut and say so.

@@ -8,8 +8,13 @@
 //! a reply is sent only after its change is committed (SQLite
 //! `synchronous=FULL`; PostgreSQL's commit).
 
-use crate::authz::{AgentsManage, Authorized, Manage, Read, Retry, Submit, Worker};
+use crate::authz::{
+    AgentsManage, Authorized, Manage, Read, ReconcileManage, Retry, Submit, Worker,
+};
 use airlock_proto::plan::PlanRequest;
+use airlock_proto::reconcile::{
+    AdoptionCheck, AdoptionReport, CaseStatus, ReconciliationCase, ResolveOutcome, ResolveRequest,
+};
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{
     ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskSubmission, TaskView,
@@ -248,6 +253,61 @@ impl Ops {
                     &actor,
                 )
             })
+            .await
+    }
+
+    /// ListReconciliations.
+    pub async fn reconciliations(
+        &self,
+        _auth: &Authorized<Read>,
+        status: Option<CaseStatus>,
+        after_task_id: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<ReconciliationCase>, Error> {
+        self.store
+            .call(move |s| s.reconciliations(status, after_task_id.as_deref(), limit))
+            .await
+    }
+
+    /// GetReconciliation.
+    pub async fn reconciliation(
+        &self,
+        _auth: &Authorized<Read>,
+        task_id: String,
+    ) -> Result<ReconciliationCase, Error> {
+        self.store.call(move |s| s.reconciliation(&task_id)).await
+    }
+
+    /// ResolveReconciliation.
+    pub async fn resolve(
+        &self,
+        auth: &Authorized<ReconcileManage>,
+        task_id: String,
+        req: ResolveRequest,
+    ) -> Result<ResolveOutcome, Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.resolve_reconciliation(&task_id, &req, &actor))
+            .await
+    }
+
+    /// TakeAdoption.
+    pub async fn take_adoption(
+        &self,
+        _auth: &Authorized<Worker>,
+    ) -> Result<Option<AdoptionCheck>, Error> {
+        self.store.call(|s| s.take_adoption()).await
+    }
+
+    /// SettleAdoption.
+    pub async fn settle_adoption(
+        &self,
+        auth: &Authorized<Worker>,
+        report: AdoptionReport,
+    ) -> Result<ReconciliationCase, Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.settle_adoption(&report, &actor))
             .await
     }
 

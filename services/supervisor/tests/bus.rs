@@ -394,6 +394,11 @@ async fn worker_interface_is_reserved_for_the_worker_uid() {
                 "string:{}",
             ],
         ),
+        ("org.airlock.Worker1.TakeAdoption", vec![]),
+        (
+            "org.airlock.Worker1.SettleAdoption",
+            vec!["string:{\"task_id\":\"task-w\"}"],
+        ),
     ] {
         let err = dbus_send(&sup, STRANGER_UID, method, &args).unwrap_err();
         assert_eq!(err.code(), Some(Code::PEER_UID_DENIED), "{method}: {err:?}");
@@ -414,7 +419,7 @@ async fn worker_interface_is_reserved_for_the_worker_uid() {
         .into_iter()
         .filter(|e| e.code == Some(Code::PEER_UID_DENIED))
         .collect();
-    assert_eq!(denied.len(), 5);
+    assert_eq!(denied.len(), 7);
     assert!(denied.iter().any(|e| e.actor.uid == Some(0)));
     assert!(denied.iter().any(|e| e.actor.uid == Some(STRANGER_UID)));
 }

@@ -15,6 +15,7 @@ use airlock_proto::checkpoint::{
 };
 use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
+use airlock_proto::reconcile::BranchFacts;
 use airlock_proto::task::{
     Capture, CapturedFile, CommandSummary, Isolation, Outcome, RESULT_SCHEMA, TaskResult, tail_of,
 };
@@ -65,6 +66,9 @@ pub struct Grant {
     pub lease: LeaseRef,
     /// The validated envelope.
     pub envelope: Envelope,
+    /// Resumed from the journal after a restart: an earlier process drove
+    /// this attempt and may have moved the ref before it died.
+    pub resumed: bool,
 }
 
 /// How an attempt ended for this worker.
@@ -447,13 +451,36 @@ impl Worker {
                         return self.reconcile(&cb, code, "lease lost before the commit");
                     }
                     match self.commit(env, &rid, &sha) {
-                        Ok(oid) => self.append(
+                        Ok(Ok(oid)) => self.append(
                             &cb,
                             Payload::CommitDone(CommitDonePayload {
                                 commit_oid: oid,
                                 exec_result_sha256: sha,
                             }),
                         )?,
+                        // Resumed after a crash, the branch at neither the
+                        // expected head nor this attempt's commit: the
+                        // earlier process may have moved it to the commit
+                        // before someone moved it again, and nothing can
+                        // tell which. Not this attempt's to settle.
+                        Ok(Err((oid, observed))) if grant.resumed => {
+                            return self.branch_moved(&cb, grant, &oid, observed.as_deref());
+                        }
+                        Ok(Err((_, observed))) => {
+                            let e = Error::with(
+                                Code::REF_CAS_MISMATCH,
+                                format!(
+                                    "{} is at {}, not where the task expects it",
+                                    env.binding.target_branch,
+                                    observed.as_deref().unwrap_or("nothing")
+                                ),
+                            );
+                            let evidence = self
+                                .read_result(env, &rid, Some(&sha))
+                                .ok()
+                                .map(|r| evidence_of(&r));
+                            return self.finish_failed(&cb, grant, e, evidence);
+                        }
                         Err(e) if e.code.fails_attempt() => {
                             let evidence = self
                                 .read_result(env, &rid, Some(&sha))
@@ -494,6 +521,7 @@ impl Worker {
                         exec_result_sha256: Some(sha),
                         failure_code: None,
                         verification: summaries(exec.verification.clone()),
+                        reconciliation: None,
                         isolation: Some(Isolation::from_report(&exec.confinement)),
                         captured: None,
                     };
@@ -513,7 +541,11 @@ impl Worker {
                     if code == Code::RECONCILIATION_REQUIRED {
                         // Reported before the crash, or not: the same
                         // result under the same key again is a replay.
-                        self.report_reconciliation(grant)?;
+                        let facts = BranchFacts {
+                            commit_oid: recorded.commit_oid.unwrap_or_default(),
+                            observed_head: recorded.observed_head,
+                        };
+                        self.report_reconciliation(grant, facts)?;
                     }
                     return Ok(Finish::Reconcile(code));
                 }
@@ -538,6 +570,7 @@ impl Worker {
                         verification: vec![],
                         isolation: Some(done.isolation),
                         captured: Some(done.capture),
+                        reconciliation: None,
                     };
                     self.pending(&cb, grant, &result)?.0
                 }
@@ -850,7 +883,16 @@ impl Worker {
     /// worker paused past its lease while another host took the task over,
     /// left a commit no later attempt could match: REF_CAS_MISMATCH until
     /// the task failed. The multi-host crash matrix found it.)
-    fn commit(&self, env: &Envelope, rid: &str, exec_sha: &str) -> Step<String> {
+    ///
+    /// A branch at neither the expected head nor this commit is returned as
+    /// `Err((commit, head found))` for the caller to settle.
+    #[allow(clippy::type_complexity)]
+    fn commit(
+        &self,
+        env: &Envelope,
+        rid: &str,
+        exec_sha: &str,
+    ) -> Step<Result<String, (String, Option<String>)>> {
         let result = self.read_result(env, rid, Some(exec_sha))?;
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut changes = Vec::new();
@@ -890,9 +932,15 @@ impl Worker {
                 Some(b.expected_branch_oid.as_str())
             }
         };
-        let update = repo
-            .cas_update(&b.target_branch, &oid, expected)
-            .map_err(git_err)?;
+        let update = match repo.cas_update(&b.target_branch, &oid, expected) {
+            Ok(update) => update,
+            Err(GitError::CasMismatch { .. }) => {
+                let observed = repo.branch_head(&b.target_branch).map_err(git_err)?;
+                let _ = std::fs::remove_dir_all(&scratch);
+                return Ok(Err((oid, observed)));
+            }
+            Err(e) => return Err(git_err(e)),
+        };
         tracing::info!(task = %b.task_id, commit = %oid, branch = %b.target_branch, ?update, "governed commit");
         #[cfg(feature = "fault-injection")]
         crate::fault::hit(
@@ -901,7 +949,7 @@ impl Worker {
             &b.task_id,
         );
         let _ = std::fs::remove_dir_all(&scratch);
-        Ok(oid)
+        Ok(Ok(oid))
     }
 
     fn finish_failed(
@@ -923,6 +971,7 @@ impl Worker {
             target_branch: env.binding.target_branch.clone(),
             exec_result_sha256: None,
             failure_code: Some(error.code.as_str().to_owned()),
+            reconciliation: None,
             isolation: evidence.as_ref().map(|e| e.isolation.clone()),
             captured: None,
             verification: evidence.map(|e| e.verification).unwrap_or_default(),
@@ -1038,15 +1087,23 @@ impl Worker {
                 observed_head: observed.map(str::to_owned),
             }),
         )?;
-        self.report_reconciliation(grant)?;
+        self.report_reconciliation(
+            grant,
+            BranchFacts {
+                commit_oid: commit.to_owned(),
+                observed_head: observed.map(str::to_owned),
+            },
+        )?;
         Ok(Finish::Reconcile(Code::RECONCILIATION_REQUIRED))
     }
 
-    /// Sends the failed result of an attempt that needs reconciliation:
-    /// derived from the grant alone, under the attempt's result key, so a
-    /// resend is an idempotent replay. A refusal (the lease is gone) is
-    /// logged; the journal keeps the observed head either way.
-    fn report_reconciliation(&self, grant: &Grant) -> Step<()> {
+    /// Sends the failed result of an attempt that needs reconciliation,
+    /// carrying what the worker saw of the branch (the supervisor opens a
+    /// case from it): derived from the grant and the journal's record
+    /// alone, under the attempt's result key, so a resend is an idempotent
+    /// replay. A refusal (the lease is gone) is logged; the journal keeps
+    /// the observed head either way.
+    fn report_reconciliation(&self, grant: &Grant, facts: BranchFacts) -> Step<()> {
         let env = &grant.envelope;
         let task = &env.binding.task_id;
         let result = TaskResult {
@@ -1060,6 +1117,7 @@ impl Worker {
             exec_result_sha256: None,
             failure_code: Some(Code::RECONCILIATION_REQUIRED.as_str().to_owned()),
             verification: vec![],
+            reconciliation: Some(facts),
             isolation: None,
             captured: None,
         };

@@ -13,6 +13,7 @@
 //! The worker never runs task code: the executor does, on the other side of
 //! the spool. The worker verifies every digest of what comes back.
 
+pub mod adopt;
 pub mod attempt;
 pub mod bus;
 #[cfg(feature = "fault-injection")]

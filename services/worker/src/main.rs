@@ -359,6 +359,7 @@ fn fail_refused_claim(
         exec_result_sha256: None,
         failure_code: Some(error.code.as_str().to_owned()),
         verification: vec![],
+        reconciliation: None,
         isolation: None,
         captured: None,
     };
@@ -402,6 +403,7 @@ fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Dur
                             attempt: claim.attempt,
                             lease: LeaseRef::of(&claim),
                             envelope,
+                            resumed: false,
                         };
                         report(&grant, worker.run(&grant));
                     }
@@ -411,7 +413,14 @@ fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Dur
                     }
                 }
             }
-            Ok(None) => wakeup.wait_past(seen, poll),
+            Ok(None) => {
+                // Idle: check the cases an administrator chose to adopt
+                // (each settled one may be followed by another at once).
+                while !stopping.load(Ordering::SeqCst) && worker.check_adoption() {
+                    worker.progress().beat();
+                }
+                wakeup.wait_past(seen, poll)
+            }
             Err(e) if is_transient(e.code) => {
                 tracing::warn!("claim failed: {e}");
                 std::thread::sleep(backoff);

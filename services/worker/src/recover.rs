@@ -84,6 +84,7 @@ pub fn resumable(worker: &Worker) -> Result<Vec<Grant>, Error> {
                         lease_token,
                     },
                     envelope,
+                    resumed: true,
                 });
             }
             (lease, envelope) => {

@@ -17,6 +17,7 @@
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::Code;
+use airlock_proto::reconcile::{CaseStatus, ReconciliationCase, Resolution, ResolveRequest};
 use airlock_proto::task::{TaskState, TaskView};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -410,6 +411,110 @@ fn a_branch_moved_behind_the_workers_back_needs_reconciliation() {
         other,
         "the worker does not move the branch back"
     );
+
+    // The supervisor holds the case: the commit made and the head seen.
+    let case = s.client.get_reconciliation("moved-ref").unwrap();
+    assert_eq!(
+        (
+            case.status,
+            case.commit_oid.as_str(),
+            case.observed_head.as_deref()
+        ),
+        (CaseStatus::Open, made.as_str(), Some(other.as_str()))
+    );
+    let listed = s.client.list_reconciliations("open", "", 0).unwrap();
+    assert_eq!(listed.cases, vec![case.clone()]);
+
+    // The branch moves again before the administrator's adoption is
+    // checked: the worker finds another head, and the case opens again
+    // with it (RECONCILIATION_HEAD_MOVED); the task stays FAILED.
+    move_ref(&repo, "agent/moved-ref", &made, &other);
+    let req = ResolveRequest::about(&case, Resolution::Adopt, "main is fine", None);
+    let out = s.client.resolve_reconciliation(&req).unwrap();
+    assert_eq!(out.status, CaseStatus::Adopting);
+    let case = s.case_settled("moved-ref");
+    assert_eq!(
+        (
+            case.status,
+            case.observed_head.as_deref(),
+            case.last_refusal.as_deref()
+        ),
+        (
+            CaseStatus::Open,
+            Some(made.as_str()),
+            Some(Code::RECONCILIATION_HEAD_MOVED.as_str())
+        )
+    );
+    assert_eq!(
+        s.client.get_task("moved-ref").unwrap().state,
+        TaskState::Failed
+    );
+    // The administrator's earlier request is answered from its slot, and
+    // the same view cannot be resolved again (the case changed).
+    assert!(s.client.resolve_reconciliation(&req).unwrap().idempotent);
+    // Adopting the head now seen: the worker finds the branch still there
+    // and descending from the task's base; the task SUCCEEDED with it.
+    let req = ResolveRequest::about(&case, Resolution::Adopt, "the attempt's own commit", None);
+    s.client.resolve_reconciliation(&req).unwrap();
+    let case = s.case_settled("moved-ref");
+    assert_eq!(case.status, CaseStatus::Adopted);
+    let v = s.client.get_task("moved-ref").unwrap();
+    assert_eq!(v.state, TaskState::Succeeded);
+    let record = v.verification.unwrap();
+    assert_eq!(
+        (record["decision"].as_str(), record["commit_oid"].as_str()),
+        (Some("ADOPTED"), Some(made.as_str()))
+    );
+    let actions = s.actions("moved-ref");
+    for (action, times) in [
+        ("TASK_RECONCILIATION_OPENED:allowed", 1),
+        ("TASK_RECONCILIATION_RESOLVED:allowed", 2),
+        ("TASK_RECONCILIATION_ADOPTED:denied", 1),
+        ("TASK_RECONCILIATION_ADOPTED:allowed", 1),
+        ("TASK_RESULT_SUBMITTED:allowed", 1),
+    ] {
+        assert_eq!(
+            actions.iter().filter(|a| *a == action).count(),
+            times,
+            "{action}: {actions:?}"
+        );
+    }
+    assert_eq!(
+        git(&repo, &["rev-parse", "refs/heads/agent/moved-ref"]),
+        made,
+        "adoption never moves the ref"
+    );
+}
+
+/// Moves `branch` from `from` to `to` behind the worker's back.
+fn move_ref(repo: &Path, branch: &str, to: &str, from: &str) {
+    let out = Command::new("git")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(repo)
+        .args(["update-ref", &format!("refs/heads/{branch}"), to, from])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+impl Stack {
+    /// Waits for the worker's check of an adoption (it looks when idle,
+    /// every poll interval).
+    fn case_settled(&self, task: &str) -> ReconciliationCase {
+        let t = Instant::now();
+        loop {
+            let case = self.client.get_reconciliation(task).unwrap();
+            if case.status != CaseStatus::Adopting {
+                return case;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the adoption of {task} is still unchecked after 20 s; the worker's log ends:\n{}",
+                airlock_local::fleet::tail(&self.suite.layout.logs().join("worker.log"), 30)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 #[test]

@@ -491,8 +491,12 @@ impl<B: Backend> Store<B> {
                     automatic = true;
                     // Another attempt cannot help a task whose repository
                     // is gone: it fails now, with its code.
-                    let retryable = result.failure_code.as_deref()
-                        != Some(Code::REPOSITORY_NOT_REGISTERED.as_str());
+                    // Nor one whose branch moved behind the worker's back:
+                    // an administrator settles it (a reconciliation case).
+                    let retryable = !matches!(
+                        result.failure_code.as_deref().and_then(Code::from_name),
+                        Some(Code::REPOSITORY_NOT_REGISTERED | Code::RECONCILIATION_REQUIRED)
+                    );
                     row.status = if retryable && row.has_attempts_left() {
                         TaskState::Queued
                     } else {
@@ -533,6 +537,9 @@ impl<B: Backend> Store<B> {
                     "revision": row.revision,
                 }),
             )?;
+            if let Some(facts) = &result.reconciliation {
+                super::reconcile::open_case(tx, &row, facts, worker)?;
+            }
             Ok(ResultReceipt {
                 task: row.view()?,
                 idempotent: false,

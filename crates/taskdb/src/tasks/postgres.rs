@@ -39,7 +39,7 @@
 use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
 use super::tx::{
     Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension,
-    NewResult, NewTask, StoredDecision, StoredExtension, Tx,
+    NewResolution, NewResult, NewTask, StoredDecision, StoredExtension, Tx,
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
@@ -1041,6 +1041,96 @@ impl Tx for PgTx<'_, '_> {
             .map_err(|e| pg_error("looking up a decision", e))
     }
 
+    fn case_json(&mut self, task_id: &str, attempt: Option<u32>) -> StoreResult<Option<String>> {
+        let attempt = attempt.map(i64::from);
+        let rows = self.query(
+            "reading a reconciliation case",
+            "SELECT case_json FROM reconciliations WHERE task_id = $1 \
+             AND ($2::bigint IS NULL OR attempt = $2) ORDER BY attempt DESC LIMIT 1",
+            &[&task_id, &attempt],
+        )?;
+        rows.first()
+            .map(|r| r.try_get(0))
+            .transpose()
+            .map_err(|e| pg_error("reading a reconciliation case", e))
+    }
+
+    fn put_case(
+        &mut self,
+        task_id: &str,
+        attempt: u32,
+        status: &str,
+        case_json: &str,
+    ) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "storing a reconciliation case",
+            "INSERT INTO reconciliations (task_id, attempt, status, case_json, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (task_id, attempt) DO UPDATE SET \
+             status = excluded.status, case_json = excluded.case_json, \
+             updated_at_ms = excluded.updated_at_ms",
+            &[&task_id, &i64::from(attempt), &status, &case_json, &now],
+        )?;
+        Ok(())
+    }
+
+    fn cases(
+        &mut self,
+        status: Option<&str>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<String>> {
+        let rows = self.query(
+            "listing reconciliation cases",
+            "SELECT case_json FROM reconciliations WHERE ($1::text IS NULL OR status = $1) \
+             AND ($2::text IS NULL OR task_id > $2) ORDER BY task_id, attempt LIMIT $3",
+            &[&status, &after_task_id, &i64::from(limit)],
+        )?;
+        rows.iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(|e| pg_error("listing reconciliation cases", e))
+    }
+
+    fn resolution(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>> {
+        let rows = self.query(
+            "looking up a resolution",
+            "SELECT request_sha256, outcome_json FROM reconciliation_resolutions \
+             WHERE task_id = $1 AND idempotency_key = $2",
+            &[&task_id, &key],
+        )?;
+        rows.first()
+            .map(|r| {
+                Ok(StoredDecision {
+                    request_sha256: r.try_get(0)?,
+                    outcome_json: r.try_get(1)?,
+                })
+            })
+            .transpose()
+            .map_err(|e| pg_error("looking up a resolution", e))
+    }
+
+    fn insert_resolution(&mut self, r: &NewResolution<'_>) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "recording a resolution",
+            "INSERT INTO reconciliation_resolutions (task_id, idempotency_key, request_sha256, \
+             attempt, resolution, outcome_json, actor_name, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[
+                &r.task_id,
+                &r.idempotency_key,
+                &r.request_sha256,
+                &r.attempt,
+                &r.resolution,
+                &r.outcome_json,
+                &r.actor_name,
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
+
     fn insert_decision(&mut self, d: &NewDecision<'_>) -> StoreResult<()> {
         let now = self.now;
         self.execute(
@@ -1090,7 +1180,44 @@ pub const MIGRATIONS: &[PgMigration] = &[
         version: 3,
         sql: V3,
     },
+    PgMigration {
+        version: 4,
+        sql: V4,
+    },
 ];
+
+/// Version 4: reconciliation cases and their resolutions (the SQLite
+/// store's version 5). Existing rows are unchanged; the supervisor's role
+/// may rewrite a case but only read and insert resolutions.
+const V4: &str = r#"
+CREATE TABLE reconciliations (
+    task_id       text   NOT NULL REFERENCES tasks (task_id),
+    attempt       bigint NOT NULL,
+    status        text   NOT NULL CHECK (status IN ('open', 'adopting', 'adopted', 'failed')),
+    case_json     text   NOT NULL,
+    updated_at_ms bigint NOT NULL,
+    PRIMARY KEY (task_id, attempt)
+);
+CREATE INDEX reconciliations_by_status ON reconciliations (status, task_id);
+CREATE TABLE reconciliation_resolutions (
+    task_id         text   NOT NULL REFERENCES tasks (task_id),
+    idempotency_key text   NOT NULL,
+    request_sha256  text   NOT NULL,
+    attempt         bigint NOT NULL,
+    resolution      text   NOT NULL,
+    outcome_json    text   NOT NULL,
+    actor_name      text   NOT NULL,
+    created_at_ms   bigint NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+CREATE TRIGGER reconciliation_resolutions_append_only BEFORE UPDATE OR DELETE
+    ON reconciliation_resolutions FOR EACH ROW EXECUTE FUNCTION airlock_append_only();
+CREATE TRIGGER reconciliation_resolutions_no_truncate BEFORE TRUNCATE
+    ON reconciliation_resolutions FOR EACH STATEMENT EXECUTE FUNCTION airlock_append_only();
+REVOKE ALL ON reconciliations, reconciliation_resolutions FROM PUBLIC;
+GRANT SELECT, INSERT, UPDATE ON reconciliations TO airlock_supervisor;
+GRANT SELECT, INSERT ON reconciliation_resolutions TO airlock_supervisor;
+"#;
 
 /// Version 3: the planner agents' restart-policy records (the SQLite
 /// store's version 4), one row per agent name, rewritten on every change;
@@ -1120,6 +1247,8 @@ const TRIGGERS: &[&str] = &[
     "task_retry_extensions_no_truncate",
     "task_decisions_append_only",
     "task_decisions_no_truncate",
+    "reconciliation_resolutions_append_only",
+    "reconciliation_resolutions_no_truncate",
     "tasks_notify",
 ];
 

@@ -21,7 +21,42 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 4,
         sql: V4,
     },
+    Migration {
+        version: 5,
+        sql: V5,
+    },
 ];
+
+/// Version 5: reconciliation cases (one row per task and attempt whose
+/// branch moved, rewritten as the case moves; the history is in `events`)
+/// and administrators' resolutions of them in an append-only slot, one per
+/// `(task_id, idempotency_key)`. Existing rows are unchanged.
+const V5: &str = r#"
+CREATE TABLE reconciliations (
+    task_id       TEXT    NOT NULL REFERENCES tasks (task_id),
+    attempt       INTEGER NOT NULL,
+    status        TEXT    NOT NULL CHECK (status IN ('open', 'adopting', 'adopted', 'failed')),
+    case_json     TEXT    NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (task_id, attempt)
+);
+CREATE INDEX reconciliations_by_status ON reconciliations (status, task_id);
+CREATE TABLE reconciliation_resolutions (
+    task_id         TEXT    NOT NULL REFERENCES tasks (task_id),
+    idempotency_key TEXT    NOT NULL,
+    request_sha256  TEXT    NOT NULL,
+    attempt         INTEGER NOT NULL,
+    resolution      TEXT    NOT NULL,
+    outcome_json    TEXT    NOT NULL,
+    actor_name      TEXT    NOT NULL,
+    created_at_ms   INTEGER NOT NULL,
+    PRIMARY KEY (task_id, idempotency_key)
+);
+CREATE TRIGGER reconciliation_resolutions_no_update BEFORE UPDATE ON reconciliation_resolutions
+BEGIN SELECT RAISE(ABORT, 'resolutions are append-only'); END;
+CREATE TRIGGER reconciliation_resolutions_no_delete BEFORE DELETE ON reconciliation_resolutions
+BEGIN SELECT RAISE(ABORT, 'resolutions are append-only'); END;
+"#;
 
 /// Version 3: admin decisions (Verify, CancelTask) in their own
 /// append-only slot, one per `(task_id, idempotency_key)`, with the answer

@@ -10,7 +10,7 @@ use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
 use super::schema;
 use super::tx::{
     Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension,
-    NewResult, NewTask, StoredDecision, StoredExtension, Tx,
+    NewResolution, NewResult, NewTask, StoredDecision, StoredExtension, Tx,
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
@@ -561,6 +561,95 @@ impl Tx for SqliteTx<'_> {
             )
             .optional()
             .map_err(|e| StoreError::sqlite("looking up a decision", e))
+    }
+
+    fn case_json(&mut self, task_id: &str, attempt: Option<u32>) -> StoreResult<Option<String>> {
+        self.conn
+            .query_row(
+                "SELECT case_json FROM reconciliations WHERE task_id = ?1 \
+                 AND (?2 IS NULL OR attempt = ?2) ORDER BY attempt DESC LIMIT 1",
+                params![task_id, attempt],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("reading a reconciliation case", e))
+    }
+
+    fn put_case(
+        &mut self,
+        task_id: &str,
+        attempt: u32,
+        status: &str,
+        case_json: &str,
+    ) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO reconciliations (task_id, attempt, status, case_json, updated_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (task_id, attempt) DO UPDATE SET \
+                 status = excluded.status, case_json = excluded.case_json, \
+                 updated_at_ms = excluded.updated_at_ms",
+                params![task_id, attempt, status, case_json, self.now],
+            )
+            .map_err(|e| StoreError::sqlite("storing a reconciliation case", e))?;
+        Ok(())
+    }
+
+    fn cases(
+        &mut self,
+        status: Option<&str>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<String>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT case_json FROM reconciliations WHERE (?1 IS NULL OR status = ?1) \
+                 AND (?2 IS NULL OR task_id > ?2) ORDER BY task_id, attempt LIMIT ?3",
+            )
+            .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))?;
+        let rows = stmt
+            .query_map(params![status, after_task_id, limit], |r| r.get(0))
+            .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))?;
+        rows.collect::<Result<Vec<String>, _>>()
+            .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))
+    }
+
+    fn resolution(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>> {
+        self.conn
+            .query_row(
+                "SELECT request_sha256, outcome_json FROM reconciliation_resolutions \
+                 WHERE task_id = ?1 AND idempotency_key = ?2",
+                params![task_id, key],
+                |r| {
+                    Ok(StoredDecision {
+                        request_sha256: r.get(0)?,
+                        outcome_json: r.get(1)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("looking up a resolution", e))
+    }
+
+    fn insert_resolution(&mut self, r: &NewResolution<'_>) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO reconciliation_resolutions (task_id, idempotency_key, \
+                 request_sha256, attempt, resolution, outcome_json, actor_name, created_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    r.task_id,
+                    r.idempotency_key,
+                    r.request_sha256,
+                    r.attempt,
+                    r.resolution,
+                    r.outcome_json,
+                    r.actor_name,
+                    self.now,
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("recording a resolution", e))?;
+        Ok(())
     }
 
     fn insert_decision(&mut self, d: &NewDecision<'_>) -> StoreResult<()> {

@@ -151,6 +151,19 @@ pub struct NewDecision<'a> {
     pub actor_name: &'a str,
 }
 
+/// An administrator's resolution of a reconciliation case to record
+/// (append-only), in its own slot.
+#[derive(Debug)]
+pub struct NewResolution<'a> {
+    pub task_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub request_sha256: &'a str,
+    pub attempt: i64,
+    pub resolution: &'a str,
+    pub outcome_json: &'a str,
+    pub actor_name: &'a str,
+}
+
 /// A transaction in progress. Everything it does commits together or not
 /// at all; `now` is the store's time, fixed when the transaction began.
 pub trait Tx {
@@ -194,6 +207,29 @@ pub trait Tx {
     fn decision(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>>;
     /// Records a decision.
     fn insert_decision(&mut self, d: &NewDecision<'_>) -> StoreResult<()>;
+    /// The reconciliation case of `(task_id, attempt)` as JSON, or the
+    /// task's latest case when `attempt` is `None`.
+    fn case_json(&mut self, task_id: &str, attempt: Option<u32>) -> StoreResult<Option<String>>;
+    /// Inserts or rewrites the case of `(task_id, attempt)`.
+    fn put_case(
+        &mut self,
+        task_id: &str,
+        attempt: u32,
+        status: &str,
+        case_json: &str,
+    ) -> StoreResult<()>;
+    /// Cases as JSON in `(task_id, attempt)` order, of tasks after
+    /// `after_task_id`, only those in `status` when given.
+    fn cases(
+        &mut self,
+        status: Option<&str>,
+        after_task_id: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<String>>;
+    /// The resolution stored under `(task_id, key)`.
+    fn resolution(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>>;
+    /// Records a resolution (append-only).
+    fn insert_resolution(&mut self, r: &NewResolution<'_>) -> StoreResult<()>;
     /// The stored policy record of the agent `name` (JSON), if any.
     fn agent_record(&mut self, name: &str) -> StoreResult<Option<String>>;
     /// Stores (inserts or replaces) the policy record of the agent `name`.

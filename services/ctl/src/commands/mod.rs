@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod events;
 pub mod list;
 pub mod propose;
+pub mod reconcile;
 pub mod replan;
 pub mod repo;
 pub mod retry;
@@ -67,6 +68,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Status(a) => status::run(ctx, &client, a).await,
         Command::Retry(a) => retry::run(ctx, &client, a).await,
         Command::Agent(a) => agent::run(ctx, &client, a).await,
+        Command::Reconcile(a) => reconcile::run(ctx, &client, a).await,
         Command::Propose(a) => propose::run(ctx, Some(&client), a).await,
         Command::Capture(a) => capture::run(ctx, Some(&client), a).await,
         Command::Completions(_) | Command::Doctor(_) | Command::Repo(_) => {

@@ -136,6 +136,10 @@ pub fn render(ctx: &Ctx, t: &Value) -> String {
         if let Some(a) = v.get("actor").and_then(Value::as_str) {
             s.push_str(&format!(" (by {a})"));
         }
+        // An adopted head is the task's commit (airlockctl reconcile).
+        if let Some(c) = v.get("commit_oid").and_then(Value::as_str) {
+            s.push_str(&format!(", commit {c}"));
+        }
         rows.push(("Verification", s));
     }
     rows.push(("Created", time_of(&t["created_at_ms"])));

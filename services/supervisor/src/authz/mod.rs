@@ -58,6 +58,8 @@ pub enum Action {
     AgentsRead,
     /// `org.airlock.agents.manage`: StartAgent, StopAgent, ClearHold.
     AgentsManage,
+    /// `org.airlock.reconcile.manage`: ResolveReconciliation.
+    ReconcileManage,
 }
 
 impl Action {
@@ -68,6 +70,7 @@ impl Action {
         Action::Manage,
         Action::AgentsRead,
         Action::AgentsManage,
+        Action::ReconcileManage,
     ];
 
     /// The polkit action id.
@@ -78,6 +81,7 @@ impl Action {
             Action::Manage => "org.airlock.tasks.manage",
             Action::AgentsRead => "org.airlock.agents.read",
             Action::AgentsManage => "org.airlock.agents.manage",
+            Action::ReconcileManage => "org.airlock.reconcile.manage",
         }
     }
 
@@ -89,6 +93,7 @@ impl Action {
             Action::Manage => "manage",
             Action::AgentsRead => "agents-read",
             Action::AgentsManage => "agents-manage",
+            Action::ReconcileManage => "reconcile-manage",
         }
     }
 
@@ -252,6 +257,12 @@ permission!(
     /// `org.airlock.agents.manage`.
     AgentsManage,
     Action::AgentsManage,
+    ActorKind::Admin
+);
+permission!(
+    /// `org.airlock.reconcile.manage`.
+    ReconcileManage,
+    Action::ReconcileManage,
     ActorKind::Admin
 );
 
@@ -621,7 +632,13 @@ mod tests {
             assert_eq!(Action::from_short_name(a.short_name()), Some(*a));
             let id = a.polkit_id();
             assert!(
-                id.starts_with("org.airlock.tasks.") || id.starts_with("org.airlock.agents."),
+                [
+                    "org.airlock.tasks.",
+                    "org.airlock.agents.",
+                    "org.airlock.reconcile."
+                ]
+                .iter()
+                .any(|p| id.starts_with(p)),
                 "{id}"
             );
             let policy = include_str!("../../../../polkit/org.airlock.policy");

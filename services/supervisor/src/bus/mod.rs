@@ -11,6 +11,7 @@ pub mod agents;
 pub mod caller;
 pub mod error;
 pub mod inflight;
+pub mod reconcile;
 pub mod retry;
 pub mod tasks;
 pub mod worker;
@@ -40,6 +41,10 @@ pub mod event {
     pub const TASKS_LISTED: &str = "TASKS_LISTED";
     /// ListEvents.
     pub const EVENTS_READ: &str = "EVENTS_READ";
+    /// ListReconciliations, GetReconciliation.
+    pub const RECONCILIATIONS_READ: &str = "RECONCILIATIONS_READ";
+    /// Worker1.TakeAdoption.
+    pub const ADOPTION_TAKEN: &str = "ADOPTION_TAKEN";
 }
 
 /// Facts the properties report.

@@ -10,6 +10,7 @@ use super::tasks::announce;
 use super::{Shared, event, parse_json, to_json};
 use crate::authz::Worker as WorkerPermission;
 use airlock_proto::bus::ResultReceipt;
+use airlock_proto::reconcile::AdoptionReport;
 use airlock_proto::task::TaskResult;
 use airlock_proto::{Code, Error};
 use std::sync::Arc;
@@ -144,5 +145,68 @@ impl Worker {
             task: receipt.task,
             idempotent: receipt.idempotent,
         })?)
+    }
+
+    /// A reconciliation case an administrator chose to adopt, for the
+    /// worker to check against the ref (`task_id`, `attempt`,
+    /// `repository`, `branch`, `observed_head`, `base_oid`), or `null`.
+    /// Reading it changes nothing.
+    async fn take_adoption(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, BusError> {
+        let ev = event::ADOPTION_TAKEN;
+        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize_peer::<WorkerPermission>(&caller, ev, None)
+            .await?;
+        let check = self.shared.ops.take_adoption(&auth).await?;
+        Ok(to_json(&check)?)
+    }
+
+    /// What the worker found on the ref for an adoption it took
+    /// (`airlock.reconcile::AdoptionReport` JSON). The branch still at the
+    /// head and the head descending from the task's base: the case is
+    /// adopted and the task SUCCEEDED; otherwise the case opens again with
+    /// the head found and the refusal's code. Returns the case as it is now.
+    async fn settle_adoption(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+        report: String,
+    ) -> Result<String, BusError> {
+        let ev = event::TASK_RECONCILIATION_ADOPTED;
+        let task_id = parse_json(&report, "the report")
+            .ok()
+            .and_then(|v| v["task_id"].as_str().map(str::to_owned));
+        let (_call, caller) = self
+            .shared
+            .admit(conn, &hdr, ev, task_id.as_deref())
+            .await?;
+        let auth = self
+            .shared
+            .gate
+            .authorize_peer::<WorkerPermission>(&caller, ev, task_id.as_deref())
+            .await?;
+        let parsed = parse_json(&report, "the report").and_then(|v| {
+            serde_json::from_value::<AdoptionReport>(v)
+                .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("the report: {e}")))
+        });
+        let report = self
+            .shared
+            .checked(&auth, ev, task_id.as_deref(), parsed)
+            .await?;
+        let case = self.shared.ops.settle_adoption(&auth, report).await?;
+        if case.status == airlock_proto::reconcile::CaseStatus::Adopted {
+            if let Ok((state, revision)) = self.shared.ops.signal_facts(case.task_id.clone()).await
+            {
+                announce(&emitter, &case.task_id, state, revision).await;
+            }
+        }
+        Ok(to_json(&case)?)
     }
 }
