@@ -437,6 +437,8 @@ catalogue! {
     AGENT_NOT_FOUND => NotFound, None;
     /// An agent proposed for a repository its [[agent]] table does not list.
     AGENT_REPOSITORY_DENIED => Denied, None;
+    /// An agent tried to replace the plan of a task it did not submit (an agent changes only its own tasks).
+    AGENT_TASK_DENIED => Denied, None;
     /// The agent failed 5 times in a row and is held: nothing restarts it until an operator clears the hold (retryable once cleared).
     AGENTOS_CRASH_LOOP => Unavailable, None;
 
@@ -643,6 +645,7 @@ mod tests {
         assert_eq!(Code::AGENTOS_CRASH_LOOP.http_status(), 503);
         assert!(Code::STORE_UNAVAILABLE.retryable());
         assert!(!Code::AGENT_REPOSITORY_DENIED.retryable());
+        assert!(!Code::AGENT_TASK_DENIED.retryable());
         assert!(!Code::AGENT_NOT_FOUND.retryable());
         assert!(!Code::MESSAGE_INVALID.retryable());
     }

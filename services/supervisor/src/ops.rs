@@ -20,7 +20,9 @@ use airlock_proto::task::{
     ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskSubmission, TaskView,
 };
 use airlock_proto::{Code, Error};
-use airlock_taskdb::tasks::{Event, QueueSummary, ResultReceipt, Submitted, TaskStore};
+use airlock_taskdb::tasks::{
+    Actor, Event, EventOutcome, QueueSummary, ResultReceipt, Submitted, TaskStore, action,
+};
 use airlock_taskdb::{Location, StoreError};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -152,6 +154,36 @@ impl Ops {
         let actor = auth.actor().clone();
         self.store
             .call(move |s| s.replace_plan(&task_id, &plan, &actor))
+            .await
+    }
+
+    /// The repository of task `task_id` and the actor whose submission
+    /// created it (its one allowed `TASK_SUBMITTED` event; `None` if the
+    /// log has none), for limiting a planner agent's ReplacePlan to its
+    /// own tasks. Neither changes once the task exists, so the answer
+    /// cannot go stale before the replacement it guards.
+    pub async fn submission_of(
+        &self,
+        _auth: &Authorized<Submit>,
+        task_id: String,
+    ) -> Result<(String, Option<Actor>), Error> {
+        self.store
+            .call(move |s| {
+                let repository = s.get(&task_id)?.binding.repository;
+                let mut after = 0;
+                loop {
+                    let page = s.events(Some(&task_id), after, airlock_taskdb::tasks::MAX_PAGE)?;
+                    let Some(last) = page.last() else {
+                        return Ok((repository, None));
+                    };
+                    after = last.id;
+                    if let Some(e) = page.into_iter().find(|e| {
+                        e.action == action::TASK_SUBMITTED && e.outcome == EventOutcome::Allowed
+                    }) {
+                        return Ok((repository, Some(e.actor)));
+                    }
+                }
+            })
             .await
     }
 

@@ -396,3 +396,142 @@ async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositorie
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_replaces_only_the_plans_of_its_own_tasks_in_its_repositories() {
+    let out = tempfile::Builder::new()
+        .prefix("airlock-agent-out-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        out.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let ours = "agent-task-demo";
+    let theirs_elsewhere = "human-task-other";
+    let theirs_here = "human-task-demo";
+    // the agent submits its task, waits for the test's go, then replaces
+    // the plan of each task in turn with dbus-send (a child in its
+    // session), writing each reply or error
+    let script = format!(
+        "body=$(cat {dir}/submission.json); \
+         dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
+           org.airlock.Tasks1.SubmitTask \"string:$body\" > {dir}/submit.out 2>&1; \
+         echo $? > {dir}/submit.rc; \
+         while [ ! -e {dir}/go ]; do sleep 0.1; done; \
+         for t in {ours} {theirs_elsewhere} {theirs_here}; do \
+           body=$(cat {dir}/$t.plan); \
+           dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
+             org.airlock.Tasks1.ReplacePlan \"string:$t\" \"string:$body\" > {dir}/$t.out 2>&1; \
+           echo $? > {dir}/$t.rc; \
+         done; exec sleep 600",
+        dir = out.path().display()
+    );
+    let agents = format!(
+        "\n[[agent]]\nname = \"replacer\"\ncommand = [\"/bin/sh\", \"-c\", {script:?}]\nrepositories = [\"demo\"]\n"
+    );
+    std::fs::write(
+        out.path().join("submission.json"),
+        submission(ours).to_string(),
+    )
+    .unwrap();
+    let s = stack_with(
+        &agents,
+        "\n[[repository]]\nname = \"other\"\npath = \"/srv/git/other.git\"\n",
+    )
+    .await;
+    let conn = s.sup.client().await;
+    // a human (not the agent) submits one task in each repository
+    let mut elsewhere = submission(theirs_elsewhere);
+    elsewhere["binding"]["repository"] = "other".into();
+    for sub in [elsewhere, submission(theirs_here)] {
+        call_json(&conn, TASKS, "SubmitTask", &(sub.to_string(),))
+            .await
+            .unwrap();
+    }
+    let read = |n: &str| std::fs::read_to_string(out.path().join(n)).unwrap();
+    let wait_for = |n: &str| {
+        let path = out.path().join(n);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !path.exists() {
+                assert!(Instant::now() < deadline, "the agent never wrote {path:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    wait_for("submit.rc").await;
+    assert_eq!(read("submit.rc").trim(), "0", "{}", read("submit.out"));
+
+    // each replacement names the stored plan's digest: only the owner
+    // check can refuse it
+    let mut before = std::collections::HashMap::new();
+    for t in [ours, theirs_elsewhere, theirs_here] {
+        let view = call_json(&conn, TASKS, "GetTask", &(t,)).await.unwrap();
+        let digest = view["plan_digest"].as_str().unwrap().to_owned();
+        std::fs::write(
+            out.path().join(format!("{t}.plan")),
+            plan(t, 2, Some(&digest)).to_string(),
+        )
+        .unwrap();
+        before.insert(t, view);
+    }
+    std::fs::write(out.path().join("go"), "").unwrap();
+    wait_for(&format!("{theirs_here}.rc")).await;
+
+    // (a) its own task: replaced, attributed to the agent
+    assert_eq!(
+        read(&format!("{ours}.rc")).trim(),
+        "0",
+        "{}",
+        read(&format!("{ours}.out"))
+    );
+    let view = call_json(&conn, TASKS, "GetTask", &(ours,)).await.unwrap();
+    assert_ne!(view["plan_digest"], before[ours]["plan_digest"]);
+    let log = events(&conn).await;
+    let replaced: Vec<&Value> = log
+        .iter()
+        .filter(|e| e["action"] == "TASK_PLAN_REPLACED" && e["outcome"] == "allowed")
+        .collect();
+    assert_eq!(replaced.len(), 1, "{log:?}");
+    assert_eq!(replaced[0]["task_id"], ours);
+    let actor = replaced[0]["actor"]["name"].as_str().unwrap();
+    assert!(actor.starts_with("agent:replacer "), "{actor}");
+
+    // (b) a task of a repository not its own, (c) a human's task of its
+    // repository: refused with the code, recorded as the agent's, nothing
+    // changed
+    for (t, code) in [
+        (theirs_elsewhere, "AGENT_REPOSITORY_DENIED"),
+        (theirs_here, "AGENT_TASK_DENIED"),
+    ] {
+        let rc = read(&format!("{t}.rc"));
+        let o = read(&format!("{t}.out"));
+        assert_ne!(rc.trim(), "0", "{o}");
+        assert!(o.contains(code), "{t}: {o}");
+        let denied: Vec<&Value> = log
+            .iter()
+            .filter(|e| e["task_id"] == t && e["action"] == "TASK_PLAN_REPLACED")
+            .collect();
+        assert_eq!(denied.len(), 1, "{log:?}");
+        assert_eq!(denied[0]["outcome"], "denied");
+        assert_eq!(denied[0]["code"], code);
+        let actor = denied[0]["actor"]["name"].as_str().unwrap();
+        assert!(actor.starts_with("agent:replacer "), "{actor}");
+        let view = call_json(&conn, TASKS, "GetTask", &(t,)).await.unwrap();
+        assert_eq!(view["plan_digest"], before[t]["plan_digest"], "{t}");
+        assert_eq!(view["revision"], before[t]["revision"], "{t}");
+    }
+    // the human who submitted it still replaces it, with the same plan the
+    // agent was refused (its compare-and-swap digest still current)
+    let replaced = call_json(
+        &conn,
+        TASKS,
+        "ReplacePlan",
+        &(theirs_here, read(&format!("{theirs_here}.plan"))),
+    )
+    .await
+    .unwrap();
+    assert_ne!(replaced["plan_digest"], before[theirs_here]["plan_digest"]);
+}

@@ -347,6 +347,18 @@ impl Authorized<Submit> {
     }
 }
 
+/// The planner agent a recorded actor was attributed to by
+/// [`Authorized::attributed_to_agent`], if any. No other actor's name
+/// starts with `agent:`: a bus caller is named `user@:1.42` or
+/// `uid:N@:1.42`, and a user name cannot contain `:`.
+pub fn attributed_agent(actor: &Actor) -> Option<&str> {
+    actor
+        .name
+        .strip_prefix("agent:")?
+        .split_once(' ')
+        .map(|(a, _)| a)
+}
+
 impl<P: Permission> fmt::Debug for Authorized<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Authorized")
@@ -524,6 +536,16 @@ mod tests {
     use super::testing::TestAuthorizer;
     use super::*;
     use airlock_taskdb::tasks::EventOutcome;
+
+    #[test]
+    fn an_attributed_actor_names_its_agent_and_no_other_does() {
+        let planner = Actor::new(ActorKind::Planner, Some(989), "airlock-agent@:1.4");
+        assert_eq!(attributed_agent(&planner), None);
+        let uid_only = Actor::new(ActorKind::Planner, Some(989), "uid:989@:1.4");
+        assert_eq!(attributed_agent(&uid_only), None);
+        let token = Authorized::<Submit>::grant(planner).attributed_to_agent("replacer");
+        assert_eq!(attributed_agent(token.actor()), Some("replacer"));
+    }
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();

@@ -58,6 +58,35 @@ fn submitted_task_id(text: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Whether the planner agent `agent` may change a task of `repository`
+/// that `submitter` submitted: only its own, in one of its repositories.
+fn agents_own_task(
+    agent: &airlock_config::Agent,
+    repository: &str,
+    submitter: Option<airlock_taskdb::tasks::Actor>,
+) -> Result<(), Error> {
+    if !agent.may_propose_for(repository) {
+        return Err(Error::with(
+            Code::AGENT_REPOSITORY_DENIED,
+            format!(
+                "agent {:?} may propose for {:?} only, not {repository:?}",
+                agent.name, agent.repositories
+            ),
+        ));
+    }
+    let by = submitter.as_ref().map(|a| a.name.as_str()).unwrap_or("");
+    if submitter.as_ref().and_then(crate::authz::attributed_agent) != Some(agent.name.as_str()) {
+        return Err(Error::with(
+            Code::AGENT_TASK_DENIED,
+            format!(
+                "agent {:?} may replace the plans of its own tasks only; this one was submitted by {by:?}",
+                agent.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Tasks {
     /// Verify and CancelTask: one decision path, the method fixing which
     /// decisions it takes (CancelTask only `cancel`, Verify every other).
@@ -168,7 +197,10 @@ impl Tasks {
     /// Replaces a QUEUED task's plan. The plan must name the digest of the
     /// plan it replaces in `expected_previous_plan_digest` (compare and
     /// swap); the stored plan again is an idempotent replay. Returns the
-    /// task. Needs `org.airlock.tasks.submit`.
+    /// task. Needs `org.airlock.tasks.submit`. A planner agent's process
+    /// is named as the agent and may replace only the plan of a task it
+    /// submitted, in one of its repositories (`AGENT_REPOSITORY_DENIED`,
+    /// `AGENT_TASK_DENIED`).
     async fn replace_plan(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -184,6 +216,26 @@ impl Tasks {
             .gate
             .authorize::<Submit>(&caller, ev, Some(&task_id))
             .await?;
+        // A planner agent's process is named as the agent, and may replace
+        // only the plan of a task it submitted itself, in one of its
+        // repositories; checked before the plan is read, and a refusal
+        // changes nothing.
+        let agent = self.shared.agent_of(&caller).await;
+        let auth = match &agent {
+            Some(a) => auth.attributed_to_agent(&a.name),
+            None => auth,
+        };
+        if let Some(a) = &agent {
+            let owned = self
+                .shared
+                .ops
+                .submission_of(&auth, task_id.clone())
+                .await
+                .and_then(|(repository, submitter)| agents_own_task(a, &repository, submitter));
+            self.shared
+                .checked(&auth, ev, Some(&task_id), owned)
+                .await?;
+        }
         let parsed = parse_json(&plan, "the plan").and_then(|v| PlanRequest::from_value(&v));
         let plan = self
             .shared
