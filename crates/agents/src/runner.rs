@@ -117,6 +117,8 @@ pub struct AgentHandle {
     tx: mpsc::Sender<Request>,
     record: watch::Receiver<AgentRecord>,
     session: watch::Receiver<Option<u32>>,
+    starting: watch::Receiver<bool>,
+    call_timeout: Duration,
     shutdown: watch::Sender<bool>,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -136,6 +138,17 @@ impl AgentHandle {
     /// (`None` unless it is STARTING or RUNNING).
     pub fn session(&self) -> Option<u32> {
         *self.session.borrow()
+    }
+
+    /// Waits until no start of the agent awaits its driver's answer (at
+    /// most the call timeout, which ends such a start anyway). The driver
+    /// spawns the agent before it answers with the session, so a process
+    /// of a starting agent can call before [`Self::session`] knows it;
+    /// once this returns, every start begun earlier has set its session.
+    pub async fn start_settled(&self) {
+        let mut starting = self.starting.clone();
+        let settled = starting.wait_for(|s| !*s);
+        let _ = tokio::time::timeout(self.call_timeout, settled).await;
     }
 
     /// A receiver that sees every stored change.
@@ -185,7 +198,9 @@ pub fn spawn<D: Driver, S: RecordStore>(
     let (tx, rx) = mpsc::channel(16);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (session_tx, session_rx) = watch::channel(None);
+    let (starting_tx, starting_rx) = watch::channel(false);
     let name = agent.name.clone();
+    let call_timeout = options.call_timeout;
     let mut runner = Runner {
         agent,
         driver,
@@ -196,6 +211,7 @@ pub fn spawn<D: Driver, S: RecordStore>(
         record,
         watch: watch_tx,
         session: session_tx,
+        starting: starting_tx,
     };
     let task = tokio::spawn(async move {
         runner.apply(first).await;
@@ -206,6 +222,8 @@ pub fn spawn<D: Driver, S: RecordStore>(
         tx,
         record: watch_rx,
         session: session_rx,
+        starting: starting_rx,
+        call_timeout,
         shutdown,
         task: tokio::sync::Mutex::new(Some(task)),
     })
@@ -221,6 +239,8 @@ struct Runner<D, S> {
     record: AgentRecord,
     watch: watch::Sender<AgentRecord>,
     session: watch::Sender<Option<u32>>,
+    /// True while a start awaits the driver's answer.
+    starting: watch::Sender<bool>,
 }
 
 impl<D: Driver, S: RecordStore> Runner<D, S> {
@@ -332,11 +352,16 @@ impl<D: Driver, S: RecordStore> Runner<D, S> {
 
     async fn start(&self) -> Input {
         let timeout = self.options.call_timeout;
-        match tokio::time::timeout(timeout, self.driver.start(&self.agent)).await {
-            Ok(Ok(session)) => {
-                self.session.send_replace(session);
-                Input::Started
-            }
+        // Raised before the driver spawns anything, lowered only after the
+        // session is known: see AgentHandle::start_settled.
+        self.starting.send_replace(true);
+        let answer = tokio::time::timeout(timeout, self.driver.start(&self.agent)).await;
+        if let Ok(Ok(session)) = &answer {
+            self.session.send_replace(*session);
+        }
+        self.starting.send_replace(false);
+        match answer {
+            Ok(Ok(_)) => Input::Started,
             Ok(Err(e)) => Input::StartFailed(Exit {
                 reason: format!("start failed: {e}"),
                 ..Exit::default()

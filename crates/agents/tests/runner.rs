@@ -389,3 +389,74 @@ async fn crash_loop_a_hold_survives_a_restart_of_the_supervisor() {
     assert_eq!(fake.calls("start").len(), starts);
     h.drain().await;
 }
+
+/// A driver whose start answers the session 4242 only once the gate
+/// opens, as the process driver answers only after it spawned the agent:
+/// meanwhile the agent may already be calling the supervisor.
+struct Gated {
+    gate: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Driver for Gated {
+    async fn start(&self, _agent: &Agent) -> Result<Option<u32>, DriverError> {
+        let mut gate = self.gate.clone();
+        let _ = gate.wait_for(|open| *open).await;
+        Ok(Some(4242))
+    }
+
+    async fn probe(&self, _name: &str) -> Result<Liveness, DriverError> {
+        Ok(Liveness::Alive)
+    }
+
+    async fn stop(&self, _name: &str) -> Result<(), DriverError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_settled_waits_for_a_start_in_flight_until_its_session_is_known() {
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let h = runner::spawn(
+        agent(),
+        Arc::new(Gated { gate }),
+        Arc::new(MemoryStore::default()),
+        Arc::new(TokioClock::new(EPOCH)),
+        options(),
+        quiet(),
+    )
+    .unwrap();
+    // the start is in flight: the agent may run, its session is not known
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.session(), None);
+    let opener = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        open.send_replace(true);
+    });
+    // what the supervisor does for a caller it does not recognise
+    h.start_settled().await;
+    assert_eq!(h.session(), Some(4242));
+    opener.await.unwrap();
+    assert_eq!(until(&h, Status::Running).await.status, Status::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_settled_waits_for_a_hung_start_until_the_runner_gives_it_up() {
+    let (_never, gate) = tokio::sync::watch::channel(false);
+    let h = runner::spawn(
+        agent(),
+        Arc::new(Gated { gate }),
+        Arc::new(MemoryStore::default()),
+        Arc::new(TokioClock::new(EPOCH)),
+        options(),
+        quiet(),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let began = tokio::time::Instant::now();
+    h.start_settled().await;
+    // it waited for the start in flight, until the runner gave it up
+    let waited = began.elapsed();
+    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
+    assert!(waited <= options().call_timeout, "{waited:?}");
+    assert_eq!(h.session(), None);
+}

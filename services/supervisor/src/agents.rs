@@ -188,14 +188,30 @@ impl Agents {
     /// The configured agent the process `pid` belongs to: under systemd,
     /// the agent whose unit `GetUnitByPID` names (whatever its record says:
     /// every process of an agent's unit is that agent); otherwise the
-    /// running agent whose session the process is in.
+    /// running agent whose session the process is in, once no start is
+    /// awaiting its session (so a process of an agent that calls before
+    /// its start was answered is still recognised).
     pub async fn attribute(&self, pid: u32) -> Option<&Agent> {
         match &self.units {
             Some(units) => {
                 let name = units.agent_of_pid(pid).await?;
                 self.config(&name)
             }
-            None => self.by_session(session_of(pid)?),
+            None => {
+                let session = session_of(pid)?;
+                if let Some(agent) = self.by_session(session) {
+                    return Some(agent);
+                }
+                // The caller may be a process of an agent whose start has
+                // not been answered yet (the driver spawns, then answers
+                // with the session): wait for the starts in flight, then
+                // look again.
+                futures_util::future::join_all(
+                    self.agents.values().map(|(_, h)| h.start_settled()),
+                )
+                .await;
+                self.by_session(session)
+            }
         }
     }
 
