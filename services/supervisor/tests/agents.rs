@@ -285,6 +285,7 @@ async fn the_agent_host_answers_the_supervisors_uid_only() {
         "{text}"
     );
     assert_eq!(get(&conn, "sleeper").await.state, "RUNNING");
+    stop_agent(&conn, "sleeper").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,6 +396,17 @@ async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositorie
         !e["actor"]["name"].as_str().unwrap().starts_with("agent:"),
         "{e}"
     );
+    // the agent's process ends with the test (agents under this host
+    // outlive a killed supervisor and count against RLIMIT_NPROC)
+    stop_agent(&conn, "submitter").await;
+}
+
+/// Stops `name` (its process group killed by the process driver).
+async fn stop_agent(conn: &Connection, name: &str) {
+    let stopped = call_json(conn, AGENTS, "StopAgent", &(name,))
+        .await
+        .unwrap();
+    assert_eq!(stopped["state"], "STOPPED");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -534,4 +546,5 @@ async fn an_agent_replaces_only_the_plans_of_its_own_tasks_in_its_repositories()
     .await
     .unwrap();
     assert_ne!(replaced["plan_digest"], before[theirs_here]["plan_digest"]);
+    stop_agent(&conn, "replacer").await;
 }
