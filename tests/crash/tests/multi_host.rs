@@ -301,7 +301,15 @@ fn three_hosts_share_one_postgresql_queue_under_faults() {
             let offset = file_len(&log);
             stacks[h].restart("worker", &[("AIRLOCK_FAULT_STOP_AT", "result_pending")]);
             let deadline = Instant::now() + Duration::from_secs(60);
+            // The other hosts may have claimed every queued task by the
+            // time the armed worker polls: one more task every 2 s gives it
+            // work to claim (each is followed to its end like the others).
+            let mut next_feed = Instant::now() + Duration::from_secs(2);
             let task = loop {
+                if Instant::now() >= next_feed {
+                    submit(&stacks, &mut tasks, 1);
+                    next_feed = Instant::now() + Duration::from_secs(2);
+                }
                 let text = log_since(&log, offset);
                 if let Some(t) = text.lines().find_map(|l| {
                     l.split_once("fault injection: SIGSTOP at result_pending task ")
