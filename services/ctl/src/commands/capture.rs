@@ -7,8 +7,7 @@
 
 use crate::client::{Client, CtlError, shown};
 use crate::output::Ctx;
-use airlock_client::builder::{Built, Proposal, SourceRepo};
-use airlock_proto::Code;
+use airlock_client::builder::{Built, Proposal};
 use airlock_proto::limits::DEFAULT_MAX_ATTEMPTS;
 use airlock_proto::task::{Outcome, TaskState};
 use std::path::PathBuf;
@@ -61,20 +60,7 @@ pub struct Args {
 
 /// Builds the task (no bus needed).
 pub fn build(args: &Args) -> Result<Built, CtlError> {
-    let config = airlock_config::Config::load(&args.config)
-        .map_err(|e| CtlError::local(Code::CONFIG_INVALID, e.to_string()))?;
-    let registered = config.repository(&args.repo).ok_or_else(|| {
-        CtlError::local(
-            Code::REPOSITORY_NOT_REGISTERED,
-            format!(
-                "{:?} is not registered in {} (registered: {})",
-                args.repo,
-                args.config.display(),
-                config.repository_names().join(", ")
-            ),
-        )
-    })?;
-    let repo = SourceRepo::open(&registered.path)?;
+    let (_, repo) = super::propose::registered_repo(&args.config, &args.repo)?;
     let mut proposal = Proposal::new(&args.repo, &args.base);
     proposal.task_id = args.task_id.clone();
     proposal.max_attempts = args.max_attempts;

@@ -76,22 +76,32 @@ pub struct Args {
     pub config: PathBuf,
 }
 
-/// Builds the task (no bus needed).
-pub fn build(args: &Args) -> Result<Built, CtlError> {
-    let config = airlock_config::Config::load(&args.config)
+/// The configuration at `config_path` and the registered repository
+/// `name` opened read-only: what every task builder starts from.
+pub(crate) fn registered_repo(
+    config_path: &std::path::Path,
+    name: &str,
+) -> Result<(airlock_config::Config, SourceRepo), CtlError> {
+    let config = airlock_config::Config::load(config_path)
         .map_err(|e| CtlError::local(Code::CONFIG_INVALID, e.to_string()))?;
-    let registered = config.repository(&args.repo).ok_or_else(|| {
+    let registered = config.repository(name).ok_or_else(|| {
         CtlError::local(
             Code::REPOSITORY_NOT_REGISTERED,
             format!(
                 "{:?} is not registered in {} (registered: {})",
-                args.repo,
-                args.config.display(),
+                name,
+                config_path.display(),
                 config.repository_names().join(", ")
             ),
         )
     })?;
     let repo = SourceRepo::open(&registered.path)?;
+    Ok((config, repo))
+}
+
+/// Builds the task (no bus needed).
+pub fn build(args: &Args) -> Result<Built, CtlError> {
+    let (config, repo) = registered_repo(&args.config, &args.repo)?;
     let mut proposal = Proposal::new(&args.repo, &args.base);
     proposal.task_id = args.task_id.clone();
     proposal.branch = args.branch.clone();
