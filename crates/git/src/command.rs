@@ -18,8 +18,13 @@ const HARDENING: &[&str] = &[
     "core.askPass=/bin/false",  // no credential prompts
     "credential.helper=",       // no credential helpers
     "core.pager=cat",           // no pager
-    "safe.directory=*",         // the worker reads repos it does not own
 ];
+
+/// Configuration that makes what git writes durable before git exits:
+/// loose objects, packs and their indexes, and references are fsynced
+/// (git syncs neither objects nor refs by default), so a checkpoint that
+/// records a commit or a ref never outlives it across a power loss.
+const DURABILITY: &[&str] = &["core.fsync=all", "core.fsyncMethod=fsync"];
 
 /// Picks the system git: Debian's first, then a local build.
 pub fn default_program() -> PathBuf {
@@ -30,16 +35,63 @@ pub fn default_program() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/bin/git"))
 }
 
-/// A git program bound to one bare repository.
+/// A git program bound to one repository: `GIT_DIR` names it (git never
+/// discovers a repository by walking up from a directory), and only that
+/// repository is named in `safe.directory` — never a wildcard.
 #[derive(Debug, Clone)]
 pub struct Git {
     program: PathBuf,
     repo: PathBuf,
+    work_tree: Option<PathBuf>,
+}
+
+/// The environment and configuration every git run starts from: a clean
+/// environment, no system or global configuration, the hardening and the
+/// durability settings. No repository is named yet.
+pub(crate) fn hardened(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C")
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .env("GIT_NO_REPLACE_OBJECTS", "1")
+        .stdin(Stdio::null());
+    for c in HARDENING.iter().chain(DURABILITY) {
+        cmd.args(["-c", c]);
+    }
+    cmd
+}
+
+/// `safe.directory=PATH` as one argument: a path is an argument of its
+/// own, never part of a string a shell or git splits.
+pub(crate) fn trust(cmd: &mut Command, path: &Path) {
+    let mut value = std::ffi::OsString::from("safe.directory=");
+    value.push(path);
+    cmd.arg("-c").arg(value);
 }
 
 impl Git {
     pub fn new(program: PathBuf, repo: PathBuf) -> Self {
-        Git { program, repo }
+        Git {
+            program,
+            repo,
+            work_tree: None,
+        }
+    }
+
+    /// The same repository with a work tree (a checkout's `.git` and its
+    /// directory).
+    pub fn with_work_tree(mut self, dir: PathBuf) -> Self {
+        self.work_tree = Some(dir);
+        self
+    }
+
+    pub fn program(&self) -> &Path {
+        &self.program
     }
 
     pub fn repo(&self) -> &Path {
@@ -48,25 +100,18 @@ impl Git {
 
     /// A command with a clean environment and the hardening configuration.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&self.program);
-        cmd.env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("LC_ALL", "C")
-            .env("HOME", "/nonexistent")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_OPTIONAL_LOCKS", "0")
-            .env("GIT_DIR", &self.repo)
-            .stdin(Stdio::null());
-        for c in HARDENING {
-            cmd.args(["-c", c]);
+        let mut cmd = hardened(&self.program);
+        cmd.env("GIT_DIR", &self.repo);
+        trust(&mut cmd, &self.repo);
+        if let Some(dir) = &self.work_tree {
+            cmd.env("GIT_WORK_TREE", dir).current_dir(dir);
+            trust(&mut cmd, dir);
         }
         cmd.args(args);
         cmd
     }
 
-    pub(crate) fn run(
+    pub fn run(
         &self,
         args: &[&str],
         input: Option<&[u8]>,

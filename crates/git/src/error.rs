@@ -9,6 +9,9 @@ pub enum GitError {
     /// The path is not a bare git repository.
     #[error("{0}: not a bare git repository")]
     NotBare(PathBuf),
+    /// The path is not a git repository one can read.
+    #[error("{0}: not a git repository ({1})")]
+    NotARepository(PathBuf, String),
     /// git could not be started.
     #[error("cannot run {program}: {source}")]
     Spawn {
@@ -61,6 +64,7 @@ impl GitError {
             | GitError::Failed { .. }
             | GitError::Io(_) => Code::GIT_FAILED,
             GitError::ObjectMissing(_) => Code::GIT_OBJECT_MISSING,
+            GitError::NotARepository(..) => Code::REPOSITORY_SOURCE_INVALID,
             GitError::Refused(e) => e.code,
             GitError::CasMismatch { .. } => Code::REF_CAS_MISMATCH,
             GitError::Limit(_) => Code::SOURCE_ARCHIVE_LIMIT_EXCEEDED,

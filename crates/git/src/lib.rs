@@ -33,6 +33,7 @@ mod archive;
 mod command;
 mod commit;
 mod error;
+mod foreign;
 mod refs;
 
 pub use archive::{ArchiveLimits, ArchiveStats};
@@ -40,7 +41,10 @@ pub use commit::{CommitSpec, FileChange};
 pub use error::{GitError, GitResult};
 pub use refs::RefUpdate;
 
-use command::Git;
+pub use command::{Git, default_program};
+pub use foreign::{
+    ForeignRepo, Imported, Ref, RefMap, import, init, mirror, sync_tree, upload_pack,
+};
 use std::path::{Path, PathBuf};
 
 /// A bare repository airlock reads and, for `agent/*` refs only, writes.

@@ -4,38 +4,10 @@
 use crate::client::{Supervisor, task_on_demo};
 use crate::layout::{self, Ids, Layout};
 use serde_json::{Value, json};
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const CALC_PY: &str = "def add(a, b):\n    return a - b\n";
 const TEST_PY: &str = "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n    def test_adds(self):\n        self.assertEqual(add(2, 3), 5)\n\n\nif __name__ == \"__main__\":\n    unittest.main()\n";
-
-fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", "/nonexistent")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "airlock demo")
-        .env("GIT_AUTHOR_EMAIL", "demo@airlock.invalid")
-        .env("GIT_COMMITTER_NAME", "airlock demo")
-        .env("GIT_COMMITTER_EMAIL", "demo@airlock.invalid")
-        .args(["-c", "safe.directory=*"])
-        .args(args)
-        .output()
-        .map_err(|e| format!("git: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "git {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
 
 /// Makes `repos/demo.git` (once): a tiny Python project whose `add` subtracts.
 pub fn create_repository(layout: &Layout, ids: &Ids) -> Result<(), String> {
@@ -48,25 +20,50 @@ pub fn create_repository_at(repos: &std::path::Path, ids: &Ids) -> Result<(), St
     if bare.exists() {
         return Ok(());
     }
-    let work = repos.join(".demo-work");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
-    git(&work, &["init", "-q", "-b", "main"])?;
-    std::fs::write(work.join("calc.py"), CALC_PY).map_err(|e| e.to_string())?;
-    std::fs::write(work.join("test_calc.py"), TEST_PY).map_err(|e| e.to_string())?;
-    git(&work, &["add", "-A"])?;
-    git(&work, &["commit", "-q", "-m", "calc: add two numbers"])?;
-    git(
-        repos,
-        &[
-            "clone",
-            "-q",
-            "--bare",
-            work.to_str().unwrap_or_default(),
-            bare.to_str().unwrap_or_default(),
-        ],
-    )?;
-    std::fs::remove_dir_all(&work).map_err(|e| e.to_string())?;
+    // Plumbing on a new bare repository, through crates/git: two blobs, a
+    // tree, one commit on main. Made under a temporary name and renamed,
+    // so an interrupted demo leaves no half-made demo.git.
+    let tmp = repos.join(".demo.git.tmp");
+    let _ = std::fs::remove_dir_all(&tmp);
+    let fail = |e: airlock_git::GitError| format!("making the demo repository: {e}");
+    let git =
+        airlock_git::init(airlock_git::default_program(), &tmp, true, "sha1").map_err(fail)?;
+    let blob = |text: &str| {
+        git.output_with(
+            &["hash-object", "-w", "--stdin"],
+            Some(text.as_bytes()),
+            &[],
+        )
+        .map(|o| o.trim().to_owned())
+        .map_err(fail)
+    };
+    let tree_text = format!(
+        "100644 blob {}\tcalc.py\n100644 blob {}\ttest_calc.py\n",
+        blob(CALC_PY)?,
+        blob(TEST_PY)?
+    );
+    let tree = git
+        .output_with(&["mktree"], Some(tree_text.as_bytes()), &[])
+        .map_err(fail)?;
+    let who = [
+        ("GIT_AUTHOR_NAME", "airlock demo"),
+        ("GIT_AUTHOR_EMAIL", "demo@airlock.invalid"),
+        ("GIT_COMMITTER_NAME", "airlock demo"),
+        ("GIT_COMMITTER_EMAIL", "demo@airlock.invalid"),
+    ];
+    let commit = git
+        .output_with(
+            &["commit-tree", "-m", "calc: add two numbers", tree.trim()],
+            None,
+            &who,
+        )
+        .map_err(fail)?;
+    git.output(&["update-ref", "refs/heads/main", commit.trim()])
+        .map_err(fail)?;
+    git.output(&["symbolic-ref", "HEAD", "refs/heads/main"])
+        .map_err(fail)?;
+    airlock_git::sync_tree(&tmp).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, &bare).map_err(|e| format!("{}: {e}", bare.display()))?;
     layout::chown_tree(&bare, ids.worker, ids)
         .map_err(|e| format!("giving {} to the worker: {e}", bare.display()))
 }
@@ -144,7 +141,14 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
             suite.layout.logs().display()
         ));
         let bare = suite.layout.repos().join("demo.git");
-        let base = git(&bare, &["rev-parse", "refs/heads/main"])?;
+        // Read as the repository it now is: the worker's.
+        let demo = airlock_git::Git::new(airlock_git::default_program(), bare);
+        let git = |args: &[&str]| {
+            demo.output(args)
+                .map(|o| o.trim().to_owned())
+                .map_err(|e| e.to_string())
+        };
+        let base = git(&["rev-parse", "refs/heads/main"])?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -185,10 +189,10 @@ pub fn run(json_out: bool, state: Option<std::path::PathBuf>) -> Result<(), Stri
         let commit = result["commit_oid"].as_str().map(str::to_owned);
         let branch = view.binding.target_branch.clone();
         let diffstat = match &commit {
-            Some(c) => git(&bare, &["diff", "--stat", &base, c])?,
+            Some(c) => git(&["diff", "--stat", &base, c])?,
             None => String::new(),
         };
-        let branch_head = git(&bare, &["rev-parse", &format!("refs/heads/{branch}")]).ok();
+        let branch_head = git(&["rev-parse", &format!("refs/heads/{branch}")]).ok();
         if json_out {
             println!(
                 "{}",

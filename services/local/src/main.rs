@@ -166,9 +166,8 @@ fn up(
                 from.display()
             );
             println!(
-                "    results:  git -c safe.directory={0} -C {0} fetch --upload-pack='git -c safe.directory={1} upload-pack' {1} 'refs/heads/agent/*:refs/remotes/airlock/agent/*'",
-                from.display(),
-                at.display(),
+                "    results:  airlockctl repo --config {} clone {name} DIR   (then git -C DIR fetch origin 'refs/heads/agent/*:refs/remotes/origin/agent/*')",
+                config.display(),
             );
         }
     }

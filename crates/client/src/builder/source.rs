@@ -3,10 +3,12 @@
 //! The planner reads the repository the worker owns (group-readable, see
 //! `docs/privsep.md`), so git's ownership check would refuse it. Rather
 //! than trusting every directory (`safe.directory=*` in the user's global
-//! configuration), each git call here names this one repository as safe on
-//! its own command line, ignores the system and global configuration, and
-//! runs only commands that read (`rev-parse`, `ls-tree`, `cat-file`,
-//! `hash-object` without `-w`) with optional locks off.
+//! configuration), each git call here is crates/git's command for a
+//! repository owned by someone else ([`airlock_git::ForeignRepo`]): this
+//! one repository named as safe, the system and global configuration
+//! ignored, the hardening on, and only commands that read (`rev-parse`,
+//! `ls-tree`, `cat-file`, `hash-object` without `-w`) with optional locks
+//! off.
 
 use airlock_proto::{Code, Error};
 use std::collections::BTreeMap;
@@ -40,6 +42,7 @@ pub struct Entry {
 #[derive(Clone, Debug)]
 pub struct SourceRepo {
     path: PathBuf,
+    repo: airlock_git::ForeignRepo,
 }
 
 fn denied(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -60,7 +63,12 @@ impl SourceRepo {
             path = path.join(".git");
         }
         std::fs::read_dir(path.join("objects")).map_err(|e| denied(&path, e))?;
-        let repo = SourceRepo { path };
+        let foreign = airlock_git::ForeignRepo::open(&path)
+            .map_err(|e| Error::with(Code::REPOSITORY_SOURCE_INVALID, e.to_string()))?;
+        let repo = SourceRepo {
+            path,
+            repo: foreign,
+        };
         let out = repo.git(&["rev-parse", "--git-dir"], None)?;
         if out.trim().is_empty() {
             return Err(Error::with(
@@ -78,22 +86,8 @@ impl SourceRepo {
 
     /// `git` on this repository, as described in the module docs.
     pub(crate) fn command(&self) -> Command {
-        let mut c = Command::new("git");
-        c.env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOME", "/nonexistent")
-            .env("LC_ALL", "C")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_OPTIONAL_LOCKS", "0")
-            .env("GIT_NO_REPLACE_OBJECTS", "1")
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .arg("-c")
-            .arg(format!("safe.directory={}", self.path.display()))
-            .arg(format!("--git-dir={}", self.path.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = self.repo.command(&[]);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c
     }
 

@@ -13,7 +13,6 @@ use airlock_proto::{Code, Error};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// What a path is in the directory.
 enum Here {
@@ -48,20 +47,29 @@ fn here(dir: &Path, path: &str) -> Result<Here, Error> {
 /// The paths the directory holds (see the module docs).
 fn listing(dir: &Path) -> Result<BTreeSet<String>, Error> {
     if dir.join(".git").exists() {
-        let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        let out = Command::new("git")
-            .arg("-c")
-            .arg(format!("safe.directory={}", canonical.display()))
-            .args(["-c", "core.fsmonitor=false", "-C"])
-            .arg(dir)
-            .args([
-                "ls-files",
-                "-z",
-                "--cached",
-                "--others",
-                "--exclude-standard",
-            ])
-            .env("GIT_OPTIONAL_LOCKS", "0")
+        // The planner's own checkout, read through crates/git's command
+        // for a repository owned by someone else (hooks, fsmonitor and
+        // helpers off, this directory alone trusted).
+        let repo = airlock_git::ForeignRepo::open(dir)
+            .map_err(|e| Error::with(Code::REPOSITORY_SOURCE_INVALID, e.to_string()))?;
+        let mut ls = repo.command(&[
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ]);
+        // git's own configuration is not read, so the user's global
+        // ignore file (git's default location for it) is named here.
+        let xdg = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
+        if let Some(ignore) = xdg.map(|d| d.join("git/ignore")).filter(|f| f.is_file()) {
+            let mut arg = std::ffi::OsString::from("--exclude-from=");
+            arg.push(ignore);
+            ls.arg(arg);
+        }
+        let out = ls
             .output()
             .map_err(|e| Error::with(Code::GIT_FAILED, format!("cannot run git: {e}")))?;
         if !out.status.success() {

@@ -76,6 +76,14 @@ pub enum RepoCommand {
         /// Where to clone it [default: NAME].
         dir: Option<PathBuf>,
     },
+    /// What a clone made by `repo clone` runs for `git fetch` (its
+    /// remote.origin.uploadpack): git upload-pack on PATH, trusting PATH
+    /// alone. Not for interactive use.
+    #[command(hide = true)]
+    UploadPack {
+        /// The repository git names.
+        path: PathBuf,
+    },
 }
 
 fn config(path: &Path) -> Result<Config, CtlError> {
@@ -109,33 +117,22 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
             no_reload,
         } => remove(ctx, &args.config, &name, purge, !no_reload),
         RepoCommand::Clone { name, dir } => clone(ctx, &args.config, &name, dir),
+        RepoCommand::UploadPack { path } => upload_pack(&path),
     }
 }
 
-/// `git` with no system or global configuration, trusting `trusted` only.
-fn git(trusted: &Path) -> Command {
-    let mut c = Command::new("git");
-    c.env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .arg("-c")
-        .arg(format!("safe.directory={}", trusted.display()))
-        .arg("-c")
-        .arg(format!("safe.directory={}/.git", trusted.display()));
-    c
-}
-
-fn run_git(mut cmd: Command, what: &str) -> Result<String, CtlError> {
-    let out = cmd
-        .output()
-        .map_err(|e| CtlError::local(Code::GIT_FAILED, format!("cannot run git: {e}")))?;
-    if !out.status.success() {
-        return Err(CtlError::local(
-            Code::GIT_FAILED,
-            format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        ));
+/// A git failure as the CLI reports it: the crate's code, with what was
+/// being done.
+fn git_failed(what: &str) -> impl Fn(airlock_git::GitError) -> CtlError + '_ {
+    move |e| {
+        let message = format!("{what}: {e}");
+        let code = if message.contains("Permission denied") {
+            Code::SOURCE_ACCESS_DENIED
+        } else {
+            e.code()
+        };
+        CtlError::local(code, message)
     }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// Gives `path` (recursively) to `uid:gid`: directories 2750, files 0640,
@@ -272,16 +269,12 @@ fn add(
             format!("{}: {e}", from.display()),
         )
     })?;
-    let mut probe = git(&source);
-    probe
-        .arg("-C")
-        .arg(&source)
-        .args(["rev-parse", "--git-dir"]);
-    run_git(
-        probe,
-        &format!("{} is not a git repository", source.display()),
-    )
-    .map_err(|e| CtlError::local(Code::REPOSITORY_SOURCE_INVALID, e.message))?;
+    let foreign = airlock_git::ForeignRepo::open(&source).map_err(|e| {
+        CtlError::local(
+            Code::REPOSITORY_SOURCE_INVALID,
+            format!("{} is not a git repository: {e}", source.display()),
+        )
+    })?;
     let (uid, gid) = user_and_group(&c)?;
     if !root.exists() {
         // As tmpfiles makes /srv/airlock: the worker's, readable by the group.
@@ -294,36 +287,29 @@ fn add(
     }
     let tmp = root.join(format!(".{name}.git.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    // --no-local: a copy, never hard links into the caller's repository
-    // (the chown below would otherwise take their files too).
-    let mut clone = git(&source);
-    // The source may be another user's (an administrator importing a
-    // colleague's checkout): trusted for this clone only.
-    clone
-        .args(["clone", "--quiet", "--bare", "--no-local", "--upload-pack"])
-        .arg(format!(
-            "git -c safe.directory={0} -c safe.directory={0}/.git upload-pack",
-            source.display()
-        ))
-        .arg(&source)
-        .arg(&tmp);
-    let imported = run_git(clone, &format!("importing {}", source.display())).and_then(|_| {
-        let mut unlink = git(&tmp);
-        unlink
-            .arg(format!("--git-dir={}", tmp.display()))
-            .args(["remote", "remove", "origin"]);
-        run_git(unlink, "forgetting the source")
+    // A copy, never hard links into the caller's repository (the chown
+    // below would otherwise take their files too); no remote points back.
+    let imported = airlock_git::mirror(&foreign, &tmp)
+        .map_err(git_failed(&format!("importing {}", source.display())));
+    let owned = imported.and_then(|imported| {
+        own_tree(&tmp, uid, gid)
+            .map_err(|e| CtlError::generic(format!("{}: {e}", tmp.display())))
+            .map(|_| imported)
     });
-    let owned = imported.and_then(|_| {
-        own_tree(&tmp, uid, gid).map_err(|e| CtlError::generic(format!("{}: {e}", tmp.display())))
-    });
-    if let Err(e) = owned.and_then(|_| {
+    // Renamed into place only once every file is on disk; then the rename.
+    let placed = owned.and_then(|imported| {
         std::fs::rename(&tmp, &target)
+            .and_then(|_| std::fs::File::open(root)?.sync_all())
             .map_err(|e| CtlError::generic(format!("{}: {e}", target.display())))
-    }) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
+            .map(|_| imported)
+    });
+    let imported = match placed {
+        Ok(imported) => imported,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
     let repo = Repository {
         name: name.to_owned(),
         path: target.clone(),
@@ -341,15 +327,12 @@ fn add(
         let _ = std::fs::remove_file(&drop_in);
         return Err(CtlError::local(Code::CONFIG_INVALID, e.to_string()));
     }
-    let branches = {
-        let mut b = git(&target);
-        b.arg(format!("--git-dir={}", target.display())).args([
-            "for-each-ref",
-            "--format=%(refname:short)",
-            "refs/heads",
-        ]);
-        run_git(b, "listing branches").unwrap_or_default()
-    };
+    let branches: String = imported
+        .updated
+        .iter()
+        .filter_map(|r| r.name.strip_prefix("refs/heads/"))
+        .map(|b| format!("{b}\n"))
+        .collect();
     let reloaded = do_reload && reload(ctx);
     if ctx.json {
         ctx.print_json(&json!({
@@ -509,26 +492,23 @@ fn clone(
         )
     })?;
     let dir = dir.unwrap_or_else(|| PathBuf::from(name));
-    // The repository belongs to the worker, so git's ownership check would
-    // refuse it: trust it on this command line (clone) and in the clone's
-    // own configuration (upload-pack for later fetches), nowhere else.
-    let upload_pack = format!("git -c safe.directory={} upload-pack", source.display());
-    let mut cmd = Command::new("git");
-    cmd.arg("-c")
-        .arg(format!("safe.directory={}", source.display()))
-        .args(["clone", "--quiet", "--no-local", "--upload-pack"])
-        .arg(&upload_pack)
-        .arg("--config")
-        .arg(format!("remote.origin.uploadpack={upload_pack}"))
-        .arg(&source)
-        .arg(&dir);
-    run_git(cmd, &format!("cloning {name}")).map_err(|e| {
-        if e.message.contains("Permission denied") || e.message.contains("could not read") {
-            CtlError::local(Code::SOURCE_ACCESS_DENIED, e.message)
-        } else {
-            e
-        }
+    if dir.exists()
+        && std::fs::read_dir(&dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
+        return Err(CtlError::local(
+            Code::REPOSITORY_EXISTS,
+            format!("{} exists and is not an empty directory", dir.display()),
+        ));
+    }
+    let foreign = airlock_git::ForeignRepo::open(&source).map_err(|e| {
+        CtlError::local(
+            Code::SOURCE_ACCESS_DENIED,
+            format!("{e} (readers are members of {})", c.worker.readers_group),
+        )
     })?;
+    clone_worktree(&foreign, &source, &dir).map_err(git_failed(&format!("cloning {name}")))?;
     if ctx.json {
         ctx.print_json(&json!({"name": name, "source": source, "dir": dir}));
     } else {
@@ -539,4 +519,81 @@ fn clone(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The program a clone's later fetches run as upload-pack: this
+/// airlockctl, named by a path of plain characters (git hands the value to
+/// a shell, so anything else is left to PATH).
+fn upload_pack_program() -> String {
+    let plain = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/._-+".contains(&b))
+    };
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.to_str().map(str::to_owned))
+        .filter(|p| plain(p))
+        .unwrap_or_else(|| "airlockctl".to_owned());
+    format!("{exe} repo upload-pack")
+}
+
+/// A work tree at `dir` with `from`'s branches as `origin/*`, the source's
+/// `HEAD` branch checked out, and `origin` set up so that a plain `git
+/// fetch` later works: its upload-pack is `airlockctl repo upload-pack`,
+/// which trusts that one repository (see [`upload_pack`]).
+fn clone_worktree(
+    from: &airlock_git::ForeignRepo,
+    source: &Path,
+    dir: &Path,
+) -> airlock_git::GitResult<()> {
+    let git = airlock_git::init(
+        airlock_git::default_program(),
+        dir,
+        false,
+        &from.object_format()?,
+    )?;
+    let url = source.to_str().ok_or_else(|| {
+        airlock_git::GitError::NotARepository(source.to_path_buf(), "not a UTF-8 path".into())
+    })?;
+    git.output(&["config", "remote.origin.url", url])?;
+    git.output(&[
+        "config",
+        "remote.origin.fetch",
+        "+refs/heads/*:refs/remotes/origin/*",
+    ])?;
+    git.output(&["config", "remote.origin.uploadpack", &upload_pack_program()])?;
+    airlock_git::import(&git, from, airlock_git::RefMap::Remote("origin"))?;
+    if let Some(branch) = from.head_branch()? {
+        let tracking = format!("refs/remotes/origin/{branch}");
+        if let Some(oid) = git.optional(&[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            "--end-of-options",
+            &tracking,
+        ])? {
+            let local = format!("refs/heads/{branch}");
+            git.output(&["update-ref", &local, &oid])?;
+            git.output(&["symbolic-ref", "HEAD", &local])?;
+            git.output(&["config", &format!("branch.{branch}.remote"), "origin"])?;
+            git.output(&["config", &format!("branch.{branch}.merge"), &local])?;
+            git.output(&["read-tree", "-u", "--reset", "HEAD"])?;
+        }
+    }
+    Ok(())
+}
+
+/// `repo upload-pack PATH`: what a reader's clone runs for `git fetch`
+/// (its `remote.origin.uploadpack`): git's upload-pack on PATH alone,
+/// trusted for this run, hardened, replacing this process.
+pub fn upload_pack(path: &Path) -> Result<ExitCode, CtlError> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = airlock_git::upload_pack(&airlock_git::default_program(), path)
+        .map_err(git_failed("upload-pack"))?;
+    let e = cmd.exec();
+    Err(CtlError::local(
+        Code::GIT_FAILED,
+        format!("cannot run git upload-pack: {e}"),
+    ))
 }
