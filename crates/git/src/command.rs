@@ -173,6 +173,24 @@ impl Git {
         String::from_utf8(out.stdout).map_err(|e| std::io::Error::other(e.to_string()).into())
     }
 
+    /// Syncs the loose object `oid` and its directory, when it is loose.
+    /// `git mktree` never reads the configuration, so `core.fsync` does
+    /// not reach it (git 2.39 to 2.47, measured on LazyFS): the tree it
+    /// writes is synced here before anything records it.
+    pub fn sync_loose_object(&self, oid: &str) -> GitResult<()> {
+        if oid.len() < 4 || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(());
+        }
+        let dir = self.repo.join("objects").join(&oid[..2]);
+        match std::fs::File::open(dir.join(&oid[2..])) {
+            Ok(f) => f.sync_all()?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        std::fs::File::open(&dir)?.sync_all()?;
+        Ok(())
+    }
+
     /// Runs git and returns stdout.
     pub fn output(&self, args: &[&str]) -> GitResult<String> {
         self.output_with(args, None, &[])

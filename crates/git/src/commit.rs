@@ -145,7 +145,9 @@ impl AuthorityRepo {
             );
         }
         let oid = self.git.output_with(&["mktree", "-z"], Some(&input), &[])?;
-        Ok(Some(oid.trim().to_owned()))
+        let oid = oid.trim().to_owned();
+        self.git.sync_loose_object(&oid)?;
+        Ok(Some(oid))
     }
 
     /// The committer timestamp of `commit`, read from the raw object.
@@ -263,11 +265,12 @@ impl AuthorityRepo {
         let tree = match self.write_tree(&mut root)? {
             Some(oid) => oid,
             // Every file deleted: git's empty tree, written as such.
-            None => self
-                .git
-                .output_with(&["mktree", "-z"], Some(b""), &[])?
-                .trim()
-                .to_owned(),
+            None => {
+                let oid = self.git.output_with(&["mktree", "-z"], Some(b""), &[])?;
+                let oid = oid.trim().to_owned();
+                self.git.sync_loose_object(&oid)?;
+                oid
+            }
         };
         let date = format!("{} +0000", self.committer_time(&spec.parent)? + 1);
         let identity = [

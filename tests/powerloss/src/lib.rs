@@ -1,0 +1,156 @@
+//! LazyFS for power-loss tests: a FUSE file system that keeps written
+//! data in its own cache until the writer syncs it, and drops everything
+//! not yet synced when told to — what a power cut does to the page cache,
+//! and what SIGKILL never does.
+//!
+//! [`LazyFs::mount`] mounts a fresh LazyFS over a directory of its own;
+//! [`LazyFs::power_loss`] drops the unsynced data (`lazyfs::clear-cache`
+//! on its FIFO). Files keep their names and sizes; their unsynced bytes
+//! read back as zeros or are gone, as after a real power loss.
+//!
+//! The binary comes from `AIRLOCK_LAZYFS`, else `/var/tmp/lazyfs/bin/lazyfs`,
+//! else it is built there from `../shared/tools/lazyfs` (what
+//! `./scripts/test` does first).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The LazyFS program, built when missing.
+pub fn program() -> PathBuf {
+    if let Some(p) = std::env::var_os("AIRLOCK_LAZYFS") {
+        return PathBuf::from(p);
+    }
+    let default = PathBuf::from("/var/tmp/lazyfs/bin/lazyfs");
+    if default.is_file() {
+        return default;
+    }
+    let build = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/lazyfs/build.sh");
+    let status = Command::new("bash")
+        .arg(&build)
+        .arg("/var/tmp/lazyfs")
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", build.display()));
+    assert!(status.success(), "{} failed", build.display());
+    default
+}
+
+/// A mounted LazyFS; unmounted when dropped.
+#[derive(Debug)]
+pub struct LazyFs {
+    _dir: tempfile::TempDir,
+    mount: PathBuf,
+    fifo: PathBuf,
+    child: Child,
+}
+
+fn mounted(at: &Path) -> bool {
+    let target = at.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+}
+
+impl LazyFs {
+    /// Mounts a new, empty LazyFS (as root: other users may use it, with
+    /// the kernel checking modes).
+    pub fn mount() -> LazyFs {
+        let dir = tempfile::Builder::new()
+            .prefix("airlock-lazyfs-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let root = dir.path().join("root");
+        let mount = dir.path().join("mnt");
+        let fifo = dir.path().join("faults.fifo");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(&mount).unwrap();
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let config = dir.path().join("lazyfs.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[faults]\nfifo_path=\"{}\"\n[cache]\napply_eviction=false\n[cache.simple]\ncustom_size=\"2gb\"\nblocks_per_page=1\n[filesystem]\nlog_all_operations=false\nlogfile=\"\"\n",
+                fifo.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(program())
+            .arg(&mount)
+            .arg("--config-path")
+            .arg(&config)
+            .args(["-o", "allow_other", "-o", "default_permissions"])
+            .args(["-o", "modules=subdir", "-o"])
+            .arg(format!("subdir={}", root.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("lazyfs starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !mounted(&mount) {
+            assert!(Instant::now() < deadline, "lazyfs did not mount in 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        LazyFs {
+            _dir: dir,
+            mount,
+            fifo,
+            child,
+        }
+    }
+
+    /// The mount point: what is written here is lost unless synced.
+    pub fn path(&self) -> &Path {
+        &self.mount
+    }
+
+    /// The power loss: every write not yet synced is dropped.
+    pub fn power_loss(&self) {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.fifo)
+            .unwrap();
+        f.write_all(b"lazyfs::clear-cache\n").unwrap();
+        drop(f);
+        // LazyFS applies the command from its FIFO thread; a file written
+        // after it must not race it, so wait until a probe shows the drop.
+        let probe = self.mount.join(".airlock-power-probe");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        std::fs::write(&probe, b"x").unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.fifo)
+            .unwrap();
+        f.write_all(b"lazyfs::clear-cache\n").unwrap();
+        drop(f);
+        while std::fs::read(&probe).map(|b| b == b"x").unwrap_or(false) {
+            assert!(Instant::now() < deadline, "lazyfs did not clear its cache");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = std::fs::remove_file(&probe);
+    }
+}
+
+impl Drop for LazyFs {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mount)
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
