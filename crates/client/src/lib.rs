@@ -24,8 +24,6 @@
 //! ```
 
 pub mod blocking;
-#[cfg(feature = "builder")]
-pub mod builder;
 mod error;
 
 pub use error::{from_zbus, is_unreachable};

@@ -653,6 +653,13 @@ pub const KEYS: &[KeySpec] = &[
         required: false,
         meaning: "Free text for admins.",
     },
+    KeySpec {
+        key: "repository[].environment",
+        kind: Kind::Table,
+        default: None,
+        required: false,
+        meaning: "The repository's verification environment: read-only toolchain paths, the programs its commands may start, their variables, and a dependency setup. Every key is in [environments.md](environments.md), generated from the same crate.",
+    },
     // ---- [[agent]] ---------------------------------------------------------
     section(
         "agent",
@@ -728,6 +735,22 @@ pub(crate) fn spec(key: &str) -> Option<&'static KeySpec> {
 
 /// The keys directly under a normalised table key ("" is the top level).
 pub(crate) fn children(table: &str) -> Vec<&'static str> {
+    // The environment's keys live in their own table (docs/environments.md).
+    if let Some(rest) = table.strip_prefix("repository[].") {
+        let prefix = rest.to_owned();
+        return crate::ENVIRONMENT_KEYS
+            .iter()
+            .filter_map(|k| {
+                let r = k.key.strip_prefix(prefix.as_str())?.strip_prefix('.')?;
+                Some(r.split('.').next().unwrap_or(r))
+            })
+            .fold(Vec::new(), |mut v, k| {
+                if !v.contains(&k) {
+                    v.push(k);
+                }
+                v
+            });
+    }
     KEYS.iter()
         .filter_map(|s| {
             let rest = if table.is_empty() {
@@ -808,7 +831,10 @@ mod tests {
                 "agent"
             ]
         );
-        assert_eq!(children("repository[]"), ["name", "path", "description"]);
+        assert_eq!(
+            children("repository[]"),
+            ["name", "path", "description", "environment"]
+        );
         assert!(children("executor").contains(&"limits"));
         assert!(!children("executor").contains(&"processes"));
         assert_eq!(

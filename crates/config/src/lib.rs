@@ -49,6 +49,7 @@
 //! assert_eq!(ok.supervisor.lease_seconds, 300);
 //! ```
 
+mod environment;
 mod error;
 mod keys;
 mod source;
@@ -61,6 +62,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use environment::{
+    ENVIRONMENT_KEYS, Environment, EnvironmentError, EnvironmentKey, Resolved, Setup, is_host_port,
+    looks_secret, parse_environment_file, read_environment_file,
+};
 pub use error::{ConfigError, Location};
 pub use keys::{GIT_WRITING_SUBCOMMANDS, Item, KEYS, KeySpec, Kind};
 pub use validate::{RULES, is_agent_name};
@@ -350,6 +355,9 @@ pub struct Repository {
     /// Free text for admins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// Its verification environment (docs/environments.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Environment>,
     /// The drop-in file that registered it (`repositories.d/NAME.toml`);
     /// `None` for a table in the main file.
     #[serde(skip)]
@@ -596,6 +604,24 @@ pub fn drop_in_text(repo: &Repository) -> String {
     ));
     if let Some(d) = &repo.description {
         out.push_str(&format!("description = {}\n", quote(d)));
+    }
+    if let Some(env) = &repo.environment {
+        // Nested under the repository: [repository.environment] after
+        // [[repository]] belongs to that table.
+        #[derive(Serialize)]
+        struct Nest<'a> {
+            repository: Wrap<'a>,
+        }
+        #[derive(Serialize)]
+        struct Wrap<'a> {
+            environment: &'a Environment,
+        }
+        if let Ok(text) = toml::to_string(&Nest {
+            repository: Wrap { environment: env },
+        }) {
+            out.push('\n');
+            out.push_str(&text);
+        }
     }
     out
 }

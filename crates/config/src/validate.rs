@@ -243,6 +243,15 @@ impl Check<'_, '_> {
                     return Err(self.src.refuse(key, expected, format_args!("{text:?}")));
                 }
             }
+            if let Some(env) = &repo.environment {
+                env.check().map_err(|e| {
+                    let key =
+                        e.key
+                            .replacen("environment", &format!("repository[{i}].environment"), 1);
+                    self.src
+                        .refuse_with(key, format!("{} [{}]", e.problem, e.code.as_str()))
+                })?;
+            }
         }
         Ok(())
     }

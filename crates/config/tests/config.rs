@@ -360,12 +360,16 @@ fn integer_errors_say_range_and_value() {
 fn unknown_keys_are_refused_in_every_table() {
     for spec in KEYS {
         let text = match spec.kind {
+            // A table inside an array of tables: written inline there.
+            Kind::Table if spec.key.contains("[]") => doc_with(spec.key, "{ bogus_key = 1 }"),
             Kind::Table => format!("[{}]\nbogus_key = 1\n", spec.key),
             Kind::Tables => doc_with(&format!("{}[].bogus_key", spec.key), "1"),
             _ => continue,
         };
         let key = if spec.kind == Kind::Tables {
             format!("{}[0].bogus_key", spec.key)
+        } else if spec.key.contains("[]") {
+            format!("{}.bogus_key", spec.key.replace("[]", "[0]"))
         } else {
             format!("{}.bogus_key", spec.key)
         };
@@ -838,6 +842,19 @@ fn drop_ins_register_repositories_after_the_main_file() {
         name: "calc".into(),
         path: "/srv/airlock/calc.git".into(),
         description: Some("a \"quoted\" description".into()),
+        // The environment travels through the drop-in's text and back.
+        environment: Some(airlock_config::Environment {
+            paths: vec!["/opt/toolchain".into()],
+            programs: vec!["cargo".into(), "/opt/toolchain/bin/rustc".into()],
+            variables: [("PATH".to_owned(), "/opt/toolchain/bin:/usr/bin".to_owned())].into(),
+            setup: Some(airlock_config::Setup {
+                commands: vec![vec!["cargo".into(), "fetch".into(), "--locked".into()]],
+                inputs: vec!["Cargo.toml".into(), "Cargo.lock".into()],
+                outputs: vec!["~/.cargo/registry".into()],
+                egress: vec!["registry.example:443".into()],
+                timeout_seconds: 300,
+            }),
+        }),
         drop_in: None,
     };
     let (_d, config) = drop_in_fixture(
@@ -973,6 +990,7 @@ fn an_agents_repositories_must_be_registered_when_loaded() {
         name: "demo".into(),
         path: "/srv/airlock/demo.git".into(),
         description: None,
+        environment: None,
         drop_in: None,
     };
     let (_d, config) = drop_in_fixture(

@@ -445,6 +445,16 @@ catalogue! {
     // ---- configuration, storage, internals -----------------------------------------
     /// The configuration file is missing or invalid.
     CONFIG_INVALID => Invalid, None;
+    /// A repository's verification environment is malformed (a key, a path, a program name, a list).
+    ENVIRONMENT_INVALID => Invalid, None;
+    /// A verification environment's path is not a root-owned directory that only root may write (or a directory above it is not).
+    ENVIRONMENT_PATH_UNSAFE => Denied, None;
+    /// A verification environment's program is not an executable file, or a bare name is in none of its PATH directories.
+    ENVIRONMENT_PROGRAM_UNRESOLVED => Invalid, None;
+    /// A verification environment's variable looks like a secret; credentials never go into an environment.
+    ENVIRONMENT_VARIABLE_SECRET => Denied, None;
+    /// A verification environment's egress entry is not host:port.
+    ENVIRONMENT_EGRESS_INVALID => Invalid, None;
     /// The database could not be opened or written.
     STORE_UNAVAILABLE => Unavailable, None;
     /// The database failed its integrity check.

@@ -11,7 +11,7 @@
 //! running the executor again; a replaced plan (another execution digest)
 //! gives attempt 3, which captures afresh.
 
-use airlock_client::builder::{Proposal, SourceRepo};
+use airlock_builder::{Proposal, SourceRepo};
 use airlock_local::client::Supervisor;
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::Code;

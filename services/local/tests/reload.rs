@@ -67,6 +67,7 @@ fn a_reload_serves_a_new_repository_and_refuses_a_removed_one() {
         name: "extra".into(),
         path: suite.layout.repos().join("extra.git"),
         description: None,
+        environment: None,
         drop_in: None,
     };
     std::fs::write(&drop_in, airlock_config::drop_in_text(&extra)).unwrap();

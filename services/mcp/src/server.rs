@@ -9,8 +9,8 @@ use crate::input::{self, FileContent};
 use crate::limits;
 use crate::text;
 use crate::tools::{self, ToolSpec};
+use airlock_builder::{Changes, Kind, Proposal, SourceRepo, verify_command};
 use airlock_client::Supervisor;
-use airlock_client::builder::{Changes, Kind, Proposal, SourceRepo, verify_command};
 use airlock_config::Config;
 use airlock_proto::canonical::sha256_hex;
 use airlock_proto::envelope::Command;
@@ -326,7 +326,7 @@ impl AirlockMcp {
         let bytes = repo.blobs(&[entry.oid.as_str()])?.remove(0);
         let sha256 = sha256_hex(&bytes);
         let size = bytes.len();
-        let binary = !airlock_client::builder::is_text(&bytes);
+        let binary = !airlock_builder::is_text(&bytes);
         if offset > size {
             return Err(Error::with(
                 Code::FIELD_BOUNDS_EXCEEDED,
@@ -374,7 +374,7 @@ impl AirlockMcp {
             input::path(p)?;
         }
         if let Some(patch) = &a.patch {
-            for file in airlock_client::builder::patch::parse(patch)? {
+            for file in airlock_builder::patch::parse(patch)? {
                 for p in [&file.old_path, &file.new_path].into_iter().flatten() {
                     input::path(p)?;
                 }
@@ -398,7 +398,7 @@ impl AirlockMcp {
             let mut paths: Vec<String> = a.files.iter().flatten().map(|f| f.path.clone()).collect();
             paths.extend(a.delete.iter().flatten().cloned());
             if let Some(patch) = &a.patch {
-                for file in airlock_client::builder::patch::parse(patch)? {
+                for file in airlock_builder::patch::parse(patch)? {
                     paths.extend(file.old_path.into_iter().chain(file.new_path));
                 }
             }
@@ -432,7 +432,7 @@ impl AirlockMcp {
                 let id = sha256_hex(format!("airlock-mcp\0{uid}\0{token}").as_bytes());
                 format!("m-{}", &id[..24])
             }
-            None => airlock_client::builder::new_task_id()?,
+            None => airlock_builder::new_task_id()?,
         };
         // Unique per task (the supervisor refuses a key reused by another
         // task), and a function of the arguments (a replay is recognised).

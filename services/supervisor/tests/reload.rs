@@ -49,6 +49,7 @@ async fn a_reload_registers_and_removes_repositories_and_fails_the_orphaned_task
         name: "calc".into(),
         path: "/srv/airlock/calc.git".into(),
         description: None,
+        environment: None,
         drop_in: None,
     };
 

@@ -7,7 +7,7 @@
 
 use crate::client::{Client, CtlError, shown};
 use crate::output::Ctx;
-use airlock_client::builder::{Built, Proposal};
+use airlock_builder::{Built, Proposal};
 use airlock_proto::limits::DEFAULT_MAX_ATTEMPTS;
 use airlock_proto::task::{Outcome, TaskState};
 use std::path::PathBuf;

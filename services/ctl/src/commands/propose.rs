@@ -5,7 +5,7 @@
 use super::submit::submit_and_follow;
 use crate::client::{Client, CtlError};
 use crate::output::Ctx;
-use airlock_client::builder::{Built, Changes, Proposal, SourceRepo, verify_command};
+use airlock_builder::{Built, Changes, Proposal, SourceRepo, verify_command};
 use airlock_proto::Code;
 use airlock_proto::limits::{DEFAULT_COMMAND_TIMEOUT_SECONDS, DEFAULT_MAX_ATTEMPTS};
 use serde_json::{Value, json};

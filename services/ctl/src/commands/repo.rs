@@ -48,12 +48,23 @@ pub enum RepoCommand {
         /// Free text for admins.
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
+        /// A verification environment: a TOML file with one [environment]
+        /// table (toolchain paths, programs, variables, setup; see
+        /// docs/environments.md), checked and copied into the registration.
+        #[arg(long, value_name = "FILE")]
+        environment: Option<PathBuf>,
         /// Do not ask systemd to reload the supervisor and the worker.
         #[arg(long)]
         no_reload: bool,
     },
     /// List the registered repositories and where each is registered.
     List,
+    /// Show one repository: where it is, its registration, its branches
+    /// and its verification environment (checked against this host).
+    Show {
+        /// The repository.
+        name: String,
+    },
     /// Unregister NAME (as root). Its queued tasks fail with
     /// REPOSITORY_NOT_REGISTERED; the repository's data stays unless --purge.
     Remove {
@@ -108,9 +119,19 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
             name,
             from,
             description,
+            environment,
             no_reload,
-        } => add(ctx, &args.config, &name, &from, description, !no_reload),
+        } => add(
+            ctx,
+            &args.config,
+            &name,
+            &from,
+            description,
+            environment.as_deref(),
+            !no_reload,
+        ),
         RepoCommand::List => list(ctx, &args.config),
+        RepoCommand::Show { name } => show(ctx, &args.config, &name),
         RepoCommand::Remove {
             name,
             purge,
@@ -238,9 +259,19 @@ fn add(
     name: &str,
     from: &Path,
     description: Option<String>,
+    environment: Option<&Path>,
     do_reload: bool,
 ) -> Result<ExitCode, CtlError> {
     as_root("add")?;
+    // The environment is checked against this host before anything is made.
+    let environment = environment
+        .map(|file| {
+            let env = airlock_config::read_environment_file(file)
+                .and_then(|env| env.resolve().map(|_| env))
+                .map_err(|e| CtlError::local(e.code, format!("{}: {e}", file.display())))?;
+            Ok::<_, CtlError>(env)
+        })
+        .transpose()?;
     if !airlock_proto::binding::is_repository_name(name) {
         return Err(CtlError::local(
             Code::REPOSITORY_INVALID,
@@ -314,6 +345,7 @@ fn add(
         name: name.to_owned(),
         path: target.clone(),
         description,
+        environment,
         drop_in: None,
     };
     let dir = airlock_config::drop_in_dir(config_path);
@@ -596,4 +628,76 @@ pub fn upload_pack(path: &Path) -> Result<ExitCode, CtlError> {
         Code::GIT_FAILED,
         format!("cannot run git upload-pack: {e}"),
     ))
+}
+
+/// `repo show NAME`.
+fn show(ctx: &Ctx, config_path: &Path, name: &str) -> Result<ExitCode, CtlError> {
+    let c = config(config_path)?;
+    let r = c.repository(name).ok_or_else(|| {
+        CtlError::local(
+            Code::REPOSITORY_NOT_REGISTERED,
+            format!("{name} is not registered"),
+        )
+    })?;
+    let branches: Vec<String> = airlock_git::ForeignRepo::open(&r.path)
+        .and_then(|repo| repo.refs())
+        .map(|refs| {
+            refs.into_iter()
+                .filter_map(|r| r.name.strip_prefix("refs/heads/").map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let resolved = r.environment.as_ref().map(|e| e.resolve());
+    let registered_in = r
+        .drop_in
+        .clone()
+        .unwrap_or_else(|| config_path.to_path_buf());
+    if ctx.json {
+        let environment = match (&r.environment, &resolved) {
+            (Some(env), Some(Ok(res))) => {
+                json!({"configured": env, "resolved": res, "problem": null})
+            }
+            (Some(env), Some(Err(e))) => json!({"configured": env, "resolved": null,
+                "problem": {"code": e.code.as_str(), "key": e.key, "message": e.problem}}),
+            _ => serde_json::Value::Null,
+        };
+        ctx.print_json(&json!({
+            "name": r.name, "path": r.path, "description": r.description,
+            "registered_in": registered_in, "branches": branches, "environment": environment,
+        }));
+    } else {
+        println!("{}: {}", r.name, r.path.display());
+        if let Some(d) = &r.description {
+            println!("  {d}");
+        }
+        println!("  registered in {}", registered_in.display());
+        println!("  branches: {}", branches.join(", "));
+        match (&r.environment, resolved) {
+            (None, _) | (_, None) => println!("  environment: none (system programs only)"),
+            (Some(_), Some(Err(e))) => {
+                println!("  environment: UNUSABLE here: {e} [{}]", e.code.as_str())
+            }
+            (Some(env), Some(Ok(res))) => {
+                println!("  environment:");
+                for p in &res.paths {
+                    println!("    path      {} (read-only)", p.display());
+                }
+                for p in &res.programs {
+                    println!("    program   {}", p.display());
+                }
+                for (k, v) in &res.variables {
+                    println!("    variable  {k}={v}");
+                }
+                if let Some(setup) = &env.setup {
+                    for cmd in &setup.commands {
+                        println!("    setup     {}", cmd.join(" "));
+                    }
+                    println!("    inputs    {}", setup.inputs.join(", "));
+                    println!("    outputs   {}", setup.outputs.join(", "));
+                    println!("    egress    {}", setup.egress.join(", "));
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -16,7 +16,7 @@
 //! `docs/tasks.md` describes the JSON for agents in other languages.
 //!
 //! ```no_run
-//! use airlock_client::builder::{Changes, Proposal, SourceRepo, verify_command};
+//! use airlock_builder::{Changes, Proposal, SourceRepo, verify_command};
 //! # fn demo() -> Result<(), airlock_proto::Error> {
 //! let repo = SourceRepo::open("/srv/airlock/calc.git".as_ref())?;
 //! let mut proposal = Proposal::new("calc", "main");

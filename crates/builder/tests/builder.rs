@@ -1,9 +1,7 @@
 //! The task builder against real git repositories: a bare authority
 //! repository, a clone a planner edits, and diffs written by `git diff`.
 
-#![cfg(feature = "builder")]
-
-use airlock_client::builder::{Changes, Proposal, SourceRepo, verify_command};
+use airlock_builder::{Changes, Proposal, SourceRepo, verify_command};
 use airlock_proto::Code;
 use airlock_proto::canonical::sha256_hex;
 use serde_json::Value;
