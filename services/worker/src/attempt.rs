@@ -17,7 +17,7 @@ use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
 use airlock_proto::reconcile::BranchFacts;
 use airlock_proto::task::{
-    Capture, CapturedFile, CommandSummary, Isolation, Outcome, RESULT_SCHEMA, TaskResult, tail_of,
+    Capture, CapturedFile, CommandSummary, Isolation, Outcome, TaskResult, tail_of,
 };
 use airlock_proto::{Code, Error};
 use airlock_spool::{Expect, Kind, Spool};
@@ -510,21 +510,14 @@ impl Worker {
                         return self.branch_moved(&cb, grant, &oid, observed.as_deref());
                     }
                     let exec = self.read_result(env, &rid, Some(&sha))?;
-                    let result = TaskResult {
-                        schema: RESULT_SCHEMA.into(),
-                        task_id: task.to_owned(),
-                        attempt: grant.attempt,
-                        execution_digest: env.execution_digest.clone(),
-                        outcome: Outcome::Passed,
-                        commit_oid: Some(oid),
-                        target_branch: env.binding.target_branch.clone(),
-                        exec_result_sha256: Some(sha),
-                        failure_code: None,
-                        verification: summaries(exec.verification.clone()),
-                        reconciliation: None,
-                        isolation: Some(Isolation::from_report(&exec.confinement)),
-                        captured: None,
-                    };
+                    let result = TaskResult::passed(
+                        env,
+                        grant.attempt,
+                        oid,
+                        sha,
+                        summaries(exec.verification.clone()),
+                        Isolation::from_report(&exec.confinement),
+                    );
                     self.pending(&cb, grant, &result)?.0
                 }
                 Some(Payload::ResultPending(pending)) => {
@@ -557,21 +550,13 @@ impl Worker {
                             "source capture in a deterministic attempt",
                         );
                     }
-                    let result = TaskResult {
-                        schema: RESULT_SCHEMA.into(),
-                        task_id: task.to_owned(),
-                        attempt: grant.attempt,
-                        execution_digest: env.execution_digest.clone(),
-                        outcome: Outcome::Captured,
-                        commit_oid: None,
-                        target_branch: env.binding.target_branch.clone(),
-                        exec_result_sha256: Some(done.exec_result_sha256),
-                        failure_code: None,
-                        verification: vec![],
-                        isolation: Some(done.isolation),
-                        captured: Some(done.capture),
-                        reconciliation: None,
-                    };
+                    let result = TaskResult::captured(
+                        env,
+                        grant.attempt,
+                        done.exec_result_sha256,
+                        done.capture,
+                        done.isolation,
+                    );
                     self.pending(&cb, grant, &result)?.0
                 }
             });
@@ -961,21 +946,10 @@ impl Worker {
     ) -> Step<Finish> {
         tracing::warn!(task = %cb.task_id, attempt = cb.attempt, "attempt failed: {error}");
         let env = &grant.envelope;
-        let result = TaskResult {
-            schema: RESULT_SCHEMA.into(),
-            task_id: cb.task_id.clone(),
-            attempt: grant.attempt,
-            execution_digest: env.execution_digest.clone(),
-            outcome: Outcome::Failed,
-            commit_oid: None,
-            target_branch: env.binding.target_branch.clone(),
-            exec_result_sha256: None,
-            failure_code: Some(error.code.as_str().to_owned()),
-            reconciliation: None,
-            isolation: evidence.as_ref().map(|e| e.isolation.clone()),
-            captured: None,
-            verification: evidence.map(|e| e.verification).unwrap_or_default(),
-        };
+        let mut result = TaskResult::failed(env, grant.attempt, error.code);
+        if let Some(e) = evidence {
+            result = result.with_evidence(e.verification, e.isolation);
+        }
         let (_, pending) = self.pending(cb, grant, &result)?;
         self.submit(cb, grant, &pending)
     }
@@ -1106,21 +1080,7 @@ impl Worker {
     fn report_reconciliation(&self, grant: &Grant, facts: BranchFacts) -> Step<()> {
         let env = &grant.envelope;
         let task = &env.binding.task_id;
-        let result = TaskResult {
-            schema: RESULT_SCHEMA.into(),
-            task_id: task.clone(),
-            attempt: grant.attempt,
-            execution_digest: env.execution_digest.clone(),
-            outcome: Outcome::Failed,
-            commit_oid: None,
-            target_branch: env.binding.target_branch.clone(),
-            exec_result_sha256: None,
-            failure_code: Some(Code::RECONCILIATION_REQUIRED.as_str().to_owned()),
-            verification: vec![],
-            reconciliation: Some(facts),
-            isolation: None,
-            captured: None,
-        };
+        let result = TaskResult::reconciliation_required(env, grant.attempt, facts);
         let key = result_idempotency_key(task, grant.attempt, &env.execution_digest);
         let mut backoff = Duration::from_millis(200);
         loop {
