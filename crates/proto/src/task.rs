@@ -2,6 +2,7 @@
 
 use crate::binding::Binding;
 use crate::canonical::is_sha256_hex;
+use crate::envelope::Envelope;
 use crate::error::{Code, Error, Result};
 use crate::fields::Obj;
 use crate::limits::{DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_CAP, MAX_REASON_LEN};
@@ -721,6 +722,127 @@ impl Isolation {
 }
 
 impl TaskResult {
+    fn of(
+        task_id: &str,
+        attempt: u32,
+        execution_digest: &str,
+        target_branch: &str,
+        outcome: Outcome,
+    ) -> Self {
+        TaskResult {
+            schema: RESULT_SCHEMA.into(),
+            task_id: task_id.to_owned(),
+            attempt,
+            execution_digest: execution_digest.to_owned(),
+            outcome,
+            commit_oid: None,
+            target_branch: target_branch.to_owned(),
+            exec_result_sha256: None,
+            failure_code: None,
+            verification: vec![],
+            isolation: None,
+            captured: None,
+            reconciliation: None,
+        }
+    }
+
+    fn of_envelope(envelope: &Envelope, attempt: u32, outcome: Outcome) -> Self {
+        let b = &envelope.binding;
+        Self::of(
+            &b.task_id,
+            attempt,
+            &envelope.execution_digest,
+            &b.target_branch,
+            outcome,
+        )
+    }
+
+    /// `attempt` passed: the governed commit on the branch, the digest of
+    /// the executor's result it was made from, and that result's evidence.
+    pub fn passed(
+        envelope: &Envelope,
+        attempt: u32,
+        commit_oid: String,
+        exec_result_sha256: String,
+        verification: Vec<CommandSummary>,
+        isolation: Isolation,
+    ) -> Self {
+        TaskResult {
+            commit_oid: Some(commit_oid),
+            exec_result_sha256: Some(exec_result_sha256),
+            verification,
+            isolation: Some(isolation),
+            ..Self::of_envelope(envelope, attempt, Outcome::Passed)
+        }
+    }
+
+    /// `attempt` captured: what its source capture returned.
+    pub fn captured(
+        envelope: &Envelope,
+        attempt: u32,
+        exec_result_sha256: String,
+        capture: Capture,
+        isolation: Isolation,
+    ) -> Self {
+        TaskResult {
+            exec_result_sha256: Some(exec_result_sha256),
+            captured: Some(capture),
+            isolation: Some(isolation),
+            ..Self::of_envelope(envelope, attempt, Outcome::Captured)
+        }
+    }
+
+    /// `attempt` failed with `code`; [`TaskResult::with_evidence`] adds
+    /// what its commands left.
+    pub fn failed(envelope: &Envelope, attempt: u32, code: Code) -> Self {
+        Self::of_envelope(envelope, attempt, Outcome::Failed).failing_with(code)
+    }
+
+    /// The failed result of a claim whose envelope the worker refuses
+    /// (`code`), derived from the claim alone; `None` when the envelope
+    /// names no execution digest or target branch.
+    pub fn refused_claim(claim: &ClaimGrant, code: Code) -> Option<Self> {
+        let digest = claim.envelope["execution_digest"].as_str()?;
+        let branch = claim.envelope["target_branch"].as_str()?;
+        let result = Self::of(
+            &claim.task_id,
+            claim.attempt,
+            digest,
+            branch,
+            Outcome::Failed,
+        );
+        Some(result.failing_with(code))
+    }
+
+    /// `attempt` failed with `RECONCILIATION_REQUIRED`, carrying what the
+    /// worker saw of the branch.
+    pub fn reconciliation_required(
+        envelope: &Envelope,
+        attempt: u32,
+        facts: crate::reconcile::BranchFacts,
+    ) -> Self {
+        TaskResult {
+            reconciliation: Some(facts),
+            ..Self::failed(envelope, attempt, Code::RECONCILIATION_REQUIRED)
+        }
+    }
+
+    /// This result with its commands' summaries and how they were isolated.
+    pub fn with_evidence(self, verification: Vec<CommandSummary>, isolation: Isolation) -> Self {
+        TaskResult {
+            verification,
+            isolation: Some(isolation),
+            ..self
+        }
+    }
+
+    fn failing_with(self, code: Code) -> Self {
+        TaskResult {
+            failure_code: Some(code.as_str().to_owned()),
+            ..self
+        }
+    }
+
     /// Structural checks the supervisor applies before storing a result.
     pub fn validate(&self) -> Result<()> {
         let bad = |why: &str| Err(Error::with(Code::MESSAGE_INVALID, why.to_owned()));
@@ -935,6 +1057,74 @@ mod tests {
         assert_eq!(none.seccomp, UNMEASURED);
         // Nothing measured at all is never confined.
         assert_eq!(Isolation::unmeasured().gaps().len(), 5);
+    }
+
+    fn envelope() -> Envelope {
+        let base = "a".repeat(40);
+        let binding = Binding::from_value(&json!({
+            "task_id": "task-a", "job_id": "job-a", "repository": "demo", "base_oid": base,
+            "expected_branch_oid": base, "target_branch": "agent/task-a", "branch_mode": "CREATE_NEW",
+            "generation": 1, "idempotency_key": "key-task-a",
+        }))
+        .unwrap();
+        let request = crate::envelope::ExecutionRequest::from_value(&json!({
+            "action": "deterministic",
+            "change_set": [{"operation": "write_file", "path": "a.txt", "content": "a\n"}],
+        }))
+        .unwrap();
+        Envelope::project(&binding, &request).unwrap()
+    }
+
+    #[test]
+    fn each_outcomes_constructor_builds_a_valid_result() {
+        let env = envelope();
+        let passed =
+            TaskResult::passed(&env, 2, "c".repeat(40), "e".repeat(64), vec![], confined());
+        let capture = Capture {
+            source_tree: "f".repeat(40),
+            captured_in_attempt: 1,
+            source_signals: vec![],
+            files: vec![],
+            withheld: vec![],
+        };
+        let captured = TaskResult::captured(&env, 2, "e".repeat(64), capture, confined());
+        let failed = TaskResult::failed(&env, 2, Code::VERIFICATION_FAILED);
+        assert_eq!(failed.failure_code.as_deref(), Some("VERIFICATION_FAILED"));
+        let with_evidence = failed.clone().with_evidence(vec![], confined());
+        let facts = crate::reconcile::BranchFacts {
+            commit_oid: "c".repeat(40),
+            observed_head: None,
+        };
+        let reconciling = TaskResult::reconciliation_required(&env, 2, facts);
+        let claim = ClaimGrant {
+            task_id: "task-a".into(),
+            attempt: 2,
+            lease_epoch: 1,
+            lease_token: "t".repeat(43),
+            lease_expires_at_ms: 0,
+            envelope: env.to_value(),
+        };
+        let refused =
+            TaskResult::refused_claim(&claim, Code::EXECUTION_ACTION_UNSUPPORTED).unwrap();
+        for r in [
+            passed,
+            captured,
+            failed,
+            with_evidence,
+            reconciling,
+            refused,
+        ] {
+            assert!(r.validate().is_ok(), "{r:?}");
+            assert_eq!(r.schema, RESULT_SCHEMA);
+            assert_eq!((r.task_id.as_str(), r.attempt), ("task-a", 2));
+            assert_eq!(r.execution_digest, env.execution_digest);
+            assert_eq!(r.target_branch, "agent/task-a");
+        }
+        let nameless = ClaimGrant {
+            envelope: json!({}),
+            ..claim
+        };
+        assert_eq!(TaskResult::refused_claim(&nameless, Code::INTERNAL), None);
     }
 
     #[test]

@@ -341,30 +341,15 @@ fn fail_refused_claim(
     claim: &airlock_proto::task::ClaimGrant,
     error: Error,
 ) {
-    use airlock_proto::task::{Outcome, RESULT_SCHEMA, TaskResult};
-    let digest = claim.envelope["execution_digest"].as_str();
-    let branch = claim.envelope["target_branch"].as_str();
-    let (Some(digest), Some(branch)) = (digest, branch) else {
+    let Some(result) = airlock_proto::task::TaskResult::refused_claim(claim, error.code) else {
         tracing::error!(task = %claim.task_id, "the refused envelope names no digest or branch; its lease will expire");
         return;
     };
-    let result = TaskResult {
-        schema: RESULT_SCHEMA.into(),
-        task_id: claim.task_id.clone(),
-        attempt: claim.attempt,
-        execution_digest: digest.to_owned(),
-        outcome: Outcome::Failed,
-        commit_oid: None,
-        target_branch: branch.to_owned(),
-        exec_result_sha256: None,
-        failure_code: Some(error.code.as_str().to_owned()),
-        verification: vec![],
-        reconciliation: None,
-        isolation: None,
-        captured: None,
-    };
-    let key =
-        airlock_proto::checkpoint::result_idempotency_key(&claim.task_id, claim.attempt, digest);
+    let key = airlock_proto::checkpoint::result_idempotency_key(
+        &claim.task_id,
+        claim.attempt,
+        &result.execution_digest,
+    );
     let lease = LeaseRef::of(claim);
     let mut backoff = Duration::from_millis(200);
     loop {

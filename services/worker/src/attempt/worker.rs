@@ -1,0 +1,209 @@
+//! The worker's state: its settings, and the stores every phase reads and
+//! writes through (the registry of repositories, the checkpoint journal,
+//! the kept envelopes, the per-request scratch directories).
+
+use super::{Step, git_err, refused, spool_err};
+use crate::bus::Supervisor;
+use airlock_git::{ArchiveLimits, AuthorityRepo};
+use airlock_journal::checkpoint::CheckpointJournal;
+use airlock_proto::envelope::Envelope;
+use airlock_proto::{Code, Error};
+use airlock_spool::{Expect, Spool};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the worker needs to know, resolved from configuration at start.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Registered repositories: name → bare repository path.
+    pub repositories: BTreeMap<String, PathBuf>,
+    /// Capabilities this worker offers; an envelope may ask for no more.
+    pub capabilities: Vec<String>,
+    /// Per-attempt scratch directories live here; removed at start.
+    pub workspace_root: PathBuf,
+    /// Where envelopes of claimed attempts are kept for resumption.
+    pub envelope_dir: PathBuf,
+    /// The executor's uid: the only acceptable owner of results.
+    pub executor_uid: u32,
+    /// Largest result or failure file read from the spool.
+    pub max_result_bytes: u64,
+    /// Bounds on the source archive.
+    pub archive_limits: ArchiveLimits,
+    /// Added to the sum of command timeouts when waiting for a result.
+    pub result_slack: Duration,
+    /// How often a lease is renewed.
+    pub renew_interval: Duration,
+    /// Fault injection for the crash matrix: SIGKILL (or SIGSTOP) this
+    /// process at this point (env AIRLOCK_FAULT_KILL_AFTER or
+    /// AIRLOCK_FAULT_STOP_AT; see [`crate::fault`]).
+    #[cfg(feature = "fault-injection")]
+    pub fault: Option<crate::fault::Armed>,
+}
+
+/// The worker: journal, spool and supervisor.
+#[derive(Debug)]
+pub struct Worker {
+    pub(super) settings: WorkerSettings,
+    /// The registered repositories now: `settings.repositories` at start,
+    /// replaced on reload (SIGHUP). An attempt looks its repository up at
+    /// each step, so one removed meanwhile fails with
+    /// REPOSITORY_NOT_REGISTERED.
+    registry: std::sync::RwLock<BTreeMap<String, PathBuf>>,
+    journal: Mutex<CheckpointJournal>,
+    pub(super) spool: Spool,
+    pub(super) bus: Supervisor,
+    pub(super) stopping: Arc<AtomicBool>,
+    pub(super) progress: crate::progress::Progress,
+}
+
+impl Worker {
+    /// Assembles a worker.
+    pub fn new(
+        settings: WorkerSettings,
+        journal: CheckpointJournal,
+        spool: Spool,
+        bus: Supervisor,
+        stopping: Arc<AtomicBool>,
+    ) -> Self {
+        Worker {
+            registry: std::sync::RwLock::new(settings.repositories.clone()),
+            settings,
+            journal: Mutex::new(journal),
+            spool,
+            bus,
+            stopping,
+            progress: crate::progress::Progress::default(),
+        }
+    }
+
+    /// The calling thread's progress, for the watchdog ([`crate::progress`]).
+    pub fn progress(&self) -> &crate::progress::Progress {
+        &self.progress
+    }
+
+    /// The supervisor connection.
+    pub fn bus(&self) -> &Supervisor {
+        &self.bus
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &WorkerSettings {
+        &self.settings
+    }
+
+    /// Replaces the registered repositories (a reload); returns the names
+    /// added and removed.
+    pub fn set_repositories(
+        &self,
+        repositories: BTreeMap<String, PathBuf>,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut now = self
+            .registry
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let added = repositories
+            .iter()
+            .filter(|(n, p)| now.get(*n) != Some(p))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let removed = now
+            .keys()
+            .filter(|n| !repositories.contains_key(*n))
+            .cloned()
+            .collect();
+        *now = repositories;
+        (added, removed)
+    }
+
+    /// The path of a registered repository.
+    pub fn repository_path(&self, name: &str) -> Option<PathBuf> {
+        self.registry
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// The spool.
+    pub fn spool(&self) -> &Spool {
+        &self.spool
+    }
+
+    /// Runs `f` on the journal.
+    pub fn with_journal<T>(
+        &self,
+        f: impl FnOnce(&mut CheckpointJournal) -> Result<T, airlock_journal::StoreError>,
+    ) -> Step<T> {
+        let mut j = self
+            .journal
+            .lock()
+            .map_err(|_| Error::with(Code::INTERNAL, "journal lock poisoned"))?;
+        f(&mut j).map_err(refused)
+    }
+
+    /// Keeps the envelope of a claimed attempt where a restarted worker finds
+    /// it: `<envelope_dir>/<execution_digest>.json`, content-addressed.
+    pub fn keep_envelope(&self, envelope: &Envelope) -> Step<()> {
+        let path = self
+            .settings
+            .envelope_dir
+            .join(format!("{}.json", envelope.execution_digest));
+        if path.exists() {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec(&envelope.to_value())
+            .map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+        match airlock_spool::publish_path(&path, &bytes) {
+            Ok(_) => Ok(()),
+            Err(airlock_spool::Error::AlreadyPublished { .. }) => Ok(()),
+            Err(e) => Err(spool_err(e)),
+        }
+    }
+
+    /// Loads a kept envelope and checks it is the one its name says.
+    pub fn load_envelope(&self, execution_digest: &str) -> Step<Envelope> {
+        let path = self
+            .settings
+            .envelope_dir
+            .join(format!("{execution_digest}.json"));
+        let me = nix::unistd::getuid().as_raw();
+        let bytes = airlock_spool::read_path(
+            &path,
+            &Expect {
+                owner_uid: me,
+                max_bytes: airlock_proto::limits::MAX_MESSAGE_BYTES as u64,
+                sha256: None,
+            },
+        )
+        .map_err(spool_err)?;
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::with(Code::MESSAGE_INVALID, e.to_string()))?;
+        let env = Envelope::validate(&value, None, Some(&self.settings.capabilities))?;
+        if env.execution_digest != execution_digest {
+            return Err(Error::new(Code::EXECUTION_DIGEST_INVALID));
+        }
+        Ok(env)
+    }
+
+    /// The envelope's repository, looked up in the registry now.
+    pub(super) fn repo(&self, envelope: &Envelope, scratch: &Path) -> Step<AuthorityRepo> {
+        let name = &envelope.binding.repository;
+        let path = self
+            .repository_path(name)
+            .ok_or_else(|| Error::with(Code::REPOSITORY_NOT_REGISTERED, name.clone()))?;
+        Ok(AuthorityRepo::open(&path)
+            .map_err(git_err)?
+            .with_scratch(scratch.to_path_buf()))
+    }
+
+    pub(super) fn scratch(&self, rid: &str) -> Step<PathBuf> {
+        let dir = self.settings.workspace_root.join(format!("task-{rid}"));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, format!("{}: {e}", dir.display())))?;
+        Ok(dir)
+    }
+}
