@@ -698,3 +698,76 @@ mod tests {
         }
     }
 }
+
+/// The programs each repository's commands may start: its environment's
+/// (resolved) first, then `executor.programs`. What the supervisor checks
+/// a submission against and the task builder resolves bare names in; the
+/// executor checks the same again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProgramTable {
+    executor: Vec<PathBuf>,
+    by_repository: BTreeMap<String, Result<Vec<PathBuf>, EnvironmentError>>,
+}
+
+impl ProgramTable {
+    /// Resolves every registered repository's environment on this host.
+    pub fn from_config(config: &crate::Config) -> ProgramTable {
+        ProgramTable {
+            executor: config.executor.programs.clone(),
+            by_repository: config
+                .repositories
+                .iter()
+                .filter_map(|r| {
+                    let env = r.environment.as_ref()?;
+                    Some((r.name.clone(), env.resolve().map(|res| res.programs)))
+                })
+                .collect(),
+        }
+    }
+
+    /// The programs `repository`'s commands may start, or why its
+    /// environment is unusable here.
+    pub fn for_repository(&self, repository: &str) -> Result<Vec<PathBuf>, EnvironmentError> {
+        let mut all = match self.by_repository.get(repository) {
+            None => Vec::new(),
+            Some(Ok(programs)) => programs.clone(),
+            Some(Err(e)) => return Err(e.clone()),
+        };
+        for p in &self.executor {
+            if !all.contains(p) {
+                all.push(p.clone());
+            }
+        }
+        Ok(all)
+    }
+
+    /// Checks that every argv[0] of `commands` may run for `repository`
+    /// (compared exactly, as the executor compares): COMMAND_PROGRAM_DENY,
+    /// or the environment's own code when it is unusable.
+    pub fn check(
+        &self,
+        repository: &str,
+        programs: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<(), airlock_proto::Error> {
+        let allowed = self.for_repository(repository).map_err(|e| {
+            airlock_proto::Error::with(e.code, format!("repository {repository}: {e}"))
+        })?;
+        for program in programs {
+            let program = program.as_ref();
+            if !allowed.iter().any(|p| p.as_os_str() == program) {
+                return Err(airlock_proto::Error::with(
+                    Code::COMMAND_PROGRAM_DENY,
+                    format!(
+                        "{program:?} is not one of the programs {repository}'s commands may start ({}); an administrator allows more in the repository's environment (docs/environments.md)",
+                        allowed
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -41,6 +41,7 @@ impl Sup {
             sweep_interval: Duration::from_secs(1),
             auto_accept: false,
             repositories: vec!["demo".into()],
+            programs: airlock_config::ProgramTable::from_config(&airlock_config::Config::default()),
             drain_timeout: Duration::from_secs(5),
             call_delay: None,
             agents: Vec::new(),

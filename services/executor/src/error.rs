@@ -138,6 +138,14 @@ pub enum Error {
         /// The bound.
         max: u64,
     },
+    /// The repository's verification environment is unusable here.
+    #[error("{message}")]
+    Environment {
+        /// Its code.
+        code: airlock_proto::Code,
+        /// What is wrong.
+        message: String,
+    },
     /// A verification command's program is not allowlisted.
     #[error("{label}: program {program:?} is not allowlisted")]
     ProgramDenied {
@@ -210,6 +218,7 @@ impl Error {
             Error::NotText(_) => Code::CHANGE_SET_INVALID,
             Error::FileTooLarge { .. } => Code::FILE_TOO_LARGE,
             Error::ProgramDenied { .. } => Code::COMMAND_PROGRAM_DENY,
+            Error::Environment { code, .. } => *code,
             Error::PythonModuleDenied { .. } => Code::PYTHON_MODULE_DENY,
             Error::GitDenied { .. } => Code::GIT_MUTATION_DENY,
             Error::ConfineSpawn(_) | Error::ConfineReport(_) => Code::SANDBOX_UNAVAILABLE,

@@ -27,6 +27,7 @@
 pub mod apply;
 pub mod beneath;
 pub mod cache;
+pub mod environment;
 pub mod error;
 pub mod extract;
 pub mod lockdown;

@@ -14,6 +14,7 @@
 
 use airlock_executor::apply::CredentialPolicy;
 use airlock_executor::cache::{CacheLimits, TreeCache};
+use airlock_executor::environment::Environments;
 use airlock_executor::error::{Error, Result};
 use airlock_executor::extract::ArchiveLimits;
 use airlock_executor::lockdown::{self, Paths, Slot};
@@ -250,10 +251,19 @@ fn command_ids(user: &str) -> Option<(u32, u32)> {
 
 /// Forks the spawner (before the lockdown: it builds each command's
 /// minimal root by mounting, which Landlock would forbid).
-fn spawner(config: &airlock_config::Config, work_root: &Path) -> Result<Runner> {
+fn spawner(
+    config: &airlock_config::Config,
+    environments: &Environments,
+    work_root: &Path,
+) -> Result<Runner> {
     let ex = &config.executor;
     let spawner = Spawner::start(Options {
-        setup: run::setup(&ex.limits, ex.allow_degraded_landlock, ex.landlock_min_abi),
+        setup: run::setup(
+            &ex.limits,
+            ex.allow_degraded_landlock,
+            ex.landlock_min_abi,
+            environments.paths(),
+        ),
         drop_to: command_ids(&ex.user),
         work_root: work_root.to_owned(),
     })
@@ -303,11 +313,17 @@ fn write_view_status(work_root: &Path, runner: Option<&Runner>) {
     }
 }
 
-fn settings(config: &airlock_config::Config, runner: Runner, work_root: PathBuf) -> Settings {
+fn settings(
+    config: &airlock_config::Config,
+    environments: Environments,
+    runner: Runner,
+    work_root: PathBuf,
+) -> Settings {
     let ex = &config.executor;
     let l = &ex.limits;
     Settings {
         programs: ProgramPolicy::from_config(ex),
+        environments,
         credentials: CredentialPolicy {
             allow: ex.allow_credential_paths.clone(),
         },
@@ -340,8 +356,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     let worker_uid = worker_owner_as_seen(&spool, worker_uid)?;
     let work_root = prepare_work_root(&args.common.work)?;
     // 4. The spawner, before any confinement of our own.
-    let runner = spawner(&config, &work_root)?;
-    let mut settings = settings(&config, runner, work_root.clone());
+    let environments = Environments::from_config(&config);
+    for line in environments.summary() {
+        eprintln!("airlock-executor: environment {line}");
+    }
+    let runner = spawner(&config, &environments, &work_root)?;
+    let mut settings = settings(&config, environments, runner, work_root.clone());
     let mut watcher = spool.watch(&[Kind::Requests, Kind::Sources])?;
     // 5. Confinement: bounding set, no_new_privs, rlimits, Landlock, seccomp.
     let mut paths = Paths::new()
@@ -565,8 +585,12 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
         .worker_uid
         .unwrap_or_else(|| rustix::process::geteuid().as_raw());
     let work_root = prepare_work_root(&args.common.work)?;
-    let runner = spawner(&config, &work_root)?;
-    let mut settings = settings(&config, runner, work_root.clone());
+    let environments = Environments::from_config(&config);
+    for line in environments.summary() {
+        eprintln!("airlock-executor: environment {line}");
+    }
+    let runner = spawner(&config, &environments, &work_root)?;
+    let mut settings = settings(&config, environments, runner, work_root.clone());
     // Both inputs are read before the lockdown; the archive, when the tree
     // is not cached, must hold the request's tree.
     let request_bytes = airlock_spool::read_path(

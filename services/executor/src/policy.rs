@@ -76,8 +76,19 @@ impl ProgramPolicy {
 
     /// Checks one command.
     pub fn check(&self, cmd: &Command) -> Result<()> {
+        self.check_with(cmd, &[])
+    }
+
+    /// Checks one command of a repository whose environment allows
+    /// `extra` programs too (absolute paths, compared exactly).
+    pub fn check_with(&self, cmd: &Command, extra: &[PathBuf]) -> Result<()> {
         let program = cmd.argv.first().map(String::as_str).unwrap_or("");
-        if !self.programs.iter().any(|p| p.as_os_str() == program) {
+        if !self
+            .programs
+            .iter()
+            .chain(extra)
+            .any(|p| p.as_os_str() == program)
+        {
             return Err(Error::ProgramDenied {
                 label: cmd.label.clone(),
                 program: program.to_owned(),

@@ -39,6 +39,8 @@ use std::path::{Path, PathBuf};
 pub struct Settings {
     /// Program allowlists.
     pub programs: ProgramPolicy,
+    /// Each repository's verification environment.
+    pub environments: crate::environment::Environments,
     /// Credential-path allowances.
     pub credentials: CredentialPolicy,
     /// Archive bounds.
@@ -109,9 +111,14 @@ fn execute(
     // 3. The envelope.
     let envelope =
         Envelope::validate(&request.envelope, None, None).map_err(Error::EnvelopeInvalid)?;
-    // 4. Every command is allowed, before anything runs.
+    // 4. Every command is allowed, before anything runs: by the
+    // executor's programs, or by its repository's environment.
+    let environment = settings
+        .environments
+        .for_repository(&envelope.binding.repository)?;
+    let extra = environment.map(|e| e.programs.as_slice()).unwrap_or(&[]);
     for cmd in &envelope.verification {
-        settings.programs.check(cmd)?;
+        settings.programs.check_with(cmd, extra)?;
     }
     // 5. The source tree.
     let tree = source(request)?;
@@ -217,7 +224,11 @@ fn in_workspace(
                         why: "working directory does not exist",
                     });
                 }
-                let (evidence, confinement) = runner.run(cmd, &source, dir, i)?;
+                let variables = settings
+                    .environments
+                    .for_repository(&envelope.binding.repository)?
+                    .map(|e| &e.variables);
+                let (evidence, confinement) = runner.run(cmd, &source, dir, i, variables)?;
                 let ok = evidence.exit_code == Some(0) && !evidence.timed_out;
                 outcome.verification.push(evidence);
                 confinements.push(confinement);

@@ -28,7 +28,7 @@ use airlock_sandbox::{
     Bind, Job, Limits, Outcome, Overlay, REPORT_SCHEMA, Report, Stdio, ViewMode,
 };
 use sha2::{Digest, Sha256};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -91,12 +91,14 @@ pub fn setup(
     limits: &airlock_config::Limits,
     allow_degraded: bool,
     landlock_min_abi: u8,
+    ro: Vec<PathBuf>,
 ) -> airlock_sandbox::Setup {
     airlock_sandbox::Setup {
         uid: None,
         gid: None,
         system_ro: true,
-        ro: Vec::new(),
+        // The environments' toolchain paths (read-only, root's).
+        ro,
         mountpoints: vec![VIEW_WORKSPACE.into()],
         limits: Limits {
             nproc: Some(u64::from(limits.processes)),
@@ -205,12 +207,17 @@ impl Runner {
         ws: &WorkspaceSource,
         scratch: &Path,
         index: usize,
+        variables: Option<&BTreeMap<String, String>>,
     ) -> Result<Job> {
         let setup = |e: std::io::Error, p: &Path| Error::Setup {
             path: p.to_owned(),
             detail: e.to_string(),
         };
-        let mut env: Vec<(String, String)> = Vec::new();
+        // The environment's variables first: what the sandbox sets below
+        // (HOME, TMPDIR, git's and Python's switches) comes later and wins.
+        let mut env: Vec<(String, String)> = variables
+            .map(|v| v.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
         let (binds, overlay, root) = match (self.hello.view, ws) {
             (ViewMode::MinimalRoot, WorkspaceSource::Overlay { lower, upper, work }) => (
                 Vec::new(),
@@ -311,8 +318,9 @@ impl Runner {
         ws: &WorkspaceSource,
         scratch: &Path,
         index: usize,
+        variables: Option<&BTreeMap<String, String>>,
     ) -> Result<(CommandEvidence, Confinement)> {
-        let job = self.job(cmd, ws, scratch, index)?;
+        let job = self.job(cmd, ws, scratch, index, variables)?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let keep = self.tail_bytes;

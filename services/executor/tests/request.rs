@@ -19,6 +19,7 @@ fn settings(work: &std::path::Path) -> Settings {
     let config = airlock_config::Config::default();
     Settings {
         programs: ProgramPolicy::from_config(&config.executor),
+        environments: Default::default(),
         credentials: CredentialPolicy::default(),
         archive: ArchiveLimits {
             max_entries: 100,

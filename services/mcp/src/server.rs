@@ -414,7 +414,11 @@ impl AirlockMcp {
                 ));
             }
         }
-        let verification = self.verification(&a, &config.executor.programs)?;
+        // The repository's environment's programs first, then the executor's.
+        let programs = airlock_config::ProgramTable::from_config(&config)
+            .for_repository(&a.repository)
+            .map_err(|e| Error::with(e.code, format!("repository {}: {e}", a.repository)))?;
+        let verification = self.verification(&a, &programs)?;
         // The same token from the same user names the same task; its
         // arguments' digest is the binding's idempotency key, so other
         // arguments under the same token are a conflict.

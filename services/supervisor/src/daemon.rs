@@ -62,6 +62,8 @@ pub struct Settings {
     pub sweep_interval: Duration,
     /// Repository names submissions may use (`[[repository]] name`).
     pub repositories: Vec<String>,
+    /// The programs each repository's commands may start.
+    pub programs: airlock_config::ProgramTable,
     /// Accept passed results without an admin.
     pub auto_accept: bool,
     /// How long shutdown waits for calls in flight.
@@ -90,8 +92,10 @@ pub struct Reload {
     /// The signals, installed by the caller before anything could be
     /// interrupted by one.
     pub signals: tokio::signal::unix::Signal,
-    /// The registered names now, or why the configuration was refused.
-    pub reread: Box<dyn Fn() -> Result<Vec<String>, Error> + Send + Sync>,
+    /// The registered names and their programs now, or why the
+    /// configuration was refused.
+    pub reread:
+        Box<dyn Fn() -> Result<(Vec<String>, airlock_config::ProgramTable), Error> + Send + Sync>,
 }
 
 impl std::fmt::Debug for Reload {
@@ -139,7 +143,8 @@ async fn fail_unregistered(shared: &Shared, emitter: &SignalEmitter<'_>) {
 /// repositories fail. A refused configuration changes nothing.
 async fn reload(shared: &Shared, emitter: &SignalEmitter<'_>, reload: &Reload) {
     match (reload.reread)() {
-        Ok(names) => {
+        Ok((names, programs)) => {
+            shared.set_programs(programs);
             let before = shared.repositories();
             let added: Vec<&String> = names.iter().filter(|n| !before.contains(n)).collect();
             let removed: Vec<&String> = before.iter().filter(|n| !names.contains(n)).collect();
@@ -214,6 +219,7 @@ pub async fn run_with_reload(
         settings.repositories.clone(),
         settings.call_delay,
     ));
+    shared.set_programs(settings.programs.clone());
 
     let server = conn.object_server();
     server

@@ -217,6 +217,7 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
         sweep_interval: Duration::from_secs(u64::from(sup.sweep_interval_seconds.max(1))),
         auto_accept: sup.auto_accept,
         repositories: config.repositories.iter().map(|r| r.name.clone()).collect(),
+        programs: airlock_config::ProgramTable::from_config(&config),
         drain_timeout: Duration::from_secs(20),
         #[cfg(feature = "test-authorizers")]
         call_delay: args.debug_call_delay_ms.map(Duration::from_millis),
@@ -337,10 +338,13 @@ fn main() -> ExitCode {
         let reload = daemon::Reload {
             signals,
             reread: Box::new(move || {
-                config
+                let repositories = config
                     .repositories_now(&path)
-                    .map(|r| r.into_iter().map(|r| r.name).collect())
-                    .map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))
+                    .map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))?;
+                let mut now = config.clone();
+                now.repositories = repositories;
+                let names = now.repositories.iter().map(|r| r.name.clone()).collect();
+                Ok((names, airlock_config::ProgramTable::from_config(&now)))
             }),
         };
         daemon::run_with_reload(settings, shutdown, Some(reload)).await

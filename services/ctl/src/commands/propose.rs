@@ -106,12 +106,14 @@ pub fn build(args: &Args) -> Result<Built, CtlError> {
     proposal.task_id = args.task_id.clone();
     proposal.branch = args.branch.clone();
     proposal.max_attempts = args.max_attempts;
+    // The repository's environment's programs first, then the executor's.
+    let programs = airlock_config::ProgramTable::from_config(&config)
+        .for_repository(&args.repo)
+        .map_err(|e| CtlError::local(e.code, format!("repository {}: {e}", args.repo)))?;
     for text in &args.verify {
-        proposal.verification.push(verify_command(
-            text,
-            args.timeout,
-            &config.executor.programs,
-        )?);
+        proposal
+            .verification
+            .push(verify_command(text, args.timeout, &programs)?);
     }
     let patch_text;
     let changes = match (&args.worktree, &args.patch) {

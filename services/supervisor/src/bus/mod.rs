@@ -68,6 +68,7 @@ pub struct Shared {
     pub(crate) inflight: InFlight,
     pub(crate) info: Info,
     repositories: std::sync::RwLock<Vec<String>>,
+    programs: std::sync::RwLock<airlock_config::ProgramTable>,
     agents: std::sync::OnceLock<std::sync::Arc<crate::agents::Agents>>,
     resolver: CallerResolver,
     call_delay: Option<Duration>,
@@ -90,6 +91,9 @@ impl Shared {
             inflight: InFlight::default(),
             info,
             repositories: std::sync::RwLock::new(repositories),
+            programs: std::sync::RwLock::new(airlock_config::ProgramTable::from_config(
+                &airlock_config::Config::default(),
+            )),
             agents: std::sync::OnceLock::new(),
             resolver: CallerResolver::default(),
             call_delay,
@@ -121,6 +125,34 @@ impl Shared {
     pub async fn agent_of(&self, caller: &crate::authz::Caller) -> Option<airlock_config::Agent> {
         let agents = self.agents.get()?;
         agents.attribute(caller.pid()?).await.cloned()
+    }
+
+    /// Replaces the programs each repository's commands may start (at
+    /// start, and on a reload).
+    pub fn set_programs(&self, programs: airlock_config::ProgramTable) {
+        *self
+            .programs
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = programs;
+    }
+
+    /// Refuses a submission whose commands name a program its
+    /// repository's commands may not start (COMMAND_PROGRAM_DENY), at
+    /// submission rather than in every attempt.
+    pub fn check_programs(
+        &self,
+        repository: &str,
+        commands: &[airlock_proto::envelope::Command],
+    ) -> Result<(), airlock_proto::Error> {
+        self.programs
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .check(
+                repository,
+                commands
+                    .iter()
+                    .map(|c| c.argv.first().map(String::as_str).unwrap_or("")),
+            )
     }
 
     /// Replaces the registered names (a reload).

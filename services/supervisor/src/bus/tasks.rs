@@ -167,6 +167,8 @@ impl Tasks {
             let registered = self.shared.repositories();
             s.binding
                 .check_registered(registered.iter().map(String::as_str))?;
+            self.shared
+                .check_programs(&s.binding.repository, &s.plan.execution.verification)?;
             if let Some(a) = &agent {
                 if !a.may_propose_for(&s.binding.repository) {
                     return Err(airlock_proto::Error::with(
