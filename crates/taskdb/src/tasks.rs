@@ -39,6 +39,14 @@
 //!
 //! # States
 //!
+//! One function moves a task: `TaskRow::advance` (`tasks/row.rs`; the
+//! row's state is private to it) asks [`airlock_proto::states::next`] for the row of
+//! [`airlock_proto::states::TRANSITIONS`] that fits — the state table's
+//! precondition, then the attempts rule — and sets the state; every write
+//! of a task row persists one such step. The engines find candidate rows
+//! and persist what it decided; [`moves`] reports each committed move to an
+//! observer. The moves, as `docs/states.md` shows them:
+//!
 //! ```text
 //! submit ─▶ QUEUED ─claim─▶ RUNNING ─result passed/captured─▶ VERIFYING ─accept─▶ SUCCEEDED
 //!             ▲  ▲             │  │                               │  │
@@ -66,6 +74,7 @@
 mod audit;
 mod lease;
 mod lifecycle;
+pub mod moves;
 pub mod postgres;
 mod reconcile;
 mod retry;
@@ -661,7 +670,7 @@ impl<B: Backend> Store<B> {
         code: Code,
         detail: &str,
     ) -> StoreResult<()> {
-        self.backend.write("a denial record", &mut |tx| {
+        self.write("a denial record", &mut |tx| {
             audit::append_denial(tx, task_id, actor, action, code, detail)
         })
     }
@@ -677,9 +686,7 @@ impl<B: Backend> Store<B> {
     /// The stored restart-policy record of the planner agent `name`
     /// (`airlock_agents::AgentRecord` as JSON; the store keeps it opaque).
     pub fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>> {
-        let text = self
-            .backend
-            .write("reading an agent's record", &mut |tx| tx.agent_record(name))?;
+        let text = self.write("reading an agent's record", &mut |tx| tx.agent_record(name))?;
         text.map(|t| {
             serde_json::from_str(&t).map_err(|e| {
                 StoreError::from(airlock_proto::Error::with(
@@ -702,7 +709,7 @@ impl<B: Backend> Store<B> {
     ) -> StoreResult<()> {
         let json = airlock_proto::canonical::to_canonical_string(record)?;
         let payload = serde_json::json!({ "agent": name, "record": record });
-        self.backend.write("storing an agent's record", &mut |tx| {
+        self.write("storing an agent's record", &mut |tx| {
             tx.put_agent_record(name, &json)?;
             audit::append_allowed_untasked(tx, actor, action::AGENT_CHANGED, payload.clone())
         })
@@ -717,9 +724,24 @@ impl<B: Backend> Store<B> {
         action: &str,
         payload: &Value,
     ) -> StoreResult<()> {
-        self.backend.write("an event", &mut |tx| {
+        self.write("an event", &mut |tx| {
             audit::append_allowed_untasked(tx, actor, action, payload.clone())
         })
+    }
+
+    /// Runs `f` in one transaction of the engine, and reports the moves of
+    /// task state it made ([`moves`]) once it committed.
+    fn write<T>(
+        &mut self,
+        what: &str,
+        f: &mut dyn FnMut(&mut dyn tx::Tx) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let out = self.backend.write(what, &mut |tx| {
+            moves::begin();
+            f(tx)
+        });
+        moves::ended(out.is_ok());
+        out
     }
 
     /// Passes `result` through, first recording a refusal as a denied event.
