@@ -6,19 +6,24 @@
 //! - **One clock.** Store time is the server's `clock_timestamp()` (through
 //!   the schema function `airlock_clock_ms()`), never below the persisted
 //!   high-water mark. No client clock enters a lease.
-//! - **Claims in one statement.** `UPDATE … WHERE seq = (SELECT … FOR
-//!   UPDATE SKIP LOCKED)`: concurrent claimers on any host skip each
-//!   other's rows instead of waiting, and a row is claimed by exactly one.
+//! - **Claims lock their row.** `SELECT … FOR UPDATE SKIP LOCKED` finds the
+//!   oldest claimable task and locks it; the rules move it and write it
+//!   back fenced by its revision, in the same transaction. Concurrent
+//!   claimers on any host skip each other's rows instead of waiting, and a
+//!   row is claimed by exactly one.
 //! - **Fenced writes.** Every write after a claim names in its `WHERE` the
 //!   revision it read and, for renewals and results, the attempt, lease
 //!   epoch, token hash and an unexpired lease; for decisions the attempt,
 //!   epoch and VERIFYING. Zero rows changed means the lease (or the race)
 //!   was lost. Rows are also locked `FOR UPDATE` when read in a write, so
 //!   the refusal can name why.
-//! - **A sweeper that is one guarded UPDATE** over `FOR UPDATE SKIP
-//!   LOCKED` rows: several supervisors may sweep at once; each expired
-//!   lease is ended once, and a row some other transaction holds (a renewal
-//!   in flight) is left for the next pass.
+//! - **A sweeper over `FOR UPDATE SKIP LOCKED` rows**, each written back
+//!   fenced by its revision: several supervisors may sweep at once; each
+//!   expired lease is ended once, and a row some other transaction holds (a
+//!   renewal in flight) is left for the next pass.
+//! - **No policy here.** This engine finds rows and persists them; which
+//!   state a task moves to is decided once, by the store's one writer
+//!   (`TaskRow::advance`), for both engines.
 //! - **Append-only at the database level.** Triggers abort UPDATE, DELETE
 //!   and TRUNCATE on `events`, `results`, `task_retry_extensions` and
 //!   `task_decisions`, and
