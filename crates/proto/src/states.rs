@@ -5,6 +5,12 @@
 //! [`TABLE`] (`crates/proto/tests/docs.rs`), and the supervisor's contract
 //! test calls every method in every state and compares the outcome with
 //! this table.
+//!
+//! [`TRANSITIONS`] lists, as data, every move the task store makes: rows
+//! `(from, step, to)`, each with the attempts it needs. [`next`] is the one
+//! rule that picks the row (the task database's one writer of task state,
+//! `airlock_taskdb`'s `tasks::moves`, persists only what it decides), and
+//! every row of a bus operation agrees with [`TABLE`] (a test here).
 
 use crate::task::TaskState::{self, Cancelled, Failed, Queued, Running, Succeeded, Verifying};
 use crate::{Code, Error};
@@ -273,6 +279,352 @@ pub const TABLE: &[(Op, TaskState, Outcome)] = &{
     ]
 };
 
+pub use step::{Attempts, Step, Transition};
+
+/// The types of [`TRANSITIONS`]. They describe the store's own moves and
+/// never cross a boundary (no message carries them), so they sit outside
+/// the protocol fingerprint of `crates/proto/tests/protocol.rs`, which
+/// covers the top-level declarations of the message modules.
+mod step {
+    use super::Op;
+    use crate::task::TaskState;
+
+    /// What moves a task: a bus operation's effect (one operation may
+    /// have several, told apart by what the store found), or the system's.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Step {
+        /// `Worker1.Claim`: a new attempt under a fresh lease.
+        Claim,
+        /// `Worker1.Renew`: the lease's expiry moves; the state does not.
+        Renew,
+        /// `Tasks1.ReplacePlan`: the plan changes; the state does not.
+        ReplacePlan,
+        /// `Worker1.SubmitResult` of a passed or captured attempt, left for
+        /// an administrator.
+        SubmitPassed,
+        /// `Worker1.SubmitResult` of a passed attempt accepted at once
+        /// (`auto_accept`, every command exited 0, fully confined).
+        AutoAccept,
+        /// `Worker1.SubmitResult` of a failed attempt (an automatic rework).
+        SubmitFailed,
+        /// `Worker1.SubmitResult` of an attempt failed with a code another
+        /// attempt cannot help (`REPOSITORY_NOT_REGISTERED`,
+        /// `RECONCILIATION_REQUIRED`).
+        SubmitFinal,
+        /// `Tasks1.Verify (accept)`.
+        Accept,
+        /// `Tasks1.Verify (rework)`.
+        Rework,
+        /// `Tasks1.Verify (reject)`.
+        Reject,
+        /// `Tasks1.CancelTask`.
+        Cancel,
+        /// `Retry1.ExtendRetry`: `max_attempts + 1`.
+        ExtendRetry,
+        /// The lease sweeper found the lease expired.
+        ExpireLease,
+        /// The task's repository is no longer registered.
+        FailUnregistered,
+        /// `Reconcile1` resolution `fail`: the verification record says so;
+        /// the state does not change.
+        ResolveFail,
+        /// The worker's check of an adoption found the head adoptable.
+        Adopt,
+    }
+
+    impl Step {
+        /// Every step, in table order.
+        pub const ALL: &'static [Step] = &[
+            Step::Claim,
+            Step::Renew,
+            Step::ReplacePlan,
+            Step::SubmitPassed,
+            Step::AutoAccept,
+            Step::SubmitFailed,
+            Step::SubmitFinal,
+            Step::Accept,
+            Step::Rework,
+            Step::Reject,
+            Step::Cancel,
+            Step::ExtendRetry,
+            Step::ExpireLease,
+            Step::FailUnregistered,
+            Step::ResolveFail,
+            Step::Adopt,
+        ];
+
+        /// A name for humans (`docs/states.md`, refusals).
+        pub fn name(self) -> &'static str {
+            match self {
+                Step::Claim => "claim",
+                Step::Renew => "renew",
+                Step::ReplacePlan => "replace plan",
+                Step::SubmitPassed => "submit result (passed)",
+                Step::AutoAccept => "submit result (passed, auto-accepted)",
+                Step::SubmitFailed => "submit result (failed)",
+                Step::SubmitFinal => "submit result (failed, final)",
+                Step::Accept => "accept",
+                Step::Rework => "rework",
+                Step::Reject => "reject",
+                Step::Cancel => "cancel",
+                Step::ExtendRetry => "extend retry",
+                Step::ExpireLease => "lease expiry",
+                Step::FailUnregistered => "repository unregistered",
+                Step::ResolveFail => "reconciliation resolved (fail)",
+                Step::Adopt => "reconciliation adopted",
+            }
+        }
+
+        /// The bus operation of [`super::TABLE`] this step belongs to;
+        /// `None` for the system's steps and the reconciliation's (their
+        /// table is `crate::reconcile::CASE_TABLE`).
+        pub fn op(self) -> Option<Op> {
+            match self {
+                Step::Claim => Some(Op::Claim),
+                Step::Renew => Some(Op::Renew),
+                Step::ReplacePlan => Some(Op::ReplacePlan),
+                Step::SubmitPassed | Step::AutoAccept => Some(Op::SubmitPassed),
+                Step::SubmitFailed | Step::SubmitFinal => Some(Op::SubmitFailed),
+                Step::Accept => Some(Op::Accept),
+                Step::Rework => Some(Op::Rework),
+                Step::Reject => Some(Op::Reject),
+                Step::Cancel => Some(Op::Cancel),
+                Step::ExtendRetry => Some(Op::ExtendRetry),
+                Step::ExpireLease | Step::FailUnregistered | Step::ResolveFail | Step::Adopt => {
+                    None
+                }
+            }
+        }
+    }
+
+    /// What a row needs of the task's attempts (`attempt < max_attempts`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Attempts {
+        /// Whatever they are.
+        Any,
+        /// Attempts are left.
+        Left,
+        /// None is left.
+        Exhausted,
+    }
+
+    impl Attempts {
+        /// True when a task with (`true`) or without attempts left fits.
+        pub fn admits(self, attempts_left: bool) -> bool {
+            match self {
+                Attempts::Any => true,
+                Attempts::Left => attempts_left,
+                Attempts::Exhausted => !attempts_left,
+            }
+        }
+
+        /// A name for humans.
+        pub fn name(self) -> &'static str {
+            match self {
+                Attempts::Any => "any",
+                Attempts::Left => "attempts left",
+                Attempts::Exhausted => "no attempt left",
+            }
+        }
+    }
+
+    /// One move the store makes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Transition {
+        /// The state the task is in.
+        pub from: TaskState,
+        /// What moves it.
+        pub step: Step,
+        /// What the row needs of the attempts.
+        pub attempts: Attempts,
+        /// The state it is in afterwards.
+        pub to: TaskState,
+        /// What else the move does, for humans.
+        pub why: &'static str,
+    }
+}
+
+/// The state a submitted task starts in (attempt 0, revision 1).
+pub const SUBMITTED: TaskState = Queued;
+
+/// Every move the task store makes, derived from what it does: a task in
+/// `from` moved by `step` ends in `to`, when its attempts fit. For one
+/// `(from, step)` the rows' attempts never overlap, so at most one row
+/// applies ([`next`]).
+pub const TRANSITIONS: &[Transition] = &{
+    use Attempts::{Any, Exhausted, Left};
+    const fn t(
+        from: TaskState,
+        step: Step,
+        attempts: Attempts,
+        to: TaskState,
+        why: &'static str,
+    ) -> Transition {
+        Transition {
+            from,
+            step,
+            attempts,
+            to,
+            why,
+        }
+    }
+    [
+        t(
+            Queued,
+            Step::Claim,
+            Left,
+            Running,
+            "attempt + 1, lease epoch + 1, a fresh lease",
+        ),
+        t(
+            Running,
+            Step::Renew,
+            Any,
+            Running,
+            "the lease's expiry moves",
+        ),
+        t(
+            Queued,
+            Step::ReplacePlan,
+            Any,
+            Queued,
+            "the plan is replaced",
+        ),
+        t(
+            Running,
+            Step::SubmitPassed,
+            Any,
+            Verifying,
+            "the lease is cleared; an administrator decides",
+        ),
+        t(
+            Running,
+            Step::AutoAccept,
+            Any,
+            Succeeded,
+            "auto_accept: every command exited 0, fully confined",
+        ),
+        t(
+            Running,
+            Step::SubmitFailed,
+            Left,
+            Queued,
+            "an automatic rework (NEEDS_REWORK)",
+        ),
+        t(
+            Running,
+            Step::SubmitFailed,
+            Exhausted,
+            Failed,
+            "an automatic rework (NEEDS_REWORK)",
+        ),
+        t(
+            Running,
+            Step::SubmitFinal,
+            Any,
+            Failed,
+            "REPOSITORY_NOT_REGISTERED, or RECONCILIATION_REQUIRED (a case opens)",
+        ),
+        t(Verifying, Step::Accept, Any, Succeeded, ""),
+        t(Verifying, Step::Rework, Left, Queued, ""),
+        t(Verifying, Step::Rework, Exhausted, Failed, ""),
+        t(Verifying, Step::Reject, Any, Failed, ""),
+        t(Queued, Step::Cancel, Any, Cancelled, ""),
+        t(
+            Running,
+            Step::Cancel,
+            Any,
+            Cancelled,
+            "the lease is cleared; its holder is fenced off",
+        ),
+        t(Verifying, Step::Cancel, Any, Cancelled, ""),
+        t(
+            Failed,
+            Step::ExtendRetry,
+            Exhausted,
+            Queued,
+            "max_attempts + 1; claimed_by and the lease cleared",
+        ),
+        t(
+            Running,
+            Step::ExpireLease,
+            Left,
+            Queued,
+            "the lease is cleared",
+        ),
+        t(
+            Running,
+            Step::ExpireLease,
+            Exhausted,
+            Failed,
+            "the lease is cleared; verification record LEASE_EXPIRED",
+        ),
+        t(
+            Queued,
+            Step::FailUnregistered,
+            Any,
+            Failed,
+            "verification record REPOSITORY_NOT_REGISTERED",
+        ),
+        t(
+            Failed,
+            Step::ResolveFail,
+            Any,
+            Failed,
+            "verification record RECONCILIATION_FAILED",
+        ),
+        t(
+            Failed,
+            Step::Adopt,
+            Any,
+            Succeeded,
+            "the head found on the branch becomes the task's commit",
+        ),
+    ]
+};
+
+/// The one rule of task state: where `step` moves a task in `from`, given
+/// whether it has attempts left. A step of a bus operation is first held
+/// to [`TABLE`] (its refusal code, as [`check`] gives it); then the one row
+/// of [`TRANSITIONS`] that fits is the answer, and it must be one of the
+/// states the table allows ([`may_move`]). No row: `TASK_STATE_INVALID`.
+pub fn next(from: TaskState, step: Step, attempts_left: bool) -> Result<TaskState, Error> {
+    if let Some(op) = step.op() {
+        check(op, from)?;
+    }
+    let row = TRANSITIONS
+        .iter()
+        .find(|t| t.from == from && t.step == step && t.attempts.admits(attempts_left))
+        .ok_or_else(|| {
+            Error::with(
+                Code::TASK_STATE_INVALID,
+                format!(
+                    "{} does not move a {} task{}",
+                    step.name(),
+                    from.as_str(),
+                    if attempts_left {
+                        ""
+                    } else {
+                        " without attempts left"
+                    }
+                ),
+            )
+        })?;
+    match step.op() {
+        Some(op) if !may_move(op, from, row.to) => Err(Error::with(
+            Code::INTERNAL,
+            format!(
+                "{} would move a {} task to {}, which {} may not",
+                step.name(),
+                from.as_str(),
+                row.to.as_str(),
+                op.method()
+            ),
+        )),
+        _ => Ok(row.to),
+    }
+}
+
 /// The outcome of `op` in `state`.
 pub fn outcome(op: Op, state: TaskState) -> Outcome {
     TABLE
@@ -354,5 +706,73 @@ mod tests {
         assert!(check(Op::Rework, Verifying).is_ok());
         assert!(may_move(Op::Rework, Verifying, Failed));
         assert!(!may_move(Op::Accept, Verifying, Failed));
+    }
+
+    #[test]
+    fn every_transition_of_a_bus_operation_is_one_the_table_allows() {
+        for t in TRANSITIONS {
+            if let Some(op) = t.step.op() {
+                assert!(may_move(op, t.from, t.to), "{t:?}");
+            }
+        }
+        // And every move the table allows is made by some row.
+        for (op, from, out) in TABLE {
+            if let Outcome::To(states, _) = out {
+                for to in *states {
+                    assert!(
+                        TRANSITIONS
+                            .iter()
+                            .any(|t| t.step.op() == Some(*op) && t.from == *from && t.to == *to),
+                        "{op:?}: {from:?} -> {to:?} has no row"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn at_most_one_row_applies_and_every_step_has_one() {
+        for step in Step::ALL {
+            assert!(TRANSITIONS.iter().any(|t| t.step == *step), "{step:?}");
+            for from in TaskState::ALL {
+                for left in [true, false] {
+                    let rows = TRANSITIONS
+                        .iter()
+                        .filter(|t| t.step == *step && t.from == *from && t.attempts.admits(left))
+                        .count();
+                    assert!(rows <= 1, "{step:?} from {from:?} (left: {left})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn next_follows_the_rows_and_refuses_anything_else() {
+        assert_eq!(next(Verifying, Step::Rework, true).unwrap(), Queued);
+        assert_eq!(next(Verifying, Step::Rework, false).unwrap(), Failed);
+        assert_eq!(next(Running, Step::ExpireLease, false).unwrap(), Failed);
+        assert_eq!(next(Failed, Step::Adopt, false).unwrap(), Succeeded);
+        // The table's own code first.
+        let e = next(Succeeded, Step::Cancel, false).unwrap_err();
+        assert_eq!(e.code, Code::TASK_STATE_INVALID);
+        // A step with no row.
+        let e = next(Queued, Step::Adopt, true).unwrap_err();
+        assert_eq!(e.code, Code::TASK_STATE_INVALID);
+        assert!(next(Queued, Step::Claim, false).is_err());
+        assert!(next(Failed, Step::ExtendRetry, true).is_err());
+        for from in TaskState::ALL {
+            for step in Step::ALL {
+                for left in [true, false] {
+                    if let Ok(to) = next(*from, *step, left) {
+                        assert!(
+                            TRANSITIONS
+                                .iter()
+                                .any(|t| t.from == *from && t.step == *step && t.to == to),
+                            "{from:?} {step:?} {to:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

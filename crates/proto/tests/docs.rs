@@ -163,6 +163,35 @@ fn render_states() -> String {
         out.push('\n');
     }
     out.push_str(
+        "\n## Transitions\n\n\
+         Every move the task store makes, from `airlock_proto::states::TRANSITIONS`. One \
+         function of the task database (`tasks::moves`, through \
+         `airlock_proto::states::next`) picks the row and sets the state; the engines only \
+         find the rows and persist what it decided. A step with no row here is refused with \
+         `TASK_STATE_INVALID`, and `services/supervisor/tests/contract.rs` checks that every \
+         move it sees the store make is a row. A submitted task starts `",
+    );
+    out.push_str(airlock_proto::states::SUBMITTED.as_str());
+    out.push_str(
+        "` (attempt 0).\n\n\
+         | from | step | attempts | to | also |\n|---|---|---|---|---|\n",
+    );
+    for t in airlock_proto::states::TRANSITIONS {
+        let step = match t.step.op() {
+            Some(op) => format!("{} (`{}`)", t.step.name(), op.method()),
+            None => t.step.name().to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            t.from.as_str(),
+            cell(&step),
+            t.attempts.name(),
+            t.to.as_str(),
+            cell(t.why)
+        );
+    }
+    out.push_str(
         "\n## The worker's checkpoint phases\n\n\
          While a task is `RUNNING` the worker records each step of its attempt in its \
          checkpoint journal before acting on it, phases monotonic by rank within an attempt \

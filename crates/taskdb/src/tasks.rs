@@ -39,6 +39,14 @@
 //!
 //! # States
 //!
+//! One function moves a task: `TaskRow::advance` (`tasks/row.rs`; the
+//! row's state is private to it) asks [`airlock_proto::states::next`] for the row of
+//! [`airlock_proto::states::TRANSITIONS`] that fits — the state table's
+//! precondition, then the attempts rule — and sets the state; every write
+//! of a task row persists one such step. The engines find candidate rows
+//! and persist what it decided; [`moves`] reports each committed move to an
+//! observer. The moves, as `docs/states.md` shows them:
+//!
 //! ```text
 //! submit ─▶ QUEUED ─claim─▶ RUNNING ─result passed/captured─▶ VERIFYING ─accept─▶ SUCCEEDED
 //!             ▲  ▲             │  │                               │  │
@@ -66,6 +74,7 @@
 mod audit;
 mod lease;
 mod lifecycle;
+pub mod moves;
 pub mod postgres;
 mod reconcile;
 mod retry;
@@ -444,133 +453,138 @@ pub fn verification_sha256(verification_json: Option<&str>) -> StoreResult<Strin
         .map_err(|e| Error::with(Code::TASK_VERIFICATION_INVALID, e.to_string()).into())
 }
 
-/// The supervisor's task store: every operation the supervisor performs on
-/// it. [`SqliteStore`] and [`PgStore`] implement it with the same rules;
-/// [`crate::open`] picks one from `[supervisor] database`.
-///
-/// Each method is documented on [`Store`], which implements them once for
-/// both engines.
-pub trait TaskStore: Send + std::fmt::Debug {
-    /// See [`Store::now_ms`].
-    fn now_ms(&self) -> StoreResult<i64>;
-    /// See [`Store::get`].
-    fn get(&self, task_id: &str) -> StoreResult<TaskView>;
-    /// See [`Store::list`].
-    fn list(
-        &self,
-        state: Option<TaskState>,
-        after_task_id: Option<&str>,
-        limit: u32,
-    ) -> StoreResult<Vec<TaskView>>;
-    /// See [`Store::summary`].
-    fn summary(&self) -> StoreResult<QueueSummary>;
-    /// See [`Store::last_event_id`].
-    fn last_event_id(&self) -> StoreResult<i64>;
-    /// See [`Store::events`].
-    fn events(
-        &self,
-        task_id: Option<&str>,
-        after_event_id: i64,
-        limit: u32,
-    ) -> StoreResult<Vec<Event>>;
-    /// See [`Store::record_denial`].
-    fn record_denial(
-        &mut self,
-        task_id: Option<&str>,
-        actor: &Actor,
-        action: &str,
-        code: Code,
-        detail: &str,
-    ) -> StoreResult<()>;
-    /// See [`Store::integrity_check`].
-    fn integrity_check(&self) -> StoreResult<()>;
-    /// See [`Store::submit`].
-    fn submit(&mut self, s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted>;
-    /// See [`Store::replace_plan`].
-    fn replace_plan(
-        &mut self,
-        task_id: &str,
-        plan: &PlanRequest,
-        actor: &Actor,
-    ) -> StoreResult<TaskView>;
-    /// See [`Store::decide`].
-    fn decide(
-        &mut self,
-        task_id: &str,
-        req: &DecisionRequest,
-        actor: &Actor,
-    ) -> StoreResult<DecisionOutcome>;
-    /// See [`Store::claim`].
-    fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>>;
-    /// See [`Store::claim_in`].
-    fn claim_in(
-        &mut self,
-        worker: &Actor,
-        lease_ms: i64,
-        repositories: Option<&[String]>,
-    ) -> StoreResult<Option<ClaimGrant>>;
-    /// See [`Store::renew`].
-    fn renew(
-        &mut self,
-        task_id: &str,
-        lease_epoch: u64,
-        lease_token: &str,
-        lease_ms: i64,
-        worker: &Actor,
-    ) -> StoreResult<i64>;
-    /// See [`Store::sweep_expired`].
-    fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>>;
-    /// See [`Store::fail_unregistered`].
-    fn fail_unregistered(&mut self, registered: &[String]) -> StoreResult<Vec<String>>;
-    /// See [`Store::submit_result`].
-    #[allow(clippy::too_many_arguments)]
-    fn submit_result(
-        &mut self,
-        task_id: &str,
-        lease_epoch: u64,
-        lease_token: &str,
-        idempotency_key: &str,
-        result: &TaskResult,
-        auto_accept: bool,
-        worker: &Actor,
-    ) -> StoreResult<ResultReceipt>;
-    /// See [`Store::extend_retry`].
-    fn extend_retry(
-        &mut self,
-        task_id: &str,
-        req: &RetryExtensionRequest,
-        configured_authorization_id: &str,
-    ) -> StoreResult<RetryExtensionOutcome>;
-    /// See [`Store::agent_record`].
-    fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>>;
-    /// See [`Store::save_agent_record`].
-    fn save_agent_record(&mut self, name: &str, record: &Value, actor: &Actor) -> StoreResult<()>;
-    /// See [`Store::record_allowed`].
-    fn record_allowed(&mut self, actor: &Actor, action: &str, payload: &Value) -> StoreResult<()>;
-    /// See [`Store::reconciliations`].
-    fn reconciliations(
-        &mut self,
-        status: Option<CaseStatus>,
-        after_task_id: Option<&str>,
-        limit: u32,
-    ) -> StoreResult<Vec<ReconciliationCase>>;
-    /// See [`Store::reconciliation`].
-    fn reconciliation(&mut self, task_id: &str) -> StoreResult<ReconciliationCase>;
-    /// See [`Store::resolve_reconciliation`].
-    fn resolve_reconciliation(
-        &mut self,
-        task_id: &str,
-        req: &ResolveRequest,
-        actor: &Actor,
-    ) -> StoreResult<ResolveOutcome>;
-    /// See [`Store::take_adoption`].
-    fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>>;
-    /// See [`Store::settle_adoption`].
-    fn settle_adoption(
-        &mut self,
-        report: &AdoptionReport,
-        worker: &Actor,
-    ) -> StoreResult<ReconciliationCase>;
+/// Declares [`TaskStore`] and its implementation by [`Store`] from one list
+/// of signatures: each method is written once, and forwards to the
+/// [`Store`] method of the same name, where it is documented.
+macro_rules! task_store {
+    (
+        &self {
+            $( $(#[$ra:meta])* fn $r:ident($($ra_name:ident: $ra_ty:ty),* $(,)?) -> $rr:ty; )*
+        }
+        &mut self {
+            $( $(#[$ma:meta])* fn $m:ident($($ma_name:ident: $ma_ty:ty),* $(,)?) -> $mr:ty; )*
+        }
+    ) => {
+        /// The supervisor's task store: every operation the supervisor
+        /// performs on it. [`SqliteStore`] and [`PgStore`] implement it with
+        /// the same rules; [`crate::open`] picks one from
+        /// `[supervisor] database`.
+        ///
+        /// Each method is documented on [`Store`], which implements them
+        /// once for both engines.
+        pub trait TaskStore: Send + std::fmt::Debug {
+            $(
+                #[doc = concat!("See [`Store::", stringify!($r), "`].")]
+                $(#[$ra])*
+                fn $r(&self, $($ra_name: $ra_ty),*) -> $rr;
+            )*
+            $(
+                #[doc = concat!("See [`Store::", stringify!($m), "`].")]
+                $(#[$ma])*
+                fn $m(&mut self, $($ma_name: $ma_ty),*) -> $mr;
+            )*
+        }
+
+        impl<B: Backend> TaskStore for Store<B> {
+            $(
+                $(#[$ra])*
+                fn $r(&self, $($ra_name: $ra_ty),*) -> $rr {
+                    Store::$r(self, $($ra_name),*)
+                }
+            )*
+            $(
+                $(#[$ma])*
+                fn $m(&mut self, $($ma_name: $ma_ty),*) -> $mr {
+                    Store::$m(self, $($ma_name),*)
+                }
+            )*
+        }
+    };
+}
+
+task_store! {
+    &self {
+        fn now_ms() -> StoreResult<i64>;
+        fn get(task_id: &str) -> StoreResult<TaskView>;
+        fn list(
+            state: Option<TaskState>,
+            after_task_id: Option<&str>,
+            limit: u32,
+        ) -> StoreResult<Vec<TaskView>>;
+        fn summary() -> StoreResult<QueueSummary>;
+        fn last_event_id() -> StoreResult<i64>;
+        fn events(
+            task_id: Option<&str>,
+            after_event_id: i64,
+            limit: u32,
+        ) -> StoreResult<Vec<Event>>;
+        fn integrity_check() -> StoreResult<()>;
+    }
+    &mut self {
+        fn record_denial(
+            task_id: Option<&str>,
+            actor: &Actor,
+            action: &str,
+            code: Code,
+            detail: &str,
+        ) -> StoreResult<()>;
+        fn submit(s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted>;
+        fn replace_plan(task_id: &str, plan: &PlanRequest, actor: &Actor) -> StoreResult<TaskView>;
+        fn decide(
+            task_id: &str,
+            req: &DecisionRequest,
+            actor: &Actor,
+        ) -> StoreResult<DecisionOutcome>;
+        fn claim(worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>>;
+        fn claim_in(
+            worker: &Actor,
+            lease_ms: i64,
+            repositories: Option<&[String]>,
+        ) -> StoreResult<Option<ClaimGrant>>;
+        fn renew(
+            task_id: &str,
+            lease_epoch: u64,
+            lease_token: &str,
+            lease_ms: i64,
+            worker: &Actor,
+        ) -> StoreResult<i64>;
+        fn sweep_expired() -> StoreResult<Vec<(String, TaskState)>>;
+        fn fail_unregistered(registered: &[String]) -> StoreResult<Vec<String>>;
+        #[allow(clippy::too_many_arguments)]
+        fn submit_result(
+            task_id: &str,
+            lease_epoch: u64,
+            lease_token: &str,
+            idempotency_key: &str,
+            result: &TaskResult,
+            auto_accept: bool,
+            worker: &Actor,
+        ) -> StoreResult<ResultReceipt>;
+        fn extend_retry(
+            task_id: &str,
+            req: &RetryExtensionRequest,
+            configured_authorization_id: &str,
+        ) -> StoreResult<RetryExtensionOutcome>;
+        fn agent_record(name: &str) -> StoreResult<Option<Value>>;
+        fn save_agent_record(name: &str, record: &Value, actor: &Actor) -> StoreResult<()>;
+        fn record_allowed(actor: &Actor, action: &str, payload: &Value) -> StoreResult<()>;
+        fn reconciliations(
+            status: Option<CaseStatus>,
+            after_task_id: Option<&str>,
+            limit: u32,
+        ) -> StoreResult<Vec<ReconciliationCase>>;
+        fn reconciliation(task_id: &str) -> StoreResult<ReconciliationCase>;
+        fn resolve_reconciliation(
+            task_id: &str,
+            req: &ResolveRequest,
+            actor: &Actor,
+        ) -> StoreResult<ResolveOutcome>;
+        fn take_adoption() -> StoreResult<Option<AdoptionCheck>>;
+        fn settle_adoption(
+            report: &AdoptionReport,
+            worker: &Actor,
+        ) -> StoreResult<ReconciliationCase>;
+    }
 }
 
 /// The store's rules over one engine `B`. Use it through [`TaskStore`]
@@ -661,7 +675,7 @@ impl<B: Backend> Store<B> {
         code: Code,
         detail: &str,
     ) -> StoreResult<()> {
-        self.backend.write("a denial record", &mut |tx| {
+        self.write("a denial record", &mut |tx| {
             audit::append_denial(tx, task_id, actor, action, code, detail)
         })
     }
@@ -677,9 +691,7 @@ impl<B: Backend> Store<B> {
     /// The stored restart-policy record of the planner agent `name`
     /// (`airlock_agents::AgentRecord` as JSON; the store keeps it opaque).
     pub fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>> {
-        let text = self
-            .backend
-            .write("reading an agent's record", &mut |tx| tx.agent_record(name))?;
+        let text = self.write("reading an agent's record", &mut |tx| tx.agent_record(name))?;
         text.map(|t| {
             serde_json::from_str(&t).map_err(|e| {
                 StoreError::from(airlock_proto::Error::with(
@@ -702,7 +714,7 @@ impl<B: Backend> Store<B> {
     ) -> StoreResult<()> {
         let json = airlock_proto::canonical::to_canonical_string(record)?;
         let payload = serde_json::json!({ "agent": name, "record": record });
-        self.backend.write("storing an agent's record", &mut |tx| {
+        self.write("storing an agent's record", &mut |tx| {
             tx.put_agent_record(name, &json)?;
             audit::append_allowed_untasked(tx, actor, action::AGENT_CHANGED, payload.clone())
         })
@@ -717,9 +729,24 @@ impl<B: Backend> Store<B> {
         action: &str,
         payload: &Value,
     ) -> StoreResult<()> {
-        self.backend.write("an event", &mut |tx| {
+        self.write("an event", &mut |tx| {
             audit::append_allowed_untasked(tx, actor, action, payload.clone())
         })
+    }
+
+    /// Runs `f` in one transaction of the engine, and reports the moves of
+    /// task state it made ([`moves`]) once it committed.
+    fn write<T>(
+        &mut self,
+        what: &str,
+        f: &mut dyn FnMut(&mut dyn tx::Tx) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let out = self.backend.write(what, &mut |tx| {
+            moves::begin();
+            f(tx)
+        });
+        moves::ended(out.is_ok());
+        out
     }
 
     /// Passes `result` through, first recording a refusal as a denied event.
@@ -737,163 +764,6 @@ impl<B: Backend> Store<B> {
             let _ = self.record_denial(task_id, actor, action, e.code, detail);
         }
         result
-    }
-}
-
-impl<B: Backend> TaskStore for Store<B> {
-    fn now_ms(&self) -> StoreResult<i64> {
-        Store::now_ms(self)
-    }
-    fn get(&self, task_id: &str) -> StoreResult<TaskView> {
-        Store::get(self, task_id)
-    }
-    fn list(
-        &self,
-        state: Option<TaskState>,
-        after_task_id: Option<&str>,
-        limit: u32,
-    ) -> StoreResult<Vec<TaskView>> {
-        Store::list(self, state, after_task_id, limit)
-    }
-    fn summary(&self) -> StoreResult<QueueSummary> {
-        Store::summary(self)
-    }
-    fn last_event_id(&self) -> StoreResult<i64> {
-        Store::last_event_id(self)
-    }
-    fn events(
-        &self,
-        task_id: Option<&str>,
-        after_event_id: i64,
-        limit: u32,
-    ) -> StoreResult<Vec<Event>> {
-        Store::events(self, task_id, after_event_id, limit)
-    }
-    fn record_denial(
-        &mut self,
-        task_id: Option<&str>,
-        actor: &Actor,
-        action: &str,
-        code: Code,
-        detail: &str,
-    ) -> StoreResult<()> {
-        Store::record_denial(self, task_id, actor, action, code, detail)
-    }
-    fn integrity_check(&self) -> StoreResult<()> {
-        Store::integrity_check(self)
-    }
-    fn submit(&mut self, s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted> {
-        Store::submit(self, s, actor)
-    }
-    fn replace_plan(
-        &mut self,
-        task_id: &str,
-        plan: &PlanRequest,
-        actor: &Actor,
-    ) -> StoreResult<TaskView> {
-        Store::replace_plan(self, task_id, plan, actor)
-    }
-    fn decide(
-        &mut self,
-        task_id: &str,
-        req: &DecisionRequest,
-        actor: &Actor,
-    ) -> StoreResult<DecisionOutcome> {
-        Store::decide(self, task_id, req, actor)
-    }
-    fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
-        Store::claim(self, worker, lease_ms)
-    }
-    fn claim_in(
-        &mut self,
-        worker: &Actor,
-        lease_ms: i64,
-        repositories: Option<&[String]>,
-    ) -> StoreResult<Option<ClaimGrant>> {
-        Store::claim_in(self, worker, lease_ms, repositories)
-    }
-    fn renew(
-        &mut self,
-        task_id: &str,
-        lease_epoch: u64,
-        lease_token: &str,
-        lease_ms: i64,
-        worker: &Actor,
-    ) -> StoreResult<i64> {
-        Store::renew(self, task_id, lease_epoch, lease_token, lease_ms, worker)
-    }
-    fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>> {
-        Store::sweep_expired(self)
-    }
-    fn fail_unregistered(&mut self, registered: &[String]) -> StoreResult<Vec<String>> {
-        Store::fail_unregistered(self, registered)
-    }
-    fn submit_result(
-        &mut self,
-        task_id: &str,
-        lease_epoch: u64,
-        lease_token: &str,
-        idempotency_key: &str,
-        result: &TaskResult,
-        auto_accept: bool,
-        worker: &Actor,
-    ) -> StoreResult<ResultReceipt> {
-        Store::submit_result(
-            self,
-            task_id,
-            lease_epoch,
-            lease_token,
-            idempotency_key,
-            result,
-            auto_accept,
-            worker,
-        )
-    }
-    fn extend_retry(
-        &mut self,
-        task_id: &str,
-        req: &RetryExtensionRequest,
-        configured_authorization_id: &str,
-    ) -> StoreResult<RetryExtensionOutcome> {
-        Store::extend_retry(self, task_id, req, configured_authorization_id)
-    }
-    fn agent_record(&mut self, name: &str) -> StoreResult<Option<Value>> {
-        Store::agent_record(self, name)
-    }
-    fn save_agent_record(&mut self, name: &str, record: &Value, actor: &Actor) -> StoreResult<()> {
-        Store::save_agent_record(self, name, record, actor)
-    }
-    fn record_allowed(&mut self, actor: &Actor, action: &str, payload: &Value) -> StoreResult<()> {
-        Store::record_allowed(self, actor, action, payload)
-    }
-    fn reconciliations(
-        &mut self,
-        status: Option<CaseStatus>,
-        after_task_id: Option<&str>,
-        limit: u32,
-    ) -> StoreResult<Vec<ReconciliationCase>> {
-        Store::reconciliations(self, status, after_task_id, limit)
-    }
-    fn reconciliation(&mut self, task_id: &str) -> StoreResult<ReconciliationCase> {
-        Store::reconciliation(self, task_id)
-    }
-    fn resolve_reconciliation(
-        &mut self,
-        task_id: &str,
-        req: &ResolveRequest,
-        actor: &Actor,
-    ) -> StoreResult<ResolveOutcome> {
-        Store::resolve_reconciliation(self, task_id, req, actor)
-    }
-    fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>> {
-        Store::take_adoption(self)
-    }
-    fn settle_adoption(
-        &mut self,
-        report: &AdoptionReport,
-        worker: &Actor,
-    ) -> StoreResult<ReconciliationCase> {
-        Store::settle_adoption(self, report, worker)
     }
 }
 

@@ -91,6 +91,13 @@ struct Args {
     #[cfg(feature = "test-authorizers")]
     #[arg(long, value_name = "MS", hide = true)]
     debug_call_delay_ms: Option<u64>,
+
+    /// Append every move of task state the store commits to this file, one
+    /// line each: task, from, step, to, tab-separated (the contract test;
+    /// test builds only).
+    #[cfg(feature = "test-authorizers")]
+    #[arg(long, value_name = "PATH", hide = true)]
+    debug_transition_log: Option<PathBuf>,
 }
 
 /// The authoriser named `name` (from the flag or the configuration).
@@ -276,6 +283,31 @@ fn confine(settings: &Settings, drop_ins: &std::path::Path) -> Result<(), Error>
     Ok(())
 }
 
+/// `--debug-transition-log`: the store's moves to `path`, opened now
+/// (before the lockdown) and written as each transaction commits.
+#[cfg(feature = "test-authorizers")]
+fn log_moves(path: &std::path::Path) -> Result<(), Error> {
+    use std::io::Write as _;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::with(Code::CONFIG_INVALID, format!("{}: {e}", path.display())))?;
+    let file = std::sync::Mutex::new(file);
+    airlock_taskdb::tasks::moves::observe(move |task_id, m| {
+        let line = format!(
+            "{task_id}\t{}\t{:?}\t{}\n",
+            m.from.as_str(),
+            m.step,
+            m.to.as_str()
+        );
+        if let Ok(mut f) = file.lock() {
+            let _ = f.write_all(line.as_bytes());
+        }
+    });
+    Ok(())
+}
+
 /// `--migrate`: the PostgreSQL schema to this build's version.
 fn migrate(location: &Location) -> ExitCode {
     let Location::Postgres(pg) = location else {
@@ -313,6 +345,10 @@ fn main() -> ExitCode {
     }
     if args.migrate {
         return migrate(&settings.database);
+    }
+    #[cfg(feature = "test-authorizers")]
+    if let Some(Err(e)) = args.debug_transition_log.as_deref().map(log_moves) {
+        return fail(&e);
     }
     // Confinement, before the runtime starts any thread: bounding set,
     // no_new_privs, rlimits, Landlock (the database's directory), seccomp.

@@ -6,7 +6,13 @@
 //! - every operation of `airlock_proto::states::TABLE`, called through the
 //!   one client (`airlock-client`) on a task in every state, ends as the
 //!   table says: the task moves to one of the states listed, or the call is
-//!   refused with exactly the listed code and the task does not change.
+//!   refused with exactly the listed code and the task does not change;
+//! - every move of task state the store makes meanwhile (each one its one
+//!   writer committed, logged by the supervisor's test-build flag
+//!   `--debug-transition-log`) is a row of
+//!   `airlock_proto::states::TRANSITIONS`, every change a call made is
+//!   such a move, a refused call makes none, and a step with no row is
+//!   refused;
 //!
 //! - Verify and CancelTask are exactly-once compare-and-swaps: a stale
 //!   revision or attempt, a result the caller did not see, a key reused
@@ -35,6 +41,8 @@ use std::collections::BTreeMap;
 const OWNER: &str = "owner-contract-20261130";
 
 struct Stack {
+    /// Where the supervisor logs the store's moves.
+    moves: std::path::PathBuf,
     _dir: tempfile::TempDir,
     _bus: PrivateBus,
     _sup: SupervisorProcess,
@@ -53,12 +61,13 @@ fn stack() -> Stack {
     )
     .unwrap();
     let bus = PrivateBus::start().expect("dbus-daemon");
+    let moves = dir.path().join("moves.log");
     let sup = SupervisorProcess::start(
         &sibling_binary("airlock-supervisor").unwrap(),
         &bus,
         &config,
         &dir.path().join("tasks.sqlite3"),
-        &[],
+        &["--debug-transition-log", moves.to_str().unwrap()],
     )
     .expect("the supervisor starts");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -69,6 +78,7 @@ fn stack() -> Stack {
         .block_on(Supervisor::connect(Some(bus.address())))
         .unwrap();
     Stack {
+        moves,
         _dir: dir,
         _bus: bus,
         _sup: sup,
@@ -77,7 +87,42 @@ fn stack() -> Stack {
     }
 }
 
+/// One move the store logged: task, from, step, to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Logged {
+    task: String,
+    from: TaskState,
+    step: String,
+    to: TaskState,
+}
+
+impl Logged {
+    /// The row of the transitions table this move is.
+    fn row(&self) -> Option<&'static states::Transition> {
+        states::TRANSITIONS.iter().find(|t| {
+            t.from == self.from && format!("{:?}", t.step) == self.step && t.to == self.to
+        })
+    }
+}
+
 impl Stack {
+    /// Every move the store committed so far, in order.
+    fn moves(&self) -> Vec<Logged> {
+        let text = std::fs::read_to_string(&self.moves).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                assert_eq!(f.len(), 4, "a move log line: {l:?}");
+                Logged {
+                    task: f[0].to_owned(),
+                    from: TaskState::parse(f[1]).unwrap(),
+                    step: f[2].to_owned(),
+                    to: TaskState::parse(f[3]).unwrap(),
+                }
+            })
+            .collect()
+    }
+
     fn submit(&self, task: &str) {
         let mut s = common::submission(task);
         s["max_attempts"] = json!(1);
@@ -237,6 +282,7 @@ fn apply(
 #[test]
 fn every_operation_in_every_state_ends_as_the_state_table_says() {
     let mut checked = 0;
+    let mut seen = std::collections::BTreeSet::new();
     for (i, op) in Op::ALL.iter().enumerate() {
         // A stack per operation: a claim must find only the task it probes.
         let s = stack();
@@ -253,8 +299,30 @@ fn every_operation_in_every_state_ends_as_the_state_table_says() {
             probed += 1;
             let state = TaskState::parse(state).unwrap();
             let before = s.get(task);
+            let logged_before = s.moves().len();
             let got = apply(&s, *op, task, grant.as_ref());
             let after = s.get(task);
+            // The store logs a move when its transaction commits, before
+            // the reply; what this call moved is what was logged meanwhile.
+            let made: Vec<Logged> = s.moves().split_off(logged_before);
+            if after.revision == before.revision {
+                assert!(
+                    made.is_empty(),
+                    "{op:?} in {state:?}: moves without a change: {made:?}"
+                );
+            } else {
+                assert_eq!(made.len(), 1, "{op:?} in {state:?}: {made:?}");
+                let m = &made[0];
+                assert_eq!(
+                    (m.task.as_str(), m.from, m.to),
+                    (task.as_str(), before.state, after.state),
+                    "{op:?} in {state:?}: the change is not the move logged"
+                );
+                let row = m
+                    .row()
+                    .unwrap_or_else(|| panic!("{m:?} is not a transition"));
+                assert_eq!(row.step.op(), Some(*op), "{op:?} in {state:?}: {m:?}");
+            }
             match states::outcome(*op, state) {
                 Outcome::To(allowed, _) => {
                     assert!(got.is_ok(), "{op:?} in {state:?}: refused {:?}", got.err());
@@ -284,8 +352,65 @@ fn every_operation_in_every_state_ends_as_the_state_table_says() {
             }
             checked += 1;
         }
+        // Every move of this stack's runs, the set-up's included, is a row.
+        let all = s.moves();
+        assert!(!all.is_empty());
+        for m in &all {
+            assert!(m.row().is_some(), "{m:?} is not in states::TRANSITIONS");
+            seen.insert(m.step.clone());
+        }
     }
     assert_eq!(checked, Op::ALL.len() * TaskState::ALL.len());
+    // The runs made every step of a bus operation but the ones that need
+    // auto_accept (off here) or a result failed for good.
+    for step in states::Step::ALL {
+        let needed = step.op().is_some()
+            && !matches!(step, states::Step::AutoAccept | states::Step::SubmitFinal);
+        assert_eq!(
+            seen.contains(&format!("{step:?}")),
+            needed,
+            "{step:?}: seen {seen:?}"
+        );
+    }
+}
+
+#[test]
+fn a_step_the_transitions_table_lacks_is_refused() {
+    // The one rule the store's writer follows: no row, no move.
+    for from in TaskState::ALL {
+        for step in states::Step::ALL {
+            for attempts_left in [true, false] {
+                let has_row = states::TRANSITIONS.iter().any(|t| {
+                    t.from == *from && t.step == *step && t.attempts.admits(attempts_left)
+                });
+                match states::next(*from, *step, attempts_left) {
+                    Ok(to) => {
+                        assert!(has_row, "{step:?} moved {from:?} to {to:?} without a row")
+                    }
+                    Err(e) => {
+                        assert!(!has_row, "{step:?} from {from:?} refused: {e}");
+                        assert!(
+                            matches!(
+                                e.code,
+                                Code::TASK_STATE_INVALID | Code::RETRY_EXTENSION_CAS_MISMATCH
+                            ),
+                            "{step:?} from {from:?}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Over the bus: an accept of a task that was never claimed has no row;
+    // it is refused, the task does not change and the store makes no move.
+    let s = stack();
+    s.submit("norow-a");
+    let before = s.get("norow-a");
+    let logged = s.moves().len();
+    let e = s.decide("norow-a", Decision::Accept).unwrap_err();
+    assert_eq!(e.code, Code::TASK_STATE_INVALID, "{e}");
+    assert_eq!(s.get("norow-a").revision, before.revision);
+    assert_eq!(s.moves().len(), logged, "a refused step made a move");
 }
 
 #[test]

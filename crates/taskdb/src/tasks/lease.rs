@@ -1,7 +1,7 @@
 //! Claims, leases and results: everything a worker does.
 
 use super::row::TaskRow;
-use super::tx::{Backend, ClaimSpec, Guard, NewResult};
+use super::tx::{Backend, Guard, NewResult};
 use super::{
     Actor, LEASE_SWEEPER, ResultReceipt, Store, action, audit, check_lease_ms, check_task_id,
     not_found,
@@ -9,6 +9,7 @@ use super::{
 use airlock_proto::binding::is_key;
 use airlock_proto::canonical::{canonical_of, sha256_hex, to_canonical_string};
 use airlock_proto::limits::MAX_RESULT_BYTES;
+use airlock_proto::states::Step;
 use airlock_proto::task::{ClaimGrant, Outcome, TaskResult, TaskState};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
@@ -35,7 +36,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// fixed order: state, epoch (older is stale, newer is invalid), token,
 /// expiry (expired when `expires <= now`).
 fn check_lease(row: &TaskRow, lease_epoch: u64, lease_token: &str, now: i64) -> StoreResult<()> {
-    airlock_proto::states::check(airlock_proto::states::Op::Renew, row.status)?;
+    airlock_proto::states::check(airlock_proto::states::Op::Renew, row.status())?;
     if lease_epoch < row.lease_epoch {
         return Err(Error::with(
             Code::LEASE_EPOCH_STALE,
@@ -73,8 +74,7 @@ fn message_invalid(why: impl Into<String>) -> StoreError {
 }
 
 /// The verification record of a task failed by the sweeper, as canonical
-/// JSON. The PostgreSQL backend writes the same text from SQL; the shared
-/// sweep tests compare them.
+/// JSON.
 pub(crate) fn lease_expired_record(
     sweeper: &str,
     attempt: u32,
@@ -125,16 +125,17 @@ impl<B: Backend> Store<B> {
         check_lease_ms(lease_ms)?;
         let token = new_token()?;
         let token_hash = sha256_hex(token.as_bytes());
-        self.backend.write("a claim", &mut |tx| {
-            let spec = ClaimSpec {
-                worker: &worker.name,
-                token_hash: &token_hash,
-                lease_ms,
-                repositories,
-            };
-            let Some(row) = tx.claim_next(&spec)? else {
+        self.write("a claim", &mut |tx| {
+            let Some(mut row) = tx.next_claimable(repositories)? else {
                 return Ok(None);
             };
+            row.advance(Step::Claim)?;
+            row.attempt += 1;
+            row.lease_epoch += 1;
+            row.claimed_by = Some(worker.name.clone());
+            row.lease_token_hash = Some(token_hash.clone());
+            row.lease_expires_at = Some(tx.now().saturating_add(lease_ms));
+            row.save(tx, Guard::Revision)?;
             let envelope = row.envelope()?;
             let expires = row
                 .lease_expires_at
@@ -192,11 +193,12 @@ impl<B: Backend> Store<B> {
         check_task_id(task_id)?;
         check_lease_ms(lease_ms)?;
         let presented = sha256_hex(lease_token.as_bytes());
-        self.backend.write("a lease renewal", &mut |tx| {
+        self.write("a lease renewal", &mut |tx| {
             let now = tx.now();
             let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             check_lease(&row, lease_epoch, lease_token, now)?;
             let expires = now.saturating_add(lease_ms);
+            row.advance(Step::Renew)?;
             row.lease_expires_at = Some(expires);
             let guard = Guard::Lease {
                 attempt: row.attempt,
@@ -229,11 +231,21 @@ impl<B: Backend> Store<B> {
     /// with its new state, in queue order.
     pub fn sweep_expired(&mut self) -> StoreResult<Vec<(String, TaskState)>> {
         let sweeper = Actor::system(LEASE_SWEEPER);
-        let result = self.backend.write("a lease sweep", &mut |tx| {
-            let expired = tx.expire_leases(&sweeper.name)?;
+        let result = self.write("a lease sweep", &mut |tx| {
+            let expired = tx.expired_leases()?;
             let mut swept = Vec::with_capacity(expired.len());
-            for e in expired {
-                let row = e.row;
+            for mut row in expired {
+                let expired_at = row.lease_expires_at;
+                if row.advance(Step::ExpireLease)? == TaskState::Failed {
+                    row.verification_json = Some(lease_expired_record(
+                        &sweeper.name,
+                        row.attempt,
+                        row.lease_epoch,
+                        expired_at,
+                    )?);
+                }
+                row.clear_lease();
+                row.save(tx, Guard::Revision)?;
                 audit::append_allowed(
                     tx,
                     &row.task_id,
@@ -242,13 +254,14 @@ impl<B: Backend> Store<B> {
                     json!({
                         "attempt": row.attempt,
                         "lease_epoch": row.lease_epoch,
-                        "lease_expired_at_ms": e.expired_at,
+                        "lease_expired_at_ms": expired_at,
                         "claimed_by": row.claimed_by,
-                        "state": row.status.as_str(),
+                        "state": row.status().as_str(),
                         "revision": row.revision,
                     }),
                 )?;
-                swept.push((row.task_id, row.status));
+                let state = row.status();
+                swept.push((row.task_id, state));
             }
             Ok(swept)
         });
@@ -264,42 +277,40 @@ impl<B: Backend> Store<B> {
     /// finds the repository gone; a VERIFYING one has its commit already.)
     pub fn fail_unregistered(&mut self, registered: &[String]) -> StoreResult<Vec<String>> {
         let registry = Actor::system(super::REPOSITORY_REGISTRY);
-        let result = self
-            .backend
-            .write("failing tasks of unregistered repositories", &mut |tx| {
-                let queued = tx.queued()?;
-                let mut failed = Vec::new();
-                for mut row in queued {
-                    let repository = row.binding()?.repository;
-                    if registered.contains(&repository) {
-                        continue;
-                    }
-                    row.status = TaskState::Failed;
-                    row.verification_json = Some(to_canonical_string(&json!({
-                        "decision": "REPOSITORY_NOT_REGISTERED",
-                        "automatic": true,
-                        "reason": Code::REPOSITORY_NOT_REGISTERED.as_str(),
-                        "actor": registry.name,
-                        "attempt": row.attempt,
-                        "repository": repository,
-                    }))?);
-                    row.save(tx, Guard::Revision)?;
-                    audit::append_allowed(
-                        tx,
-                        &row.task_id,
-                        &registry,
-                        action::TASK_REPOSITORY_UNREGISTERED,
-                        json!({
-                            "repository": repository,
-                            "code": Code::REPOSITORY_NOT_REGISTERED.as_str(),
-                            "state": row.status.as_str(),
-                            "revision": row.revision,
-                        }),
-                    )?;
-                    failed.push(row.task_id);
+        let result = self.write("failing tasks of unregistered repositories", &mut |tx| {
+            let queued = tx.queued()?;
+            let mut failed = Vec::new();
+            for mut row in queued {
+                let repository = row.binding()?.repository;
+                if registered.contains(&repository) {
+                    continue;
                 }
-                Ok(failed)
-            });
+                row.advance(Step::FailUnregistered)?;
+                row.verification_json = Some(to_canonical_string(&json!({
+                    "decision": "REPOSITORY_NOT_REGISTERED",
+                    "automatic": true,
+                    "reason": Code::REPOSITORY_NOT_REGISTERED.as_str(),
+                    "actor": registry.name,
+                    "attempt": row.attempt,
+                    "repository": repository,
+                }))?);
+                row.save(tx, Guard::Revision)?;
+                audit::append_allowed(
+                    tx,
+                    &row.task_id,
+                    &registry,
+                    action::TASK_REPOSITORY_UNREGISTERED,
+                    json!({
+                        "repository": repository,
+                        "code": Code::REPOSITORY_NOT_REGISTERED.as_str(),
+                        "state": row.status().as_str(),
+                        "revision": row.revision,
+                    }),
+                )?;
+                failed.push(row.task_id);
+            }
+            Ok(failed)
+        });
         self.audited(
             result,
             None,
@@ -391,7 +402,7 @@ impl<B: Backend> Store<B> {
                 .map_err(|e| Error::with(Code::INTERNAL, format!("a result: {e}")))?,
         ))?;
         let presented = sha256_hex(lease_token.as_bytes());
-        self.backend.write("a result submission", &mut |tx| {
+        self.write("a result submission", &mut |tx| {
             let now = tx.now();
             if let Some(stored) = tx.result_sha256(task_id, idempotency_key)? {
                 if stored != result_sha256 {
@@ -471,10 +482,10 @@ impl<B: Backend> Store<B> {
                         .map_or_else(|| vec!["isolation unmeasured".to_owned()], |i| i.gaps());
                     if auto_accept && all_passed && !gaps.is_empty() {
                         withheld = Some(gaps);
-                        row.status = TaskState::Verifying;
+                        row.advance(Step::SubmitPassed)?;
                     } else if auto_accept && all_passed {
                         automatic = true;
-                        row.status = TaskState::Succeeded;
+                        row.advance(Step::AutoAccept)?;
                         row.verification_json = Some(to_canonical_string(&json!({
                             "decision": "ACCEPTED",
                             "automatic": true,
@@ -484,7 +495,7 @@ impl<B: Backend> Store<B> {
                             "result_sha256": result_sha256,
                         }))?);
                     } else {
-                        row.status = TaskState::Verifying;
+                        row.advance(Step::SubmitPassed)?;
                     }
                 }
                 Outcome::Failed => {
@@ -497,11 +508,11 @@ impl<B: Backend> Store<B> {
                         result.failure_code.as_deref().and_then(Code::from_name),
                         Some(Code::REPOSITORY_NOT_REGISTERED | Code::RECONCILIATION_REQUIRED)
                     );
-                    row.status = if retryable && row.has_attempts_left() {
-                        TaskState::Queued
+                    row.advance(if retryable {
+                        Step::SubmitFailed
                     } else {
-                        TaskState::Failed
-                    };
+                        Step::SubmitFinal
+                    })?;
                     row.verification_json = Some(to_canonical_string(&json!({
                         "decision": "NEEDS_REWORK",
                         "automatic": true,
@@ -533,7 +544,7 @@ impl<B: Backend> Store<B> {
                     "outcome": result.outcome,
                     "automatic_decision": automatic,
                     "auto_accept_withheld": withheld,
-                    "state": row.status.as_str(),
+                    "state": row.status().as_str(),
                     "revision": row.revision,
                 }),
             )?;

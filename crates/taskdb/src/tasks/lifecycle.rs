@@ -1,18 +1,17 @@
 //! Submitting tasks, replacing plans, verification decisions, cancellation.
 
-use super::row::TaskRow;
 use super::tx::{Backend, Guard, NewDecision, NewTask};
 use super::{Actor, Store, Submitted, action, audit, check_task_id, not_found};
 use airlock_proto::binding::Binding;
 use airlock_proto::canonical::{digest_of, to_canonical_string};
 use airlock_proto::limits::MAX_ATTEMPTS_CAP;
 use airlock_proto::plan::{PLAN_SCHEMA, PlanRecord, PlanRequest, register_plan};
-use airlock_proto::states::{self, Op};
+use airlock_proto::states::{self, Step};
 use airlock_proto::task::{
     Decision, DecisionOutcome, DecisionRequest, TASK_SCHEMA, TaskState, TaskSubmission, TaskView,
 };
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::{StoreError, StoreResult};
+use airlock_sqlite::error::StoreResult;
 use serde_json::{Value, json};
 
 /// The submission in normal form: what "the same submission" compares.
@@ -36,11 +35,6 @@ fn submission_value(s: &TaskSubmission) -> Value {
 
 fn record_json(record: &PlanRecord) -> StoreResult<String> {
     Ok(airlock_proto::canonical::canonical_of(record)?)
-}
-
-/// The state table's verdict on `op` for this row (`docs/states.md`).
-fn permitted(row: &TaskRow, op: Op) -> StoreResult<()> {
-    states::check(op, row.status).map_err(StoreError::from)
 }
 
 impl<B: Backend> Store<B> {
@@ -84,7 +78,7 @@ impl<B: Backend> Store<B> {
         let envelope_json = to_canonical_string(&registration.envelope.to_value())?;
         let plan_digest = registration.record.plan_digest.clone();
         let execution_digest = registration.envelope.execution_digest.clone();
-        self.backend.write("a task submission", &mut |tx| {
+        self.write("a task submission", &mut |tx| {
             if let Some(existing) = tx.load_by_key(&binding.idempotency_key)? {
                 if existing.submission_sha256 == submission_sha256 {
                     return Ok(Submitted {
@@ -107,6 +101,7 @@ impl<B: Backend> Store<B> {
             }
             tx.insert_task(&NewTask {
                 task_id: &binding.task_id,
+                status: states::SUBMITTED,
                 repository: &binding.repository,
                 max_attempts: s.max_attempts,
                 binding_json: &binding_json,
@@ -166,7 +161,7 @@ impl<B: Backend> Store<B> {
         actor: &Actor,
     ) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
-        self.backend.write("a plan replacement", &mut |tx| {
+        self.write("a plan replacement", &mut |tx| {
             let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             let binding = row.binding()?;
             let existing = row.plan()?;
@@ -176,7 +171,7 @@ impl<B: Backend> Store<B> {
                     return row.view();
                 }
             }
-            permitted(&row, Op::ReplacePlan)?;
+            row.advance(Step::ReplacePlan)?;
             let registration = registration?;
             let previous_plan_digest = std::mem::replace(
                 &mut row.plan_digest,
@@ -260,7 +255,7 @@ impl<B: Backend> Store<B> {
         }
         let request_sha256 = req.request_sha256();
         let reason = airlock_proto::redact::text(&req.reason).into_owned();
-        self.backend.write("a decision", &mut |tx| {
+        self.write("a decision", &mut |tx| {
             let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             if let Some(stored) = tx.decision(task_id, &req.idempotency_key)? {
                 if stored.request_sha256 != request_sha256 {
@@ -282,7 +277,7 @@ impl<B: Backend> Store<B> {
                         "the decision is about revision {} attempt {}; the task is {} at revision {} attempt {}",
                         req.expected_revision,
                         req.expected_attempt,
-                        row.status.as_str(),
+                        row.status().as_str(),
                         row.revision,
                         row.attempt
                     ),
@@ -297,22 +292,14 @@ impl<B: Backend> Store<B> {
                 )
                 .into());
             }
-            let op = match req.decision {
-                Decision::Accept => Op::Accept,
-                Decision::Reject => Op::Reject,
-                Decision::Rework => Op::Rework,
-                Decision::Cancel => Op::Cancel,
+            let step = match req.decision {
+                Decision::Accept => Step::Accept,
+                Decision::Reject => Step::Reject,
+                Decision::Rework => Step::Rework,
+                Decision::Cancel => Step::Cancel,
             };
-            permitted(&row, op)?;
-            let previous = row.status;
-            let next = match req.decision {
-                Decision::Accept => TaskState::Succeeded,
-                Decision::Reject => TaskState::Failed,
-                Decision::Rework if row.has_attempts_left() => TaskState::Queued,
-                Decision::Rework => TaskState::Failed,
-                Decision::Cancel => TaskState::Cancelled,
-            };
-            debug_assert!(states::may_move(op, row.status, next));
+            let previous = row.status();
+            row.advance(step)?;
             let guard = if req.decision == Decision::Cancel {
                 row.clear_lease();
                 Guard::Revision
@@ -330,7 +317,6 @@ impl<B: Backend> Store<B> {
                     lease_epoch: row.lease_epoch,
                 }
             };
-            row.status = next;
             row.save(tx, guard)?;
             let outcome = DecisionOutcome {
                 task_id: task_id.to_owned(),
@@ -338,7 +324,7 @@ impl<B: Backend> Store<B> {
                 idempotency_key: req.idempotency_key.clone(),
                 attempt: row.attempt,
                 result_sha256: result_sha256.clone(),
-                state: row.status,
+                state: row.status(),
                 revision: row.revision,
                 idempotent: false,
             };
@@ -373,7 +359,7 @@ impl<B: Backend> Store<B> {
                         "decision": req.decision.record_name(),
                         "reason": reason,
                         "attempt": row.attempt,
-                        "state": row.status.as_str(),
+                        "state": row.status().as_str(),
                         "revision": row.revision,
                         "idempotency_key": req.idempotency_key,
                         "result_sha256": result_sha256,

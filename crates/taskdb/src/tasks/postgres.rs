@@ -6,19 +6,24 @@
 //! - **One clock.** Store time is the server's `clock_timestamp()` (through
 //!   the schema function `airlock_clock_ms()`), never below the persisted
 //!   high-water mark. No client clock enters a lease.
-//! - **Claims in one statement.** `UPDATE … WHERE seq = (SELECT … FOR
-//!   UPDATE SKIP LOCKED)`: concurrent claimers on any host skip each
-//!   other's rows instead of waiting, and a row is claimed by exactly one.
+//! - **Claims lock their row.** `SELECT … FOR UPDATE SKIP LOCKED` finds the
+//!   oldest claimable task and locks it; the rules move it and write it
+//!   back fenced by its revision, in the same transaction. Concurrent
+//!   claimers on any host skip each other's rows instead of waiting, and a
+//!   row is claimed by exactly one.
 //! - **Fenced writes.** Every write after a claim names in its `WHERE` the
 //!   revision it read and, for renewals and results, the attempt, lease
 //!   epoch, token hash and an unexpired lease; for decisions the attempt,
 //!   epoch and VERIFYING. Zero rows changed means the lease (or the race)
 //!   was lost. Rows are also locked `FOR UPDATE` when read in a write, so
 //!   the refusal can name why.
-//! - **A sweeper that is one guarded UPDATE** over `FOR UPDATE SKIP
-//!   LOCKED` rows: several supervisors may sweep at once; each expired
-//!   lease is ended once, and a row some other transaction holds (a renewal
-//!   in flight) is left for the next pass.
+//! - **A sweeper over `FOR UPDATE SKIP LOCKED` rows**, each written back
+//!   fenced by its revision: several supervisors may sweep at once; each
+//!   expired lease is ended once, and a row some other transaction holds (a
+//!   renewal in flight) is left for the next pass.
+//! - **No policy here.** This engine finds rows and persists them; which
+//!   state a task moves to is decided once, by the store's one writer
+//!   (`TaskRow::advance`), for both engines.
 //! - **Append-only at the database level.** Triggers abort UPDATE, DELETE
 //!   and TRUNCATE on `events`, `results`, `task_retry_extensions` and
 //!   `task_decisions`, and
@@ -38,8 +43,8 @@
 
 use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
 use super::tx::{
-    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension,
-    NewResolution, NewResult, NewTask, StoredDecision, StoredExtension, Tx,
+    Backend, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult,
+    NewTask, StoredDecision, StoredExtension, Tx,
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
@@ -699,7 +704,7 @@ impl Tx for PgTx<'_, '_> {
             "INSERT INTO tasks (task_id, status, attempt, max_attempts, revision, lease_epoch, \
              binding_json, plan_json, envelope_json, execution_digest, plan_digest, \
              idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository) \
-             VALUES ($1, 'QUEUED', 0, $2, 1, 0, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)",
+             VALUES ($1, $12, 0, $2, 1, 0, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)",
             &[
                 &t.task_id,
                 &i64::from(t.max_attempts),
@@ -712,6 +717,7 @@ impl Tx for PgTx<'_, '_> {
                 &t.submission_sha256,
                 &now,
                 &t.repository,
+                &t.status.as_str(),
             ],
         )?;
         Ok(())
@@ -721,7 +727,7 @@ impl Tx for PgTx<'_, '_> {
         let attempt = i64::from(row.attempt);
         let max_attempts = i64::from(row.max_attempts);
         let lease_epoch = row.lease_epoch_i64()?;
-        let status = row.status.as_str();
+        let status = row.status().as_str();
         let now = self.now;
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![
             &status,
@@ -784,28 +790,16 @@ impl Tx for PgTx<'_, '_> {
         Ok(changed == 1)
     }
 
-    fn claim_next(&mut self, c: &ClaimSpec<'_>) -> StoreResult<Option<TaskRow>> {
-        let now = self.now;
-        let expires = self.now.saturating_add(c.lease_ms);
-        let repositories: Option<Vec<&str>> = c
-            .repositories
-            .map(|r| r.iter().map(String::as_str).collect());
+    fn next_claimable(&mut self, repositories: Option<&[String]>) -> StoreResult<Option<TaskRow>> {
+        let repositories: Option<Vec<&str>> =
+            repositories.map(|r| r.iter().map(String::as_str).collect());
         let sql = sql!(
-            "UPDATE tasks SET status = 'RUNNING', attempt = attempt + 1, \
-             lease_epoch = lease_epoch + 1, claimed_by = $1, lease_token_hash = $2, \
-             lease_expires_at = $3, revision = revision + 1, updated_at_ms = $4 \
-             WHERE seq = (SELECT seq FROM tasks WHERE status = 'QUEUED' \
-                 AND attempt < max_attempts \
-                 AND ($5::text[] IS NULL OR repository = ANY ($5::text[])) \
-                 ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
-             AND status = 'QUEUED' RETURNING {COLUMNS}"
+            "SELECT {COLUMNS} FROM tasks WHERE status = 'QUEUED' AND attempt < max_attempts \
+             AND ($1::text[] IS NULL OR repository = ANY ($1::text[])) \
+             ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED"
         );
-        let rows = self.query(
-            "claiming a task",
-            sql,
-            &[&c.worker, &c.token_hash, &expires, &now, &repositories],
-        )?;
-        rows_of("claiming a task", rows)?
+        let rows = self.query("finding a claimable task", sql, &[&repositories])?;
+        rows_of("finding a claimable task", rows)?
             .into_iter()
             .next()
             .map(RawRow::into_row)
@@ -824,57 +818,18 @@ impl Tx for PgTx<'_, '_> {
             .collect()
     }
 
-    fn expire_leases(&mut self, sweeper: &str) -> StoreResult<Vec<Expired>> {
+    fn expired_leases(&mut self) -> StoreResult<Vec<TaskRow>> {
         let now = self.now;
-        // One statement ends every expired lease this transaction can lock;
-        // the verification record of a task out of attempts is the
-        // canonical JSON `lease_expired_record` writes (keys sorted).
         let sql = sql!(
-            "WITH expired AS (\
-                 SELECT seq, lease_expires_at AS expired_at FROM tasks \
-                 WHERE status = 'RUNNING' AND (lease_expires_at IS NULL OR lease_expires_at <= $1) \
-                 ORDER BY seq FOR UPDATE SKIP LOCKED) \
-             UPDATE tasks t SET \
-                 status = CASE WHEN t.attempt < t.max_attempts THEN 'QUEUED' ELSE 'FAILED' END, \
-                 verification_json = CASE WHEN t.attempt < t.max_attempts THEN t.verification_json \
-                     ELSE '{{\"actor\":' || to_json($2::text)::text \
-                       || ',\"attempt\":' || t.attempt \
-                       || ',\"automatic\":true,\"decision\":\"LEASE_EXPIRED\",\"lease_epoch\":' \
-                       || t.lease_epoch \
-                       || ',\"lease_expired_at_ms\":' || COALESCE(e.expired_at::text, 'null') \
-                       || ',\"reason\":\"LEASE_EXPIRED\"}}' END, \
-                 lease_token_hash = NULL, lease_expires_at = NULL, \
-                 revision = t.revision + 1, updated_at_ms = $1 \
-             FROM expired e \
-             WHERE t.seq = e.seq AND t.status = 'RUNNING' \
-                 AND (t.lease_expires_at IS NULL OR t.lease_expires_at <= $1) \
-             RETURNING {}, e.expired_at, t.seq",
-            COLUMNS
-                .split(',')
-                .map(|c| format!("t.{}", c.trim()))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "SELECT {COLUMNS} FROM tasks WHERE status = 'RUNNING' \
+             AND (lease_expires_at IS NULL OR lease_expires_at <= $1) \
+             ORDER BY seq FOR UPDATE SKIP LOCKED"
         );
-        let rows = self.query("sweeping expired leases", sql, &[&now, &sweeper])?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let raw = from_row(r).map_err(|e| pg_error("sweeping expired leases", e))?;
-            let expired_at: Option<i64> = r
-                .try_get(20)
-                .map_err(|e| pg_error("sweeping expired leases", e))?;
-            let seq: i64 = r
-                .try_get(21)
-                .map_err(|e| pg_error("sweeping expired leases", e))?;
-            out.push((
-                seq,
-                Expired {
-                    row: raw.into_row()?,
-                    expired_at,
-                },
-            ));
-        }
-        out.sort_by_key(|(seq, _)| *seq);
-        Ok(out.into_iter().map(|(_, e)| e).collect())
+        let rows = self.query("finding expired leases", sql, &[&now])?;
+        rows_of("finding expired leases", rows)?
+            .into_iter()
+            .map(RawRow::into_row)
+            .collect()
     }
 
     fn result_sha256(&mut self, task_id: &str, key: &str) -> StoreResult<Option<String>> {
@@ -955,7 +910,7 @@ impl Tx for PgTx<'_, '_> {
         let now = self.now;
         self.execute(
             "applying a retry extension",
-            "UPDATE tasks SET status = 'QUEUED', max_attempts = $1, revision = $2, \
+            "UPDATE tasks SET status = $10, max_attempts = $1, revision = $2, \
              claimed_by = NULL, lease_token_hash = NULL, lease_expires_at = NULL, \
              updated_at_ms = $3 \
              WHERE task_id = $4 AND status = $5 AND revision = $6 AND attempt = $7 \
@@ -971,6 +926,7 @@ impl Tx for PgTx<'_, '_> {
                 &cas.expected_attempt,
                 &cas.expected_max_attempts,
                 &cas.previous_claimed_by,
+                &cas.status.as_str(),
             ],
         )
     }

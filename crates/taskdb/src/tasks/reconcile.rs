@@ -10,6 +10,7 @@ use airlock_proto::reconcile::{
     AdoptionCheck, AdoptionReport, BranchFacts, CaseStatus, ReconciliationCase, Resolution,
     ResolveOutcome, ResolveRequest,
 };
+use airlock_proto::states::Step;
 use airlock_proto::task::TaskState;
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
@@ -82,15 +83,13 @@ impl<B: Backend> Store<B> {
         after_task_id: Option<&str>,
         limit: u32,
     ) -> StoreResult<Vec<ReconciliationCase>> {
-        let texts = self
-            .backend
-            .write("listing reconciliation cases", &mut |tx| {
-                tx.cases(
-                    status.map(CaseStatus::as_str),
-                    after_task_id,
-                    limit.min(MAX_PAGE),
-                )
-            })?;
+        let texts = self.write("listing reconciliation cases", &mut |tx| {
+            tx.cases(
+                status.map(CaseStatus::as_str),
+                after_task_id,
+                limit.min(MAX_PAGE),
+            )
+        })?;
         texts.iter().map(|t| parse_case("a case", t)).collect()
     }
 
@@ -98,11 +97,9 @@ impl<B: Backend> Store<B> {
     /// `RECONCILIATION_NOT_FOUND`).
     pub fn reconciliation(&mut self, task_id: &str) -> StoreResult<ReconciliationCase> {
         check_task_id(task_id)?;
-        let text = self
-            .backend
-            .write("reading a reconciliation case", &mut |tx| {
-                tx.case_json(task_id, None)
-            })?;
+        let text = self.write("reading a reconciliation case", &mut |tx| {
+            tx.case_json(task_id, None)
+        })?;
         parse_case(task_id, &text.ok_or_else(|| case_not_found(task_id))?)
     }
 
@@ -152,7 +149,7 @@ impl<B: Backend> Store<B> {
         }
         let request_sha256 = req.request_sha256();
         let reason = airlock_proto::redact::text(&req.reason).into_owned();
-        self.backend.write("a resolution", &mut |tx| {
+        self.write("a resolution", &mut |tx| {
             let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             if let Some(stored) = tx.resolution(task_id, &req.idempotency_key)? {
                 if stored.request_sha256 != request_sha256 {
@@ -196,10 +193,10 @@ impl<B: Backend> Store<B> {
                 )
                 .into());
             }
-            if row.status != TaskState::Failed {
+            if row.status() != TaskState::Failed {
                 return Err(Error::with(
                     Code::TASK_STATE_INVALID,
-                    format!("the task is {}, not FAILED", row.status.as_str()),
+                    format!("the task is {}, not FAILED", row.status().as_str()),
                 )
                 .into());
             }
@@ -226,6 +223,7 @@ impl<B: Backend> Store<B> {
             };
             save_case(tx, &case)?;
             if req.resolution == Resolution::Fail {
+                row.advance(Step::ResolveFail)?;
                 row.verification_json = Some(to_canonical_string(&json!({
                     "decision": "RECONCILIATION_FAILED",
                     "reason": reason,
@@ -243,7 +241,7 @@ impl<B: Backend> Store<B> {
                 idempotency_key: req.idempotency_key.clone(),
                 status: case.status,
                 revision: case.revision,
-                task_state: row.status,
+                task_state: row.status(),
                 idempotent: false,
             };
             let outcome_json = airlock_proto::canonical::canonical_of(&outcome)?;
@@ -280,7 +278,7 @@ impl<B: Backend> Store<B> {
     /// changes nothing: two workers may check the same case, and the first
     /// report settles it.
     pub fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>> {
-        let texts = self.backend.write("looking for an adoption", &mut |tx| {
+        let texts = self.write("looking for an adoption", &mut |tx| {
             tx.cases(Some(CaseStatus::Adopting.as_str()), None, 1)
         })?;
         let Some(text) = texts.first() else {
@@ -334,7 +332,7 @@ impl<B: Backend> Store<B> {
     ) -> StoreResult<ReconciliationCase> {
         report.validate()?;
         let task_id = report.task_id.as_str();
-        self.backend.write("an adoption", &mut |tx| {
+        self.write("an adoption", &mut |tx| {
             let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             let text = tx
                 .case_json(task_id, Some(report.attempt))?
@@ -345,9 +343,9 @@ impl<B: Backend> Store<B> {
             {
                 return Ok(case);
             }
-            let refusal = report
-                .refusal()
-                .or_else(|| (row.status != TaskState::Failed).then_some(Code::TASK_STATE_INVALID));
+            let refusal = report.refusal().or_else(|| {
+                (row.status() != TaskState::Failed).then_some(Code::TASK_STATE_INVALID)
+            });
             case.revision += 1;
             case.updated_at_ms = tx.now();
             if let Some(code) = refusal {
@@ -362,7 +360,7 @@ impl<B: Backend> Store<B> {
                         "{} does not descend from the task's base {}",
                         report.checked_head, case.base_oid
                     ),
-                    _ => format!("the task is {}, not FAILED", row.status.as_str()),
+                    _ => format!("the task is {}, not FAILED", row.status().as_str()),
                 };
                 case.status = CaseStatus::Open;
                 case.observed_head = report.head_now.clone();
@@ -379,7 +377,7 @@ impl<B: Backend> Store<B> {
                 return Ok(case);
             }
             let resolution = case.resolution.clone().unwrap_or_default();
-            row.status = TaskState::Succeeded;
+            row.advance(Step::Adopt)?;
             row.verification_json = Some(to_canonical_string(&json!({
                 "decision": "ADOPTED",
                 "reason": resolution["reason"],
@@ -401,7 +399,7 @@ impl<B: Backend> Store<B> {
                     "attempt": case.attempt,
                     "branch": case.branch,
                     "commit_oid": report.checked_head,
-                    "state": row.status.as_str(),
+                    "state": row.status().as_str(),
                     "revision": row.revision,
                 }),
             )?;

@@ -8,6 +8,8 @@ use airlock_proto::binding::is_task_id;
 use airlock_proto::retry::{
     RetryExtensionOutcome, RetryExtensionRequest, check_configured_authorization_id,
 };
+use airlock_proto::states::{self, Step};
+use airlock_proto::task::TaskState;
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
 use serde_json::json;
@@ -82,15 +84,17 @@ impl<B: Backend> Store<B> {
             return Err(refuse(Code::RETRY_EXTENSION_AUTHORIZATION_ID_MISMATCH));
         }
         let request_sha256 = req.request_sha256();
-        self.backend.write("a retry extension", &mut |tx| {
+        self.write("a retry extension", &mut |tx| {
             let replay = tx.extension(task_id, &req.idempotency_key)?;
             if let Some(stored) = replay {
                 if stored.request_sha256 != request_sha256 {
                     return Err(refuse(Code::RETRY_EXTENSION_IDEMPOTENCY_CONFLICT));
                 }
+                // The state the applied extension moved the task to.
+                let status = states::next(TaskState::Failed, Step::ExtendRetry, false)?;
                 return Ok(RetryExtensionOutcome {
                     task_id: task_id.to_owned(),
-                    status: "QUEUED".to_owned(),
+                    status: status.as_str().to_owned(),
                     attempt: req.expected_attempt,
                     max_attempts: stored.next_max_attempts,
                     revision: stored.applied_revision,
@@ -100,12 +104,12 @@ impl<B: Backend> Store<B> {
                 });
             }
 
-            let task = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
+            let mut task = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             let actual = verification_sha256(task.verification_json.as_deref())?;
             if actual != req.previous_verification_sha256 {
                 return Err(refuse(Code::RETRY_EXTENSION_VERIFICATION_DRIFT));
             }
-            if task.status.as_str() != req.expected_status
+            if task.status().as_str() != req.expected_status
                 || task.revision != req.expected_revision
                 || i64::from(task.attempt) != req.expected_attempt
                 || i64::from(task.max_attempts) != req.expected_max_attempts
@@ -123,8 +127,10 @@ impl<B: Backend> Store<B> {
 
             let previous_claimed_by = task.claimed_by.clone();
             let applied_revision = req.expected_revision + 1;
+            task.advance(Step::ExtendRetry)?;
             let changed = tx.apply_extension(&ExtensionCas {
                 task_id,
+                status: task.status(),
                 expected_status: &req.expected_status,
                 expected_revision: req.expected_revision,
                 expected_attempt: req.expected_attempt,
@@ -136,6 +142,7 @@ impl<B: Backend> Store<B> {
             if changed != 1 {
                 return Err(refuse(Code::RETRY_EXTENSION_CAS_MISMATCH));
             }
+            task.persisted()?;
 
             audit::append_allowed(
                 tx,
@@ -171,7 +178,7 @@ impl<B: Backend> Store<B> {
             })?;
             Ok(RetryExtensionOutcome {
                 task_id: task_id.to_owned(),
-                status: "QUEUED".to_owned(),
+                status: task.status().as_str().to_owned(),
                 attempt: req.expected_attempt,
                 max_attempts: req.next_max_attempts,
                 revision: applied_revision,

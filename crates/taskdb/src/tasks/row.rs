@@ -1,10 +1,12 @@
 //! A task row as the engines return it: checking it, viewing it, writing
 //! it back under its revision and a guard.
 
+use super::moves::{self, Move};
 use super::tx::{Guard, Tx};
 use super::{Actor, ActorKind, Event, EventOutcome};
 use airlock_proto::binding::Binding;
 use airlock_proto::plan::PlanRecord;
+use airlock_proto::states::{self, Step};
 use airlock_proto::task::{TaskState, TaskView};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::error::{StoreError, StoreResult};
@@ -47,6 +49,7 @@ impl RawRow {
         let corrupt = |what: &str| corrupt(&self.task_id, what);
         Ok(TaskRow {
             status: parse_state(&self.status)?,
+            moving: None,
             attempt: u32::try_from(self.attempt).map_err(|_| corrupt("attempt"))?,
             max_attempts: u32::try_from(self.max_attempts).map_err(|_| corrupt("max_attempts"))?,
             revision: self.revision,
@@ -70,11 +73,14 @@ impl RawRow {
     }
 }
 
-/// A task row with typed state and counters.
+/// A task row with typed state and counters. Its state is private: only
+/// [`TaskRow::advance`], the one writer of task state, changes it.
 #[derive(Clone, Debug)]
 pub struct TaskRow {
     pub task_id: String,
-    pub status: TaskState,
+    status: TaskState,
+    /// The move [`TaskRow::advance`] made and no write has persisted yet.
+    moving: Option<Move>,
     pub attempt: u32,
     pub max_attempts: u32,
     pub revision: i64,
@@ -111,6 +117,52 @@ pub fn parse_state(s: &str) -> StoreResult<TaskState> {
 }
 
 impl TaskRow {
+    /// The task's state.
+    pub fn status(&self) -> TaskState {
+        self.status
+    }
+
+    /// The one writer of task state: moves the task by `step` to the state
+    /// [`states::next`] picks from `airlock_proto::states::TRANSITIONS`
+    /// (the table's precondition, then the attempts rule: attempts left or
+    /// not), or refuses (`TASK_STATE_INVALID` when no row fits). Returns
+    /// the new state. One step per write: [`TaskRow::save`] (or the retry
+    /// extension's compare-and-swap) persists it, and no row is written
+    /// without one.
+    pub fn advance(&mut self, step: Step) -> StoreResult<TaskState> {
+        if let Some(m) = self.moving {
+            return Err(Error::with(
+                Code::INTERNAL,
+                format!(
+                    "task {}: {} after {}, in one write",
+                    self.task_id,
+                    step.name(),
+                    m.step.name()
+                ),
+            )
+            .into());
+        }
+        let from = self.status;
+        let to = states::next(from, step, self.has_attempts_left())?;
+        self.status = to;
+        self.moving = Some(Move { from, step, to });
+        Ok(to)
+    }
+
+    /// Marks the move made by [`TaskRow::advance`] as persisted (reported
+    /// to the move observer when its transaction commits). A write without
+    /// a move is an internal error: every write of a task row is a step.
+    pub fn persisted(&mut self) -> StoreResult<()> {
+        let m = self.moving.take().ok_or_else(|| {
+            Error::with(
+                Code::INTERNAL,
+                format!("task {}: a write without a step", self.task_id),
+            )
+        })?;
+        moves::performed(&self.task_id, m);
+        Ok(())
+    }
+
     /// The stored binding, which must name the row's own task and key.
     pub fn binding(&self) -> StoreResult<Binding> {
         let value: Value = serde_json::from_str(&self.binding_json)
@@ -201,7 +253,8 @@ impl TaskRow {
             .map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow").into())
     }
 
-    /// Writes the mutable columns back, bumping the revision, on condition
+    /// Writes the mutable columns back (the state as [`TaskRow::advance`]
+    /// moved it), bumping the revision, on condition
     /// that the row is still at the revision it was read at and `guard`
     /// holds. Rows are read inside the writing transaction (and locked
     /// there by engines that lock rows), so a failed condition means
@@ -213,7 +266,7 @@ impl TaskRow {
         self.revision = read_revision + 1;
         self.updated_at_ms = tx.now();
         if tx.update(self, read_revision, guard)? {
-            return Ok(());
+            return self.persisted();
         }
         let lost = match guard {
             Guard::Lease { .. } => Error::with(Code::LEASE_EXPIRED, "the lease was lost"),

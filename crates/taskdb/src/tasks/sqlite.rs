@@ -5,12 +5,11 @@
 //! change under it. Time is the host's clock, never allowed to go back
 //! (the high-water mark in `store_clock`).
 
-use super::lease::lease_expired_record;
 use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
 use super::schema;
 use super::tx::{
-    Backend, ClaimSpec, Expired, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension,
-    NewResolution, NewResult, NewTask, StoredDecision, StoredExtension, Tx,
+    Backend, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult,
+    NewTask, StoredDecision, StoredExtension, Tx,
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
@@ -239,7 +238,7 @@ impl Tx for SqliteTx<'_> {
                 "INSERT INTO tasks (task_id, status, attempt, max_attempts, revision, lease_epoch, \
                  binding_json, plan_json, envelope_json, execution_digest, plan_digest, \
                  idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository) \
-                 VALUES (?1, 'QUEUED', 0, ?2, 1, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+                 VALUES (?1, ?12, 0, ?2, 1, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
                 params![
                     t.task_id,
                     t.max_attempts,
@@ -252,6 +251,7 @@ impl Tx for SqliteTx<'_> {
                     t.submission_sha256,
                     self.now,
                     t.repository,
+                    t.status.as_str(),
                 ],
             )
             .map_err(|e| StoreError::sqlite("inserting a task", e))?;
@@ -266,7 +266,7 @@ impl Tx for SqliteTx<'_> {
              WHERE task_id = ?16 AND revision = ?17";
         let lease_epoch = row.lease_epoch_i64()?;
         let mut values: Vec<Box<dyn rusqlite::ToSql + '_>> = vec![
-            Box::new(row.status.as_str()),
+            Box::new(row.status().as_str()),
             Box::new(row.attempt),
             Box::new(row.max_attempts),
             Box::new(row.revision),
@@ -317,8 +317,8 @@ impl Tx for SqliteTx<'_> {
         Ok(changed == 1)
     }
 
-    fn claim_next(&mut self, c: &ClaimSpec<'_>) -> StoreResult<Option<TaskRow>> {
-        let repositories = match c.repositories {
+    fn next_claimable(&mut self, repositories: Option<&[String]>) -> StoreResult<Option<TaskRow>> {
+        let repositories = match repositories {
             None => None,
             Some(r) => Some(
                 serde_json::to_string(r)
@@ -338,18 +338,7 @@ impl Tx for SqliteTx<'_> {
             )
             .optional()
             .map_err(|e| StoreError::sqlite("finding a claimable task", e))?;
-        let Some(raw) = next else {
-            return Ok(None);
-        };
-        let mut row = raw.into_row()?;
-        row.status = TaskState::Running;
-        row.attempt += 1;
-        row.lease_epoch += 1;
-        row.claimed_by = Some(c.worker.to_owned());
-        row.lease_token_hash = Some(c.token_hash.to_owned());
-        row.lease_expires_at = Some(self.now.saturating_add(c.lease_ms));
-        row.save(self, Guard::Revision)?;
-        Ok(Some(row))
+        next.map(RawRow::into_row).transpose()
     }
 
     fn queued(&mut self) -> StoreResult<Vec<TaskRow>> {
@@ -366,7 +355,7 @@ impl Tx for SqliteTx<'_> {
         rows.into_iter().map(RawRow::into_row).collect()
     }
 
-    fn expire_leases(&mut self, sweeper: &str) -> StoreResult<Vec<Expired>> {
+    fn expired_leases(&mut self) -> StoreResult<Vec<TaskRow>> {
         let mut stmt = self
             .conn
             .prepare(&format!(
@@ -378,27 +367,7 @@ impl Tx for SqliteTx<'_> {
             .query_map([self.now], from_sql)
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|e| StoreError::sqlite("finding expired leases", e))?;
-        drop(stmt);
-        let mut out = Vec::with_capacity(expired.len());
-        for raw in expired {
-            let mut row = raw.into_row()?;
-            let expired_at = row.lease_expires_at;
-            if row.has_attempts_left() {
-                row.status = TaskState::Queued;
-            } else {
-                row.status = TaskState::Failed;
-                row.verification_json = Some(lease_expired_record(
-                    sweeper,
-                    row.attempt,
-                    row.lease_epoch,
-                    expired_at,
-                )?);
-            }
-            row.clear_lease();
-            row.save(self, Guard::Revision)?;
-            out.push(Expired { row, expired_at });
-        }
-        Ok(out)
+        expired.into_iter().map(RawRow::into_row).collect()
     }
 
     fn result_sha256(&mut self, task_id: &str, key: &str) -> StoreResult<Option<String>> {
@@ -477,7 +446,7 @@ impl Tx for SqliteTx<'_> {
         let changed = self
             .conn
             .execute(
-                "UPDATE tasks SET status = 'QUEUED', max_attempts = ?1, revision = ?2, \
+                "UPDATE tasks SET status = ?10, max_attempts = ?1, revision = ?2, \
                  claimed_by = NULL, lease_token_hash = NULL, lease_expires_at = NULL, \
                  updated_at_ms = ?3 \
                  WHERE task_id = ?4 AND status = ?5 AND revision = ?6 AND attempt = ?7 \
@@ -493,6 +462,7 @@ impl Tx for SqliteTx<'_> {
                     cas.expected_attempt,
                     cas.expected_max_attempts,
                     cas.previous_claimed_by,
+                    cas.status.as_str(),
                 ],
             )
             .map_err(|e| StoreError::sqlite("applying a retry extension", e))?;

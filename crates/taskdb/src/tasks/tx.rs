@@ -13,10 +13,12 @@ use super::{Actor, EventOutcome, TaskState};
 use airlock_proto::Code;
 use airlock_sqlite::error::StoreResult;
 
-/// A task to insert at attempt 0, QUEUED, revision 1.
+/// A task to insert at attempt 0, revision 1, in `status`
+/// ([`airlock_proto::states::SUBMITTED`]).
 #[derive(Debug)]
 pub struct NewTask<'a> {
     pub task_id: &'a str,
+    pub status: TaskState,
     pub repository: &'a str,
     pub max_attempts: u32,
     pub binding_json: &'a str,
@@ -52,24 +54,6 @@ pub enum Guard<'a> {
     },
 }
 
-/// A claim to make: the oldest claimable task (QUEUED, attempts left, of
-/// one of `repositories` when given) becomes RUNNING under a new lease.
-#[derive(Debug)]
-pub struct ClaimSpec<'a> {
-    pub worker: &'a str,
-    pub token_hash: &'a str,
-    pub lease_ms: i64,
-    pub repositories: Option<&'a [String]>,
-}
-
-/// A task the sweeper moved off an expired lease, as it is now.
-#[derive(Debug)]
-pub struct Expired {
-    pub row: TaskRow,
-    /// The expiry the lease had (`None`: a RUNNING row without one).
-    pub expired_at: Option<i64>,
-}
-
 /// A result to record (append-only).
 #[derive(Debug)]
 pub struct NewResult<'a> {
@@ -102,10 +86,13 @@ pub struct StoredExtension {
     pub applied_revision: i64,
 }
 
-/// The retry extension's conditional UPDATE.
+/// The retry extension's conditional UPDATE: the task's new `status` (as
+/// the store's one writer moved it), `next_max_attempts` and revision,
+/// `claimed_by` and the lease cleared, where the task still is as read.
 #[derive(Debug)]
 pub struct ExtensionCas<'a> {
     pub task_id: &'a str,
+    pub status: TaskState,
     pub expected_status: &'a str,
     pub expected_revision: i64,
     pub expected_attempt: i64,
@@ -166,6 +153,10 @@ pub struct NewResolution<'a> {
 
 /// A transaction in progress. Everything it does commits together or not
 /// at all; `now` is the store's time, fixed when the transaction began.
+///
+/// An engine finds rows and persists them; it never decides a task's
+/// state (the rules move a row through [`TaskRow::advance`], the one
+/// writer, and then write it back).
 pub trait Tx {
     /// The store time of this transaction (unix ms).
     fn now(&self) -> i64;
@@ -180,17 +171,18 @@ pub trait Tx {
     /// revision) where the task still is at `read_revision` and `guard`
     /// holds. False when no row matched.
     fn update(&mut self, row: &TaskRow, read_revision: i64, guard: Guard<'_>) -> StoreResult<bool>;
-    /// Claims the oldest claimable task, in one statement; the row after
-    /// the claim, or `None`.
-    fn claim_next(&mut self, c: &ClaimSpec<'_>) -> StoreResult<Option<TaskRow>>;
+    /// The oldest claimable task (QUEUED, `attempt < max_attempts`, of one
+    /// of `repositories` when given), locked where the engine locks rows
+    /// (rows another transaction holds are skipped), or `None`.
+    fn next_claimable(&mut self, repositories: Option<&[String]>) -> StoreResult<Option<TaskRow>>;
     /// Every QUEUED task, in queue order, locked where the engine locks
     /// rows (rows another transaction holds — a claim in flight — are
     /// skipped: they are no longer QUEUED when it commits).
     fn queued(&mut self) -> StoreResult<Vec<TaskRow>>;
-    /// Ends every lease expired at `now`: QUEUED with attempts left, else
-    /// FAILED with the `LEASE_EXPIRED` verification record; token hash and
-    /// expiry cleared, revision bumped. In queue order.
-    fn expire_leases(&mut self, sweeper: &str) -> StoreResult<Vec<Expired>>;
+    /// Every RUNNING task whose lease expired at `now` (or that has no
+    /// expiry), in queue order, locked where the engine locks rows (rows
+    /// another transaction holds are skipped).
+    fn expired_leases(&mut self) -> StoreResult<Vec<TaskRow>>;
     /// The SHA-256 of the result stored under `(task_id, key)`.
     fn result_sha256(&mut self, task_id: &str, key: &str) -> StoreResult<Option<String>>;
     /// Records a result.
