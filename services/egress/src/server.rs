@@ -64,6 +64,21 @@ pub struct Settings {
     pub resolve_timeout: Duration,
     /// Time for each connect(2).
     pub connect_timeout: Duration,
+    /// Test builds only: addresses connected to despite their range.
+    #[cfg(feature = "test-permit-address")]
+    pub test_permit: Vec<IpAddr>,
+}
+
+impl Settings {
+    /// Whether `ip` may be connected to: [`address::check`], and in test
+    /// builds the addresses a test permitted by name.
+    fn check(&self, ip: IpAddr) -> Result<(), address::Forbidden> {
+        #[cfg(feature = "test-permit-address")]
+        if self.test_permit.contains(&ip) {
+            return Ok(());
+        }
+        address::check(ip)
+    }
 }
 
 /// One session's bounds and what it has used.
@@ -276,7 +291,7 @@ async fn establish(
         ));
     }
     // 7. Resolve here; every address checked.
-    let addrs = resolve(&target, settings.resolve_timeout).await?;
+    let addrs = resolve(&target, settings).await?;
     // 8. Connect to a checked address, never to the name.
     let upstream = connect(&addrs, settings.connect_timeout).await?;
     record.resolved = upstream.peer_addr().ok();
@@ -357,7 +372,8 @@ fn connect_target(head: &[u8]) -> Result<HostPort, Refusal> {
 }
 
 /// The target's addresses, each of which passed [`address::check`].
-async fn resolve(target: &HostPort, timeout: Duration) -> Result<Vec<SocketAddr>, Refusal> {
+async fn resolve(target: &HostPort, settings: &Settings) -> Result<Vec<SocketAddr>, Refusal> {
+    let timeout = settings.resolve_timeout;
     let port = target.port();
     let addrs: Vec<SocketAddr> = match target.host() {
         Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
@@ -389,7 +405,7 @@ async fn resolve(target: &HostPort, timeout: Duration) -> Result<Vec<SocketAddr>
     // resolve into private space, a rebinding attack does.
     for a in &addrs {
         let ip: IpAddr = a.ip();
-        if let Err(f) = address::check(ip) {
+        if let Err(f) = settings.check(ip) {
             return Err(refuse(
                 Code::EGRESS_ADDRESS_FORBIDDEN,
                 format!("{ip} is in {f}"),
@@ -553,6 +569,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.session.bytes.load(Ordering::Acquire) >= this.session.limits.max_bytes {
+            this.limit_hit.store(true, Ordering::Release);
+            return Poll::Ready(Err(io::Error::other("the session's max_bytes is used")));
+        }
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         let n = (buf.filled().len() - before) as u64;
