@@ -170,10 +170,19 @@ fn open(args: &Args) -> Result<Opened, Error> {
     })
 }
 
+/// Port of DNS over TCP, which the resolver falls back to for a truncated
+/// answer. Landlock allows it; a CONNECT to it is still refused unless
+/// `--connect-port` lists it.
+const DNS_TCP_PORT: u16 = 53;
+
 /// The lockdown (`Role::Egress`): the socket is bound; Landlock allows TCP
-/// connect(2) to the `--connect-port` ports only.
+/// connect(2) to the `--connect-port` ports and the resolver's only.
 fn confine(args: &Args) -> Result<String, Error> {
-    let paths = Paths::new().with_tcp_connect(args.connect_port.iter().copied());
+    let mut ports = args.connect_port.clone();
+    ports.push(DNS_TCP_PORT);
+    ports.sort_unstable();
+    ports.dedup();
+    let paths = Paths::new().with_tcp_connect(ports);
     let report = lockdown(Role::Egress, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
     Ok(report.to_string())
