@@ -424,6 +424,28 @@ catalogue! {
     /// The worker is stopping; an attempt it was driving resumes from its journal when it starts again.
     WORKER_STOPPING => Unavailable, None;
 
+    // ---- egress proxy (airlock-egress) -------------------------------------------
+    /// The process that connected to the egress proxy's socket runs as a uid the proxy does not serve (--allow-uid).
+    EGRESS_PEER_DENIED => Denied, None;
+    /// The egress connection's preamble is not one JSON line of the expected fields within its bounds, or names a session with other limits or hosts than its first connection.
+    EGRESS_PREAMBLE_INVALID => Invalid, None;
+    /// The request head sent to the egress proxy is malformed, too large, or not sent in time.
+    EGRESS_REQUEST_INVALID => Invalid, None;
+    /// The egress proxy serves CONNECT only: a plain-HTTP request could be read and forged on the way.
+    EGRESS_METHOD_NOT_ALLOWED => Denied, None;
+    /// The CONNECT target is not one of the environment's allowed host:port entries.
+    EGRESS_HOST_NOT_ALLOWED => Denied, None;
+    /// The CONNECT target's port is not one the egress proxy was started to reach (--connect-port).
+    EGRESS_PORT_NOT_ALLOWED => Denied, None;
+    /// The target is, or resolves to, an address the egress proxy never reaches (loopback, private, link-local, multicast, documentation and other special ranges).
+    EGRESS_ADDRESS_FORBIDDEN => Denied, None;
+    /// The egress proxy could not resolve the target's name.
+    EGRESS_RESOLVE_FAILED => Unavailable, None;
+    /// The egress proxy could not connect to any address of the target in time.
+    EGRESS_CONNECT_FAILED => Unavailable, None;
+    /// The session's bytes, wall time or connections are used up; the tunnel is closed or refused.
+    EGRESS_LIMIT_EXCEEDED => TooLarge, None;
+
     // ---- git ----------------------------------------------------------------------
     /// The ref's current value is not the expected one (compare-and-swap lost).
     REF_CAS_MISMATCH => Conflict, None;

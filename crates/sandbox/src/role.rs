@@ -30,6 +30,8 @@ pub enum Role {
     Spawner,
     /// airlock-retryd: its passed socket and the bus.
     Retryd,
+    /// airlock-egress: its bound socket, name resolution and TCP out.
+    Egress,
 }
 
 /// A path the daemon resolves from its configuration and hands to
@@ -615,14 +617,69 @@ const RETRYD: RolePolicy = RolePolicy {
     tcp: None,
 };
 
+const EGRESS: RolePolicy = RolePolicy {
+    // Its UNIX socket is bound and its users looked up before lockdown;
+    // after it, it reads only what getaddrinfo(3) loads and reads (the
+    // resolver's own files are its TCP grants), and connects out over TCP.
+    grants: &[
+        LIBS_READ,
+        &[
+            fixed(
+                "/etc/nsswitch.conf",
+                Access::FileRead,
+                "which NSS modules resolve host names",
+            ),
+            fixed(
+                "/etc/ld.so.cache",
+                Access::FileRead,
+                "finding the NSS modules to load",
+            ),
+        ],
+    ],
+    lifted: &[],
+    bounding: Bounding::Empty,
+    limits: &[(
+        Limit::OpenFiles,
+        4096,
+        "two descriptors per tunnel, 256 clients at a time; a descriptor leak stops at this bound",
+    )],
+    degraded: Degraded::Warn,
+    max_abi: DAEMON_MAX_ABI,
+    tcp: Some(TcpPolicy {
+        when: "it runs (always: it connects to the `--connect-port` ports, 443 unless given, of the hosts a setup's preamble allows, and its resolver may fall back to DNS over TCP, port 53)",
+        grants: RESOLVER,
+    }),
+};
+
+/// Name resolution by getaddrinfo(3) after start.
+const RESOLVER: &[Grant] = &[
+    fixed(
+        "/etc/hosts",
+        Access::FileRead,
+        "resolving the names of the hosts a preamble allows",
+    ),
+    fixed(
+        "/etc/resolv.conf",
+        Access::FileRead,
+        "resolving the names of the hosts a preamble allows (DNS)",
+    ),
+    fixed(
+        "/etc/gai.conf",
+        Access::FileRead,
+        "address order when the name has several",
+    ),
+    fixed("/etc/host.conf", Access::FileRead, "resolver options"),
+];
+
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::Supervisor,
         Role::Worker,
         Role::Executor,
         Role::Spawner,
         Role::Retryd,
+        Role::Egress,
     ];
 
     /// The daemon's program name.
@@ -633,6 +690,7 @@ impl Role {
             Role::Executor => "airlock-executor",
             Role::Spawner => "airlock-executor (spawner)",
             Role::Retryd => "airlock-retryd",
+            Role::Egress => "airlock-egress",
         }
     }
 
@@ -644,6 +702,7 @@ impl Role {
             Role::Executor => &EXECUTOR,
             Role::Spawner => &SPAWNER,
             Role::Retryd => &RETRYD,
+            Role::Egress => &EGRESS,
         }
     }
 

@@ -1,6 +1,6 @@
 //! What the uncredentialed side may link: the executor's and
 //! airlock-confine's dependency closures stay free of bus, database, HTTP
-//! and git code, and airlock-retryd's free of SQLite (it asks the
+//! and git code, airlock-egress's too, and airlock-retryd's free of SQLite (it asks the
 //! supervisor instead). `cargo metadata` gives the resolved graph; only
 //! normal dependencies count (build and dev dependencies never reach the
 //! binary).
@@ -132,5 +132,35 @@ fn each_store_is_linked_by_its_owner_only() {
         for f in ["airlock-taskdb", "airlock-journal", "airlock-supervisor"] {
             assert!(!linked.contains(f), "{ctl} links {f}");
         }
+    }
+}
+
+/// airlock-egress holds nothing on the server: it links no bus, store,
+/// git or HTTP-server code (it parses one request head with httparse and
+/// splices bytes). The executor may link its library for the protocol
+/// without gaining any of that either.
+#[test]
+fn egress_links_no_bus_database_http_server_or_git_code() {
+    let linked = closure("airlock-egress");
+    assert!(
+        linked.contains("tokio") && linked.contains("httparse"),
+        "{linked:?}"
+    );
+    for f in [
+        "zbus",
+        "rusqlite",
+        "libsqlite3-sys",
+        "postgres",
+        "tokio-postgres",
+        "hyper",
+        "airlock-git",
+        "airlock-client",
+        "airlock-sqlite",
+        "airlock-taskdb",
+        "airlock-journal",
+        "airlock-supervisor",
+        "airlock-spool",
+    ] {
+        assert!(!linked.contains(f), "airlock-egress links {f}");
     }
 }

@@ -20,6 +20,7 @@ const HARDENED: &[&str] = &[
     "airlock-executor.service",
     "airlock-retryd.service",
     "airlock-retryd.socket",
+    "airlock-egress.service",
 ];
 
 fn json(text: &str) -> Result<Value, String> {

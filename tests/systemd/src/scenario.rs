@@ -31,6 +31,7 @@ const SERVICES: &[&str] = &[
     "airlock-worker.service",
     "airlock-executor.service",
     "airlock-retryd.service",
+    "airlock-egress.service",
 ];
 const STARTED_BY_TARGET: &[&str] = &[
     "airlock.target",
@@ -38,6 +39,7 @@ const STARTED_BY_TARGET: &[&str] = &[
     "airlock-worker.service",
     "airlock-executor.service",
     "airlock-retryd.socket",
+    "airlock-egress.service",
 ];
 const ALL_UNITS: &[&str] = &[
     "airlock.target",
@@ -46,6 +48,7 @@ const ALL_UNITS: &[&str] = &[
     "airlock-executor.service",
     "airlock-retryd.service",
     "airlock-retryd.socket",
+    "airlock-egress.service",
 ];
 const USERS: &[&str] = &[
     "airlock",
@@ -53,6 +56,7 @@ const USERS: &[&str] = &[
     "airlock-exec",
     "airlock-retry",
     "airlock-agent",
+    "airlock-egress",
 ];
 /// Depends the root made by debootstrap satisfies without a network.
 const ALLOWED_DEPENDS: &[&str] = &[
@@ -609,6 +613,9 @@ fn deb_structure(deb: &Path) -> Result<String, String> {
         "./usr/bin/airlock-worker",
         "./usr/bin/airlock-executor",
         "./usr/bin/airlock-retryd",
+        "./usr/bin/airlock-egress",
+        "./usr/lib/systemd/system/airlock-egress.service",
+        "./usr/share/man/man8/airlock-egress.8.gz",
         "./usr/bin/airlockctl",
         "./usr/libexec/airlock/airlock-confine",
         "./usr/lib/systemd/system/airlock.target",

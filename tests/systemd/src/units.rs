@@ -47,6 +47,15 @@ pub const EXPOSURE_LIMITS: &[ExposureLimit] = &[
         live: 0.2,
         offline: 0.4,
     },
+    // The egress proxy: the network is its job (AF_INET sockets, no
+    // PrivateNetwork= or IPAddressDeny=: the daemon checks each address
+    // after resolution), and no PrivateUsers= (SO_PEERCRED must show the
+    // executor's real uid). The live figure is not measured yet.
+    ExposureLimit {
+        unit: "airlock-egress.service",
+        live: 1.2,
+        offline: 1.2,
+    },
     // The agent template: network allowed (model APIs), AF_INET sockets,
     // the readers group and setrlimit (its launcher lowers RLIMIT_AS) are
     // what it costs.

@@ -20,6 +20,7 @@ const UNITS: &[&str] = &[
     "airlock-worker.service",
     "airlock-executor.service",
     "airlock-retryd.service",
+    "airlock-egress.service",
 ];
 const ACTIONS: &[&str] = &[
     "org.airlock.tasks.read",
@@ -377,6 +378,7 @@ const DAEMONS: &[&str] = &[
     "airlock-worker",
     "airlock-executor",
     "airlock-retryd",
+    "airlock-egress",
 ];
 
 /// A daemon's own lockdown, from /proc/<pid>/status: every daemon confines
