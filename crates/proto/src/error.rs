@@ -554,6 +554,29 @@ impl Code {
             )
     }
 
+    /// Whether a failed attempt with this code ends its task at once:
+    /// another attempt of the same plan cannot go differently. The
+    /// repository is gone, the branch moved behind the worker's back (a
+    /// reconciliation case settles it), or a policy refused the plan — a
+    /// program, a module or a git subcommand its repository does not
+    /// allow, or an environment unusable on this host — which only an
+    /// administrator's change, not a retry, alters.
+    pub const fn ends_task(self) -> bool {
+        matches!(
+            self,
+            Code::REPOSITORY_NOT_REGISTERED
+                | Code::RECONCILIATION_REQUIRED
+                | Code::COMMAND_PROGRAM_DENY
+                | Code::PYTHON_MODULE_DENY
+                | Code::GIT_MUTATION_DENY
+                | Code::ENVIRONMENT_INVALID
+                | Code::ENVIRONMENT_PATH_UNSAFE
+                | Code::ENVIRONMENT_PROGRAM_UNRESOLVED
+                | Code::ENVIRONMENT_VARIABLE_SECRET
+                | Code::ENVIRONMENT_EGRESS_INVALID
+        )
+    }
+
     /// Looks a code up by its SCREAMING_SNAKE name.
     pub fn from_name(name: &str) -> Option<Code> {
         Code::ALL.iter().copied().find(|c| c.as_str() == name)
@@ -669,6 +692,26 @@ mod tests {
         let classes: HashSet<Class> = Code::ALL.iter().map(|c| c.class()).collect();
         assert_eq!(exits.len(), classes.len());
         assert!(exits.iter().all(|e| *e >= 3));
+    }
+
+    #[test]
+    fn a_policy_refusal_ends_its_task_and_a_failing_test_does_not() {
+        for c in [
+            Code::COMMAND_PROGRAM_DENY,
+            Code::PYTHON_MODULE_DENY,
+            Code::GIT_MUTATION_DENY,
+            Code::ENVIRONMENT_PATH_UNSAFE,
+            Code::REPOSITORY_NOT_REGISTERED,
+        ] {
+            assert!(c.ends_task() && c.fails_attempt(), "{c:?}");
+        }
+        for c in [
+            Code::VERIFICATION_FAILED,
+            Code::SOURCE_DRIFT,
+            Code::SANDBOX_UNAVAILABLE,
+        ] {
+            assert!(!c.ends_task(), "{c:?}");
+        }
     }
 
     #[test]

@@ -228,7 +228,7 @@ pub const TABLE: &[(Op, TaskState, Outcome)] = &{
             Running,
             To(
                 &[Queued, Failed],
-                "QUEUED while attempts remain, else FAILED; FAILED at once with REPOSITORY_NOT_REGISTERED, and with RECONCILIATION_REQUIRED, which opens a reconciliation case",
+                "QUEUED while attempts remain, else FAILED; FAILED at once with a code that ends the task (REPOSITORY_NOT_REGISTERED; RECONCILIATION_REQUIRED, which opens a reconciliation case; a policy refusal)",
             ),
         ),
         (
@@ -523,7 +523,7 @@ pub const TRANSITIONS: &[Transition] = &{
             Step::SubmitFinal,
             Any,
             Failed,
-            "REPOSITORY_NOT_REGISTERED, or RECONCILIATION_REQUIRED (a case opens)",
+            "a code that ends the task (Code::ends_task): REPOSITORY_NOT_REGISTERED, RECONCILIATION_REQUIRED (a case opens), or a policy refusal (COMMAND_PROGRAM_DENY, PYTHON_MODULE_DENY, GIT_MUTATION_DENY, ENVIRONMENT_*)",
         ),
         t(Verifying, Step::Accept, Any, Succeeded, ""),
         t(Verifying, Step::Rework, Left, Queued, ""),

@@ -737,7 +737,49 @@ fn queued_tasks_of_a_removed_repository_fail_with_repository_not_registered_and_
     assert_eq!(fx.store.summary().unwrap().total(), 2);
 }
 
+fn a_policy_refusal_ends_the_task_at_once_and_a_failing_test_does_not(backend: Backend) {
+    let mut fx = Fixture::new(backend);
+    for (i, code) in [
+        "COMMAND_PROGRAM_DENY",
+        "PYTHON_MODULE_DENY",
+        "GIT_MUTATION_DENY",
+        "ENVIRONMENT_PATH_UNSAFE",
+        // Last: it goes back to the queue, where the next claim would take it.
+        "VERIFICATION_FAILED",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = format!("task-policy-{i}");
+        fx.submit(&id, 3);
+        let running = fx.claim();
+        assert_eq!(running.task_id, id);
+        let mut result = result_for(&running, Outcome::Failed);
+        result.failure_code = Some((*code).into());
+        let receipt = fx
+            .store
+            .submit_result(
+                &running.task_id,
+                running.lease_epoch,
+                &running.lease_token,
+                &result_key(&running),
+                &result,
+                false,
+                &worker(),
+            )
+            .unwrap();
+        let expected = if *code == "VERIFICATION_FAILED" {
+            TaskState::Queued
+        } else {
+            TaskState::Failed
+        };
+        assert_eq!(receipt.task.state, expected, "{code}");
+        assert_eq!(receipt.task.attempt, 1, "{code}");
+    }
+}
+
 both_backends!(
+    a_policy_refusal_ends_the_task_at_once_and_a_failing_test_does_not,
     a_passed_result_goes_to_verifying_and_clears_the_lease,
     auto_accept_succeeds_only_when_every_command_exited_zero,
     auto_accept_is_withheld_unless_the_commands_ran_fully_confined,

@@ -501,13 +501,15 @@ impl<B: Backend> Store<B> {
                 Outcome::Failed => {
                     automatic = true;
                     // Another attempt cannot help a task whose repository
-                    // is gone: it fails now, with its code.
-                    // Nor one whose branch moved behind the worker's back:
-                    // an administrator settles it (a reconciliation case).
-                    let retryable = !matches!(
-                        result.failure_code.as_deref().and_then(Code::from_name),
-                        Some(Code::REPOSITORY_NOT_REGISTERED | Code::RECONCILIATION_REQUIRED)
-                    );
+                    // is gone, whose branch moved behind the worker's back
+                    // (an administrator settles it: a reconciliation case),
+                    // or whose plan a policy refused: it fails now, with
+                    // its code (Code::ends_task).
+                    let retryable = !result
+                        .failure_code
+                        .as_deref()
+                        .and_then(Code::from_name)
+                        .is_some_and(Code::ends_task);
                     row.advance(if retryable {
                         Step::SubmitFailed
                     } else {
