@@ -86,6 +86,10 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// How long stragglers are still answered after the name is released.
 const LINGER: Duration = Duration::from_millis(200);
 
+/// The registered repository names and the programs their commands may
+/// start, as a reload reads them.
+pub type Registered = (Vec<String>, airlock_config::ProgramTable);
+
 /// How the daemon re-reads the registered repositories: on each signal
 /// (SIGHUP under `systemctl reload`), `reread` gives the names now.
 pub struct Reload {
@@ -94,8 +98,7 @@ pub struct Reload {
     pub signals: tokio::signal::unix::Signal,
     /// The registered names and their programs now, or why the
     /// configuration was refused.
-    pub reread:
-        Box<dyn Fn() -> Result<(Vec<String>, airlock_config::ProgramTable), Error> + Send + Sync>,
+    pub reread: Box<dyn Fn() -> Result<Registered, Error> + Send + Sync>,
 }
 
 impl std::fmt::Debug for Reload {
