@@ -12,6 +12,9 @@
 #   polkitd          real polkit decisions in the supervisor tests
 #   bubblewrap       sandbox tests
 #   python3          the verification commands the executor runs
+#   python3-venv, python3-pip
+#                    a verification environment's toolchain in the tests
+#                    (a virtual environment with pytest, services/local/tests/environment.rs)
 #   systemd          systemd-sysusers: airlock-local creates the package's users
 #   util-linux       unshare: the executor's network namespace when not root;
 #                    nsenter: the systemd testbed drives its container
@@ -27,7 +30,7 @@
 #   postgresql       the PostgreSQL task store's tests, the multi-host crash
 #                    matrix and bench-pg: each starts a throwaway cluster with
 #                    initdb/postgres from /usr/lib/postgresql/*/bin
-AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 systemd util-linux
+AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 python3-venv python3-pip systemd util-linux
   dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin postgresql)
 
 # Prints a section header.

@@ -227,9 +227,17 @@ pub fn looks_secret(name: &str, value: &str) -> bool {
         "ACCESS_KEY",
         "AUTH",
     ];
+    // A value made only of absolute paths (PATH, a toolchain's home) is
+    // not a secret, however random a directory's name looks.
+    let paths_only = !value.is_empty()
+        && value
+            .split(':')
+            .all(|p| p.starts_with('/') && !p.contains("://") && !p.contains('='));
     NAMES.iter().any(|n| name.contains(n))
-        || airlock_proto::redact::text(value) != value
-        || airlock_proto::redact::text(&format!("{name}={value}")) != format!("{name}={value}")
+        || (!paths_only
+            && (airlock_proto::redact::text(value) != value
+                || airlock_proto::redact::text(&format!("{name}={value}"))
+                    != format!("{name}={value}")))
 }
 
 /// A `host:port` egress entry: a lower-case DNS name or an IP literal
@@ -610,6 +618,8 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, Code::ENVIRONMENT_VARIABLE_SECRET);
+        // Paths are not secrets, however random a directory's name.
+        assert!(env("[environment]\nvariables = { PATH = \"/var/tmp/airlock-env-aB3dE5gH7jK9/bin:/usr/bin\" }\n").is_ok());
         let e = env("[environment]\nvariables = { HOME = \"/x\" }\n").unwrap_err();
         assert_eq!(e.code, Code::ENVIRONMENT_INVALID);
         let e = env("[environment]\nvariables = { LD_FOO = \"/x\" }\n").unwrap_err();

@@ -593,9 +593,15 @@ pub fn read_drop_in(file: &Path) -> Result<Repository, ConfigError> {
 pub fn drop_in_text(repo: &Repository) -> String {
     let mut out = String::from(
         "# Written by `airlockctl repo add`; `airlockctl repo remove` deletes it.\n\
-         # The supervisor and the worker read it at start and on `systemctl reload`.\n\
-         [[repository]]\n",
+         # The supervisor and the worker read it at start and on `systemctl reload`.\n",
     );
+    out.push_str(&repository_text(repo));
+    out
+}
+
+/// `repo` as one `[[repository]]` table (and its `[repository.environment]`).
+pub fn repository_text(repo: &Repository) -> String {
+    let mut out = String::from("[[repository]]\n");
     let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
     out.push_str(&format!("name = {}\n", quote(&repo.name)));
     out.push_str(&format!(

@@ -294,10 +294,18 @@ description = "sample repository made by airlock-local demo"
             .repositories
             .iter()
             .map(|(name, _)| {
-                format!(
-                    "\n[[repository]]\nname = \"{name}\"\npath = \"{}\"\ndescription = \"imported by airlock-local up --repo {name}=…\"\n",
-                    repos.join(format!("{name}.git")).display(),
-                )
+                let repo = airlock_config::Repository {
+                    name: name.clone(),
+                    path: repos.join(format!("{name}.git")),
+                    description: Some(format!("imported by airlock-local up --repo {name}=…")),
+                    environment: tuning
+                        .environments
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, e)| e.clone()),
+                    drop_in: None,
+                };
+                format!("\n{}", airlock_config::repository_text(&repo))
             })
             .collect::<String>(),
         agents = agents_text(&tuning.agents),

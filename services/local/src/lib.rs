@@ -87,6 +87,9 @@ pub struct Tuning {
     /// set: a stack whose commands run under degraded Landlock (tests of
     /// the isolation evidence).
     pub executor_landlock: Option<(u8, bool)>,
+    /// Verification environments of the caller's repositories, by name
+    /// (`--environment NAME=FILE`).
+    pub environments: Vec<(String, airlock_config::Environment)>,
 }
 
 /// A PostgreSQL task store several stacks share.
@@ -118,6 +121,7 @@ impl Default for Tuning {
             netns: None,
             agents: Vec::new(),
             executor_landlock: None,
+            environments: Vec::new(),
         }
     }
 }

@@ -37,6 +37,12 @@ enum Command {
         /// worker's). Repeatable.
         #[arg(long = "repo", value_name = "NAME=PATH", value_parser = parse_repo)]
         repos: Vec<(String, PathBuf)>,
+        /// Give repository NAME (one of --repo's) the verification
+        /// environment of FILE: a TOML file with one [environment] table
+        /// (toolchain paths, programs, variables; docs/environments.md),
+        /// checked against this host first. Repeatable.
+        #[arg(long = "environment", value_name = "NAME=FILE", value_parser = parse_repo)]
+        environments: Vec<(String, PathBuf)>,
         /// Run the planner agents of FILE: `[[agent]]` tables as in
         /// airlock.toml (docs/configuration.md). Each runs as airlock-agent
         /// (as root), restarted by the supervisor's crash-loop policy;
@@ -61,9 +67,17 @@ fn main() -> ExitCode {
         Command::Up {
             state,
             repos,
+            environments,
             agents,
-        } => read_agents(agents.as_deref())
-            .and_then(|agents| up(state.unwrap_or_else(default_state), repos, agents)),
+        } => read_agents(agents.as_deref()).and_then(|agents| {
+            let environments = read_environments(&repos, &environments)?;
+            up(
+                state.unwrap_or_else(default_state),
+                repos,
+                environments,
+                agents,
+            )
+        }),
         Command::Demo { json, state } => demo::run(json, state),
     };
     match result {
@@ -116,13 +130,46 @@ fn read_agents(file: Option<&std::path::Path>) -> Result<Vec<airlock_config::Age
     Ok(parsed.agents)
 }
 
+/// Each `--environment NAME=FILE`: NAME one of the `--repo` names, FILE
+/// an environment file that resolves on this host.
+fn read_environments(
+    repos: &[(String, PathBuf)],
+    given: &[(String, PathBuf)],
+) -> Result<Vec<(String, airlock_config::Environment)>, String> {
+    let mut out: Vec<(String, airlock_config::Environment)> = Vec::new();
+    for (name, file) in given {
+        if !repos.iter().any(|(n, _)| n == name) {
+            return Err(format!(
+                "--environment {name}={}: {name} is not one of the --repo names",
+                file.display()
+            ));
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            return Err(format!("--environment {name}: given twice"));
+        }
+        let env = airlock_config::read_environment_file(file)
+            .and_then(|e| e.resolve().map(|_| e))
+            .map_err(|e| {
+                format!(
+                    "--environment {name}={}: {e} [{}]",
+                    file.display(),
+                    e.code.as_str()
+                )
+            })?;
+        out.push((name.clone(), env));
+    }
+    Ok(out)
+}
+
 fn up(
     state: PathBuf,
     repos: Vec<(String, PathBuf)>,
+    environments: Vec<(String, airlock_config::Environment)>,
     agents: Vec<airlock_config::Agent>,
 ) -> Result<(), String> {
     let tuning = airlock_local::Tuning {
         repositories: repos.clone(),
+        environments,
         agents,
         ..Default::default()
     };

@@ -222,6 +222,7 @@ pub async fn run_with_reload(
         settings.repositories.clone(),
         settings.call_delay,
     ));
+    tracing::info!(programs = ?settings.programs, "the programs each repository's commands may start");
     shared.set_programs(settings.programs.clone());
 
     let server = conn.object_server();
