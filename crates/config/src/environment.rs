@@ -119,7 +119,7 @@ pub const ENVIRONMENT_KEYS: &[EnvironmentKey] = &[
     },
     EnvironmentKey {
         key: "environment.variables",
-        accepts: "a table of NAME = \"value\" (names [A-Z_][A-Z0-9_]*, values one line of at most 4096 bytes)",
+        accepts: "a table of NAME = \"value\" (names [A-Za-z_][A-Za-z0-9_]*, values one line of at most 4096 bytes)",
         default: "{}",
         meaning: "What commands see in their environment, PATH included (without one: /usr/local/bin:/usr/bin:/bin). HOME, TMPDIR, LD_* and git's own variables are the sandbox's and refused. A value or a name that looks like a secret (a token, key or password shape, or a name such as *_TOKEN) is refused with ENVIRONMENT_VARIABLE_SECRET: the environment is configuration, readable by readers; credentials never go there.",
     },
@@ -153,6 +153,52 @@ pub const ENVIRONMENT_KEYS: &[EnvironmentKey] = &[
         default: "600",
         meaning: "Wall-clock limit of each setup command.",
     },
+];
+
+/// One example environment file per ecosystem, for docs/environments.md
+/// (each parses; registry hosts are placeholders).
+pub const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "Python: a virtual environment with the project's test tools",
+        r#"[environment]
+# Made once by an administrator:
+#   /usr/bin/python3 -m venv /opt/airlock/py-calc && /opt/airlock/py-calc/bin/pip install pytest
+paths = ["/opt/airlock/py-calc"]
+programs = ["python3"]
+variables = { PATH = "/opt/airlock/py-calc/bin:/usr/bin:/bin" }
+"#,
+    ),
+    (
+        "Rust: a toolchain under /opt, dependencies vendored into it",
+        r#"[environment]
+# rustup installed with RUSTUP_HOME=/opt/rust/rustup CARGO_HOME=/opt/rust/cargo,
+# dependencies fetched by `cargo fetch` with CARGO_HOME=/opt/rust/cargo.
+paths = ["/opt/rust"]
+programs = ["cargo"]
+variables = { PATH = "/opt/rust/cargo/bin:/usr/bin:/bin", RUSTUP_HOME = "/opt/rust/rustup", CARGO_HOME = "/opt/rust/cargo", CARGO_NET_OFFLINE = "true" }
+
+# The dependency fetch through the egress proxy, once setups run:
+# [environment.setup]
+# commands = [["cargo", "fetch", "--locked"]]
+# inputs = ["Cargo.toml", "Cargo.lock", "**/Cargo.toml"]
+# outputs = ["~/.cargo/registry"]
+# egress = ["crates-registry.example:443", "crates-index.example:443"]
+"#,
+    ),
+    (
+        "Node: node and npm from /opt/node",
+        r#"[environment]
+paths = ["/opt/node"]
+programs = ["node", "npm"]
+variables = { PATH = "/opt/node/bin:/usr/bin:/bin", npm_config_offline = "true" }
+
+# [environment.setup]
+# commands = [["npm", "ci", "--ignore-scripts"]]
+# inputs = ["package.json", "package-lock.json"]
+# outputs = ["node_modules"]
+# egress = ["npm-registry.example:443"]
+"#,
+    ),
 ];
 
 /// Why an environment is refused: a code, the key and what was wrong.
@@ -207,8 +253,8 @@ fn is_bare_name(s: &str) -> bool {
 
 fn is_variable_name(s: &str) -> bool {
     let mut bytes = s.bytes();
-    matches!(bytes.next(), Some(b'A'..=b'Z' | b'_'))
-        && bytes.all(|b| matches!(b, b'A'..=b'Z' | b'0'..=b'9' | b'_'))
+    matches!(bytes.next(), Some(b'A'..=b'Z' | b'a'..=b'z' | b'_'))
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
         && s.len() <= 64
 }
 
@@ -233,7 +279,8 @@ pub fn looks_secret(name: &str, value: &str) -> bool {
         && value
             .split(':')
             .all(|p| p.starts_with('/') && !p.contains("://") && !p.contains('='));
-    NAMES.iter().any(|n| name.contains(n))
+    let upper = name.to_ascii_uppercase();
+    NAMES.iter().any(|n| upper.contains(n))
         || (!paths_only
             && (airlock_proto::redact::text(value) != value
                 || airlock_proto::redact::text(&format!("{name}={value}"))
@@ -340,7 +387,7 @@ impl Environment {
             if !is_variable_name(name) {
                 return Err(invalid(
                     key,
-                    "expected a name of [A-Z_][A-Z0-9_]*, at most 64 characters".into(),
+                    "expected a name of [A-Za-z_][A-Za-z0-9_]*, at most 64 characters".into(),
                 ));
             }
             if RESERVED_VARIABLES.contains(&name.as_str()) || name.starts_with("LD_") {
@@ -653,6 +700,13 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key, "environment.setup.outputs[0]");
+    }
+
+    #[test]
+    fn every_example_parses() {
+        for (what, text) in EXAMPLES {
+            env(text).unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
     }
 
     #[test]

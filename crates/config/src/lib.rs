@@ -63,8 +63,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use environment::{
-    ENVIRONMENT_KEYS, Environment, EnvironmentError, EnvironmentKey, ProgramTable, Resolved, Setup,
-    is_host_port, looks_secret, parse_environment_file, read_environment_file,
+    ENVIRONMENT_KEYS, EXAMPLES as ENVIRONMENT_EXAMPLES, Environment, EnvironmentError,
+    EnvironmentKey, ProgramTable, Resolved, Setup, is_host_port, looks_secret,
+    parse_environment_file, read_environment_file,
 };
 pub use error::{ConfigError, Location};
 pub use keys::{GIT_WRITING_SUBCOMMANDS, Item, KEYS, KeySpec, Kind};

@@ -89,3 +89,75 @@ fn configuration_reference_is_current() {
          Regenerate it with:\n\n    UPDATE_DOCS=1 cargo test -p airlock-config --test docs\n"
     );
 }
+
+const ENVIRONMENTS_DOC: &str = "docs/environments.md";
+
+fn render_environments() -> String {
+    use airlock_config::{ENVIRONMENT_EXAMPLES, ENVIRONMENT_KEYS};
+    let mut out = String::new();
+    out.push_str(
+        "<!-- Generated from crates/config/src/environment.rs by crates/config/tests/docs.rs.\n     Do not edit by hand: change the table, then run\n     UPDATE_DOCS=1 cargo test -p airlock-config --test docs -->\n\n",
+    );
+    out.push_str("# Verification environments\n\n");
+    out.push_str(
+        "A repository's commands run in the executor's sandbox, which shows them the \
+         system's read-only paths and nothing else, and starts only `executor.programs`. \
+         A project whose toolchain or test tools live elsewhere (a virtual environment, \
+         a toolchain under /opt) gets them from its **verification environment**: \
+         read-only paths added to the commands' view, the programs its commands may \
+         start, and their variables. It is the administrator's, never the planner's.\n\n\
+         - Give it with `airlockctl repo add NAME --from PATH --environment FILE`, or \
+         `airlock-local up --repo NAME=PATH --environment NAME=FILE`. FILE holds one \
+         `[environment]` table; it is checked on this host first, then written into the \
+         repository's registration (`[repository.environment]` in \
+         `repositories.d/NAME.toml`). `airlockctl repo show NAME` shows it as this host \
+         resolves it.\n\
+         - Where it is enforced: the supervisor refuses a submission naming a program the \
+         repository may not start (COMMAND_PROGRAM_DENY, at SubmitTask); the executor \
+         checks the same again, and a policy refusal ends the task at once (never \
+         retried). `airlockctl propose --verify 'python3 -m pytest'` resolves a bare name \
+         in the environment's programs first.\n\
+         - The executor builds its commands' view once, at start: the paths of every \
+         repository's environment are in every command's view (read-only; each is a \
+         directory only root may write, checked with ENVIRONMENT_PATH_UNSAFE). Programs \
+         and variables are per repository. The executor resolves the environments when \
+         it starts: `repo add --environment` asks systemd to restart it, beside \
+         reloading the supervisor and the worker.\n\
+         - **Not yet run: `[environment.setup]`.** Its keys are checked and documented \
+         below, but this release's executor refuses an environment with a setup \
+         (ENVIRONMENT_INVALID) rather than pretend to fetch: until setups run through \
+         the egress proxy (airlock-egress, [privsep.md](privsep.md)), fetch dependencies \
+         into a path of the environment as an administrator.\n\n",
+    );
+    out.push_str("## Keys\n");
+    for k in ENVIRONMENT_KEYS {
+        let _ = write!(
+            out,
+            "\n### `{}`\n\n- default: `{}`\n- expected: {}\n\n{}\n",
+            k.key, k.default, k.accepts, k.meaning
+        );
+    }
+    out.push_str("\n## Examples\n\nRegistry host names are placeholders.\n");
+    for (what, text) in ENVIRONMENT_EXAMPLES {
+        let _ = write!(out, "\n### {what}\n\n```toml\n{text}```\n");
+    }
+    out
+}
+
+#[test]
+fn environments_reference_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(ENVIRONMENTS_DOC);
+    let wanted = render_environments();
+    if std::env::var_os("UPDATE_DOCS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &wanted).expect("write docs/environments.md");
+        return;
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        actual == wanted,
+        "{ENVIRONMENTS_DOC} is out of date with crates/config/src/environment.rs.\n\
+         Regenerate it with:\n\n    UPDATE_DOCS=1 cargo test -p airlock-config --test docs\n"
+    );
+}

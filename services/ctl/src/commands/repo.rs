@@ -209,21 +209,25 @@ fn user_and_group(c: &Config) -> Result<(Uid, Gid), CtlError> {
 }
 
 /// Asks systemd to reload the supervisor and the worker, when systemd runs.
-fn reload(ctx: &Ctx) -> bool {
+/// With `executor`, the executor is restarted as well: it resolves the
+/// environments (and builds its commands' view) at start.
+fn reload(ctx: &Ctx, executor: bool) -> bool {
     if !Path::new("/run/systemd/system").is_dir() {
         if !ctx.json {
             println!(
-                "systemd is not running: restart the supervisor and the worker, or send them SIGHUP"
+                "systemd is not running: restart the supervisor and the worker{}, or send them SIGHUP",
+                if executor { " (and the executor)" } else { "" }
             );
         }
         return false;
     }
+    let mut units = vec!["airlock-supervisor.service", "airlock-worker.service"];
+    if executor {
+        units.push("airlock-executor.service");
+    }
     let status = Command::new("systemctl")
-        .args([
-            "try-reload-or-restart",
-            "airlock-supervisor.service",
-            "airlock-worker.service",
-        ])
+        .arg("try-reload-or-restart")
+        .args(&units)
         .status();
     match status {
         Ok(s) if s.success() => true,
@@ -365,7 +369,7 @@ fn add(
         .filter_map(|r| r.name.strip_prefix("refs/heads/"))
         .map(|b| format!("{b}\n"))
         .collect();
-    let reloaded = do_reload && reload(ctx);
+    let reloaded = do_reload && reload(ctx, repo.environment.is_some());
     if ctx.json {
         ctx.print_json(&json!({
             "name": name, "path": target, "drop_in": drop_in, "reloaded": reloaded,
@@ -475,7 +479,7 @@ fn remove(
     }
     std::fs::remove_file(drop_in)
         .map_err(|e| CtlError::generic(format!("{}: {e}", drop_in.display())))?;
-    let reloaded = do_reload && reload(ctx);
+    let reloaded = do_reload && reload(ctx, false);
     if purge {
         std::fs::remove_dir_all(&r.path)
             .map_err(|e| CtlError::generic(format!("{}: {e}", r.path.display())))?;
