@@ -812,7 +812,45 @@ fn repositories(c: &airlock_config::Config) -> Vec<Check> {
                 )
             }
         })
+        .chain(c.repositories.iter().filter_map(environment))
         .collect()
+}
+
+/// A repository's verification environment as this host resolves it:
+/// paths present and only root's, programs found, entries well-formed.
+pub fn environment(r: &airlock_config::Repository) -> Option<Check> {
+    let env = r.environment.as_ref()?;
+    let name = format!("environment of {}", r.name);
+    Some(match env.resolve() {
+        Err(e) => check(
+            name,
+            Status::Fail,
+            format!("{e} [{}]", e.code.as_str()),
+            Some("fix the environment in the repository's registration (docs/environments.md)"),
+        ),
+        Ok(_) if env.setup.is_some() => check(
+            name,
+            Status::Fail,
+            "[environment.setup] is not run by this release: its repository's requests are refused with ENVIRONMENT_INVALID",
+            Some(
+                "remove [repository.environment.setup]; fetch dependencies into a path of the environment",
+            ),
+        ),
+        Ok(res) => check(
+            name,
+            Status::Pass,
+            format!(
+                "{} path(s), program(s) {}",
+                res.paths.len(),
+                res.programs
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None,
+        ),
+    })
 }
 
 /// Runs every check.
@@ -881,6 +919,41 @@ fn report(ctx: &Ctx, checks: &[Check]) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_environment_is_checked_against_this_host() {
+        let repo = |env: airlock_config::Environment| airlock_config::Repository {
+            name: "calc".into(),
+            path: "/srv/airlock/calc.git".into(),
+            description: None,
+            environment: Some(env),
+            drop_in: None,
+        };
+        let good = environment(&repo(airlock_config::Environment {
+            paths: vec!["/usr/lib".into()],
+            programs: vec!["sh".into()],
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(good.status, Status::Pass, "{}", good.detail);
+        let bad = environment(&repo(airlock_config::Environment {
+            paths: vec!["/tmp".into()],
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(bad.status, Status::Fail);
+        assert!(
+            bad.detail.contains("ENVIRONMENT_PATH_UNSAFE"),
+            "{}",
+            bad.detail
+        );
+        let missing = environment(&repo(airlock_config::Environment {
+            programs: vec!["no-such-program-anywhere".into()],
+            ..Default::default()
+        }))
+        .unwrap();
+        assert!(missing.detail.contains("ENVIRONMENT_PROGRAM_UNRESOLVED"));
+    }
 
     #[test]
     fn live_hardening_reads_proc_status() {
