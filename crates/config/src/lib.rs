@@ -712,9 +712,9 @@ fn read_config_file(path: &Path) -> Result<String, ConfigError> {
     let euid = nix::unistd::geteuid().as_raw();
     if !acceptable_owner(meta.uid(), euid) {
         let reader = if euid == 0 {
-            String::new()
+            " (only a reader that is not root also accepts its own uid's)".to_owned()
         } else {
-            format!(" (or by uid {euid}, the user reading it)")
+            format!(" or by uid {euid}, the user reading it")
         };
         return Err(refuse(format!(
             "expected a file owned by root{reader}, found owner uid {}; fix: chown root {}",

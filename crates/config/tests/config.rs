@@ -873,7 +873,7 @@ fn a_root_owned_0644_file_is_read_and_another_owners_is_refused_naming_the_fix()
     assert_eq!(
         err.to_string(),
         format!(
-            "{f}: expected a file owned by root, found owner uid 65534; fix: chown root {f}",
+            "{f}: expected a file owned by root (only a reader that is not root also accepts its own uid's), found owner uid 65534; fix: chown root {f}",
             f = file.display()
         )
     );
