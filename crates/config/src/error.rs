@@ -52,7 +52,9 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file was opened but is not something airlock accepts as its
-    /// configuration (not a regular file, writable by others, too large, not UTF-8).
+    /// configuration (not a regular file, writable by its group or others,
+    /// owned by another user than root, inside a registered repository, too
+    /// large, not UTF-8).
     Unacceptable {
         /// The file.
         file: PathBuf,

@@ -57,7 +57,7 @@ mod validate;
 
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -419,6 +419,14 @@ impl Config {
     /// else (what `airlockctl repo add` writes). Files not ending in
     /// `.toml` are ignored; each drop-in is read like the main file, and a
     /// name or path registered twice is refused naming the drop-in.
+    ///
+    /// Every file read (the main file and each drop-in) must be a regular
+    /// file neither its group nor others may write, owned by root — or by
+    /// the reader's own uid when the reader is not root
+    /// ([`acceptable_owner`]) — and, once the drop-ins are read, lie
+    /// outside every registered repository
+    /// ([`check_outside_repositories`]); each refusal names the file and
+    /// the fix.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = read_config_file(path)?;
         let mut config = Config::parse(&text, path)?;
@@ -487,6 +495,11 @@ impl Config {
             }
             repositories.push(repo);
         }
+        let drop_ins: Vec<PathBuf> = repositories
+            .iter()
+            .filter_map(|r| r.drop_in.clone())
+            .collect();
+        check_outside_repositories(path, &drop_ins, &repositories)?;
         Ok(repositories)
     }
 
@@ -633,6 +646,54 @@ pub fn repository_text(repo: &Repository) -> String {
     out
 }
 
+/// Whether a configuration file owned by `file_uid` may be read by a
+/// process whose effective uid is `euid`: a root-owned file always; a file
+/// of the reader's own uid only when the reader is not root (airlock-local
+/// run by an unprivileged developer writes its configuration as that user,
+/// and everything it starts runs as that user too). Any other owner could
+/// rewrite what a service trusts.
+pub fn acceptable_owner(file_uid: u32, euid: u32) -> bool {
+    file_uid == 0 || (euid != 0 && file_uid == euid)
+}
+
+/// Refuses a configuration file (`main`) or drop-in (`drop_ins`) whose
+/// canonical path lies inside a registered repository: whoever may write
+/// the repository (a planner's change, once committed) could rewrite the
+/// configuration that governs it. Repository paths are canonicalized
+/// where they exist, compared as written where they do not.
+pub fn check_outside_repositories(
+    main: &Path,
+    drop_ins: &[PathBuf],
+    repositories: &[Repository],
+) -> Result<(), ConfigError> {
+    let roots: Vec<(&Repository, PathBuf)> = repositories
+        .iter()
+        .map(|r| {
+            (
+                r,
+                std::fs::canonicalize(&r.path).unwrap_or_else(|_| r.path.clone()),
+            )
+        })
+        .collect();
+    for file in std::iter::once(main).chain(drop_ins.iter().map(PathBuf::as_path)) {
+        let canonical = std::fs::canonicalize(file).map_err(|source| ConfigError::Unreadable {
+            file: file.to_owned(),
+            source,
+        })?;
+        if let Some((repo, root)) = roots.iter().find(|(_, root)| canonical.starts_with(root)) {
+            return Err(ConfigError::Unacceptable {
+                file: file.to_owned(),
+                expected: format!(
+                    "a configuration file outside every registered repository, found it inside repository {:?} ({}), whose writers could rewrite it; fix: move it out of the repository",
+                    repo.name,
+                    root.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn read_config_file(path: &Path) -> Result<String, ConfigError> {
     let unreadable = |source| ConfigError::Unreadable {
         file: path.to_owned(),
@@ -648,10 +709,24 @@ fn read_config_file(path: &Path) -> Result<String, ConfigError> {
         return Err(refuse("expected a regular file".to_owned()));
     }
     let mode = meta.permissions().mode();
-    if mode & 0o002 != 0 {
+    if mode & 0o022 != 0 {
         return Err(refuse(format!(
-            "expected a file other users cannot write, found mode {:04o}",
-            mode & 0o7777
+            "expected a file neither its group nor other users can write, found mode {:04o}; fix: chmod g-w,o-w {}",
+            mode & 0o7777,
+            path.display()
+        )));
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    if !acceptable_owner(meta.uid(), euid) {
+        let reader = if euid == 0 {
+            " (only a reader that is not root also accepts its own uid's)".to_owned()
+        } else {
+            format!(" or by uid {euid}, the user reading it")
+        };
+        return Err(refuse(format!(
+            "expected a file owned by root{reader}, found owner uid {}; fix: chown root {}",
+            meta.uid(),
+            path.display()
         )));
     }
     if meta.len() > MAX_CONFIG_BYTES {

@@ -794,13 +794,24 @@ fn files_airlock_will_not_read() {
         "{err}"
     );
 
-    let open = write_file(dir.path(), "open.toml", b"", 0o666);
-    let err = Config::load(&open).expect_err("world-writable");
-    assert!(
-        err.to_string()
-            .ends_with("expected a file other users cannot write, found mode 0666"),
-        "{err}"
-    );
+    for (name, mode) in [
+        ("open.toml", 0o666),
+        ("group.toml", 0o664),
+        ("group-only.toml", 0o620),
+        ("other-only.toml", 0o602),
+    ] {
+        let file = write_file(dir.path(), name, b"", mode);
+        let err = Config::load(&file).expect_err("writable by others");
+        assert_eq!(err.code(), Code::CONFIG_INVALID);
+        assert_eq!(err.file(), file);
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{f}: expected a file neither its group nor other users can write, found mode {mode:04o}; fix: chmod g-w,o-w {f}",
+                f = file.display()
+            )
+        );
+    }
 
     let big = vec![b'#'; 1024 * 1024 + 1];
     let big = write_file(dir.path(), "big.toml", &big, 0o644);
@@ -817,6 +828,152 @@ fn files_airlock_will_not_read() {
             .ends_with("expected UTF-8 text, found an invalid byte at offset 5"),
         "{err}"
     );
+}
+
+#[test]
+fn only_root_or_the_non_root_reader_may_own_a_configuration_file() {
+    use airlock_config::acceptable_owner;
+    // Root's file: accepted by every reader.
+    assert!(acceptable_owner(0, 0));
+    assert!(acceptable_owner(0, 1000));
+    // The reader's own file, when the reader is not root (airlock-local
+    // run by a developer).
+    assert!(acceptable_owner(1000, 1000));
+    // Anyone else's: refused, root reading included.
+    assert!(!acceptable_owner(1000, 0));
+    assert!(!acceptable_owner(1000, 1001));
+    assert!(!acceptable_owner(65534, 1000));
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_root_owned_0644_file_is_read_and_another_owners_is_refused_naming_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = b"[[repository]]\nname = \"r\"\npath = \"/srv/r.git\"\n";
+    let file = write_file(dir.path(), "airlock.toml", text, 0o644);
+    if !is_root() {
+        // Not root: the reader's own file is what the test made.
+        Config::load(&file).expect("the reader's own file");
+        return;
+    }
+    Config::load(&file).expect("a root-owned 0644 file");
+    std::os::unix::fs::chown(&file, Some(65534), None).expect("chown");
+    let err = Config::load(&file).expect_err("owned by nobody");
+    assert_eq!(err.code(), Code::CONFIG_INVALID);
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{f}: expected a file owned by root (only a reader that is not root also accepts its own uid's), found owner uid 65534; fix: chown root {f}",
+            f = file.display()
+        )
+    );
+    // A drop-in owned by another user is refused the same way, by its name.
+    std::os::unix::fs::chown(&file, Some(0), None).expect("chown");
+    let d = airlock_config::drop_in_dir(&file);
+    std::fs::create_dir(&d).unwrap();
+    let drop_in = write_file(
+        &d,
+        "calc.toml",
+        b"[[repository]]\nname = \"calc\"\npath = \"/srv/calc.git\"\n",
+        0o644,
+    );
+    Config::load(&file).expect("a root-owned drop-in");
+    std::os::unix::fs::chown(&drop_in, Some(65534), None).expect("chown");
+    let err = Config::load(&file).expect_err("a drop-in owned by nobody");
+    assert_eq!(err.file(), drop_in);
+    assert!(err.to_string().contains("fix: chown root"), "{err}");
+    std::fs::set_permissions(&drop_in, std::fs::Permissions::from_mode(0o664)).unwrap();
+    std::os::unix::fs::chown(&drop_in, Some(0), None).expect("chown");
+    let err = Config::load(&file).expect_err("a group-writable drop-in");
+    assert_eq!(err.file(), drop_in);
+    assert!(err.to_string().contains("fix: chmod g-w,o-w"), "{err}");
+}
+
+#[test]
+fn a_configuration_file_or_drop_in_inside_a_registered_repository_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = dir.path().join("demo.git");
+    std::fs::create_dir(&repo).unwrap();
+    // The main file inside the repository it registers.
+    let inside = write_file(
+        &repo,
+        "airlock.toml",
+        format!(
+            "[[repository]]\nname = \"demo\"\npath = \"{}\"\n",
+            repo.display()
+        )
+        .as_bytes(),
+        0o644,
+    );
+    let err = Config::load(&inside).expect_err("inside the repository");
+    assert_eq!(err.code(), Code::CONFIG_INVALID);
+    assert_eq!(err.file(), inside);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("inside repository \"demo\"")
+            && msg.ends_with("fix: move it out of the repository"),
+        "{msg}"
+    );
+
+    // Reached through a symlink: the canonical path counts.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&repo, &link).unwrap();
+    let err = Config::load(&link.join("airlock.toml")).expect_err("through a symlink");
+    assert!(err.to_string().contains("inside repository"), "{err}");
+
+    // A drop-in inside a repository that another drop-in or the main file
+    // registers: the main file's directory is the repository's.
+    let etc = dir.path().join("etc");
+    std::fs::create_dir(&etc).unwrap();
+    let main = write_file(
+        &etc,
+        "airlock.toml",
+        format!(
+            "[[repository]]\nname = \"etc\"\npath = \"{}\"\n",
+            etc.join("repositories.d").display()
+        )
+        .as_bytes(),
+        0o644,
+    );
+    let d = airlock_config::drop_in_dir(&main);
+    std::fs::create_dir(&d).unwrap();
+    let drop_in = write_file(
+        &d,
+        "calc.toml",
+        b"[[repository]]\nname = \"calc\"\npath = \"/srv/calc.git\"\n",
+        0o644,
+    );
+    let err = Config::load(&main).expect_err("a drop-in inside a repository");
+    assert_eq!(err.file(), drop_in);
+    assert!(
+        err.to_string().contains("inside repository \"etc\""),
+        "{err}"
+    );
+
+    // Beside the repository, not in it: accepted (a repository path that
+    // does not exist yet is compared as written).
+    let beside = write_file(
+        dir.path(),
+        "airlock.toml",
+        format!(
+            "[[repository]]\nname = \"demo\"\npath = \"{}\"\n[[repository]]\nname = \"later\"\npath = \"{}\"\n",
+            repo.display(),
+            dir.path().join("later.git").display()
+        )
+        .as_bytes(),
+        0o644,
+    );
+    Config::load(&beside).expect("beside the repositories");
 }
 
 // ---- repositories.d drop-ins ------------------------------------------------

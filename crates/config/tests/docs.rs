@@ -28,7 +28,16 @@ fn render() -> String {
          (`executor.limits.processes`, `repository[1].path`) and what was expected, \
          and carries the code `CONFIG_INVALID`.\n\
          - The file must be a regular file, at most {MAX_CONFIG_BYTES} bytes of UTF-8, \
-         not writable by other users.\n\
+         that neither its group nor other users can write (fix: `chmod g-w,o-w FILE`), \
+         owned by root (fix: `chown root FILE`). One exception: a service that does not \
+         run as root also accepts a file owned by its own uid (airlock-local run by an \
+         unprivileged developer writes its configuration as that user). The same holds \
+         for every drop-in below.\n\
+         - Neither the file nor a drop-in may lie inside a registered repository (its \
+         canonical path under a repository's path, canonicalized where it exists): \
+         whoever may write the repository could rewrite the configuration that governs \
+         it. Fix: move it out of the repository. Checked once the drop-ins are read, at \
+         start and on reload.\n\
          - Repositories may also be registered one per file in `repositories.d/` beside \
          the file (`/etc/airlock/repositories.d/NAME.toml`, what `airlockctl repo add` \
          writes): one `[[repository]]` table named like the file and nothing else, read \

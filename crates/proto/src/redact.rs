@@ -3,7 +3,11 @@
 //!
 //! Every writer runs what it keeps through [`Redactor`] first: the event
 //! log's one insert, the reasons and results the task database stores, the
-//! denial details the supervisor logs, the output tails the worker reports.
+//! denial details the supervisor logs, a verification command's output
+//! tails (redacted by the executor as it builds the command's evidence,
+//! with the literal values of the command's own environment, before the
+//! result is hashed and published; again by the worker for the result it
+//! reports).
 //! Two layers, as in seed 003:
 //!
 //! - **keys**: in a JSON object, the value of a key that names a secret

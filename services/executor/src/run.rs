@@ -18,11 +18,25 @@
 //! Evidence comes from the executor's side: SHA-256 of all of stdout and
 //! stderr with a bounded tail of each, wall time; CPU time and peak RSS of
 //! the command's process tree from the spawner's `wait4`.
+//!
+//! The tails are redacted here, before the result is built, hashed and
+//! published, so the spool result, the worker's journal and the task
+//! database hold only redacted text and every digest over the result binds
+//! what is stored. [`tail_redactor`] is the redactor: every shape of
+//! [`airlock_proto::redact`], plus the literal values of the command's own
+//! environment by the rule [`environment_literal`] states. The redaction
+//! runs over a wider window than the tail ([`REDACT_MARGIN`] bytes more,
+//! its first partial line dropped), so a secret cut by the tail's start is
+//! still whole when it is matched. The `stdout_sha256`/`stderr_sha256`
+//! digests stay those of the full raw streams: a digest reveals nothing,
+//! and they are what a rerun can be compared with.
 
 use crate::error::{Error, Result};
 use airlock_proto::bundle::CommandEvidence;
 use airlock_proto::canonical::digest_of;
 use airlock_proto::envelope::Command;
+use airlock_proto::redact::Redactor;
+use airlock_proto::task::tail_of;
 use airlock_sandbox::spawner::{Hello, Spawner};
 use airlock_sandbox::{
     Bind, Job, Limits, Outcome, Overlay, REPORT_SCHEMA, Report, Stdio, ViewMode,
@@ -125,9 +139,54 @@ pub fn setup(
     }
 }
 
+/// Bytes of output read beyond the tail and redacted with it, so that a
+/// secret starting before the tail is matched whole (a secret longer than
+/// this that starts before the window is the one case left: its kept part
+/// may no longer have the shape the redactor knows).
+pub const REDACT_MARGIN: usize = 8 * 1024;
+
 struct Captured {
     sha256: String,
     tail: String,
+    /// The stream was longer than the tail kept.
+    truncated: bool,
+}
+
+/// Whether the value of the command environment's variable `name` is
+/// redacted as a literal wherever it appears in the command's output: a
+/// value of 8 characters or more (shorter ones would redact ordinary
+/// words; [`Redactor::with_literal`] ignores them) that is not an absolute
+/// path or a `:`-separated list of them (PATH, HOME, TMPDIR,
+/// GIT_CEILING_DIRECTORIES: what a test's output names all the time) —
+/// unless the name or value looks secret ([`airlock_config::looks_secret`]),
+/// which is redacted whatever it holds. A configured environment may not
+/// hold a secret at all (ENVIRONMENT_VARIABLE_SECRET); this is the second
+/// line, for a value no shape matches.
+pub fn environment_literal(name: &str, value: &str) -> bool {
+    let path_list = value.split(':').all(|p| p.starts_with('/'));
+    value.len() >= 8 && (!path_list || airlock_config::looks_secret(name, value))
+}
+
+/// The redactor of one command's output tails: every shape, and the
+/// literal values of `env` (the command's whole environment) that
+/// [`environment_literal`] picks.
+pub fn tail_redactor(env: &[(String, String)]) -> Redactor {
+    env.iter()
+        .filter(|(k, v)| environment_literal(k, v))
+        .fold(Redactor::new(), |r, (_, v)| r.with_literal(v))
+}
+
+/// `raw` (the last bytes read, `keep` + [`REDACT_MARGIN`] at most)
+/// redacted, then cut to its last `keep` bytes. When the stream was longer
+/// (`truncated`), the window's first line is dropped first: it may begin
+/// inside a secret, which no longer has its shape.
+fn redacted_tail(redactor: &Redactor, raw: &str, truncated: bool, keep: usize) -> String {
+    let window = if truncated {
+        raw.split_once('\n').map_or("", |(_, rest)| rest)
+    } else {
+        raw
+    };
+    tail_of(&redactor.text(window), keep).to_owned()
 }
 
 fn capture(stream: OwnedFd, keep: usize) -> std::thread::JoinHandle<Captured> {
@@ -136,6 +195,7 @@ fn capture(stream: OwnedFd, keep: usize) -> std::thread::JoinHandle<Captured> {
         let mut hasher = Sha256::new();
         let mut tail: VecDeque<u8> = VecDeque::with_capacity(keep);
         let mut buf = vec![0u8; 64 * 1024];
+        let mut truncated = false;
         loop {
             match stream.read(&mut buf) {
                 Ok(0) => break,
@@ -144,6 +204,7 @@ fn capture(stream: OwnedFd, keep: usize) -> std::thread::JoinHandle<Captured> {
                     tail.extend(&buf[..n]);
                     while tail.len() > keep {
                         tail.pop_front();
+                        truncated = true;
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -154,6 +215,7 @@ fn capture(stream: OwnedFd, keep: usize) -> std::thread::JoinHandle<Captured> {
         Captured {
             sha256: hex::encode(hasher.finalize()),
             tail: String::from_utf8_lossy(&tail).into_owned(),
+            truncated,
         }
     })
 }
@@ -321,12 +383,16 @@ impl Runner {
         variables: Option<&BTreeMap<String, String>>,
     ) -> Result<(CommandEvidence, Confinement)> {
         let job = self.job(cmd, ws, scratch, index, variables)?;
+        // The environment the command gets: the spawner's clean one under
+        // the job's entries (with or without a private /tmp only TMPDIR
+        // differs, a path either way, never a literal).
+        let redactor = tail_redactor(&airlock_sandbox::env::build(&job.workdir, true, &job.env));
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let keep = self.tail_bytes;
         let started = Instant::now();
-        let out = capture(out_r, keep);
-        let err = capture(err_r, keep);
+        let out = capture(out_r, keep + REDACT_MARGIN);
+        let err = capture(err_r, keep + REDACT_MARGIN);
         let report = {
             let mut spawner = self
                 .spawner
@@ -347,6 +413,7 @@ impl Runner {
             h.join().unwrap_or(Captured {
                 sha256: hex::encode(Sha256::digest(b"")),
                 tail: String::new(),
+                truncated: false,
             })
         };
         let (stdout, stderr) = (join(out), join(err));
@@ -368,8 +435,9 @@ impl Runner {
             peak_rss_kib: report.peak_rss_kib,
             stdout_sha256: stdout.sha256,
             stderr_sha256: stderr.sha256,
-            stdout_tail: stdout.tail,
-            stderr_tail: stderr.tail,
+            // Redacted before anything is built over them (module doc).
+            stdout_tail: redacted_tail(&redactor, &stdout.tail, stdout.truncated, keep),
+            stderr_tail: redacted_tail(&redactor, &stderr.tail, stderr.truncated, keep),
         };
         Ok((evidence, confinement(&report)))
     }
@@ -417,5 +485,68 @@ fn confinement(report: &Report) -> Confinement {
         seccomp: report.seccomp,
         namespaces,
         view: report.view,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_literals_are_non_path_values_of_eight_or_more_and_secret_looking_ones() {
+        for (name, value) in [
+            ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            ("HOME", "/tmp"),
+            ("TMPDIR", "/var/lib/airlock/exec/scratch/tmp-0"),
+            ("GIT_CEILING_DIRECTORIES", "/"),
+            ("GIT_CONFIG_GLOBAL", "/dev/null"),
+            ("LC_ALL", "C.UTF-8"),
+            ("PAGER", "cat"),
+            ("PYTHONHASHSEED", "0"),
+        ] {
+            assert!(!environment_literal(name, value), "{name}={value}");
+        }
+        for (name, value) in [
+            ("NODE_ENV", "production-eu-1"),
+            ("DEPLOY_TOKEN", "/run/credentials/x"),
+            ("MIXED", "/opt/bin:relative-dir"),
+        ] {
+            assert!(environment_literal(name, value), "{name}={value}");
+        }
+    }
+
+    #[test]
+    fn tails_lose_every_shape_and_the_environments_literals_but_keep_paths() {
+        let env = vec![
+            ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
+            ("REGION_SEED".to_owned(), "plainword-no-shape".to_owned()),
+        ];
+        let r = tail_redactor(&env);
+        let mut raw = String::from("searched /usr/bin for plainword-no-shape\n");
+        for (_, secret) in airlock_proto::redact::planted() {
+            raw.push_str(&format!("canary {secret}\n"));
+        }
+        let out = redacted_tail(&r, &raw, false, 1 << 20);
+        assert!(
+            out.contains("searched /usr/bin for [REDACTED:literal]"),
+            "{out}"
+        );
+        for (kind, _) in airlock_proto::redact::planted() {
+            assert!(out.contains(&format!("[REDACTED:{kind}]")), "{kind}: {out}");
+        }
+        assert!(!out.contains("IOSFODNN7EXAMPLE") && !out.contains("hunter2hunter2"));
+    }
+
+    #[test]
+    fn a_secret_cut_by_the_windows_start_is_dropped_and_the_tail_is_bounded() {
+        let secret = format!("ghp_{}", "1a2B3c4D5e6F7g8H9i0JkLmNoPqRsTuV");
+        // The window begins inside the token: its shape is gone.
+        let raw = format!("{}\n{}\nend\n", &secret[6..], "x".repeat(100));
+        let out = redacted_tail(&Redactor::new(), &raw, true, 50);
+        assert!(!out.contains("JkLmNoPqRsTuV"), "{out}");
+        assert!(out.len() <= 50 && out.ends_with("end\n"), "{out}");
+        // Not truncated: the first line is the stream's own, kept.
+        let out = redacted_tail(&Redactor::new(), "first line\nend\n", false, 50);
+        assert_eq!(out, "first line\nend\n");
     }
 }

@@ -38,14 +38,20 @@ pub(super) fn summaries(evidence: Vec<CommandEvidence>) -> Vec<CommandSummary> {
         .map(|c| {
             let passed = c.exit_code == Some(0) && !c.timed_out;
             // A failed command keeps the end of its output: the evidence a
-            // planner reads to see which test failed.
+            // planner reads to see which test failed. The executor redacted
+            // it already; redacting again (idempotent), with the label,
+            // keeps a secret's shape out of the journal and the result
+            // even from an executor that did not, and the result's hash
+            // then binds what the task database stores.
             let tail = |t: &str| {
-                (!passed && !t.is_empty()).then(|| tail_of(t, MAX_SUMMARY_TAIL_BYTES).to_owned())
+                (!passed && !t.is_empty()).then(|| {
+                    tail_of(&airlock_proto::redact::text(t), MAX_SUMMARY_TAIL_BYTES).to_owned()
+                })
             };
             CommandSummary {
                 stdout_tail: tail(&c.stdout_tail),
                 stderr_tail: tail(&c.stderr_tail),
-                label: c.label,
+                label: airlock_proto::redact::text(&c.label).into_owned(),
                 exit_code: c.exit_code,
                 timed_out: c.timed_out,
                 duration_ms: c.duration_ms,
@@ -152,5 +158,51 @@ impl Worker {
                 Err(e) => return self.reconcile(cb, e.code, &e.to_string()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evidence(exit_code: i32, label: &str, tail: &str) -> CommandEvidence {
+        CommandEvidence {
+            label: label.to_owned(),
+            argv_sha256: "0".repeat(64),
+            exit_code: Some(exit_code),
+            signal: None,
+            timed_out: false,
+            duration_ms: 1,
+            cpu_ms: 1,
+            peak_rss_kib: 1,
+            stdout_sha256: "0".repeat(64),
+            stderr_sha256: "0".repeat(64),
+            stdout_tail: tail.to_owned(),
+            stderr_tail: tail.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_summary_keeps_no_secret_shape_even_from_an_executor_that_left_one() {
+        for (kind, secret) in airlock_proto::redact::planted() {
+            let s = summaries(vec![evidence(
+                1,
+                &format!("run {secret}"),
+                &format!("FAIL {secret}\n"),
+            )]);
+            let marker = format!("[REDACTED:{kind}]");
+            let kept = [s[0].stdout_tail.as_deref(), s[0].stderr_tail.as_deref()];
+            for t in kept {
+                let t = t.expect("a failed command keeps its tails");
+                assert!(t.starts_with("FAIL ") && t.contains(&marker), "{kind}: {t}");
+            }
+            assert!(s[0].label.contains(&marker), "{kind}: {}", s[0].label);
+        }
+        // A passing command keeps no tail at all.
+        let s = summaries(vec![evidence(0, "ok", "all good\n")]);
+        assert_eq!(
+            (s[0].stdout_tail.as_deref(), s[0].stderr_tail.as_deref()),
+            (None, None)
+        );
     }
 }
