@@ -73,6 +73,25 @@ impl Notify {
         got
     }
 
+    /// Waits (up to `within`) for the first ping: a worker just restarted
+    /// on a loaded machine may take a while to start pinging, and what the
+    /// test counts is its pinging once started.
+    fn first_ping(&self, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        let mut buf = [0u8; 4096];
+        while Instant::now() < end {
+            if let Ok(n) = self.socket.recv(&mut buf) {
+                if String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .any(|l| l == "WATCHDOG=1")
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     fn pings(&self, window: Duration) -> usize {
         self.during(window)
             .iter()
@@ -168,6 +187,10 @@ fn a_wedged_attempt_thread_gets_no_watchdog_pings_and_a_slow_one_does() {
         ("AIRLOCK_FAULT_WEDGE_AT", "workspace_prepared"),
     ]);
     // Idle, the worker pings (at half the interval).
+    assert!(
+        notify.first_ping(Duration::from_secs(30)),
+        "the restarted worker never pinged"
+    );
     let idle = notify.pings(Duration::from_secs(3));
     assert!(idle >= 3, "an idle worker pings: {idle} pings in 3 s");
 
