@@ -320,7 +320,20 @@ pub const KEYS: &[KeySpec] = &[
         "supervisor.database",
         Kind::Database,
         "\"/var/lib/airlock/tasks.sqlite3\"",
-        "The task store (queue, leases, events, retry compare-and-swap). A path is an SQLite file on this host that only the supervisor opens. A postgresql:// URL (e.g. \"postgresql://airlock@%2Frun%2Fpostgresql/airlock\" over a UNIX socket, or \"postgresql://airlock@db.example/airlock\") is a PostgreSQL database that the supervisors of several hosts share: one queue for every host (docs/postgresql.md). The URL never carries the password: the supervisor reads it from the systemd credential airlock-database-password (LoadCredential=), or connects without one (peer authentication on a UNIX socket).",
+        "The task store (queue, leases, events, retry compare-and-swap). A path is an SQLite file on this host that only the supervisor opens. A postgresql:// URL (e.g. \"postgresql://airlock@%2Frun%2Fpostgresql/airlock\" over a UNIX socket, or \"postgresql://airlock@db.example/airlock?sslmode=verify-full\" over TCP with TLS and supervisor.database_ca_file) is a PostgreSQL database that the supervisors of several hosts share: one queue for every host (docs/postgresql.md). The URL never carries the password: the supervisor reads it from the systemd credential airlock-database-password (LoadCredential=), or connects without one (peer authentication on a UNIX socket).",
+    ),
+    KeySpec {
+        key: "supervisor.database_ca_file",
+        kind: Kind::Path,
+        default: None,
+        required: false,
+        meaning: "With a postgresql:// URL over TCP: a PEM file of the CA certificates the server's certificate must chain to. Required with sslmode=verify-full (the chain and the server's name, as the URL's host, are checked) or sslmode=verify-ca (the chain only); read once at start, a file without a certificate is refused. Without sslmode=verify-full or verify-ca in the URL it must be unset. sslmode=require, prefer and allow are refused: they encrypt without authenticating the server (docs/postgresql.md).",
+    },
+    key(
+        "supervisor.database_allow_plaintext",
+        Kind::Bool,
+        "false",
+        "Allow a postgresql:// URL without TLS (no sslmode, or sslmode=disable) whose host is not loopback. When false such a URL is refused at start with CONFIG_INVALID: the password and every task would cross the network unencrypted, to a server nobody authenticated. UNIX sockets and loopback (127.0.0.0/8, ::1, localhost) need no TLS either way. Set it only for a network you trust end to end.",
     ),
     key(
         "supervisor.lease_seconds",

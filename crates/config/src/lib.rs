@@ -119,6 +119,13 @@ pub enum Authorizer {
 pub struct Supervisor {
     /// The SQLite task store.
     pub database: PathBuf,
+    /// The CA certificates (PEM) a PostgreSQL server's certificate must
+    /// chain to (`sslmode=verify-full` or `verify-ca`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_ca_file: Option<PathBuf>,
+    /// Allow a PostgreSQL connection without TLS to a host that is not
+    /// loopback.
+    pub database_allow_plaintext: bool,
     /// Lifetime of a lease on a claimed task, in seconds.
     pub lease_seconds: u32,
     /// How often expired leases are swept, in seconds.
@@ -152,6 +159,8 @@ impl Default for Supervisor {
     fn default() -> Self {
         Supervisor {
             database: PathBuf::from("/var/lib/airlock/tasks.sqlite3"),
+            database_ca_file: None,
+            database_allow_plaintext: false,
             lease_seconds: 300,
             sweep_interval_seconds: 15,
             auto_accept: false,

@@ -54,6 +54,9 @@ struct Check<'s, 'a> {
 impl Check<'_, '_> {
     fn supervisor(&self, s: &Supervisor) -> Result {
         self.database("supervisor.database", &s.database)?;
+        if let Some(file) = &s.database_ca_file {
+            self.path("supervisor.database_ca_file", file)?;
+        }
         self.int("supervisor.lease_seconds", s.lease_seconds)?;
         self.int(
             "supervisor.sweep_interval_seconds",

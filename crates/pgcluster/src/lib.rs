@@ -42,6 +42,8 @@ pub struct Cluster {
     bin: PathBuf,
     port: u16,
     tcp: bool,
+    /// The server's certificate and key (PEM), in the cluster's directory.
+    ssl: Option<(PathBuf, PathBuf)>,
     owner: Option<(Uid, Gid)>,
     child: Option<Child>,
 }
@@ -230,6 +232,22 @@ impl Cluster {
 
     /// Starts a cluster with `options`.
     pub fn start_with(options: Options) -> Result<Cluster, String> {
+        Cluster::start_inner(options, None)
+    }
+
+    /// Starts a cluster that also listens on 127.0.0.1 with TLS (`ssl=on`),
+    /// presenting the certificate `cert` (PEM, the chain the server sends)
+    /// with its key `key`. Both are copied into the cluster's directory,
+    /// owned by the server's user with mode 0600 as PostgreSQL requires.
+    /// Plaintext TCP is still accepted: refusing it is the client's part.
+    pub fn start_with_tls(cert: &Path, key: &Path) -> Result<Cluster, String> {
+        Cluster::start_inner(
+            Options { tcp: true },
+            Some((cert.to_owned(), key.to_owned())),
+        )
+    }
+
+    fn start_inner(options: Options, ssl: Option<(PathBuf, PathBuf)>) -> Result<Cluster, String> {
         let bin = bin_dir()?;
         let owner = postgres_ids()?;
         let template = template(&bin, owner)?;
@@ -252,6 +270,27 @@ impl Cluster {
             .map_err(|e| err("socket directory mode", e))?;
         chown(&socket_dir, owner)?;
         let port = if options.tcp { free_port()? } else { 5432 };
+        let ssl = match ssl {
+            None => None,
+            Some((cert, key)) => {
+                let tls = dir.join("tls");
+                std::fs::create_dir(&tls).map_err(|e| err("TLS directory", e))?;
+                chown(&tls, owner)?;
+                let mut copied = Vec::new();
+                for (from, name) in [(cert, "server.crt"), (key, "server.key")] {
+                    let to = tls.join(name);
+                    std::fs::copy(&from, &to)
+                        .map_err(|e| err(&format!("copying {}", from.display()), e))?;
+                    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+                        .map_err(|e| err("TLS file mode", e))?;
+                    chown(&to, owner)?;
+                    copied.push(to);
+                }
+                let key = copied.pop();
+                let cert = copied.pop();
+                cert.zip(key)
+            }
+        };
         let mut cluster = Cluster {
             dir,
             data,
@@ -259,6 +298,7 @@ impl Cluster {
             bin,
             port,
             tcp: options.tcp,
+            ssl,
             owner,
             child: None,
         };
@@ -273,6 +313,12 @@ impl Cluster {
             .open(self.dir.join("postgres.log"))
             .map_err(|e| err("server log", e))?;
         let mut cmd = Command::new(self.bin.join("postgres"));
+        if let Some((cert, key)) = &self.ssl {
+            cmd.args(["-c", "ssl=on", "-c"])
+                .arg(format!("ssl_cert_file={}", cert.display()))
+                .arg("-c")
+                .arg(format!("ssl_key_file={}", key.display()));
+        }
         cmd.arg("-D")
             .arg(&self.data)
             .arg("-k")

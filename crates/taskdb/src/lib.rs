@@ -23,7 +23,7 @@ pub use airlock_sqlite::{StoreError, StoreResult, clock};
 
 use airlock_proto::{Code, Error};
 use std::path::PathBuf;
-use tasks::{PgLocation, PgStore, SqliteStore, TaskStore};
+use tasks::{PgLocation, PgSecurity, PgStore, SqliteStore, TaskStore};
 
 /// Where the task store lives.
 #[derive(Clone, Debug)]
@@ -35,12 +35,19 @@ pub enum Location {
 }
 
 impl Location {
-    /// Reads `[supervisor] database`: a `postgresql://` URL (see
-    /// [`PgLocation::parse`]) or an absolute path to an SQLite file.
-    /// Anything else is `CONFIG_INVALID`.
+    /// [`Location::parse_with`] with the default [`PgSecurity`] (no CA
+    /// file, no plaintext beyond loopback).
     pub fn parse(value: &str) -> Result<Location, Error> {
+        Location::parse_with(value, &PgSecurity::default())
+    }
+
+    /// Reads `[supervisor] database`: a `postgresql://` URL, secured as
+    /// `security` says (see [`PgLocation::parse_with`]), or an absolute
+    /// path to an SQLite file. Anything else is `CONFIG_INVALID`.
+    pub fn parse_with(value: &str, security: &PgSecurity) -> Result<Location, Error> {
         if tasks::postgres::is_url(value) {
-            return PgLocation::parse(value).map(|l| Location::Postgres(Box::new(l)));
+            return PgLocation::parse_with(value, security)
+                .map(|l| Location::Postgres(Box::new(l)));
         }
         if value.contains("://") {
             return Err(Error::with(

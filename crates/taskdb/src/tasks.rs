@@ -91,7 +91,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tx::Backend;
 
-pub use postgres::{PgBackend, PgLocation};
+pub use postgres::{PgBackend, PgLocation, PgSecurity, TlsMode};
 pub use sqlite::SqliteBackend;
 
 pub use airlock_proto::plan::{PlanRecord, PlanRequest};

@@ -148,12 +148,16 @@ const PASSWORD_CREDENTIAL: &str = "airlock-database-password";
 /// Where the task store is, with a PostgreSQL password read from
 /// `--database-password-file` or the systemd credential (absent: no
 /// password, e.g. peer authentication on a UNIX socket).
-fn location(args: &Args, configured: &std::path::Path) -> Result<Location, Error> {
+fn location(args: &Args, sup: &airlock_config::Supervisor) -> Result<Location, Error> {
     let value = match &args.db {
         Some(v) => v.clone(),
-        None => configured.to_string_lossy().into_owned(),
+        None => sup.database.to_string_lossy().into_owned(),
     };
-    let location = Location::parse(&value)?;
+    let security = airlock_taskdb::tasks::PgSecurity {
+        ca_file: sup.database_ca_file.clone(),
+        allow_plaintext: sup.database_allow_plaintext,
+    };
+    let location = Location::parse_with(&value, &security)?;
     let Location::Postgres(pg) = location else {
         return Ok(location);
     };
@@ -215,7 +219,7 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
     let worker_user = args.worker_user.as_deref().unwrap_or(&sup.worker_user);
     let retry_user = args.retry_user.as_deref().unwrap_or(&config.retry.user);
     let settings = Settings {
-        database: location(args, &sup.database)?,
+        database: location(args, sup)?,
         bus_address: args.bus_address.clone(),
         authorizer,
         worker_uid: uid_of("supervisor.worker_user", worker_user)?,

@@ -257,6 +257,57 @@ async fn calls_fail_closed_while_postgresql_is_down_and_work_resumes() {
 }
 
 #[test]
+fn plaintext_beyond_loopback_and_a_missing_ca_file_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // 192.0.2.1 (TEST-NET-1) is never connected to: the refusal comes first.
+    let started = std::time::Instant::now();
+    let (code, out) = run_supervisor(
+        dir.path(),
+        "postgresql://airlock@192.0.2.1:5432/airlock",
+        &["--check-config"],
+        &[],
+    );
+    assert_eq!(code, i32::from(Code::CONFIG_INVALID.exit_code()), "{out}");
+    assert!(
+        out.contains("without TLS") && out.contains("supervisor.database_allow_plaintext = true"),
+        "{out}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // verify-full reads the configured CA file at start.
+    let config = dir.path().join("tls.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[supervisor]\ndatabase = \"postgresql://airlock@localhost:1/airlock?sslmode=verify-full\"\n\
+             database_ca_file = \"{}/missing-ca.pem\"\nworker_user = \"nobody\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_airlock-supervisor"))
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "--bus-address",
+            "unix:path=/nonexistent/bus",
+            "--check-config",
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(Code::CONFIG_INVALID.exit_code())),
+        "{text}"
+    );
+    assert!(text.contains("missing-ca.pem"), "{text}");
+}
+
+#[test]
 fn a_password_in_the_url_and_an_unreachable_database_are_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let (code, out) = run_supervisor(

@@ -54,9 +54,9 @@ use postgres::error::SqlState;
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Statement};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// How often a transaction that lost a race to another writer is run again.
@@ -74,14 +74,48 @@ const KIND: &str = "airlock-tasks";
 /// Advisory lock key that serialises migrations ("AIRT").
 const MIGRATION_LOCK: i64 = 0x4149_5254;
 
+/// How the connection to PostgreSQL is secured, from configuration
+/// (`supervisor.database_ca_file`, `supervisor.database_allow_plaintext`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PgSecurity {
+    /// The CA certificates (PEM) a server's certificate must chain to;
+    /// required with `sslmode=verify-full` or `verify-ca`, refused without.
+    pub ca_file: Option<PathBuf>,
+    /// Allow a connection without TLS to a host that is not loopback.
+    pub allow_plaintext: bool,
+}
+
+/// What the URL's `sslmode` asks for (the modes this airlock accepts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    /// No TLS (no `sslmode`, or `sslmode=disable`): a UNIX socket, loopback,
+    /// or a network allowed by `supervisor.database_allow_plaintext`.
+    Plaintext,
+    /// TLS; the server's certificate must chain to the CA file (any name).
+    VerifyCa,
+    /// TLS; the certificate must chain to the CA file and name the host.
+    VerifyFull,
+}
+
+/// The TLS side of a location: its mode, the CA file and the connector
+/// made from it (at parse time: the file is read once, at start).
+#[derive(Clone)]
+struct Tls {
+    mode: TlsMode,
+    ca_file: PathBuf,
+    connector: tokio_postgres_rustls::MakeRustlsConnect,
+}
+
 /// Where and as whom to connect: a `postgresql://` URL without a password
 /// (the password, when one is needed, is given apart by
 /// [`PgLocation::with_password`]: airlock reads it from a systemd
-/// credential, never from the configuration file).
+/// credential, never from the configuration file), and how the
+/// connection is secured ([`PgSecurity`]).
 #[derive(Clone)]
 pub struct PgLocation {
     config: postgres::Config,
     shown: String,
+    tls: Option<Tls>,
 }
 
 impl std::fmt::Debug for PgLocation {
@@ -89,6 +123,8 @@ impl std::fmt::Debug for PgLocation {
         f.debug_struct("PgLocation")
             .field("url", &self.shown)
             .field("password", &self.config.get_password().map(|_| "(set)"))
+            .field("tls", &self.tls_mode())
+            .field("ca_file", &self.tls.as_ref().map(|t| &t.ca_file))
             .finish()
     }
 }
@@ -104,19 +140,169 @@ pub fn is_url(s: &str) -> bool {
     s.starts_with("postgresql://") || s.starts_with("postgres://")
 }
 
+/// Splits the `sslmode` parameters off a URL's query: the URL without
+/// them (for the client library, which knows neither `verify-full` nor
+/// `verify-ca`) and the last value given.
+fn split_sslmode(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut mode = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|kv| match kv.split_once('=') {
+            Some(("sslmode", v)) => {
+                mode = Some(v.to_owned());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    if kept.is_empty() {
+        (base.to_owned(), mode)
+    } else {
+        (format!("{base}?{}", kept.join("&")), mode)
+    }
+}
+
+/// True for a host name or address that never leaves this machine.
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Reads the CA certificates of `path` (PEM) into a root store.
+fn load_roots(path: &Path) -> Result<rustls::RootCertStore, Error> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let invalid = |why: String| {
+        Error::with(
+            Code::CONFIG_INVALID,
+            format!("supervisor.database_ca_file {}: {why}", path.display()),
+        )
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| invalid(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, ignored) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(invalid(format!(
+            "no usable CA certificate in it ({ignored} unparsable); it must hold PEM \"BEGIN CERTIFICATE\" blocks"
+        )));
+    }
+    Ok(roots)
+}
+
+/// A verifier that checks the chain to the CA file and the signatures,
+/// but not the server's name (`sslmode=verify-ca`). webpki checks the
+/// chain before the name, so a name mismatch is reported only for a chain
+/// that verified.
+#[derive(Debug)]
+struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl rustls::client::danger::ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError;
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(rustls::client::danger::ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// The TLS client for `mode`, trusting exactly the CAs of `ca_file`.
+fn tls_client(mode: TlsMode, ca_file: &Path) -> Result<Tls, Error> {
+    let roots = load_roots(ca_file)?;
+    let internal = |e: rustls::Error| Error::with(Code::INTERNAL, format!("TLS set-up: {e}"));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(internal)?;
+    let config = match mode {
+        TlsMode::VerifyCa => {
+            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| Error::with(Code::INTERNAL, format!("TLS set-up: {e}")))?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+                .with_no_client_auth()
+        }
+        _ => builder.with_root_certificates(roots).with_no_client_auth(),
+    };
+    Ok(Tls {
+        mode,
+        ca_file: ca_file.to_owned(),
+        connector: tokio_postgres_rustls::MakeRustlsConnect::new(config),
+    })
+}
+
 impl PgLocation {
-    /// Parses a `postgresql://` (or `postgres://`) URL. Refused, with
-    /// `CONFIG_INVALID`: anything else, a URL that carries a password, a
-    /// URL without a user or a database name, and `sslmode=require` (this
-    /// build speaks PostgreSQL without TLS: use a UNIX socket or a network
-    /// you trust).
+    /// [`PgLocation::parse_with`] with the default security: no CA file,
+    /// no plaintext beyond loopback.
     pub fn parse(url: &str) -> Result<Self, Error> {
+        PgLocation::parse_with(url, &PgSecurity::default())
+    }
+
+    /// Parses a `postgresql://` (or `postgres://`) URL. Refused, with
+    /// `CONFIG_INVALID`, before any connection is tried: anything else, a
+    /// URL that carries a password, a URL without a user or a database
+    /// name; `sslmode=require`, `prefer` and `allow` (they encrypt
+    /// without authenticating the server, so whoever is on the path can
+    /// present any certificate); `sslmode=verify-full` or `verify-ca`
+    /// without `security.ca_file`, or with a UNIX-socket host; a CA file
+    /// without either mode; and a connection without TLS to a host that
+    /// is not loopback unless `security.allow_plaintext`.
+    pub fn parse_with(url: &str, security: &PgSecurity) -> Result<Self, Error> {
         let invalid = |why: String| Error::with(Code::CONFIG_INVALID, why);
         if !is_url(url) {
             return Err(invalid(format!("{url:?} is not a postgresql:// URL")));
         }
+        let (bare, sslmode) = split_sslmode(url);
         let mut config =
-            postgres::Config::from_str(url).map_err(|e| invalid(format!("database URL: {e}")))?;
+            postgres::Config::from_str(&bare).map_err(|e| invalid(format!("database URL: {e}")))?;
         let shown = url.to_owned();
         if config.get_password().is_some() {
             return Err(invalid(
@@ -129,13 +315,65 @@ impl PgLocation {
         if config.get_dbname().is_none() {
             return Err(invalid("the database URL names no database".into()));
         }
-        if config.get_ssl_mode() == postgres::config::SslMode::Require {
-            return Err(invalid(
-                "sslmode=require: this airlock connects without TLS; use a UNIX socket or a trusted network".into(),
-            ));
-        }
+        let mode = match sslmode.as_deref() {
+            None | Some("disable") => TlsMode::Plaintext,
+            Some("verify-full") => TlsMode::VerifyFull,
+            Some("verify-ca") => TlsMode::VerifyCa,
+            Some(m @ ("require" | "prefer" | "allow")) => {
+                return Err(invalid(format!(
+                    "sslmode={m} is refused: it encrypts without authenticating the server (any certificate is accepted, so whoever is on the path can answer); use sslmode=verify-full with supervisor.database_ca_file (docs/postgresql.md)"
+                )));
+            }
+            Some(m) => {
+                return Err(invalid(format!(
+                    "sslmode={m:?}: expected verify-full, verify-ca or disable"
+                )));
+            }
+        };
         if config.get_hosts().is_empty() {
             config.host_path("/run/postgresql");
+        }
+        let unix = config
+            .get_hosts()
+            .iter()
+            .any(|h| matches!(h, Host::Unix(_)));
+        let tls = match (mode, &security.ca_file) {
+            (TlsMode::Plaintext, None) => None,
+            (TlsMode::Plaintext, Some(file)) => {
+                return Err(invalid(format!(
+                    "supervisor.database_ca_file is set ({}) but the database URL asks for no TLS: add sslmode=verify-full (or verify-ca) to the URL, or unset the file",
+                    file.display()
+                )));
+            }
+            (_, None) => {
+                return Err(invalid(format!(
+                    "sslmode={} needs supervisor.database_ca_file: the CA certificates (PEM) the server's certificate must chain to",
+                    sslmode.unwrap_or_default()
+                )));
+            }
+            (_, Some(_)) if unix => {
+                return Err(invalid(format!(
+                    "sslmode={} with a UNIX-socket host: PostgreSQL speaks no TLS on a socket (its file's permissions guard it); drop sslmode, or name a TCP host",
+                    sslmode.unwrap_or_default()
+                )));
+            }
+            (mode, Some(file)) => Some(tls_client(mode, file)?),
+        };
+        if tls.is_none() && !security.allow_plaintext {
+            let remote = config
+                .get_hosts()
+                .iter()
+                .filter_map(|h| match h {
+                    Host::Tcp(name) => Some(name.clone()),
+                    Host::Unix(_) => None,
+                })
+                .chain(config.get_hostaddrs().iter().map(|a| a.to_string()))
+                .find(|h| !is_loopback(h));
+            if let Some(host) = remote {
+                return Err(invalid(format!(
+                    "the database URL reaches {host} without TLS, and {host} is not loopback: the password and every task would cross the network in the clear, to a server nobody authenticated; use sslmode=verify-full with supervisor.database_ca_file (docs/postgresql.md), or a UNIX socket, or (only on a network you trust end to end) set supervisor.database_allow_plaintext = true"
+                )));
+            }
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
@@ -145,14 +383,24 @@ impl PgLocation {
         }
         config
             .keepalives_idle(Duration::from_secs(30))
-            .ssl_mode(postgres::config::SslMode::Disable)
+            .ssl_mode(if tls.is_some() {
+                // With a verifying connector: TLS or no session at all.
+                postgres::config::SslMode::Require
+            } else {
+                postgres::config::SslMode::Disable
+            })
             // Bounded calls: no statement, lock wait or idle transaction
             // holds the store for long.
             .options(
                 "-c statement_timeout=30000 -c lock_timeout=30000 \
                  -c idle_in_transaction_session_timeout=60000",
             );
-        Ok(PgLocation { config, shown })
+        Ok(PgLocation { config, shown, tls })
+    }
+
+    /// How the connection is secured.
+    pub fn tls_mode(&self) -> TlsMode {
+        self.tls.as_ref().map_or(TlsMode::Plaintext, |t| t.mode)
     }
 
     /// The same location with a password.
@@ -203,7 +451,11 @@ impl PgLocation {
     }
 
     fn connect(&self) -> StoreResult<Client> {
-        self.config.connect(NoTls).map_err(|e| {
+        let connected = match &self.tls {
+            Some(tls) => self.config.connect(tls.connector.clone()),
+            None => self.config.connect(NoTls),
+        };
+        connected.map_err(|e| {
             pg_error(
                 &format!("connecting to {} as {}", self.shown, self.user()),
                 e,
@@ -1553,7 +1805,12 @@ mod tests {
 
     #[test]
     fn urls_are_checked_and_passwords_refused() {
-        let ok = PgLocation::parse("postgresql://airlock@db.example/airlock").unwrap();
+        let plaintext = PgSecurity {
+            ca_file: None,
+            allow_plaintext: true,
+        };
+        let ok =
+            PgLocation::parse_with("postgresql://airlock@db.example/airlock", &plaintext).unwrap();
         assert_eq!((ok.user(), ok.dbname()), ("airlock", "airlock"));
         assert!(ok.uses_tcp());
         let unix = PgLocation::parse("postgresql://airlock@%2Frun%2Fpostgresql/airlock").unwrap();
@@ -1569,11 +1826,15 @@ mod tests {
             "postgresql://db/airlock",
             "postgresql://airlock@db",
             "postgresql://airlock@db/airlock?sslmode=require",
+            "postgresql://airlock@db/airlock?sslmode=prefer",
+            "postgresql://airlock@db/airlock?sslmode=allow",
+            "postgresql://airlock@db/airlock?sslmode=verify-full",
+            "postgresql://airlock@db/airlock?sslmode=bogus",
             "/var/lib/airlock/tasks.sqlite3",
             "mysql://airlock@db/airlock",
         ] {
             assert_eq!(
-                PgLocation::parse(bad).unwrap_err().code,
+                PgLocation::parse_with(bad, &plaintext).unwrap_err().code,
                 Code::CONFIG_INVALID,
                 "{bad}"
             );
@@ -1581,6 +1842,43 @@ mod tests {
         let with = ok.with_password(b"s3cret");
         assert!(!format!("{with:?}").contains("s3cret"));
         assert!(!with.to_string().contains("s3cret"));
+    }
+
+    #[test]
+    fn sslmode_is_split_off_and_loopback_is_known() {
+        assert_eq!(
+            split_sslmode("postgresql://a@h/d?sslmode=verify-full&application_name=x"),
+            (
+                "postgresql://a@h/d?application_name=x".to_owned(),
+                Some("verify-full".to_owned())
+            )
+        );
+        assert_eq!(
+            split_sslmode("postgresql://a@h/d?sslmode=disable"),
+            ("postgresql://a@h/d".to_owned(), Some("disable".to_owned()))
+        );
+        assert_eq!(
+            split_sslmode("postgresql://a@h/d"),
+            ("postgresql://a@h/d".to_owned(), None)
+        );
+        for host in [
+            "127.0.0.1",
+            "127.8.9.10",
+            "::1",
+            "[::1]",
+            "localhost",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback(host), "{host}");
+        }
+        for host in [
+            "192.0.2.1",
+            "db.example",
+            "::ffff:192.0.2.1",
+            "localhost.example",
+        ] {
+            assert!(!is_loopback(host), "{host}");
+        }
     }
 
     #[test]
