@@ -40,7 +40,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 pub use driver::{Driver, DriverError, Liveness};
-pub use policy::{AgentRecord, Exit, Policy, Status};
+pub use policy::{AgentRecord, Exit, Now, Policy, Status};
 pub use runner::{AgentHandle, Clock, Command, Options, RecordStore, StoreError, SystemClock};
 
 /// Records kept in memory: tests, and a store that need not outlive the

@@ -1,10 +1,26 @@
 //! The restart policy as a pure state machine: no clock, no I/O, no
-//! randomness of its own. Every input carries the time (`now_ms`, the
-//! supervisor's wall clock in milliseconds) and, where a delay is chosen,
-//! the jitter draw; every output is an [`Action`] for the runner to carry
-//! out. The whole state is one [`AgentRecord`], which the supervisor
-//! stores after every change, so a restarted supervisor resumes exactly
-//! where it stopped (a hold stays a hold).
+//! randomness of its own. Every input carries the time (a [`Now`]: the
+//! supervisor's wall clock and its monotonic clock, in milliseconds) and,
+//! where a delay is chosen, the jitter draw; every output is an [`Action`]
+//! for the runner to carry out. The whole state is one [`AgentRecord`],
+//! which the supervisor stores after every change, so a restarted
+//! supervisor resumes where it stopped (a hold stays a hold).
+//!
+//! Two clocks, one job each (issue 24):
+//! - every interval the policy measures — the backoff until the next
+//!   start, and the time alive before the count resets — is judged on the
+//!   **monotonic** clock ([`Now::mono_ms`]), so stepping the wall clock
+//!   neither stalls a backoff nor ends the stable window early;
+//! - the **wall** clock ([`Now::wall_ms`]) only stamps what is shown or
+//!   stored: `next_start_at_ms`, `running_since_ms`, `updated_at_ms`.
+//!
+//! The monotonic readings mean nothing to another process, so they are
+//! not stored (`#[serde(skip)]`). What is stored keeps its meaning across
+//! a restart of the supervisor: a hold is the status, and stays; a backoff
+//! is re-derived conservatively on [`Input::Resume`] — the full bound of
+//! its failure count, counted from the resume on the new monotonic clock —
+//! so a restart never starts an agent earlier than its deadline, whatever
+//! the wall clock did meanwhile, and delays it by at most 8 s.
 //!
 //! The rules (seed 000's D-59):
 //! - a crash (the agent exited, or did not answer a liveness probe in
@@ -72,6 +88,27 @@ impl Policy {
     }
 }
 
+/// A reading of both clocks, in milliseconds: the wall clock (since the
+/// epoch; shown and stored) and the monotonic clock (from any origin fixed
+/// for the process; every interval is measured on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Wall-clock time, ms since the epoch: stamps only.
+    pub wall_ms: u64,
+    /// Monotonic time, ms from the process's origin: intervals only.
+    pub mono_ms: u64,
+}
+
+impl From<u64> for Now {
+    /// Both clocks reading `ms`: a wall clock that is never stepped.
+    fn from(ms: u64) -> Now {
+        Now {
+            wall_ms: ms,
+            mono_ms: ms,
+        }
+    }
+}
+
 /// Where an agent is, as `GetAgent` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -134,9 +171,11 @@ pub struct AgentRecord {
     pub status: Status,
     /// Consecutive failures since the last reset.
     pub consecutive_failures: u32,
-    /// With [`Status::Backoff`]: when it starts again (ms since the epoch).
+    /// With [`Status::Backoff`]: when it starts again (ms since the epoch;
+    /// shown, never judged: see `next_start_mono_ms`).
     pub next_start_at_ms: Option<u64>,
-    /// With [`Status::Running`]: since when (ms since the epoch).
+    /// With [`Status::Running`]: since when (ms since the epoch; shown,
+    /// never judged: see `running_since_mono_ms`).
     pub running_since_ms: Option<u64>,
     /// The last failure's exit status, signal and reason.
     pub last_exit: Option<Exit>,
@@ -144,6 +183,14 @@ pub struct AgentRecord {
     pub hold_reason: Option<String>,
     /// When this record last changed (ms since the epoch).
     pub updated_at_ms: u64,
+    /// With [`Status::Backoff`]: the deadline on the monotonic clock, the
+    /// one the policy judges. Not stored (see the module doc).
+    #[serde(skip)]
+    pub next_start_mono_ms: Option<u64>,
+    /// With [`Status::Running`]: the start on the monotonic clock, from
+    /// which the stable window is measured. Not stored.
+    #[serde(skip)]
+    pub running_since_mono_ms: Option<u64>,
 }
 
 impl AgentRecord {
@@ -158,6 +205,8 @@ impl AgentRecord {
             last_exit: None,
             hold_reason: None,
             updated_at_ms: now_ms,
+            next_start_mono_ms: None,
+            running_since_mono_ms: None,
         }
     }
 }
@@ -258,30 +307,25 @@ fn suffix(reason: &str) -> String {
     }
 }
 
-/// Applies `input` at `now_ms` to `record`; `jitter` is the draw in
+/// Applies `input` at `now` to `record`; `jitter` is the draw in
 /// `[0, 1)` used if a delay is chosen. Pure: the same arguments always give
-/// the same record and step.
+/// the same record and step. A bare `u64` is both clocks at that reading.
 pub fn step(
     policy: &Policy,
     record: &mut AgentRecord,
     input: Input,
-    now_ms: u64,
+    now: impl Into<Now>,
     jitter: f64,
 ) -> Step {
-    let out = transition(policy, record, input, now_ms, jitter);
+    let now = now.into();
+    let out = transition(policy, record, input, now, jitter);
     if out.changed {
-        record.updated_at_ms = now_ms;
+        record.updated_at_ms = now.wall_ms;
     }
     out
 }
 
-fn transition(
-    policy: &Policy,
-    r: &mut AgentRecord,
-    input: Input,
-    now_ms: u64,
-    jitter: f64,
-) -> Step {
+fn transition(policy: &Policy, r: &mut AgentRecord, input: Input, now: Now, jitter: f64) -> Step {
     match input {
         Input::OperatorStart => match r.status {
             Status::Held => Step::refused(Code::AGENTOS_CRASH_LOOP),
@@ -306,8 +350,7 @@ fn transition(
             Status::Stopped => Step::changed(vec![Action::Stop]),
             _ => {
                 r.status = Status::Stopped;
-                r.next_start_at_ms = None;
-                r.running_since_ms = None;
+                clear_times(r);
                 Step::changed(vec![Action::Stop])
             }
         },
@@ -315,8 +358,17 @@ fn transition(
             Status::Held | Status::Stopped => Step::none(),
             // Whatever ran before the supervisor restarted is stopped and
             // started afresh; a restart of the supervisor is no failure of
-            // the agent, and a backoff keeps its deadline.
-            Status::Backoff => Step::changed(vec![Action::Stop]),
+            // the agent. A backoff keeps its count and waits the full bound
+            // of it from now: the stored deadline is wall-clock time, which
+            // may have been stepped since, and the old process's monotonic
+            // deadline died with it. The full bound is never shorter than
+            // what was left.
+            Status::Backoff => {
+                let wait = policy.bound_ms(r.consecutive_failures.max(1));
+                r.next_start_at_ms = Some(now.wall_ms.saturating_add(wait));
+                r.next_start_mono_ms = Some(now.mono_ms.saturating_add(wait));
+                Step::changed(vec![Action::Stop])
+            }
             Status::Starting | Status::Running => {
                 let mut s = start(r);
                 s.actions.insert(0, Action::Stop);
@@ -326,32 +378,33 @@ fn transition(
         Input::Started => match r.status {
             Status::Starting => {
                 r.status = Status::Running;
-                r.running_since_ms = Some(now_ms);
-                r.next_start_at_ms = None;
+                clear_times(r);
+                r.running_since_ms = Some(now.wall_ms);
+                r.running_since_mono_ms = Some(now.mono_ms);
                 Step::changed(Vec::new())
             }
             // A late answer to a call the runner already gave up on.
             _ => Step::none(),
         },
         Input::StartFailed(exit) => match r.status {
-            Status::Starting => failure(policy, r, exit, now_ms, jitter),
+            Status::Starting => failure(policy, r, exit, now, jitter),
             _ => Step::none(),
         },
         Input::Alive => match r.status {
-            Status::Running => stable(policy, r, now_ms),
+            Status::Running => stable(policy, r, now),
             _ => Step::none(),
         },
         Input::Crashed(exit) => match r.status {
             Status::Running => {
                 // A run longer than the stable window reset the count first.
-                let _ = stable(policy, r, now_ms);
-                failure(policy, r, exit, now_ms, jitter)
+                let _ = stable(policy, r, now);
+                failure(policy, r, exit, now, jitter)
             }
             _ => Step::none(),
         },
         Input::Tick => match r.status {
-            Status::Backoff if r.next_start_at_ms.is_none_or(|at| now_ms >= at) => start(r),
-            Status::Running => stable(policy, r, now_ms),
+            Status::Backoff if r.next_start_mono_ms.is_none_or(|at| now.mono_ms >= at) => start(r),
+            Status::Running => stable(policy, r, now),
             _ => Step::none(),
         },
     }
@@ -359,43 +412,52 @@ fn transition(
 
 fn start(r: &mut AgentRecord) -> Step {
     r.status = Status::Starting;
-    r.next_start_at_ms = None;
-    r.running_since_ms = None;
+    clear_times(r);
     Step::changed(vec![Action::Start])
 }
 
-fn stable(policy: &Policy, r: &mut AgentRecord, now_ms: u64) -> Step {
-    let since = r.running_since_ms.unwrap_or(now_ms);
-    if r.consecutive_failures > 0 && now_ms.saturating_sub(since) >= policy.stable_ms {
+fn clear_times(r: &mut AgentRecord) {
+    r.next_start_at_ms = None;
+    r.running_since_ms = None;
+    r.next_start_mono_ms = None;
+    r.running_since_mono_ms = None;
+}
+
+fn stable(policy: &Policy, r: &mut AgentRecord, now: Now) -> Step {
+    // Running without a monotonic start (a record from elsewhere): the
+    // window starts now, never earlier.
+    let since = *r.running_since_mono_ms.get_or_insert(now.mono_ms);
+    if r.consecutive_failures > 0 && now.mono_ms.saturating_sub(since) >= policy.stable_ms {
         r.consecutive_failures = 0;
         return Step::changed(Vec::new());
     }
     Step::none()
 }
 
-fn failure(policy: &Policy, r: &mut AgentRecord, exit: Exit, now_ms: u64, jitter: f64) -> Step {
+fn failure(policy: &Policy, r: &mut AgentRecord, exit: Exit, now: Now, jitter: f64) -> Step {
     r.consecutive_failures = r.consecutive_failures.saturating_add(1);
-    r.running_since_ms = None;
+    clear_times(r);
     if r.consecutive_failures >= policy.hold_after {
         r.status = Status::Held;
-        r.next_start_at_ms = None;
         r.hold_reason = Some(hold_reason(policy, &exit));
     } else {
         r.status = Status::Backoff;
-        r.next_start_at_ms =
-            Some(now_ms.saturating_add(policy.delay_ms(r.consecutive_failures, jitter)));
+        let wait = policy.delay_ms(r.consecutive_failures, jitter);
+        r.next_start_at_ms = Some(now.wall_ms.saturating_add(wait));
+        r.next_start_mono_ms = Some(now.mono_ms.saturating_add(wait));
     }
     r.last_exit = Some(exit);
     Step::changed(vec![Action::Stop])
 }
 
-/// When the runner must next feed a [`Input::Tick`] (a backoff's end, or the
-/// end of the stable window), if ever.
+/// When, on the monotonic clock, the runner must next feed a
+/// [`Input::Tick`] (a backoff's end, or the end of the stable window), if
+/// ever.
 pub fn next_deadline(policy: &Policy, r: &AgentRecord) -> Option<u64> {
     match r.status {
-        Status::Backoff => r.next_start_at_ms,
+        Status::Backoff => r.next_start_mono_ms,
         Status::Running if r.consecutive_failures > 0 => r
-            .running_since_ms
+            .running_since_mono_ms
             .map(|since| since.saturating_add(policy.stable_ms)),
         _ => None,
     }

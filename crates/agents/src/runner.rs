@@ -8,6 +8,7 @@
 //! failure or silence is logged and changes nothing.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use airlock_config::Agent;
@@ -15,7 +16,7 @@ use airlock_proto::Code;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::driver::{Driver, Liveness};
-use crate::policy::{self, Action, AgentRecord, Exit, Input, Policy, Status};
+use crate::policy::{self, Action, AgentRecord, Exit, Input, Now, Policy, Status};
 
 /// Why the store could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,46 +31,80 @@ pub trait RecordStore: Send + Sync + 'static {
     fn save(&self, name: &str, record: &AgentRecord) -> Result<(), StoreError>;
 }
 
-/// The time, in ms since the epoch. Injected so that tests run on tokio's
-/// paused clock.
+/// Both clocks the policy reads ([`policy::Now`]). Injected so that tests
+/// run on tokio's paused clock and can step the wall clock at will.
 pub trait Clock: Send + Sync + 'static {
-    /// Now, in ms since the epoch.
-    fn now_ms(&self) -> u64;
-}
-
-/// The system's wall clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    }
-}
-
-/// tokio's clock from a fixed epoch: deterministic under
-/// `tokio::time::pause`.
-#[derive(Debug, Clone, Copy)]
-pub struct TokioClock {
-    epoch_ms: u64,
-    start: tokio::time::Instant,
-}
-
-impl TokioClock {
-    /// A clock that reads `epoch_ms` now.
-    pub fn new(epoch_ms: u64) -> TokioClock {
-        TokioClock {
-            epoch_ms,
-            start: tokio::time::Instant::now(),
+    /// Wall-clock time, in ms since the epoch: only stamps what is shown
+    /// or stored.
+    fn wall_ms(&self) -> u64;
+    /// Monotonic time, in ms from an origin fixed for the process: every
+    /// interval (backoff, stable window, probe period) is measured on it.
+    fn mono_ms(&self) -> u64;
+    /// Both readings.
+    fn now(&self) -> Now {
+        Now {
+            wall_ms: self.wall_ms(),
+            mono_ms: self.mono_ms(),
         }
     }
 }
 
+/// The system's clocks: `SystemTime` for the wall, `Instant` (Linux's
+/// `CLOCK_MONOTONIC`, which no clock step moves) for intervals.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn wall_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    fn mono_ms(&self) -> u64 {
+        static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        ORIGIN
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64
+    }
+}
+
+/// tokio's clock from a fixed epoch, deterministic under
+/// `tokio::time::pause`, whose wall reading a test may step
+/// ([`TokioClock::step_wall`]) without moving the monotonic one.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    epoch_ms: u64,
+    start: tokio::time::Instant,
+    wall_step_ms: Arc<AtomicI64>,
+}
+
+impl TokioClock {
+    /// A clock whose wall reads `epoch_ms` now.
+    pub fn new(epoch_ms: u64) -> TokioClock {
+        TokioClock {
+            epoch_ms,
+            start: tokio::time::Instant::now(),
+            wall_step_ms: Arc::new(AtomicI64::new(0)),
+        }
+    }
+
+    /// Steps the wall clock by `delta_ms` (negative: back), as an operator
+    /// or NTP would; the monotonic clock does not move. Every clone sees it.
+    pub fn step_wall(&self, delta_ms: i64) {
+        self.wall_step_ms.fetch_add(delta_ms, Ordering::SeqCst);
+    }
+}
+
 impl Clock for TokioClock {
-    fn now_ms(&self) -> u64 {
-        self.epoch_ms + self.start.elapsed().as_millis() as u64
+    fn wall_ms(&self) -> u64 {
+        let wall = self.epoch_ms + self.mono_ms();
+        wall.saturating_add_signed(self.wall_step_ms.load(Ordering::SeqCst))
+    }
+
+    fn mono_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
     }
 }
 
@@ -189,7 +224,7 @@ pub fn spawn<D: Driver, S: RecordStore>(
     options: Options,
     on_change: OnChange,
 ) -> Result<AgentHandle, StoreError> {
-    let now = clock.now_ms();
+    let now = clock.wall_ms();
     let (record, first) = match store.load(&agent.name)? {
         Some(r) => (r, Input::Resume),
         None => (AgentRecord::new(now), Input::OperatorStart),
@@ -250,7 +285,9 @@ impl<D: Driver, S: RecordStore> Runner<D, S> {
                 self.drain().await;
                 return;
             }
-            let now = self.clock.now_ms();
+            // Deadlines and the sleep to them are monotonic: a wall-clock
+            // step neither stalls a backoff nor hurries the stable window.
+            let now = self.clock.mono_ms();
             let deadline = policy::next_deadline(&self.options.policy, &self.record);
             let probe = (self.record.status == Status::Running)
                 .then(|| now + self.options.probe_interval.as_millis() as u64);
@@ -307,7 +344,7 @@ impl<D: Driver, S: RecordStore> Runner<D, S> {
         let mut queue = vec![input];
         let mut refusal = None;
         while let Some(input) = queue.pop() {
-            let now = self.clock.now_ms();
+            let now = self.clock.now();
             let step = policy::step(
                 &self.options.policy,
                 &mut self.record,

@@ -2,10 +2,11 @@
 //! the record and actions each must produce. Run alone with
 //! `cargo test -p airlock-agents crash_loop_`.
 
-use airlock_agents::policy::{self, Action, AgentRecord, Exit, Input, Policy, Status, Step};
+use airlock_agents::policy::{self, Action, AgentRecord, Exit, Input, Now, Policy, Status, Step};
 use airlock_proto::Code;
 
 const P: Policy = Policy::SEED;
+const HOUR: u64 = 3_600_000;
 
 fn crash(code: i32) -> Input {
     Input::Crashed(Exit {
@@ -352,14 +353,38 @@ fn crash_loop_a_stored_record_resumes_as_it_was() {
     assert!(step.actions.is_empty());
     assert_eq!(back.status, Status::Held);
 
-    let (mut backoff, _) = fail_times(2, 1.0);
-    let deadline = backoff.next_start_at_ms;
-    let step = policy::step(&P, &mut backoff, Input::Resume, 1, 0.0);
+    // A backoff keeps its count; its deadline is re-derived as the full
+    // bound of that count from the resume (the old process's monotonic
+    // deadline is gone, and its wall deadline may lie), so a restart never
+    // starts it earlier than it was due, whatever the wall clock did.
+    let (backoff, _) = fail_times(2, 1.0);
+    let json = serde_json::to_string(&backoff).unwrap();
+    assert!(!json.contains("mono"), "monotonic readings are not stored");
+    let mut backoff: AgentRecord = serde_json::from_str(&json).unwrap();
+    let due = backoff.next_start_at_ms.unwrap();
+    // the wall was stepped 3 h ahead meanwhile: the stored deadline looks
+    // long past, and still the agent waits its bound
+    let resumed = Now {
+        wall_ms: due + 3 * HOUR,
+        mono_ms: 7,
+    };
+    let step = policy::step(&P, &mut backoff, Input::Resume, resumed, 0.0);
     assert_eq!(step.actions, [Action::Stop]);
     assert_eq!(
-        (backoff.status, backoff.next_start_at_ms),
-        (Status::Backoff, deadline)
+        (
+            backoff.status,
+            backoff.consecutive_failures,
+            backoff.next_start_at_ms
+        ),
+        (Status::Backoff, 2, Some(due + 3 * HOUR + 1000))
     );
+    assert_eq!(policy::next_deadline(&P, &backoff), Some(7 + 1000));
+    let early = Now {
+        wall_ms: due + 6 * HOUR,
+        mono_ms: 7 + 999,
+    };
+    policy::step(&P, &mut backoff, Input::Tick, early, 0.0);
+    assert_eq!(backoff.status, Status::Backoff, "not before its bound");
 
     let (mut running, t) = running_after(2, 1.0);
     let step = policy::step(&P, &mut running, Input::Resume, t + 5, 0.0);
@@ -373,4 +398,86 @@ fn crash_loop_a_stored_record_resumes_as_it_was() {
     let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
     v["surprise"] = serde_json::json!(1);
     assert!(serde_json::from_value::<AgentRecord>(v).is_err());
+}
+
+/// Issue 24: every interval is judged on the monotonic clock. The wall
+/// clock is stepped 3 h forward or back before every event; the backoff
+/// sequence, the hold on the 5th failure and the 60 s reset are exactly
+/// those of an unstepped clock, and only the shown stamps follow the wall.
+#[test]
+fn crash_loop_wall_clock_steps_change_no_interval() {
+    // The wall reads 3 h ahead of, then 3 h behind, the monotonic clock
+    // (from a far epoch), alternating at every event.
+    let epoch = 1_800_000_000_000;
+    let mut flip = false;
+    let mut at = |mono_ms: u64| {
+        flip = !flip;
+        let wall_ms = if flip {
+            epoch + mono_ms + 3 * HOUR
+        } else {
+            epoch + mono_ms - 3 * HOUR
+        };
+        Now { wall_ms, mono_ms }
+    };
+
+    // Five failed starts, each restart exactly when the policy allows.
+    let mut rec = AgentRecord::new(epoch);
+    policy::step(&P, &mut rec, Input::OperatorStart, at(0), 1.0);
+    let mut starts = vec![0];
+    let mut mono = 0;
+    for i in 0..5 {
+        if i > 0 {
+            let due = policy::next_deadline(&P, &rec).expect("a monotonic deadline");
+            // one ms early is early, whatever the wall says
+            let s = policy::step(&P, &mut rec, Input::Tick, at(due - 1), 1.0);
+            assert!(s.actions.is_empty(), "started before {due}: {rec:?}");
+            let s = policy::step(&P, &mut rec, Input::Tick, at(due), 1.0);
+            assert_eq!(s.actions, [Action::Start], "not started at {due}");
+            mono = due;
+            starts.push(due);
+        }
+        let now = at(mono);
+        let s = policy::step(&P, &mut rec, refused(), now, 1.0);
+        assert_eq!(s.actions, [Action::Stop]);
+        if i < 4 {
+            // the shown deadline is the wall reading plus the same delay
+            let wait = P.delay_ms(i + 1, 1.0);
+            assert_eq!(rec.next_start_at_ms, Some(now.wall_ms + wait));
+        }
+    }
+    let waits: Vec<u64> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(waits, [500, 1000, 2000, 4000]);
+    assert_eq!((rec.status, rec.consecutive_failures), (Status::Held, 5));
+    // a held agent stays held across any number of steps
+    for t in [10_000, 20_000, 30_000] {
+        policy::step(&P, &mut rec, Input::Tick, at(mono + t), 1.0);
+        assert_eq!(rec.status, Status::Held);
+    }
+
+    // Cleared, four more failures, then running: the count resets after
+    // exactly 60 s alive on the monotonic clock.
+    let mut t = mono + 100_000;
+    policy::step(&P, &mut rec, Input::ClearHold, at(t), 1.0);
+    for _ in 0..4 {
+        policy::step(&P, &mut rec, refused(), at(t), 1.0);
+        t = policy::next_deadline(&P, &rec).unwrap();
+        policy::step(&P, &mut rec, Input::Tick, at(t), 1.0);
+    }
+    assert_eq!(rec.status, Status::Starting);
+    let began = t;
+    assert_eq!(began, mono + 100_000 + 500 + 1000 + 2000 + 4000);
+    policy::step(&P, &mut rec, Input::Started, at(began), 1.0);
+    assert_eq!((rec.status, rec.consecutive_failures), (Status::Running, 4));
+    assert_eq!(policy::next_deadline(&P, &rec), Some(began + 60_000));
+    // the wall jumps 3 h ahead: not yet 60 s alive
+    policy::step(&P, &mut rec, Input::Alive, at(began + 30_000), 1.0);
+    policy::step(&P, &mut rec, Input::Alive, at(began + 59_999), 1.0);
+    assert_eq!(rec.consecutive_failures, 4, "reset early");
+    policy::step(&P, &mut rec, Input::Alive, at(began + 60_000), 1.0);
+    assert_eq!(rec.consecutive_failures, 0, "not reset after 60 s alive");
+    // the next crash waits the first delay again
+    let now = at(began + 70_000);
+    policy::step(&P, &mut rec, crash(1), now, 1.0);
+    assert_eq!(policy::next_deadline(&P, &rec), Some(began + 70_000 + 500));
+    assert_eq!(rec.next_start_at_ms, Some(now.wall_ms + 500));
 }

@@ -460,3 +460,80 @@ async fn start_settled_waits_for_a_hung_start_until_the_runner_gives_it_up() {
     assert!(waited <= options().call_timeout, "{waited:?}");
     assert_eq!(h.session(), None);
 }
+
+/// Steps `clock`'s wall 3 h forward, then back, every 250 ms (between any
+/// two events of the runner), until aborted.
+fn step_the_wall_every_250_ms(clock: &TokioClock) -> tokio::task::JoinHandle<()> {
+    const HOURS_3: i64 = 3 * 3_600_000;
+    let clock = clock.clone();
+    tokio::spawn(async move {
+        let mut ahead = false;
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            clock.step_wall(if ahead { -2 * HOURS_3 } else { 2 * HOURS_3 });
+            ahead = !ahead;
+        }
+    })
+}
+
+/// Issue 24: with the wall clock stepped ±3 h every 250 ms, the runner's
+/// backoffs keep the policy's delays (none stalls), the 5th failure holds,
+/// and the count resets after 60 s alive, not earlier or later.
+#[tokio::test(start_paused = true)]
+async fn crash_loop_wall_clock_steps_stall_no_backoff_and_hurry_no_reset() {
+    let fake = Fake::new();
+    Fake::script(&fake.starts, &[Outcome::Reject; 5]);
+    let clock = TokioClock::new(EPOCH);
+    let stepper = step_the_wall_every_250_ms(&clock);
+    let store = Arc::new(MemoryStore::default());
+    let h = runner::spawn(
+        agent(),
+        fake.clone(),
+        store.clone(),
+        Arc::new(clock.clone()),
+        options(),
+        quiet(),
+    )
+    .unwrap();
+    let held = until(&h, Status::Held).await;
+    assert_eq!(held.consecutive_failures, 5);
+    let starts = fake.calls("start");
+    let waits: Vec<u64> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(waits.len(), 4, "{starts:?}");
+    for (i, wait) in waits.iter().enumerate() {
+        let bound = Policy::SEED.bound_ms(i as u32 + 1);
+        assert!(
+            (bound - bound / 5..=bound).contains(wait),
+            "wait {i}: {wait} ms, bound {bound} (500 ms, 1 s, 2 s, 4 s)"
+        );
+    }
+    // held through hours of wall steps
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(fake.calls("start").len(), 5);
+    assert_eq!(h.record().status, Status::Held);
+
+    // Cleared: two more refused starts, then it runs with a count of 2.
+    Fake::script(
+        &fake.starts,
+        &[Outcome::Reject, Outcome::Reject, Outcome::Ok],
+    );
+    h.command(Command::ClearHold).await.unwrap();
+    let running = until(&h, Status::Running).await;
+    assert_eq!(running.consecutive_failures, 2);
+    let began = *fake.calls("start").last().unwrap();
+    let since_start = |ms: u64| {
+        let now = fake.began.lock().unwrap().unwrap().elapsed().as_millis() as u64;
+        Duration::from_millis((began + ms).saturating_sub(now))
+    };
+    tokio::time::sleep(since_start(59_000)).await;
+    assert_eq!(
+        h.record().consecutive_failures,
+        2,
+        "reset before 60 s alive"
+    );
+    tokio::time::sleep(since_start(60_600)).await;
+    let r = h.record();
+    assert_eq!((r.status, r.consecutive_failures), (Status::Running, 0));
+    stepper.abort();
+    h.drain().await;
+}

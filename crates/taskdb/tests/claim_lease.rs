@@ -335,6 +335,72 @@ fn a_successful_mutation_moves_the_high_water_mark(backend: Backend) {
     assert_eq!(fx.store.now_ms().unwrap(), T0 + 500);
 }
 
+/// Issue 24: the wall clock stepped by hours between events. A rewind
+/// neither extends a lease nor stalls store time (it goes on at the
+/// monotonic clock's rate from this store's last write); a forward step is
+/// taken as it is, so a lease ends early by at most the step — the bound
+/// wall-clock timestamps in a shared database allow (docs/privsep.md).
+fn wall_clock_steps_of_hours_between_events_leave_lease_expiry_bounded(backend: Backend) {
+    const HOURS_3: i64 = 3 * 3_600_000;
+    let mut fx = Fixture::new(backend);
+    fx.submit("task-a", 5);
+
+    // Back 3 h while a lease runs: it still ends after LEASE of real time.
+    let g = fx.claim();
+    assert_eq!(g.lease_expires_at_ms, T0 + LEASE);
+    fx.clock.elapse(1_000);
+    fx.clock.advance(-HOURS_3);
+    assert_eq!(fx.store.now_ms().unwrap(), T0 + 1_000, "store time goes on");
+    // a renewal under the rewound clock extends from store time
+    let exp = fx
+        .store
+        .renew("task-a", g.lease_epoch, &g.lease_token, LEASE, &worker())
+        .unwrap();
+    assert_eq!(exp, T0 + 1_000 + LEASE);
+    fx.clock.elapse(LEASE / 2);
+    fx.clock.advance(HOURS_3); // forward again, to where the wall was
+    fx.clock.advance(-HOURS_3); // and back
+    fx.clock.elapse(LEASE / 2 - 1);
+    assert!(fx.store.sweep_expired().unwrap().is_empty(), "ended early");
+    fx.clock.elapse(1);
+    assert_eq!(
+        fx.store.sweep_expired().unwrap(),
+        vec![("task-a".to_owned(), TaskState::Queued)],
+        "a rewind extended the lease"
+    );
+    let resumed = T0 + 1_000 + LEASE;
+    assert_eq!(fx.store.now_ms().unwrap(), resumed);
+
+    // Forward 3 h past store time: the lease ends at once, early by LEASE,
+    // which is less than the step.
+    let g = fx.claim();
+    assert_eq!(g.lease_expires_at_ms, resumed + LEASE);
+    fx.clock.set(resumed + HOURS_3);
+    assert_eq!(fx.store.now_ms().unwrap(), resumed + HOURS_3);
+    assert_eq!(
+        fx.store.sweep_expired().unwrap(),
+        vec![("task-a".to_owned(), TaskState::Queued)]
+    );
+
+    // Back 3 h (the step corrected): store time does not go back, and the
+    // next lease lasts LEASE of real time, no longer.
+    fx.clock.advance(-HOURS_3);
+    let later = resumed + HOURS_3;
+    assert_eq!(fx.store.now_ms().unwrap(), later);
+    let g = fx.claim();
+    assert_eq!(g.lease_expires_at_ms, later + LEASE);
+    fx.clock.elapse(LEASE - 1);
+    assert!(fx.store.sweep_expired().unwrap().is_empty(), "ended early");
+    fx.clock.elapse(1);
+    assert_eq!(
+        fx.store.sweep_expired().unwrap(),
+        vec![("task-a".to_owned(), TaskState::Queued)],
+        "a rewind extended the lease"
+    );
+    let e = fx.store.events(Some("task-a"), 0, 100).unwrap();
+    assert!(e.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+}
+
 both_backends!(
     a_claim_starts_an_attempt_under_a_fresh_lease,
     tokens_differ_between_claims,
@@ -345,4 +411,5 @@ both_backends!(
     sweeping_requeues_with_attempts_left_and_fails_without,
     rewinding_the_wall_clock_never_extends_a_lease,
     a_successful_mutation_moves_the_high_water_mark,
+    wall_clock_steps_of_hours_between_events_leave_lease_expiry_bounded,
 );

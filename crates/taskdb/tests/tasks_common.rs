@@ -223,18 +223,19 @@ macro_rules! both_backends {
 /// The store's clock, as a test moves it: a manual clock for SQLite; for
 /// PostgreSQL the database's own clock function, replaced by the harness
 /// (as superuser) with one that reads a value the test sets — the store
-/// itself still takes time only from the database.
+/// itself still takes wall time only from the database — and a manual
+/// clock for the client's monotonic reading.
 #[derive(Debug, Clone)]
 pub enum TestClock {
     Manual(ManualClock),
-    Database(Arc<Mutex<Superuser>>),
+    Database(Arc<Mutex<Superuser>>, ManualClock),
 }
 
 impl TestClock {
     pub fn set(&self, ms: i64) {
         match self {
             TestClock::Manual(c) => c.set(ms),
-            TestClock::Database(su) => {
+            TestClock::Database(su, _) => {
                 su.lock()
                     .unwrap()
                     .0
@@ -247,12 +248,25 @@ impl TestClock {
     pub fn advance(&self, delta: i64) {
         match self {
             TestClock::Manual(c) => c.advance(delta),
-            TestClock::Database(su) => {
+            TestClock::Database(su, _) => {
                 su.lock()
                     .unwrap()
                     .0
                     .execute("UPDATE airlock_test_clock SET ms = ms + $1", &[&delta])
                     .expect("advance the test clock");
+            }
+        }
+    }
+
+    /// Lets `ms` of real time pass: the wall clock (the database's for
+    /// PostgreSQL) and the store's monotonic clock both move. [`Self::set`]
+    /// and [`Self::advance`] step the wall clock only.
+    pub fn elapse(&self, ms: i64) {
+        match self {
+            TestClock::Manual(c) => c.elapse(ms),
+            TestClock::Database(_, mono) => {
+                self.advance(ms);
+                mono.elapse(ms);
             }
         }
     }
@@ -359,10 +373,12 @@ impl Fixture {
             }
             Backend::Postgres => {
                 let parts = pg_parts(true);
-                let store = PgStore::open(&parts.location()).expect("open");
+                let mono = ManualClock::at(0);
+                let store = PgStore::open_with_clock(&parts.location(), Arc::new(mono.clone()))
+                    .expect("open");
                 Fixture {
                     backend,
-                    clock: TestClock::Database(Arc::clone(&parts.superuser)),
+                    clock: TestClock::Database(Arc::clone(&parts.superuser), mono),
                     store: Box::new(store),
                     sqlite: None,
                     pg: Some(parts),
@@ -377,7 +393,9 @@ impl Fixture {
             (Some((_, path)), _, TestClock::Manual(clock)) => Box::new(
                 SqliteStore::open_with_clock(path, Arc::new(clock.clone())).expect("reopen"),
             ),
-            (_, Some(pg), _) => Box::new(PgStore::open(&pg.location()).expect("reopen")),
+            (_, Some(pg), TestClock::Database(_, mono)) => Box::new(
+                PgStore::open_with_clock(&pg.location(), Arc::new(mono.clone())).expect("reopen"),
+            ),
             _ => unreachable!("a fixture has one engine"),
         }
     }

@@ -48,6 +48,9 @@ pub async fn run(
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
+    // tokio's timers are monotonic: a wall-clock step neither delays nor
+    // hurries a sweep. Expiry itself is judged on store time
+    // (airlock_sqlite::clock).
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -5,7 +5,12 @@
 //!
 //! - **One clock.** Store time is the server's `clock_timestamp()` (through
 //!   the schema function `airlock_clock_ms()`), never below the persisted
-//!   high-water mark. No client clock enters a lease.
+//!   high-water mark. No client's wall clock enters a lease; a client's
+//!   monotonic clock only keeps store time moving after the server's clock
+//!   is set back (the floor of [`Anchor`]: the store time of this client's
+//!   last write plus the monotonic time since), so a rewind cannot extend
+//!   a lease. A forward step of the server's clock is taken as it is:
+//!   leases end early by at most the step (see [`airlock_sqlite::clock`]).
 //! - **Claims lock their row.** `SELECT … FOR UPDATE SKIP LOCKED` finds the
 //!   oldest claimable task and locks it; the rules move it and write it
 //!   back fenced by its revision, in the same transaction. Concurrent
@@ -48,6 +53,7 @@ use super::tx::{
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
+use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
 use airlock_sqlite::error::{StoreError, StoreResult};
 use postgres::config::Host;
 use postgres::error::SqlState;
@@ -547,6 +553,10 @@ struct Session {
 pub struct PgBackend {
     location: PgLocation,
     session: Mutex<Option<Session>>,
+    /// Only its monotonic reading is used (the server owns wall time).
+    clock: Arc<dyn Clock>,
+    /// The store time of this client's last write, on the monotonic clock.
+    anchor: Anchor,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -566,6 +576,12 @@ impl Store<PgBackend> {
     /// `SCHEMA_VERSION_UNSUPPORTED`, a database that is not an airlock task
     /// store `STORE_UNAVAILABLE`.
     pub fn open(location: &PgLocation) -> StoreResult<Self> {
+        Store::<PgBackend>::open_with_clock(location, Arc::new(SystemClock))
+    }
+
+    /// [`Store::open`] with an injected clock, of which only the monotonic
+    /// reading is used (tests: time passing apart from the server's clock).
+    pub fn open_with_clock(location: &PgLocation, clock: Arc<dyn Clock>) -> StoreResult<Self> {
         let mut client = location.connect()?;
         migrate(&mut client, location.user())?;
         Ok(Store {
@@ -575,6 +591,8 @@ impl Store<PgBackend> {
                     client,
                     statements: HashMap::new(),
                 })),
+                clock,
+                anchor: Anchor::default(),
             },
         })
     }
@@ -671,9 +689,10 @@ fn rows_of(what: &str, rows: Vec<postgres::Row>) -> StoreResult<Vec<RawRow>> {
         .collect()
 }
 
-/// The store's time: the server's clock, never below the high-water mark.
-const CLOCK_SQL: &str =
-    "SELECT GREATEST(airlock_clock_ms(), high_water_ms) FROM store_clock WHERE id = 1";
+/// The store's time: the server's clock, never below the high-water mark
+/// nor below `$1`, this client's monotonic floor ([`Anchor::floor`]).
+const CLOCK_SQL: &str = "SELECT GREATEST(airlock_clock_ms(), high_water_ms, $1::bigint) \
+     FROM store_clock WHERE id = 1";
 
 /// Moves the high-water mark up to `$1` unless another transaction holds
 /// it right now (it is moving it to about the same time): the mark never
@@ -696,8 +715,10 @@ impl Backend for PgBackend {
                     .transaction()
                     .map_err(|e| pg_error(&format!("starting {what}"), e))?;
                 let clock = prepared(&mut tx, statements, CLOCK_SQL)?;
+                let mono = self.clock.mono_ms();
+                let floor = self.anchor.floor(mono);
                 let now: i64 = tx
-                    .query_one(&clock, &[])
+                    .query_one(&clock, &[&floor])
                     .and_then(|r| r.try_get(0))
                     .map_err(|e| pg_error("reading the store clock", e))?;
                 let advance = prepared(&mut tx, statements, ADVANCE_SQL)?;
@@ -710,6 +731,7 @@ impl Backend for PgBackend {
                 })?;
                 tx.commit()
                     .map_err(|e| pg_error(&format!("committing {what}"), e))?;
+                self.anchor.observe(now, mono);
                 Ok(out)
             });
             match out {
@@ -722,8 +744,9 @@ impl Backend for PgBackend {
     fn now_ms(&self) -> StoreResult<i64> {
         self.with_session(|s| {
             let stmt = prepared(&mut s.client, &mut s.statements, CLOCK_SQL)?;
+            let floor = self.anchor.floor(self.clock.mono_ms());
             s.client
-                .query_one(&stmt, &[])
+                .query_one(&stmt, &[&floor])
                 .and_then(|r| r.try_get(0))
                 .map_err(|e| pg_error("reading the store clock", e))
         })

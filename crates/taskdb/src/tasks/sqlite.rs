@@ -3,7 +3,9 @@
 //! One connection per [`SqliteBackend`]; writers serialise on
 //! `BEGIN IMMEDIATE`, so a row read inside a write transaction cannot
 //! change under it. Time is the host's clock, never allowed to go back
-//! (the high-water mark in `store_clock`).
+//! (the high-water mark in `store_clock`) nor to stand still after a
+//! rewind (this process's monotonic [`Anchor`]): see
+//! [`airlock_sqlite::clock`].
 
 use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
 use super::schema;
@@ -13,7 +15,7 @@ use super::tx::{
 };
 use super::{Store, TaskState};
 use airlock_proto::{Code, Error};
-use airlock_sqlite::clock::{Clock, SystemClock};
+use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
 use airlock_sqlite::db::{self, Kind};
 use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -25,6 +27,9 @@ use std::sync::Arc;
 pub struct SqliteBackend {
     conn: Connection,
     clock: Arc<dyn Clock>,
+    /// The store time of this connection's last write, on the monotonic
+    /// clock: after a rewind, store time goes on from it at real rate.
+    anchor: Anchor,
 }
 
 impl Store<SqliteBackend> {
@@ -33,14 +38,18 @@ impl Store<SqliteBackend> {
     /// second process may open the same file (writers serialise on
     /// `BEGIN IMMEDIATE`).
     pub fn open(path: &Path) -> StoreResult<Self> {
-        Store::open_with_clock(path, Arc::new(SystemClock))
+        Store::<SqliteBackend>::open_with_clock(path, Arc::new(SystemClock))
     }
 
     /// Opens the task store with an injected clock (tests, fault injection).
     pub fn open_with_clock(path: &Path, clock: Arc<dyn Clock>) -> StoreResult<Self> {
         let conn = db::open(path, Kind::Tasks, schema::MIGRATIONS)?;
         Ok(Store {
-            backend: SqliteBackend { conn, clock },
+            backend: SqliteBackend {
+                conn,
+                clock,
+                anchor: Anchor::default(),
+            },
         })
     }
 }
@@ -111,7 +120,8 @@ impl Backend for SqliteBackend {
         what: &str,
         f: &mut dyn FnMut(&mut dyn Tx) -> StoreResult<T>,
     ) -> StoreResult<T> {
-        let wall = self.clock.now_ms();
+        let mono = self.clock.mono_ms();
+        let wall = self.clock.now_ms().max(self.anchor.floor(mono));
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -120,11 +130,17 @@ impl Backend for SqliteBackend {
         let out = f(&mut SqliteTx { conn: &tx, now })?;
         tx.commit()
             .map_err(|e| StoreError::sqlite(format!("committing {what}"), e))?;
+        self.anchor.observe(now, mono);
         Ok(out)
     }
 
     fn now_ms(&self) -> StoreResult<i64> {
-        Ok(self.clock.now_ms().max(read_high_water(&self.conn)?))
+        let floor = self.anchor.floor(self.clock.mono_ms());
+        Ok(self
+            .clock
+            .now_ms()
+            .max(floor)
+            .max(read_high_water(&self.conn)?))
     }
 
     fn get(&self, task_id: &str) -> StoreResult<Option<RawRow>> {

@@ -29,6 +29,10 @@ impl Lease {
             let (lost, done) = (Arc::clone(&lost), Arc::clone(&done));
             std::thread::spawn(move || {
                 loop {
+                    // A relative wait on the monotonic clock (futex on
+                    // CLOCK_MONOTONIC): a wall-clock step neither delays
+                    // nor hurries a renewal. An early wake-up renews early,
+                    // which is harmless.
                     std::thread::park_timeout(every);
                     if done.load(Ordering::SeqCst) {
                         return;
