@@ -38,9 +38,15 @@ impl Wakeup {
     }
 
     /// Waits until a notification after `seen`, or `timeout`.
-    pub fn wait_past(&self, seen: u64, timeout: Duration) {
-        if let Ok(g) = self.generation.lock() {
-            let _ = self.ready.wait_timeout_while(g, timeout, |g| *g == seen);
+    /// Waits until the generation moves past `seen` or `timeout` passes;
+    /// true when it moved.
+    pub fn wait_past(&self, seen: u64, timeout: Duration) -> bool {
+        match self.generation.lock() {
+            Ok(g) => match self.ready.wait_timeout_while(g, timeout, |g| *g == seen) {
+                Ok((g, _)) => *g != seen,
+                Err(_) => true,
+            },
+            Err(_) => true,
         }
     }
 }

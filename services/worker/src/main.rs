@@ -370,6 +370,9 @@ fn fail_refused_claim(
     }
 }
 
+/// How often an idle claiming thread beats while it waits for work.
+const IDLE_BEAT: Duration = Duration::from_millis(200);
+
 fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Duration) {
     let mut backoff = poll;
     while !stopping.load(Ordering::SeqCst) {
@@ -404,7 +407,20 @@ fn claim_loop(worker: &Worker, stopping: &AtomicBool, wakeup: &Wakeup, poll: Dur
                 while !stopping.load(Ordering::SeqCst) && worker.check_adoption() {
                     worker.progress().beat();
                 }
-                wakeup.wait_past(seen, poll)
+                // Waiting is progress: beat in slices shorter than any
+                // watchdog interval, so an idle worker keeps pinging even
+                // when the poll is longer than systemd's WatchdogSec.
+                let until = std::time::Instant::now() + poll;
+                loop {
+                    worker.progress().beat();
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero()
+                        || stopping.load(Ordering::SeqCst)
+                        || wakeup.wait_past(seen, left.min(IDLE_BEAT))
+                    {
+                        break;
+                    }
+                }
             }
             Err(e) if is_transient(e.code) => {
                 tracing::warn!("claim failed: {e}");
