@@ -489,6 +489,24 @@ impl Environment {
     }
 }
 
+impl Environment {
+    /// [`Environment::resolve`], and refused with ENVIRONMENT_INVALID when
+    /// it has a setup: this release's executor does not run setups, and
+    /// says so rather than verify without the dependencies (the executor
+    /// and `airlockctl doctor` both ask this).
+    pub fn resolve_runnable(&self) -> Result<Resolved, EnvironmentError> {
+        let resolved = self.resolve()?;
+        if self.setup.is_some() {
+            return Err(refuse(
+                Code::ENVIRONMENT_INVALID,
+                "environment.setup",
+                "this executor does not run setups yet: fetch dependencies into a path of the environment instead",
+            ));
+        }
+        Ok(resolved)
+    }
+}
+
 impl Setup {
     fn check(&self) -> Result<(), EnvironmentError> {
         let invalid =

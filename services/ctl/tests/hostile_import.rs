@@ -7,7 +7,9 @@
 //! attributes, a pager, an editor, a credential helper, signing. And
 //! source paths holding `$(…)`, backquotes, `;`, quotes, spaces and a
 //! newline import correctly with no command run: every shell that could
-//! see such a path would start the canary, which is first on PATH.
+//! see such a path would start the canary, first on airlockctl's PATH
+//! under the names such a shell would look up (crates/git gives git a PATH
+//! of its own; the canaries the armed configuration names are absolute).
 //!
 //! Run as root (CI is): the source belongs to `nobody`, as a colleague's
 //! checkout would.
@@ -355,10 +357,8 @@ fn an_armed_source_owned_by_another_user_imports_and_clones_with_no_canary_run()
     };
     std::fs::create_dir_all(layout.repos()).unwrap();
     let ids = airlock_local::layout::Ids::for_caller().unwrap();
-    with_path(&s.canary.path_env(), || {
-        airlock_local::import::repository(&layout, &ids, "armed", &src).unwrap();
-        airlock_local::import::repository(&layout, &ids, "armed", &src).unwrap();
-    });
+    airlock_local::import::repository(&layout, &ids, "armed", &src).unwrap();
+    airlock_local::import::repository(&layout, &ids, "armed", &src).unwrap();
     assert_eq!(
         authority_head(&layout.repos().join("armed.git"), "refs/heads/main"),
         head
@@ -399,9 +399,7 @@ fn source_paths_with_shell_characters_import_as_data() {
             head,
             "{name:?}"
         );
-        with_path(&s.canary.path_env(), || {
-            airlock_local::import::repository(&layout, &ids, &repo, &src).unwrap();
-        });
+        airlock_local::import::repository(&layout, &ids, &repo, &src).unwrap();
         assert_eq!(
             authority_head(
                 &layout.repos().join(format!("{repo}.git")),
@@ -452,22 +450,5 @@ fn as_user(cmd: &mut Command, user: &nix::unistd::User, home: &Path) {
             nix::unistd::setresuid(uid, uid, uid)?;
             Ok(())
         });
-    }
-}
-
-/// Runs `f` with PATH set to `path` (this test binary's only thread that
-/// reads PATH while it runs: the import is synchronous).
-fn with_path(path: &str, f: impl FnOnce()) {
-    let before = std::env::var_os("PATH");
-    // SAFETY: the tests in this file run their imports one at a time
-    // (nextest runs each test in its own process).
-    unsafe { std::env::set_var("PATH", path) };
-    f();
-    // SAFETY: as above.
-    unsafe {
-        match before {
-            Some(p) => std::env::set_var("PATH", p),
-            None => std::env::remove_var("PATH"),
-        }
     }
 }

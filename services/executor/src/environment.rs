@@ -29,14 +29,7 @@ impl Environments {
             .iter()
             .filter_map(|r| {
                 let env = r.environment.as_ref()?;
-                let resolved = env.resolve().and_then(|resolved| match &env.setup {
-                    None => Ok(resolved),
-                    Some(_) => Err(EnvironmentError {
-                        code: airlock_proto::Code::ENVIRONMENT_INVALID,
-                        key: "environment.setup".into(),
-                        problem: "this executor does not run setups yet: fetch dependencies into a path of the environment instead".into(),
-                    }),
-                });
+                let resolved = env.resolve_runnable();
                 Some((r.name.clone(), resolved))
             })
             .collect();

@@ -821,20 +821,12 @@ fn repositories(c: &airlock_config::Config) -> Vec<Check> {
 pub fn environment(r: &airlock_config::Repository) -> Option<Check> {
     let env = r.environment.as_ref()?;
     let name = format!("environment of {}", r.name);
-    Some(match env.resolve() {
+    Some(match env.resolve_runnable() {
         Err(e) => check(
             name,
             Status::Fail,
             format!("{e} [{}]", e.code.as_str()),
             Some("fix the environment in the repository's registration (docs/environments.md)"),
-        ),
-        Ok(_) if env.setup.is_some() => check(
-            name,
-            Status::Fail,
-            "[environment.setup] is not run by this release: its repository's requests are refused with ENVIRONMENT_INVALID",
-            Some(
-                "remove [repository.environment.setup]; fetch dependencies into a path of the environment",
-            ),
         ),
         Ok(res) => check(
             name,
@@ -953,6 +945,24 @@ mod tests {
         }))
         .unwrap();
         assert!(missing.detail.contains("ENVIRONMENT_PROGRAM_UNRESOLVED"));
+        // A setup resolves, but is not run by this release: named as such.
+        let setup = environment(&repo(airlock_config::Environment {
+            setup: Some(airlock_config::Setup {
+                commands: vec![vec!["true".into()]],
+                inputs: vec!["Cargo.lock".into()],
+                outputs: vec!["target".into()],
+                egress: vec![],
+                timeout_seconds: 60,
+            }),
+            ..Default::default()
+        }))
+        .unwrap();
+        assert_eq!(setup.status, Status::Fail);
+        assert!(
+            setup.detail.contains("ENVIRONMENT_INVALID") && setup.detail.contains("setups"),
+            "{}",
+            setup.detail
+        );
     }
 
     #[test]
