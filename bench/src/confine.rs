@@ -131,6 +131,8 @@ impl Bench {
             env,
             argv: argv.iter().map(OsString::from).collect(),
             timeout: Some(Duration::from_secs(60)),
+            nested: Vec::new(),
+            network: None,
         }
     }
 
@@ -151,6 +153,7 @@ impl Bench {
                 let stdio = airlock_sandbox::Stdio {
                     stdout: self.null()?,
                     stderr: self.null()?,
+                    network: None,
                 };
                 let spawner = if variant == Variant::Spawner {
                     &mut self.spawner

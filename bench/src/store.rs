@@ -356,6 +356,7 @@ fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult
                 namespaces: Some(vec!["user".into(), "mnt".into(), "pid".into()]),
                 view: "minimal-root".into(),
                 uid: Some(992),
+                layer: None,
             }),
             verification: vec![CommandSummary {
                 label: "test".into(),

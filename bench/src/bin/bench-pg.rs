@@ -147,6 +147,7 @@ fn cycle(store: &mut dyn TaskStore, task_id: &str, worker: &Actor) -> BenchResul
             namespaces: Some(vec!["user".into(), "mnt".into(), "pid".into()]),
             view: "minimal-root".into(),
             uid: Some(992),
+            layer: None,
         }),
         verification: vec![CommandSummary {
             label: "test".into(),

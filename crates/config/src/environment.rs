@@ -232,6 +232,26 @@ pub struct Resolved {
     pub names: BTreeMap<String, PathBuf>,
     /// The variables, PATH always present.
     pub variables: BTreeMap<String, String>,
+    /// The setup, its programs resolved.
+    pub setup: Option<ResolvedSetup>,
+    /// SHA-256 of the environment's canonical form: part of every
+    /// dependency layer's key (a change to any key makes a new layer).
+    pub digest: String,
+}
+
+/// A setup as the executor runs it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ResolvedSetup {
+    /// Each command's argv, argv\[0\] an absolute path.
+    pub commands: Vec<Vec<String>>,
+    /// The inputs' globs.
+    pub inputs: Vec<String>,
+    /// The outputs: workspace-relative, or `~/…` under HOME.
+    pub outputs: Vec<String>,
+    /// The `host:port` entries the setup may reach.
+    pub egress: Vec<String>,
+    /// Wall-clock limit of each command, in seconds.
+    pub timeout_seconds: u32,
 }
 
 fn is_normal_absolute(p: &Path) -> bool {
@@ -480,30 +500,51 @@ impl Environment {
                 programs.push(found);
             }
         }
+        let setup = match &self.setup {
+            None => None,
+            Some(setup) => {
+                let mut commands = Vec::new();
+                for (i, argv) in setup.commands.iter().enumerate() {
+                    let program = names
+                        .get(&argv[0])
+                        .cloned()
+                        .or_else(|| {
+                            let p = PathBuf::from(&argv[0]);
+                            programs.contains(&p).then_some(p)
+                        })
+                        .ok_or_else(|| {
+                            refuse(
+                                Code::ENVIRONMENT_PROGRAM_UNRESOLVED,
+                                format!("environment.setup.commands[{i}]"),
+                                format!(
+                                    "{:?} is not one of environment.programs: a setup runs only the environment's own programs",
+                                    argv[0]
+                                ),
+                            )
+                        })?;
+                    let mut resolved = vec![program.to_string_lossy().into_owned()];
+                    resolved.extend(argv[1..].iter().cloned());
+                    commands.push(resolved);
+                }
+                Some(ResolvedSetup {
+                    commands,
+                    inputs: setup.inputs.clone(),
+                    outputs: setup.outputs.clone(),
+                    egress: setup.egress.clone(),
+                    timeout_seconds: setup.timeout_seconds,
+                })
+            }
+        };
+        let digest = airlock_proto::canonical::digest_of(self)
+            .map_err(|e| refuse(Code::ENVIRONMENT_INVALID, "environment", e.to_string()))?;
         Ok(Resolved {
             paths: self.paths.clone(),
             programs,
             names,
             variables,
+            setup,
+            digest,
         })
-    }
-}
-
-impl Environment {
-    /// [`Environment::resolve`], and refused with ENVIRONMENT_INVALID when
-    /// it has a setup: this release's executor does not run setups, and
-    /// says so rather than verify without the dependencies (the executor
-    /// and `airlockctl doctor` both ask this).
-    pub fn resolve_runnable(&self) -> Result<Resolved, EnvironmentError> {
-        let resolved = self.resolve()?;
-        if self.setup.is_some() {
-            return Err(refuse(
-                Code::ENVIRONMENT_INVALID,
-                "environment.setup",
-                "this executor does not run setups yet: fetch dependencies into a path of the environment instead",
-            ));
-        }
-        Ok(resolved)
     }
 }
 

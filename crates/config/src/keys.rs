@@ -536,6 +536,18 @@ pub const KEYS: &[KeySpec] = &[
         "8192",
         "Most MiB of files the tree cache keeps (a tree larger than this alone is kept only while it is used).",
     ),
+    key(
+        "executor.layer_cache_mib",
+        int(64, 16 * 1_048_576),
+        "8192",
+        "Most MiB of files the dependency layer cache keeps (the sealed outputs of environments' setups, keyed by environment and inputs); the least recently used go first.",
+    ),
+    key(
+        "executor.egress_socket",
+        Kind::Path,
+        "\"/run/airlock-egress/egress.sock\"",
+        "The UNIX socket of airlock-egress, the only route out of a setup: the executor's forwarder connects there for each connection a setup opens.",
+    ),
     // ---- [executor.limits] -------------------------------------------------
     section(
         "executor.limits",

@@ -64,7 +64,7 @@ use serde::{Deserialize, Serialize};
 
 pub use environment::{
     ENVIRONMENT_KEYS, EXAMPLES as ENVIRONMENT_EXAMPLES, Environment, EnvironmentError,
-    EnvironmentKey, ProgramTable, Resolved, Setup, is_host_port, looks_secret,
+    EnvironmentKey, ProgramTable, Resolved, ResolvedSetup, Setup, is_host_port, looks_secret,
     parse_environment_file, read_environment_file,
 };
 pub use error::{ConfigError, Location};
@@ -251,6 +251,10 @@ pub struct Executor {
     pub tree_cache_entries: u32,
     /// Most MiB of files in the tree cache.
     pub tree_cache_mib: u64,
+    /// Most MiB of files in the dependency layer cache.
+    pub layer_cache_mib: u64,
+    /// airlock-egress's socket.
+    pub egress_socket: PathBuf,
     /// `[executor.limits]`.
     pub limits: Limits,
 }
@@ -276,6 +280,8 @@ impl Default for Executor {
             allow_credential_paths: Vec::new(),
             tree_cache_entries: 8,
             tree_cache_mib: 8192,
+            layer_cache_mib: 8192,
+            egress_socket: PathBuf::from("/run/airlock-egress/egress.sock"),
             limits: Limits::default(),
         }
     }

@@ -100,6 +100,8 @@ impl Check<'_, '_> {
         self.int("executor.landlock_min_abi", e.landlock_min_abi)?;
         self.int("executor.tree_cache_entries", e.tree_cache_entries)?;
         self.int("executor.tree_cache_mib", e.tree_cache_mib)?;
+        self.int("executor.layer_cache_mib", e.layer_cache_mib)?;
+        self.path("executor.egress_socket", &e.egress_socket)?;
         self.limits(&e.limits)
     }
 

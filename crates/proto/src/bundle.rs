@@ -138,6 +138,40 @@ pub struct CommandEvidence {
     pub stderr_tail: String,
 }
 
+/// The dependency layer a verification read: made by its environment's
+/// setup in this request, or reused from the layer cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerEvidence {
+    /// SHA-256 over the environment and the content of the setup's
+    /// inputs: the layer's cache key.
+    pub key: String,
+    /// SHA-256 over the layer's content (every path, kind, mode and
+    /// content digest), recomputed when it is first used.
+    pub digest: String,
+    /// Bytes of files in the layer.
+    pub bytes: u64,
+    /// True when the layer came from the cache: no setup ran, no egress.
+    pub reused: bool,
+    /// Evidence of each setup command (none when reused).
+    pub setup: Vec<CommandEvidence>,
+    /// Every connection the setup asked the egress proxy for, in order.
+    pub egress: Vec<EgressDecision>,
+}
+
+/// One connection a setup asked for through the egress proxy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressDecision {
+    /// What the request named (`host:port` of a CONNECT, else its method
+    /// and target), at most 300 bytes.
+    pub target: String,
+    /// True when the proxy opened the tunnel.
+    pub allowed: bool,
+    /// The refusal's catalogue code, when refused.
+    pub code: Option<String>,
+}
+
 /// How the executor was confined while it ran the commands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,6 +192,10 @@ pub struct ConfinementReport {
     /// Landlock, every metadata call by path refused); `none` when no
     /// command ran.
     pub view: String,
+    /// The dependency layer the commands read, when the repository's
+    /// environment has a setup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<LayerEvidence>,
 }
 
 /// Executor → worker: `results/<request_id>.json`.

@@ -409,6 +409,10 @@ catalogue! {
     SOURCE_ARCHIVE_LIMIT_EXCEEDED => TooLarge, None;
     /// A verification command exited non-zero, was killed, or timed out.
     VERIFICATION_FAILED => Conflict, None;
+    /// A setup command of the repository's environment exited non-zero, was killed, or timed out: the dependency layer was not made (its output tail is in the failure); the attempt ends, and a later one may fetch again.
+    SETUP_FAILED => Conflict, None;
+    /// This executor cannot run the environment's setup: it needs the minimal root with a network namespace per command and airlock-egress's socket (see `airlockctl doctor`).
+    SETUP_UNAVAILABLE => Unavailable, None;
     /// A changed or captured file is larger than allowed.
     FILE_TOO_LARGE => TooLarge, None;
     /// A spool file is not a regular file owned by its expected producer, or is too large.
@@ -559,8 +563,9 @@ impl Code {
     /// repository is gone, the branch moved behind the worker's back (a
     /// reconciliation case settles it), or a policy refused the plan — a
     /// program, a module or a git subcommand its repository does not
-    /// allow, or an environment unusable on this host — which only an
-    /// administrator's change, not a retry, alters.
+    /// allow, an environment unusable on this host, or a setup asking the
+    /// egress proxy for what its environment does not list — which only
+    /// an administrator's change, not a retry, alters.
     pub const fn ends_task(self) -> bool {
         matches!(
             self,
@@ -574,6 +579,11 @@ impl Code {
                 | Code::ENVIRONMENT_PROGRAM_UNRESOLVED
                 | Code::ENVIRONMENT_VARIABLE_SECRET
                 | Code::ENVIRONMENT_EGRESS_INVALID
+                | Code::SETUP_UNAVAILABLE
+                | Code::EGRESS_HOST_NOT_ALLOWED
+                | Code::EGRESS_PORT_NOT_ALLOWED
+                | Code::EGRESS_ADDRESS_FORBIDDEN
+                | Code::EGRESS_METHOD_NOT_ALLOWED
         )
     }
 

@@ -45,6 +45,7 @@ pub mod bundle;
 pub mod bus;
 pub mod canonical;
 pub mod checkpoint;
+pub mod egress;
 pub mod envelope;
 pub mod error;
 pub mod fields;

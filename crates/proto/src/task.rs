@@ -618,6 +618,11 @@ pub struct Isolation {
     /// The uid the commands ran as (outside any user namespace); `None`:
     /// unmeasured.
     pub uid: Option<u32>,
+    /// The dependency layer the commands read (its key and digest,
+    /// whether it was fetched or reused, the setup's egress), when the
+    /// repository's environment has a setup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<crate::bundle::LayerEvidence>,
 }
 
 /// The word for a property nobody measured.
@@ -633,6 +638,7 @@ impl Isolation {
             namespaces: None,
             view: UNMEASURED.into(),
             uid: None,
+            layer: None,
         }
     }
 
@@ -660,6 +666,7 @@ impl Isolation {
             namespaces: Some(r.namespaces.clone()),
             view,
             uid: r.uid,
+            layer: r.layer.clone(),
         }
     }
 
@@ -1010,6 +1017,7 @@ mod tests {
             namespaces: vec!["user".into(), "mnt".into(), "pid".into()],
             uid: Some(992),
             view: "minimal-root".into(),
+            layer: None,
         })
     }
 
@@ -1025,6 +1033,7 @@ mod tests {
                 namespaces: vec![],
                 uid: Some(992),
                 view: "host-view".into(),
+                layer: None,
             };
             f(&mut r);
             Isolation::from_report(&r)

@@ -190,6 +190,10 @@ pub enum Error {
     /// The executor's spawner could not be started, or its channel failed.
     #[error("spawner: {0}")]
     Spawner(String),
+
+    /// A setup's loopback network could not be set up or handed over.
+    #[error("setup network: {0}")]
+    Network(String),
 }
 
 impl Error {
@@ -229,6 +233,7 @@ impl Error {
             Error::Report(_) => "report",
             Error::Mount { .. } => "minimal_root",
             Error::Spawner(_) => "spawner",
+            Error::Network(_) => "network",
         }
     }
 

@@ -19,16 +19,30 @@ use crate::root::Template;
 use crate::sandbox::{CommandPlan, Job, send};
 use crate::{exit_now, namespaces, reaper, target};
 
+/// The init's descriptors from the spawner.
+pub(crate) struct Channels {
+    /// Messages to the spawner (closed by the command's execve).
+    pub status: File,
+    /// Closed when the spawner dies.
+    pub lifeline: OwnedFd,
+    /// For a job with a network: where the listener is sent.
+    pub handoff: Option<OwnedFd>,
+}
+
 /// Runs the init; never returns.
 pub(crate) fn run(
     mut plan: CommandPlan<'_>,
     template: &Template,
     job: &Job,
     tmp_size: u64,
-    mut status: File,
-    lifeline: OwnedFd,
+    channels: Channels,
     ns: &Namespaces,
 ) -> ! {
+    let Channels {
+        mut status,
+        lifeline,
+        handoff,
+    } = channels;
     // Die with the spawner; if it is already gone, stop here.
     let _ = prctl::set_pdeathsig(Signal::SIGKILL);
     if supervisor_gone(&lifeline) {
@@ -37,7 +51,13 @@ pub(crate) fn run(
     if ns.uts {
         namespaces::set_hostname();
     }
-    let entered = match template.enter(&job.binds, job.overlay.as_ref(), tmp_size) {
+    let entered = template
+        .enter(&job.binds, job.overlay.as_ref(), &job.nested, tmp_size)
+        .and_then(|e| match (job.network, handoff) {
+            (Some(port), Some(handoff)) => hand_over_listener(port, handoff).map(|()| e),
+            _ => Ok(e),
+        });
+    let entered = match entered {
         Ok(e) => e,
         Err(err) => {
             eprintln!("airlock-confine: {}: {err}", err.code().as_str());
@@ -94,6 +114,26 @@ pub(crate) fn run(
         Outcome::Signaled { signal } => 128 + signal,
         _ => 125,
     })
+}
+
+/// A setup's network: `lo` up, a listener on `127.0.0.1:port`, sent to
+/// the executor over `handoff` and closed here, before the command exists.
+fn hand_over_listener(port: u16, handoff: OwnedFd) -> crate::error::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    let failed = |e: std::io::Error| crate::error::Error::Network(e.to_string());
+    let listener = namespaces::loopback_listener(port).map_err(failed)?;
+    let fds = [listener.as_raw_fd()];
+    let iov = [std::io::IoSlice::new(b"L")];
+    sendmsg::<()>(
+        handoff.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| failed(std::io::Error::from_raw_os_error(e as i32)))?;
+    Ok(())
 }
 
 fn supervisor_gone(lifeline: &OwnedFd) -> bool {

@@ -42,6 +42,8 @@ pub struct Grants {
     /// Read (files and directory listings, no execute) beneath each; each
     /// must exist (the minimal root's `/`).
     pub read_dirs: Vec<PathBuf>,
+    /// TCP ports connect(2) may reach (a setup's forwarder; from ABI 4).
+    pub tcp_connect: Vec<u16>,
 }
 
 /// The kernel's Landlock ABI version, 0 when Landlock is unavailable.
@@ -144,7 +146,12 @@ impl Grants {
 
 /// Builds and enforces the ruleset on the calling thread (airlock-confine).
 pub fn restrict(grants: &Grants, min_abi: u8) -> Result<LandlockReport> {
-    enforce(&grants.rules(), min_abi, MAX_LANDLOCK_ABI)
+    enforce_with_tcp(
+        &grants.rules(),
+        &grants.tcp_connect,
+        min_abi,
+        MAX_LANDLOCK_ABI,
+    )
 }
 
 /// Builds and enforces a ruleset of `rules` on the calling thread. Every

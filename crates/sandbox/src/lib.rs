@@ -114,7 +114,7 @@ pub use policy::{
     DEVICES_RO, DEVICES_RW, Limits, MAX_LANDLOCK_ABI, NOBODY, Policy, SANDBOX_PATH, SYSTEM_RO,
 };
 pub use report::{LandlockReport, Namespaces, Outcome, REPORT_SCHEMA, Report, ViewMode};
-pub use root::{Bind, Overlay};
+pub use root::{Bind, Nested, Overlay};
 pub use sandbox::{Job, Sandbox, Setup, Stdio};
 
 /// Exit status of the helper when the timeout killed the sandbox (as
@@ -210,6 +210,8 @@ pub fn run(policy: &Policy, command: &[OsString]) -> Report {
         env: policy.env.clone(),
         argv: command.to_vec(),
         timeout: policy.timeout,
+        nested: Vec::new(),
+        network: None,
     };
     match Sandbox::prepare(setup) {
         Ok(sandbox) => sandbox.run(&job, None),

@@ -147,7 +147,11 @@ fn apply(role: Role, paths: &Paths, use_landlock: bool, check_threads: bool) -> 
         notes.push(
             "Landlock not applied: the process's own mount namespace holds only the minimal root's template and the work root".into(),
         );
-        let seccomp_rules = role.seccomp_rules();
+        // The spawner's inits bring up `lo` and listen on it for a setup,
+        // in the command's own network namespace (crate::sandbox::Job::
+        // network): IP sockets, created before the command exists. The
+        // spawner's own namespace is the executor's, which holds only lo.
+        let seccomp_rules = role.seccomp_rules_for(role == Role::Spawner);
         seccomp::install_rules(&seccomp_rules)?;
         return Ok(Report {
             role,

@@ -101,12 +101,31 @@ pub struct Bind {
 pub struct Overlay {
     /// Host path of the read-only lower directory.
     pub lower: PathBuf,
+    /// More read-only host directories stacked above `lower`, the first
+    /// uppermost (a dependency layer's workspace part over the tree).
+    #[serde(default)]
+    pub layers: Vec<PathBuf>,
     /// Host path of the upper directory.
     pub upper: PathBuf,
     /// Host path of overlayfs's work directory (same file system as upper).
     pub work: PathBuf,
     /// Path in the command's view (a mount point of the template).
     pub target: PathBuf,
+}
+
+/// A directory mounted beneath the workspace or /tmp once those are in
+/// place (its mount point is made if missing): `source` bound read-write,
+/// or, with `copy_on_write`, as the read-only lower layer of an overlay
+/// whose changes go to that (upper, work) pair.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nested {
+    /// Host path.
+    pub source: PathBuf,
+    /// Path in the command's view, beneath a mount point or /tmp.
+    pub target: PathBuf,
+    /// Host paths of overlayfs's upper and work directories.
+    pub copy_on_write: Option<(PathBuf, PathBuf)>,
 }
 
 /// What [`Template::enter`] mounted.
@@ -481,6 +500,7 @@ impl Template {
         &self,
         binds: &[Bind],
         overlay: Option<&Overlay>,
+        nested: &[Nested],
         tmp_size: u64,
     ) -> Result<Entered> {
         let mut entered = Entered::default();
@@ -491,9 +511,14 @@ impl Template {
         }
         if let Some(o) = overlay {
             let target = in_newroot(&o.target);
+            let mut lower = String::new();
+            for layer in o.layers.iter().chain([&o.lower]) {
+                lower.push_str(&overlay_path(&self.source(layer)?)?);
+                lower.push(':');
+            }
+            lower.pop();
             let opts = format!(
-                "lowerdir={},upperdir={},workdir={},userxattr",
-                overlay_path(&self.source(&o.lower)?)?,
+                "lowerdir={lower},upperdir={},workdir={},userxattr",
                 overlay_path(&self.source(&o.upper)?)?,
                 overlay_path(&self.source(&o.work)?)?,
             );
@@ -518,6 +543,34 @@ impl Template {
             )
             .map_err(mount_err("tmpfs", &target))?;
             entered.tmp = true;
+        }
+        for n in nested {
+            let target = in_newroot(&n.target);
+            std::fs::create_dir_all(&target).map_err(|e| Error::Mount {
+                what: "mount point",
+                target: target.clone(),
+                source: e,
+            })?;
+            let source = self.source(&n.source)?;
+            match &n.copy_on_write {
+                None => bind(&source, &target, false, rw_flags)?,
+                Some((upper, work)) => {
+                    let opts = format!(
+                        "lowerdir={},upperdir={},workdir={},userxattr",
+                        overlay_path(&source)?,
+                        overlay_path(&self.source(upper)?)?,
+                        overlay_path(&self.source(work)?)?,
+                    );
+                    mount(
+                        Some("overlay"),
+                        &target,
+                        Some("overlay"),
+                        rw_flags,
+                        Some(opts.as_str()),
+                    )
+                    .map_err(mount_err("overlay", &target))?;
+                }
+            }
         }
         let proc = in_newroot(Path::new("/proc"));
         entered.proc = mount(

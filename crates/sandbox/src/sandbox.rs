@@ -54,7 +54,7 @@ use crate::error::{Error, Result, errno};
 use crate::landlock::Grants;
 use crate::policy::{DEVICES_RO, DEVICES_RW, Limits, NOBODY, SYSTEM_RO};
 use crate::report::{Message, Namespaces, Outcome, REPORT_SCHEMA, Report, ViewMode};
-use crate::root::{Bind, Overlay, Template, TemplateSpec};
+use crate::root::{Bind, Nested, Overlay, Template, TemplateSpec};
 use crate::seccomp_policy::{Extras, LANDLOCK_ABI_TRUNCATE};
 use crate::{EXIT_TIMEOUT, landlock, namespaces, reaper, seccomp, target};
 
@@ -138,6 +138,16 @@ pub struct Job {
     pub argv: Vec<OsString>,
     /// Wall-clock limit.
     pub timeout: Option<Duration>,
+    /// Directories mounted beneath the workspace or /tmp (minimal root
+    /// only): a setup's outputs, a dependency layer's HOME part.
+    #[serde(default)]
+    pub nested: Vec<Nested>,
+    /// A setup's network (minimal root with a network namespace only):
+    /// `lo` is brought up, the init listens on `127.0.0.1:PORT` and hands
+    /// the listener over [`Stdio::network`]; the command may create IP
+    /// sockets, and Landlock lets it connect over TCP to this port alone.
+    #[serde(default)]
+    pub network: Option<u16>,
 }
 
 /// Standard streams for a command: input is always /dev/null.
@@ -147,6 +157,9 @@ pub struct Stdio {
     pub stdout: OwnedFd,
     /// Becomes descriptor 2.
     pub stderr: OwnedFd,
+    /// For a job with a [`Job::network`]: a UNIX socket over which the
+    /// init sends the loopback listener (`SCM_RIGHTS`), once.
+    pub network: Option<OwnedFd>,
 }
 
 /// What was decided at preparation.
@@ -161,8 +174,9 @@ pub struct Sandbox {
     ns: Namespaces,
     template: Option<Template>,
     clone_flags: CloneFlags,
-    /// Compiled filters: [0] when Landlock confines UNIX sockets, [1] when not.
-    programs: [Vec<BpfProgram>; 2],
+    /// Compiled filters: `[ip][unix]`, `ip` for a setup's job (IP sockets
+    /// allowed), `unix` when Landlock does not confine UNIX sockets.
+    programs: [[Vec<BpfProgram>; 2]; 2],
     grants: Grants,
     devnull: OwnedFd,
 }
@@ -247,15 +261,19 @@ impl Sandbox {
         let host_view = view == ViewMode::HostView;
         let truncate = host_view && kernel < i32::from(LANDLOCK_ABI_TRUNCATE);
         let shared_ipc = !(setup.ipc && template.is_some());
-        let compile = |unix_paths| {
+        let compile = |ip_sockets, unix_paths| {
             seccomp::compile_with(Extras {
                 unix_paths,
                 metadata_paths: host_view,
                 truncate_paths: truncate,
                 shared_ipc,
+                ip_sockets,
             })
         };
-        let programs = [compile(false)?, compile(true)?];
+        let programs = [
+            [compile(false, false)?, compile(false, true)?],
+            [compile(true, false)?, compile(true, true)?],
+        ];
         let grants = match &template {
             // The view's own frame (/, /etc, /dev) is not listable, as in
             // the host view: only the granted paths are.
@@ -266,6 +284,7 @@ impl Sandbox {
                 rw: Vec::new(),
                 rw_files_if_present: t.devices_rw.clone(),
                 ro_files_if_present: t.devices_ro.clone(),
+                tcp_connect: Vec::new(),
             },
             None => Grants {
                 ro: setup.ro.clone(),
@@ -278,6 +297,7 @@ impl Sandbox {
                 rw_files_if_present: DEVICES_RW.iter().map(PathBuf::from).collect(),
                 ro_files_if_present: DEVICES_RO.iter().map(PathBuf::from).collect(),
                 read_dirs: Vec::new(),
+                tcp_connect: Vec::new(),
             },
         };
         Ok(Sandbox {
@@ -462,6 +482,37 @@ impl Sandbox {
                 if tmp {
                     grants.rw.push("/tmp".into());
                 }
+                for n in &job.nested {
+                    crate::policy::check_path(&n.source)?;
+                    crate::policy::check_path(&n.target)?;
+                    let beneath =
+                        |top: &std::path::Path| n.target.starts_with(top) && n.target != top;
+                    let under_mountpoint = job
+                        .binds
+                        .iter()
+                        .map(|b| &b.target)
+                        .chain(job.overlay.iter().map(|o| &o.target))
+                        .any(|t| beneath(t));
+                    if !(under_mountpoint || (tmp && beneath(std::path::Path::new("/tmp")))) {
+                        return Err(Error::Policy(format!(
+                            "{} is beneath neither the workspace nor /tmp",
+                            n.target.display()
+                        )));
+                    }
+                }
+                if let Some(port) = job.network {
+                    if !self.ns.net {
+                        return Err(Error::Policy(
+                            "a setup's network needs a network namespace per command".into(),
+                        ));
+                    }
+                    if stdio.is_none_or(|s| s.network.is_none()) {
+                        return Err(Error::Policy(
+                            "a setup's network needs a socket to hand its listener over".into(),
+                        ));
+                    }
+                    grants.tcp_connect.push(port);
+                }
                 // /proc is granted once it is mounted (the init reports it).
                 grants.ro_if_present.push("/proc".into());
             }
@@ -469,6 +520,15 @@ impl Sandbox {
                 if job.overlay.is_some() {
                     return Err(Error::Policy(
                         "an overlay workspace needs the minimal root".into(),
+                    ));
+                }
+                if !job.nested.is_empty() {
+                    return Err(Error::Policy("nested mounts need the minimal root".into()));
+                }
+                if job.network.is_some() {
+                    return Err(Error::Policy(
+                        "a setup's network needs the minimal root (a network namespace of its own)"
+                            .into(),
                     ));
                 }
                 for b in &job.binds {
@@ -491,7 +551,7 @@ impl Sandbox {
             grants,
             min_abi: self.setup.landlock_min_abi,
             allow_degraded: self.setup.allow_degraded,
-            programs: &self.programs,
+            programs: &self.programs[usize::from(job.network.is_some())],
             workdir: job.workdir.clone(),
             env: job.env.clone(),
             command: first.clone(),
@@ -509,6 +569,8 @@ impl Sandbox {
 
     fn supervise(&self, job: &Job, stdio: Option<Stdio>, report: &mut Report) -> Result<()> {
         let plan = self.plan(job, stdio.as_ref())?;
+        let mut stdio = stdio;
+        let handoff = stdio.as_mut().and_then(|s| s.network.take());
         // Status (children → us, closed by execve) and lifeline (closed
         // when we die, so the init knows).
         let (status_r, status_w) =
@@ -532,8 +594,11 @@ impl Sandbox {
                             template,
                             job,
                             self.setup.tmp_size,
-                            File::from(status_w),
-                            life_r,
+                            crate::init::Channels {
+                                status: File::from(status_w),
+                                lifeline: life_r,
+                                handoff,
+                            },
                             &self.ns,
                         )
                     }
@@ -555,7 +620,7 @@ impl Sandbox {
                 }
             }
         };
-        drop((status_w, life_r, plan, stdio));
+        drop((status_w, life_r, plan, stdio, handoff));
         // Wait, enforcing the timeout; then kill whatever came back to us.
         let deadline = job.timeout.map(|t| started + t);
         let (status, stop, raw, usage) = wait_for(child, &status_r, deadline)?;

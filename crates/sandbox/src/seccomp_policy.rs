@@ -803,6 +803,12 @@ pub struct Extras {
     pub truncate_paths: bool,
     /// [`SHARED_IPC_RULES`]: no IPC namespace per command.
     pub shared_ipc: bool,
+    /// A setup's command: [`SOCKET_UNIX_AND_IP`] replaces the `socket`
+    /// row and [`UNIX_PATH_RULES`]' `connect` row is left out (its network
+    /// namespace holds only `lo`, Landlock lets it connect over TCP to the
+    /// forwarder's port alone, and it runs only in the minimal root, whose
+    /// view holds no socket file of the host).
+    pub ip_sockets: bool,
 }
 
 /// The rows in force: [`RULES`], plus [`UNIX_PATH_RULES`] when Landlock
@@ -817,9 +823,21 @@ pub fn active(unix_paths: bool) -> impl Iterator<Item = &'static Rule> {
 /// The rows in force for `extras`.
 pub fn active_with(extras: Extras) -> impl Iterator<Item = &'static Rule> {
     let pick = |on: bool, rows: &'static [Rule]| if on { rows } else { &[] };
-    RULES
+    let ip = std::slice::from_ref(&SOCKET_UNIX_AND_IP);
+    pick(extras.ip_sockets, ip)
         .iter()
-        .chain(pick(extras.unix_paths, UNIX_PATH_RULES))
+        .chain(
+            RULES
+                .iter()
+                .filter(move |r| !(extras.ip_sockets && r.name == "socket")),
+        )
+        // A setup's command needs connect(2) for its proxy; it runs only in
+        // the minimal root, whose view holds no socket file of the host.
+        .chain(
+            pick(extras.unix_paths, UNIX_PATH_RULES)
+                .iter()
+                .filter(move |r| !(extras.ip_sockets && r.name == "connect")),
+        )
         .chain(pick(extras.metadata_paths, METADATA_PATH_RULES))
         .chain(pick(extras.truncate_paths, TRUNCATE_PATH_RULES))
         .chain(pick(extras.shared_ipc, SHARED_IPC_RULES))
@@ -840,6 +858,7 @@ mod tests {
             metadata_paths: true,
             truncate_paths: true,
             shared_ipc: true,
+            ip_sockets: true,
         };
         for r in active_with(all) {
             assert!(r.reason.len() > 10, "{} needs a reason", r.name);
@@ -915,6 +934,7 @@ mod tests {
             metadata_paths: true,
             truncate_paths: true,
             shared_ipc: true,
+            ip_sockets: true,
         };
         for name in [
             "chmod",
@@ -964,6 +984,7 @@ mod tests {
             metadata_paths: true,
             truncate_paths: true,
             shared_ipc: true,
+            ip_sockets: true,
         };
         for a in active_with(all) {
             for b in active_with(all) {

@@ -191,11 +191,9 @@ impl Spawner {
     /// up (killing the spawner) `grace` after it.
     pub fn run(&mut self, job: &Job, stdio: Stdio, grace: Duration) -> Result<Report> {
         let body = serde_json::to_vec(job).map_err(chan)?;
-        write_frame(
-            &self.stream,
-            &body,
-            &[stdio.stdout.as_raw_fd(), stdio.stderr.as_raw_fd()],
-        )?;
+        let mut fds = vec![stdio.stdout.as_raw_fd(), stdio.stderr.as_raw_fd()];
+        fds.extend(stdio.network.as_ref().map(|n| n.as_raw_fd()));
+        write_frame(&self.stream, &body, &fds)?;
         drop(stdio);
         let limit = job.timeout.map(|t| t + grace);
         self.stream.set_read_timeout(limit).map_err(chan)?;
@@ -301,13 +299,21 @@ fn serve(stream: UnixStream, options: Options) -> ! {
             }
         };
         let report = match (serde_json::from_slice::<Job>(&body), fds.len()) {
-            (Ok(job), 2) => {
+            (Ok(job), n @ (2 | 3)) => {
+                let network = (n == 3).then(|| fds.pop().expect("three descriptors"));
                 let stderr = fds.pop().expect("two descriptors");
                 let stdout = fds.pop().expect("two descriptors");
-                sandbox.run(&job, Some(Stdio { stdout, stderr }))
+                sandbox.run(
+                    &job,
+                    Some(Stdio {
+                        stdout,
+                        stderr,
+                        network,
+                    }),
+                )
             }
             (Ok(_), n) => {
-                eprintln!("airlock-executor spawner: a job came with {n} descriptors, not 2");
+                eprintln!("airlock-executor spawner: a job came with {n} descriptors, not 2 or 3");
                 crate::exit_now(125)
             }
             (Err(e), _) => {

@@ -173,6 +173,7 @@ pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
             namespaces: Some(vec!["user".into(), "mnt".into(), "pid".into()]),
             view: "minimal-root".into(),
             uid: Some(992),
+            layer: None,
         }),
         verification: vec![CommandSummary {
             label: "compile".into(),

@@ -61,10 +61,10 @@
 //! and the code in the body ([`refusal`]).
 
 pub mod address;
-pub mod hostport;
-pub mod preamble;
 pub mod refusal;
 pub mod server;
 
-pub use hostport::{Host, HostPort, HostPortError};
-pub use preamble::{Limits, PREAMBLE_MAX, Preamble, PreambleError};
+pub use airlock_proto::egress::{
+    Host, HostPort, HostPortError, Limits, PREAMBLE_MAX, Preamble, PreambleError, hostport,
+    preamble,
+};

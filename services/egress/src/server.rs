@@ -33,9 +33,9 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 
 use crate::address;
-use crate::hostport::{Host, HostPort};
-use crate::preamble::{Limits, PREAMBLE_MAX, Preamble};
 use crate::refusal;
+use airlock_proto::egress::{Host, HostPort};
+use airlock_proto::egress::{Limits, PREAMBLE_MAX, Preamble};
 
 /// Longest request head (request line and headers).
 pub const HEAD_MAX: usize = 8 * 1024;
@@ -364,8 +364,10 @@ fn connect_target(head: &[u8]) -> Result<HostPort, Refusal> {
             ),
         ));
     }
-    if req.version != Some(1) {
-        return Err(refuse(Code::EGRESS_REQUEST_INVALID, "not HTTP/1.1"));
+    // HTTP/1.0 or 1.1 (httparse reads no other): Python's http.client,
+    // and so pip, sends its CONNECT as HTTP/1.0.
+    if !matches!(req.version, Some(0 | 1)) {
+        return Err(refuse(Code::EGRESS_REQUEST_INVALID, "not HTTP/1.x"));
     }
     let path = req.path.unwrap_or_default();
     HostPort::parse(path).map_err(|e| refuse(Code::EGRESS_REQUEST_INVALID, e.to_string()))

@@ -29,7 +29,7 @@ impl Environments {
             .iter()
             .filter_map(|r| {
                 let env = r.environment.as_ref()?;
-                let resolved = env.resolve_runnable();
+                let resolved = env.resolve();
                 Some((r.name.clone(), resolved))
             })
             .collect();

@@ -9,6 +9,16 @@ use std::path::PathBuf;
 /// Why the executor refused to start or refused a request.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The environment's setup failed or was refused: SETUP_FAILED (a
+    /// command failed; the message carries its redacted tail),
+    /// SETUP_UNAVAILABLE, or the egress proxy's refusal code.
+    #[error("{message}")]
+    SetupRefused {
+        /// The code.
+        code: Code,
+        /// What happened, with the failing command's redacted tail.
+        message: String,
+    },
     /// A start-up isolation check failed: a secret in the environment, a
     /// readable credential directory, or a network interface other than `lo`.
     #[error("{check}: {detail}")]
@@ -226,6 +236,7 @@ impl Error {
                 Code::from_name(code).unwrap_or(Code::SANDBOX_UNAVAILABLE)
             }
             Error::ResultTooLarge(_) => Code::FIELD_BOUNDS_EXCEEDED,
+            Error::SetupRefused { code, .. } => *code,
         }
     }
 }

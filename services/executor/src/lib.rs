@@ -30,11 +30,14 @@ pub mod cache;
 pub mod environment;
 pub mod error;
 pub mod extract;
+pub mod forward;
+pub mod layer;
 pub mod lockdown;
 pub mod policy;
 pub mod request;
 pub mod result;
 pub mod run;
 pub mod selfcheck;
+pub mod setup;
 
 pub use error::{Error, Result};

@@ -318,10 +318,11 @@ fn settings(
     environments: Environments,
     runner: Runner,
     work_root: PathBuf,
-) -> Settings {
+) -> Result<Settings> {
     let ex = &config.executor;
     let l = &ex.limits;
-    Settings {
+    let layers = airlock_executor::layer::LayerCache::open(&work_root, ex.layer_cache_mib << 20)?;
+    Ok(Settings {
         programs: ProgramPolicy::from_config(ex),
         environments,
         credentials: CredentialPolicy {
@@ -338,7 +339,9 @@ fn settings(
         runner: Some(runner),
         work_root,
         own: None,
-    }
+        layers,
+        egress_socket: ex.egress_socket.clone(),
+    })
 }
 
 fn serve(args: ServeArgs) -> Result<ExitCode> {
@@ -361,7 +364,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
         eprintln!("airlock-executor: environment {line}");
     }
     let runner = spawner(&config, &environments, &work_root)?;
-    let mut settings = settings(&config, environments, runner, work_root.clone());
+    let mut settings = settings(&config, environments, runner, work_root.clone())?;
     let mut watcher = spool.watch(&[Kind::Requests, Kind::Sources])?;
     // 5. Confinement: bounding set, no_new_privs, rlimits, Landlock, seccomp.
     let mut paths = Paths::new()
@@ -590,7 +593,7 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
         eprintln!("airlock-executor: environment {line}");
     }
     let runner = spawner(&config, &environments, &work_root)?;
-    let mut settings = settings(&config, environments, runner, work_root.clone());
+    let mut settings = settings(&config, environments, runner, work_root.clone())?;
     // Both inputs are read before the lockdown; the archive, when the tree
     // is not cached, must hold the request's tree.
     let request_bytes = airlock_spool::read_path(

@@ -12,8 +12,11 @@
 //!    whiteouts) — O(change), whatever the repository's size; in the host
 //!    view a copy of the tree (reflinked where the file system can);
 //! 7. deterministic: apply the change set, read the changed paths back
-//!    (this content, not whatever the commands leave, is the result), run
-//!    each command in its own sandbox, stopping at the first that fails;
+//!    (this content, not whatever the commands leave, is the result); when
+//!    the repository's environment has a setup, take its dependency layer
+//!    from the cache or make it ([`crate::setup`]) and show it to every
+//!    command (read-only below the workspace and HOME); run each command
+//!    in its own sandbox, stopping at the first that fails;
 //!    source_capture: read the requested paths from the tree, withholding
 //!    every credential-like path (listed, never read);
 //! 8. bind the result to the request by digests.
@@ -56,6 +59,10 @@ pub struct Settings {
     pub work_root: PathBuf,
     /// The executor's own confinement.
     pub own: Option<SelfConfinement>,
+    /// The dependency layer cache (`<work>/layers`).
+    pub layers: crate::layer::LayerCache,
+    /// airlock-egress's socket, for setups.
+    pub egress_socket: PathBuf,
 }
 
 /// Handles one request. `expected_id` is the id its file name carries
@@ -158,6 +165,7 @@ fn in_workspace(
         ..Outcome::default()
     };
     let mut confinements = Vec::new();
+    let mut layer_evidence = None;
     match envelope.action {
         Action::SourceCapture => {
             // A credential-like path is withheld, not read: the tree
@@ -202,6 +210,43 @@ fn in_workspace(
                 outcome.changed_files = ws.entries(&touched, &settings.credentials)?;
                 (WorkspaceSource::Dir(src), ws)
             };
+            let environment = settings
+                .environments
+                .for_repository(&envelope.binding.repository)?;
+            // The dependency layer, cached or made now, before anything of
+            // the workspace changes hands.
+            let mut layer = None;
+            if let (Some(env), Some(runner)) = (environment, runner) {
+                if let Some(setup) = &env.setup {
+                    let applied = match &source {
+                        WorkspaceSource::Overlay { lower, upper, .. } => {
+                            crate::setup::Applied::Layered { lower, upper }
+                        }
+                        WorkspaceSource::Dir(d) => crate::setup::Applied::Dir(d),
+                    };
+                    let ctx = crate::setup::Context {
+                        runner,
+                        layers: &settings.layers,
+                        egress_socket: &settings.egress_socket,
+                        scratch: dir,
+                        request_id: &request.request_id,
+                        task_id: &envelope.binding.task_id,
+                        environment_digest: &env.digest,
+                        variables: &env.variables,
+                    };
+                    let (made, evidence) = crate::setup::layer(&ctx, setup, &applied)?;
+                    if let (WorkspaceSource::Dir(d), Some(ws_part)) = (&source, made.workspace()) {
+                        crate::layer::copy_into(&ws_part, d)?;
+                    }
+                    let home = setup
+                        .outputs
+                        .iter()
+                        .filter_map(|o| o.strip_prefix("~/"))
+                        .filter_map(|rel| Some((made.home(rel)?, rel.to_owned())))
+                        .collect::<Vec<_>>();
+                    layer = Some((made, evidence, home));
+                }
+            }
             if let Some(runner) = runner.filter(|_| rustix::process::geteuid().is_root()) {
                 // Run as root, the spawner runs as the commands' uid.
                 let (uid, gid) = runner.hello().ids;
@@ -224,11 +269,18 @@ fn in_workspace(
                         why: "working directory does not exist",
                     });
                 }
-                let variables = settings
-                    .environments
-                    .for_repository(&envelope.binding.repository)?
-                    .map(|e| &e.variables);
-                let (evidence, confinement) = runner.run(cmd, &source, dir, i, variables)?;
+                let extras = crate::run::Extras {
+                    variables: environment.map(|e| &e.variables),
+                    layers: match (&source, &layer) {
+                        (WorkspaceSource::Overlay { .. }, Some((made, _, _))) => {
+                            made.workspace().into_iter().collect()
+                        }
+                        _ => Vec::new(),
+                    },
+                    home: layer.as_ref().map(|l| l.2.clone()).unwrap_or_default(),
+                    ..Default::default()
+                };
+                let (evidence, confinement) = runner.run(cmd, &source, dir, i, extras)?;
                 let ok = evidence.exit_code == Some(0) && !evidence.timed_out;
                 outcome.verification.push(evidence);
                 confinements.push(confinement);
@@ -237,9 +289,11 @@ fn in_workspace(
                     break;
                 }
             }
+            layer_evidence = layer.map(|l| l.1);
         }
     }
-    let report = result::confinement_report(settings.own.as_ref(), &confinements);
+    let mut report = result::confinement_report(settings.own.as_ref(), &confinements);
+    report.layer = layer_evidence;
     let r = result::result(request, &envelope.execution_digest, outcome, report)?;
     Ok(Answer::Result(Box::new(r)))
 }

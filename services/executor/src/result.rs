@@ -53,6 +53,7 @@ pub fn confinement_report(
             namespaces: Vec::new(),
             view: "none".to_owned(),
             uid: Some(uid),
+            layer: None,
         };
     }
     let mut namespaces = commands[0].namespaces.clone();
@@ -73,6 +74,7 @@ pub fn confinement_report(
             airlock_sandbox::ViewMode::HostView.as_str()
         }
         .to_owned(),
+        layer: None,
     }
 }
 

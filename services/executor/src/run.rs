@@ -100,6 +100,25 @@ pub enum WorkspaceSource {
     },
 }
 
+/// What one command gets beyond its workspace.
+#[derive(Debug, Default)]
+pub struct Extras<'a> {
+    /// Its environment's variables.
+    pub variables: Option<&'a BTreeMap<String, String>>,
+    /// Directories mounted beneath the workspace or /tmp (minimal root).
+    pub nested: Vec<airlock_sandbox::Nested>,
+    /// Read-only directories stacked over the workspace overlay's tree
+    /// (a dependency layer's workspace part; minimal root, overlay only).
+    pub layers: Vec<PathBuf>,
+    /// A setup's network: the forwarder's port and the descriptor its
+    /// listener comes back on.
+    pub network: Option<(u16, OwnedFd)>,
+    /// A dependency layer's HOME part: each (directory of the layer,
+    /// path under HOME) appears there, as the lower layer of an overlay
+    /// where one can be mounted, else as a copy.
+    pub home: Vec<(PathBuf, String)>,
+}
+
 /// The sandbox settings of the executor, from `[executor.limits]`.
 pub fn setup(
     limits: &airlock_config::Limits,
@@ -126,13 +145,16 @@ pub fn setup(
         private_tmp: true,
         tmp_size: 256 << 20,
         namespaces: true,
-        // The executor's own network namespace holds only lo (its
-        // self-check), and seccomp allows only AF_UNIX sockets. No IPC
+        // A network namespace per command: only `lo`, down, for a
+        // verification command (whose seccomp allows only AF_UNIX sockets
+        // anyway); `lo` up with the forwarder's listener for a setup
+        // command (crate::setup). The executor's own namespace holds only
+        // lo as well (its self-check). No IPC
         // namespace either (its unit allows user, mnt and pid only): the
         // executor's is private, and commands may not create System V
         // objects or POSIX message queues in it (POSIX shared memory lives
         // in their private /tmp).
-        net: false,
+        net: true,
         uts: false,
         ipc: false,
         keep: None,
@@ -269,7 +291,7 @@ impl Runner {
         ws: &WorkspaceSource,
         scratch: &Path,
         index: usize,
-        variables: Option<&BTreeMap<String, String>>,
+        extras: &Extras<'_>,
     ) -> Result<Job> {
         let setup = |e: std::io::Error, p: &Path| Error::Setup {
             path: p.to_owned(),
@@ -277,7 +299,8 @@ impl Runner {
         };
         // The environment's variables first: what the sandbox sets below
         // (HOME, TMPDIR, git's and Python's switches) comes later and wins.
-        let mut env: Vec<(String, String)> = variables
+        let mut env: Vec<(String, String)> = extras
+            .variables
             .map(|v| v.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default();
         let (binds, overlay, root) = match (self.hello.view, ws) {
@@ -285,6 +308,7 @@ impl Runner {
                 Vec::new(),
                 Some(Overlay {
                     lower: lower.clone(),
+                    layers: extras.layers.clone(),
                     upper: upper.clone(),
                     work: work.clone(),
                     target: VIEW_WORKSPACE.into(),
@@ -312,6 +336,12 @@ impl Runner {
                 if rustix::process::geteuid().is_root() {
                     chown_tree(&tmp, uid, gid).map_err(|e| setup(e, &tmp))?;
                 }
+                for (source, rel) in &extras.home {
+                    crate::layer::copy_into(source, &tmp.join(rel))?;
+                }
+                if rustix::process::geteuid().is_root() {
+                    chown_tree(&tmp, uid, gid).map_err(|e| setup(e, &tmp))?;
+                }
                 let t = tmp.to_string_lossy().into_owned();
                 env.push(("HOME".into(), t.clone()));
                 env.push(("TMPDIR".into(), t));
@@ -336,9 +366,11 @@ impl Runner {
                 ));
             }
         };
+        let mut nested = extras.nested.clone();
         if self.hello.view == ViewMode::MinimalRoot {
             env.push(("HOME".into(), "/tmp".into()));
             env.push(("TMPDIR".into(), "/tmp".into()));
+            nested.extend(self.home_layer(&extras.home, scratch, index)?);
         }
         let ceiling = root
             .parent()
@@ -369,7 +401,52 @@ impl Runner {
             env,
             argv: cmd.argv.iter().map(Into::into).collect(),
             timeout: Some(Duration::from_secs(u64::from(cmd.timeout_seconds))),
+            nested,
+            network: extras.network.as_ref().map(|(port, _)| *port),
         })
+    }
+
+    /// A layer's HOME part in the minimal root: each top-level entry's
+    /// directories mounted under /tmp, copy-on-write over the layer where
+    /// overlays work, else a copy of them bound read-write.
+    fn home_layer(
+        &self,
+        home: &[(PathBuf, String)],
+        scratch: &Path,
+        index: usize,
+    ) -> Result<Vec<airlock_sandbox::Nested>> {
+        let err = |e: std::io::Error, p: &Path| Error::Setup {
+            path: p.to_owned(),
+            detail: e.to_string(),
+        };
+        let mut out = Vec::new();
+        let (uid, gid) = self.hello.ids;
+        for (k, (source, rel)) in home.iter().enumerate() {
+            let base = scratch.join(format!("home-{index}-{k}"));
+            let (upper, work) = (base.join("u"), base.join("w"));
+            for d in [&upper, &work] {
+                std::fs::create_dir_all(d).map_err(|e| err(e, d))?;
+            }
+            let copy_on_write = if self.hello.overlay.is_ok() {
+                Some((upper.clone(), work.clone()))
+            } else {
+                crate::layer::copy_into(source, &upper)?;
+                None
+            };
+            if rustix::process::geteuid().is_root() {
+                chown_tree(&base, uid, gid).map_err(|e| err(e, &base))?;
+            }
+            out.push(airlock_sandbox::Nested {
+                source: if copy_on_write.is_some() {
+                    source.clone()
+                } else {
+                    upper
+                },
+                target: Path::new("/tmp").join(rel),
+                copy_on_write,
+            });
+        }
+        Ok(out)
     }
 
     /// Runs `cmd` (already allowed by the program policy) in a fresh
@@ -380,9 +457,9 @@ impl Runner {
         ws: &WorkspaceSource,
         scratch: &Path,
         index: usize,
-        variables: Option<&BTreeMap<String, String>>,
+        extras: Extras<'_>,
     ) -> Result<(CommandEvidence, Confinement)> {
-        let job = self.job(cmd, ws, scratch, index, variables)?;
+        let job = self.job(cmd, ws, scratch, index, &extras)?;
         // The environment the command gets: the spawner's clean one under
         // the job's entries (with or without a private /tmp only TMPDIR
         // differs, a path either way, never a literal).
@@ -403,6 +480,7 @@ impl Runner {
                 Stdio {
                     stdout: out_w,
                     stderr: err_w,
+                    network: extras.network.map(|(_, fd)| fd),
                 },
                 HELPER_GRACE,
             )

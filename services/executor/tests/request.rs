@@ -32,6 +32,8 @@ fn settings(work: &std::path::Path) -> Settings {
         runner: None,
         work_root: work.to_owned(),
         own: None,
+        layers: airlock_executor::layer::LayerCache::open(work, 1 << 30).unwrap(),
+        egress_socket: work.join("egress.sock"),
     }
 }
 

@@ -21,6 +21,8 @@ pub struct Ids {
     pub worker: Id,
     pub executor: Id,
     pub retry: Id,
+    /// airlock-egress.
+    pub egress: Id,
     /// Whoever runs airlock-local: the local authoriser's one user.
     pub admin: Id,
     pub exchange_gid: u32,
@@ -49,7 +51,11 @@ fn group(name: &str) -> Result<u32, String> {
 /// Creates the airlock system users and groups with systemd-sysusers from
 /// the package's sysusers file, unless they exist already.
 fn ensure_users() -> Result<(), String> {
-    if user("airlock-exec").is_ok() && user("airlock-retry").is_ok() {
+    let member = nix::unistd::Group::from_name("airlock-egress")
+        .ok()
+        .flatten()
+        .is_some_and(|g| g.mem.iter().any(|m| m == "airlock-exec"));
+    if user("airlock-exec").is_ok() && user("airlock-retry").is_ok() && member {
         return Ok(());
     }
     let file = std::env::temp_dir().join(format!(
@@ -82,6 +88,7 @@ impl Ids {
                 worker: user("airlock-worker")?,
                 executor: user("airlock-exec")?,
                 retry: user("airlock-retry")?,
+                egress: user("airlock-egress")?,
                 admin: me,
                 exchange_gid: group("airlock-exchange")?,
             })
@@ -92,6 +99,7 @@ impl Ids {
                 worker: me,
                 executor: me,
                 retry: me,
+                egress: me,
                 admin: me,
                 exchange_gid: me.gid,
             })
@@ -112,7 +120,9 @@ impl Ids {
         if !self.separated {
             return vec![];
         }
-        if who == self.worker || who == self.executor {
+        if who == self.executor {
+            vec![self.exchange_gid, self.egress.gid]
+        } else if who == self.worker {
             vec![self.exchange_gid]
         } else {
             vec![]
@@ -127,6 +137,11 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// airlock-egress's socket.
+    pub fn egress_socket(&self) -> PathBuf {
+        self.root.join("egress/egress.sock")
+    }
+
     pub fn path(&self, rel: &str) -> PathBuf {
         self.root.join(rel)
     }
@@ -185,6 +200,8 @@ pub fn create(layout: &Layout, ids: &Ids) -> std::io::Result<()> {
         ("exec", 0o700, ids.executor.uid, ids.executor.gid),
         ("repos", 0o750, ids.worker.uid, ids.worker.gid),
         ("retry", 0o700, ids.retry.uid, ids.retry.gid),
+        // airlock-egress's socket (0660): the executor is in its group.
+        ("egress", 0o750, ids.egress.uid, ids.egress.gid),
         ("spool", 0o750, 0, ids.exchange_gid),
         ("spool/requests", 0o2750, ids.worker.uid, ids.exchange_gid),
         ("spool/sources", 0o2750, ids.worker.uid, ids.exchange_gid),
@@ -314,18 +331,26 @@ description = "sample repository made by airlock-local demo"
         } else {
             format!("\"{}\"", crate::agents::agent_user(ids))
         },
-        executor = tuning
-            .executor_landlock
-            .map(|(abi, degraded)| {
-                format!(
-                    "\n[executor]\nlandlock_min_abi = {abi}\nallow_degraded_landlock = {degraded}\n"
-                )
-            })
-            .unwrap_or_default(),
+        executor = executor_text(layout, tuning),
         lease = tuning.lease_seconds,
         parallel = tuning.parallel_tasks,
         renew = (tuning.lease_seconds / 3).max(1),
     )
+}
+
+/// The `[executor]` table: the egress proxy's socket, and the Landlock
+/// settings when a test asks for them.
+fn executor_text(layout: &Layout, tuning: &crate::Tuning) -> String {
+    let mut text = format!(
+        "\n[executor]\negress_socket = \"{}\"\n",
+        layout.egress_socket().display()
+    );
+    if let Some((abi, degraded)) = tuning.executor_landlock {
+        text.push_str(&format!(
+            "landlock_min_abi = {abi}\nallow_degraded_landlock = {degraded}\n"
+        ));
+    }
+    text
 }
 
 /// The `[[agent]]` tables of `agents`, as TOML.

@@ -90,6 +90,10 @@ pub struct Tuning {
     /// Verification environments of the caller's repositories, by name
     /// (`--environment NAME=FILE`).
     pub environments: Vec<(String, airlock_config::Environment)>,
+    /// Test builds of airlock-egress only (`--test-permit-address`): reach
+    /// these addresses whatever their range (where this host's resolver
+    /// answers registries with documentation-range addresses).
+    pub egress_permit: Vec<std::net::IpAddr>,
 }
 
 /// A PostgreSQL task store several stacks share.
@@ -122,6 +126,7 @@ impl Default for Tuning {
             agents: Vec::new(),
             executor_landlock: None,
             environments: Vec::new(),
+            egress_permit: Vec::new(),
         }
     }
 }
@@ -151,6 +156,13 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     let worker_bin = sibling("airlock-worker")?;
     let executor_bin = sibling("airlock-executor")?;
     let retryd_bin = sibling("airlock-retryd")?;
+    // The egress proxy runs only for a stack with a setup to serve.
+    let with_setup = tuning.environments.iter().any(|(_, e)| e.setup.is_some());
+    let egress_bin = if with_setup {
+        Some(sibling("airlock-egress")?)
+    } else {
+        None
+    };
 
     // Readable by every component user, whatever the caller's umask.
     layout::file(
@@ -256,6 +268,44 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
         .map_err(|e| e.to_string())?;
     demo::wait_for_name(&address, Duration::from_secs(20))
         .map_err(|e| format!("{e}\n{}", fleet::tail(&logs.join("supervisor.log"), 15)))?;
+    if let Some(program) = egress_bin {
+        let socket = layout.egress_socket();
+        let mut args = vec![
+            s("--socket"),
+            socket.display().to_string(),
+            s("--allow-uid"),
+            ids.executor.uid.to_string(),
+        ];
+        for ip in &tuning.egress_permit {
+            args.extend([s("--test-permit-address"), ip.to_string()]);
+        }
+        fleet
+            .start(
+                Spec {
+                    name: "egress",
+                    program,
+                    args,
+                    env: vec![],
+                    id: ids.egress,
+                    new_netns: false,
+                    netns: tuning.netns.clone(),
+                },
+                &ids,
+                &logs,
+            )
+            .map_err(|e| e.to_string())?;
+        wait_for_log(
+            &logs.join("egress.log"),
+            "listening on ",
+            Duration::from_secs(20),
+        )
+        .ok_or_else(|| {
+            format!(
+                "airlock-egress did not start:\n{}",
+                fleet::tail(&logs.join("egress.log"), 15)
+            )
+        })?;
+    }
     fleet
         .start(
             Spec {

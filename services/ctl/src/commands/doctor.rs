@@ -821,7 +821,7 @@ fn repositories(c: &airlock_config::Config) -> Vec<Check> {
 pub fn environment(r: &airlock_config::Repository) -> Option<Check> {
     let env = r.environment.as_ref()?;
     let name = format!("environment of {}", r.name);
-    Some(match env.resolve_runnable() {
+    Some(match env.resolve() {
         Err(e) => check(
             name,
             Status::Fail,
@@ -832,13 +832,22 @@ pub fn environment(r: &airlock_config::Repository) -> Option<Check> {
             name,
             Status::Pass,
             format!(
-                "{} path(s), program(s) {}",
+                "{} path(s), program(s) {}{}",
                 res.paths.len(),
                 res.programs
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                res.setup.as_ref().map_or(String::new(), |s| format!(
+                    "; setup of {} command(s), egress {}",
+                    s.commands.len(),
+                    if s.egress.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        s.egress.join(", ")
+                    }
+                ))
             ),
             None,
         ),
@@ -945,21 +954,34 @@ mod tests {
         }))
         .unwrap();
         assert!(missing.detail.contains("ENVIRONMENT_PROGRAM_UNRESOLVED"));
-        // A setup resolves, but is not run by this release: named as such.
-        let setup = environment(&repo(airlock_config::Environment {
-            setup: Some(airlock_config::Setup {
-                commands: vec![vec!["true".into()]],
-                inputs: vec!["Cargo.lock".into()],
-                outputs: vec!["target".into()],
-                egress: vec![],
-                timeout_seconds: 60,
-            }),
-            ..Default::default()
-        }))
-        .unwrap();
-        assert_eq!(setup.status, Status::Fail);
+        // A setup runs only the environment's own programs.
+        let with_setup = |programs: Vec<String>| {
+            environment(&repo(airlock_config::Environment {
+                programs,
+                setup: Some(airlock_config::Setup {
+                    commands: vec![vec!["true".into()]],
+                    inputs: vec!["Cargo.lock".into()],
+                    outputs: vec!["target".into()],
+                    egress: vec!["pkg.example.org:443".into()],
+                    timeout_seconds: 60,
+                }),
+                ..Default::default()
+            }))
+            .unwrap()
+        };
+        let outside = with_setup(Vec::new());
+        assert_eq!(outside.status, Status::Fail);
         assert!(
-            setup.detail.contains("ENVIRONMENT_INVALID") && setup.detail.contains("setups"),
+            outside.detail.contains("ENVIRONMENT_PROGRAM_UNRESOLVED")
+                && outside.detail.contains("environment.setup.commands[0]"),
+            "{}",
+            outside.detail
+        );
+        let setup = with_setup(vec!["true".into()]);
+        assert_eq!(setup.status, Status::Pass, "{}", setup.detail);
+        assert!(
+            setup.detail.contains("setup of 1 command(s)")
+                && setup.detail.contains("pkg.example.org:443"),
             "{}",
             setup.detail
         );

@@ -367,6 +367,7 @@ mod tests {
                 namespaces: vec![],
                 view: "minimal-root".into(),
                 uid: Some(992),
+                layer: None,
             },
         }
     }

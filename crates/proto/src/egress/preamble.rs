@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hostport::HostPort;
+use super::hostport::HostPort;
 
 /// Longest preamble line, newline included.
 pub const PREAMBLE_MAX: usize = 16 * 1024;
@@ -108,7 +108,7 @@ impl Preamble {
                 MAX_SESSION - 1
             ));
         }
-        if !airlock_proto::binding::is_task_id(&self.task_id) {
+        if !crate::binding::is_task_id(&self.task_id) {
             return bad("task_id is not a task id".into());
         }
         if self.allow.is_empty() || self.allow.len() > MAX_ALLOW {

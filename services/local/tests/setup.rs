@@ -1,0 +1,580 @@
+//! A repository whose suite needs dependencies fetched from a package
+//! registry: its environment's setup fetches them through airlock-egress,
+//! and the dependency layer it seals is reused while the lockfile stays.
+//!
+//! Real package clients and the real registries this machine reaches. The
+//! registry's host is never written here: each client is run once through
+//! a logging CONNECT proxy on loopback that refuses everything, and the
+//! `host:port` it asked for is the environment's egress entry.
+//!
+//! - Node: `npm ci --ignore-scripts` as setup, `npm test` as verification
+//!   (no network then); a fix ends SUCCEEDED with a fetched layer and the
+//!   registry allowed in its egress evidence; a second task on the same
+//!   lockfile reuses the layer (no setup command, no egress); a breaking
+//!   change FAILED with the failing test named; a change to the lockfile
+//!   makes a new layer.
+//! - Python: `pip install --target` of pytest as setup, pytest as
+//!   verification.
+//! - Refusals, with only loopback targets: a setup that asks the proxy for
+//!   an unlisted host, or for a loopback listener this test started, or
+//!   that connects to that listener directly, ends FAILED with the code
+//!   and the listener sees nothing; a verification command cannot reach
+//!   the proxy, and no name resolves inside the sandbox.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A CONNECT proxy on loopback that records each target and tunnels to
+/// it (this test process reaches the registries directly).
+fn recording_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let record = record.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                let target = line
+                    .strip_prefix("CONNECT ")
+                    .and_then(|t| t.split_whitespace().next())
+                    .unwrap_or("")
+                    .to_owned();
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                record.lock().unwrap().push(target.clone());
+                let Ok(upstream) = std::net::TcpStream::connect(&target) else {
+                    let _ = (&conn).write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n");
+                    return;
+                };
+                let _ = (&conn).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+                let (up2, conn2) = (upstream.try_clone().unwrap(), conn.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut reader, &mut &up2);
+                    let _ = up2.shutdown(std::net::Shutdown::Write);
+                });
+                let _ = std::io::copy(&mut &upstream, &mut &conn2);
+                let _ = conn2.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// Every `host:port` a client asks a proxy for, learnt by running it once
+/// through [`recording_proxy`].
+fn registry_of(what: &str, mut client: Command) -> Vec<String> {
+    let (port, seen) = recording_proxy();
+    let url = format!("http://127.0.0.1:{port}");
+    for v in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        client.env(v, &url);
+    }
+    client
+        .env("npm_config_https_proxy", &url)
+        .env("npm_config_proxy", &url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let status = client.status().unwrap();
+    assert!(
+        status.success(),
+        "{what} through the recording proxy: {status}"
+    );
+    let mut seen = seen.lock().unwrap().clone();
+    seen.retain(|t| t.contains(':'));
+    seen.sort();
+    seen.dedup();
+    assert!(!seen.is_empty(), "{what} asked the proxy for no host");
+    seen
+}
+
+/// The addresses `host:port` resolves to here: the test build of
+/// airlock-egress is told to reach them whatever their range (this
+/// machine's resolver may answer with documentation-range addresses,
+/// which the proxy refuses as it must).
+fn addresses(target: &str) -> Vec<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    target
+        .to_socket_addrs()
+        .map(|a| a.map(|s| s.ip()).collect())
+        .unwrap_or_default()
+}
+
+fn last_json(out: &Output) -> Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| {
+            panic!(
+                "no JSON in {text}\n{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                out.status
+            )
+        });
+    serde_json::from_str(line).unwrap()
+}
+
+fn propose(bus: &str, cfg: &str, repo: &str, verify: &str, patch: &str) -> Value {
+    let ctl = airlock_local::sibling("airlockctl").unwrap();
+    let mut child = Command::new(ctl)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
+        .args([
+            "--json",
+            "propose",
+            "--config",
+            cfg,
+            "--repo",
+            repo,
+            "--base",
+            "main",
+            "--patch",
+            "-",
+            "--verify",
+            verify,
+            "--max-attempts",
+            "1",
+            "--timeout",
+            "600",
+            "--wait",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(patch.as_bytes())
+        .unwrap();
+    last_json(&child.wait_with_output().unwrap())
+}
+
+fn tails(task: &Value) -> String {
+    let mut all = String::new();
+    let layer = &task["result"]["isolation"]["layer"];
+    for c in task["result"]["verification"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(layer["setup"].as_array().into_iter().flatten())
+    {
+        all.push_str(c["stdout_tail"].as_str().unwrap_or(""));
+        all.push_str(c["stderr_tail"].as_str().unwrap_or(""));
+    }
+    all.push_str(&task.to_string());
+    all
+}
+
+fn layer(task: &Value) -> &Value {
+    &task["result"]["isolation"]["layer"]
+}
+
+/// A loopback listener that counts the connections it accepts.
+fn counting_listener() -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            c.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 64];
+            let _ = conn.read(&mut buf);
+        }
+    });
+    (port, count)
+}
+
+fn node_project(dir: &Path) -> PathBuf {
+    let src = dir.join("calc-node");
+    std::fs::create_dir_all(&src).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(
+        src.join("package.json"),
+        r#"{"name":"calc","version":"1.0.0","private":true,"scripts":{"test":"node test.js"},"dependencies":{"is-number":"7.0.0"}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("calc.js"),
+        "const isNumber = require('is-number');\nexports.add = (a, b) => {\n  if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n  return a - b;\n};\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("test.js"),
+        "const assert = require('assert');\nconst { add } = require('./calc');\nassert.strictEqual(add(2, 3), 5, 'test_add_two_and_three');\nconsole.log('ok');\n",
+    )
+    .unwrap();
+    // The lockfile, made here with the registry this machine reaches.
+    let lock = Command::new("npm")
+        .current_dir(&src)
+        .args([
+            "install",
+            "--package-lock-only",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        lock.status.success(),
+        "npm install --package-lock-only (needs the package registry): {}",
+        String::from_utf8_lossy(&lock.stderr)
+    );
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "calc with an npm dependency"]);
+    src
+}
+
+fn python_project(dir: &Path) -> PathBuf {
+    let src = dir.join("calc-py");
+    std::fs::create_dir_all(&src).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(src.join("requirements.txt"), "pytest\n").unwrap();
+    std::fs::write(src.join("calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
+    std::fs::write(
+        src.join("test_calc.py"),
+        "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    )
+    .unwrap();
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "calc with a pytest suite"]);
+    src
+}
+
+fn environment(
+    programs: &[&str],
+    commands: Vec<Vec<&str>>,
+    inputs: &[&str],
+    outputs: &[&str],
+    egress: Vec<String>,
+    variables: &[(&str, &str)],
+) -> airlock_config::Environment {
+    let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let mut vars: std::collections::BTreeMap<String, String> = variables
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    vars.entry("PATH".into())
+        .or_insert_with(|| "/usr/bin:/bin".into());
+    airlock_config::Environment {
+        paths: Vec::new(),
+        programs: owned(programs),
+        variables: vars,
+        setup: Some(airlock_config::Setup {
+            commands: commands.into_iter().map(|c| owned(&c)).collect(),
+            inputs: owned(inputs),
+            outputs: owned(outputs),
+            egress,
+            timeout_seconds: 600,
+        }),
+    }
+}
+
+const NODE_FIX: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n exports.add = (a, b) => {\n   if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n-  return a - b;\n+  return a + b;\n };\n";
+const NODE_BREAK: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n exports.add = (a, b) => {\n   if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n-  return a - b;\n+  return a * b;\n };\n";
+const PY_FIX: &str = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n";
+
+#[test]
+fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfile() {
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let npm_registry = registry_of("npm", {
+        let mut c = Command::new("npm");
+        c.args(["view", "is-number@7.0.0", "dist.tarball"])
+            .env("npm_config_cache", scratch.path().join("npm-cache"));
+        c
+    });
+    let pip_registry = registry_of("pip", {
+        let mut c = Command::new("/usr/bin/python3");
+        c.args(["-m", "pip", "download", "--no-cache-dir", "--no-deps", "-d"])
+            .arg(scratch.path().join("pip-dl"))
+            .arg("pytest");
+        c
+    });
+    let node = node_project(scratch.path());
+    let python = python_project(scratch.path());
+    let (listener_port, listener_hits) = counting_listener();
+    let loopback = format!("127.0.0.1:{listener_port}");
+    let node_env = environment(
+        &["npm", "node"],
+        vec![vec![
+            "npm",
+            "ci",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+        ]],
+        &["package.json", "package-lock.json"],
+        &["node_modules"],
+        npm_registry.clone(),
+        &[],
+    );
+    let python_env = environment(
+        &["python3"],
+        vec![vec![
+            "python3",
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "--target",
+            "deps",
+            "-r",
+            "requirements.txt",
+        ]],
+        &["requirements.txt"],
+        &["deps"],
+        pip_registry.clone(),
+        &[("PYTHONPATH", "/workspace/deps")],
+    );
+    // Setups the proxy must refuse: an unlisted host (the listed entry is
+    // the loopback listener, which the proxy never reaches either), and a
+    // direct connection to the listener.
+    let unlisted_env = environment(
+        &["npm", "node"],
+        vec![vec![
+            "npm",
+            "ci",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+        ]],
+        &["package.json", "package-lock.json"],
+        &["node_modules"],
+        vec!["pkg.example.invalid:443".into()],
+        &[("npm_config_fetch_retries", "0")],
+    );
+    let direct = format!(
+        "const s=require('net').connect({listener_port},'127.0.0.1');s.on('connect',()=>{{console.log('CONNECTED');process.exit(0)}});s.on('error',e=>{{console.log('refused '+e.code);process.exit(3)}});"
+    );
+    let direct_env = environment(
+        &["node"],
+        vec![vec!["node", "-e", &direct]],
+        &["package.json"],
+        &["node_modules"],
+        vec![],
+        &[],
+    );
+    // CONNECTs through the proxy to the listener (its port is not one the
+    // proxy reaches) and to a name that resolves into loopback.
+    let loopback_env = {
+        let script = format!(
+            "const h=require('http');let n=0;for(const t of ['{loopback}','localhost:443']){{const r=h.request({{host:'127.0.0.1',port:3128,method:'CONNECT',path:t}});r.on('connect',res=>{{console.log(t+' '+res.statusCode+' '+res.headers['x-airlock-refusal']);if(res.statusCode==200)process.exit(0);if(++n==2)process.exit(4)}});r.on('error',e=>{{console.log(t+' error '+e.code);if(++n==2)process.exit(5)}});r.end();}}"
+        );
+        environment(
+            &["node"],
+            vec![vec!["node", "-e", &script]],
+            &["package.json"],
+            &["node_modules"],
+            vec![loopback.clone(), "localhost:443".into()],
+            &[],
+        )
+    };
+    let permit = npm_registry
+        .iter()
+        .chain(&pip_registry)
+        .flat_map(|t| addresses(t))
+        .collect();
+    let suite = airlock_local::start_with(
+        scratch.path().join("state"),
+        true,
+        &airlock_local::Tuning {
+            repositories: vec![
+                ("node".into(), node.clone()),
+                ("py".into(), python),
+                ("unlisted".into(), node.clone()),
+                ("direct".into(), node.clone()),
+                ("loop".into(), node.clone()),
+            ],
+            environments: vec![
+                ("node".into(), node_env),
+                ("py".into(), python_env),
+                ("unlisted".into(), unlisted_env),
+                ("direct".into(), direct_env),
+                ("loop".into(), loopback_env),
+            ],
+            egress_permit: permit,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting airlock-local: {e}"));
+    let bus = suite.bus.address().to_owned();
+    let config = suite.layout.config();
+    let cfg = config.to_str().unwrap();
+
+    // Node: the first task fetches, through the proxy, the listed registry.
+    let first = propose(&bus, cfg, "node", "npm test", NODE_FIX);
+    let logs = |name: &str| {
+        std::fs::read_to_string(scratch.path().join(format!("state/logs/{name}.log")))
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        first["state"],
+        "SUCCEEDED",
+        "{}\nexecutor: {}\negress: {}",
+        tails(&first),
+        logs("executor"),
+        logs("egress")
+    );
+    let l1 = layer(&first);
+    assert_eq!(l1["reused"], false, "{l1}");
+    assert_eq!(l1["setup"][0]["exit_code"], 0, "{l1}");
+    let egress = l1["egress"].as_array().unwrap();
+    assert!(
+        !egress.is_empty()
+            && egress
+                .iter()
+                .all(|d| npm_registry.iter().any(|r| d["target"] == r.as_str())
+                    && d["allowed"] == true),
+        "{l1}"
+    );
+    // The next task on the same lockfile: the layer reused, no setup, no egress.
+    let second = propose(&bus, cfg, "node", "npm test", NODE_FIX);
+    assert_eq!(second["state"], "SUCCEEDED", "{}", tails(&second));
+    let l2 = layer(&second);
+    assert_eq!(l2["reused"], true, "{l2}");
+    assert_eq!(l2["key"], l1["key"]);
+    assert_eq!(l2["digest"], l1["digest"]);
+    assert_eq!(l2["setup"].as_array().map(Vec::len), Some(0), "{l2}");
+    assert_eq!(l2["egress"].as_array().map(Vec::len), Some(0), "{l2}");
+    // A breaking change: FAILED, the failing test named, the layer reused.
+    let bad = propose(&bus, cfg, "node", "npm test", NODE_BREAK);
+    assert_eq!(bad["state"], "FAILED", "{bad}");
+    assert!(
+        tails(&bad).contains("test_add_two_and_three"),
+        "{}",
+        tails(&bad)
+    );
+    assert_eq!(layer(&bad)["reused"], true);
+    // A change to the lockfile makes a new layer.
+    let lock = std::fs::read_to_string(node.join("package-lock.json")).unwrap();
+    let n = lock.lines().count();
+    let last = lock.lines().last().unwrap();
+    let patch = format!(
+        "--- a/package-lock.json\n+++ b/package-lock.json\n@@ -{n},1 +{n},2 @@\n {last}\n+\n"
+    );
+    let relocked = propose(&bus, cfg, "node", "npm test", &format!("{patch}{NODE_FIX}"));
+    assert_eq!(relocked["state"], "SUCCEEDED", "{}", tails(&relocked));
+    assert_eq!(layer(&relocked)["reused"], false);
+    assert_ne!(layer(&relocked)["key"], l1["key"]);
+
+    // Python: pytest installed by the setup, verification offline.
+    let py = propose(
+        &bus,
+        cfg,
+        "py",
+        "python3 -m pytest -q -p no:cacheprovider",
+        PY_FIX,
+    );
+    assert_eq!(
+        py["state"],
+        "SUCCEEDED",
+        "{}\nexecutor: {}",
+        tails(&py),
+        logs("executor")
+    );
+    assert_eq!(layer(&py)["reused"], false);
+    let py2 = propose(
+        &bus,
+        cfg,
+        "py",
+        "python3 -m pytest -q -p no:cacheprovider",
+        PY_FIX,
+    );
+    assert_eq!(py2["state"], "SUCCEEDED", "{}", tails(&py2));
+    assert_eq!(layer(&py2)["reused"], true);
+
+    // Refusals. An unlisted host: refused by the proxy with its code, which
+    // ends the task at once.
+    let unlisted = propose(&bus, cfg, "unlisted", "npm test", NODE_FIX);
+    assert_eq!(unlisted["state"], "FAILED", "{unlisted}");
+    assert!(
+        unlisted.to_string().contains("EGRESS_HOST_NOT_ALLOWED"),
+        "{unlisted}"
+    );
+    // The listener on the host's loopback, and a name resolving into
+    // loopback, named to the proxy: both refused with their codes.
+    let looped = propose(&bus, cfg, "loop", "node test.js", NODE_FIX);
+    assert_eq!(looped["state"], "FAILED", "{looped}");
+    assert_eq!(
+        looped["result"]["failure_code"], "EGRESS_PORT_NOT_ALLOWED",
+        "{looped}"
+    );
+    let log = logs("executor");
+    assert!(
+        log.contains(&format!("{loopback} refused EGRESS_PORT_NOT_ALLOWED"))
+            && log.contains("localhost:443 refused EGRESS_ADDRESS_FORBIDDEN"),
+        "{log}"
+    );
+    // A direct connection to it from the setup: nothing there to reach.
+    let direct = propose(&bus, cfg, "direct", "node test.js", NODE_FIX);
+    assert_eq!(direct["state"], "FAILED", "{direct}");
+    assert_eq!(
+        direct["result"]["failure_code"],
+        "SETUP_FAILED",
+        "{direct}\n{}",
+        logs("executor")
+    );
+    assert!(!direct.to_string().contains("CONNECTED"), "{direct}");
+    assert_eq!(listener_hits.load(Ordering::SeqCst), 0);
+
+    // Verification has no network: not the proxy's port, not a name.
+    let name = npm_registry[0].rsplit_once(':').unwrap().0;
+    let probe = format!(
+        "node -e \"const s=require('net').connect(3128,'127.0.0.1');s.on('connect',()=>process.exit(0));s.on('error',e=>{{console.log('proxy '+e.code);require('dns').lookup('{name}',(err)=>{{console.log('dns '+(err?err.code:'resolved'));process.exit(err?7:8)}})}})\""
+    );
+    let offline = propose(&bus, cfg, "node", &probe, NODE_FIX);
+    assert_eq!(offline["state"], "FAILED", "{offline}");
+    let text = tails(&offline);
+    assert!(
+        text.contains("proxy ECONNREFUSED")
+            || text.contains("proxy ENETUNREACH")
+            || text.contains("proxy EPERM")
+            || text.contains("proxy EACCES"),
+        "{text}"
+    );
+    assert_eq!(
+        offline["result"]["verification"][0]["exit_code"], 7,
+        "{text}"
+    );
+    assert_eq!(listener_hits.load(Ordering::SeqCst), 0);
+}
