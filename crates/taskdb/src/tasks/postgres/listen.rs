@@ -3,8 +3,8 @@
 
 use super::error::pg_error;
 use super::location::PgLocation;
+use crate::error::StoreResult;
 use crate::tasks::TaskState;
-use airlock_sqlite::error::StoreResult;
 use postgres::Client;
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 
 use super::error::pg_error;
 use super::tls::{Tls, tls_client};
+use crate::error::StoreResult;
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::StoreResult;
 use postgres::config::Host;
 use postgres::{Client, NoTls};
 use std::path::PathBuf;

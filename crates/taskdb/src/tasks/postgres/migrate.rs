@@ -1,10 +1,10 @@
 //! The PostgreSQL schema, its versions and the migration that brings a
 //! database to this build's.
 
-use super::error::{PgFailure, pg_error};
+use super::error::{ServerWords, pg_error};
 use super::location::PgLocation;
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use postgres::Client;
 
 /// The group role whose members may use the store (and nothing more).
@@ -321,7 +321,7 @@ pub fn migrate(client: &mut Client, user: &str) -> StoreResult<()> {
             Code::SCHEMA_VERSION_UNSUPPORTED,
             format!(
                 "the schema is at version {version}, this airlock needs {latest}, and role {user:?} cannot migrate it ({}); run `airlock-supervisor --migrate` as the schema's owner (docs/postgresql.md)",
-                PgFailure(e)
+                ServerWords(&e)
             ),
         )
         .into()

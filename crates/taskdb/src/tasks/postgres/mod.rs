@@ -70,9 +70,9 @@ mod tx;
 use super::row::{COLUMNS, RawEvent, RawRow};
 use super::tx::{Backend, Tx};
 use super::{Store, TaskState};
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use error::{pg_error, retryable};
 use migrate::{KIND, TRIGGERS};
 use postgres::{Client, Statement};
@@ -80,6 +80,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use tx::PgTx;
 
+pub use error::PgError;
 pub use listen::{CHANNEL, PgListener, TaskChange};
 pub use location::{PgLocation, PgSecurity, TlsMode, is_url};
 pub use migrate::{MIGRATIONS, PgMigration, SUPERVISOR_ROLE, latest_version, migrate, migrate_at};

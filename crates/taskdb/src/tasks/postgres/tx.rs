@@ -3,13 +3,13 @@
 use super::error::pg_error;
 use super::prepared;
 use super::rows_of;
+use crate::error::StoreResult;
 use crate::tasks::row::{COLUMNS, RawRow, TaskRow};
 use crate::tasks::tx::{
     ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult, NewTask,
     StoredDecision, StoredExtension, Tx,
 };
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::StoreResult;
 use postgres::Statement;
 use postgres::types::ToSql;
 use std::collections::HashMap;
