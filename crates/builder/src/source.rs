@@ -1,7 +1,7 @@
 //! Reading an authority repository without writing to it.
 //!
 //! The planner reads the repository the worker owns (group-readable, see
-//! `docs/privsep.md`), so git's ownership check would refuse it. Rather
+//! `docs/privsep/repositories.md`), so git's ownership check would refuse it. Rather
 //! than trusting every directory (`safe.directory=*` in the user's global
 //! configuration), each git call here is crates/git's command for a
 //! repository owned by someone else ([`airlock_git::ForeignRepo`]): this

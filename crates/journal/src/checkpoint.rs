@@ -85,7 +85,7 @@ use airlock_proto::checkpoint::{CheckpointBinding, Payload, Phase};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Clock, SystemClock};
 use airlock_sqlite::db::{self, Kind, Migration};
-use airlock_sqlite::error::{StoreError, StoreResult};
+use airlock_sqlite::error::{SqliteError, SqliteResult};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -251,7 +251,7 @@ pub struct CheckpointJournal {
 impl CheckpointJournal {
     /// Opens (creating if needed) the journal at `path`: WAL,
     /// `synchronous=FULL`, checked file identity, schema migrations.
-    pub fn open(path: &Path) -> StoreResult<Self> {
+    pub fn open(path: &Path) -> SqliteResult<Self> {
         let conn = db::open(path, Kind::Checkpoints, MIGRATIONS)?;
         Ok(CheckpointJournal {
             conn,
@@ -276,7 +276,7 @@ impl CheckpointJournal {
         &mut self,
         binding: &CheckpointBinding,
         payload: &Payload,
-    ) -> StoreResult<Checkpoint> {
+    ) -> SqliteResult<Checkpoint> {
         self.append_value(binding, payload.phase(), &payload.to_value())
     }
 
@@ -291,7 +291,7 @@ impl CheckpointJournal {
         binding: &CheckpointBinding,
         phase: Phase,
         payload: &Value,
-    ) -> StoreResult<Checkpoint> {
+    ) -> SqliteResult<Checkpoint> {
         if binding.attempt == 0 {
             return Err(refused(
                 Code::FIELD_BOUNDS_EXCEEDED,
@@ -305,7 +305,7 @@ impl CheckpointJournal {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| StoreError::sqlite("starting checkpoint append", e))?;
+            .map_err(|e| SqliteError::sqlite("starting checkpoint append", e))?;
 
         // 1. Exact replay: the row is already there; add nothing.
         let replay = tx
@@ -326,7 +326,7 @@ impl CheckpointJournal {
                 )
                 .optional()
             })
-            .map_err(|e| StoreError::sqlite("looking up a checkpoint replay", e))?;
+            .map_err(|e| SqliteError::sqlite("looking up a checkpoint replay", e))?;
         if let Some(raw) = replay {
             let existing = raw.verify()?;
             if existing.binding_sha256 != binding_sha256 {
@@ -335,7 +335,7 @@ impl CheckpointJournal {
                 return Err(binding_differs(&existing.binding, binding));
             }
             tx.commit()
-                .map_err(|e| StoreError::sqlite("ending checkpoint replay", e))?;
+                .map_err(|e| SqliteError::sqlite("ending checkpoint replay", e))?;
             return Ok(existing);
         }
 
@@ -357,7 +357,7 @@ impl CheckpointJournal {
                 })
                 .optional()
             })
-            .map_err(|e| StoreError::sqlite("reading the checkpoint head", e))?;
+            .map_err(|e| SqliteError::sqlite("reading the checkpoint head", e))?;
         let sequence = match head {
             None => 1,
             Some(h) if binding.attempt < h.attempt => {
@@ -434,7 +434,7 @@ impl CheckpointJournal {
                 created_at_ms,
             ])
         })
-        .map_err(|e| StoreError::sqlite("appending a checkpoint", e))?;
+        .map_err(|e| SqliteError::sqlite("appending a checkpoint", e))?;
         tx.prepare_cached(
             "INSERT INTO checkpoint_heads(
                task_id, attempt, sequence, phase, phase_order, execution_digest,
@@ -463,9 +463,9 @@ impl CheckpointJournal {
                 created_at_ms,
             ])
         })
-        .map_err(|e| StoreError::sqlite("moving the checkpoint head", e))?;
+        .map_err(|e| SqliteError::sqlite("moving the checkpoint head", e))?;
         tx.commit()
-            .map_err(|e| StoreError::sqlite("committing a checkpoint", e))?;
+            .map_err(|e| SqliteError::sqlite("committing a checkpoint", e))?;
 
         Ok(Checkpoint {
             task_id: binding.task_id.clone(),
@@ -482,7 +482,7 @@ impl CheckpointJournal {
 
     /// The task's latest checkpoint (highest attempt, then highest
     /// sequence), if any.
-    pub fn latest(&self, task_id: &str) -> StoreResult<Option<Checkpoint>> {
+    pub fn latest(&self, task_id: &str) -> SqliteResult<Option<Checkpoint>> {
         self.query_one(
             &format!(
                 "SELECT {COLUMNS} FROM checkpoints c WHERE c.task_id = ?1
@@ -497,7 +497,7 @@ impl CheckpointJournal {
         &self,
         task_id: &str,
         attempt: u32,
-    ) -> StoreResult<Option<Checkpoint>> {
+    ) -> SqliteResult<Option<Checkpoint>> {
         self.query_one(
             &format!(
                 "SELECT {COLUMNS} FROM checkpoints c WHERE c.task_id = ?1 AND c.attempt = ?2
@@ -508,7 +508,7 @@ impl CheckpointJournal {
     }
 
     /// Every checkpoint of the task, oldest first.
-    pub fn history(&self, task_id: &str) -> StoreResult<Vec<Checkpoint>> {
+    pub fn history(&self, task_id: &str) -> SqliteResult<Vec<Checkpoint>> {
         self.query_all(
             &format!(
                 "SELECT {COLUMNS} FROM checkpoints c WHERE c.task_id = ?1
@@ -531,7 +531,7 @@ impl CheckpointJournal {
     pub fn verify_latest_binding(
         &self,
         binding: &CheckpointBinding,
-    ) -> StoreResult<Option<Checkpoint>> {
+    ) -> SqliteResult<Option<Checkpoint>> {
         let Some(latest) = self.latest(&binding.task_id)? else {
             return Ok(None);
         };
@@ -562,7 +562,7 @@ impl CheckpointJournal {
     /// The head of every task whose latest checkpoint is not
     /// `result_submitted`, ordered by task id: the work the worker must
     /// resume (or reconcile) when it starts.
-    pub fn unfinished(&self) -> StoreResult<Vec<Checkpoint>> {
+    pub fn unfinished(&self) -> SqliteResult<Vec<Checkpoint>> {
         self.query_all(
             &format!(
                 "SELECT {COLUMNS} FROM checkpoint_heads h
@@ -581,7 +581,7 @@ impl CheckpointJournal {
     /// `reconciliation_required`), the same rule `append` applies,
     /// phase ranks as [`Phase::order`] says, and one head per task equal to
     /// its latest checkpoint. Any failure is `STORE_CORRUPT`.
-    pub fn integrity_check(&self) -> StoreResult<()> {
+    pub fn integrity_check(&self) -> SqliteResult<()> {
         db::integrity_check(&self.conn)?;
         let ranks = Phase::ALL
             .iter()
@@ -652,7 +652,7 @@ impl CheckpointJournal {
             let bad: i64 = self
                 .conn
                 .query_row(sql, [], |r| r.get(0))
-                .map_err(|e| StoreError::sqlite("checking journal invariants", e))?;
+                .map_err(|e| SqliteError::sqlite("checking journal invariants", e))?;
             if bad != 0 {
                 problems.push(format!("{what} ({bad})"));
             }
@@ -668,16 +668,16 @@ impl CheckpointJournal {
         &self,
         sql: &str,
         params: impl rusqlite::Params,
-    ) -> StoreResult<Option<Checkpoint>> {
+    ) -> SqliteResult<Option<Checkpoint>> {
         let raw = self
             .conn
             .prepare_cached(sql)
             .and_then(|mut s| s.query_row(params, RawRow::read).optional())
-            .map_err(|e| StoreError::sqlite("reading checkpoints", e))?;
+            .map_err(|e| SqliteError::sqlite("reading checkpoints", e))?;
         raw.map(RawRow::verify).transpose()
     }
 
-    fn query_all(&self, sql: &str, params: impl rusqlite::Params) -> StoreResult<Vec<Checkpoint>> {
+    fn query_all(&self, sql: &str, params: impl rusqlite::Params) -> SqliteResult<Vec<Checkpoint>> {
         let raws = self
             .conn
             .prepare_cached(sql)
@@ -685,7 +685,7 @@ impl CheckpointJournal {
                 s.query_map(params, RawRow::read)?
                     .collect::<rusqlite::Result<Vec<_>>>()
             })
-            .map_err(|e| StoreError::sqlite("reading checkpoints", e))?;
+            .map_err(|e| SqliteError::sqlite("reading checkpoints", e))?;
         raws.into_iter().map(RawRow::verify).collect()
     }
 }
@@ -738,7 +738,7 @@ impl RawRow {
 
     /// Recomputes what the row claims: its phase and rank, its binding
     /// digest and its payload digest. A mismatch is `STORE_CORRUPT`.
-    fn verify(self) -> StoreResult<Checkpoint> {
+    fn verify(self) -> SqliteResult<Checkpoint> {
         let at = || {
             format!(
                 "checkpoint {}/{}/{}",
@@ -783,7 +783,7 @@ impl RawRow {
 
 /// The payload's canonical JSON, refused if it is not an object, not
 /// canonicalisable, or larger than [`MAX_PAYLOAD_BYTES`].
-fn canonical_payload(payload: &Value) -> StoreResult<String> {
+fn canonical_payload(payload: &Value) -> SqliteResult<String> {
     if !payload.is_object() {
         return Err(refused(
             Code::MESSAGE_INVALID,
@@ -804,7 +804,7 @@ fn canonical_payload(payload: &Value) -> StoreResult<String> {
 }
 
 /// The refusal for a replay whose binding differs from the stored row's.
-fn binding_differs(stored: &CheckpointBinding, asked: &CheckpointBinding) -> StoreError {
+fn binding_differs(stored: &CheckpointBinding, asked: &CheckpointBinding) -> SqliteError {
     if stored.execution_digest != asked.execution_digest {
         refused(
             Code::CHECKPOINT_EXECUTION_DIGEST_CONFLICT,
@@ -824,6 +824,6 @@ fn binding_differs(stored: &CheckpointBinding, asked: &CheckpointBinding) -> Sto
     }
 }
 
-fn refused(code: Code, detail: impl Into<String>) -> StoreError {
-    StoreError::Refused(Error::with(code, detail))
+fn refused(code: Code, detail: impl Into<String>) -> SqliteError {
+    SqliteError::Refused(Error::with(code, detail))
 }

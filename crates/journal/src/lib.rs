@@ -9,4 +9,4 @@
 
 pub mod checkpoint;
 
-pub use airlock_sqlite::{StoreError, StoreResult, clock};
+pub use airlock_sqlite::{SqliteError, SqliteResult, clock};

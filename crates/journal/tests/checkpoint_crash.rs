@@ -13,7 +13,7 @@
 //! says nothing about durability across power loss or a kernel crash: the
 //! test would pass just as well with `synchronous=OFF`. That the journal
 //! runs at `synchronous=FULL` is checked by `db.rs`'s own test of the
-//! pragma; no test here cuts power (docs/privsep.md).
+//! pragma; no test here cuts power (docs/privsep/crashes.md).
 //!
 //! The child is this same test binary, re-executed to run the ignored test
 //! [`crash_child_writer`] with [`DB_ENV`] set.

@@ -2,7 +2,7 @@
 //! execution gates (CHECKPOINT_DURABLE_WRITE, CHECKPOINT_SCOPE_ISOLATION,
 //! RESUME_FROM_CHECKPOINT) and the refusal codes they pin.
 
-use airlock_journal::StoreError;
+use airlock_journal::SqliteError;
 use airlock_journal::checkpoint::{CheckpointJournal, MAX_PAYLOAD_BYTES};
 use airlock_proto::Code;
 use airlock_proto::checkpoint::{CheckpointBinding, Phase};
@@ -50,7 +50,7 @@ fn rows(path: &Path) -> i64 {
         .unwrap()
 }
 
-fn code(r: Result<impl std::fmt::Debug, StoreError>) -> Code {
+fn code(r: Result<impl std::fmt::Debug, SqliteError>) -> Code {
     r.unwrap_err().code()
 }
 

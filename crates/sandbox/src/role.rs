@@ -3,8 +3,8 @@
 //! seccomp table it does not need to lift (and why it lifts the others),
 //! what happens to the capability bounding set, which resource limits hold,
 //! and what a kernel without Landlock means for it. [`crate::lockdown`]
-//! applies a role; `docs/privsep.md` shows these tables (generated from
-//! them by [`markdown`] and checked by a test).
+//! applies a role; `docs/privsep/confinement.md` shows these tables
+//! (generated from them by [`markdown`] and checked by a test).
 //!
 //! The seccomp policies deny, and allow everything else: the daemons run
 //! tokio, zbus, SQLite and git, whose system calls vary with versions and
@@ -733,7 +733,7 @@ impl Role {
     }
 }
 
-/// The roles' policies as the Markdown section of `docs/privsep.md`
+/// The roles' policies as the Markdown section of `docs/privsep/confinement.md`
 /// between the `role-policy` markers.
 pub fn markdown() -> String {
     let mut out = String::new();

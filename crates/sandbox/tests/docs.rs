@@ -1,10 +1,10 @@
-//! The "Each daemon's own confinement" section of docs/privsep.md is
+//! The "Each role's policy" section of docs/privsep/confinement.md is
 //! generated from `airlock_sandbox::role`; this test fails when it differs
 //! from the policies, and rewrites it when `UPDATE_DOCS=1` is set.
 
 use std::path::Path;
 
-const DOC: &str = "docs/privsep.md";
+const DOC: &str = "docs/privsep/confinement.md";
 const BEGIN: &str = "<!-- role-policy:begin (generated from crates/sandbox/src/role.rs: UPDATE_DOCS=1 cargo test -p airlock-sandbox --test docs) -->\n";
 const END: &str = "<!-- role-policy:end -->\n";
 

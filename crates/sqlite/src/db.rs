@@ -1,6 +1,6 @@
 //! Opening a database: pragmas, file identity, versioned migrations.
 
-use crate::error::{StoreError, StoreResult};
+use crate::error::{SqliteError, SqliteResult};
 use airlock_proto::{Code, Error};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::path::Path;
@@ -39,27 +39,27 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Opens (creating if needed) a database with WAL, synchronous=FULL, a busy
 /// timeout and foreign keys, checks its identity and applies migrations.
-pub fn open(path: &Path, kind: Kind, migrations: &[Migration]) -> StoreResult<Connection> {
+pub fn open(path: &Path, kind: Kind, migrations: &[Migration]) -> SqliteResult<Connection> {
     create_private(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_NOFOLLOW;
     let mut conn = Connection::open_with_flags(path, flags)
-        .map_err(|e| StoreError::sqlite(format!("opening {}", path.display()), e))?;
+        .map_err(|e| SqliteError::sqlite(format!("opening {}", path.display()), e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
-        .map_err(|e| StoreError::sqlite("setting busy timeout", e))?;
+        .map_err(|e| SqliteError::sqlite("setting busy timeout", e))?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(|e| StoreError::sqlite("enabling WAL", e))?;
+        .map_err(|e| SqliteError::sqlite("enabling WAL", e))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::Refused(Error::with(
+        return Err(SqliteError::Refused(Error::with(
             Code::STORE_UNAVAILABLE,
             format!("{}: journal_mode is {mode}, WAL required", path.display()),
         )));
     }
     conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
-        .map_err(|e| StoreError::sqlite("setting pragmas", e))?;
+        .map_err(|e| SqliteError::sqlite("setting pragmas", e))?;
     migrate(&mut conn, kind, migrations)?;
     Ok(conn)
 }
@@ -68,7 +68,7 @@ pub fn open(path: &Path, kind: Kind, migrations: &[Migration]) -> StoreResult<Co
 /// one process owns each store, and SQLite gives the `-wal` and `-shm`
 /// files the database's mode. An existing file keeps its mode (the
 /// package's maintainer scripts migrate the modes of older installs).
-fn create_private(path: &Path) -> StoreResult<()> {
+fn create_private(path: &Path) -> SqliteResult<()> {
     use std::os::unix::fs::OpenOptionsExt;
     match std::fs::OpenOptions::new()
         .write(true)
@@ -79,62 +79,62 @@ fn create_private(path: &Path) -> StoreResult<()> {
     {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(StoreError::Refused(Error::with(
+        Err(e) => Err(SqliteError::Refused(Error::with(
             Code::STORE_UNAVAILABLE,
             format!("creating {}: {e}", path.display()),
         ))),
     }
 }
 
-fn migrate(conn: &mut Connection, kind: Kind, migrations: &[Migration]) -> StoreResult<()> {
+fn migrate(conn: &mut Connection, kind: Kind, migrations: &[Migration]) -> SqliteResult<()> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| StoreError::sqlite("starting migration", e))?;
+        .map_err(|e| SqliteError::sqlite("starting migration", e))?;
     let app: i64 = tx
         .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(|e| StoreError::sqlite("reading application_id", e))?;
+        .map_err(|e| SqliteError::sqlite("reading application_id", e))?;
     let version: i64 = tx
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| StoreError::sqlite("reading user_version", e))?;
+        .map_err(|e| SqliteError::sqlite("reading user_version", e))?;
     if app == 0 && version == 0 {
         tx.execute_batch(&format!("PRAGMA application_id={}", kind.application_id()))
-            .map_err(|e| StoreError::sqlite("setting application_id", e))?;
+            .map_err(|e| SqliteError::sqlite("setting application_id", e))?;
     } else if app != kind.application_id() {
-        return Err(StoreError::Refused(Error::with(
+        return Err(SqliteError::Refused(Error::with(
             Code::STORE_UNAVAILABLE,
             format!("the file is not a {kind:?} database (application_id {app:#x})"),
         )));
     }
     let latest = migrations.last().map_or(0, |m| m.version);
     if version > latest {
-        return Err(StoreError::Refused(Error::with(
+        return Err(SqliteError::Refused(Error::with(
             Code::SCHEMA_VERSION_UNSUPPORTED,
             format!("schema version {version} is newer than this airlock ({latest})"),
         )));
     }
     for m in migrations.iter().filter(|m| m.version > version) {
         tx.execute_batch(m.sql)
-            .map_err(|e| StoreError::sqlite(format!("migration {}", m.version), e))?;
+            .map_err(|e| SqliteError::sqlite(format!("migration {}", m.version), e))?;
         tx.execute_batch(&format!("PRAGMA user_version={}", m.version))
-            .map_err(|e| StoreError::sqlite("setting user_version", e))?;
+            .map_err(|e| SqliteError::sqlite("setting user_version", e))?;
     }
     tx.commit()
-        .map_err(|e| StoreError::sqlite("committing migration", e))
+        .map_err(|e| SqliteError::sqlite("committing migration", e))
 }
 
 /// Runs `PRAGMA integrity_check`; anything but "ok" is STORE_CORRUPT.
-pub fn integrity_check(conn: &Connection) -> StoreResult<()> {
+pub fn integrity_check(conn: &Connection) -> SqliteResult<()> {
     let mut stmt = conn
         .prepare("PRAGMA integrity_check")
-        .map_err(|e| StoreError::sqlite("integrity_check", e))?;
+        .map_err(|e| SqliteError::sqlite("integrity_check", e))?;
     let rows: Vec<String> = stmt
         .query_map([], |r| r.get(0))
         .and_then(|rows| rows.collect())
-        .map_err(|e| StoreError::sqlite("integrity_check", e))?;
+        .map_err(|e| SqliteError::sqlite("integrity_check", e))?;
     if rows == ["ok"] {
         Ok(())
     } else {
-        Err(StoreError::Refused(Error::with(
+        Err(SqliteError::Refused(Error::with(
             Code::STORE_CORRUPT,
             rows.join("; "),
         )))

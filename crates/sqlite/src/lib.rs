@@ -6,10 +6,10 @@
 //! [`db::open`]: created owner-only (0600), WAL mode, `synchronous=FULL`, a
 //! busy timeout, an `application_id` that names the kind of file, and
 //! versioned migrations that refuse a newer schema. They share the error
-//! type ([`StoreError`]) and the clock ([`clock`]).
+//! type ([`SqliteError`]) and the clock ([`clock`]).
 
 pub mod clock;
 pub mod db;
 pub mod error;
 
-pub use error::{StoreError, StoreResult};
+pub use error::{SqliteError, SqliteResult};

@@ -17,9 +17,11 @@
 //! [`Location::parse`] reads `[supervisor] database` (a path, or a
 //! `postgresql://` URL) and [`open`] opens the store it names.
 
+pub mod error;
 pub mod tasks;
 
-pub use airlock_sqlite::{StoreError, StoreResult, clock};
+pub use airlock_sqlite::{SqliteError, clock};
+pub use error::{StoreError, StoreResult};
 
 use airlock_proto::{Code, Error};
 use std::path::PathBuf;

@@ -83,15 +83,15 @@ mod schema;
 pub mod sqlite;
 mod tx;
 
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_task_id;
 use airlock_proto::canonical::digest_of;
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tx::Backend;
 
-pub use postgres::{PgBackend, PgLocation, PgSecurity, TlsMode};
+pub use postgres::{PgBackend, PgError, PgLocation, PgSecurity, TlsMode};
 pub use sqlite::SqliteBackend;
 
 pub use airlock_proto::plan::{PlanRecord, PlanRequest};

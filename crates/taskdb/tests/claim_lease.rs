@@ -339,7 +339,7 @@ fn a_successful_mutation_moves_the_high_water_mark(backend: Backend) {
 /// neither extends a lease nor stalls store time (it goes on at the
 /// monotonic clock's rate from this store's last write); a forward step is
 /// taken as it is, so a lease ends early by at most the step — the bound
-/// wall-clock timestamps in a shared database allow (docs/privsep.md).
+/// wall-clock timestamps in a shared database allow (docs/privsep/messages.md).
 fn wall_clock_steps_of_hours_between_events_leave_lease_expiry_bounded(backend: Backend) {
     const HOURS_3: i64 = 3 * 3_600_000;
     let mut fx = Fixture::new(backend);

@@ -1,6 +1,6 @@
 //! One owner per store: a database file airlock creates is 0600, and so
 //! are the `-wal` and `-shm` files SQLite makes beside it, so no other
-//! uid — airlock-retry included — can open it (docs/privsep.md).
+//! uid — airlock-retry included — can open it (docs/privsep/compromise.md).
 
 use airlock_taskdb::tasks::SqliteStore;
 use std::os::unix::fs::PermissionsExt;

@@ -6,7 +6,7 @@
 //! Its Landlock grants hold no execute right: the executor starts nothing;
 //! commands are its spawner's children, forked before this lockdown because
 //! Landlock forbids the mounts each command's minimal root is made of. The
-//! grants and their reasons are listed in `docs/privsep.md`.
+//! grants and their reasons are listed in `docs/privsep/confinement.md`.
 
 use crate::error::{Error, Result};
 use airlock_sandbox::role::Role;

@@ -2,10 +2,10 @@
 
 use super::tx::{NewEvent, Tx};
 use super::{Actor, EventOutcome, MAX_DENIAL_DETAIL_LEN};
+use crate::error::StoreResult;
 use airlock_proto::Code;
 use airlock_proto::binding::is_task_id;
 use airlock_proto::canonical::to_canonical_string;
-use airlock_sqlite::error::StoreResult;
 use serde_json::{Value, json};
 
 /// Appends an `allowed` event inside the caller's transaction.

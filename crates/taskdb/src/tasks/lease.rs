@@ -6,13 +6,13 @@ use super::{
     Actor, LEASE_SWEEPER, ResultReceipt, Store, action, audit, check_lease_ms, check_task_id,
     not_found,
 };
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_key;
 use airlock_proto::canonical::{canonical_of, sha256_hex, to_canonical_string};
 use airlock_proto::limits::MAX_RESULT_BYTES;
 use airlock_proto::states::Step;
 use airlock_proto::task::{ClaimGrant, Outcome, TaskResult, TaskState};
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use serde_json::{Value, json};
 
 /// A fresh 256-bit lease token, hex encoded.

@@ -2,6 +2,7 @@
 
 use super::tx::{Backend, Guard, NewDecision, NewTask};
 use super::{Actor, Store, Submitted, action, audit, check_task_id, not_found};
+use crate::error::StoreResult;
 use airlock_proto::binding::Binding;
 use airlock_proto::canonical::{digest_of, to_canonical_string};
 use airlock_proto::limits::MAX_ATTEMPTS_CAP;
@@ -11,7 +12,6 @@ use airlock_proto::task::{
     Decision, DecisionOutcome, DecisionRequest, TASK_SCHEMA, TaskState, TaskSubmission, TaskView,
 };
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::StoreResult;
 use serde_json::{Value, json};
 
 /// The submission in normal form: what "the same submission" compares.

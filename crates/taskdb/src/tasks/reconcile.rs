@@ -5,6 +5,7 @@
 use super::row::{TaskRow, corrupt};
 use super::tx::{Backend, Guard, NewResolution, Tx};
 use super::{Actor, MAX_PAGE, Store, action, audit, check_task_id, not_found};
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::canonical::to_canonical_string;
 use airlock_proto::reconcile::{
     AdoptionCheck, AdoptionReport, BranchFacts, CaseStatus, ReconciliationCase, Resolution,
@@ -13,7 +14,6 @@ use airlock_proto::reconcile::{
 use airlock_proto::states::Step;
 use airlock_proto::task::TaskState;
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use serde_json::json;
 
 fn parse_case(task_id: &str, text: &str) -> StoreResult<ReconciliationCase> {

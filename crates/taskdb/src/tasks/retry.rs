@@ -4,6 +4,7 @@
 
 use super::tx::{Backend, ExtensionCas, NewExtension};
 use super::{Actor, Store, action, audit, not_found, verification_sha256};
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_task_id;
 use airlock_proto::retry::{
     RetryExtensionOutcome, RetryExtensionRequest, check_configured_authorization_id,
@@ -11,7 +12,6 @@ use airlock_proto::retry::{
 use airlock_proto::states::{self, Step};
 use airlock_proto::task::TaskState;
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use serde_json::json;
 
 fn refuse(code: Code) -> StoreError {

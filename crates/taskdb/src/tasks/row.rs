@@ -4,12 +4,12 @@
 use super::moves::{self, Move};
 use super::tx::{Guard, Tx};
 use super::{Actor, ActorKind, Event, EventOutcome};
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::Binding;
 use airlock_proto::plan::PlanRecord;
 use airlock_proto::states::{self, Step};
 use airlock_proto::task::{TaskState, TaskView};
 use airlock_proto::{Code, Error};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use serde_json::Value;
 
 /// The columns every engine reads into a [`RawRow`], in order.

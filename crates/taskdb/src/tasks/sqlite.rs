@@ -14,10 +14,10 @@ use super::tx::{
     NewTask, StoredDecision, StoredExtension, Tx,
 };
 use super::{Store, TaskState};
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
 use airlock_sqlite::db::{self, Kind};
-use airlock_sqlite::error::{StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::path::Path;
 use std::sync::Arc;
@@ -225,7 +225,7 @@ impl Backend for SqliteBackend {
     }
 
     fn integrity_check(&self) -> StoreResult<()> {
-        db::integrity_check(&self.conn)
+        Ok(db::integrity_check(&self.conn)?)
     }
 }
 

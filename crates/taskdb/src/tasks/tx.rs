@@ -10,8 +10,8 @@
 
 use super::row::{RawEvent, RawRow, TaskRow};
 use super::{Actor, EventOutcome, TaskState};
+use crate::error::StoreResult;
 use airlock_proto::Code;
-use airlock_sqlite::error::StoreResult;
 
 /// A task to insert at attempt 0, revision 1, in `status`
 /// ([`airlock_proto::states::SUBMITTED`]).

@@ -10,7 +10,7 @@
 //! the worker, which pick it up without dropping tasks. `remove` deletes
 //! the drop-in (and, with `--purge`, the repository). `clone` gives a
 //! reader a clone of a registered repository without trusting it in their
-//! git configuration (see docs/privsep.md).
+//! git configuration (see docs/privsep/repositories.md).
 
 use crate::client::CtlError;
 use crate::output::Ctx;

@@ -76,7 +76,7 @@ type Step<T> = Result<T, Error>;
 /// Where a phase's step leads: the checkpoint it appended, or the end.
 type Next = Step<ControlFlow<Finish, Checkpoint>>;
 
-fn refused(e: airlock_journal::StoreError) -> Error {
+fn refused(e: airlock_journal::SqliteError) -> Error {
     match e.refusal() {
         Some(r) => r.clone(),
         None => Error::with(e.code(), e.to_string()),

@@ -136,7 +136,7 @@ impl Worker {
     /// Runs `f` on the journal.
     pub fn with_journal<T>(
         &self,
-        f: impl FnOnce(&mut CheckpointJournal) -> Result<T, airlock_journal::StoreError>,
+        f: impl FnOnce(&mut CheckpointJournal) -> Result<T, airlock_journal::SqliteError>,
     ) -> Step<T> {
         let mut j = self
             .journal

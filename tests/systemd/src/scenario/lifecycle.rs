@@ -1,0 +1,245 @@
+//! The package's life cycle: stop and start (by hand and by the bus),
+//! reinstall and upgrade keeping state, remove, purge, install again.
+
+use super::status::{all_active, expect_paths, main_pids, no_airlock_process, states, tasks};
+use super::{ALL_UNITS, REPO, SEC, STARTED_BY_TARGET, USERS, file_name};
+use crate::{Container, Report, tail};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The package's life after installation: stopped and started (by hand
+/// and by the bus), reinstalled, upgraded, removed, purged, installed
+/// again.
+pub(super) fn checks(r: &mut Report, c: &Container, deb: &str, upgrade: Option<&Path>) {
+    r.check(
+        "systemctl stop airlock.target leaves no airlock process",
+        |_| stop_target(c),
+    );
+    r.check(
+        "D-Bus activation: a call starts the stopped supervisor",
+        |_| bus_activation(c),
+    );
+    r.check("systemctl start airlock.target", |_| start_target(c));
+    r.check(
+        "reinstall keeps tasks, config, secrets; restarts services",
+        |_| reinstall(c, &format!("apt-get install -y --reinstall {deb}")),
+    );
+    match upgrade {
+        Some(up) => {
+            let up = format!("/debs/{}", file_name(up));
+            r.check(
+                "upgrade keeps tasks, config, secrets; restarts services",
+                |_| upgrade_to(c, &up),
+            );
+        }
+        None => r.skip(&["upgrade"], "no upgrade package"),
+    }
+    r.check("remove: stopped, state and configuration kept", |_| {
+        remove(c)
+    });
+    r.check("purge: state removed; repositories and users kept", |_| {
+        purge(c)
+    });
+    r.check("install after purge: fresh secrets, started again", |_| {
+        install_after_purge(c, deb)
+    });
+}
+
+/// A call on the bus starts the stopped supervisor.
+fn bus_activation(c: &Container) -> Result<String, String> {
+    // airlockctl does not ask the bus to start the supervisor (it says
+    // "not running"); any other client does, through the activation
+    // file and systemd. busctl auto-starts by default.
+    c.sh_ok(
+        "busctl --system call org.airlock.Supervisor1 /org/airlock/Supervisor1 org.freedesktop.DBus.Peer Ping",
+        60 * SEC,
+    )?;
+    all_active(c, &["airlock-supervisor.service"])?;
+    Ok("airlock-supervisor.service started by the bus (SystemdService=)".to_owned())
+}
+
+/// `systemctl start airlock.target` starts everything again.
+fn start_target(c: &Container) -> Result<String, String> {
+    c.sh_ok("systemctl start airlock.target", 120 * SEC)?;
+    all_active(c, STARTED_BY_TARGET)
+}
+
+/// The upgrade to `up` (the same package as `+testbed1`) keeps what a
+/// reinstall keeps.
+fn upgrade_to(c: &Container, up: &str) -> Result<String, String> {
+    let detail = reinstall(c, &format!("apt-get install -y {up}"))?;
+    let version = c.sh_ok("dpkg-query -W -f '${Version}' airlock", 10 * SEC)?;
+    if !version.ends_with("+testbed1") {
+        return Err(format!("installed version {version}"));
+    }
+    Ok(format!("{detail}; now {version}"))
+}
+
+/// `apt-get remove`: stopped, state and configuration kept.
+fn remove(c: &Container) -> Result<String, String> {
+    c.sh_ok("apt-get remove -y airlock", 300 * SEC)?;
+    no_airlock_process(c)?;
+    let status = c.sh_ok("dpkg-query -W -f '${Status}' airlock", 10 * SEC)?;
+    if status.trim() != "deinstall ok config-files" {
+        return Err(format!("dpkg status {status:?}"));
+    }
+    expect_paths(
+        c,
+        &[
+            "/var/lib/airlock/tasks.sqlite3",
+            "/var/lib/airlock-worker/checkpoints.sqlite3",
+            "/var/spool/airlock",
+            "/etc/airlock/airlock.toml",
+            "/etc/airlock/retry-control.token",
+            "/etc/airlock/retryd.env",
+        ],
+        &[
+            "/usr/bin/airlock-supervisor",
+            "/usr/lib/systemd/system/airlock.target",
+        ],
+    )?;
+    Ok(format!("dpkg: {status}"))
+}
+
+/// `apt-get purge`: state removed; repositories and users kept.
+fn purge(c: &Container) -> Result<String, String> {
+    c.sh_ok("apt-get purge -y airlock", 300 * SEC)?;
+    no_airlock_process(c)?;
+    expect_paths(
+        c,
+        &[REPO],
+        &[
+            "/var/lib/airlock",
+            "/var/lib/airlock-worker",
+            "/var/lib/airlock-exec",
+            "/var/lib/airlock-agent",
+            "/var/spool/airlock",
+            "/etc/airlock",
+            "/etc/systemd/system/multi-user.target.wants/airlock.target",
+        ],
+    )?;
+    if c.sh(
+        "dpkg-query -W -f '${Status}' airlock | grep -q installed",
+        10 * SEC,
+    )?
+    .ok()
+    {
+        return Err("dpkg still knows airlock as installed".into());
+    }
+    let users = c.sh_ok(
+        &format!("getent passwd {} | cut -d: -f1", USERS.join(" ")),
+        10 * SEC,
+    )?;
+    Ok(format!(
+        "state gone; {REPO} kept; users kept: {}",
+        users.split_whitespace().collect::<Vec<_>>().join(" ")
+    ))
+}
+
+/// Installed again after the purge: fresh secrets, everything started.
+fn install_after_purge(c: &Container, deb: &str) -> Result<String, String> {
+    c.sh_ok(
+        &format!("apt-get install -y --no-install-recommends {deb}"),
+        300 * SEC,
+    )?;
+    all_active(c, STARTED_BY_TARGET)?;
+    let mode = c.sh_ok("stat -c '%a %U' /etc/airlock/retry-control.token", 10 * SEC)?;
+    if mode.trim() != "600 root" {
+        return Err(format!("token mode {mode}"));
+    }
+    Ok("token regenerated (600 root), all active".to_owned())
+}
+
+/// What must survive a reinstall or an upgrade.
+#[derive(Debug, PartialEq, Eq)]
+struct Kept {
+    tasks: BTreeMap<String, String>,
+    secrets: String,
+    config_has_repository: bool,
+}
+
+fn kept(c: &Container) -> Result<Kept, String> {
+    Ok(Kept {
+        tasks: tasks(c)?,
+        secrets: c.sh_ok(
+            "sha256sum /etc/airlock/retry-control.token /etc/airlock/retryd.env",
+            10 * SEC,
+        )?,
+        config_has_repository: c
+            .sh_ok("cat /etc/airlock/airlock.toml", 10 * SEC)?
+            .contains("path = \"/srv/airlock/calc.git\""),
+    })
+}
+
+fn reinstall(c: &Container, command: &str) -> Result<String, String> {
+    let before = kept(c)?;
+    let pids_before = main_pids(c)?;
+    if before.tasks.is_empty() {
+        return Err("no tasks to keep".into());
+    }
+    let out = c.sh(command, 300 * SEC)?.expect_ok(command)?;
+    all_active(c, STARTED_BY_TARGET)?;
+    let after = kept(c)?;
+    if after != before {
+        return Err(format!("before: {before:?}\nafter: {after:?}"));
+    }
+    let pids_after = main_pids(c)?;
+    let not_restarted: Vec<&str> = [
+        "airlock-supervisor.service",
+        "airlock-worker.service",
+        "airlock-executor.service",
+    ]
+    .into_iter()
+    .filter(|u| pids_before.get(*u) == pids_after.get(*u))
+    .collect();
+    if !not_restarted.is_empty() {
+        return Err(format!(
+            "not restarted: {not_restarted:?} (before {pids_before:?}, after {pids_after:?})\n{}",
+            tail(&out.both(), 10)
+        ));
+    }
+    Ok(format!(
+        "{} tasks kept, secrets and configuration kept, services restarted",
+        after.tasks.len()
+    ))
+}
+
+fn stop_target(c: &Container) -> Result<String, String> {
+    // The target is ordered after the services, so its stop job ends first;
+    // PartOf= stops the services after it, in reverse start order (worker,
+    // then supervisor), each within its TimeoutStopSec=.
+    let t = Instant::now();
+    c.sh_ok("systemctl stop airlock.target", 120 * SEC)?;
+    let deadline = Instant::now() + 90 * SEC;
+    loop {
+        let st = states(c, ALL_UNITS)?;
+        let running: Vec<String> = st
+            .iter()
+            .filter(|(_, s)| *s != "inactive" && *s != "failed")
+            .map(|(u, s)| format!("{u} {s}"))
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("still {}", running.join(", ")));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stopped = t.elapsed();
+    let failed = c
+        .sh(
+            "systemctl list-units --state=failed --no-legend --plain 'airlock*'",
+            10 * SEC,
+        )?
+        .stdout;
+    if !failed.trim().is_empty() {
+        return Err(format!("failed on stop: {failed}"));
+    }
+    no_airlock_process(c)?;
+    Ok(format!(
+        "every unit inactive {:.1}s after the stop began; no airlock process",
+        stopped.as_secs_f64()
+    ))
+}

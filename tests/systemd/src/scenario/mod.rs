@@ -1,0 +1,301 @@
+//! The testbed scenario: build the packages, boot the root, install the
+//! .deb and use airlock as an administrator would, then reinstall,
+//! upgrade, stop, remove and purge it. Every check is recorded in the
+//! [`Report`]; a check that fails does not stop the ones after it, except
+//! where they could not mean anything (no package, no container, no
+//! installation).
+//!
+//! By check family: `package.rs` (the packages, before any root),
+//! `install.rs` (the installation), `doctor.rs` (the administrator's own
+//! checks), `tasks.rs` (tasks end to end), `authz.rs` (refusals and their
+//! audit), `journal.rs`, `confinement.rs` (what the kernel shows of each
+//! sandbox), `lifecycle.rs` (stop, start, reinstall, upgrade, remove,
+//! purge) and `agents.rs`; `status.rs` reads what is running. This file
+//! runs them in order.
+
+mod agents;
+mod authz;
+mod confinement;
+mod doctor;
+mod install;
+mod journal;
+mod lifecycle;
+mod package;
+mod status;
+mod tasks;
+
+use crate::{Container, Report, debian_root, tail};
+use package::{Packages, package_checks, rpm_scriptlets, upgrade_deb};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use authz::{INTERACTIVE_AUTHORIZATION_REQUIRED, REFUSALS, Refusal, UNAUTHORIZED};
+
+/// Where things are.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Cargo's target directory (packages and the testbed's files go there).
+    pub target_dir: PathBuf,
+    /// Cache of the Debian root.
+    pub cache: PathBuf,
+    /// Debian mirror for debootstrap.
+    pub mirror: String,
+}
+
+pub(super) const SEC: Duration = Duration::from_secs(1);
+
+pub(super) const SERVICES: &[&str] = &[
+    "airlock-supervisor.service",
+    "airlock-worker.service",
+    "airlock-executor.service",
+    "airlock-retryd.service",
+    "airlock-egress.service",
+];
+
+pub(super) const STARTED_BY_TARGET: &[&str] = &[
+    "airlock.target",
+    "airlock-supervisor.service",
+    "airlock-worker.service",
+    "airlock-executor.service",
+    "airlock-retryd.socket",
+    "airlock-egress.service",
+];
+
+pub(super) const ALL_UNITS: &[&str] = &[
+    "airlock.target",
+    "airlock-supervisor.service",
+    "airlock-worker.service",
+    "airlock-executor.service",
+    "airlock-retryd.service",
+    "airlock-retryd.socket",
+    "airlock-egress.service",
+];
+
+pub(super) const USERS: &[&str] = &[
+    "airlock",
+    "airlock-worker",
+    "airlock-exec",
+    "airlock-retry",
+    "airlock-agent",
+    "airlock-egress",
+];
+
+pub(super) const REPO: &str = "/srv/airlock/calc.git";
+
+pub(super) fn json(text: &str) -> Result<Value, String> {
+    serde_json::from_str(text.trim()).map_err(|e| format!("not JSON ({e}): {}", tail(text, 5)))
+}
+
+pub(super) fn q(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+pub(super) fn file_name(p: &Path) -> String {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+impl crate::Detail for PathBuf {
+    fn detail(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl crate::Detail for Container {
+    fn detail(&self) -> String {
+        format!("machine {} (init pid {})", self.name, self.leader())
+    }
+}
+
+/// Runs the whole scenario.
+/// `AIRLOCK_TESTBED_ONLY=agents`: the narrow run while working on agents
+/// (the package, its installation, a repository, then only the agent
+/// checks; no lintian, no RPM scriptlets, no upgrade or removal).
+pub fn only_agents() -> bool {
+    std::env::var("AIRLOCK_TESTBED_ONLY").as_deref() == Ok("agents")
+}
+
+pub fn run_all(s: &Settings) -> Report {
+    let work = s.target_dir.join("testbed");
+    let _ = fs::create_dir_all(&work);
+    let mut r = match Report::new(&work.join("testbed.log")) {
+        Ok(r) => r,
+        Err(e) => panic!("cannot start the report: {e}"),
+    };
+    r.say(&format!(
+        "airlock systemd testbed: log in {}",
+        r.log_path().display()
+    ));
+    let Some(pkgs) = package_checks(&mut r, s, &work) else {
+        r.skip(&["everything in the booted root"], "no package was built");
+        return r;
+    };
+    let debs = work.join("debs");
+    let upgrade = r.check(
+        "upgrade .deb: the same package as version +testbed1",
+        |_| {
+            let _ = fs::remove_dir_all(&debs);
+            fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
+            fs::copy(&pkgs.deb, debs.join(file_name(&pkgs.deb))).map_err(|e| e.to_string())?;
+            upgrade_deb(&pkgs, &debs)
+        },
+    );
+    let Some(root) = r.check("minimal Debian root (debootstrap, cached)", |r| {
+        debian_root(&s.cache, &s.mirror, r)
+    }) else {
+        r.skip(&["everything in the booted root"], "no Debian root");
+        return r;
+    };
+    let Some(mut c) = r.check("boot the root with systemd-nspawn", |r| {
+        Container::boot(
+            &root,
+            &[(debs.clone(), "/debs")],
+            &work.join("nspawn.log"),
+            r,
+        )
+    }) else {
+        r.skip(
+            &["everything in the booted root"],
+            "the container did not boot",
+        );
+        return r;
+    };
+    in_container(&mut r, &c, &pkgs, upgrade.as_deref());
+    if !r.all_passed() {
+        if let Ok(out) = c.sh(
+            "journalctl --no-pager -o short-monotonic -n 400 -u 'airlock*' -u dbus -u polkit",
+            30 * SEC,
+        ) {
+            let path = work.join("journal.txt");
+            let _ = fs::write(&path, out.both());
+            r.say(&format!("the container's journal: {}", path.display()));
+        }
+    }
+    r.check("the container powers off", |_| {
+        c.shutdown(Duration::from_secs(60)).map(|()| String::new())
+    });
+    drop(c);
+    if only_agents() {
+        return r;
+    }
+    r.check(
+        "rpm scriptlets on a fresh booted root: install, upgrade, erase",
+        |r| rpm_scriptlets(r, &root, &pkgs.rpm, &work),
+    );
+    r
+}
+
+/// Everything in the booted root, in order: the installation, the
+/// administrator's checks, the tasks (with a repository), the live
+/// confinement, then the package's life cycle.
+fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Path>) {
+    let deb = format!("/debs/{}", file_name(&p.deb));
+    if !install::checks(r, c, &deb) {
+        r.skip(
+            &["everything after the installation"],
+            "the package did not install",
+        );
+        return;
+    }
+    let repo = r.check(
+        "a bare repository under /srv/airlock, registered; restart",
+        |_| install::setup_repository(c),
+    );
+    if only_agents() {
+        if repo.is_some() {
+            agents::agent_checks(r, c);
+        }
+        return;
+    }
+    doctor::checks(r, c);
+    if repo.is_some() {
+        with_repository(r, c, p);
+    } else {
+        r.skip(
+            &[
+                "demo task by root with airlockctl",
+                "airlock-agent submits",
+                "sandbox probe",
+                "ordinary user denied",
+                "airlock-mcp as airlock-agent",
+            ],
+            "no repository",
+        );
+    }
+    confinement::checks(r, c);
+    if repo.is_some() {
+        r.check(
+            "retryd: one more attempt for a failed task, with the owner's token",
+            |_| tasks::retry_extension(c),
+        );
+    }
+    lifecycle::checks(r, c, &deb, upgrade);
+}
+
+/// The checks that need the registered repository: tasks by root, by
+/// airlock-agent and through MCP, the sandbox probe, the refused user, the
+/// journal, then the agents.
+fn with_repository(r: &mut Report, c: &Container, p: &Packages) {
+    r.check(
+        "demo task by root with airlockctl: SUCCEEDED, commit on agent/*",
+        |_| tasks::demo_task(c),
+    );
+    r.check(
+        "systemd's watchdog restarts a worker whose attempt thread is wedged (a fault build, in this root only); the task ends",
+        |_| tasks::wedged_worker(c, p),
+    );
+    let host = r
+        .check(
+            "the secret paths the probes target exist (root, outside any sandbox)",
+            |_| confinement::secrets_on_host(c).map(confinement::Host),
+        )
+        .map(|h| h.0);
+    r.check(
+        "airlock-agent submits without a password (polkit rule)",
+        |_| tasks::agent_submits(c),
+    );
+    if let Some(host) = &host {
+        r.check(
+            "sandbox probe: every secret path denied or hidden (ENOENT only for paths root sees)",
+            |_| confinement::sandbox_probe(c, host),
+        );
+    } else {
+        r.skip(&["sandbox probe"], "the secret paths are not all present");
+    }
+    r.check(
+        "ordinary user: submit refused by polkit (exact code), refusal audited",
+        |_| authz::ordinary_user_denied(c),
+    );
+    r.check(
+        "journal: events with their MESSAGE_IDs and AIRLOCK_* fields, explained by journalctl -x",
+        |_| journal::journal_catalogue(c),
+    );
+    r.check(
+        "repo add + reload (same PIDs); airlock-agent clones it, cannot write it, proposes a --worktree: commit on agent/*",
+        |_| tasks::own_repository(c),
+    );
+    r.check(
+        "airlock-mcp as airlock-agent: an MCP client reads, proposes with a packaged preset, its commit lands on agent/*; polkit refuses its cancel",
+        |_| tasks::mcp_agent(c),
+    );
+    agents::agent_checks(r, c);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use crate::Out;
+
+    /// A finished command that left `code`, `stdout` and `stderr`.
+    pub(crate) fn out(code: i32, stdout: &str, stderr: &str) -> Out {
+        Out {
+            code: Some(code),
+            stdout: stdout.to_owned(),
+            stderr: stderr.to_owned(),
+            timed_out: false,
+        }
+    }
+}
