@@ -11,6 +11,14 @@
 //! executor asks for the source and fills its tree cache) and the median
 //! of the next `--size-tasks` (warm cache), with the ratio of each warm
 //! median to the smallest repository's (target: 20,000 files within 1.5×).
+//!
+//! With `--environments`, the environment axis: a Node package with a
+//! registry dependency whose environment's setup is `npm ci` through
+//! airlock-egress (the registry's host learnt at run time): the first
+//! task (setup and verification), the next `--environment-tasks` with the
+//! dependency layer reused, beside `npm test` run bare on a clean checkout
+//! with its dependencies already fetched (target: reused within 1.15× of
+//! bare). Needs the package registry.
 //! Prints figures; asserts nothing.
 
 use airlock_local::client::{Supervisor, task_on_demo};
@@ -270,12 +278,195 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
     }
 }
 
+/// Runs one `airlockctl propose --wait` of `patch`; its wall time and the
+/// task's JSON.
+fn propose_cli(
+    suite: &Suite,
+    repo: &str,
+    verify: &str,
+    patch: &str,
+) -> (Duration, serde_json::Value) {
+    let ctl = airlock_local::sibling("airlockctl").expect("airlockctl");
+    let config = suite.layout.config();
+    let start = Instant::now();
+    let mut child = Command::new(ctl)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", suite.bus.address())
+        .args(["--json", "propose", "--config"])
+        .arg(&config)
+        .args([
+            "--repo",
+            repo,
+            "--base",
+            "main",
+            "--patch",
+            "-",
+            "--verify",
+            verify,
+            "--max-attempts",
+            "1",
+            "--timeout",
+            "600",
+            "--wait",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("airlockctl runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(patch.as_bytes())
+        .expect("patch written");
+    let out = child.wait_with_output().expect("airlockctl");
+    let elapsed = start.elapsed();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let task = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (elapsed, task)
+}
+
+/// The environment axis; see the module documentation.
+fn environment_axis(base: &Path, tasks: usize) {
+    let dir = base.join("environments");
+    std::fs::create_dir_all(&dir).expect("axis dir");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    }
+    let registry = airlock_testkit::npm_registry(&dir.join("npm-cache"));
+    let project = airlock_testkit::node_project(&dir, "web");
+    let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    let environment = airlock_config::Environment {
+        paths: Vec::new(),
+        programs: owned(&["npm", "node"]),
+        variables: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
+        setup: Some(airlock_config::Setup {
+            commands: vec![owned(&[
+                "npm",
+                "ci",
+                "--ignore-scripts",
+                "--no-audit",
+                "--no-fund",
+            ])],
+            inputs: owned(&["package.json", "package-lock.json"]),
+            outputs: owned(&["node_modules"]),
+            egress: registry.clone(),
+            timeout_seconds: 600,
+        }),
+    };
+    let suite = start_with(
+        dir.join("state"),
+        true,
+        &Tuning {
+            parallel_tasks: 1,
+            repositories: vec![("web".into(), project.clone())],
+            environments: vec![("web".into(), environment)],
+            egress_permit: registry
+                .iter()
+                .flat_map(|r| airlock_testkit::addresses(r))
+                .collect(),
+            ..Default::default()
+        },
+    )
+    .expect("suite");
+    let (first, task) = propose_cli(&suite, "web", "npm test", airlock_testkit::NODE_FIX);
+    let layer = &task["result"]["isolation"]["layer"];
+    println!();
+    println!(
+        "environment axis (Node: npm ci as setup through airlock-egress, npm test; {tasks} tasks one at a time):"
+    );
+    println!(
+        "  first task (setup + verification): {:.0} ms, state {}, layer reused {}",
+        first.as_secs_f64() * 1000.0,
+        task["state"],
+        layer["reused"]
+    );
+    let mut reused = Vec::new();
+    for _ in 0..tasks {
+        let (t, task) = propose_cli(&suite, "web", "npm test", airlock_testkit::NODE_FIX);
+        if task["state"] != "SUCCEEDED" || task["result"]["isolation"]["layer"]["reused"] != true {
+            println!("  a reused-layer task did not succeed as one: {task}");
+        }
+        reused.push(t);
+    }
+    drop(suite);
+    // Bare: a clean checkout with its dependencies fetched, `npm test`.
+    let bare_dir = dir.join("bare");
+    let _ = Command::new("git")
+        .args(["clone", "-q"])
+        .arg(&project)
+        .arg(&bare_dir)
+        .status();
+    let patched = Command::new("git")
+        .current_dir(&bare_dir)
+        .args(["apply", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(airlock_testkit::NODE_FIX.as_bytes())?;
+            c.wait()
+        });
+    let fetched = Command::new("npm")
+        .current_dir(&bare_dir)
+        .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+        .stdout(Stdio::null())
+        .status();
+    if !patched.is_ok_and(|s| s.success()) || !fetched.is_ok_and(|s| s.success()) {
+        println!("  bare baseline: could not prepare the checkout");
+        return;
+    }
+    let mut bare = Vec::new();
+    for _ in 0..tasks {
+        let start = Instant::now();
+        let ok = Command::new("npm")
+            .current_dir(&bare_dir)
+            .arg("test")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        bare.push(start.elapsed());
+        if !ok {
+            println!("  bare npm test failed");
+        }
+    }
+    reused.sort();
+    bare.sort();
+    let (r, b) = (pct(&reused, 0.5), pct(&bare, 0.5));
+    println!(
+        "  reused layer, whole task (submit to SUCCEEDED): p50 {r:.0} ms, p90 {:.0} ms",
+        pct(&reused, 0.9)
+    );
+    println!("  bare npm test on a fetched checkout:            p50 {b:.0} ms");
+    println!(
+        "  reused ÷ bare: {:.2} ({}; the difference, {:.0} ms, is the pipeline: submit, claim, spool, sandbox, commit)",
+        r / b,
+        if r / b <= 1.15 {
+            "[<= 1.15] met"
+        } else {
+            "[<= 1.15] MISSED"
+        },
+        r - b
+    );
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut tasks = 30usize;
     let mut size_tasks = 10usize;
     let mut sizes: Vec<usize> = vec![40, 2_000, 20_000, 100_000];
     let mut throughput = true;
+    let mut environments = false;
+    let mut environment_tasks = 10usize;
     let mut root = PathBuf::from("/var/tmp");
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -296,10 +487,17 @@ fn main() {
                     .collect()
             }
             "--only-sizes" => throughput = false,
+            "--environments" => environments = true,
+            "--environment-tasks" => {
+                environment_tasks = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--environment-tasks N")
+            }
             "--dir" => root = PathBuf::from(args.next().expect("--dir DIR")),
             "-h" | "--help" => {
                 println!(
-                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--only-sizes] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies. --only-sizes skips the throughput part."
+                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--only-sizes] [--environments] [--environment-tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies. --only-sizes skips the throughput part.\n--environments adds the environment axis (a Node package, npm ci as setup through\nairlock-egress; needs the package registry): first task, reused-layer tasks, and\nnpm test bare on a fetched checkout."
                 );
                 return;
             }
@@ -310,6 +508,9 @@ fn main() {
     std::fs::create_dir_all(&base).expect("bench dir");
     if !throughput {
         size_axis(&base, &sizes, size_tasks);
+        if environments {
+            environment_axis(&base, environment_tasks);
+        }
         let _ = std::fs::remove_dir_all(&base);
         return;
     }
@@ -356,6 +557,9 @@ fn main() {
     }
     if !sizes.is_empty() {
         size_axis(&base, &sizes, size_tasks);
+    }
+    if environments {
+        environment_axis(&base, environment_tasks);
     }
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -159,44 +159,48 @@ pub const ENVIRONMENT_KEYS: &[EnvironmentKey] = &[
 /// (each parses; registry hosts are placeholders).
 pub const EXAMPLES: &[(&str, &str)] = &[
     (
-        "Python: a virtual environment with the project's test tools",
+        "Python: pytest installed by the setup, per requirements file",
         r#"[environment]
-# Made once by an administrator:
-#   /usr/bin/python3 -m venv /opt/airlock/py-calc && /opt/airlock/py-calc/bin/pip install pytest
-paths = ["/opt/airlock/py-calc"]
 programs = ["python3"]
-variables = { PATH = "/opt/airlock/py-calc/bin:/usr/bin:/bin" }
+variables = { PATH = "/usr/bin:/bin", PYTHONPATH = "/workspace/deps" }
+
+[environment.setup]
+commands = [["python3", "-m", "pip", "install", "--no-cache-dir", "--target", "deps", "-r", "requirements.txt"]]
+inputs = ["requirements.txt"]
+outputs = ["deps"]
+# The index and the file host the package client asks for.
+egress = ["pypi-index.example:443", "pypi-files.example:443"]
 "#,
     ),
     (
-        "Rust: a toolchain under /opt, dependencies vendored into it",
+        "Rust: a toolchain under /opt, the registry fetched by the setup",
         r#"[environment]
-# rustup installed with RUSTUP_HOME=/opt/rust/rustup CARGO_HOME=/opt/rust/cargo,
-# dependencies fetched by `cargo fetch` with CARGO_HOME=/opt/rust/cargo.
+# rustup installed with RUSTUP_HOME=/opt/rust/rustup CARGO_HOME=/opt/rust/cargo
+# (read-only to commands); the crates go to the command's HOME (/tmp).
 paths = ["/opt/rust"]
 programs = ["cargo"]
-variables = { PATH = "/opt/rust/cargo/bin:/usr/bin:/bin", RUSTUP_HOME = "/opt/rust/rustup", CARGO_HOME = "/opt/rust/cargo", CARGO_NET_OFFLINE = "true" }
+variables = { PATH = "/opt/rust/cargo/bin:/usr/bin:/bin", RUSTUP_HOME = "/opt/rust/rustup", CARGO_HOME = "/tmp/.cargo" }
 
-# The dependency fetch through the egress proxy, once setups run:
-# [environment.setup]
-# commands = [["cargo", "fetch", "--locked"]]
-# inputs = ["Cargo.toml", "Cargo.lock", "**/Cargo.toml"]
-# outputs = ["~/.cargo/registry"]
-# egress = ["crates-registry.example:443", "crates-index.example:443"]
+[environment.setup]
+commands = [["cargo", "fetch", "--locked"]]
+inputs = ["Cargo.toml", "Cargo.lock", "**/Cargo.toml"]
+outputs = ["~/.cargo/registry"]
+egress = ["crates-index.example:443", "crates-files.example:443"]
+# Verification: cargo test --offline
 "#,
     ),
     (
-        "Node: node and npm from /opt/node",
+        "Node: node_modules from the lockfile",
         r#"[environment]
-paths = ["/opt/node"]
 programs = ["node", "npm"]
-variables = { PATH = "/opt/node/bin:/usr/bin:/bin", npm_config_offline = "true" }
+variables = { PATH = "/usr/bin:/bin" }
 
-# [environment.setup]
-# commands = [["npm", "ci", "--ignore-scripts"]]
-# inputs = ["package.json", "package-lock.json"]
-# outputs = ["node_modules"]
-# egress = ["npm-registry.example:443"]
+[environment.setup]
+commands = [["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"]]
+inputs = ["package.json", "package-lock.json"]
+outputs = ["node_modules"]
+egress = ["npm-registry.example:443"]
+# Verification: npm test
 "#,
     ),
 ];

@@ -132,11 +132,35 @@ fn render_environments() -> String {
          and variables are per repository. The executor resolves the environments when \
          it starts: `repo add --environment` asks systemd to restart it, beside \
          reloading the supervisor and the worker.\n\
-         - **Not yet run: `[environment.setup]`.** Its keys are checked and documented \
-         below, but this release's executor refuses an environment with a setup \
-         (ENVIRONMENT_INVALID) rather than pretend to fetch: until setups run through \
-         the egress proxy (airlock-egress, [privsep.md](privsep.md)), fetch dependencies \
-         into a path of the environment as an administrator.\n\n",
+         - **The setup: dependencies, fetched once per lockfile.** When the environment \
+         has an `[environment.setup]`, the executor first computes the dependency \
+         layer's key: SHA-256 over the whole environment and the content of every file \
+         of the task's tree (with its change applied) that an `inputs` glob matches. A \
+         layer with that key in the layer cache (`<work>/layers`, bounded by \
+         `executor.layer_cache_mib`, verified against its seal when first used) is \
+         used as it is: no setup runs, nothing is fetched. Otherwise the setup commands \
+         run, in order, in the executor's sandbox (its uid, Landlock, seccomp, the \
+         minimal root, no credentials) on a workspace holding only the inputs; HOME is \
+         the command's private /tmp, and each `~/…` output is kept from it. Their \
+         network namespace holds only `lo`, on which the executor's forwarder listens \
+         (`127.0.0.1:3128`, set as `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, their lower-case \
+         forms and npm's own names; `NO_PROXY` empty); the forwarder's only peer is \
+         airlock-egress, which opens a tunnel only to an `egress` entry, resolved by \
+         itself to public addresses only ([privsep/egress.md](privsep/egress.md)). A \
+         setup without `egress` entries has no network at all.\n\
+         - Verification reads the layer: workspace outputs (`node_modules`) as the \
+         read-only lower layer of the workspace's overlay, HOME outputs \
+         (`~/.cargo/registry`) as copy-on-write overlays under the command's HOME (a copy \
+         where overlays cannot be mounted). Verification itself has no network. The \
+         task's isolation evidence names the layer: its key and digest, its size, \
+         whether it was reused, each setup command's evidence and every connection the \
+         setup asked for (`airlockctl show TASK --json`, `result.isolation.layer`).\n\
+         - A setup command that fails ends the attempt with SETUP_FAILED and its \
+         redacted output tail; a connection the proxy refused because configuration \
+         does not allow it (EGRESS_HOST_NOT_ALLOWED, EGRESS_PORT_NOT_ALLOWED, \
+         EGRESS_ADDRESS_FORBIDDEN, EGRESS_METHOD_NOT_ALLOWED) ends the task at once, as \
+         does SETUP_UNAVAILABLE (an executor whose commands get the host view: setups \
+         need the minimal root's network namespace).\n\n",
     );
     out.push_str("## Keys\n");
     for k in ENVIRONMENT_KEYS {

@@ -57,7 +57,7 @@ use serde_json::Value;
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks1.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (6, 1);
+pub const PROTOCOL_VERSION: (u32, u32) = (6, 2);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {

@@ -934,7 +934,7 @@ mod tests {
             metadata_paths: true,
             truncate_paths: true,
             shared_ipc: true,
-            ip_sockets: true,
+            ip_sockets: false,
         };
         for name in [
             "chmod",

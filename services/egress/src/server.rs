@@ -623,16 +623,17 @@ mod tests {
             .ok()
             .unwrap();
         assert_eq!(t.to_string(), "pkg.example.org:443");
+        // HTTP/1.0, as Python's http.client sends a CONNECT.
+        let t = connect_target(b"CONNECT pkg.example.org:443 HTTP/1.0\r\n\r\n")
+            .ok()
+            .unwrap();
+        assert_eq!(t.to_string(), "pkg.example.org:443");
         for (head, code) in [
             (
                 &b"GET http://pkg.example.org/ HTTP/1.1\r\n\r\n"[..],
                 Code::EGRESS_METHOD_NOT_ALLOWED,
             ),
             (b"POST / HTTP/1.1\r\n\r\n", Code::EGRESS_METHOD_NOT_ALLOWED),
-            (
-                b"CONNECT a.example:443 HTTP/1.0\r\n\r\n",
-                Code::EGRESS_REQUEST_INVALID,
-            ),
             (
                 b"CONNECT a.example HTTP/1.1\r\n\r\n",
                 Code::EGRESS_REQUEST_INVALID,

@@ -100,6 +100,28 @@ fn the_executor_and_confine_link_no_bus_database_http_or_git_code() {
     }
 }
 
+/// The test kit is for tests and benchmarks: no shipped binary links it.
+#[test]
+fn no_shipped_binary_links_the_test_kit() {
+    for root in [
+        "airlock-supervisor",
+        "airlock-worker",
+        "airlock-executor",
+        "airlock-confine",
+        "airlock-egress",
+        "airlock-retryd",
+        "airlockctl",
+        "airlock-local",
+        "airlock-mcp",
+    ] {
+        let linked = closure(root);
+        assert!(
+            !linked.contains("airlock-testkit"),
+            "{root} links airlock-testkit"
+        );
+    }
+}
+
 #[test]
 fn retryd_links_no_database() {
     let linked = closure("airlock-retryd");

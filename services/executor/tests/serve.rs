@@ -219,12 +219,13 @@ fn run_once_applies_verifies_and_binds_the_result() {
     check_happy_result(&result, &request);
     assert!(!dir.path().join("probe").exists());
     assert!(!Path::new("/etc/airlock-pwned").exists());
-    // The workspace is gone; the tree cache stays.
-    let left: Vec<String> = std::fs::read_dir(dir.path().join("work"))
+    // The workspace is gone; the tree and layer caches stay.
+    let mut left: Vec<String> = std::fs::read_dir(dir.path().join("work"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(left, ["trees"]);
+    left.sort();
+    assert_eq!(left, ["layers", "trees"]);
 }
 
 /// The workspace over the tree cache: the command sees the tree with the
@@ -618,13 +619,13 @@ fn serve_answers_each_spooled_request_once() {
     for entry in &before {
         assert!(after.contains(entry), "{entry:?} changed");
     }
-    // The workspaces are gone; the tree cache and the view status stay.
+    // The workspaces are gone; the caches and the view status stay.
     let mut left: Vec<String> = std::fs::read_dir(dir.path().join("work"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     left.sort();
-    assert_eq!(left, ["sandbox.json", "trees"]);
+    assert_eq!(left, ["layers", "sandbox.json", "trees"]);
     let mut trees: Vec<String> = std::fs::read_dir(dir.path().join("work").join("trees"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -21,116 +21,15 @@
 //!   and the listener sees nothing; a verification command cannot reach
 //!   the proxy, and no name resolves inside the sandbox.
 
+use airlock_testkit::{NODE_BREAK, NODE_FIX, addresses, git, node_project};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// A CONNECT proxy on loopback that records each target and tunnels to
-/// it (this test process reaches the registries directly).
-fn recording_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let record = record.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut line = String::new();
-                let _ = reader.read_line(&mut line);
-                let target = line
-                    .strip_prefix("CONNECT ")
-                    .and_then(|t| t.split_whitespace().next())
-                    .unwrap_or("")
-                    .to_owned();
-                loop {
-                    let mut h = String::new();
-                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                        break;
-                    }
-                }
-                record.lock().unwrap().push(target.clone());
-                let Ok(upstream) = std::net::TcpStream::connect(&target) else {
-                    let _ = (&conn).write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n");
-                    return;
-                };
-                let _ = (&conn).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
-                let (up2, conn2) = (upstream.try_clone().unwrap(), conn.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut reader, &mut &up2);
-                    let _ = up2.shutdown(std::net::Shutdown::Write);
-                });
-                let _ = std::io::copy(&mut &upstream, &mut &conn2);
-                let _ = conn2.shutdown(std::net::Shutdown::Both);
-            });
-        }
-    });
-    (port, seen)
-}
-
-/// Every `host:port` a client asks a proxy for, learnt by running it once
-/// through [`recording_proxy`].
-fn registry_of(what: &str, mut client: Command) -> Vec<String> {
-    let (port, seen) = recording_proxy();
-    let url = format!("http://127.0.0.1:{port}");
-    for v in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
-        client.env(v, &url);
-    }
-    client
-        .env("npm_config_https_proxy", &url)
-        .env("npm_config_proxy", &url)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let status = client.status().unwrap();
-    assert!(
-        status.success(),
-        "{what} through the recording proxy: {status}"
-    );
-    let mut seen = seen.lock().unwrap().clone();
-    seen.retain(|t| t.contains(':'));
-    seen.sort();
-    seen.dedup();
-    assert!(!seen.is_empty(), "{what} asked the proxy for no host");
-    seen
-}
-
-/// The addresses `host:port` resolves to here: the test build of
-/// airlock-egress is told to reach them whatever their range (this
-/// machine's resolver may answer with documentation-range addresses,
-/// which the proxy refuses as it must).
-fn addresses(target: &str) -> Vec<std::net::IpAddr> {
-    use std::net::ToSocketAddrs;
-    target
-        .to_socket_addrs()
-        .map(|a| a.map(|s| s.ip()).collect())
-        .unwrap_or_default()
-}
 
 fn last_json(out: &Output) -> Value {
     let text = String::from_utf8_lossy(&out.stdout);
@@ -221,48 +120,6 @@ fn counting_listener() -> (u16, Arc<AtomicUsize>) {
     (port, count)
 }
 
-fn node_project(dir: &Path) -> PathBuf {
-    let src = dir.join("calc-node");
-    std::fs::create_dir_all(&src).unwrap();
-    git(&src, &["init", "-q", "-b", "main"]);
-    std::fs::write(
-        src.join("package.json"),
-        r#"{"name":"calc","version":"1.0.0","private":true,"scripts":{"test":"node test.js"},"dependencies":{"is-number":"7.0.0"}}"#,
-    )
-    .unwrap();
-    std::fs::write(
-        src.join("calc.js"),
-        "const isNumber = require('is-number');\nexports.add = (a, b) => {\n  if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n  return a - b;\n};\n",
-    )
-    .unwrap();
-    std::fs::write(
-        src.join("test.js"),
-        "const assert = require('assert');\nconst { add } = require('./calc');\nassert.strictEqual(add(2, 3), 5, 'test_add_two_and_three');\nconsole.log('ok');\n",
-    )
-    .unwrap();
-    // The lockfile, made here with the registry this machine reaches.
-    let lock = Command::new("npm")
-        .current_dir(&src)
-        .args([
-            "install",
-            "--package-lock-only",
-            "--ignore-scripts",
-            "--no-audit",
-            "--no-fund",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        lock.status.success(),
-        "npm install --package-lock-only (needs the package registry): {}",
-        String::from_utf8_lossy(&lock.stderr)
-    );
-    git(&src, &["add", "-A"]);
-    git(&src, &["commit", "-q", "-m", "calc with an npm dependency"]);
-    src
-}
-
 fn python_project(dir: &Path) -> PathBuf {
     let src = dir.join("calc-py");
     std::fs::create_dir_all(&src).unwrap();
@@ -308,28 +165,15 @@ fn environment(
     }
 }
 
-const NODE_FIX: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n exports.add = (a, b) => {\n   if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n-  return a - b;\n+  return a + b;\n };\n";
-const NODE_BREAK: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n exports.add = (a, b) => {\n   if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n-  return a - b;\n+  return a * b;\n };\n";
 const PY_FIX: &str = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n";
 
 #[test]
 fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfile() {
     let scratch = tempfile::tempdir().unwrap();
     std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let npm_registry = registry_of("npm", {
-        let mut c = Command::new("npm");
-        c.args(["view", "is-number@7.0.0", "dist.tarball"])
-            .env("npm_config_cache", scratch.path().join("npm-cache"));
-        c
-    });
-    let pip_registry = registry_of("pip", {
-        let mut c = Command::new("/usr/bin/python3");
-        c.args(["-m", "pip", "download", "--no-cache-dir", "--no-deps", "-d"])
-            .arg(scratch.path().join("pip-dl"))
-            .arg("pytest");
-        c
-    });
-    let node = node_project(scratch.path());
+    let npm_registry = airlock_testkit::npm_registry(&scratch.path().join("npm-cache"));
+    let pip_registry = airlock_testkit::pip_registry(&scratch.path().join("pip-dl"));
+    let node = node_project(scratch.path(), "calc-node");
     let python = python_project(scratch.path());
     let (listener_port, listener_hits) = counting_listener();
     let loopback = format!("127.0.0.1:{listener_port}");

@@ -813,7 +813,49 @@ fn repositories(c: &airlock_config::Config) -> Vec<Check> {
             }
         })
         .chain(c.repositories.iter().filter_map(environment))
+        .chain(egress_socket(c))
         .collect()
+}
+
+/// When a repository's environment has a setup: airlock-egress's socket,
+/// the setup's only route out, is there.
+pub fn egress_socket(c: &airlock_config::Config) -> Option<Check> {
+    use std::os::unix::fs::FileTypeExt;
+    let with_setup: Vec<&str> = c
+        .repositories
+        .iter()
+        .filter(|r| r.environment.as_ref().is_some_and(|e| e.setup.is_some()))
+        .map(|r| r.name.as_str())
+        .collect();
+    if with_setup.is_empty() {
+        return None;
+    }
+    let socket = &c.executor.egress_socket;
+    let name = "egress proxy socket";
+    Some(match std::fs::metadata(socket) {
+        Ok(m) if m.file_type().is_socket() => check(
+            name,
+            Status::Pass,
+            format!("{} (setups of {})", socket.display(), with_setup.join(", ")),
+            None,
+        ),
+        Ok(_) => check(
+            name,
+            Status::Fail,
+            format!("{} is not a socket", socket.display()),
+            Some("systemctl restart airlock-egress"),
+        ),
+        Err(e) => check(
+            name,
+            Status::Fail,
+            format!(
+                "{}: {e}; the setups of {} cannot fetch (SETUP_FAILED)",
+                socket.display(),
+                with_setup.join(", ")
+            ),
+            Some("systemctl enable --now airlock-egress"),
+        ),
+    })
 }
 
 /// A repository's verification environment as this host resolves it:
@@ -920,6 +962,37 @@ fn report(ctx: &Ctx, checks: &[Check]) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_egress_socket_is_checked_only_when_a_setup_needs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = airlock_config::Config::default();
+        config.executor.egress_socket = dir.path().join("egress.sock");
+        config.repositories.push(airlock_config::Repository {
+            name: "calc".into(),
+            path: "/srv/airlock/calc.git".into(),
+            description: None,
+            environment: Some(airlock_config::Environment::default()),
+            drop_in: None,
+        });
+        assert!(egress_socket(&config).is_none());
+        config.repositories[0].environment = Some(airlock_config::Environment {
+            setup: Some(airlock_config::Setup {
+                commands: vec![vec!["true".into()]],
+                inputs: vec!["Cargo.lock".into()],
+                outputs: vec!["target".into()],
+                egress: vec![],
+                timeout_seconds: 60,
+            }),
+            ..Default::default()
+        });
+        let missing = egress_socket(&config).unwrap();
+        assert_eq!(missing.status, Status::Fail);
+        assert!(missing.detail.contains("calc"), "{}", missing.detail);
+        let _listener =
+            std::os::unix::net::UnixListener::bind(&config.executor.egress_socket).unwrap();
+        assert_eq!(egress_socket(&config).unwrap().status, Status::Pass);
+    }
 
     #[test]
     fn an_environment_is_checked_against_this_host() {

@@ -1,0 +1,194 @@
+//! Helpers the test suites and benchmarks share: git in a test directory,
+//! package registries learnt at run time, small real projects.
+//!
+//! Owns: setup code a test would otherwise write again. Must never be
+//! linked by a shipped binary (a dev-dependency, or the bench crate's;
+//! `services/executor/tests/closure.rs` checks) and never names a
+//! registry's host: hosts are learnt from what each package client asks
+//! a logging proxy for ([`registry_of`]).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// Runs git in `dir` with no user or system configuration and a fixed
+/// identity; panics with git's stderr when it fails. Returns stdout,
+/// trimmed.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A CONNECT proxy on loopback that records each target and tunnels to it
+/// (the test process reaches the registries directly). Returns its port
+/// and the targets asked for, in order.
+pub fn recording_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let port = listener.local_addr().expect("local address").port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let record = record.clone();
+            std::thread::spawn(move || tunnel(conn, &record));
+        }
+    });
+    (port, seen)
+}
+
+fn tunnel(conn: std::net::TcpStream, record: &Mutex<Vec<String>>) {
+    let Ok(read_half) = conn.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(read_half);
+    let mut line = String::new();
+    let _ = reader.read_line(&mut line);
+    let target = line
+        .strip_prefix("CONNECT ")
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or("")
+        .to_owned();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+    }
+    if let Ok(mut r) = record.lock() {
+        r.push(target.clone());
+    }
+    let Ok(upstream) = std::net::TcpStream::connect(&target) else {
+        let _ = (&conn).write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n");
+        return;
+    };
+    let _ = (&conn).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+    let (Ok(up2), Ok(conn2)) = (upstream.try_clone(), conn.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut reader, &mut &up2);
+        let _ = up2.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut &upstream, &mut &conn2);
+    let _ = conn2.shutdown(std::net::Shutdown::Both);
+}
+
+/// Every `host:port` a package client asks a proxy for, learnt by running
+/// it once (it must succeed) through [`recording_proxy`].
+pub fn registry_of(what: &str, mut client: Command) -> Vec<String> {
+    let (port, seen) = recording_proxy();
+    let url = format!("http://127.0.0.1:{port}");
+    for v in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        client.env(v, &url);
+    }
+    client
+        .env("npm_config_https_proxy", &url)
+        .env("npm_config_proxy", &url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let status = client.status().expect("the package client runs");
+    assert!(
+        status.success(),
+        "{what} through the recording proxy (needs the package registry): {status}"
+    );
+    let mut seen = seen.lock().expect("targets").clone();
+    seen.retain(|t| t.contains(':'));
+    seen.sort();
+    seen.dedup();
+    assert!(!seen.is_empty(), "{what} asked the proxy for no host");
+    seen
+}
+
+/// npm's registry hosts, learnt with `npm view` (`cache`: a fresh npm cache).
+pub fn npm_registry(cache: &Path) -> Vec<String> {
+    let mut c = Command::new("npm");
+    c.args(["view", "is-number@7.0.0", "dist.tarball"])
+        .env("npm_config_cache", cache);
+    registry_of("npm", c)
+}
+
+/// pip's index and file hosts, learnt with `pip download` into `dir`.
+pub fn pip_registry(dir: &Path) -> Vec<String> {
+    let mut c = Command::new("/usr/bin/python3");
+    c.args(["-m", "pip", "download", "--no-cache-dir", "--no-deps", "-d"])
+        .arg(dir)
+        .arg("pytest");
+    registry_of("pip", c)
+}
+
+/// The addresses `host:port` resolves to here (for the test build of
+/// airlock-egress's `--test-permit-address`, where this machine's
+/// resolver answers with documentation-range addresses).
+pub fn addresses(target: &str) -> Vec<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    target
+        .to_socket_addrs()
+        .map(|a| a.map(|s| s.ip()).collect())
+        .unwrap_or_default()
+}
+
+/// A Node package in `dir/name`: `add` subtracts (a fix is [`NODE_FIX`]),
+/// one registry dependency, `npm test` its suite, its lockfile made here
+/// with the registry this machine reaches; committed on `main`.
+pub fn node_project(dir: &Path, name: &str) -> PathBuf {
+    let src = dir.join(name);
+    std::fs::create_dir_all(&src).expect("project directory");
+    git(&src, &["init", "-q", "-b", "main"]);
+    let write = |f: &str, text: &str| std::fs::write(src.join(f), text).expect("project file");
+    write(
+        "package.json",
+        r#"{"name":"calc","version":"1.0.0","private":true,"scripts":{"test":"node test.js"},"dependencies":{"is-number":"7.0.0"}}"#,
+    );
+    write(
+        "calc.js",
+        "const isNumber = require('is-number');\nexports.add = (a, b) => {\n  if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n  return a - b;\n};\n",
+    );
+    write(
+        "test.js",
+        "const assert = require('assert');\nconst { add } = require('./calc');\nassert.strictEqual(add(2, 3), 5, 'test_add_two_and_three');\nconsole.log('ok');\n",
+    );
+    let lock = Command::new("npm")
+        .current_dir(&src)
+        .args([
+            "install",
+            "--package-lock-only",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("npm runs");
+    assert!(
+        lock.status.success(),
+        "npm install --package-lock-only (needs the package registry): {}",
+        String::from_utf8_lossy(&lock.stderr)
+    );
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "calc with an npm dependency"]);
+    src
+}
+
+/// The patch that fixes [`node_project`]'s `add`.
+pub const NODE_FIX: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n exports.add = (a, b) => {\n   if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n-  return a - b;\n+  return a + b;\n };\n";
+
+/// The patch that breaks it differently (`*`).
+pub const NODE_BREAK: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n exports.add = (a, b) => {\n   if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n-  return a - b;\n+  return a * b;\n };\n";
