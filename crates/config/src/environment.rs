@@ -181,6 +181,8 @@ paths = ["/opt/rust"]
 programs = ["cargo"]
 variables = { PATH = "/opt/rust/cargo/bin:/usr/bin:/bin", RUSTUP_HOME = "/opt/rust/rustup", CARGO_HOME = "/tmp/.cargo" }
 
+# The setup sees only its inputs: cargo parses the manifests alone when
+# they name their targets ([lib] path = "src/lib.rs", [[bin]] path = …).
 [environment.setup]
 commands = [["cargo", "fetch", "--locked"]]
 inputs = ["Cargo.toml", "Cargo.lock", "**/Cargo.toml"]

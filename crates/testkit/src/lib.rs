@@ -192,3 +192,85 @@ pub const NODE_FIX: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n expo
 
 /// The patch that breaks it differently (`*`).
 pub const NODE_BREAK: &str = "--- a/calc.js\n+++ b/calc.js\n@@ -2,4 +2,4 @@\n exports.add = (a, b) => {\n   if (!isNumber(a) || !isNumber(b)) throw new TypeError('not numbers');\n-  return a - b;\n+  return a * b;\n };\n";
+
+/// The registry hosts cargo asks for, learnt with `cargo fetch` of
+/// `project` (its lockfile made already) with a fresh `CARGO_HOME`.
+pub fn cargo_registry(project: &Path, cargo_home: &Path) -> Vec<String> {
+    let mut c = Command::new("cargo");
+    c.current_dir(project)
+        .args(["fetch", "--locked"])
+        .env("CARGO_HOME", cargo_home)
+        .env("CARGO_HTTP_MULTIPLEXING", "false");
+    registry_of("cargo", c)
+}
+
+/// A Rust crate in `dir/name` whose `add` subtracts, with one registry
+/// dependency (`itoa`) and a test; its Cargo.lock made here with the
+/// registry this machine reaches; committed on `main`.
+pub fn rust_project(dir: &Path, name: &str) -> PathBuf {
+    let src = dir.join(name);
+    std::fs::create_dir_all(src.join("src")).expect("project directory");
+    git(&src, &["init", "-q", "-b", "main"]);
+    let write = |f: &str, text: &str| std::fs::write(src.join(f), text).expect("project file");
+    write(
+        "Cargo.toml",
+        // The target named, so that the manifest alone parses (a setup sees
+        // only its inputs).
+        "[package]\nname = \"calc\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\npath = \"src/lib.rs\"\n\n[dependencies]\nitoa = \"1\"\n",
+    );
+    write(
+        "src/lib.rs",
+        "pub fn add(a: i64, b: i64) -> String {\n    itoa::Buffer::new().format(a - b).to_owned()\n}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn test_add_two_and_three() {\n        assert_eq!(super::add(2, 3), \"5\");\n    }\n}\n",
+    );
+    write(".gitignore", "/target\n");
+    let lock = Command::new("cargo")
+        .current_dir(&src)
+        .arg("generate-lockfile")
+        .stdin(Stdio::null())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        lock.status.success(),
+        "cargo generate-lockfile (needs the package registry): {}",
+        String::from_utf8_lossy(&lock.stderr)
+    );
+    git(&src, &["add", "-A"]);
+    git(
+        &src,
+        &["commit", "-q", "-m", "calc with a registry dependency"],
+    );
+    src
+}
+
+/// The patch that fixes [`rust_project`]'s `add`.
+pub const RUST_FIX: &str = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,3 +1,3 @@\n pub fn add(a: i64, b: i64) -> String {\n-    itoa::Buffer::new().format(a - b).to_owned()\n+    itoa::Buffer::new().format(a + b).to_owned()\n }\n";
+
+/// A read-only copy of this machine's Rust toolchain (the directory of
+/// `rustc --print sysroot`) under `parent`, hard-linked where it can be:
+/// the toolchain rustup keeps under root's home is not reachable by other
+/// users. Returns the copy's root (`bin/cargo`, `bin/rustc`, `lib/`).
+pub fn toolchain_copy(parent: &Path) -> PathBuf {
+    let out = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc runs");
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let to = parent.join("toolchain");
+    let linked = Command::new("cp")
+        .args(["-al"])
+        .arg(&sysroot)
+        .arg(&to)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !linked {
+        let _ = std::fs::remove_dir_all(&to);
+        let copied = Command::new("cp")
+            .args(["-a"])
+            .arg(&sysroot)
+            .arg(&to)
+            .status()
+            .expect("cp runs");
+        assert!(copied.success(), "copying {}", sysroot.display());
+    }
+    to
+}

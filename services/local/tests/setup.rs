@@ -422,3 +422,77 @@ fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfil
     );
     assert_eq!(listener_hits.load(Ordering::SeqCst), 0);
 }
+
+/// Rust: a toolchain from the environment's paths (this machine's, as a
+/// read-only copy), `cargo fetch --locked` as setup into HOME's
+/// `.cargo/registry`, `cargo test --offline` as verification.
+#[test]
+fn a_rust_crate_fetches_its_registry_in_setup_and_tests_offline() {
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tools = tempfile::Builder::new()
+        .prefix("airlock-rust-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(tools.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let toolchain = airlock_testkit::toolchain_copy(tools.path());
+    let crate_dir = airlock_testkit::rust_project(scratch.path(), "calc-rs");
+    let registry = airlock_testkit::cargo_registry(&crate_dir, &scratch.path().join("cargo-home"));
+    let bin = toolchain.join("bin");
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let mut env = environment(
+        &["cargo"],
+        vec![vec!["cargo", "fetch", "--locked"]],
+        &["Cargo.toml", "Cargo.lock"],
+        &["~/.cargo/registry"],
+        registry.clone(),
+        &[("PATH", &path), ("CARGO_HOME", "/tmp/.cargo")],
+    );
+    env.paths = vec![tools.path().to_path_buf()];
+    let suite = airlock_local::start_with(
+        scratch.path().join("state"),
+        true,
+        &airlock_local::Tuning {
+            repositories: vec![("calc".into(), crate_dir)],
+            environments: vec![("calc".into(), env)],
+            egress_permit: registry.iter().flat_map(|t| addresses(t)).collect(),
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting airlock-local: {e}"));
+    let bus = suite.bus.address().to_owned();
+    let config = suite.layout.config();
+    let cfg = config.to_str().unwrap();
+    let logs = || {
+        std::fs::read_to_string(scratch.path().join("state/logs/executor.log")).unwrap_or_default()
+    };
+    let first = propose(
+        &bus,
+        cfg,
+        "calc",
+        "cargo test --offline",
+        airlock_testkit::RUST_FIX,
+    );
+    assert_eq!(first["state"], "SUCCEEDED", "{}\n{}", tails(&first), logs());
+    let l1 = layer(&first);
+    assert_eq!(l1["reused"], false, "{l1}");
+    assert!(
+        l1["egress"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty() && e.iter().all(|d| d["allowed"] == true)),
+        "{l1}"
+    );
+    assert_eq!(first["result"]["verification"][0]["exit_code"], 0, "{first}");
+    // A breaking change (unfixed): FAILED, the failing test named, the
+    // registry reused.
+    let touch = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,3 +1,4 @@\n+// unchanged arithmetic\n pub fn add(a: i64, b: i64) -> String {\n     itoa::Buffer::new().format(a - b).to_owned()\n }\n";
+    let bad = propose(&bus, cfg, "calc", "cargo test --offline", touch);
+    assert_eq!(bad["state"], "FAILED", "{bad}");
+    assert!(
+        tails(&bad).contains("test_add_two_and_three"),
+        "{}",
+        tails(&bad)
+    );
+    assert_eq!(layer(&bad)["reused"], true, "{}", layer(&bad));
+    assert_eq!(layer(&bad)["key"], l1["key"]);
+}
