@@ -482,7 +482,10 @@ fn a_rust_crate_fetches_its_registry_in_setup_and_tests_offline() {
             .is_some_and(|e| !e.is_empty() && e.iter().all(|d| d["allowed"] == true)),
         "{l1}"
     );
-    assert_eq!(first["result"]["verification"][0]["exit_code"], 0, "{first}");
+    assert_eq!(
+        first["result"]["verification"][0]["exit_code"], 0,
+        "{first}"
+    );
     // A breaking change (unfixed): FAILED, the failing test named, the
     // registry reused.
     let touch = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,3 +1,4 @@\n+// unchanged arithmetic\n pub fn add(a: i64, b: i64) -> String {\n     itoa::Buffer::new().format(a - b).to_owned()\n }\n";
