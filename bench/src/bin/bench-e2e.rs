@@ -227,6 +227,9 @@ fn grow_repository(repo: &Path, files: usize) {
 
 /// The repository-size axis; see the module documentation.
 fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
+    if sizes.is_empty() {
+        return;
+    }
     println!();
     println!(
         "repository size: a trivial task (one file, /bin/true), {tasks} warm tasks one at a time per size"

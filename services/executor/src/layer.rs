@@ -269,9 +269,10 @@ impl LayerCache {
     }
 }
 
-/// Clears the write bits of group and others beneath `root` and, when the
-/// executor is root, gives everything to root: the commands' uid made
-/// these files, and must not be able to change them later.
+/// Normalises modes beneath `root` (0755 directories and executables, 0644
+/// other files: no write bit for group or others, no set-id bit) and,
+/// when the executor is root, gives everything to root: the commands' uid
+/// made these files, and must not be able to change them later.
 fn lock_down(root: &Path) -> Result<()> {
     let root_owned = rustix::process::geteuid().is_root();
     walk(root, &mut |path, meta| {
@@ -279,8 +280,15 @@ fn lock_down(root: &Path) -> Result<()> {
             std::os::unix::fs::lchown(path, Some(0), Some(0)).map_err(|e| setup(e, path))?;
         }
         if !meta.file_type().is_symlink() {
-            let mode = meta.mode() & 0o7755 & !0o6000;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o400))
+            // Readable by everyone (the commands' uid sees root's files as
+            // others'), executable where any execute bit was set, writable
+            // by the owner alone; no set-id bit.
+            let mode = if meta.is_dir() || meta.mode() & 0o111 != 0 {
+                0o755
+            } else {
+                0o644
+            };
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
                 .map_err(|e| setup(e, path))?;
         }
         Ok(())
