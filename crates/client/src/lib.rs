@@ -29,7 +29,8 @@ mod error;
 pub use error::{from_zbus, is_unreachable};
 
 use airlock_proto::bus::{
-    self, BUS_NAME, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
+    self, BUS_NAME, Call, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
+    agents, reconcile, retry, tasks, worker,
 };
 use airlock_proto::reconcile::{
     AdoptionCheck, AdoptionReport, ReconciliationCase, ReconciliationPage, ResolveOutcome,
@@ -38,7 +39,6 @@ use airlock_proto::reconcile::{
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
 use airlock_proto::{Code, Error};
-use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,30 +228,44 @@ impl Supervisor {
         .await
     }
 
-    async fn json<B, T>(
-        &self,
-        proxy: &zbus::Proxy<'static>,
-        method: &'static str,
-        body: &B,
-    ) -> Result<T, Error>
+    /// The proxy of `interface`.
+    fn proxy_of(&self, interface: &str) -> Result<&zbus::Proxy<'static>, Error> {
+        [
+            &self.tasks,
+            &self.worker,
+            &self.retry,
+            &self.agents,
+            &self.reconcile,
+        ]
+        .into_iter()
+        .find(|p| p.interface().as_str() == interface)
+        .ok_or_else(|| {
+            Error::with(
+                Code::INTERNAL,
+                format!("{interface} is not an interface of the supervisor"),
+            )
+        })
+    }
+
+    /// Calls the method of row `M` with `body`, and decodes its reply
+    /// type from the JSON it answers.
+    async fn call<M: Call, B>(&self, body: &B) -> Result<M::Reply, Error>
     where
         B: serde::Serialize + DynamicType,
-        T: DeserializeOwned,
     {
-        let text: String = self.raw(proxy, method, body).await?;
-        bus::decode(method, &text)
+        let row = M::METHOD;
+        let text: String = self
+            .raw(self.proxy_of(row.interface)?, row.name, body)
+            .await?;
+        bus::decode(row.name, &text)
     }
 
     // ---- org.airlock.Tasks1 --------------------------------------------
 
     /// `SubmitTask`: `submission` is an `airlock.task.v1` document.
     pub async fn submit_task(&self, submission: &serde_json::Value) -> Result<SubmitReply, Error> {
-        self.json(
-            &self.tasks,
-            bus::tasks::SUBMIT_TASK,
-            &(submission.to_string(),),
-        )
-        .await
+        self.call::<tasks::SubmitTask, _>(&(submission.to_string(),))
+            .await
     }
 
     /// `ReplacePlan`.
@@ -260,18 +274,13 @@ impl Supervisor {
         task_id: &str,
         plan: &serde_json::Value,
     ) -> Result<TaskView, Error> {
-        self.json(
-            &self.tasks,
-            bus::tasks::REPLACE_PLAN,
-            &(task_id, plan.to_string()),
-        )
-        .await
+        self.call::<tasks::ReplacePlan, _>(&(task_id, plan.to_string()))
+            .await
     }
 
     /// `GetTask`.
     pub async fn get_task(&self, task_id: &str) -> Result<TaskView, Error> {
-        self.json(&self.tasks, bus::tasks::GET_TASK, &(task_id,))
-            .await
+        self.call::<tasks::GetTask, _>(&(task_id,)).await
     }
 
     /// `ListTasks`: `state` and `after` empty for none; `limit` 0 for the default page.
@@ -281,7 +290,7 @@ impl Supervisor {
         after: &str,
         limit: u32,
     ) -> Result<TaskPage, Error> {
-        self.json(&self.tasks, bus::tasks::LIST_TASKS, &(state, after, limit))
+        self.call::<tasks::ListTasks, _>(&(state, after, limit))
             .await
     }
 
@@ -292,43 +301,35 @@ impl Supervisor {
         after: i64,
         limit: u32,
     ) -> Result<EventPage, Error> {
-        self.json(
-            &self.tasks,
-            bus::tasks::LIST_EVENTS,
-            &(task_id, after, limit),
-        )
-        .await
+        self.call::<tasks::ListEvents, _>(&(task_id, after, limit))
+            .await
     }
 
     // ---- org.airlock.Agents1 -------------------------------------------
 
     /// `ListAgents`.
     pub async fn list_agents(&self) -> Result<bus::AgentList, Error> {
-        self.json(&self.agents, bus::agents::LIST_AGENTS, &()).await
+        self.call::<agents::ListAgents, _>(&()).await
     }
 
     /// `GetAgent`.
     pub async fn get_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::GET_AGENT, &(name,))
-            .await
+        self.call::<agents::GetAgent, _>(&(name,)).await
     }
 
     /// `StartAgent` (refused while held: `AGENTOS_CRASH_LOOP`).
     pub async fn start_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::START_AGENT, &(name,))
-            .await
+        self.call::<agents::StartAgent, _>(&(name,)).await
     }
 
     /// `StopAgent`.
     pub async fn stop_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::STOP_AGENT, &(name,))
-            .await
+        self.call::<agents::StopAgent, _>(&(name,)).await
     }
 
     /// `ClearHold`.
     pub async fn clear_hold(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::CLEAR_HOLD, &(name,))
-            .await
+        self.call::<agents::ClearHold, _>(&(name,)).await
     }
 
     // ---- org.airlock.Reconcile1 ----------------------------------------
@@ -341,22 +342,14 @@ impl Supervisor {
         after: &str,
         limit: u32,
     ) -> Result<ReconciliationPage, Error> {
-        self.json(
-            &self.reconcile,
-            bus::reconcile::LIST_RECONCILIATIONS,
-            &(status, after, limit),
-        )
-        .await
+        self.call::<reconcile::ListReconciliations, _>(&(status, after, limit))
+            .await
     }
 
     /// `GetReconciliation`: the task's latest case.
     pub async fn get_reconciliation(&self, task_id: &str) -> Result<ReconciliationCase, Error> {
-        self.json(
-            &self.reconcile,
-            bus::reconcile::GET_RECONCILIATION,
-            &(task_id,),
-        )
-        .await
+        self.call::<reconcile::GetReconciliation, _>(&(task_id,))
+            .await
     }
 
     /// `ResolveReconciliation`.
@@ -365,34 +358,22 @@ impl Supervisor {
         req: &ResolveRequest,
     ) -> Result<ResolveOutcome, Error> {
         let body = req.to_value().to_string();
-        self.json(
-            &self.reconcile,
-            bus::reconcile::RESOLVE_RECONCILIATION,
-            &(req.task_id.as_str(), body.as_str()),
-        )
-        .await
+        self.call::<reconcile::ResolveReconciliation, _>(&(req.task_id.as_str(), body.as_str()))
+            .await
     }
 
     /// `CancelTask`: `req.decision` is cancel.
     pub async fn cancel_task(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
         let body = req.to_value().to_string();
-        self.json(
-            &self.tasks,
-            bus::tasks::CANCEL_TASK,
-            &(req.task_id.as_str(), body.as_str()),
-        )
-        .await
+        self.call::<tasks::CancelTask, _>(&(req.task_id.as_str(), body.as_str()))
+            .await
     }
 
     /// `Verify`: `req.decision` is accept, rework or reject.
     pub async fn verify(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
         let body = req.to_value().to_string();
-        self.json(
-            &self.tasks,
-            bus::tasks::VERIFY,
-            &(req.task_id.as_str(), body.as_str()),
-        )
-        .await
+        self.call::<tasks::Verify, _>(&(req.task_id.as_str(), body.as_str()))
+            .await
     }
 
     /// Reads a Tasks1 property.
@@ -445,7 +426,7 @@ impl Supervisor {
 
     /// `Claim`: the next task under a fresh lease, or `None`.
     pub async fn claim(&self) -> Result<Option<ClaimGrant>, Error> {
-        self.json(&self.worker, bus::worker::CLAIM, &()).await
+        self.call::<worker::Claim, _>(&()).await
     }
 
     /// `Renew`: the lease's new expiry (unix ms).
@@ -470,24 +451,19 @@ impl Supervisor {
         result: &TaskResult,
     ) -> Result<ResultReceipt, Error> {
         let json = bus::encode(result)?;
-        self.json(
-            &self.worker,
-            bus::worker::SUBMIT_RESULT,
-            &(
-                lease.task_id.as_str(),
-                lease.lease_epoch,
-                lease.lease_token.as_str(),
-                key,
-                json.as_str(),
-            ),
-        )
+        self.call::<worker::SubmitResult, _>(&(
+            lease.task_id.as_str(),
+            lease.lease_epoch,
+            lease.lease_token.as_str(),
+            key,
+            json.as_str(),
+        ))
         .await
     }
 
     /// `TakeAdoption`: a case an administrator chose to adopt, or `None`.
     pub async fn take_adoption(&self) -> Result<Option<AdoptionCheck>, Error> {
-        self.json(&self.worker, bus::worker::TAKE_ADOPTION, &())
-            .await
+        self.call::<worker::TakeAdoption, _>(&()).await
     }
 
     /// `SettleAdoption`: what the ref holds; the case as it is now.
@@ -496,12 +472,8 @@ impl Supervisor {
         report: &AdoptionReport,
     ) -> Result<ReconciliationCase, Error> {
         let json = bus::encode(report)?;
-        self.json(
-            &self.worker,
-            bus::worker::SETTLE_ADOPTION,
-            &(json.as_str(),),
-        )
-        .await
+        self.call::<worker::SettleAdoption, _>(&(json.as_str(),))
+            .await
     }
 
     // ---- org.airlock.Retry1 --------------------------------------------
@@ -515,11 +487,7 @@ impl Supervisor {
         authorization_id: &str,
     ) -> Result<RetryExtensionOutcome, Error> {
         let json = bus::encode(request)?;
-        self.json(
-            &self.retry,
-            bus::retry::EXTEND_RETRY,
-            &(task_id, json.as_str(), authorization_id),
-        )
-        .await
+        self.call::<retry::ExtendRetry, _>(&(task_id, json.as_str(), authorization_id))
+            .await
     }
 }

@@ -1,8 +1,10 @@
 //! The bus contract, checked against the running supervisor:
 //!
-//! - the object it exports has exactly the interfaces and methods that
-//!   `airlock_proto::bus::INTERFACES` declares (a handler renamed on one
-//!   side only fails here);
+//! - the object it exports has exactly the interfaces and methods of the
+//!   rows of `airlock_proto::bus` (a handler renamed on one side only
+//!   fails here), each with its row's signature in and out, and each
+//!   refuses a caller without the row's permission with the row's code,
+//!   recording the refusal under the row's event;
 //! - every operation of `airlock_proto::states::TABLE`, called through the
 //!   one client (`airlock-client`) on a task in every state, ends as the
 //!   table says: the task moves to one of the states listed, or the call is
@@ -29,7 +31,7 @@ mod common;
 use airlock_client::Supervisor;
 use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use airlock_proto::Code;
-use airlock_proto::bus::{INTERFACES, LeaseRef, OBJECT_PATH};
+use airlock_proto::bus::{INTERFACES, LeaseRef, OBJECT_PATH, ROWS};
 use airlock_proto::retry::RetryExtensionRequest;
 use airlock_proto::states::{self, Op, Outcome};
 use airlock_proto::task::{
@@ -44,7 +46,7 @@ struct Stack {
     /// Where the supervisor logs the store's moves.
     moves: std::path::PathBuf,
     _dir: tempfile::TempDir,
-    _bus: PrivateBus,
+    bus: PrivateBus,
     _sup: SupervisorProcess,
     client: Supervisor,
     rt: tokio::runtime::Runtime,
@@ -80,7 +82,7 @@ fn stack() -> Stack {
     Stack {
         moves,
         _dir: dir,
-        _bus: bus,
+        bus,
         _sup: sup,
         client,
         rt,
@@ -413,8 +415,75 @@ fn a_step_the_transitions_table_lacks_is_refused() {
     assert_eq!(s.moves().len(), logged, "a refused step made a move");
 }
 
+/// One `<method>` of an introspection document: its name, and the
+/// signature of its `in` and of its `out` arguments.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Exported {
+    name: String,
+    input: String,
+    output: String,
+}
+
+/// The value of attribute `name` in one XML tag's text.
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    tag[at..].split('"').next()
+}
+
+/// `org.airlock.*` interfaces of an introspection document, with their methods.
+fn exported(xml: &str) -> BTreeMap<String, Vec<Exported>> {
+    let mut out = BTreeMap::new();
+    for block in xml.split("<interface name=\"").skip(1) {
+        let name = block.split('"').next().unwrap().to_owned();
+        let body = block.split("</interface>").next().unwrap();
+        if !name.starts_with("org.airlock.") {
+            continue;
+        }
+        let mut methods = Vec::new();
+        for m in body.split("<method name=\"").skip(1) {
+            let method = m.split('"').next().unwrap().to_owned();
+            // A method without arguments is one empty tag.
+            let head = m.split('>').next().unwrap();
+            let args = if head.ends_with('/') {
+                ""
+            } else {
+                m.split("</method>").next().unwrap()
+            };
+            let (mut input, mut output) = (String::new(), String::new());
+            for arg in args.split("<arg").skip(1) {
+                let tag = arg.split("/>").next().unwrap();
+                let ty = attribute(tag, "type").expect("an argument's type");
+                match attribute(tag, "direction").unwrap_or("in") {
+                    "in" => input.push_str(ty),
+                    "out" => output.push_str(ty),
+                    other => panic!("{name}.{method}: direction {other:?}"),
+                }
+            }
+            methods.push(Exported {
+                name: method,
+                input,
+                output,
+            });
+        }
+        methods.sort();
+        out.insert(name, methods);
+    }
+    out
+}
+
+/// A placeholder argument of D-Bus type `c` for dbus-send.
+fn placeholder(c: char) -> &'static str {
+    match c {
+        's' => "string:contract-x",
+        'u' => "uint32:0",
+        'x' => "int64:0",
+        't' => "uint64:0",
+        other => panic!("no placeholder for D-Bus type {other:?}"),
+    }
+}
+
 #[test]
-fn the_exported_object_is_exactly_the_declared_contract() {
+fn every_exported_method_is_its_row_and_enforces_its_permission() {
     let s = stack();
     let xml: String =
         s.rt.block_on(async {
@@ -432,31 +501,64 @@ fn the_exported_object_is_exactly_the_declared_contract() {
             reply.body().deserialize::<String>()
         })
         .unwrap();
-    // The introspection document: <interface name="…"> … <method name="…">.
-    let mut exported: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for block in xml.split("<interface name=\"").skip(1) {
-        let name = block.split('"').next().unwrap().to_owned();
-        let body = block.split("</interface>").next().unwrap();
-        if !name.starts_with("org.airlock.") {
-            continue;
-        }
-        let mut methods: Vec<String> = body
-            .split("<method name=\"")
-            .skip(1)
-            .map(|m| m.split('"').next().unwrap().to_owned())
-            .collect();
-        methods.sort();
-        exported.insert(name, methods);
-    }
-    let declared: BTreeMap<String, Vec<String>> = INTERFACES
+    let declared: BTreeMap<String, Vec<Exported>> = ROWS
         .iter()
-        .map(|(i, methods)| {
-            let mut m: Vec<String> = methods.iter().map(|s| (*s).to_owned()).collect();
+        .map(|rows| {
+            let mut m: Vec<Exported> = rows
+                .iter()
+                .map(|r| Exported {
+                    name: r.name.to_owned(),
+                    input: r.input.to_owned(),
+                    output: r.output.to_owned(),
+                })
+                .collect();
             m.sort();
-            ((*i).to_owned(), m)
+            (rows[0].interface.to_owned(), m)
         })
         .collect();
-    assert_eq!(exported, declared);
+    assert_eq!(exported(&xml), declared, "the exported object is the rows");
+    // INTERFACES, which the protocol lock fingerprints, says the same.
+    for (iface, methods) in INTERFACES {
+        let names: Vec<&str> = declared[*iface].iter().map(|m| m.name.as_str()).collect();
+        let mut listed = methods.to_vec();
+        listed.sort();
+        assert_eq!(names, listed, "{iface}");
+    }
+
+    // A caller with no right at all (not the local users', not the
+    // worker's, not retryd's uid): every method refuses it with its row's
+    // code, before reading its arguments.
+    for row in ROWS.iter().flat_map(|r| r.iter()) {
+        let args: Vec<&str> = row.input.chars().map(placeholder).collect();
+        let e = common::dbus_send_at(s.bus.address(), common::STRANGER_UID, &row.path(), &args)
+            .expect_err(&format!(
+                "{} must refuse uid {}",
+                row.path(),
+                common::STRANGER_UID
+            ));
+        assert_eq!(
+            e.code(),
+            Some(row.permission.refusal()),
+            "{}: {e:?}",
+            row.path()
+        );
+    }
+    // Each refusal is on record under the row's event.
+    let events = s.rt.block_on(s.client.list_events("", 0, 1000)).unwrap();
+    for row in ROWS.iter().flat_map(|r| r.iter()) {
+        let code = row.permission.refusal().as_str();
+        assert!(
+            events.events.iter().any(|e| {
+                Some(e.action.as_str()) == row.event
+                    && e.outcome == "denied"
+                    && e.code.as_deref() == Some(code)
+                    && e.actor["uid"] == json!(common::STRANGER_UID)
+            }),
+            "{}: no denied {:?} event with {code}",
+            row.path(),
+            row.event
+        );
+    }
 }
 
 #[test]

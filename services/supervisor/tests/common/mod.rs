@@ -460,7 +460,17 @@ pub fn dbus_send(
     iface_method: &str,
     args: &[&str],
 ) -> Result<String, BusErr> {
-    let bus = format!("--bus={}", sup.bus.address());
+    dbus_send_at(sup.bus.address(), uid, iface_method, args)
+}
+
+/// [`dbus_send`] to the supervisor on the bus at `address`.
+pub fn dbus_send_at(
+    address: &str,
+    uid: u32,
+    iface_method: &str,
+    args: &[&str],
+) -> Result<String, BusErr> {
+    let bus = format!("--bus={address}");
     let mut argv = vec![
         bus.as_str(),
         "--print-reply",
