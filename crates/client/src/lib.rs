@@ -46,6 +46,22 @@ use tokio::sync::OnceCell;
 use zbus::proxy::{CacheProperties, MethodFlags};
 use zbus::zvariant::{DynamicType, OwnedValue};
 
+/// Whether `e` says the supervisor serves no such interface or property
+/// (a supervisor of an older protocol).
+fn names_no_such_interface(e: &zbus::Error) -> bool {
+    let name = match e {
+        zbus::Error::MethodError(name, _, _) => name.to_string(),
+        zbus::Error::FDO(fdo) => zbus::DBusError::name(fdo.as_ref()).to_string(),
+        _ => return false,
+    };
+    [
+        "org.freedesktop.DBus.Error.UnknownInterface",
+        "org.freedesktop.DBus.Error.UnknownProperty",
+        "org.freedesktop.DBus.Error.InvalidArgs",
+    ]
+    .contains(&name.as_str())
+}
+
 /// How long a call may take unless [`Supervisor::with_timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -135,27 +151,64 @@ impl Supervisor {
     }
 
     /// Reads the supervisor's `ProtocolVersion` and refuses another major
-    /// version (once; later calls reuse the answer).
+    /// version (once; later calls reuse the answer). A supervisor older
+    /// than 7.0 serves no `Tasks2`: its version is read from `Tasks1`, and
+    /// the refusal names both.
     pub async fn check_protocol(&self) -> Result<(), Error> {
         self.checked
             .get_or_try_init(|| async {
-                let server: String = tokio::time::timeout(
-                    self.timeout,
-                    self.tasks
-                        .get_property::<String>(bus::tasks::PROTOCOL_VERSION),
-                )
-                .await
-                .map_err(|_| {
+                let no_answer = |_| {
                     Error::with(
                         Code::RUNTIME_UNAVAILABLE,
                         "ProtocolVersion: no answer in time",
                     )
-                })?
-                .map_err(from_zbus)?;
+                };
+                let read = self
+                    .tasks
+                    .get_property::<String>(bus::tasks::PROTOCOL_VERSION);
+                let server = match tokio::time::timeout(self.timeout, read)
+                    .await
+                    .map_err(no_answer)?
+                {
+                    Ok(v) => v,
+                    Err(e) if names_no_such_interface(&e) => {
+                        let old = tokio::time::timeout(self.timeout, self.v1_protocol())
+                            .await
+                            .map_err(no_answer)??;
+                        bus::check_protocol(self.protocol, &old)?;
+                        return Err(Error::with(
+                            Code::PROTOCOL_VERSION_MISMATCH,
+                            format!(
+                                "the supervisor serves {} only (protocol {old:?}), this client speaks protocol {} over {}",
+                                bus::tasks_v1::INTERFACE,
+                                bus::protocol_string(self.protocol),
+                                bus::tasks::INTERFACE
+                            ),
+                        ));
+                    }
+                    Err(e) => return Err(from_zbus(e)),
+                };
                 bus::check_protocol(self.protocol, &server)
             })
             .await
             .map(|_| ())
+    }
+
+    /// The `ProtocolVersion` a supervisor of before 7.0 shows on `Tasks1`.
+    async fn v1_protocol(&self) -> Result<String, Error> {
+        let reply = self
+            .conn
+            .call_method(
+                Some(BUS_NAME),
+                OBJECT_PATH,
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &(bus::tasks_v1::INTERFACE, bus::tasks::PROTOCOL_VERSION),
+            )
+            .await
+            .map_err(from_zbus)?;
+        let value: OwnedValue = reply.body().deserialize().map_err(from_zbus)?;
+        String::try_from(value).map_err(|e| from_zbus(e.into()))
     }
 
     /// Calls from now on carry ALLOW_INTERACTIVE_AUTHORIZATION when
@@ -260,7 +313,7 @@ impl Supervisor {
         bus::decode(row.name, &text)
     }
 
-    // ---- org.airlock.Tasks1 --------------------------------------------
+    // ---- org.airlock.Tasks2 --------------------------------------------
 
     /// `SubmitTask`: `submission` is an `airlock.task.v1` document.
     pub async fn submit_task(&self, submission: &serde_json::Value) -> Result<SubmitReply, Error> {
@@ -376,7 +429,7 @@ impl Supervisor {
             .await
     }
 
-    /// Reads a Tasks1 property.
+    /// Reads a Tasks2 property.
     pub async fn property<T>(&self, name: &str) -> Result<T, Error>
     where
         T: TryFrom<OwnedValue>,

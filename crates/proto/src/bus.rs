@@ -38,9 +38,9 @@ pub use method::{Call, Method, Peer, Permission};
 
 /// The protocol this build speaks, `(major, minor)`; see
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
-/// `Tasks1.ProtocolVersion` property (`"major.minor"`); clients check it
+/// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (6, 1);
+pub const PROTOCOL_VERSION: (u32, u32) = (7, 0);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -304,8 +304,11 @@ macro_rules! rows {
 }
 
 rows! {
-    /// `org.airlock.Tasks1`: admins and planners, authorised by polkit.
-    mod tasks = "org.airlock.Tasks1" {
+    /// `org.airlock.Tasks2`: admins and planners, authorised by polkit.
+    /// (Protocol 7.0 named it anew: Verify's and CancelTask's arguments had
+    /// changed under the name `Tasks1` in 3.0; [`tasks_v1`] stays for one
+    /// release.)
+    mod tasks = "org.airlock.Tasks2" {
         also {
             /// Signal: `s` task id, `s` state, `x` revision.
             pub const TASK_CHANGED: &str = "TaskChanged";
@@ -440,9 +443,85 @@ rows! {
     }
 }
 
+/// A call shape an interface no longer takes: answered with
+/// `PROTOCOL_VERSION_MISMATCH` naming the interface and method to call
+/// instead, never with the bus library's bare signature error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retired {
+    /// The method.
+    pub name: &'static str,
+    /// The argument signature it took.
+    pub input: &'static str,
+    /// What those arguments were, and until which protocol.
+    pub was: &'static str,
+    /// The row to call instead.
+    pub instead: Method,
+}
+
+impl Retired {
+    /// The refusal of a call of this shape on `interface`.
+    pub fn refusal(&self, interface: &str) -> Error {
+        Error::with(
+            Code::PROTOCOL_VERSION_MISMATCH,
+            format!(
+                "{interface}.{} ({}) is the call of {}; since then it takes ({}): call {} ({}) -> {}. {interface} is kept for one release beside {}",
+                self.name,
+                self.input,
+                self.was,
+                self.instead.input,
+                self.instead.path(),
+                self.instead.input,
+                self.instead.output,
+                self.instead.interface,
+            ),
+        )
+    }
+}
+
+/// `rows` under the name `interface`.
+const fn renamed<const N: usize>(rows: &[Method], interface: &'static str) -> [Method; N] {
+    let mut out = [rows[0]; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = Method {
+            interface,
+            ..rows[i]
+        };
+        i += 1;
+    }
+    out
+}
+
+/// `org.airlock.Tasks1`, kept for one release beside [`tasks`]
+/// (`Tasks2`): the same methods with the signatures they had in protocol
+/// 3.0 to 6.1, served by the same handlers, its `TaskChanged` emitted as
+/// well; introspection marks it deprecated. Verify's call of before 3.0
+/// (three strings) is refused by name ([`tasks_v1::RETIRED`]). Its
+/// pre-3.0 `CancelTask (task id, reason)` has today's signature and is
+/// refused as a decision that is not JSON (`MESSAGE_INVALID`).
+pub mod tasks_v1 {
+    use super::*;
+    /// The interface.
+    pub const INTERFACE: &str = "org.airlock.Tasks1";
+    /// The interface that replaces it.
+    pub const SUCCESSOR: &str = tasks::INTERFACE;
+    /// Methods, in declaration order (Tasks2's).
+    pub const METHODS: &[&str] = tasks::METHODS;
+    /// Its rows: Tasks2's, under this name.
+    pub const ROWS: &[Method] = &renamed::<{ tasks::METHODS.len() }>(tasks::ROWS, INTERFACE);
+    /// The call shapes it no longer takes.
+    pub const RETIRED: &[Retired] = &[Retired {
+        name: tasks::VERIFY,
+        input: "sss",
+        was: "airlock bus protocol before 3.0 (task id, decision, reason)",
+        instead: <tasks::Verify as Call>::METHOD,
+    }];
+}
+
 /// Every interface the supervisor serves with its methods.
 pub const INTERFACES: &[(&str, &[&str])] = &[
     (tasks::INTERFACE, tasks::METHODS),
+    (tasks_v1::INTERFACE, tasks_v1::METHODS),
     (worker::INTERFACE, worker::METHODS),
     (retry::INTERFACE, retry::METHODS),
     (agents::INTERFACE, agents::METHODS),
@@ -452,6 +531,7 @@ pub const INTERFACES: &[(&str, &[&str])] = &[
 /// Every row the supervisor serves, interface by interface.
 pub const ROWS: &[&[Method]] = &[
     tasks::ROWS,
+    tasks_v1::ROWS,
     worker::ROWS,
     retry::ROWS,
     agents::ROWS,
@@ -685,7 +765,31 @@ mod tests {
             assert!(rows.iter().all(|m| m.interface == *iface));
         }
         assert_eq!(row(tasks::INTERFACE, tasks::VERIFY).unwrap().input, "ss");
+        assert_eq!(row(tasks_v1::INTERFACE, tasks::VERIFY).unwrap().input, "ss");
+        for (v1, v2) in tasks_v1::ROWS.iter().zip(tasks::ROWS) {
+            assert_eq!(
+                Method {
+                    interface: v2.interface,
+                    ..*v1
+                },
+                *v2
+            );
+        }
         assert!(row(tasks::INTERFACE, "Nope").is_none());
+    }
+
+    #[test]
+    fn a_retired_call_is_refused_naming_what_to_call() {
+        let r = &tasks_v1::RETIRED[0];
+        assert_ne!(r.input, r.instead.input, "a retired shape is not today's");
+        let e = r.refusal(tasks_v1::INTERFACE);
+        assert_eq!(e.code, Code::PROTOCOL_VERSION_MISMATCH);
+        let text = e.to_string();
+        assert!(
+            text.contains("org.airlock.Tasks1.Verify (sss)")
+                && text.contains("org.airlock.Tasks2.Verify (ss)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub enum Decision {
     Rework,
     /// FAILED.
     Reject,
-    /// CANCELLED (Tasks1.CancelTask only).
+    /// CANCELLED (Tasks2.CancelTask only).
     Cancel,
 }
 
@@ -131,7 +131,7 @@ pub fn check_reason(reason: &str) -> Result<&str> {
     Ok(r)
 }
 
-/// Schema tag of an admin's decision (`Tasks1.Verify`, `Tasks1.CancelTask`).
+/// Schema tag of an admin's decision (`Tasks2.Verify`, `Tasks2.CancelTask`).
 pub const DECISION_SCHEMA: &str = "airlock.task-decision.v1";
 
 /// The fields of a [`DecisionRequest`], every one required.

@@ -1,6 +1,7 @@
 //! The release check of the bus protocol: a change to any message a
 //! process sends another — a struct or enum in the message modules, a
-//! schema tag, the bus contract's interfaces and methods, the state table —
+//! schema tag, the bus contract's rows (interfaces, methods, signatures,
+//! permissions, audited events, reply types), the state table —
 //! fails this test until `airlock_proto::bus::PROTOCOL_VERSION` is bumped
 //! (docs/protocol.md says which number) and `crates/proto/protocol.lock`
 //! is rewritten with `UPDATE_PROTOCOL_LOCK=1 cargo test -p airlock-proto
@@ -75,6 +76,11 @@ fn fingerprint() -> String {
         }
     }
     h.update(format!("{INTERFACES:?}").as_bytes());
+    // Every row: signature, permission, audited event, reply type; and the
+    // call shapes refused by name.
+    let rows: Vec<_> = airlock_proto::bus::every_row().collect();
+    h.update(format!("{rows:?}").as_bytes());
+    h.update(format!("{:?}", airlock_proto::bus::tasks_v1::RETIRED).as_bytes());
     h.update(format!("{TABLE:?}").as_bytes());
     hex::encode(h.finalize())
 }

@@ -18,6 +18,7 @@ use crate::bus::agents::AgentsIface;
 use crate::bus::reconcile::Reconcile;
 use crate::bus::retry::Retry;
 use crate::bus::tasks::Tasks;
+use crate::bus::tasks_v1::TasksV1;
 use crate::bus::worker::Worker;
 use crate::bus::{BUS_NAME, Info, OBJECT_PATH, Shared};
 use crate::ops::{Ops, Store};
@@ -229,6 +230,10 @@ pub async fn run_with_reload(
     server
         .at(OBJECT_PATH, Tasks::new(Arc::clone(&shared)))
         .await
+        .map_err(|e| unavailable("exporting Tasks2", e))?;
+    server
+        .at(OBJECT_PATH, TasksV1::new(Tasks::new(Arc::clone(&shared))))
+        .await
         .map_err(|e| unavailable("exporting Tasks1", e))?;
     server
         .at(OBJECT_PATH, Worker::new(Arc::clone(&shared)))
@@ -437,6 +442,7 @@ pub async fn run_with_reload(
     tokio::time::sleep(LINGER).await;
     for removed in [
         server.remove::<Tasks, _>(OBJECT_PATH).await,
+        server.remove::<TasksV1, _>(OBJECT_PATH).await,
         server.remove::<Worker, _>(OBJECT_PATH).await,
         server.remove::<Retry, _>(OBJECT_PATH).await,
         server.remove::<Reconcile, _>(OBJECT_PATH).await,

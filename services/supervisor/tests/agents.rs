@@ -309,7 +309,7 @@ async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositorie
         "for t in mine other; do \
            body=$(cat {dir}/$t.json); \
            dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
-             org.airlock.Tasks1.SubmitTask \"string:$body\" > {dir}/$t.out 2>&1; \
+             org.airlock.Tasks2.SubmitTask \"string:$body\" > {dir}/$t.out 2>&1; \
            echo $? > {dir}/$t.rc; \
          done; exec sleep 600",
         dir = out.path().display()
@@ -379,7 +379,7 @@ async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositorie
             "--print-reply",
             "--dest=org.airlock.Supervisor1",
             "/org/airlock/Supervisor1",
-            "org.airlock.Tasks1.SubmitTask",
+            "org.airlock.Tasks2.SubmitTask",
             &format!("string:{plain}"),
         ])
         .env("DBUS_SYSTEM_BUS_ADDRESS", s.sup.bus.address())
@@ -429,13 +429,13 @@ async fn an_agent_replaces_only_the_plans_of_its_own_tasks_in_its_repositories()
     let script = format!(
         "body=$(cat {dir}/submission.json); \
          dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
-           org.airlock.Tasks1.SubmitTask \"string:$body\" > {dir}/submit.out 2>&1; \
+           org.airlock.Tasks2.SubmitTask \"string:$body\" > {dir}/submit.out 2>&1; \
          echo $? > {dir}/submit.rc; \
          while [ ! -e {dir}/go ]; do sleep 0.1; done; \
          for t in {ours} {theirs_elsewhere} {theirs_here}; do \
            body=$(cat {dir}/$t.plan); \
            dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
-             org.airlock.Tasks1.ReplacePlan \"string:$t\" \"string:$body\" > {dir}/$t.out 2>&1; \
+             org.airlock.Tasks2.ReplacePlan \"string:$t\" \"string:$body\" > {dir}/$t.out 2>&1; \
            echo $? > {dir}/$t.rc; \
          done; exec sleep 600",
         dir = out.path().display()

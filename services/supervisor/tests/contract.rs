@@ -22,6 +22,11 @@
 //!   with their own code and change nothing; an identical replay returns
 //!   the stored answer after the task moved on.
 //!
+//! - `org.airlock.Tasks1`, kept for one release beside `Tasks2`, serves the
+//!   3.0–6.1 calls as before, and a client written before protocol 3.0
+//!   calling `Verify` with three strings gets `PROTOCOL_VERSION_MISMATCH`
+//!   naming `Tasks2.Verify`, not a bare signature error.
+//!
 //! A real supervisor process on a private dbus-daemon with the shipped bus
 //! policy; the local authoriser admits this test's uid, which also plays
 //! the worker (Worker1) and airlock-retryd (Retry1).
@@ -559,6 +564,160 @@ fn every_exported_method_is_its_row_and_enforces_its_permission() {
             row.event
         );
     }
+}
+
+/// The pre-3.0 Verify: task id, decision, reason.
+const OLD_VERIFY: [&str; 3] = ["string:tasks1-a", "string:accept", "string:looks right"];
+
+#[test]
+fn tasks1_verify_with_three_strings_names_tasks2_not_a_signature_error() {
+    use airlock_proto::bus::tasks_v1;
+    let s = stack();
+    s.submit("tasks1-a");
+    let g = s.claim("tasks1-a");
+    s.result(&g, true, "result-tasks1-a-0001").unwrap();
+    let before = s.get("tasks1-a");
+    // dbus-send, as root (allowed every action): a client of the first
+    // Tasks1, not of this library.
+    let path = format!(
+        "{}.{}",
+        tasks_v1::INTERFACE,
+        airlock_proto::bus::tasks::VERIFY
+    );
+    let e = common::dbus_send_at(s.bus.address(), 0, &path, &OLD_VERIFY).unwrap_err();
+    assert_eq!(e.code(), Some(Code::PROTOCOL_VERSION_MISMATCH), "{e:?}");
+    assert_ne!(e.name, "org.freedesktop.zbus.Error", "{e:?}");
+    assert!(
+        e.message.contains("org.airlock.Tasks2.Verify (ss)") && e.message.contains("before 3.0"),
+        "{e:?}"
+    );
+    // As a stranger too: the shape is answered before anything is read.
+    let e = common::dbus_send_at(s.bus.address(), common::STRANGER_UID, &path, &OLD_VERIFY)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::PROTOCOL_VERSION_MISMATCH), "{e:?}");
+    // The same call on Tasks2 is the bus library's signature error (the
+    // reason an incompatible change takes a new interface name).
+    let e = common::dbus_send_at(s.bus.address(), 0, "org.airlock.Tasks2.Verify", &OLD_VERIFY)
+        .unwrap_err();
+    assert_eq!(e.code(), None, "{e:?}");
+    let after = s.get("tasks1-a");
+    assert_eq!(
+        (after.state, after.revision),
+        (before.state, before.revision)
+    );
+}
+
+/// Calls `org.airlock.Tasks1.<method>` as this library never does now.
+fn v1_call<B>(s: &Stack, method: &str, body: &B) -> String
+where
+    B: serde::Serialize + zbus::zvariant::DynamicType,
+{
+    s.rt.block_on(async {
+        let r = s
+            .client
+            .connection()
+            .call_method(
+                Some(airlock_proto::bus::BUS_NAME),
+                OBJECT_PATH,
+                Some(airlock_proto::bus::tasks_v1::INTERFACE),
+                method,
+                body,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("Tasks1.{method}: {e}"));
+        r.body().deserialize::<String>().unwrap()
+    })
+}
+
+#[test]
+fn tasks1_serves_the_calls_of_protocol_3_to_6_for_one_release() {
+    use airlock_proto::bus::tasks_v1;
+    let s = stack();
+    s.submit("tasks1-b");
+    let g = s.claim("tasks1-b");
+    s.result(&g, true, "result-tasks1-b-0001").unwrap();
+    let seen = s.get("tasks1-b");
+    let req = DecisionRequest::about(&seen, Decision::Accept, "via Tasks1", None);
+    // Its listeners hear TaskChanged under the old name (the stream lives
+    // on this runtime, and unsubscribes on it when dropped).
+    let _rt = s.rt.enter();
+    let mut changes = s.rt.block_on(async {
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface(tasks_v1::INTERFACE)
+            .unwrap()
+            .member("TaskChanged")
+            .unwrap()
+            .build();
+        zbus::MessageStream::for_match_rule(rule, s.client.connection(), Some(16))
+            .await
+            .unwrap()
+    });
+    let view: TaskView = serde_json::from_str(&v1_call(&s, "GetTask", &("tasks1-b",))).unwrap();
+    assert_eq!(view, seen);
+    let body = ("tasks1-b", req.to_value().to_string());
+    let out: DecisionOutcome = serde_json::from_str(&v1_call(&s, "Verify", &body)).unwrap();
+    assert_eq!(out.state, TaskState::Succeeded);
+    let heard: (String, String, i64) = s.rt.block_on(async {
+        use futures_util::StreamExt;
+        let m = tokio::time::timeout(std::time::Duration::from_secs(5), changes.next())
+            .await
+            .expect("Tasks1.TaskChanged within 5 s")
+            .unwrap()
+            .unwrap();
+        m.body().deserialize().unwrap()
+    });
+    assert_eq!(heard, ("tasks1-b".into(), "SUCCEEDED".into(), out.revision));
+    let conn = s.client.connection().clone();
+    // Its properties are Tasks2's.
+    let version: String = s.rt.block_on(async {
+        let r = conn
+            .call_method(
+                Some(airlock_proto::bus::BUS_NAME),
+                OBJECT_PATH,
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &(tasks_v1::INTERFACE, "ProtocolVersion"),
+            )
+            .await
+            .unwrap();
+        let v: zbus::zvariant::OwnedValue = r.body().deserialize().unwrap();
+        String::try_from(v).unwrap()
+    });
+    assert_eq!(
+        version,
+        airlock_proto::bus::protocol_string(airlock_proto::bus::PROTOCOL_VERSION)
+    );
+    // Introspection marks it deprecated, and Tasks2 not.
+    let xml: String = s.rt.block_on(async {
+        let r = conn
+            .call_method(
+                Some(airlock_proto::bus::BUS_NAME),
+                OBJECT_PATH,
+                Some("org.freedesktop.DBus.Introspectable"),
+                "Introspect",
+                &(),
+            )
+            .await
+            .unwrap();
+        r.body().deserialize::<String>().unwrap()
+    });
+    let v1 = xml
+        .split("<interface name=\"org.airlock.Tasks1\">")
+        .nth(1)
+        .unwrap();
+    let v1 = v1.split("</interface>").next().unwrap();
+    assert!(v1.contains("org.freedesktop.DBus.Deprecated"), "{v1}");
+    let v2 = xml
+        .split("<interface name=\"org.airlock.Tasks2\">")
+        .nth(1)
+        .unwrap();
+    assert!(
+        !v2.split("</interface>")
+            .next()
+            .unwrap()
+            .contains("Deprecated")
+    );
 }
 
 #[test]

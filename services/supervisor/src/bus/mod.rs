@@ -1,6 +1,7 @@
 //! The D-Bus face of the supervisor: `org.airlock.Supervisor1` at
-//! `/org/airlock/Supervisor1` with its interfaces — `Tasks1`, `Agents1`
-//! and `Reconcile1` (people, polkit), `Worker1` (the worker's uid) and
+//! `/org/airlock/Supervisor1` with its interfaces — `Tasks2` (and
+//! `Tasks1` beside it for one release), `Agents1` and `Reconcile1`
+//! (people, polkit), `Worker1` (the worker's uid) and
 //! `Retry1` (airlock-retryd's uid). The contract — names, signatures, who
 //! may call, the audited event and the reply type — is one row per method
 //! in [`airlock_proto::bus`]; the handlers here serve it.
@@ -23,6 +24,7 @@ pub mod inflight;
 pub mod reconcile;
 pub mod retry;
 pub mod tasks;
+pub mod tasks_v1;
 pub mod worker;
 
 use crate::authz::{Authorized, Caller, Gatekeeper, Permission};

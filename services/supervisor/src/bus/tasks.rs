@@ -1,4 +1,6 @@
-//! `org.airlock.Tasks1`: planners and admins, authorised by polkit.
+//! `org.airlock.Tasks2`: planners and admins, authorised by polkit (and
+//! the same object under its old name `Tasks1` for one release:
+//! [`super::tasks_v1`]).
 //!
 //! Every method enters through [`Shared::enter`] with its row, parses its
 //! arguments strictly, acts through [`crate::ops`], and announces a state
@@ -43,6 +45,17 @@ pub(crate) async fn announce(
 ) {
     if let Err(e) = Tasks::task_changed(emitter, task_id, state.as_str(), revision).await {
         tracing::warn!("could not emit TaskChanged for {task_id}: {e}");
+    }
+    // Tasks1's listeners, for the release it is kept.
+    let v1 = emitter
+        .emit(
+            airlock_proto::bus::tasks_v1::INTERFACE,
+            rows::TASK_CHANGED,
+            &(task_id, state.as_str(), revision),
+        )
+        .await;
+    if let Err(e) = v1 {
+        tracing::warn!("could not emit Tasks1.TaskChanged for {task_id}: {e}");
     }
 }
 
@@ -128,7 +141,7 @@ impl Tasks {
     }
 }
 
-#[interface(name = "org.airlock.Tasks1")]
+#[interface(name = "org.airlock.Tasks2")]
 impl Tasks {
     /// Submits a task (an `airlock.task.v1` JSON object). Returns
     /// `{"task": <task>, "idempotent": <bool>}`; the same submission again
@@ -349,7 +362,7 @@ impl Tasks {
         revision: i64,
     ) -> zbus::Result<()>;
 
-    /// Who authorises Tasks1 calls: `polkit`, or a test authoriser
+    /// Who authorises Tasks2 calls: `polkit`, or a test authoriser
     /// (`allow-all-for-tests`, …) that must never be seen in production.
     #[zbus(property(emits_changed_signal = "const"))]
     fn authorizer(&self) -> String {

@@ -17,7 +17,7 @@ use zbus::Connection;
 
 pub const NAME: &str = "org.airlock.Supervisor1";
 pub const PATH: &str = "/org/airlock/Supervisor1";
-pub const TASKS: &str = "org.airlock.Tasks1";
+pub const TASKS: &str = "org.airlock.Tasks2";
 pub const WORKER: &str = "org.airlock.Worker1";
 
 /// The uid the tests configure as the worker (`nobody`).
