@@ -11,6 +11,10 @@
 //! Calls are bounded: each one is raced against [`Supervisor::timeout`]
 //! (30 s unless changed) and a late answer is dropped with its future.
 //!
+//! [`peer`] is the other side of the same bus: the one lookup of a
+//! sender's credentials from the bus daemon, for the services that serve
+//! methods (the supervisor, airlock-local's agent host).
+//!
 //! Before its first call a client reads the supervisor's
 //! `ProtocolVersion` and refuses a different major version with
 //! `PROTOCOL_VERSION_MISMATCH`, naming both (`docs/protocol.md`).
@@ -25,6 +29,7 @@
 
 pub mod blocking;
 mod error;
+pub mod peer;
 
 pub use error::{from_zbus, is_unreachable};
 
