@@ -325,7 +325,7 @@ fn migrate(location: &Location) -> ExitCode {
             println!("{pg}: schema at version {version}");
             ExitCode::SUCCESS
         }
-        Err(e) => fail(&airlock_supervisor::ops::store_error(e)),
+        Err(e) => fail(&airlock_supervisor::store::store_error(e)),
     }
 }
 

@@ -179,7 +179,19 @@ async fn a_crash_looping_agent_is_held_and_a_restarted_supervisor_keeps_the_hold
     // and the sleeper, drained by the stop, runs again
     wait_state(&conn, "sleeper", "RUNNING", Duration::from_secs(10)).await;
 
-    // ClearHold restarts it (and it fails again: BACKOFF, one failure)
+    // ClearHold restarts it (and it fails again: BACKOFF, one failure),
+    // each change announced as AgentChanged (the runners send it on a
+    // channel; the bus layer emits it).
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .interface(AGENTS)
+        .unwrap()
+        .member("AgentChanged")
+        .unwrap()
+        .build();
+    let mut signals = zbus::MessageStream::for_match_rule(rule, &conn, Some(64))
+        .await
+        .unwrap();
     let cleared = call_json(&conn, AGENTS, "ClearHold", &("exits",))
         .await
         .unwrap();
@@ -191,6 +203,23 @@ async fn a_crash_looping_agent_is_held_and_a_restarted_supervisor_keeps_the_hold
         cleared["consecutive_failures"].as_u64().unwrap() <= 1,
         "{cleared}"
     );
+    let heard: (String, String, u32) = tokio::time::timeout(Duration::from_secs(10), async {
+        use futures_util::StreamExt;
+        loop {
+            let m = signals.next().await.unwrap().unwrap();
+            let body: (String, String, u32) = m.body().deserialize().unwrap();
+            if body.0 == "exits" {
+                return body;
+            }
+        }
+    })
+    .await
+    .expect("AgentChanged for the cleared agent");
+    assert!(
+        ["STARTING", "RUNNING", "BACKOFF"].contains(&heard.1.as_str()),
+        "{heard:?}"
+    );
+    assert!(heard.2 <= 1, "{heard:?}");
     let log = events(&conn).await;
     let changes = log
         .iter()

@@ -37,7 +37,7 @@ pub mod polkit;
 #[cfg(any(test, feature = "test-authorizers"))]
 pub mod testing;
 
-use crate::ops::Store;
+use crate::store::Store;
 use airlock_proto::bus::{Method, Peer, Permission as BusPermission, action};
 use airlock_proto::{Code, Error};
 use airlock_taskdb::tasks::{Actor, ActorKind};

@@ -7,7 +7,7 @@
 
 use super::error::BusError;
 use super::{Shared, reply};
-use crate::agents::Agents;
+use crate::agents::{AgentChange, Agents};
 use crate::authz::{AgentsManage, AgentsRead};
 use airlock_agents::Command;
 use airlock_proto::bus::agents as rows;
@@ -133,4 +133,20 @@ impl AgentsIface {
         state: &str,
         consecutive_failures: u32,
     ) -> zbus::Result<()>;
+}
+
+/// Announces each change the agent runners send as `AgentChanged`,
+/// until every sender is gone. A signal that cannot be emitted is logged:
+/// the change is already stored.
+pub async fn announce(
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<AgentChange>,
+    emitter: SignalEmitter<'static>,
+) {
+    while let Some(c) = changes.recv().await {
+        let sent =
+            AgentsIface::agent_changed(&emitter, &c.name, c.state, c.consecutive_failures).await;
+        if let Err(e) = sent {
+            tracing::warn!("could not emit AgentChanged for {}: {e}", c.name);
+        }
+    }
 }
