@@ -18,7 +18,6 @@ use std::sync::Arc;
 use airlock_config::Agent;
 use airlock_proto::bus::{AgentLiveness, agent_host};
 use zbus::message::Header;
-use zbus::zvariant::OwnedValue;
 use zbus::{Connection, interface};
 
 use crate::driver::{Driver, DriverError, Liveness};
@@ -43,36 +42,20 @@ impl AgentHost {
         }
     }
 
+    /// Admits the supervisor's uid alone, as the bus daemon reports the
+    /// sender ([`airlock_client::peer`], the supervisor's own lookup).
     async fn admit(&self, conn: &Connection, hdr: &Header<'_>) -> zbus::fdo::Result<()> {
-        let deny = |why: String| zbus::fdo::Error::AccessDenied(why);
-        let sender = hdr
-            .sender()
-            .map(|s| s.to_string())
-            .ok_or_else(|| deny("no sender".into()))?;
-        let reply = conn
-            .call_method(
-                Some("org.freedesktop.DBus"),
-                "/org/freedesktop/DBus",
-                Some("org.freedesktop.DBus"),
-                "GetConnectionCredentials",
-                &(sender.as_str(),),
-            )
+        let creds = airlock_client::peer::of_message(conn, hdr)
             .await
-            .map_err(|e| deny(e.to_string()))?;
-        let body = reply.body();
-        let (creds,): (HashMap<String, OwnedValue>,) =
-            body.deserialize().map_err(|e| deny(e.to_string()))?;
-        let uid = creds
-            .get("UnixUserID")
-            .and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| deny("no UnixUserID".into()))?;
+            .map_err(|e| zbus::fdo::Error::AccessDenied(e.to_string()))?;
+        let (uid, sender) = (creds.uid, creds.sender);
         if uid != self.supervisor_uid {
             tracing::warn!(
                 uid,
                 sender,
                 "AgentHost1 call refused: not the supervisor's uid"
             );
-            return Err(deny(format!(
+            return Err(zbus::fdo::Error::AccessDenied(format!(
                 "PEER_UID_DENIED: {} is reserved for uid {}",
                 agent_host::INTERFACE,
                 self.supervisor_uid

@@ -11,6 +11,10 @@
 //! Calls are bounded: each one is raced against [`Supervisor::timeout`]
 //! (30 s unless changed) and a late answer is dropped with its future.
 //!
+//! [`peer`] is the other side of the same bus: the one lookup of a
+//! sender's credentials from the bus daemon, for the services that serve
+//! methods (the supervisor, airlock-local's agent host).
+//!
 //! Before its first call a client reads the supervisor's
 //! `ProtocolVersion` and refuses a different major version with
 //! `PROTOCOL_VERSION_MISMATCH`, naming both (`docs/protocol.md`).
@@ -25,11 +29,13 @@
 
 pub mod blocking;
 mod error;
+pub mod peer;
 
 pub use error::{from_zbus, is_unreachable};
 
 use airlock_proto::bus::{
-    self, BUS_NAME, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
+    self, BUS_NAME, Call, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
+    agents, reconcile, retry, tasks, worker,
 };
 use airlock_proto::reconcile::{
     AdoptionCheck, AdoptionReport, ReconciliationCase, ReconciliationPage, ResolveOutcome,
@@ -38,13 +44,28 @@ use airlock_proto::reconcile::{
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
 use airlock_proto::{Code, Error};
-use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 use zbus::proxy::{CacheProperties, MethodFlags};
 use zbus::zvariant::{DynamicType, OwnedValue};
+
+/// Whether `e` says the supervisor serves no such interface or property
+/// (a supervisor of an older protocol).
+fn names_no_such_interface(e: &zbus::Error) -> bool {
+    let name = match e {
+        zbus::Error::MethodError(name, _, _) => name.to_string(),
+        zbus::Error::FDO(fdo) => zbus::DBusError::name(fdo.as_ref()).to_string(),
+        _ => return false,
+    };
+    [
+        "org.freedesktop.DBus.Error.UnknownInterface",
+        "org.freedesktop.DBus.Error.UnknownProperty",
+        "org.freedesktop.DBus.Error.InvalidArgs",
+    ]
+    .contains(&name.as_str())
+}
 
 /// How long a call may take unless [`Supervisor::with_timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -135,27 +156,64 @@ impl Supervisor {
     }
 
     /// Reads the supervisor's `ProtocolVersion` and refuses another major
-    /// version (once; later calls reuse the answer).
+    /// version (once; later calls reuse the answer). A supervisor older
+    /// than 7.0 serves no `Tasks2`: its version is read from `Tasks1`, and
+    /// the refusal names both.
     pub async fn check_protocol(&self) -> Result<(), Error> {
         self.checked
             .get_or_try_init(|| async {
-                let server: String = tokio::time::timeout(
-                    self.timeout,
-                    self.tasks
-                        .get_property::<String>(bus::tasks::PROTOCOL_VERSION),
-                )
-                .await
-                .map_err(|_| {
+                let no_answer = |_| {
                     Error::with(
                         Code::RUNTIME_UNAVAILABLE,
                         "ProtocolVersion: no answer in time",
                     )
-                })?
-                .map_err(from_zbus)?;
+                };
+                let read = self
+                    .tasks
+                    .get_property::<String>(bus::tasks::PROTOCOL_VERSION);
+                let server = match tokio::time::timeout(self.timeout, read)
+                    .await
+                    .map_err(no_answer)?
+                {
+                    Ok(v) => v,
+                    Err(e) if names_no_such_interface(&e) => {
+                        let old = tokio::time::timeout(self.timeout, self.v1_protocol())
+                            .await
+                            .map_err(no_answer)??;
+                        bus::check_protocol(self.protocol, &old)?;
+                        return Err(Error::with(
+                            Code::PROTOCOL_VERSION_MISMATCH,
+                            format!(
+                                "the supervisor serves {} only (protocol {old:?}), this client speaks protocol {} over {}",
+                                bus::tasks_v1::INTERFACE,
+                                bus::protocol_string(self.protocol),
+                                bus::tasks::INTERFACE
+                            ),
+                        ));
+                    }
+                    Err(e) => return Err(from_zbus(e)),
+                };
                 bus::check_protocol(self.protocol, &server)
             })
             .await
             .map(|_| ())
+    }
+
+    /// The `ProtocolVersion` a supervisor of before 7.0 shows on `Tasks1`.
+    async fn v1_protocol(&self) -> Result<String, Error> {
+        let reply = self
+            .conn
+            .call_method(
+                Some(BUS_NAME),
+                OBJECT_PATH,
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &(bus::tasks_v1::INTERFACE, bus::tasks::PROTOCOL_VERSION),
+            )
+            .await
+            .map_err(from_zbus)?;
+        let value: OwnedValue = reply.body().deserialize().map_err(from_zbus)?;
+        String::try_from(value).map_err(|e| from_zbus(e.into()))
     }
 
     /// Calls from now on carry ALLOW_INTERACTIVE_AUTHORIZATION when
@@ -228,30 +286,44 @@ impl Supervisor {
         .await
     }
 
-    async fn json<B, T>(
-        &self,
-        proxy: &zbus::Proxy<'static>,
-        method: &'static str,
-        body: &B,
-    ) -> Result<T, Error>
-    where
-        B: serde::Serialize + DynamicType,
-        T: DeserializeOwned,
-    {
-        let text: String = self.raw(proxy, method, body).await?;
-        bus::decode(method, &text)
+    /// The proxy of `interface`.
+    fn proxy_of(&self, interface: &str) -> Result<&zbus::Proxy<'static>, Error> {
+        [
+            &self.tasks,
+            &self.worker,
+            &self.retry,
+            &self.agents,
+            &self.reconcile,
+        ]
+        .into_iter()
+        .find(|p| p.interface().as_str() == interface)
+        .ok_or_else(|| {
+            Error::with(
+                Code::INTERNAL,
+                format!("{interface} is not an interface of the supervisor"),
+            )
+        })
     }
 
-    // ---- org.airlock.Tasks1 --------------------------------------------
+    /// Calls the method of row `M` with `body`, and decodes its reply
+    /// type from the JSON it answers.
+    async fn call<M: Call, B>(&self, body: &B) -> Result<M::Reply, Error>
+    where
+        B: serde::Serialize + DynamicType,
+    {
+        let row = M::METHOD;
+        let text: String = self
+            .raw(self.proxy_of(row.interface)?, row.name, body)
+            .await?;
+        bus::decode(row.name, &text)
+    }
+
+    // ---- org.airlock.Tasks2 --------------------------------------------
 
     /// `SubmitTask`: `submission` is an `airlock.task.v1` document.
     pub async fn submit_task(&self, submission: &serde_json::Value) -> Result<SubmitReply, Error> {
-        self.json(
-            &self.tasks,
-            bus::tasks::SUBMIT_TASK,
-            &(submission.to_string(),),
-        )
-        .await
+        self.call::<tasks::SubmitTask, _>(&(submission.to_string(),))
+            .await
     }
 
     /// `ReplacePlan`.
@@ -260,18 +332,13 @@ impl Supervisor {
         task_id: &str,
         plan: &serde_json::Value,
     ) -> Result<TaskView, Error> {
-        self.json(
-            &self.tasks,
-            bus::tasks::REPLACE_PLAN,
-            &(task_id, plan.to_string()),
-        )
-        .await
+        self.call::<tasks::ReplacePlan, _>(&(task_id, plan.to_string()))
+            .await
     }
 
     /// `GetTask`.
     pub async fn get_task(&self, task_id: &str) -> Result<TaskView, Error> {
-        self.json(&self.tasks, bus::tasks::GET_TASK, &(task_id,))
-            .await
+        self.call::<tasks::GetTask, _>(&(task_id,)).await
     }
 
     /// `ListTasks`: `state` and `after` empty for none; `limit` 0 for the default page.
@@ -281,7 +348,7 @@ impl Supervisor {
         after: &str,
         limit: u32,
     ) -> Result<TaskPage, Error> {
-        self.json(&self.tasks, bus::tasks::LIST_TASKS, &(state, after, limit))
+        self.call::<tasks::ListTasks, _>(&(state, after, limit))
             .await
     }
 
@@ -292,43 +359,35 @@ impl Supervisor {
         after: i64,
         limit: u32,
     ) -> Result<EventPage, Error> {
-        self.json(
-            &self.tasks,
-            bus::tasks::LIST_EVENTS,
-            &(task_id, after, limit),
-        )
-        .await
+        self.call::<tasks::ListEvents, _>(&(task_id, after, limit))
+            .await
     }
 
     // ---- org.airlock.Agents1 -------------------------------------------
 
     /// `ListAgents`.
     pub async fn list_agents(&self) -> Result<bus::AgentList, Error> {
-        self.json(&self.agents, bus::agents::LIST_AGENTS, &()).await
+        self.call::<agents::ListAgents, _>(&()).await
     }
 
     /// `GetAgent`.
     pub async fn get_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::GET_AGENT, &(name,))
-            .await
+        self.call::<agents::GetAgent, _>(&(name,)).await
     }
 
     /// `StartAgent` (refused while held: `AGENTOS_CRASH_LOOP`).
     pub async fn start_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::START_AGENT, &(name,))
-            .await
+        self.call::<agents::StartAgent, _>(&(name,)).await
     }
 
     /// `StopAgent`.
     pub async fn stop_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::STOP_AGENT, &(name,))
-            .await
+        self.call::<agents::StopAgent, _>(&(name,)).await
     }
 
     /// `ClearHold`.
     pub async fn clear_hold(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.json(&self.agents, bus::agents::CLEAR_HOLD, &(name,))
-            .await
+        self.call::<agents::ClearHold, _>(&(name,)).await
     }
 
     // ---- org.airlock.Reconcile1 ----------------------------------------
@@ -341,22 +400,14 @@ impl Supervisor {
         after: &str,
         limit: u32,
     ) -> Result<ReconciliationPage, Error> {
-        self.json(
-            &self.reconcile,
-            bus::reconcile::LIST_RECONCILIATIONS,
-            &(status, after, limit),
-        )
-        .await
+        self.call::<reconcile::ListReconciliations, _>(&(status, after, limit))
+            .await
     }
 
     /// `GetReconciliation`: the task's latest case.
     pub async fn get_reconciliation(&self, task_id: &str) -> Result<ReconciliationCase, Error> {
-        self.json(
-            &self.reconcile,
-            bus::reconcile::GET_RECONCILIATION,
-            &(task_id,),
-        )
-        .await
+        self.call::<reconcile::GetReconciliation, _>(&(task_id,))
+            .await
     }
 
     /// `ResolveReconciliation`.
@@ -365,37 +416,25 @@ impl Supervisor {
         req: &ResolveRequest,
     ) -> Result<ResolveOutcome, Error> {
         let body = req.to_value().to_string();
-        self.json(
-            &self.reconcile,
-            bus::reconcile::RESOLVE_RECONCILIATION,
-            &(req.task_id.as_str(), body.as_str()),
-        )
-        .await
+        self.call::<reconcile::ResolveReconciliation, _>(&(req.task_id.as_str(), body.as_str()))
+            .await
     }
 
     /// `CancelTask`: `req.decision` is cancel.
     pub async fn cancel_task(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
         let body = req.to_value().to_string();
-        self.json(
-            &self.tasks,
-            bus::tasks::CANCEL_TASK,
-            &(req.task_id.as_str(), body.as_str()),
-        )
-        .await
+        self.call::<tasks::CancelTask, _>(&(req.task_id.as_str(), body.as_str()))
+            .await
     }
 
     /// `Verify`: `req.decision` is accept, rework or reject.
     pub async fn verify(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
         let body = req.to_value().to_string();
-        self.json(
-            &self.tasks,
-            bus::tasks::VERIFY,
-            &(req.task_id.as_str(), body.as_str()),
-        )
-        .await
+        self.call::<tasks::Verify, _>(&(req.task_id.as_str(), body.as_str()))
+            .await
     }
 
-    /// Reads a Tasks1 property.
+    /// Reads a Tasks2 property.
     pub async fn property<T>(&self, name: &str) -> Result<T, Error>
     where
         T: TryFrom<OwnedValue>,
@@ -445,7 +484,7 @@ impl Supervisor {
 
     /// `Claim`: the next task under a fresh lease, or `None`.
     pub async fn claim(&self) -> Result<Option<ClaimGrant>, Error> {
-        self.json(&self.worker, bus::worker::CLAIM, &()).await
+        self.call::<worker::Claim, _>(&()).await
     }
 
     /// `Renew`: the lease's new expiry (unix ms).
@@ -470,24 +509,19 @@ impl Supervisor {
         result: &TaskResult,
     ) -> Result<ResultReceipt, Error> {
         let json = bus::encode(result)?;
-        self.json(
-            &self.worker,
-            bus::worker::SUBMIT_RESULT,
-            &(
-                lease.task_id.as_str(),
-                lease.lease_epoch,
-                lease.lease_token.as_str(),
-                key,
-                json.as_str(),
-            ),
-        )
+        self.call::<worker::SubmitResult, _>(&(
+            lease.task_id.as_str(),
+            lease.lease_epoch,
+            lease.lease_token.as_str(),
+            key,
+            json.as_str(),
+        ))
         .await
     }
 
     /// `TakeAdoption`: a case an administrator chose to adopt, or `None`.
     pub async fn take_adoption(&self) -> Result<Option<AdoptionCheck>, Error> {
-        self.json(&self.worker, bus::worker::TAKE_ADOPTION, &())
-            .await
+        self.call::<worker::TakeAdoption, _>(&()).await
     }
 
     /// `SettleAdoption`: what the ref holds; the case as it is now.
@@ -496,12 +530,8 @@ impl Supervisor {
         report: &AdoptionReport,
     ) -> Result<ReconciliationCase, Error> {
         let json = bus::encode(report)?;
-        self.json(
-            &self.worker,
-            bus::worker::SETTLE_ADOPTION,
-            &(json.as_str(),),
-        )
-        .await
+        self.call::<worker::SettleAdoption, _>(&(json.as_str(),))
+            .await
     }
 
     // ---- org.airlock.Retry1 --------------------------------------------
@@ -515,11 +545,7 @@ impl Supervisor {
         authorization_id: &str,
     ) -> Result<RetryExtensionOutcome, Error> {
         let json = bus::encode(request)?;
-        self.json(
-            &self.retry,
-            bus::retry::EXTEND_RETRY,
-            &(task_id, json.as_str(), authorization_id),
-        )
-        .await
+        self.call::<retry::ExtendRetry, _>(&(task_id, json.as_str(), authorization_id))
+            .await
     }
 }

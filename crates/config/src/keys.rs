@@ -372,7 +372,7 @@ pub const KEYS: &[KeySpec] = &[
             max: 64,
         },
         "[]",
-        "With supervisor.authorizer = \"local\": the users allowed every org.airlock.Tasks1, org.airlock.Agents1 and org.airlock.Reconcile1 method (read, submit, manage, resolve). Ignored with polkit.",
+        "With supervisor.authorizer = \"local\": the users allowed every org.airlock.Tasks2 (and Tasks1), org.airlock.Agents1 and org.airlock.Reconcile1 method (read, submit, manage, resolve). Ignored with polkit.",
     ),
     key(
         "supervisor.local_planners",

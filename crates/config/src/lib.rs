@@ -136,7 +136,7 @@ pub struct Supervisor {
     pub worker_user: String,
     /// Who authorises privileged D-Bus methods.
     pub authorizer: Authorizer,
-    /// With the local authoriser: the users allowed every Tasks1 method.
+    /// With the local authoriser: the users allowed every Tasks2 method.
     pub local_users: Vec<String>,
     /// With the local authoriser: the users allowed to read and submit tasks only.
     pub local_planners: Vec<String>,

@@ -1,63 +1,46 @@
-//! The D-Bus contract of `org.airlock.Supervisor1`, declared once.
+//! The D-Bus contract of `org.airlock.Supervisor1`, declared once, as rows.
 //!
-//! Every bus name, object path, interface and method name that the
-//! supervisor serves and its clients call is a constant here, and every
-//! reply that is not a plain value is a typed struct, so a server handler
-//! and its client stub agree by construction: both name the same constant
-//! and (de)serialise the same struct. `services/supervisor/tests/contract.rs`
-//! introspects the running supervisor and checks it against [`INTERFACES`].
+//! Every method the supervisor serves (and the one interface airlock-local
+//! serves it, [`agent_host`]) is one row of the `rows!` table below: its
+//! interface, its name, its D-Bus signature in and out, who may call it (a
+//! polkit action or one component's peer uid, [`Permission`]), the event
+//! its calls are audited under, and its reply type. The table makes, per
+//! method, a constant with its name and a type implementing [`Call`], so
 //!
-//! | interface | method | in | out | admitted by |
-//! |---|---|---|---|---|
-//! | [`tasks::INTERFACE`] | `SubmitTask` | `s` submission JSON | `s` [`SubmitReply`] | polkit `tasks.submit` |
-//! | | `ReplacePlan` | `s` task id, `s` plan JSON | `s` [`TaskView`] | polkit `tasks.submit` |
-//! | | `GetTask` | `s` task id | `s` [`TaskView`] | polkit `tasks.read` |
-//! | | `ListTasks` | `s` state or `""`, `s` after task id or `""`, `u` limit | `s` [`TaskPage`] | polkit `tasks.read` |
-//! | | `ListEvents` | `s` task id or `""`, `x` after event id, `u` limit | `s` [`EventPage`] | polkit `tasks.read` |
-//! | | `CancelTask` | `s` task id, `s` [`DecisionRequest`] JSON (`cancel`) | `s` [`DecisionOutcome`] | polkit `tasks.manage` |
-//! | | `Verify` | `s` task id, `s` [`DecisionRequest`] JSON (`accept`, `rework`, `reject`) | `s` [`DecisionOutcome`] | polkit `tasks.manage` |
-//! | [`worker::INTERFACE`] | `Claim` | | `s` [`ClaimGrant`] or `null` | peer uid = `supervisor.worker_user` |
-//! | | `Renew` | [`LeaseRef`] as `s` `t` `s` | `x` new expiry (unix ms) | peer uid = `supervisor.worker_user` |
-//! | | `SubmitResult` | [`LeaseRef`] as `s` `t` `s`, `s` key, `s` result JSON | `s` [`ResultReceipt`] | peer uid = `supervisor.worker_user` |
-//! | | `TakeAdoption` | | `s` [`AdoptionCheck`] or `null` | peer uid = `supervisor.worker_user` |
-//! | | `SettleAdoption` | `s` [`AdoptionReport`] JSON | `s` [`ReconciliationCase`] | peer uid = `supervisor.worker_user` |
-//! | [`reconcile::INTERFACE`] | `ListReconciliations` | `s` status or `""`, `s` after task id or `""`, `u` limit | `s` [`ReconciliationPage`] | polkit `tasks.read` |
-//! | | `GetReconciliation` | `s` task id | `s` [`ReconciliationCase`] (the task's latest) | polkit `tasks.read` |
-//! | | `ResolveReconciliation` | `s` task id, `s` [`ResolveRequest`] JSON | `s` [`ResolveOutcome`] | polkit `reconcile.manage` |
-//! | [`retry::INTERFACE`] | `ExtendRetry` | `s` task id, `s` request JSON, `s` owner id | `s` [`RetryExtensionOutcome`] | peer uid = `retry.user` |
-//! | [`agents::INTERFACE`] | `ListAgents` | | `s` [`AgentList`] | polkit `agents.read` |
-//! | | `GetAgent` | `s` name | `s` [`AgentView`] | polkit `agents.read` |
-//! | | `StartAgent` | `s` name | `s` [`AgentView`] | polkit `agents.manage` |
-//! | | `StopAgent` | `s` name | `s` [`AgentView`] | polkit `agents.manage` |
-//! | | `ClearHold` | `s` name | `s` [`AgentView`] | polkit `agents.manage` |
+//! - the supervisor's handlers enter through one function that looks the
+//!   row up, admits the caller and authorises it by the row's permission
+//!   (a handler asking for another permission than its row's does not
+//!   compile);
+//! - the client decodes [`Call::Reply`] of the row it calls;
+//! - `services/supervisor/tests/contract.rs` introspects the running
+//!   supervisor and checks every exported method against its row — name,
+//!   signature, and that a caller without the row's permission is refused
+//!   with the row's code;
+//! - `crates/proto/tests/protocol.rs` keeps `crates/proto/bus.lock`, the
+//!   signature of every row: a signature that changes under the same
+//!   interface name fails there (an incompatible change is a new
+//!   interface version, `Tasks2` beside `Tasks1`).
 //!
-//! airlock-local serves [`agent_host`] to the supervisor alone (peer uid):
-//! `Start` (`u` the agent's session id), `Probe` (`s` [`AgentLiveness`])
-//! and `Stop`, each taking `s` name.
-//!
-//! [`DecisionRequest`]: crate::task::DecisionRequest
-//! [`AdoptionCheck`]: crate::reconcile::AdoptionCheck
-//! [`AdoptionReport`]: crate::reconcile::AdoptionReport
-//! [`ReconciliationCase`]: crate::reconcile::ReconciliationCase
-//! [`ReconciliationPage`]: crate::reconcile::ReconciliationPage
-//! [`ResolveRequest`]: crate::reconcile::ResolveRequest
-//! [`ResolveOutcome`]: crate::reconcile::ResolveOutcome
-//! [`DecisionOutcome`]: crate::task::DecisionOutcome
-//!
-//! A refusal is a D-Bus error named by [`Code::dbus_error_name`], with the
-//! human detail as its message; [`Code::from_dbus_error_name`] maps it back.
+//! A request whose argument is `s` carries JSON ([`crate::task::DecisionRequest`],
+//! [`crate::reconcile::ResolveRequest`], …); a reply `s` is the JSON of the
+//! row's reply type. A refusal is a D-Bus error named by
+//! [`Code::dbus_error_name`], with the human detail as its message;
+//! [`Code::from_dbus_error_name`] maps it back.
 
+use crate::reconcile::{AdoptionCheck, ReconciliationCase, ReconciliationPage, ResolveOutcome};
 use crate::retry::RetryExtensionOutcome;
-use crate::task::{ClaimGrant, TaskView};
+use crate::task::{ClaimGrant, DecisionOutcome, TaskView};
 use crate::{Code, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use method::{Call, Method, Peer, Permission};
+
 /// The protocol this build speaks, `(major, minor)`; see
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
-/// `Tasks1.ProtocolVersion` property (`"major.minor"`); clients check it
+/// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (6, 2);
+pub const PROTOCOL_VERSION: (u32, u32) = (7, 0);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -93,141 +76,480 @@ pub const OBJECT_PATH: &str = "/org/airlock/Supervisor1";
 /// Page size when a caller passes a limit of 0.
 pub const DEFAULT_PAGE: u32 = 100;
 
-/// `org.airlock.Tasks1`: admins and planners, authorised by polkit.
-pub mod tasks {
+/// The polkit actions airlock declares (`polkit/org.airlock.policy`).
+pub mod action {
+    /// Read tasks, their events and reconciliation cases.
+    pub const TASKS_READ: &str = "org.airlock.tasks.read";
+    /// Submit a task, replace a queued task's plan.
+    pub const TASKS_SUBMIT: &str = "org.airlock.tasks.submit";
+    /// Decide on or cancel a task.
+    pub const TASKS_MANAGE: &str = "org.airlock.tasks.manage";
+    /// Read the planner agents.
+    pub const AGENTS_READ: &str = "org.airlock.agents.read";
+    /// Start, stop and clear the hold of a planner agent.
+    pub const AGENTS_MANAGE: &str = "org.airlock.agents.manage";
+    /// Resolve a reconciliation case.
+    pub const RECONCILE_MANAGE: &str = "org.airlock.reconcile.manage";
+    /// Every action, in declaration order.
+    pub const ALL: &[&str] = &[
+        TASKS_READ,
+        TASKS_SUBMIT,
+        TASKS_MANAGE,
+        AGENTS_READ,
+        AGENTS_MANAGE,
+        RECONCILE_MANAGE,
+    ];
+}
+
+/// The events of reads, which the store does not log when allowed: they
+/// have their own names so that a refused read is still on record. Every
+/// other row's event is the store's action name for its change.
+pub mod event {
+    /// GetTask.
+    pub const TASK_READ: &str = "TASK_READ";
+    /// ListTasks.
+    pub const TASKS_LISTED: &str = "TASKS_LISTED";
+    /// ListEvents.
+    pub const EVENTS_READ: &str = "EVENTS_READ";
+    /// ListReconciliations, GetReconciliation.
+    pub const RECONCILIATIONS_READ: &str = "RECONCILIATIONS_READ";
+    /// Worker1.TakeAdoption.
+    pub const ADOPTION_TAKEN: &str = "ADOPTION_TAKEN";
+    /// ListAgents, GetAgent.
+    pub const AGENTS_READ: &str = "AGENTS_READ";
+    /// Every read event.
+    pub const READS: &[&str] = &[
+        TASK_READ,
+        TASKS_LISTED,
+        EVENTS_READ,
+        RECONCILIATIONS_READ,
+        ADOPTION_TAKEN,
+        AGENTS_READ,
+    ];
+}
+
+/// What a row is.
+pub mod method {
+    use serde::Serialize;
+    use serde::de::DeserializeOwned;
+
+    /// Who may call a method.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Permission {
+        /// Whoever polkit authorises for this action (an id of
+        /// [`super::action`]); refused with `AUTHORIZATION_DENIED`,
+        /// `INTERACTIVE_AUTHORIZATION_REQUIRED` or `AUTHORITY_UNAVAILABLE`.
+        Polkit(&'static str),
+        /// One component, by the uid the bus daemon reports for the
+        /// caller; anyone else is refused with `PEER_UID_DENIED`.
+        PeerUid(Peer),
+    }
+
+    /// The components a method may be reserved for.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Peer {
+        /// The worker: `supervisor.worker_user`.
+        Worker,
+        /// airlock-retryd: `retry.user`.
+        Retry,
+        /// The supervisor (airlock-local's agent host serves it alone).
+        Supervisor,
+    }
+
+    impl Permission {
+        /// The refusal a caller without the permission gets, when it is
+        /// decided without asking anyone (polkit may also answer
+        /// `INTERACTIVE_AUTHORIZATION_REQUIRED` or be unavailable).
+        pub const fn refusal(self) -> crate::Code {
+            match self {
+                Permission::Polkit(_) => crate::Code::AUTHORIZATION_DENIED,
+                Permission::PeerUid(_) => crate::Code::PEER_UID_DENIED,
+            }
+        }
+
+        /// Equality usable in constant context (the supervisor's entry
+        /// function checks at compile time that a handler asks for its
+        /// row's permission).
+        pub const fn same(self, other: Permission) -> bool {
+            match (self, other) {
+                (Permission::Polkit(a), Permission::Polkit(b)) => const_str_eq(a, b),
+                (Permission::PeerUid(a), Permission::PeerUid(b)) => a as u8 == b as u8,
+                _ => false,
+            }
+        }
+    }
+
+    const fn const_str_eq(a: &str, b: &str) -> bool {
+        let (a, b) = (a.as_bytes(), b.as_bytes());
+        if a.len() != b.len() {
+            return false;
+        }
+        let mut i = 0;
+        while i < a.len() {
+            if a[i] != b[i] {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+
+    /// One method: one row of the contract.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Method {
+        /// Its interface (`org.airlock.Tasks1`).
+        pub interface: &'static str,
+        /// Its member name (`Verify`).
+        pub name: &'static str,
+        /// The D-Bus signature of its arguments (`ss`).
+        pub input: &'static str,
+        /// The D-Bus signature of its reply (`s`; empty for none).
+        pub output: &'static str,
+        /// Who may call it.
+        pub permission: Permission,
+        /// The event its calls are audited under (allowed changes by the
+        /// store, every refusal by the supervisor); `None`: not audited in
+        /// the task event log (the agent host's, which logs to the journal).
+        pub event: Option<&'static str>,
+        /// Its reply type, by name (the JSON in a reply `s`).
+        pub reply: &'static str,
+    }
+
+    impl Method {
+        /// `interface.name`.
+        pub fn path(&self) -> String {
+            format!("{}.{}", self.interface, self.name)
+        }
+    }
+
+    /// A method as a type: its row and its reply type. Made by the table.
+    pub trait Call {
+        /// The row.
+        const METHOD: Method;
+        /// What a successful call answers (decoded from the JSON of a
+        /// reply `s`, or the plain value of any other reply).
+        type Reply: Serialize + DeserializeOwned;
+    }
+}
+
+macro_rules! permission {
+    (polkit $action:ident) => {
+        $crate::bus::Permission::Polkit($crate::bus::action::$action)
+    };
+    (peer $peer:ident) => {
+        $crate::bus::Permission::PeerUid($crate::bus::Peer::$peer)
+    };
+}
+
+macro_rules! audited {
+    () => {
+        None
+    };
+    ($event:ident) => {
+        Some(stringify!($event))
+    };
+}
+
+/// The table. Per interface: a module with `INTERFACE`, its extra
+/// constants (`also`), and per method a name constant, a type
+/// implementing [`Call`], and the module's `METHODS` (names) and `ROWS`.
+macro_rules! rows {
+    ($(
+        $(#[doc = $idoc:literal])+
+        mod $module:ident = $iface:literal {
+            also { $($also:item)* }
+            $(
+                $(#[doc = $doc:literal])+
+                $konst:ident = $name:ident ( $input:literal ) -> $output:literal $reply:ty,
+                    $pkind:ident $pwhich:ident $(, audited $event:ident)?;
+            )+
+        }
+    )+) => {
+        $(
+            $(#[doc = $idoc])+
+            pub mod $module {
+                #[allow(unused_imports)]
+                use super::*;
+                /// The interface.
+                pub const INTERFACE: &str = $iface;
+                $($also)*
+                $(
+                    $(#[doc = $doc])+
+                    pub const $konst: &str = stringify!($name);
+
+                    #[doc = concat!("`", $iface, ".", stringify!($name), "` as a type: its row and reply.")]
+                    #[derive(Debug)]
+                    pub enum $name {}
+
+                    impl Call for $name {
+                        const METHOD: Method = Method {
+                            interface: INTERFACE,
+                            name: $konst,
+                            input: $input,
+                            output: $output,
+                            permission: permission!($pkind $pwhich),
+                            event: audited!($($event)?),
+                            reply: stringify!($reply),
+                        };
+                        type Reply = $reply;
+                    }
+                )+
+                /// Methods, in declaration order.
+                pub const METHODS: &[&str] = &[$($konst),+];
+                /// Their rows, in the same order.
+                pub const ROWS: &[Method] = &[$(<$name as Call>::METHOD),+];
+            }
+        )+
+    };
+}
+
+rows! {
+    /// `org.airlock.Tasks2`: admins and planners, authorised by polkit.
+    /// (Protocol 7.0 named it anew: Verify's and CancelTask's arguments had
+    /// changed under the name `Tasks1` in 3.0; [`tasks_v1`] stays for one
+    /// release.)
+    mod tasks = "org.airlock.Tasks2" {
+        also {
+            /// Signal: `s` task id, `s` state, `x` revision.
+            pub const TASK_CHANGED: &str = "TaskChanged";
+            /// Property: the protocol the supervisor speaks, `"major.minor"`.
+            pub const PROTOCOL_VERSION: &str = "ProtocolVersion";
+        }
+        /// Submit a task: `s` an `airlock.task.v1` submission.
+        SUBMIT_TASK = SubmitTask("s") -> "s" SubmitReply,
+            polkit TASKS_SUBMIT, audited TASK_SUBMITTED;
+        /// Replace a queued task's plan (CAS on the previous plan's
+        /// digest): `s` task id, `s` an `airlock.plan.v1` plan.
+        REPLACE_PLAN = ReplacePlan("ss") -> "s" TaskView,
+            polkit TASKS_SUBMIT, audited TASK_PLAN_REPLACED;
+        /// Read one task: `s` task id.
+        GET_TASK = GetTask("s") -> "s" TaskView,
+            polkit TASKS_READ, audited TASK_READ;
+        /// Page through tasks: `s` state or `""`, `s` after task id or
+        /// `""`, `u` limit (0: the default page).
+        LIST_TASKS = ListTasks("ssu") -> "s" TaskPage,
+            polkit TASKS_READ, audited TASKS_LISTED;
+        /// Page through the event log: `s` task id or `""`, `x` after
+        /// event id, `u` limit.
+        LIST_EVENTS = ListEvents("sxu") -> "s" EventPage,
+            polkit TASKS_READ, audited EVENTS_READ;
+        /// Cancel a task that is not terminal: `s` task id, `s` an
+        /// `airlock.task-decision.v1` request (`cancel`).
+        CANCEL_TASK = CancelTask("ss") -> "s" DecisionOutcome,
+            polkit TASKS_MANAGE, audited TASK_CANCELLED;
+        /// Decide on a VERIFYING task: `s` task id, `s` an
+        /// `airlock.task-decision.v1` request (`accept`, `rework`, `reject`).
+        VERIFY = Verify("ss") -> "s" DecisionOutcome,
+            polkit TASKS_MANAGE, audited TASK_VERIFIED;
+    }
+
+    /// `org.airlock.Worker1`: the worker only, admitted by its peer uid.
+    mod worker = "org.airlock.Worker1" {
+        also {}
+        /// Claim the next task under a fresh lease (`null` when none).
+        CLAIM = Claim("") -> "s" Option<ClaimGrant>,
+            peer Worker, audited TASK_CLAIMED;
+        /// Extend a lease: [`LeaseRef`] as `s` `t` `s`; the new expiry
+        /// (unix ms).
+        RENEW = Renew("sts") -> "x" i64,
+            peer Worker, audited TASK_LEASE_RENEWED;
+        /// Submit an attempt's result: [`LeaseRef`] as `s` `t` `s`, `s`
+        /// idempotency key, `s` an `airlock.task-result.v1` result.
+        SUBMIT_RESULT = SubmitResult("stsss") -> "s" ResultReceipt,
+            peer Worker, audited TASK_RESULT_SUBMITTED;
+        /// Take a reconciliation case an administrator chose to adopt, to
+        /// check the ref (`null` when none waits).
+        TAKE_ADOPTION = TakeAdoption("") -> "s" Option<AdoptionCheck>,
+            peer Worker, audited ADOPTION_TAKEN;
+        /// Report what the ref holds for an adoption taken: `s` an
+        /// [`crate::reconcile::AdoptionReport`].
+        SETTLE_ADOPTION = SettleAdoption("s") -> "s" ReconciliationCase,
+            peer Worker, audited TASK_RECONCILIATION_ADOPTED;
+    }
+
+    /// `org.airlock.Retry1`: airlock-retryd only, admitted by its peer uid.
+    mod retry = "org.airlock.Retry1" {
+        also {}
+        /// Grant a FAILED, exhausted task one more attempt (the store's
+        /// compare-and-swap transaction): `s` task id, `s` the owner's
+        /// request, `s` the owner id.
+        EXTEND_RETRY = ExtendRetry("sss") -> "s" RetryExtensionOutcome,
+            peer Retry, audited TASK_RETRY_EXTENSION_AUTHORIZED;
+    }
+
+    /// `org.airlock.Agents1`: the planner agents the supervisor runs;
+    /// admins, authorised by polkit.
+    mod agents = "org.airlock.Agents1" {
+        also {
+            /// Signal: `s` agent name, `s` state, `u` consecutive failures.
+            pub const AGENT_CHANGED: &str = "AgentChanged";
+        }
+        /// Every configured agent with its state.
+        LIST_AGENTS = ListAgents("") -> "s" AgentList,
+            polkit AGENTS_READ, audited AGENTS_READ;
+        /// One agent with its state: `s` name.
+        GET_AGENT = GetAgent("s") -> "s" AgentView,
+            polkit AGENTS_READ, audited AGENTS_READ;
+        /// Start a stopped agent (refused while held: AGENTOS_CRASH_LOOP).
+        START_AGENT = StartAgent("s") -> "s" AgentView,
+            polkit AGENTS_MANAGE, audited AGENT_START_REQUESTED;
+        /// Stop an agent (never counted as a failure).
+        STOP_AGENT = StopAgent("s") -> "s" AgentView,
+            polkit AGENTS_MANAGE, audited AGENT_STOP_REQUESTED;
+        /// Clear a hold: the count resets and the agent starts.
+        CLEAR_HOLD = ClearHold("s") -> "s" AgentView,
+            polkit AGENTS_MANAGE, audited AGENT_HOLD_CLEARED;
+    }
+
+    /// `org.airlock.Reconcile1`: reconciliation cases (an attempt whose
+    /// branch moved behind the worker's back); admins, authorised by polkit.
+    mod reconcile = "org.airlock.Reconcile1" {
+        also {}
+        /// Page through cases: `s` status or `""`, `s` after task id or
+        /// `""`, `u` limit.
+        LIST_RECONCILIATIONS = ListReconciliations("ssu") -> "s" ReconciliationPage,
+            polkit TASKS_READ, audited RECONCILIATIONS_READ;
+        /// A task's latest case: `s` task id.
+        GET_RECONCILIATION = GetReconciliation("s") -> "s" ReconciliationCase,
+            polkit TASKS_READ, audited RECONCILIATIONS_READ;
+        /// Adopt the observed head or fail the task, exactly once: `s`
+        /// task id, `s` an `airlock.reconciliation-resolution.v1` request.
+        RESOLVE_RECONCILIATION = ResolveReconciliation("ss") -> "s" ResolveOutcome,
+            polkit RECONCILE_MANAGE, audited TASK_RECONCILIATION_RESOLVED;
+    }
+
+    /// `org.airlock.AgentHost1`: served by airlock-local (root) for the
+    /// supervisor where there is no systemd; starts, probes and stops agent
+    /// processes by name (the process driver). Admitted by the caller's
+    /// uid: the supervisor's only. Not part of [`INTERFACES`] (another
+    /// process serves it, under its own name).
+    mod agent_host = "org.airlock.AgentHost1" {
+        also {
+            /// The well-known name.
+            pub const BUS_NAME: &str = "org.airlock.AgentHost1";
+            /// The object.
+            pub const OBJECT_PATH: &str = "/org/airlock/AgentHost1";
+        }
+        /// Start the configured agent `s` name; the session it leads (its
+        /// leader's pid; 0: none).
+        START = Start("s") -> "u" u32,
+            peer Supervisor;
+        /// Whether the agent `s` name runs.
+        PROBE = Probe("s") -> "s" AgentLiveness,
+            peer Supervisor;
+        /// Stop the agent `s` name and its process group.
+        STOP = Stop("s") -> "" (),
+            peer Supervisor;
+    }
+}
+
+/// A call shape an interface no longer takes: answered with
+/// `PROTOCOL_VERSION_MISMATCH` naming the interface and method to call
+/// instead, never with the bus library's bare signature error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retired {
+    /// The method.
+    pub name: &'static str,
+    /// The argument signature it took.
+    pub input: &'static str,
+    /// What those arguments were, and until which protocol.
+    pub was: &'static str,
+    /// The row to call instead.
+    pub instead: Method,
+}
+
+impl Retired {
+    /// The refusal of a call of this shape on `interface`.
+    pub fn refusal(&self, interface: &str) -> Error {
+        Error::with(
+            Code::PROTOCOL_VERSION_MISMATCH,
+            format!(
+                "{interface}.{} ({}) is the call of {}; since then it takes ({}): call {} ({}) -> {}. {interface} is kept for one release beside {}",
+                self.name,
+                self.input,
+                self.was,
+                self.instead.input,
+                self.instead.path(),
+                self.instead.input,
+                self.instead.output,
+                self.instead.interface,
+            ),
+        )
+    }
+}
+
+/// `rows` under the name `interface`.
+const fn renamed<const N: usize>(rows: &[Method], interface: &'static str) -> [Method; N] {
+    let mut out = [rows[0]; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = Method {
+            interface,
+            ..rows[i]
+        };
+        i += 1;
+    }
+    out
+}
+
+/// `org.airlock.Tasks1`, kept for one release beside [`tasks`]
+/// (`Tasks2`): the same methods with the signatures they had in protocol
+/// 3.0 to 6.1, served by the same handlers, its `TaskChanged` emitted as
+/// well; introspection marks it deprecated. Verify's call of before 3.0
+/// (three strings) is refused by name ([`tasks_v1::RETIRED`]). Its
+/// pre-3.0 `CancelTask (task id, reason)` has today's signature and is
+/// refused as a decision that is not JSON (`MESSAGE_INVALID`).
+pub mod tasks_v1 {
+    use super::*;
     /// The interface.
     pub const INTERFACE: &str = "org.airlock.Tasks1";
-    /// Submit a task.
-    pub const SUBMIT_TASK: &str = "SubmitTask";
-    /// Replace a queued task's plan (CAS on the previous plan's digest).
-    pub const REPLACE_PLAN: &str = "ReplacePlan";
-    /// Read one task.
-    pub const GET_TASK: &str = "GetTask";
-    /// Page through tasks.
-    pub const LIST_TASKS: &str = "ListTasks";
-    /// Page through the event log.
-    pub const LIST_EVENTS: &str = "ListEvents";
-    /// Cancel a task that is not terminal.
-    pub const CANCEL_TASK: &str = "CancelTask";
-    /// Decide on a VERIFYING task.
-    pub const VERIFY: &str = "Verify";
-    /// Signal: `s` task id, `s` state, `x` revision.
-    pub const TASK_CHANGED: &str = "TaskChanged";
-    /// Property: the protocol the supervisor speaks, `"major.minor"`.
-    pub const PROTOCOL_VERSION: &str = "ProtocolVersion";
-    /// Methods, in declaration order.
-    pub const METHODS: &[&str] = &[
-        SUBMIT_TASK,
-        REPLACE_PLAN,
-        GET_TASK,
-        LIST_TASKS,
-        LIST_EVENTS,
-        CANCEL_TASK,
-        VERIFY,
-    ];
-}
-
-/// `org.airlock.Worker1`: the worker only, admitted by its peer uid.
-pub mod worker {
-    /// The interface.
-    pub const INTERFACE: &str = "org.airlock.Worker1";
-    /// Claim the next task under a fresh lease.
-    pub const CLAIM: &str = "Claim";
-    /// Extend a lease.
-    pub const RENEW: &str = "Renew";
-    /// Submit an attempt's result.
-    pub const SUBMIT_RESULT: &str = "SubmitResult";
-    /// Take a reconciliation case an administrator chose to adopt, to
-    /// check the ref (`null` when none waits).
-    pub const TAKE_ADOPTION: &str = "TakeAdoption";
-    /// Report what the ref holds for an adoption taken.
-    pub const SETTLE_ADOPTION: &str = "SettleAdoption";
-    /// Methods, in declaration order.
-    pub const METHODS: &[&str] = &[CLAIM, RENEW, SUBMIT_RESULT, TAKE_ADOPTION, SETTLE_ADOPTION];
-}
-
-/// `org.airlock.Reconcile1`: reconciliation cases (an attempt whose branch
-/// moved behind the worker's back); admins, authorised by polkit.
-pub mod reconcile {
-    /// The interface.
-    pub const INTERFACE: &str = "org.airlock.Reconcile1";
-    /// Page through cases.
-    pub const LIST_RECONCILIATIONS: &str = "ListReconciliations";
-    /// A task's latest case.
-    pub const GET_RECONCILIATION: &str = "GetReconciliation";
-    /// Adopt the observed head or fail the task, exactly once.
-    pub const RESOLVE_RECONCILIATION: &str = "ResolveReconciliation";
-    /// Methods, in declaration order.
-    pub const METHODS: &[&str] = &[
-        LIST_RECONCILIATIONS,
-        GET_RECONCILIATION,
-        RESOLVE_RECONCILIATION,
-    ];
-}
-
-/// `org.airlock.Retry1`: airlock-retryd only, admitted by its peer uid.
-pub mod retry {
-    /// The interface.
-    pub const INTERFACE: &str = "org.airlock.Retry1";
-    /// Grant a FAILED, exhausted task one more attempt (the store's
-    /// compare-and-swap transaction).
-    pub const EXTEND_RETRY: &str = "ExtendRetry";
-    /// Methods, in declaration order.
-    pub const METHODS: &[&str] = &[EXTEND_RETRY];
-}
-
-/// `org.airlock.Agents1`: the planner agents the supervisor runs;
-/// admins, authorised by polkit.
-pub mod agents {
-    /// The interface.
-    pub const INTERFACE: &str = "org.airlock.Agents1";
-    /// Every configured agent with its state.
-    pub const LIST_AGENTS: &str = "ListAgents";
-    /// One agent with its state.
-    pub const GET_AGENT: &str = "GetAgent";
-    /// Start a stopped agent (refused while held: AGENTOS_CRASH_LOOP).
-    pub const START_AGENT: &str = "StartAgent";
-    /// Stop an agent (never counted as a failure).
-    pub const STOP_AGENT: &str = "StopAgent";
-    /// Clear a hold: the count resets and the agent starts.
-    pub const CLEAR_HOLD: &str = "ClearHold";
-    /// Signal: `s` agent name, `s` state, `u` consecutive failures.
-    pub const AGENT_CHANGED: &str = "AgentChanged";
-    /// Methods, in declaration order.
-    pub const METHODS: &[&str] = &[LIST_AGENTS, GET_AGENT, START_AGENT, STOP_AGENT, CLEAR_HOLD];
-}
-
-/// `org.airlock.AgentHost1`: served by airlock-local (root) for the
-/// supervisor where there is no systemd; starts, probes and stops agent
-/// processes by name (the process driver). Admitted by the caller's uid:
-/// the supervisor's only. Not part of `INTERFACES` (another process
-/// serves it, under its own name).
-pub mod agent_host {
-    /// The well-known name.
-    pub const BUS_NAME: &str = "org.airlock.AgentHost1";
-    /// The object.
-    pub const OBJECT_PATH: &str = "/org/airlock/AgentHost1";
-    /// The interface.
-    pub const INTERFACE: &str = "org.airlock.AgentHost1";
-    /// `s` name → `u` the session the agent leads (its leader's pid; 0:
-    /// none): start the configured agent.
-    pub const START: &str = "Start";
-    /// `s` name → `s` [`super::AgentLiveness`].
-    pub const PROBE: &str = "Probe";
-    /// `s` name → nothing: stop it and its process group.
-    pub const STOP: &str = "Stop";
-    /// Methods, in declaration order.
-    pub const METHODS: &[&str] = &[START, PROBE, STOP];
+    /// The interface that replaces it.
+    pub const SUCCESSOR: &str = tasks::INTERFACE;
+    /// Methods, in declaration order (Tasks2's).
+    pub const METHODS: &[&str] = tasks::METHODS;
+    /// Its rows: Tasks2's, under this name.
+    pub const ROWS: &[Method] = &renamed::<{ tasks::METHODS.len() }>(tasks::ROWS, INTERFACE);
+    /// The call shapes it no longer takes.
+    pub const RETIRED: &[Retired] = &[Retired {
+        name: tasks::VERIFY,
+        input: "sss",
+        was: "airlock bus protocol before 3.0 (task id, decision, reason)",
+        instead: <tasks::Verify as Call>::METHOD,
+    }];
 }
 
 /// Every interface the supervisor serves with its methods.
 pub const INTERFACES: &[(&str, &[&str])] = &[
     (tasks::INTERFACE, tasks::METHODS),
+    (tasks_v1::INTERFACE, tasks_v1::METHODS),
     (worker::INTERFACE, worker::METHODS),
     (retry::INTERFACE, retry::METHODS),
     (agents::INTERFACE, agents::METHODS),
     (reconcile::INTERFACE, reconcile::METHODS),
 ];
+
+/// Every row the supervisor serves, interface by interface.
+pub const ROWS: &[&[Method]] = &[
+    tasks::ROWS,
+    tasks_v1::ROWS,
+    worker::ROWS,
+    retry::ROWS,
+    agents::ROWS,
+    reconcile::ROWS,
+];
+
+/// Every row of the contract: the supervisor's and the agent host's.
+pub fn every_row() -> impl Iterator<Item = &'static Method> {
+    ROWS.iter()
+        .copied()
+        .chain([agent_host::ROWS])
+        .flat_map(|rows| rows.iter())
+}
+
+/// The row of `interface.name`, if the contract has one.
+pub fn row(interface: &str, name: &str) -> Option<&'static Method> {
+    every_row().find(|m| m.interface == interface && m.name == name)
+}
 
 /// One planner agent as `GetAgent` and `ListAgents` show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -400,13 +722,85 @@ mod tests {
     fn names_are_unique_and_well_formed() {
         let mut seen = std::collections::BTreeSet::new();
         for (iface, methods) in INTERFACES {
-            assert!(iface.starts_with("org.airlock.") && iface.ends_with('1'));
+            assert!(iface.starts_with("org.airlock."), "{iface}");
+            assert!(iface.ends_with(|c: char| c.is_ascii_digit()), "{iface}");
             for m in *methods {
                 assert!(m.chars().next().unwrap().is_ascii_uppercase(), "{m}");
                 assert!(m.chars().all(|c| c.is_ascii_alphanumeric()), "{m}");
                 assert!(seen.insert((*iface, *m)), "{iface}.{m} twice");
             }
         }
+    }
+
+    #[test]
+    fn every_row_is_well_formed() {
+        let mut seen = std::collections::BTreeSet::new();
+        for m in every_row() {
+            assert!(seen.insert((m.interface, m.name)), "{} twice", m.path());
+            for sig in [m.input, m.output] {
+                assert!(
+                    sig.chars().all(|c| "sutxib".contains(c)),
+                    "{}: {sig:?}",
+                    m.path()
+                );
+            }
+            if let Permission::Polkit(id) = m.permission {
+                assert!(action::ALL.contains(&id), "{}: {id}", m.path());
+            }
+            // The agent host alone logs to the journal only.
+            assert_eq!(
+                m.event.is_none(),
+                m.interface == agent_host::INTERFACE,
+                "{}",
+                m.path()
+            );
+            if m.output == "s" {
+                assert!(!m.reply.is_empty(), "{}", m.path());
+            }
+        }
+        // INTERFACES and ROWS say the same.
+        for ((iface, names), rows) in INTERFACES.iter().zip(ROWS) {
+            let from_rows: Vec<&str> = rows.iter().map(|m| m.name).collect();
+            assert_eq!(&from_rows, names, "{iface}");
+            assert!(rows.iter().all(|m| m.interface == *iface));
+        }
+        assert_eq!(row(tasks::INTERFACE, tasks::VERIFY).unwrap().input, "ss");
+        assert_eq!(row(tasks_v1::INTERFACE, tasks::VERIFY).unwrap().input, "ss");
+        for (v1, v2) in tasks_v1::ROWS.iter().zip(tasks::ROWS) {
+            assert_eq!(
+                Method {
+                    interface: v2.interface,
+                    ..*v1
+                },
+                *v2
+            );
+        }
+        assert!(row(tasks::INTERFACE, "Nope").is_none());
+    }
+
+    #[test]
+    fn a_retired_call_is_refused_naming_what_to_call() {
+        let r = &tasks_v1::RETIRED[0];
+        assert_ne!(r.input, r.instead.input, "a retired shape is not today's");
+        let e = r.refusal(tasks_v1::INTERFACE);
+        assert_eq!(e.code, Code::PROTOCOL_VERSION_MISMATCH);
+        let text = e.to_string();
+        assert!(
+            text.contains("org.airlock.Tasks1.Verify (sss)")
+                && text.contains("org.airlock.Tasks2.Verify (ss)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_permission_compares_in_constant_context() {
+        const A: Permission = Permission::Polkit(action::TASKS_READ);
+        const SAME: bool = A.same(Permission::Polkit("org.airlock.tasks.read"));
+        const OTHER: bool = A.same(Permission::Polkit(action::TASKS_MANAGE));
+        const PEER: bool = A.same(Permission::PeerUid(Peer::Worker));
+        const { assert!(SAME && !OTHER && !PEER) };
+        assert!(Permission::PeerUid(Peer::Retry).same(Permission::PeerUid(Peer::Retry)));
+        assert!(!Permission::PeerUid(Peer::Retry).same(Permission::PeerUid(Peer::Worker)));
     }
 
     #[test]

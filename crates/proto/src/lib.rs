@@ -9,11 +9,11 @@
 //!
 //! | message | from → to | channel | allowed when |
 //! |---|---|---|---|
-//! | [`task::TaskSubmission`] | planner/admin → supervisor | D-Bus `Tasks1.SubmitTask` | always (polkit `tasks.submit`) |
-//! | [`plan::PlanRequest`] (replacement) | planner/admin → supervisor | D-Bus `Tasks1.ReplacePlan` | task QUEUED (polkit `tasks.submit`) |
-//! | [`task::TaskView`] | supervisor → admin/planner | D-Bus `Tasks1.GetTask`/`ListTasks` | always (polkit `tasks.read`) |
-//! | [`task::Decision`] + reason | admin → supervisor | D-Bus `Tasks1.Verify` | task VERIFYING (polkit `tasks.manage`) |
-//! | cancel + reason | admin → supervisor | D-Bus `Tasks1.CancelTask` | task not terminal (polkit `tasks.manage`) |
+//! | [`task::TaskSubmission`] | planner/admin → supervisor | D-Bus `Tasks2.SubmitTask` | always (polkit `tasks.submit`) |
+//! | [`plan::PlanRequest`] (replacement) | planner/admin → supervisor | D-Bus `Tasks2.ReplacePlan` | task QUEUED (polkit `tasks.submit`) |
+//! | [`task::TaskView`] | supervisor → admin/planner | D-Bus `Tasks2.GetTask`/`ListTasks` | always (polkit `tasks.read`) |
+//! | [`task::Decision`] + reason | admin → supervisor | D-Bus `Tasks2.Verify` | task VERIFYING (polkit `tasks.manage`) |
+//! | cancel + reason | admin → supervisor | D-Bus `Tasks2.CancelTask` | task not terminal (polkit `tasks.manage`) |
 //! | [`task::ClaimGrant`] | supervisor → worker | D-Bus `Worker1.Claim` | a task QUEUED with attempts left; caller uid = worker |
 //! | renew (token, epoch) | worker → supervisor | D-Bus `Worker1.Renew` | task RUNNING under that lease |
 //! | [`task::TaskResult`] | worker → supervisor | D-Bus `Worker1.SubmitResult` | task RUNNING under that lease, or an identical replay |

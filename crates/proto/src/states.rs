@@ -18,15 +18,15 @@ use crate::{Code, Error};
 /// An operation on one task, as the bus offers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
-    /// `Tasks1.ReplacePlan`.
+    /// `Tasks2.ReplacePlan`.
     ReplacePlan,
-    /// `Tasks1.CancelTask`.
+    /// `Tasks2.CancelTask`.
     Cancel,
-    /// `Tasks1.Verify` with `accept`.
+    /// `Tasks2.Verify` with `accept`.
     Accept,
-    /// `Tasks1.Verify` with `rework`.
+    /// `Tasks2.Verify` with `rework`.
     Rework,
-    /// `Tasks1.Verify` with `reject`.
+    /// `Tasks2.Verify` with `reject`.
     Reject,
     /// `Worker1.Claim` (of the oldest claimable task).
     Claim,
@@ -58,11 +58,11 @@ impl Op {
     /// The bus method that performs it, as `Interface.Method (argument)`.
     pub fn method(self) -> &'static str {
         match self {
-            Op::ReplacePlan => "Tasks1.ReplacePlan",
-            Op::Cancel => "Tasks1.CancelTask",
-            Op::Accept => "Tasks1.Verify (accept)",
-            Op::Rework => "Tasks1.Verify (rework)",
-            Op::Reject => "Tasks1.Verify (reject)",
+            Op::ReplacePlan => "Tasks2.ReplacePlan",
+            Op::Cancel => "Tasks2.CancelTask",
+            Op::Accept => "Tasks2.Verify (accept)",
+            Op::Rework => "Tasks2.Verify (rework)",
+            Op::Reject => "Tasks2.Verify (reject)",
             Op::Claim => "Worker1.Claim",
             Op::Renew => "Worker1.Renew",
             Op::SubmitPassed => "Worker1.SubmitResult (passed)",
@@ -297,7 +297,7 @@ mod step {
         Claim,
         /// `Worker1.Renew`: the lease's expiry moves; the state does not.
         Renew,
-        /// `Tasks1.ReplacePlan`: the plan changes; the state does not.
+        /// `Tasks2.ReplacePlan`: the plan changes; the state does not.
         ReplacePlan,
         /// `Worker1.SubmitResult` of a passed or captured attempt, left for
         /// an administrator.
@@ -311,13 +311,13 @@ mod step {
         /// attempt cannot help (`REPOSITORY_NOT_REGISTERED`,
         /// `RECONCILIATION_REQUIRED`).
         SubmitFinal,
-        /// `Tasks1.Verify (accept)`.
+        /// `Tasks2.Verify (accept)`.
         Accept,
-        /// `Tasks1.Verify (rework)`.
+        /// `Tasks2.Verify (rework)`.
         Rework,
-        /// `Tasks1.Verify (reject)`.
+        /// `Tasks2.Verify (reject)`.
         Reject,
-        /// `Tasks1.CancelTask`.
+        /// `Tasks2.CancelTask`.
         Cancel,
         /// `Retry1.ExtendRetry`: `max_attempts + 1`.
         ExtendRetry,
@@ -700,7 +700,7 @@ mod tests {
         assert_eq!(e.code, Code::TASK_STATE_INVALID);
         let text = e.to_string();
         assert!(
-            text.contains("Tasks1.CancelTask") && text.contains("SUCCEEDED"),
+            text.contains("Tasks2.CancelTask") && text.contains("SUCCEEDED"),
             "{text}"
         );
         assert!(check(Op::Rework, Verifying).is_ok());

@@ -54,11 +54,11 @@ pub enum Decision {
     Rework,
     /// FAILED.
     Reject,
-    /// CANCELLED (Tasks1.CancelTask only).
+    /// CANCELLED (Tasks2.CancelTask only).
     Cancel,
 }
 
-/// Schema tag of an admin's decision (`Tasks1.Verify`, `Tasks1.CancelTask`).
+/// Schema tag of an admin's decision (`Tasks2.Verify`, `Tasks2.CancelTask`).
 pub const DECISION_SCHEMA: &str = "airlock.task-decision.v1";
 
 /// The fields of a [`DecisionRequest`], every one required.

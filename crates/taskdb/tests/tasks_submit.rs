@@ -415,7 +415,7 @@ fn record_denial_audits_refusals_made_outside_the_store(backend: Backend) {
         .record_denial(
             Some("task-a"),
             &planner(),
-            "Tasks1.CancelTask",
+            "Tasks2.CancelTask",
             Code::AUTHORIZATION_DENIED,
             &long,
         )

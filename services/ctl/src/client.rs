@@ -182,7 +182,7 @@ impl Client {
         self.sup.is_interactive()
     }
 
-    /// Reads a Tasks1 property.
+    /// Reads a Tasks2 property.
     pub async fn property<T>(&self, name: &str) -> Result<T, CtlError>
     where
         T: TryFrom<OwnedValue>,

@@ -117,7 +117,7 @@ impl Sup {
                                    "verification": [{"label": "true", "argv": ["/bin/true"]}]}},
         });
         self.call(
-            "org.airlock.Tasks1",
+            "org.airlock.Tasks2",
             "SubmitTask",
             &(submission.to_string(),),
         )
@@ -485,7 +485,7 @@ impl Sup {
                                    "verification": [{"label": "true", "argv": ["/bin/true"]}]}},
         });
         self.call(
-            "org.airlock.Tasks1",
+            "org.airlock.Tasks2",
             "SubmitTask",
             &(submission.to_string(),),
         )

@@ -72,7 +72,7 @@ fn failed_exhausted_task(bus: &PrivateBus) {
                                "change_set": [{"operation": "write_file", "path": "a.txt", "content": "a\n"}],
                                "verification": [{"label": "true", "argv": ["/bin/true"]}]}},
     });
-    call(bus, "org.airlock.Tasks1", "SubmitTask", (task.to_string(),));
+    call(bus, "org.airlock.Tasks2", "SubmitTask", (task.to_string(),));
     let grant = call(bus, "org.airlock.Worker1", "Claim", ());
     let result = json!({
         "schema": "airlock.task-result.v1", "task_id": "task-r", "attempt": grant["attempt"],
@@ -149,7 +149,7 @@ fn retry_extend_fills_the_cas_from_the_task_and_applies_once() {
     let bus = PrivateBus::start().unwrap();
     let (_sup, _retryd, url, token) = start(dir.path(), &bus);
     let token = token.to_str().unwrap();
-    let before = call(&bus, "org.airlock.Tasks1", "GetTask", ("task-r",));
+    let before = call(&bus, "org.airlock.Tasks2", "GetTask", ("task-r",));
     assert_eq!(
         (
             before["state"].as_str(),
@@ -202,7 +202,7 @@ fn retry_extend_fills_the_cas_from_the_task_and_applies_once() {
         "{err}"
     );
     assert_eq!(
-        call(&bus, "org.airlock.Tasks1", "GetTask", ("task-r",))["revision"],
+        call(&bus, "org.airlock.Tasks2", "GetTask", ("task-r",))["revision"],
         before["revision"]
     );
 
@@ -225,7 +225,7 @@ fn retry_extend_fills_the_cas_from_the_task_and_applies_once() {
         out.contains("Extended task-r: max_attempts 1 → 2, state FAILED → QUEUED"),
         "{out}"
     );
-    let after = call(&bus, "org.airlock.Tasks1", "GetTask", ("task-r",));
+    let after = call(&bus, "org.airlock.Tasks2", "GetTask", ("task-r",));
     assert_eq!(
         (after["state"].as_str(), after["max_attempts"].as_i64()),
         (Some("QUEUED"), Some(2))
@@ -255,7 +255,7 @@ fn retry_extend_fills_the_cas_from_the_task_and_applies_once() {
     assert!(err.contains("RETRY_EXTENSION_CAS_MISMATCH"), "{err}");
     let events = call(
         &bus,
-        "org.airlock.Tasks1",
+        "org.airlock.Tasks2",
         "ListEvents",
         ("task-r", 0i64, 0u32),
     );

@@ -269,7 +269,7 @@ sweep_interval_seconds = 1
 auto_accept = true
 worker_user = "{worker_uid}"
 # airlock-local has no polkit: the local authoriser lets the user who runs
-# airlock-local (and nobody else) call every Tasks1 method.
+# airlock-local (and nobody else) call every Tasks2 method.
 authorizer = "local"
 local_users = ["{admin}"]
 # The agents' user may read and submit tasks, nothing else.

@@ -1,8 +1,9 @@
 //! The planner agents: one restart-policy runner per `[[agent]]`
 //! ([`airlock_agents::runner`]), its record stored in the task store after
 //! every change (so a restarted supervisor resumes a hold as a hold), each
-//! change announced as `AgentChanged` and recorded as an `AGENT_CHANGED`
-//! event. Stopping the supervisor drains them: every agent is stopped
+//! change recorded as an `AGENT_CHANGED` event and sent on a channel
+//! ([`AgentChange`]) that the bus layer drains into `AgentChanged` signals
+//! ([`crate::bus::agents::announce`]): the runners never call the bus. Stopping the supervisor drains them: every agent is stopped
 //! (best effort, bounded by the call timeout) without recording an
 //! operator's stop, so the next supervisor resumes them.
 
@@ -15,10 +16,26 @@ use airlock_config::Agent;
 use airlock_proto::bus::{AgentList, AgentView};
 use airlock_proto::{Code, Error};
 use airlock_taskdb::tasks::Actor;
-use zbus::object_server::SignalEmitter;
+use tokio::sync::mpsc;
 
 use crate::authz::{AgentsManage, AgentsRead, Authorized};
-use crate::ops::Store;
+use crate::store::Store;
+
+/// One agent's change, as the `AgentChanged` signal carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentChange {
+    /// The agent's name.
+    pub name: String,
+    /// Its state now (`RUNNING`, `BACKOFF`, …).
+    pub state: &'static str,
+    /// Its consecutive failures.
+    pub consecutive_failures: u32,
+}
+
+/// Where the runners send their changes. Unbounded: a change follows a
+/// start, an exit or an operator's command, never a loop, and none is
+/// dropped.
+pub type Changes = mpsc::UnboundedSender<AgentChange>;
 
 /// The system actor the policy's changes are recorded under.
 pub const POLICY_ACTOR: &str = "agent-policy";
@@ -86,31 +103,28 @@ pub fn view(agent: &Agent, record: &AgentRecord) -> AgentView {
 
 impl Agents {
     /// Starts a runner per agent on `driver`, its records in `store`, its
-    /// changes announced through `emitter`.
+    /// changes sent on `changes`.
     pub fn start<D: Driver>(
         agents: Vec<Agent>,
         driver: Arc<D>,
         store: Store,
-        emitter: SignalEmitter<'static>,
+        changes: Changes,
         options: Options,
     ) -> Result<Agents, Error> {
         let records = Arc::new(StoreRecords::new(store));
         let mut out = Agents::default();
         for agent in agents {
-            let emitter = emitter.clone();
+            let changes = changes.clone();
             let on_change: OnChange = Arc::new(move |name: &str, r: &AgentRecord| {
-                let emitter = emitter.clone();
-                let (name, state, failures) =
-                    (name.to_owned(), r.status.as_str(), r.consecutive_failures);
-                tokio::spawn(async move {
-                    if let Err(e) = crate::bus::agents::AgentsIface::agent_changed(
-                        &emitter, &name, state, failures,
-                    )
-                    .await
-                    {
-                        tracing::warn!("could not emit AgentChanged for {name}: {e}");
-                    }
-                });
+                let change = AgentChange {
+                    name: name.to_owned(),
+                    state: r.status.as_str(),
+                    consecutive_failures: r.consecutive_failures,
+                };
+                // Closed only once the bus layer stopped listening (shutdown).
+                if changes.send(change).is_err() {
+                    tracing::debug!(agent = name, "no one announces agent changes any more");
+                }
             });
             let handle = runner::spawn(
                 agent.clone(),

@@ -18,9 +18,11 @@ use crate::bus::agents::AgentsIface;
 use crate::bus::reconcile::Reconcile;
 use crate::bus::retry::Retry;
 use crate::bus::tasks::Tasks;
+use crate::bus::tasks_v1::TasksV1;
 use crate::bus::worker::Worker;
 use crate::bus::{BUS_NAME, Info, OBJECT_PATH, Shared};
-use crate::ops::{Ops, Store};
+use crate::ops::Ops;
+use crate::store::Store;
 use crate::{follow, journal, notify, sweeper};
 use airlock_proto::{Code, Error};
 pub use airlock_taskdb::Location;
@@ -229,6 +231,10 @@ pub async fn run_with_reload(
     server
         .at(OBJECT_PATH, Tasks::new(Arc::clone(&shared)))
         .await
+        .map_err(|e| unavailable("exporting Tasks2", e))?;
+    server
+        .at(OBJECT_PATH, TasksV1::new(Tasks::new(Arc::clone(&shared))))
+        .await
         .map_err(|e| unavailable("exporting Tasks1", e))?;
     server
         .at(OBJECT_PATH, Worker::new(Arc::clone(&shared)))
@@ -280,14 +286,20 @@ pub async fn run_with_reload(
         Err(e) => return Err(unavailable(&format!("requesting {BUS_NAME}"), e)),
     }
     // Only the owner of the name runs agents: a second supervisor stops
-    // above, before it could start (or stop) any of them.
+    // above, before it could start (or stop) any of them. Their changes
+    // come back on a channel, announced here as AgentChanged.
+    let (agent_changes, agent_changed) = tokio::sync::mpsc::unbounded_channel();
+    let announcer = tokio::spawn(crate::bus::agents::announce(agent_changed, emitter.clone()));
     let agents = Arc::new(match settings.agent_driver {
-        _ if settings.agents.is_empty() => Agents::default(),
+        _ if settings.agents.is_empty() => {
+            drop(agent_changes);
+            Agents::default()
+        }
         airlock_config::AgentDriver::LocalHost => Agents::start(
             settings.agents.clone(),
             Arc::new(airlock_agents::host::HostDriver::new(conn.clone())),
             store_for_agents,
-            emitter.clone(),
+            agent_changes,
             settings.agent_options,
         )?,
         airlock_config::AgentDriver::Systemd => {
@@ -336,7 +348,7 @@ pub async fn run_with_reload(
                 settings.agents.clone(),
                 Arc::new(driver.clone()),
                 store_for_agents,
-                emitter.clone(),
+                agent_changes,
                 settings.agent_options,
             )?
             .with_units(driver)
@@ -416,6 +428,14 @@ pub async fn run_with_reload(
     // Drain: every agent stopped (bounded by the driver's call timeout),
     // nothing recorded as an operator's stop.
     agents.drain().await;
+    // The drained runners dropped their senders: the announcer ends once
+    // it has announced the drain's changes.
+    if tokio::time::timeout(JOURNAL_FLUSH, announcer)
+        .await
+        .is_err()
+    {
+        tracing::warn!("agent changes still being announced after the drain; stopping anyway");
+    }
     let _ = journal_stop.send(true);
     if tokio::time::timeout(JOURNAL_FLUSH, exporter).await.is_err() {
         tracing::warn!("journal export still running after its last pass; stopping anyway");
@@ -437,6 +457,7 @@ pub async fn run_with_reload(
     tokio::time::sleep(LINGER).await;
     for removed in [
         server.remove::<Tasks, _>(OBJECT_PATH).await,
+        server.remove::<TasksV1, _>(OBJECT_PATH).await,
         server.remove::<Worker, _>(OBJECT_PATH).await,
         server.remove::<Retry, _>(OBJECT_PATH).await,
         server.remove::<Reconcile, _>(OBJECT_PATH).await,

@@ -1,7 +1,7 @@
 //! airlock-supervisor: the task queue's owner on the D-Bus system bus.
 //!
 //! ```text
-//!  planner / airlockctl ──Tasks1──▶ ┌──────────────────────────────┐
+//!  planner / airlockctl ──Tasks2──▶ ┌──────────────────────────────┐
 //!      (polkit decides)             │ airlock-supervisor (airlock) │──▶ task store (SQLite)
 //!  airlock-worker ───────Worker1──▶ │  org.airlock.Supervisor1     │
 //!  airlock-retryd ────────Retry1──▶ │                              │   (or PostgreSQL,
@@ -10,9 +10,11 @@
 //!
 //! Modules, in the order a call meets them:
 //!
-//! - [`bus`]: the three interfaces (their contract is
-//!   [`airlock_proto::bus`]), the in-flight counter, the caller's
-//!   bus-verified identity, and the mapping of refusals to D-Bus errors;
+//! - [`bus`]: the interfaces (their contract is one row per method in
+//!   [`airlock_proto::bus`]), the one entry function of every handler,
+//!   the in-flight counter, the caller's bus-verified identity, the
+//!   mapping of refusals to D-Bus errors, and the signals (the agents'
+//!   changes reach it through a channel);
 //! - [`authz`]: the [`authz::Authorizer`] trait (polkit, the local
 //!   authoriser for machines without polkit, and — only in builds with the
 //!   `test-authorizers` feature, which packages never enable — test
@@ -20,6 +22,10 @@
 //!   [`authz::Authorized`] tokens only it can make;
 //! - [`ops`]: what each method does to the task store, each operation
 //!   demanding the token of its permission;
+//! - [`agents`]: the planner agents' runners, their changes sent on a
+//!   channel (the domain never calls the bus);
+//! - [`store`]: the task store itself, below all of them (authz records
+//!   refusals in it without knowing the operations);
 //! - [`sweeper`]: expired leases back to the queue, or failed;
 //! - [`follow`]: with a PostgreSQL store, other hosts' changes as
 //!   `TaskChanged` on this bus;
@@ -36,4 +42,5 @@ pub mod follow;
 pub mod journal;
 pub mod notify;
 pub mod ops;
+pub mod store;
 pub mod sweeper;

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// The airlock supervisor: owns the task queue and serves it on the D-Bus
-/// system bus as org.airlock.Supervisor1 (interfaces org.airlock.Tasks1 for
+/// system bus as org.airlock.Supervisor1 (interfaces org.airlock.Tasks2 for
 /// planners and admins, authorised by polkit; org.airlock.Worker1 for the
 /// worker and org.airlock.Retry1 for airlock-retryd, each admitted by its
 /// unix uid).
@@ -72,7 +72,7 @@ struct Args {
     worker_user: Option<String>,
 
     /// With the local authoriser: a user (name or numeric uid) allowed every
-    /// org.airlock.Tasks1 method, instead of [supervisor] local_users.
+    /// org.airlock.Tasks2 method, instead of [supervisor] local_users.
     /// Repeatable.
     #[arg(long = "local-user", value_name = "USER")]
     local_users: Vec<String>,
@@ -325,7 +325,7 @@ fn migrate(location: &Location) -> ExitCode {
             println!("{pg}: schema at version {version}");
             ExitCode::SUCCESS
         }
-        Err(e) => fail(&airlock_supervisor::ops::store_error(e)),
+        Err(e) => fail(&airlock_supervisor::store::store_error(e)),
     }
 }
 

@@ -2,15 +2,15 @@
 //!
 //! Each operation takes the [`Authorized`] token of the permission it needs,
 //! so a handler cannot reach the task store without having passed the
-//! [`crate::authz::Gatekeeper`]. The store ([`airlock_taskdb::tasks::TaskStore`]:
-//! SQLite, or PostgreSQL shared with other hosts) is synchronous; it runs
-//! on the blocking pool behind one mutex, one short transaction at a time:
-//! a reply is sent only after its change is committed (SQLite
-//! `synchronous=FULL`; PostgreSQL's commit).
+//! [`crate::authz::Gatekeeper`]. The store ([`crate::store::Store`]) runs
+//! one short transaction at a time: a reply is sent only after its change
+//! is committed (SQLite `synchronous=FULL`; PostgreSQL's commit).
 
 use crate::authz::{
     AgentsManage, Authorized, Manage, Read, ReconcileManage, Retry, Submit, Worker,
 };
+pub use crate::store::{Store, store_error};
+use airlock_proto::Error;
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::reconcile::{
     AdoptionCheck, AdoptionReport, CaseStatus, ReconciliationCase, ResolveOutcome, ResolveRequest,
@@ -19,70 +19,11 @@ use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{
     ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskSubmission, TaskView,
 };
-use airlock_proto::{Code, Error};
 use airlock_taskdb::tasks::{
-    Actor, Event, EventOutcome, QueueSummary, ResultReceipt, Submitted, TaskStore, action,
+    Actor, Event, EventOutcome, QueueSummary, ResultReceipt, Submitted, action,
 };
-use airlock_taskdb::{Location, StoreError};
-use std::sync::{Arc, Mutex, PoisonError};
 
-/// Converts a store error to the catalogue error that crosses the bus.
-pub fn store_error(e: StoreError) -> Error {
-    match e {
-        StoreError::Refused(e) => e,
-        other => Error::with(other.code(), other.to_string()),
-    }
-}
-
-/// The task store, shared by every handler.
-#[derive(Clone, Debug)]
-pub struct Store {
-    inner: Arc<Mutex<Box<dyn TaskStore>>>,
-}
-
-impl Store {
-    /// Opens the store at `location` and checks its integrity.
-    pub fn open(location: &Location) -> Result<Self, Error> {
-        let store = airlock_taskdb::open(location).map_err(store_error)?;
-        Ok(Store {
-            inner: Arc::new(Mutex::new(store)),
-        })
-    }
-
-    /// Runs `f` on the blocking pool with the store locked. A panic inside
-    /// `f` leaves the store usable: its transaction rolled back on unwind.
-    pub(crate) async fn run<T, F>(&self, f: F) -> Result<T, Error>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut dyn TaskStore) -> T + Send + 'static,
-    {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
-            let mut store = inner.lock().unwrap_or_else(PoisonError::into_inner);
-            f(store.as_mut())
-        })
-        .await
-        .map_err(|e| Error::with(Code::INTERNAL, format!("store task failed: {e}")))
-    }
-
-    /// Runs `f` with the store locked on the calling thread: for the agent
-    /// runners, whose few small writes may wait on a task call's
-    /// transaction but never hold the lock across an await.
-    pub(crate) fn blocking<T>(&self, f: impl FnOnce(&mut dyn TaskStore) -> T) -> T {
-        let mut store = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        f(store.as_mut())
-    }
-
-    async fn call<T, F>(&self, f: F) -> Result<T, Error>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut dyn TaskStore) -> Result<T, StoreError> + Send + 'static,
-    {
-        self.run(f).await?.map_err(store_error)
-    }
-}
-
-/// The operations behind Tasks1 and Worker1.
+/// The operations behind the bus methods.
 #[derive(Clone, Debug)]
 pub struct Ops {
     store: Store,

@@ -179,7 +179,19 @@ async fn a_crash_looping_agent_is_held_and_a_restarted_supervisor_keeps_the_hold
     // and the sleeper, drained by the stop, runs again
     wait_state(&conn, "sleeper", "RUNNING", Duration::from_secs(10)).await;
 
-    // ClearHold restarts it (and it fails again: BACKOFF, one failure)
+    // ClearHold restarts it (and it fails again: BACKOFF, one failure),
+    // each change announced as AgentChanged (the runners send it on a
+    // channel; the bus layer emits it).
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .interface(AGENTS)
+        .unwrap()
+        .member("AgentChanged")
+        .unwrap()
+        .build();
+    let mut signals = zbus::MessageStream::for_match_rule(rule, &conn, Some(64))
+        .await
+        .unwrap();
     let cleared = call_json(&conn, AGENTS, "ClearHold", &("exits",))
         .await
         .unwrap();
@@ -191,6 +203,23 @@ async fn a_crash_looping_agent_is_held_and_a_restarted_supervisor_keeps_the_hold
         cleared["consecutive_failures"].as_u64().unwrap() <= 1,
         "{cleared}"
     );
+    let heard: (String, String, u32) = tokio::time::timeout(Duration::from_secs(10), async {
+        use futures_util::StreamExt;
+        loop {
+            let m = signals.next().await.unwrap().unwrap();
+            let body: (String, String, u32) = m.body().deserialize().unwrap();
+            if body.0 == "exits" {
+                return body;
+            }
+        }
+    })
+    .await
+    .expect("AgentChanged for the cleared agent");
+    assert!(
+        ["STARTING", "RUNNING", "BACKOFF"].contains(&heard.1.as_str()),
+        "{heard:?}"
+    );
+    assert!(heard.2 <= 1, "{heard:?}");
     let log = events(&conn).await;
     let changes = log
         .iter()
@@ -309,7 +338,7 @@ async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositorie
         "for t in mine other; do \
            body=$(cat {dir}/$t.json); \
            dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
-             org.airlock.Tasks1.SubmitTask \"string:$body\" > {dir}/$t.out 2>&1; \
+             org.airlock.Tasks2.SubmitTask \"string:$body\" > {dir}/$t.out 2>&1; \
            echo $? > {dir}/$t.rc; \
          done; exec sleep 600",
         dir = out.path().display()
@@ -379,7 +408,7 @@ async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositorie
             "--print-reply",
             "--dest=org.airlock.Supervisor1",
             "/org/airlock/Supervisor1",
-            "org.airlock.Tasks1.SubmitTask",
+            "org.airlock.Tasks2.SubmitTask",
             &format!("string:{plain}"),
         ])
         .env("DBUS_SYSTEM_BUS_ADDRESS", s.sup.bus.address())
@@ -429,13 +458,13 @@ async fn an_agent_replaces_only_the_plans_of_its_own_tasks_in_its_repositories()
     let script = format!(
         "body=$(cat {dir}/submission.json); \
          dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
-           org.airlock.Tasks1.SubmitTask \"string:$body\" > {dir}/submit.out 2>&1; \
+           org.airlock.Tasks2.SubmitTask \"string:$body\" > {dir}/submit.out 2>&1; \
          echo $? > {dir}/submit.rc; \
          while [ ! -e {dir}/go ]; do sleep 0.1; done; \
          for t in {ours} {theirs_elsewhere} {theirs_here}; do \
            body=$(cat {dir}/$t.plan); \
            dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
-             org.airlock.Tasks1.ReplacePlan \"string:$t\" \"string:$body\" > {dir}/$t.out 2>&1; \
+             org.airlock.Tasks2.ReplacePlan \"string:$t\" \"string:$body\" > {dir}/$t.out 2>&1; \
            echo $? > {dir}/$t.rc; \
          done; exec sleep 600",
         dir = out.path().display()

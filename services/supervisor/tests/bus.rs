@@ -479,7 +479,7 @@ async fn denied_caller_is_refused_everywhere_and_every_denial_is_recorded() {
     let err = dbus_send(
         &sup,
         STRANGER_UID,
-        "org.airlock.Tasks1.GetTask",
+        "org.airlock.Tasks2.GetTask",
         &["string:task-d"],
     )
     .unwrap_err();

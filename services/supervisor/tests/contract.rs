@@ -1,8 +1,10 @@
 //! The bus contract, checked against the running supervisor:
 //!
-//! - the object it exports has exactly the interfaces and methods that
-//!   `airlock_proto::bus::INTERFACES` declares (a handler renamed on one
-//!   side only fails here);
+//! - the object it exports has exactly the interfaces and methods of the
+//!   rows of `airlock_proto::bus` (a handler renamed on one side only
+//!   fails here), each with its row's signature in and out, and each
+//!   refuses a caller without the row's permission with the row's code,
+//!   recording the refusal under the row's event;
 //! - every operation of `airlock_proto::states::TABLE`, called through the
 //!   one client (`airlock-client`) on a task in every state, ends as the
 //!   table says: the task moves to one of the states listed, or the call is
@@ -20,6 +22,11 @@
 //!   with their own code and change nothing; an identical replay returns
 //!   the stored answer after the task moved on.
 //!
+//! - `org.airlock.Tasks1`, kept for one release beside `Tasks2`, serves the
+//!   3.0–6.1 calls as before, and a client written before protocol 3.0
+//!   calling `Verify` with three strings gets `PROTOCOL_VERSION_MISMATCH`
+//!   naming `Tasks2.Verify`, not a bare signature error.
+//!
 //! A real supervisor process on a private dbus-daemon with the shipped bus
 //! policy; the local authoriser admits this test's uid, which also plays
 //! the worker (Worker1) and airlock-retryd (Retry1).
@@ -29,7 +36,7 @@ mod common;
 use airlock_client::Supervisor;
 use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use airlock_proto::Code;
-use airlock_proto::bus::{INTERFACES, LeaseRef, OBJECT_PATH};
+use airlock_proto::bus::{INTERFACES, LeaseRef, OBJECT_PATH, ROWS};
 use airlock_proto::retry::RetryExtensionRequest;
 use airlock_proto::states::{self, Op, Outcome};
 use airlock_proto::task::{
@@ -44,7 +51,7 @@ struct Stack {
     /// Where the supervisor logs the store's moves.
     moves: std::path::PathBuf,
     _dir: tempfile::TempDir,
-    _bus: PrivateBus,
+    bus: PrivateBus,
     _sup: SupervisorProcess,
     client: Supervisor,
     rt: tokio::runtime::Runtime,
@@ -80,7 +87,7 @@ fn stack() -> Stack {
     Stack {
         moves,
         _dir: dir,
-        _bus: bus,
+        bus,
         _sup: sup,
         client,
         rt,
@@ -413,8 +420,75 @@ fn a_step_the_transitions_table_lacks_is_refused() {
     assert_eq!(s.moves().len(), logged, "a refused step made a move");
 }
 
+/// One `<method>` of an introspection document: its name, and the
+/// signature of its `in` and of its `out` arguments.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Exported {
+    name: String,
+    input: String,
+    output: String,
+}
+
+/// The value of attribute `name` in one XML tag's text.
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    tag[at..].split('"').next()
+}
+
+/// `org.airlock.*` interfaces of an introspection document, with their methods.
+fn exported(xml: &str) -> BTreeMap<String, Vec<Exported>> {
+    let mut out = BTreeMap::new();
+    for block in xml.split("<interface name=\"").skip(1) {
+        let name = block.split('"').next().unwrap().to_owned();
+        let body = block.split("</interface>").next().unwrap();
+        if !name.starts_with("org.airlock.") {
+            continue;
+        }
+        let mut methods = Vec::new();
+        for m in body.split("<method name=\"").skip(1) {
+            let method = m.split('"').next().unwrap().to_owned();
+            // A method without arguments is one empty tag.
+            let head = m.split('>').next().unwrap();
+            let args = if head.ends_with('/') {
+                ""
+            } else {
+                m.split("</method>").next().unwrap()
+            };
+            let (mut input, mut output) = (String::new(), String::new());
+            for arg in args.split("<arg").skip(1) {
+                let tag = arg.split("/>").next().unwrap();
+                let ty = attribute(tag, "type").expect("an argument's type");
+                match attribute(tag, "direction").unwrap_or("in") {
+                    "in" => input.push_str(ty),
+                    "out" => output.push_str(ty),
+                    other => panic!("{name}.{method}: direction {other:?}"),
+                }
+            }
+            methods.push(Exported {
+                name: method,
+                input,
+                output,
+            });
+        }
+        methods.sort();
+        out.insert(name, methods);
+    }
+    out
+}
+
+/// A placeholder argument of D-Bus type `c` for dbus-send.
+fn placeholder(c: char) -> &'static str {
+    match c {
+        's' => "string:contract-x",
+        'u' => "uint32:0",
+        'x' => "int64:0",
+        't' => "uint64:0",
+        other => panic!("no placeholder for D-Bus type {other:?}"),
+    }
+}
+
 #[test]
-fn the_exported_object_is_exactly_the_declared_contract() {
+fn every_exported_method_is_its_row_and_enforces_its_permission() {
     let s = stack();
     let xml: String =
         s.rt.block_on(async {
@@ -432,31 +506,218 @@ fn the_exported_object_is_exactly_the_declared_contract() {
             reply.body().deserialize::<String>()
         })
         .unwrap();
-    // The introspection document: <interface name="…"> … <method name="…">.
-    let mut exported: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for block in xml.split("<interface name=\"").skip(1) {
-        let name = block.split('"').next().unwrap().to_owned();
-        let body = block.split("</interface>").next().unwrap();
-        if !name.starts_with("org.airlock.") {
-            continue;
-        }
-        let mut methods: Vec<String> = body
-            .split("<method name=\"")
-            .skip(1)
-            .map(|m| m.split('"').next().unwrap().to_owned())
-            .collect();
-        methods.sort();
-        exported.insert(name, methods);
-    }
-    let declared: BTreeMap<String, Vec<String>> = INTERFACES
+    let declared: BTreeMap<String, Vec<Exported>> = ROWS
         .iter()
-        .map(|(i, methods)| {
-            let mut m: Vec<String> = methods.iter().map(|s| (*s).to_owned()).collect();
+        .map(|rows| {
+            let mut m: Vec<Exported> = rows
+                .iter()
+                .map(|r| Exported {
+                    name: r.name.to_owned(),
+                    input: r.input.to_owned(),
+                    output: r.output.to_owned(),
+                })
+                .collect();
             m.sort();
-            ((*i).to_owned(), m)
+            (rows[0].interface.to_owned(), m)
         })
         .collect();
-    assert_eq!(exported, declared);
+    assert_eq!(exported(&xml), declared, "the exported object is the rows");
+    // INTERFACES, which the protocol lock fingerprints, says the same.
+    for (iface, methods) in INTERFACES {
+        let names: Vec<&str> = declared[*iface].iter().map(|m| m.name.as_str()).collect();
+        let mut listed = methods.to_vec();
+        listed.sort();
+        assert_eq!(names, listed, "{iface}");
+    }
+
+    // A caller with no right at all (not the local users', not the
+    // worker's, not retryd's uid): every method refuses it with its row's
+    // code, before reading its arguments.
+    for row in ROWS.iter().flat_map(|r| r.iter()) {
+        let args: Vec<&str> = row.input.chars().map(placeholder).collect();
+        let e = common::dbus_send_at(s.bus.address(), common::STRANGER_UID, &row.path(), &args)
+            .expect_err(&format!(
+                "{} must refuse uid {}",
+                row.path(),
+                common::STRANGER_UID
+            ));
+        assert_eq!(
+            e.code(),
+            Some(row.permission.refusal()),
+            "{}: {e:?}",
+            row.path()
+        );
+    }
+    // Each refusal is on record under the row's event.
+    let events = s.rt.block_on(s.client.list_events("", 0, 1000)).unwrap();
+    for row in ROWS.iter().flat_map(|r| r.iter()) {
+        let code = row.permission.refusal().as_str();
+        assert!(
+            events.events.iter().any(|e| {
+                Some(e.action.as_str()) == row.event
+                    && e.outcome == "denied"
+                    && e.code.as_deref() == Some(code)
+                    && e.actor["uid"] == json!(common::STRANGER_UID)
+            }),
+            "{}: no denied {:?} event with {code}",
+            row.path(),
+            row.event
+        );
+    }
+}
+
+/// The pre-3.0 Verify: task id, decision, reason.
+const OLD_VERIFY: [&str; 3] = ["string:tasks1-a", "string:accept", "string:looks right"];
+
+#[test]
+fn tasks1_verify_with_three_strings_names_tasks2_not_a_signature_error() {
+    use airlock_proto::bus::tasks_v1;
+    let s = stack();
+    s.submit("tasks1-a");
+    let g = s.claim("tasks1-a");
+    s.result(&g, true, "result-tasks1-a-0001").unwrap();
+    let before = s.get("tasks1-a");
+    // dbus-send, as root (allowed every action): a client of the first
+    // Tasks1, not of this library.
+    let path = format!(
+        "{}.{}",
+        tasks_v1::INTERFACE,
+        airlock_proto::bus::tasks::VERIFY
+    );
+    let e = common::dbus_send_at(s.bus.address(), 0, &path, &OLD_VERIFY).unwrap_err();
+    assert_eq!(e.code(), Some(Code::PROTOCOL_VERSION_MISMATCH), "{e:?}");
+    assert_ne!(e.name, "org.freedesktop.zbus.Error", "{e:?}");
+    assert!(
+        e.message.contains("org.airlock.Tasks2.Verify (ss)") && e.message.contains("before 3.0"),
+        "{e:?}"
+    );
+    // As a stranger too: the shape is answered before anything is read.
+    let e = common::dbus_send_at(s.bus.address(), common::STRANGER_UID, &path, &OLD_VERIFY)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::PROTOCOL_VERSION_MISMATCH), "{e:?}");
+    // The same call on Tasks2 is the bus library's signature error (the
+    // reason an incompatible change takes a new interface name).
+    let e = common::dbus_send_at(s.bus.address(), 0, "org.airlock.Tasks2.Verify", &OLD_VERIFY)
+        .unwrap_err();
+    assert_eq!(e.code(), None, "{e:?}");
+    let after = s.get("tasks1-a");
+    assert_eq!(
+        (after.state, after.revision),
+        (before.state, before.revision)
+    );
+}
+
+/// Calls `org.airlock.Tasks1.<method>` as this library never does now.
+fn v1_call<B>(s: &Stack, method: &str, body: &B) -> String
+where
+    B: serde::Serialize + zbus::zvariant::DynamicType,
+{
+    s.rt.block_on(async {
+        let r = s
+            .client
+            .connection()
+            .call_method(
+                Some(airlock_proto::bus::BUS_NAME),
+                OBJECT_PATH,
+                Some(airlock_proto::bus::tasks_v1::INTERFACE),
+                method,
+                body,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("Tasks1.{method}: {e}"));
+        r.body().deserialize::<String>().unwrap()
+    })
+}
+
+#[test]
+fn tasks1_serves_the_calls_of_protocol_3_to_6_for_one_release() {
+    use airlock_proto::bus::tasks_v1;
+    let s = stack();
+    s.submit("tasks1-b");
+    let g = s.claim("tasks1-b");
+    s.result(&g, true, "result-tasks1-b-0001").unwrap();
+    let seen = s.get("tasks1-b");
+    let req = DecisionRequest::about(&seen, Decision::Accept, "via Tasks1", None);
+    // Its listeners hear TaskChanged under the old name (the stream lives
+    // on this runtime, and unsubscribes on it when dropped).
+    let _rt = s.rt.enter();
+    let mut changes = s.rt.block_on(async {
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface(tasks_v1::INTERFACE)
+            .unwrap()
+            .member("TaskChanged")
+            .unwrap()
+            .build();
+        zbus::MessageStream::for_match_rule(rule, s.client.connection(), Some(16))
+            .await
+            .unwrap()
+    });
+    let view: TaskView = serde_json::from_str(&v1_call(&s, "GetTask", &("tasks1-b",))).unwrap();
+    assert_eq!(view, seen);
+    let body = ("tasks1-b", req.to_value().to_string());
+    let out: DecisionOutcome = serde_json::from_str(&v1_call(&s, "Verify", &body)).unwrap();
+    assert_eq!(out.state, TaskState::Succeeded);
+    let heard: (String, String, i64) = s.rt.block_on(async {
+        use futures_util::StreamExt;
+        let m = tokio::time::timeout(std::time::Duration::from_secs(5), changes.next())
+            .await
+            .expect("Tasks1.TaskChanged within 5 s")
+            .unwrap()
+            .unwrap();
+        m.body().deserialize().unwrap()
+    });
+    assert_eq!(heard, ("tasks1-b".into(), "SUCCEEDED".into(), out.revision));
+    let conn = s.client.connection().clone();
+    // Its properties are Tasks2's.
+    let version: String = s.rt.block_on(async {
+        let r = conn
+            .call_method(
+                Some(airlock_proto::bus::BUS_NAME),
+                OBJECT_PATH,
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &(tasks_v1::INTERFACE, "ProtocolVersion"),
+            )
+            .await
+            .unwrap();
+        let v: zbus::zvariant::OwnedValue = r.body().deserialize().unwrap();
+        String::try_from(v).unwrap()
+    });
+    assert_eq!(
+        version,
+        airlock_proto::bus::protocol_string(airlock_proto::bus::PROTOCOL_VERSION)
+    );
+    // Introspection marks it deprecated, and Tasks2 not.
+    let xml: String = s.rt.block_on(async {
+        let r = conn
+            .call_method(
+                Some(airlock_proto::bus::BUS_NAME),
+                OBJECT_PATH,
+                Some("org.freedesktop.DBus.Introspectable"),
+                "Introspect",
+                &(),
+            )
+            .await
+            .unwrap();
+        r.body().deserialize::<String>().unwrap()
+    });
+    let v1 = xml
+        .split("<interface name=\"org.airlock.Tasks1\">")
+        .nth(1)
+        .unwrap();
+    let v1 = v1.split("</interface>").next().unwrap();
+    assert!(v1.contains("org.freedesktop.DBus.Deprecated"), "{v1}");
+    let v2 = xml
+        .split("<interface name=\"org.airlock.Tasks2\">")
+        .nth(1)
+        .unwrap();
+    assert!(
+        !v2.split("</interface>")
+            .next()
+            .unwrap()
+            .contains("Deprecated")
+    );
 }
 
 #[test]

@@ -117,7 +117,7 @@ fn real_polkit_decides_per_caller_and_action() {
     let err = dbus_send(
         &sup,
         WORKER_UID,
-        "org.airlock.Tasks1.GetTask",
+        "org.airlock.Tasks2.GetTask",
         &["string:task-pk"],
     )
     .unwrap_err();
@@ -126,7 +126,7 @@ fn real_polkit_decides_per_caller_and_action() {
     let err = dbus_send(
         &sup,
         WORKER_UID,
-        "org.airlock.Tasks1.SubmitTask",
+        "org.airlock.Tasks2.SubmitTask",
         &["string:{}"],
     )
     .unwrap_err();
@@ -154,7 +154,7 @@ fn real_polkit_decides_per_caller_and_action() {
     let err = dbus_send(
         &sup,
         WORKER_UID,
-        "org.airlock.Tasks1.CancelTask",
+        "org.airlock.Tasks2.CancelTask",
         &["string:task-pk", "string:why"],
     )
     .unwrap_err();
@@ -168,7 +168,7 @@ fn real_polkit_decides_per_caller_and_action() {
     let err = dbus_send(
         &sup,
         SERVICE.0,
-        "org.airlock.Tasks1.GetTask",
+        "org.airlock.Tasks2.GetTask",
         &["string:task-pk"],
     )
     .unwrap_err();
@@ -219,7 +219,7 @@ fn without_the_owner_annotation_polkit_refuses_to_answer_and_airlock_denies() {
     let err = dbus_send(
         &sup,
         WORKER_UID,
-        "org.airlock.Tasks1.GetTask",
+        "org.airlock.Tasks2.GetTask",
         &["string:task-pk"],
     )
     .unwrap_err();

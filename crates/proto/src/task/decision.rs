@@ -1,4 +1,4 @@
-//! An admin's decision (`Tasks1.Verify`, `Tasks1.CancelTask`): its words,
+//! An admin's decision (`Tasks2.Verify`, `Tasks2.CancelTask`): its words,
 //! its reason, and the strict parse of the request.
 
 use super::{DECISION_FIELDS, DECISION_SCHEMA, Decision, DecisionRequest, TaskView};

@@ -90,7 +90,7 @@ pub async fn run(ctx: &Ctx, client: &Client, _args: Args) -> Result<ExitCode, Ct
         .collect();
     println!("       Tasks: {}", summary.join(", "));
     if for_tests {
-        ctx.warn("the supervisor is running with a test authoriser; every Tasks1 call is decided without polkit");
+        ctx.warn("the supervisor is running with a test authoriser; every Tasks2 call is decided without polkit");
     }
     Ok(ExitCode::SUCCESS)
 }

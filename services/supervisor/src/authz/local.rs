@@ -1,6 +1,6 @@
 //! The local authoriser, for machines without polkit (airlock-local, or a
 //! host an administrator runs without a polkit daemon): a fixed list of
-//! unix users (`supervisor.local_users`) may do everything Tasks1 offers;
+//! unix users (`supervisor.local_users`) may do everything Tasks2 offers;
 //! everyone else is refused with `AUTHORIZATION_DENIED`. The identity is
 //! the uid the bus daemon reports for the caller, as for polkit.
 //!

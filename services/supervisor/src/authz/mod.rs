@@ -2,27 +2,31 @@
 //!
 //! # Contract
 //!
-//! Every D-Bus handler calls [`Gatekeeper::authorize`] (Tasks1) or
-//! [`Gatekeeper::authorize_peer`] (Worker1, Retry1) **before** it reads or changes
-//! any state for the caller. The operations in [`crate::ops`] take the token
-//! by reference, so a handler that forgets the check does not compile.
+//! Every D-Bus handler enters through [`crate::bus::Shared::enter`], which
+//! calls [`Gatekeeper::authorize`] with the method's row of
+//! [`airlock_proto::bus`] **before** the handler reads or changes any state
+//! for the caller. The operations in [`crate::ops`] take the token by
+//! reference, so a handler that forgets the check does not compile; and a
+//! handler whose token is not its row's permission does not compile either.
 //!
 //! - The caller is what the bus daemon stamped on the message: the sender's
 //!   unique name, and the uid the daemon reports for that name
 //!   (`GetConnectionCredentials`). A caller whose credentials the bus does
 //!   not report is refused ([`crate::bus::caller`]).
-//! - Tasks1 methods ask the configured [`Authorizer`] about one polkit
-//!   [`Action`]. With polkit the subject is `system-bus-name` with the
-//!   sender's unique name — never the daemon's own pid — and
+//! - A row whose permission is a polkit action asks the configured
+//!   [`Authorizer`] about that [`Action`]. With polkit the subject is
+//!   `system-bus-name` with the sender's unique name — never the daemon's
+//!   own pid — and
 //!   `AllowUserInteraction` is set only when the caller's message carried
 //!   `ALLOW_INTERACTIVE_AUTHORIZATION`.
 //! - Anything but a clear yes is a refusal: not authorised →
 //!   `AUTHORIZATION_DENIED`; authorised only after authenticating →
 //!   `INTERACTIVE_AUTHORIZATION_REQUIRED`; polkit unreachable, erroring,
 //!   slow or answering nonsense → `AUTHORITY_UNAVAILABLE`.
-//! - Worker1 methods are reserved for the worker's unix uid and Retry1's
-//!   for airlock-retryd's; any other is `PEER_UID_DENIED`. No polkit is
-//!   involved: these are components, not people.
+//! - A row reserved for a peer uid (Worker1: the worker's; Retry1:
+//!   airlock-retryd's) admits that uid alone; any other is
+//!   `PEER_UID_DENIED`. No polkit is involved: these are components, not
+//!   people.
 //! - Every decision goes to the journal; every refusal also goes to the
 //!   task event log ([`airlock_taskdb::tasks::TaskStore::record_denial`]).
 //!   Allowed mutations are recorded by the store itself, in the same
@@ -33,7 +37,8 @@ pub mod polkit;
 #[cfg(any(test, feature = "test-authorizers"))]
 pub mod testing;
 
-use crate::ops::Store;
+use crate::store::Store;
+use airlock_proto::bus::{Method, Peer, Permission as BusPermission, action};
 use airlock_proto::{Code, Error};
 use airlock_taskdb::tasks::{Actor, ActorKind};
 use std::fmt;
@@ -74,15 +79,20 @@ impl Action {
     ];
 
     /// The polkit action id.
-    pub fn polkit_id(self) -> &'static str {
+    pub const fn polkit_id(self) -> &'static str {
         match self {
-            Action::Read => "org.airlock.tasks.read",
-            Action::Submit => "org.airlock.tasks.submit",
-            Action::Manage => "org.airlock.tasks.manage",
-            Action::AgentsRead => "org.airlock.agents.read",
-            Action::AgentsManage => "org.airlock.agents.manage",
-            Action::ReconcileManage => "org.airlock.reconcile.manage",
+            Action::Read => action::TASKS_READ,
+            Action::Submit => action::TASKS_SUBMIT,
+            Action::Manage => action::TASKS_MANAGE,
+            Action::AgentsRead => action::AGENTS_READ,
+            Action::AgentsManage => action::AGENTS_MANAGE,
+            Action::ReconcileManage => action::RECONCILE_MANAGE,
         }
+    }
+
+    /// The action of a polkit action id of the contract's rows.
+    pub fn from_polkit_id(id: &str) -> Option<Action> {
+        Action::ALL.iter().copied().find(|a| a.polkit_id() == id)
     }
 
     /// The short name (`read`, `submit`, `manage`) used by test authorisers.
@@ -198,31 +208,28 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A permission an [`Authorized`] token can carry.
+/// A permission an [`Authorized`] token can carry: one
+/// [`airlock_proto::bus::Permission`] of the contract's rows, as a type.
 pub trait Permission: sealed::Sealed + Send + Sync + 'static {
     /// For logs.
     const NAME: &'static str;
-}
-
-/// A permission decided by the [`Authorizer`] (polkit).
-pub trait PolkitPermission: Permission {
-    /// The action asked about.
-    const ACTION: Action;
+    /// The rule it stands for; the entry function
+    /// ([`crate::bus::Shared::enter`]) refuses to compile a handler whose
+    /// row says another.
+    const RULE: BusPermission;
     /// How the actor is recorded in the event log.
     const ACTOR_KIND: ActorKind;
 }
 
 macro_rules! permission {
-    ($(#[doc = $doc:literal])* $name:ident, $action:expr, $kind:expr) => {
+    ($(#[doc = $doc:literal])* $name:ident, $rule:expr, $kind:expr) => {
         $(#[doc = $doc])*
         #[derive(Debug)]
         pub enum $name {}
         impl sealed::Sealed for $name {}
         impl Permission for $name {
             const NAME: &'static str = stringify!($name);
-        }
-        impl PolkitPermission for $name {
-            const ACTION: Action = $action;
+            const RULE: BusPermission = $rule;
             const ACTOR_KIND: ActorKind = $kind;
         }
     };
@@ -231,80 +238,51 @@ macro_rules! permission {
 permission!(
     /// `org.airlock.tasks.read`.
     Read,
-    Action::Read,
+    BusPermission::Polkit(action::TASKS_READ),
     ActorKind::Admin
 );
 permission!(
     /// `org.airlock.tasks.submit` (the planner's action; admins may too).
     Submit,
-    Action::Submit,
+    BusPermission::Polkit(action::TASKS_SUBMIT),
     ActorKind::Planner
 );
 permission!(
     /// `org.airlock.tasks.manage`.
     Manage,
-    Action::Manage,
+    BusPermission::Polkit(action::TASKS_MANAGE),
     ActorKind::Admin
 );
-
 permission!(
     /// `org.airlock.agents.read`.
     AgentsRead,
-    Action::AgentsRead,
+    BusPermission::Polkit(action::AGENTS_READ),
     ActorKind::Admin
 );
 permission!(
     /// `org.airlock.agents.manage`.
     AgentsManage,
-    Action::AgentsManage,
+    BusPermission::Polkit(action::AGENTS_MANAGE),
     ActorKind::Admin
 );
 permission!(
     /// `org.airlock.reconcile.manage`.
     ReconcileManage,
-    Action::ReconcileManage,
+    BusPermission::Polkit(action::RECONCILE_MANAGE),
     ActorKind::Admin
 );
-
-/// A permission reserved for one peer uid (a component, not a person).
-pub trait PeerPermission: Permission {
-    /// The interface the uid is reserved for, for refusal messages.
-    const INTERFACE: &'static str;
-    /// How the actor is recorded in the event log.
-    const ACTOR_KIND: ActorKind;
-    /// The reserved uid among the gatekeeper's.
-    fn uid(uids: &PeerUids) -> u32;
-}
-
-/// The Worker1 permission: the caller's uid is the configured worker's.
-#[derive(Debug)]
-pub enum Worker {}
-impl sealed::Sealed for Worker {}
-impl Permission for Worker {
-    const NAME: &'static str = "Worker";
-}
-impl PeerPermission for Worker {
-    const INTERFACE: &'static str = airlock_proto::bus::worker::INTERFACE;
-    const ACTOR_KIND: ActorKind = ActorKind::Worker;
-    fn uid(uids: &PeerUids) -> u32 {
-        uids.worker
-    }
-}
-
-/// The Retry1 permission: the caller's uid is airlock-retryd's.
-#[derive(Debug)]
-pub enum Retry {}
-impl sealed::Sealed for Retry {}
-impl Permission for Retry {
-    const NAME: &'static str = "Retry";
-}
-impl PeerPermission for Retry {
-    const INTERFACE: &'static str = airlock_proto::bus::retry::INTERFACE;
-    const ACTOR_KIND: ActorKind = ActorKind::Owner;
-    fn uid(uids: &PeerUids) -> u32 {
-        uids.retry
-    }
-}
+permission!(
+    /// Worker1: the caller's uid is the configured worker's.
+    Worker,
+    BusPermission::PeerUid(Peer::Worker),
+    ActorKind::Worker
+);
+permission!(
+    /// Retry1: the caller's uid is airlock-retryd's.
+    Retry,
+    BusPermission::PeerUid(Peer::Retry),
+    ActorKind::Owner
+);
 
 /// The uids the component interfaces are reserved for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,6 +291,18 @@ pub struct PeerUids {
     pub worker: u32,
     /// `retry.user`: Retry1.
     pub retry: u32,
+}
+
+impl PeerUids {
+    /// The uid `peer` is, if the supervisor admits it at all (it serves
+    /// nothing reserved for itself).
+    pub fn of(&self, peer: Peer) -> Option<u32> {
+        match peer {
+            Peer::Worker => Some(self.worker),
+            Peer::Retry => Some(self.retry),
+            Peer::Supervisor => None,
+        }
+    }
 }
 
 /// Proof that one caller was authorised for permission `P`. Only this
@@ -397,21 +387,64 @@ impl Gatekeeper {
         self.peers.worker
     }
 
-    /// Asks the authoriser about `P::ACTION` for `caller`. `event` names
-    /// the operation in the event log; `task_id` is the task it concerns,
-    /// if any (kept by the store only when well formed).
-    pub async fn authorize<P: PolkitPermission>(
+    /// Authorises `caller` for the method of row `row` by the row's
+    /// permission: a polkit action goes to the authoriser, a peer uid is
+    /// compared with the uid the bus daemon reported. The row's event
+    /// names the operation in the event log; `task_id` is the task it
+    /// concerns, if any (kept by the store only when well formed). A token
+    /// of `P` is made only when `P` is the row's permission (the entry
+    /// function checks that at compile time; this is the same check for
+    /// any other caller).
+    pub async fn authorize<P: Permission>(
         &self,
         caller: &Caller,
-        event: &'static str,
+        row: &Method,
         task_id: Option<&str>,
     ) -> Result<Authorized<P>, Error> {
         let actor = caller.actor(P::ACTOR_KIND);
-        match self.authorizer.check(P::ACTION, caller).await {
+        let event = row.event.unwrap_or("UNAUDITED");
+        if !P::RULE.same(row.permission) {
+            let err = Error::with(
+                Code::INTERNAL,
+                format!(
+                    "{} is served with the permission {} but its row says {:?}",
+                    row.path(),
+                    P::NAME,
+                    row.permission
+                ),
+            );
+            self.refuse(&actor, event, task_id, &err, "row").await;
+            return Err(err);
+        }
+        match row.permission {
+            BusPermission::Polkit(id) => {
+                let Some(action) = Action::from_polkit_id(id) else {
+                    let err = Error::with(
+                        Code::INTERNAL,
+                        format!("{}: {id} is not a declared polkit action", row.path()),
+                    );
+                    self.refuse(&actor, event, task_id, &err, "row").await;
+                    return Err(err);
+                };
+                self.ask(action, caller, actor, event, task_id).await
+            }
+            BusPermission::PeerUid(peer) => self.peer(peer, caller, actor, row, task_id).await,
+        }
+    }
+
+    async fn ask<P: Permission>(
+        &self,
+        action: Action,
+        caller: &Caller,
+        actor: Actor,
+        event: &'static str,
+        task_id: Option<&str>,
+    ) -> Result<Authorized<P>, Error> {
+        match self.authorizer.check(action, caller).await {
             Verdict::Allow => {
                 tracing::info!(
                     target: "airlock::authz",
-                    action = P::ACTION.polkit_id(),
+                    action = action.polkit_id(),
                     sender = caller.sender(),
                     uid = caller.uid(),
                     interactive = caller.interactive(),
@@ -425,47 +458,53 @@ impl Gatekeeper {
             Verdict::Deny(err) => {
                 tracing::debug!(
                     target: "airlock::authz",
-                    action = P::ACTION.polkit_id(),
+                    action = action.polkit_id(),
                     sender = caller.sender(),
                     interactive = caller.interactive(),
                     "the authoriser said no"
                 );
-                self.refuse(&actor, event, task_id, &err, P::ACTION.polkit_id())
+                self.refuse(&actor, event, task_id, &err, action.polkit_id())
                     .await;
                 Err(err)
             }
         }
     }
 
-    /// Admits only the uid `P` is reserved for (Worker1: the worker;
-    /// Retry1: airlock-retryd), as the bus daemon reports the peer.
-    pub async fn authorize_peer<P: PeerPermission>(
+    /// Admits only the uid `peer` is reserved for (Worker1: the worker;
+    /// Retry1: airlock-retryd), as the bus daemon reports the caller. No
+    /// polkit is involved: these are components, not people.
+    async fn peer<P: Permission>(
         &self,
+        peer: Peer,
         caller: &Caller,
-        event: &'static str,
+        actor: Actor,
+        row: &Method,
         task_id: Option<&str>,
     ) -> Result<Authorized<P>, Error> {
-        let actor = caller.actor(P::ACTOR_KIND);
-        let reserved = P::uid(&self.peers);
-        if caller.uid() == reserved {
+        let event = row.event.unwrap_or("UNAUDITED");
+        let reserved = self.peers.of(peer);
+        if reserved == Some(caller.uid()) {
             tracing::debug!(
                 target: "airlock::authz",
                 sender = caller.sender(),
                 uid = caller.uid(),
                 task_id,
                 operation = event,
-                interface = P::INTERFACE,
+                interface = row.interface,
                 "component peer admitted"
             );
             return Ok(Authorized::grant(actor));
         }
         let err = Error::with(
             Code::PEER_UID_DENIED,
-            format!(
-                "uid {} may not call {} (reserved for uid {reserved})",
-                caller.uid(),
-                P::INTERFACE,
-            ),
+            match reserved {
+                Some(uid) => format!(
+                    "uid {} may not call {} (reserved for uid {uid})",
+                    caller.uid(),
+                    row.path(),
+                ),
+                None => format!("{} is not served here", row.path()),
+            },
         );
         self.refuse(&actor, event, task_id, &err, "peer-uid").await;
         Err(err)
@@ -535,7 +574,13 @@ impl Gatekeeper {
 mod tests {
     use super::testing::TestAuthorizer;
     use super::*;
+    use airlock_proto::bus::{Call, retry, tasks, worker};
     use airlock_taskdb::tasks::EventOutcome;
+
+    const CANCEL: &Method = &<tasks::CancelTask as Call>::METHOD;
+    const SUBMIT: &Method = &<tasks::SubmitTask as Call>::METHOD;
+    const CLAIM: &Method = &<worker::Claim as Call>::METHOD;
+    const EXTEND: &Method = &<retry::ExtendRetry as Call>::METHOD;
 
     #[test]
     fn an_attributed_actor_names_its_agent_and_no_other_does() {
@@ -570,7 +615,7 @@ mod tests {
         let (_d, store) = store();
         let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store);
         let token: Authorized<Manage> = gate
-            .authorize(&caller(1000), "TASK_CANCELLED", Some("task-a"))
+            .authorize(&caller(1000), CANCEL, Some("task-a"))
             .await
             .unwrap();
         assert_eq!(token.actor().uid, Some(1000));
@@ -583,7 +628,7 @@ mod tests {
         let (_d, store) = store();
         let gate = Gatekeeper::new(Arc::new(TestAuthorizer::deny_all()), PEERS, store.clone());
         let err = gate
-            .authorize::<Submit>(&caller(1000), "TASK_SUBMITTED", Some("task-a"))
+            .authorize::<Submit>(&caller(1000), SUBMIT, Some("task-a"))
             .await
             .unwrap_err();
         assert_eq!(err.code, Code::AUTHORIZATION_DENIED);
@@ -601,12 +646,12 @@ mod tests {
         let (_d, store) = store();
         let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store.clone());
         assert!(
-            gate.authorize_peer::<Worker>(&caller(4242), "TASK_CLAIMED", None)
+            gate.authorize::<Worker>(&caller(4242), CLAIM, None)
                 .await
                 .is_ok()
         );
         let err = gate
-            .authorize_peer::<Worker>(&caller(0), "TASK_CLAIMED", None)
+            .authorize::<Worker>(&caller(0), CLAIM, None)
             .await
             .unwrap_err();
         assert_eq!(err.code, Code::PEER_UID_DENIED);
@@ -621,31 +666,56 @@ mod tests {
         let (_d, store) = store();
         let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store.clone());
         let token = gate
-            .authorize_peer::<Retry>(&caller(4343), "TASK_RETRY_EXTENSION_AUTHORIZED", None)
+            .authorize::<Retry>(&caller(4343), EXTEND, None)
             .await
             .unwrap();
         assert_eq!(token.actor().kind, ActorKind::Owner);
         // Not the worker, not root, not an admin polkit would allow.
         for uid in [4242, 0, 1000] {
             let err = gate
-                .authorize_peer::<Retry>(
-                    &caller(uid),
-                    "TASK_RETRY_EXTENSION_AUTHORIZED",
-                    Some("task-a"),
-                )
+                .authorize::<Retry>(&caller(uid), EXTEND, Some("task-a"))
                 .await
                 .unwrap_err();
             assert_eq!(err.code, Code::PEER_UID_DENIED);
         }
         // Nor may retryd call Worker1.
         let err = gate
-            .authorize_peer::<Worker>(&caller(4343), "TASK_CLAIMED", None)
+            .authorize::<Worker>(&caller(4343), CLAIM, None)
             .await
             .unwrap_err();
         assert_eq!(err.code, Code::PEER_UID_DENIED);
         let events = store.run(|s| s.events(None, 0, 10)).await.unwrap().unwrap();
         assert_eq!(events.len(), 4);
         assert!(events.iter().all(|e| e.code == Some(Code::PEER_UID_DENIED)));
+    }
+
+    #[tokio::test]
+    async fn a_token_is_made_only_for_the_rows_permission() {
+        let (_d, store) = store();
+        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store.clone());
+        // Allowed by everyone, yet Read is not CancelTask's permission.
+        let err = gate
+            .authorize::<Read>(&caller(1000), CANCEL, Some("task-a"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::INTERNAL, "{err}");
+        let err = gate
+            .authorize::<Worker>(&caller(4242), EXTEND, None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, Code::INTERNAL, "{err}");
+        let events = store.run(|s| s.events(None, 0, 10)).await.unwrap().unwrap();
+        assert_eq!(events.len(), 2, "each refusal is on record");
+    }
+
+    #[test]
+    fn every_rows_polkit_action_is_declared() {
+        for m in airlock_proto::bus::every_row() {
+            if let BusPermission::Polkit(id) = m.permission {
+                assert!(Action::from_polkit_id(id).is_some(), "{}: {id}", m.path());
+            }
+        }
+        assert_eq!(Action::ALL.len(), action::ALL.len());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Authorisers for test harnesses. Never chosen implicitly: only an
 //! explicit `authorizer = "allow-all-for-tests"` in the configuration or an
 //! explicit `--authorizer` flag selects one, and the daemon announces it in
-//! its start-up log and in the `org.airlock.Tasks1.Authorizer` property.
+//! its start-up log and in the `org.airlock.Tasks2.Authorizer` property.
 
 use super::{Action, Authorizer, BoxFuture, Caller, Verdict};
 use airlock_proto::{Code, Error};

@@ -1,29 +1,21 @@
 //! `org.airlock.Agents1`: the planner agents, for admins, authorised by
 //! polkit (`org.airlock.agents.read`, `org.airlock.agents.manage`).
 //!
-//! Each method: admit the call, identify the sender, authorise (a token
-//! or a recorded refusal), act on the agent's runner; an operator's
-//! command is recorded as an event, and the policy's resulting change as
-//! another (AGENT_CHANGED), announced with `AgentChanged`.
+//! Each method: enter with its row, act on the agent's runner; an
+//! operator's command is recorded as an event, and the policy's resulting
+//! change as another (AGENT_CHANGED), announced with `AgentChanged`.
 
 use super::error::BusError;
-use super::{Shared, to_json};
-use crate::agents::Agents;
+use super::{Shared, reply};
+use crate::agents::{AgentChange, Agents};
 use crate::authz::{AgentsManage, AgentsRead};
 use airlock_agents::Command;
+use airlock_proto::bus::agents as rows;
+use airlock_proto::bus::{AgentView, Call};
 use std::sync::Arc;
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, interface};
-
-/// Names of agent operations in the event log.
-pub mod event {
-    pub use airlock_taskdb::tasks::action::{
-        AGENT_CHANGED, AGENT_HOLD_CLEARED, AGENT_START_REQUESTED, AGENT_STOP_REQUESTED,
-    };
-    /// ListAgents, GetAgent.
-    pub const AGENTS_READ: &str = "AGENTS_READ";
-}
 
 /// The Agents1 interface object.
 #[derive(Debug)]
@@ -38,29 +30,27 @@ impl AgentsIface {
         AgentsIface { shared, agents }
     }
 
-    async fn command(
+    async fn command<M: Call<Reply = AgentView>>(
         &self,
         hdr: Header<'_>,
         conn: &Connection,
         name: String,
         command: Command,
-        ev: &'static str,
     ) -> Result<String, BusError> {
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<AgentsManage>(&caller, ev, None)
+            .enter::<M, AgentsManage>(conn, &hdr, None)
             .await?;
         let known = self.agents.knows(&name);
-        self.shared.checked(&auth, ev, None, known).await?;
+        call.checked(known).await?;
+        let event = M::METHOD.event.unwrap_or_default();
         self.shared
             .ops
-            .record_agent_command(&auth, ev, name.clone())
+            .record_agent_command(&call.auth, event, name.clone())
             .await?;
-        let out = self.agents.command(&auth, &name, command).await;
-        let view = self.shared.checked(&auth, ev, None, out).await?;
-        Ok(to_json(&view)?)
+        let out = self.agents.command(&call.auth, &name, command).await;
+        let view = call.checked(out).await?;
+        reply::<M>(&view)
     }
 }
 
@@ -73,14 +63,11 @@ impl AgentsIface {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, BusError> {
-        let ev = event::AGENTS_READ;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<AgentsRead>(&caller, ev, None)
+            .enter::<rows::ListAgents, AgentsRead>(conn, &hdr, None)
             .await?;
-        Ok(to_json(&self.agents.list(&auth))?)
+        reply::<rows::ListAgents>(&self.agents.list(&call.auth))
     }
 
     /// One agent: its state (STOPPED, STARTING, RUNNING, BACKOFF, HELD),
@@ -92,16 +79,13 @@ impl AgentsIface {
         #[zbus(connection)] conn: &Connection,
         name: String,
     ) -> Result<String, BusError> {
-        let ev = event::AGENTS_READ;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<AgentsRead>(&caller, ev, None)
+            .enter::<rows::GetAgent, AgentsRead>(conn, &hdr, None)
             .await?;
-        let view = self.agents.view(&auth, &name);
-        let view = self.shared.checked(&auth, ev, None, view).await?;
-        Ok(to_json(&view)?)
+        let view = self.agents.view(&call.auth, &name);
+        let view = call.checked(view).await?;
+        reply::<rows::GetAgent>(&view)
     }
 
     /// Starts a stopped agent (the failure count resets); refused while
@@ -112,14 +96,8 @@ impl AgentsIface {
         #[zbus(connection)] conn: &Connection,
         name: String,
     ) -> Result<String, BusError> {
-        self.command(
-            hdr,
-            conn,
-            name,
-            Command::Start,
-            event::AGENT_START_REQUESTED,
-        )
-        .await
+        self.command::<rows::StartAgent>(hdr, conn, name, Command::Start)
+            .await
     }
 
     /// Stops an agent; never counted as a failure, and it stays stopped
@@ -131,7 +109,7 @@ impl AgentsIface {
         #[zbus(connection)] conn: &Connection,
         name: String,
     ) -> Result<String, BusError> {
-        self.command(hdr, conn, name, Command::Stop, event::AGENT_STOP_REQUESTED)
+        self.command::<rows::StopAgent>(hdr, conn, name, Command::Stop)
             .await
     }
 
@@ -143,14 +121,8 @@ impl AgentsIface {
         #[zbus(connection)] conn: &Connection,
         name: String,
     ) -> Result<String, BusError> {
-        self.command(
-            hdr,
-            conn,
-            name,
-            Command::ClearHold,
-            event::AGENT_HOLD_CLEARED,
-        )
-        .await
+        self.command::<rows::ClearHold>(hdr, conn, name, Command::ClearHold)
+            .await
     }
 
     /// An agent's state changed: its name, state and consecutive failures.
@@ -161,4 +133,20 @@ impl AgentsIface {
         state: &str,
         consecutive_failures: u32,
     ) -> zbus::Result<()>;
+}
+
+/// Announces each change the agent runners send as `AgentChanged`,
+/// until every sender is gone. A signal that cannot be emitted is logged:
+/// the change is already stored.
+pub async fn announce(
+    mut changes: tokio::sync::mpsc::UnboundedReceiver<AgentChange>,
+    emitter: SignalEmitter<'static>,
+) {
+    while let Some(c) = changes.recv().await {
+        let sent =
+            AgentsIface::agent_changed(&emitter, &c.name, c.state, c.consecutive_failures).await;
+        if let Err(e) = sent {
+            tracing::warn!("could not emit AgentChanged for {}: {e}", c.name);
+        }
+    }
 }

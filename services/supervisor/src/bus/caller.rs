@@ -1,19 +1,16 @@
-//! Who sent a method call, from facts the bus daemon vouches for.
-//!
-//! The sender's unique name is stamped on the message by the daemon; the
-//! uid is what the daemon reports for that name
-//! (`org.freedesktop.DBus.GetConnectionCredentials`, taken from the
-//! socket's peer credentials when the peer connected). Nothing the caller
-//! wrote in the message body is used. Unique names are never reused on a
-//! bus, so the answer is cached per name.
+//! Who sent a method call, from facts the bus daemon vouches for: the
+//! sender's unique name and the uid and pid the daemon reports for it, by
+//! the one lookup ([`airlock_client::peer`]); nothing the caller wrote in
+//! the message body is used. Unique names are never reused on a bus, so
+//! the answer is cached per name, with the user name of the uid.
 
 use crate::authz::Caller;
-use airlock_proto::{Code, Error};
+pub use airlock_client::peer::sender_of;
+use airlock_proto::Error;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use zbus::Connection;
 use zbus::message::{Flags, Header};
-use zbus::zvariant::OwnedValue;
 
 /// Most callers remembered before the cache is emptied and refilled.
 const CACHE_CAP: usize = 4096;
@@ -27,11 +24,6 @@ pub struct CallerResolver {
     cache: Mutex<HashMap<String, Known>>,
 }
 
-/// The sender of a message, before its credentials are known.
-pub fn sender_of(hdr: &Header<'_>) -> Option<String> {
-    hdr.sender().map(|s| s.to_string())
-}
-
 /// Whether the message carried ALLOW_INTERACTIVE_AUTHORIZATION.
 pub fn allows_interaction(hdr: &Header<'_>) -> bool {
     hdr.primary().flags().contains(Flags::AllowInteractiveAuth)
@@ -42,12 +34,7 @@ impl CallerResolver {
     /// Refuses (`AUTHORIZATION_DENIED`) when the message has no sender or
     /// the bus does not report a uid for it.
     pub async fn resolve(&self, conn: &Connection, hdr: &Header<'_>) -> Result<Caller, Error> {
-        let sender = sender_of(hdr).ok_or_else(|| {
-            Error::with(
-                Code::AUTHORIZATION_DENIED,
-                "the message has no sender the bus vouches for",
-            )
-        })?;
+        let sender = sender_of(hdr).ok_or_else(airlock_client::peer::no_sender)?;
         let interactive = allows_interaction(hdr);
         let cached = self
             .cache
@@ -58,7 +45,8 @@ impl CallerResolver {
         let (uid, pid, user) = match cached {
             Some(known) => known,
             None => {
-                let (uid, pid) = peer_credentials(conn, &sender).await?;
+                let creds = airlock_client::peer::of_sender(conn, &sender).await?;
+                let (uid, pid) = (creds.uid, creds.pid);
                 let user = user_name(uid).await;
                 let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
                 if cache.len() >= CACHE_CAP {
@@ -70,45 +58,6 @@ impl CallerResolver {
         };
         Ok(Caller::from_bus(&sender, uid, user, interactive).with_pid(pid))
     }
-}
-
-/// Asks the bus daemon for the uid behind `sender`.
-pub async fn peer_uid(conn: &Connection, sender: &str) -> Result<u32, Error> {
-    peer_credentials(conn, sender).await.map(|(uid, _)| uid)
-}
-
-/// Asks the bus daemon for the uid and, when it knows it, the process id
-/// behind `sender` (taken from the socket's peer credentials when the peer
-/// connected).
-pub async fn peer_credentials(
-    conn: &Connection,
-    sender: &str,
-) -> Result<(u32, Option<u32>), Error> {
-    let refuse = |why: String| {
-        Error::with(
-            Code::AUTHORIZATION_DENIED,
-            format!("the bus did not report credentials for {sender}: {why}"),
-        )
-    };
-    let reply = conn
-        .call_method(
-            Some("org.freedesktop.DBus"),
-            "/org/freedesktop/DBus",
-            Some("org.freedesktop.DBus"),
-            "GetConnectionCredentials",
-            &(sender,),
-        )
-        .await
-        .map_err(|e| refuse(e.to_string()))?;
-    let body = reply.body();
-    let (creds,): (HashMap<String, OwnedValue>,) =
-        body.deserialize().map_err(|e| refuse(e.to_string()))?;
-    let uid = creds
-        .get("UnixUserID")
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| refuse("no UnixUserID".to_owned()))?;
-    let pid = creds.get("ProcessID").and_then(|v| u32::try_from(v).ok());
-    Ok((uid, pid))
 }
 
 /// The user name of `uid`, if the system knows one.

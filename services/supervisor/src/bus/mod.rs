@@ -1,8 +1,18 @@
 //! The D-Bus face of the supervisor: `org.airlock.Supervisor1` at
-//! `/org/airlock/Supervisor1` with three interfaces — `Tasks1` (people,
-//! polkit), `Worker1` (the worker's uid) and `Retry1` (airlock-retryd's
-//! uid). The contract — names, arguments, reply types and who may call —
-//! is declared once in [`airlock_proto::bus`]; the handlers here serve it.
+//! `/org/airlock/Supervisor1` with its interfaces — `Tasks2` (and
+//! `Tasks1` beside it for one release), `Agents1` and `Reconcile1`
+//! (people, polkit), `Worker1` (the worker's uid) and
+//! `Retry1` (airlock-retryd's uid). The contract — names, signatures, who
+//! may call, the audited event and the reply type — is one row per method
+//! in [`airlock_proto::bus`]; the handlers here serve it.
+//!
+//! Every handler opens with [`Shared::enter`], naming its row and the
+//! permission it needs: the call is admitted (shutdown refuses new ones),
+//! its sender identified from bus facts and authorised by the row's
+//! permission, and the handler gets an [`Entered`] call — the caller and
+//! its `Authorized<P>` token — or the refusal goes back on record. Then it
+//! parses its arguments strictly, acts through [`crate::ops`], and
+//! answers the row's reply type ([`reply`]).
 //!
 //! Every refusal is a D-Bus error named by the code's `dbus_error_name()`
 //! with the human detail as its message ([`error::BusError`]).
@@ -14,10 +24,12 @@ pub mod inflight;
 pub mod reconcile;
 pub mod retry;
 pub mod tasks;
+pub mod tasks_v1;
 pub mod worker;
 
-use crate::authz::{Caller, Gatekeeper};
+use crate::authz::{Authorized, Caller, Gatekeeper, Permission};
 use crate::ops::Ops;
+use airlock_proto::bus::Call;
 use airlock_proto::limits::MAX_MESSAGE_BYTES;
 use airlock_proto::{Code, Error};
 use caller::CallerResolver;
@@ -29,23 +41,6 @@ use zbus::Connection;
 use zbus::message::Header;
 
 pub use airlock_proto::bus::{BUS_NAME, DEFAULT_PAGE, OBJECT_PATH};
-
-/// Names of operations in the event log. Mutations use the store's action
-/// names; reads, which the store does not log when allowed, have their own
-/// so that a refused read is still on record.
-pub mod event {
-    pub use airlock_taskdb::tasks::action::*;
-    /// GetTask.
-    pub const TASK_READ: &str = "TASK_READ";
-    /// ListTasks.
-    pub const TASKS_LISTED: &str = "TASKS_LISTED";
-    /// ListEvents.
-    pub const EVENTS_READ: &str = "EVENTS_READ";
-    /// ListReconciliations, GetReconciliation.
-    pub const RECONCILIATIONS_READ: &str = "RECONCILIATIONS_READ";
-    /// Worker1.TakeAdoption.
-    pub const ADOPTION_TAKEN: &str = "ADOPTION_TAKEN";
-}
 
 /// Facts the properties report.
 #[derive(Clone, Debug)]
@@ -163,47 +158,85 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = names;
     }
 
-    /// Admits one call: counts it in flight (refused once shutdown began)
-    /// and identifies its sender from bus-verified facts. A sender the bus
-    /// does not vouch for is refused and the refusal recorded.
-    pub(crate) async fn admit(
+    /// The one entry of every handler: admits a call of the method `M`
+    /// (counted in flight, refused once shutdown began), identifies its
+    /// sender from bus-verified facts, and authorises it by `M`'s row.
+    /// `P` must be the row's permission: a handler asking for another
+    /// does not compile. `task_id` is the task the call concerns, for the
+    /// audit record. A refusal is recorded under the row's event.
+    pub(crate) async fn enter<M: Call, P: Permission>(
         &self,
         conn: &Connection,
         hdr: &Header<'_>,
-        event: &'static str,
         task_id: Option<&str>,
-    ) -> Result<(CallGuard<'_>, Caller), BusError> {
+    ) -> Result<Entered<'_, P>, BusError> {
+        const {
+            assert!(
+                M::METHOD.permission.same(P::RULE),
+                "the handler asks for another permission than its row's"
+            );
+            assert!(M::METHOD.event.is_some(), "every supervisor row is audited");
+        }
+        let row = &M::METHOD;
+        let event = row.event.unwrap_or("UNAUDITED");
         let guard = self.inflight.enter()?;
         if let Some(d) = self.call_delay {
             tokio::time::sleep(d).await;
         }
-        match self.resolver.resolve(conn, hdr).await {
-            Ok(caller) => Ok((guard, caller)),
+        let caller = match self.resolver.resolve(conn, hdr).await {
+            Ok(caller) => caller,
             Err(e) => {
                 let sender = caller::sender_of(hdr).unwrap_or_default();
                 self.gate
                     .refuse_unidentified(&sender, event, task_id, &e)
                     .await;
-                Err(e.into())
+                return Err(e.into());
             }
-        }
+        };
+        let auth = self.gate.authorize::<P>(&caller, row, task_id).await?;
+        Ok(Entered {
+            caller,
+            auth,
+            shared: self,
+            event,
+            task_id: task_id.map(str::to_owned),
+            _guard: guard,
+        })
     }
 }
 
-impl Shared {
-    /// Passes `r` through, recording a refusal in the event log first.
-    pub(crate) async fn checked<T, P: crate::authz::Permission>(
-        &self,
-        auth: &crate::authz::Authorized<P>,
-        event: &'static str,
-        task_id: Option<&str>,
-        r: Result<T, Error>,
-    ) -> Result<T, Error> {
+/// One admitted and authorised call, as [`Shared::enter`] hands it to its
+/// handler: who called, and the token of the row's permission. In flight
+/// until dropped.
+#[derive(Debug)]
+pub(crate) struct Entered<'a, P: Permission> {
+    /// The sender, from bus facts.
+    pub caller: Caller,
+    /// The token of the row's permission.
+    pub auth: Authorized<P>,
+    shared: &'a Shared,
+    event: &'static str,
+    task_id: Option<String>,
+    _guard: CallGuard<'a>,
+}
+
+impl<P: Permission> Entered<'_, P> {
+    /// Passes `r` through, recording a refusal (a malformed argument, an
+    /// unregistered repository) under the row's event first.
+    pub(crate) async fn checked<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
         if let Err(e) = &r {
-            self.gate.record_refusal(auth, event, task_id, e).await;
+            self.shared
+                .gate
+                .record_refusal(&self.auth, self.event, self.task_id.as_deref(), e)
+                .await;
         }
         r
     }
+}
+
+/// The reply of a method of row `M`: the JSON of its reply type.
+pub(crate) fn reply<M: Call>(v: &M::Reply) -> Result<String, BusError> {
+    Ok(airlock_proto::bus::encode(v)?)
 }
 
 /// Parses a JSON argument, refusing anything that is not JSON.
@@ -216,12 +249,6 @@ pub(crate) fn parse_json(text: &str, what: &str) -> Result<Value, Error> {
     }
     serde_json::from_str(text)
         .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("{what} is not JSON: {e}")))
-}
-
-/// Serialises a reply.
-pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> Result<String, Error> {
-    serde_json::to_string(v)
-        .map_err(|e| Error::with(Code::INTERNAL, format!("serialising a reply: {e}")))
 }
 
 /// `""` means none.

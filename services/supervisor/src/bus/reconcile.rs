@@ -3,14 +3,14 @@
 //! reading needs `org.airlock.tasks.read`, resolving
 //! `org.airlock.reconcile.manage`.
 //!
-//! Same steps as Tasks1: admit the call, identify the sender, authorise (a
-//! token or a recorded refusal), parse strictly, act through
+//! Same steps as Tasks1: enter with the row, parse strictly, act through
 //! [`crate::ops`], announce a task change with `TaskChanged`.
 
 use super::error::BusError;
 use super::tasks::announce;
-use super::{DEFAULT_PAGE, Shared, event, non_empty, parse_json, to_json};
+use super::{DEFAULT_PAGE, Shared, non_empty, parse_json, reply};
 use crate::authz::{Read, ReconcileManage};
+use airlock_proto::bus::reconcile as rows;
 use airlock_proto::reconcile::{CaseStatus, ReconciliationPage, ResolveRequest};
 use airlock_proto::{Code, Error};
 use std::sync::Arc;
@@ -46,12 +46,9 @@ impl Reconcile {
         after_task_id: String,
         limit: u32,
     ) -> Result<String, BusError> {
-        let ev = event::RECONCILIATIONS_READ;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<Read>(&caller, ev, None)
+            .enter::<rows::ListReconciliations, Read>(conn, &hdr, None)
             .await?;
         let status = non_empty(status)
             .map(|s| {
@@ -63,12 +60,12 @@ impl Reconcile {
                 })
             })
             .transpose();
-        let status = self.shared.checked(&auth, ev, None, status).await?;
+        let status = call.checked(status).await?;
         let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
         let cases = self
             .shared
             .ops
-            .reconciliations(&auth, status, non_empty(after_task_id), limit)
+            .reconciliations(&call.auth, status, non_empty(after_task_id), limit)
             .await?;
         let next_after =
             if cases.len() as u64 >= u64::from(limit.min(airlock_taskdb::tasks::MAX_PAGE)) {
@@ -76,7 +73,7 @@ impl Reconcile {
             } else {
                 None
             };
-        Ok(to_json(&ReconciliationPage { cases, next_after })?)
+        reply::<rows::ListReconciliations>(&ReconciliationPage { cases, next_after })
     }
 
     /// The task's latest case as JSON (RECONCILIATION_NOT_FOUND when it has
@@ -87,15 +84,12 @@ impl Reconcile {
         #[zbus(connection)] conn: &Connection,
         task_id: String,
     ) -> Result<String, BusError> {
-        let ev = event::RECONCILIATIONS_READ;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<Read>(&caller, ev, Some(&task_id))
+            .enter::<rows::GetReconciliation, Read>(conn, &hdr, Some(&task_id))
             .await?;
-        let case = self.shared.ops.reconciliation(&auth, task_id).await?;
-        Ok(to_json(&case)?)
+        let case = self.shared.ops.reconciliation(&call.auth, task_id).await?;
+        reply::<rows::GetReconciliation>(&case)
     }
 
     /// Resolves the task's latest case, exactly once: `request` is an
@@ -114,25 +108,19 @@ impl Reconcile {
         task_id: String,
         request: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_RECONCILIATION_RESOLVED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<ReconcileManage>(&caller, ev, Some(&task_id))
+            .enter::<rows::ResolveReconciliation, ReconcileManage>(conn, &hdr, Some(&task_id))
             .await?;
         let parsed =
             parse_json(&request, "the resolution").and_then(|v| ResolveRequest::from_value(&v));
-        let req = self
-            .shared
-            .checked(&auth, ev, Some(&task_id), parsed)
-            .await?;
-        let out = self.shared.ops.resolve(&auth, task_id, req).await?;
+        let req = call.checked(parsed).await?;
+        let out = self.shared.ops.resolve(&call.auth, task_id, req).await?;
         if !out.idempotent {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(out.task_id.clone()).await {
                 announce(&emitter, &out.task_id, state, revision).await;
             }
         }
-        Ok(to_json(&out)?)
+        reply::<rows::ResolveReconciliation>(&out)
     }
 }

@@ -7,8 +7,9 @@
 
 use super::error::BusError;
 use super::tasks::announce;
-use super::{Shared, event, parse_json, to_json};
+use super::{Shared, parse_json, reply};
 use crate::authz::Retry as RetryPermission;
+use airlock_proto::bus::retry as rows;
 use airlock_proto::retry::RetryExtensionRequest;
 use std::sync::Arc;
 use zbus::message::Header;
@@ -44,23 +45,17 @@ impl Retry {
         request: String,
         authorization_id: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_RETRY_EXTENSION_AUTHORIZED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize_peer::<RetryPermission>(&caller, ev, Some(&task_id))
+            .enter::<rows::ExtendRetry, RetryPermission>(conn, &hdr, Some(&task_id))
             .await?;
         let parsed = parse_json(&request, "the retry request")
             .and_then(|v| RetryExtensionRequest::from_value(&v));
-        let request = self
-            .shared
-            .checked(&auth, ev, Some(&task_id), parsed)
-            .await?;
+        let request = call.checked(parsed).await?;
         let outcome = self
             .shared
             .ops
-            .extend_retry(&auth, task_id, request, authorization_id)
+            .extend_retry(&call.auth, task_id, request, authorization_id)
             .await?;
         if !outcome.idempotent {
             if let Ok((state, revision)) =
@@ -69,6 +64,6 @@ impl Retry {
                 announce(&emitter, &outcome.task_id, state, revision).await;
             }
         }
-        Ok(to_json(&outcome)?)
+        reply::<rows::ExtendRetry>(&outcome)
     }
 }

@@ -1,17 +1,21 @@
-//! `org.airlock.Tasks1`: planners and admins, authorised by polkit.
+//! `org.airlock.Tasks2`: planners and admins, authorised by polkit (and
+//! the same object under its old name `Tasks1` for one release:
+//! [`super::tasks_v1`]).
 //!
-//! Every method runs the same steps in the same order: admit the call
-//! (shutdown refuses new ones), identify the sender from bus facts,
-//! authorise (a token or a recorded refusal), parse the arguments
-//! strictly, act through [`crate::ops`], announce a state change with
-//! `TaskChanged`.
+//! Every method enters through [`Shared::enter`] with its row, parses its
+//! arguments strictly, acts through [`crate::ops`], and announces a state
+//! change with `TaskChanged`.
 
 use super::error::BusError;
-use super::{DEFAULT_PAGE, Shared, event, non_empty, parse_json, to_json};
+use super::{DEFAULT_PAGE, Shared, non_empty, parse_json, reply};
 use crate::authz::{Manage, Read, Submit};
+use airlock_proto::bus::Call;
+use airlock_proto::bus::tasks as rows;
 use airlock_proto::bus::{EventPage, EventRecord, SubmitReply, TaskPage};
 use airlock_proto::plan::PlanRequest;
-use airlock_proto::task::{Decision, DecisionRequest, TaskState, TaskSubmission, TaskView};
+use airlock_proto::task::{
+    Decision, DecisionOutcome, DecisionRequest, TaskState, TaskSubmission, TaskView,
+};
 use airlock_proto::{Code, Error};
 use std::sync::Arc;
 use zbus::message::Header;
@@ -41,6 +45,17 @@ pub(crate) async fn announce(
 ) {
     if let Err(e) = Tasks::task_changed(emitter, task_id, state.as_str(), revision).await {
         tracing::warn!("could not emit TaskChanged for {task_id}: {e}");
+    }
+    // Tasks1's listeners, for the release it is kept.
+    let v1 = emitter
+        .emit(
+            airlock_proto::bus::tasks_v1::INTERFACE,
+            rows::TASK_CHANGED,
+            &(task_id, state.as_str(), revision),
+        )
+        .await;
+    if let Err(e) = v1 {
+        tracing::warn!("could not emit Tasks1.TaskChanged for {task_id}: {e}");
     }
 }
 
@@ -90,22 +105,19 @@ fn agents_own_task(
 impl Tasks {
     /// Verify and CancelTask: one decision path, the method fixing which
     /// decisions it takes (CancelTask only `cancel`, Verify every other).
-    async fn decide(
+    async fn decide<M: Call<Reply = DecisionOutcome>>(
         &self,
         hdr: &Header<'_>,
         conn: &Connection,
         emitter: &SignalEmitter<'_>,
-        ev: &'static str,
         task_id: String,
         request: String,
     ) -> Result<String, BusError> {
-        let (_call, caller) = self.shared.admit(conn, hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<Manage>(&caller, ev, Some(&task_id))
+            .enter::<M, Manage>(conn, hdr, Some(&task_id))
             .await?;
-        let cancel = ev == event::TASK_CANCELLED;
+        let cancel = M::METHOD.name == rows::CANCEL_TASK;
         let parsed = parse_json(&request, "the decision").and_then(|v| {
             let req = DecisionRequest::from_value(&v)?;
             if (req.decision == Decision::Cancel) != cancel {
@@ -120,19 +132,16 @@ impl Tasks {
             }
             Ok(req)
         });
-        let req = self
-            .shared
-            .checked(&auth, ev, Some(&task_id), parsed)
-            .await?;
-        let out = self.shared.ops.decide(&auth, task_id, req).await?;
+        let req = call.checked(parsed).await?;
+        let out = self.shared.ops.decide(&call.auth, task_id, req).await?;
         if !out.idempotent {
             announce(emitter, &out.task_id, out.state, out.revision).await;
         }
-        Ok(to_json(&out)?)
+        reply::<M>(&out)
     }
 }
 
-#[interface(name = "org.airlock.Tasks1")]
+#[interface(name = "org.airlock.Tasks2")]
 impl Tasks {
     /// Submits a task (an `airlock.task.v1` JSON object). Returns
     /// `{"task": <task>, "idempotent": <bool>}`; the same submission again
@@ -145,23 +154,16 @@ impl Tasks {
         submission: String,
     ) -> Result<String, BusError> {
         let task_id = submitted_task_id(&submission);
-        let ev = event::TASK_SUBMITTED;
-        let (_call, caller) = self
+        let mut call = self
             .shared
-            .admit(conn, &hdr, ev, task_id.as_deref())
-            .await?;
-        let auth = self
-            .shared
-            .gate
-            .authorize::<Submit>(&caller, ev, task_id.as_deref())
+            .enter::<rows::SubmitTask, Submit>(conn, &hdr, task_id.as_deref())
             .await?;
         // A planner agent's process is named as the agent, and may propose
         // only for its repositories.
-        let agent = self.shared.agent_of(&caller).await;
-        let auth = match &agent {
-            Some(a) => auth.attributed_to_agent(&a.name),
-            None => auth,
-        };
+        let agent = self.shared.agent_of(&call.caller).await;
+        if let Some(a) = &agent {
+            call.auth = call.auth.attributed_to_agent(&a.name);
+        }
         let parsed = parse_json(&submission, "the submission").and_then(|v| {
             let s = TaskSubmission::from_value(&v)?;
             let registered = self.shared.repositories();
@@ -182,18 +184,15 @@ impl Tasks {
             }
             Ok(s)
         });
-        let submission = self
-            .shared
-            .checked(&auth, ev, task_id.as_deref(), parsed)
-            .await?;
-        let out = self.shared.ops.submit(&auth, submission).await?;
+        let submission = call.checked(parsed).await?;
+        let out = self.shared.ops.submit(&call.auth, submission).await?;
         if !out.idempotent {
             announce_view(&emitter, &out.task).await;
         }
-        Ok(to_json(&SubmitReply {
+        reply::<rows::SubmitTask>(&SubmitReply {
             task: out.task,
             idempotent: out.idempotent,
-        })?)
+        })
     }
 
     /// Replaces a QUEUED task's plan. The plan must name the digest of the
@@ -211,41 +210,34 @@ impl Tasks {
         task_id: String,
         plan: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_PLAN_REPLACED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let mut call = self
             .shared
-            .gate
-            .authorize::<Submit>(&caller, ev, Some(&task_id))
+            .enter::<rows::ReplacePlan, Submit>(conn, &hdr, Some(&task_id))
             .await?;
         // A planner agent's process is named as the agent, and may replace
         // only the plan of a task it submitted itself, in one of its
         // repositories; checked before the plan is read, and a refusal
         // changes nothing.
-        let agent = self.shared.agent_of(&caller).await;
-        let auth = match &agent {
-            Some(a) => auth.attributed_to_agent(&a.name),
-            None => auth,
-        };
+        let agent = self.shared.agent_of(&call.caller).await;
         if let Some(a) = &agent {
+            call.auth = call.auth.attributed_to_agent(&a.name);
             let owned = self
                 .shared
                 .ops
-                .submission_of(&auth, task_id.clone())
+                .submission_of(&call.auth, task_id.clone())
                 .await
                 .and_then(|(repository, submitter)| agents_own_task(a, &repository, submitter));
-            self.shared
-                .checked(&auth, ev, Some(&task_id), owned)
-                .await?;
+            call.checked(owned).await?;
         }
         let parsed = parse_json(&plan, "the plan").and_then(|v| PlanRequest::from_value(&v));
-        let plan = self
+        let plan = call.checked(parsed).await?;
+        let before = self
             .shared
-            .checked(&auth, ev, Some(&task_id), parsed)
+            .ops
+            .replace_plan(&call.auth, task_id, plan)
             .await?;
-        let before = self.shared.ops.replace_plan(&auth, task_id, plan).await?;
         announce_view(&emitter, &before).await;
-        Ok(to_json(&before)?)
+        reply::<rows::ReplacePlan>(&before)
     }
 
     /// One task as JSON. Needs `org.airlock.tasks.read`.
@@ -255,15 +247,12 @@ impl Tasks {
         #[zbus(connection)] conn: &Connection,
         task_id: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_READ;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<Read>(&caller, ev, Some(&task_id))
+            .enter::<rows::GetTask, Read>(conn, &hdr, Some(&task_id))
             .await?;
-        let view = self.shared.ops.get(&auth, task_id).await?;
-        Ok(to_json(&view)?)
+        let view = self.shared.ops.get(&call.auth, task_id).await?;
+        reply::<rows::GetTask>(&view)
     }
 
     /// Tasks ordered by id: `state` filters (`""` = all), `after_task_id`
@@ -278,20 +267,17 @@ impl Tasks {
         after_task_id: String,
         limit: u32,
     ) -> Result<String, BusError> {
-        let ev = event::TASKS_LISTED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<Read>(&caller, ev, None)
+            .enter::<rows::ListTasks, Read>(conn, &hdr, None)
             .await?;
         let state = non_empty(state).map(|s| TaskState::parse(&s)).transpose();
-        let state = self.shared.checked(&auth, ev, None, state).await?;
+        let state = call.checked(state).await?;
         let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
         let tasks = self
             .shared
             .ops
-            .list(&auth, state, non_empty(after_task_id), limit)
+            .list(&call.auth, state, non_empty(after_task_id), limit)
             .await?;
         let next_after =
             if tasks.len() as u64 >= u64::from(limit.min(airlock_taskdb::tasks::MAX_PAGE)) {
@@ -299,7 +285,7 @@ impl Tasks {
             } else {
                 None
             };
-        Ok(to_json(&TaskPage { tasks, next_after })?)
+        reply::<rows::ListTasks>(&TaskPage { tasks, next_after })
     }
 
     /// The event log in id order, allowed and denied alike: `task_id`
@@ -314,23 +300,20 @@ impl Tasks {
         after_event_id: i64,
         limit: u32,
     ) -> Result<String, BusError> {
-        let ev = event::EVENTS_READ;
         let task = non_empty(task_id);
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, task.as_deref()).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize::<Read>(&caller, ev, task.as_deref())
+            .enter::<rows::ListEvents, Read>(conn, &hdr, task.as_deref())
             .await?;
         let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
         let events = self
             .shared
             .ops
-            .events(&auth, task, after_event_id, limit)
+            .events(&call.auth, task, after_event_id, limit)
             .await?;
         let next_after = events.last().map_or(after_event_id, |e| e.id);
         let events: Vec<EventRecord> = events.iter().map(|e| e.to_record()).collect();
-        Ok(to_json(&EventPage { events, next_after })?)
+        reply::<rows::ListEvents>(&EventPage { events, next_after })
     }
 
     /// Cancels a task that is not terminal, exactly once: `request` is an
@@ -347,15 +330,8 @@ impl Tasks {
         task_id: String,
         request: String,
     ) -> Result<String, BusError> {
-        self.decide(
-            &hdr,
-            conn,
-            &emitter,
-            event::TASK_CANCELLED,
-            task_id,
-            request,
-        )
-        .await
+        self.decide::<rows::CancelTask>(&hdr, conn, &emitter, task_id, request)
+            .await
     }
 
     /// Decides on a VERIFYING task, exactly once: `request` is an
@@ -372,7 +348,7 @@ impl Tasks {
         task_id: String,
         request: String,
     ) -> Result<String, BusError> {
-        self.decide(&hdr, conn, &emitter, event::TASK_VERIFIED, task_id, request)
+        self.decide::<rows::Verify>(&hdr, conn, &emitter, task_id, request)
             .await
     }
 
@@ -386,7 +362,7 @@ impl Tasks {
         revision: i64,
     ) -> zbus::Result<()>;
 
-    /// Who authorises Tasks1 calls: `polkit`, or a test authoriser
+    /// Who authorises Tasks2 calls: `polkit`, or a test authoriser
     /// (`allow-all-for-tests`, …) that must never be seen in production.
     #[zbus(property(emits_changed_signal = "const"))]
     fn authorizer(&self) -> String {

@@ -1,15 +1,16 @@
 //! `org.airlock.Worker1`: the credentialed worker, admitted by peer uid.
 //!
-//! Same steps as Tasks1, but the check is the caller's unix uid as the bus
-//! daemon reports it (`PEER_UID_DENIED` for anyone but the configured
-//! worker). Leases are fenced by epoch and bound to a bearer token only the
-//! claimant saw.
+//! Same steps as Tasks1, but the rows reserve every method for the
+//! caller's unix uid as the bus daemon reports it (`PEER_UID_DENIED` for
+//! anyone but the configured worker). Leases are fenced by epoch and bound
+//! to a bearer token only the claimant saw.
 
 use super::error::BusError;
 use super::tasks::announce;
-use super::{Shared, event, parse_json, to_json};
+use super::{Shared, parse_json, reply};
 use crate::authz::Worker as WorkerPermission;
 use airlock_proto::bus::ResultReceipt;
+use airlock_proto::bus::worker as rows;
 use airlock_proto::reconcile::AdoptionReport;
 use airlock_proto::task::TaskResult;
 use airlock_proto::{Code, Error};
@@ -43,24 +44,21 @@ impl Worker {
         #[zbus(connection)] conn: &Connection,
         #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_CLAIMED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize_peer::<WorkerPermission>(&caller, ev, None)
+            .enter::<rows::Claim, WorkerPermission>(conn, &hdr, None)
             .await?;
         let grant = self
             .shared
             .ops
-            .claim(&auth, self.shared.repositories())
+            .claim(&call.auth, self.shared.repositories())
             .await?;
         if let Some(g) = &grant {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(g.task_id.clone()).await {
                 announce(&emitter, &g.task_id, state, revision).await;
             }
         }
-        Ok(to_json(&grant)?)
+        reply::<rows::Claim>(&grant)
     }
 
     /// Extends the caller's lease; returns the new expiry (unix ms). An
@@ -74,17 +72,14 @@ impl Worker {
         lease_epoch: u64,
         lease_token: String,
     ) -> Result<i64, BusError> {
-        let ev = event::TASK_LEASE_RENEWED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize_peer::<WorkerPermission>(&caller, ev, Some(&task_id))
+            .enter::<rows::Renew, WorkerPermission>(conn, &hdr, Some(&task_id))
             .await?;
         Ok(self
             .shared
             .ops
-            .renew(&auth, task_id, lease_epoch, lease_token)
+            .renew(&call.auth, task_id, lease_epoch, lease_token)
             .await?)
     }
 
@@ -105,26 +100,20 @@ impl Worker {
         idempotency_key: String,
         result: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_RESULT_SUBMITTED;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, Some(&task_id)).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize_peer::<WorkerPermission>(&caller, ev, Some(&task_id))
+            .enter::<rows::SubmitResult, WorkerPermission>(conn, &hdr, Some(&task_id))
             .await?;
         let parsed = parse_json(&result, "the result").and_then(|v| {
             serde_json::from_value::<TaskResult>(v)
                 .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("the result: {e}")))
         });
-        let result = self
-            .shared
-            .checked(&auth, ev, Some(&task_id), parsed)
-            .await?;
+        let result = call.checked(parsed).await?;
         let receipt = self
             .shared
             .ops
             .submit_result(
-                &auth,
+                &call.auth,
                 task_id,
                 lease_epoch,
                 lease_token,
@@ -141,10 +130,10 @@ impl Worker {
             )
             .await;
         }
-        Ok(to_json(&ResultReceipt {
+        reply::<rows::SubmitResult>(&ResultReceipt {
             task: receipt.task,
             idempotent: receipt.idempotent,
-        })?)
+        })
     }
 
     /// A reconciliation case an administrator chose to adopt, for the
@@ -156,15 +145,12 @@ impl Worker {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, BusError> {
-        let ev = event::ADOPTION_TAKEN;
-        let (_call, caller) = self.shared.admit(conn, &hdr, ev, None).await?;
-        let auth = self
+        let call = self
             .shared
-            .gate
-            .authorize_peer::<WorkerPermission>(&caller, ev, None)
+            .enter::<rows::TakeAdoption, WorkerPermission>(conn, &hdr, None)
             .await?;
-        let check = self.shared.ops.take_adoption(&auth).await?;
-        Ok(to_json(&check)?)
+        let check = self.shared.ops.take_adoption(&call.auth).await?;
+        reply::<rows::TakeAdoption>(&check)
     }
 
     /// What the worker found on the ref for an adoption it took
@@ -179,34 +165,25 @@ impl Worker {
         #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
         report: String,
     ) -> Result<String, BusError> {
-        let ev = event::TASK_RECONCILIATION_ADOPTED;
         let task_id = parse_json(&report, "the report")
             .ok()
             .and_then(|v| v["task_id"].as_str().map(str::to_owned));
-        let (_call, caller) = self
+        let call = self
             .shared
-            .admit(conn, &hdr, ev, task_id.as_deref())
-            .await?;
-        let auth = self
-            .shared
-            .gate
-            .authorize_peer::<WorkerPermission>(&caller, ev, task_id.as_deref())
+            .enter::<rows::SettleAdoption, WorkerPermission>(conn, &hdr, task_id.as_deref())
             .await?;
         let parsed = parse_json(&report, "the report").and_then(|v| {
             serde_json::from_value::<AdoptionReport>(v)
                 .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("the report: {e}")))
         });
-        let report = self
-            .shared
-            .checked(&auth, ev, task_id.as_deref(), parsed)
-            .await?;
-        let case = self.shared.ops.settle_adoption(&auth, report).await?;
+        let report = call.checked(parsed).await?;
+        let case = self.shared.ops.settle_adoption(&call.auth, report).await?;
         if case.status == airlock_proto::reconcile::CaseStatus::Adopted {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(case.task_id.clone()).await
             {
                 announce(&emitter, &case.task_id, state, revision).await;
             }
         }
-        Ok(to_json(&case)?)
+        reply::<rows::SettleAdoption>(&case)
     }
 }

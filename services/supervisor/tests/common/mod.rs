@@ -17,7 +17,7 @@ use zbus::Connection;
 
 pub const NAME: &str = "org.airlock.Supervisor1";
 pub const PATH: &str = "/org/airlock/Supervisor1";
-pub const TASKS: &str = "org.airlock.Tasks1";
+pub const TASKS: &str = "org.airlock.Tasks2";
 pub const WORKER: &str = "org.airlock.Worker1";
 
 /// The uid the tests configure as the worker (`nobody`).
@@ -460,7 +460,17 @@ pub fn dbus_send(
     iface_method: &str,
     args: &[&str],
 ) -> Result<String, BusErr> {
-    let bus = format!("--bus={}", sup.bus.address());
+    dbus_send_at(sup.bus.address(), uid, iface_method, args)
+}
+
+/// [`dbus_send`] to the supervisor on the bus at `address`.
+pub fn dbus_send_at(
+    address: &str,
+    uid: u32,
+    iface_method: &str,
+    args: &[&str],
+) -> Result<String, BusErr> {
+    let bus = format!("--bus={address}");
     let mut argv = vec![
         bus.as_str(),
         "--print-reply",

@@ -1,0 +1,184 @@
+//! `org.airlock.Tasks1`, kept for one release beside `Tasks2`.
+//!
+//! Protocol 3.0 changed `Verify`'s and `CancelTask`'s arguments without
+//! renaming the interface, so a client written against the first `Tasks1`
+//! got a bare signature error from the bus library. Protocol 7.0 names
+//! the current interface `Tasks2` (the D-Bus convention, systemd's and
+//! stratisd's: an incompatible change is a new interface version) and
+//! serves `Tasks1` beside it: the same methods and properties with the
+//! signatures 3.0 to 6.1 had, by the same handlers (this object forwards
+//! every call to a [`Tasks`] object), `TaskChanged` emitted on both names,
+//! and the introspection data marked deprecated. A call in a shape the
+//! interface no longer takes ([`tasks_v1::RETIRED`]) is answered with
+//! `PROTOCOL_VERSION_MISMATCH` naming the method to call instead.
+//!
+//! zbus documents its `Interface` trait as one to implement through its
+//! macro; it is implemented by hand here because the macro dispatches by
+//! name and replies to a signature it did not expect with its own error
+//! before any code of ours runs. The forwarding is to the macro's own
+//! implementation for `Tasks`; `Cargo.lock` pins the zbus it was written
+//! against.
+
+use super::error::BusError;
+use super::tasks::Tasks;
+use airlock_proto::bus::tasks_v1;
+use std::collections::HashMap;
+use std::fmt::Write;
+use zbus::message::{Header, Message};
+use zbus::names::{InterfaceName, MemberName};
+use zbus::object_server::{DispatchResult, Interface, SignalEmitter};
+use zbus::zvariant::{OwnedValue, Value};
+use zbus::{Connection, ObjectServer, fdo};
+
+/// The Tasks1 interface object: a [`Tasks`] under the old name.
+#[derive(Debug)]
+pub struct TasksV1 {
+    inner: Tasks,
+}
+
+impl TasksV1 {
+    /// Serves `inner`'s methods as `org.airlock.Tasks1`.
+    pub fn new(inner: Tasks) -> Self {
+        TasksV1 { inner }
+    }
+}
+
+/// The retired shape a call of `name` with body signature `signature`
+/// has, if it is one.
+pub fn retired(name: &str, signature: &str) -> Option<&'static airlock_proto::bus::Retired> {
+    tasks_v1::RETIRED
+        .iter()
+        .find(|r| r.name == name && r.input == signature)
+}
+
+/// Tasks2's introspection data as Tasks1's: renamed and marked deprecated.
+pub fn as_v1(introspection: &str) -> String {
+    let from = format!("<interface name=\"{}\">", tasks_v1::SUCCESSOR);
+    let to = format!(
+        "<interface name=\"{}\">\n  <annotation name=\"org.freedesktop.DBus.Deprecated\" value=\"true\"/>",
+        tasks_v1::INTERFACE
+    );
+    introspection.replacen(&from, &to, 1)
+}
+
+#[async_trait::async_trait]
+impl Interface for TasksV1 {
+    fn name() -> InterfaceName<'static> {
+        InterfaceName::from_static_str_unchecked(tasks_v1::INTERFACE)
+    }
+
+    fn spawn_tasks_for_methods(&self) -> bool {
+        self.inner.spawn_tasks_for_methods()
+    }
+
+    async fn get(
+        &self,
+        property_name: &str,
+        server: &ObjectServer,
+        connection: &Connection,
+        header: Option<&Header<'_>>,
+        emitter: &SignalEmitter<'_>,
+    ) -> Option<fdo::Result<OwnedValue>> {
+        self.inner
+            .get(property_name, server, connection, header, emitter)
+            .await
+    }
+
+    async fn get_all(
+        &self,
+        server: &ObjectServer,
+        connection: &Connection,
+        header: Option<&Header<'_>>,
+        emitter: &SignalEmitter<'_>,
+    ) -> fdo::Result<HashMap<String, OwnedValue>> {
+        self.inner
+            .get_all(server, connection, header, emitter)
+            .await
+    }
+
+    fn set<'call>(
+        &'call self,
+        property_name: &'call str,
+        value: &'call Value<'_>,
+        server: &'call ObjectServer,
+        connection: &'call Connection,
+        header: Option<&'call Header<'_>>,
+        emitter: &'call SignalEmitter<'_>,
+    ) -> DispatchResult<'call> {
+        self.inner
+            .set(property_name, value, server, connection, header, emitter)
+    }
+
+    async fn set_mut(
+        &mut self,
+        property_name: &str,
+        value: &Value<'_>,
+        server: &ObjectServer,
+        connection: &Connection,
+        header: Option<&Header<'_>>,
+        emitter: &SignalEmitter<'_>,
+    ) -> Option<fdo::Result<()>> {
+        self.inner
+            .set_mut(property_name, value, server, connection, header, emitter)
+            .await
+    }
+
+    fn call<'call>(
+        &'call self,
+        server: &'call ObjectServer,
+        connection: &'call Connection,
+        msg: &'call Message,
+        name: MemberName<'call>,
+    ) -> DispatchResult<'call> {
+        let signature = msg.body().signature().to_string_no_parens();
+        if let Some(r) = retired(name.as_str(), &signature) {
+            let refusal = r.refusal(tasks_v1::INTERFACE);
+            tracing::info!(
+                target: "airlock::bus",
+                sender = msg.header().sender().map(|s| s.to_string()),
+                "a retired call: {refusal}"
+            );
+            return DispatchResult::new_async(connection, msg, async move {
+                Err::<(), BusError>(refusal.into())
+            });
+        }
+        self.inner.call(server, connection, msg, name)
+    }
+
+    fn call_mut<'call>(
+        &'call mut self,
+        server: &'call ObjectServer,
+        connection: &'call Connection,
+        msg: &'call Message,
+        name: MemberName<'call>,
+    ) -> DispatchResult<'call> {
+        self.inner.call_mut(server, connection, msg, name)
+    }
+
+    fn introspect_to_writer(&self, writer: &mut dyn Write, level: usize) {
+        let mut inner = String::new();
+        self.inner.introspect_to_writer(&mut inner, level);
+        let _ = writer.write_str(&as_v1(&inner));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_retired_shape_is_refused_by_name() {
+        assert!(retired("Verify", "sss").is_some());
+        assert!(retired("Verify", "ss").is_none());
+        assert!(retired("GetTask", "sss").is_none());
+    }
+
+    #[test]
+    fn the_introspection_is_renamed_and_deprecated() {
+        let xml = "<interface name=\"org.airlock.Tasks2\">\n  <method name=\"Verify\">";
+        let v1 = as_v1(xml);
+        assert!(v1.starts_with("<interface name=\"org.airlock.Tasks1\">"));
+        assert!(v1.contains("org.freedesktop.DBus.Deprecated"));
+        assert!(!v1.contains("Tasks2"));
+    }
+}
