@@ -4,7 +4,6 @@
 
 pub use airlock_proto::bus::BUS_NAME;
 use airlock_proto::{Class, Code};
-use serde_json::Value;
 use std::fmt;
 use std::io::IsTerminal;
 use zbus::zvariant::OwnedValue;
@@ -138,11 +137,6 @@ impl From<airlock_proto::Error> for CtlError {
             exit_code: e.code.exit_code(),
         }
     }
-}
-
-/// A reply, as the CLI prints it (`--json`) and renders it.
-pub fn shown<T: serde::Serialize>(reply: &T) -> Value {
-    serde_json::to_value(reply).unwrap_or(Value::Null)
 }
 
 /// A connection to the supervisor.

@@ -10,7 +10,10 @@
 //! - [`hardening`]: `doctor`'s hardening verifier, each shipped unit
 //!   directive against `systemctl show`;
 //! - [`output`]: tables, colour (only on a terminal, never with NO_COLOR),
-//!   JSON for scripts.
+//!   JSON for scripts;
+//! - [`view`]: the free-form JSON inside some replies (a stored result, a
+//!   verification record, an event's actor and payload) as types. Every
+//!   reply is rendered from its typed fields, never read by string key.
 //!
 //! Exit status: 0 on success, 1 for a generic failure, 2 for a usage error,
 //! and otherwise the catalogue code's exit code ([`airlock_proto::Code::exit_code`]).
@@ -21,6 +24,7 @@ pub mod client;
 pub mod commands;
 pub mod hardening;
 pub mod output;
+pub mod view;
 
 use std::process::ExitCode;
 

@@ -32,9 +32,10 @@ impl Ctx {
         }
     }
 
-    /// Prints a JSON value on one line.
-    pub fn print_json(&self, v: &Value) {
-        println!("{v}");
+    /// Prints a reply (or any serialisable value) as JSON on one line,
+    /// its keys in order.
+    pub fn print_json<T: serde::Serialize + ?Sized>(&self, v: &T) {
+        println!("{}", serde_json::to_value(v).unwrap_or(Value::Null));
     }
 
     /// Wraps `text` in an SGR colour when colouring stdout.
@@ -185,9 +186,30 @@ pub fn text(v: &Value) -> String {
     }
 }
 
-/// A unix-ms JSON field as a time (`-` when absent).
-pub fn time_of(v: &Value) -> String {
-    v.as_i64().map(time).unwrap_or_else(|| "-".to_owned())
+/// An optional JSON field as display text (`-` when absent).
+pub fn text_opt(v: Option<&Value>) -> String {
+    v.map_or_else(|| "-".to_owned(), text)
+}
+
+/// A value as display text: its JSON form, a string unquoted (an enum
+/// shows as it crosses the bus: `passed`, `CREATE_NEW`).
+pub fn wire<T: serde::Serialize + ?Sized>(v: &T) -> String {
+    text(&serde_json::to_value(v).unwrap_or(Value::Null))
+}
+
+/// An optional value as display text (`-` when absent).
+pub fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// Optional unix ms as a time (`-` when absent).
+pub fn time_opt(ms: Option<i64>) -> String {
+    ms.map(time).unwrap_or_else(|| "-".to_owned())
+}
+
+/// Optional unsigned unix ms as a time (`-` when absent).
+pub fn time_u(ms: Option<u64>) -> String {
+    time_opt(ms.and_then(|ms| i64::try_from(ms).ok()))
 }
 
 #[cfg(test)]

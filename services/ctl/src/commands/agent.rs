@@ -2,9 +2,9 @@
 //! the supervisor runs (org.airlock.Agents1; polkit
 //! org.airlock.agents.read and .manage).
 
-use crate::client::{Client, CtlError, shown};
-use crate::output::{Ctx, emit, table, text, time_of};
-use serde_json::Value;
+use crate::client::{Client, CtlError};
+use crate::output::{Ctx, emit, or_dash, table, time_u};
+use airlock_proto::bus::AgentView;
 use std::process::ExitCode;
 
 /// Arguments of `agent`.
@@ -65,22 +65,20 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
     let sup = client.sup();
     let (verb, agent) = match args.action {
         Action::List => {
-            let list = shown(&sup.list_agents().await?);
+            let list = sup.list_agents().await?;
             if ctx.json {
                 ctx.print_json(&list);
             } else {
-                let rows: Vec<Vec<String>> = list["agents"]
-                    .as_array()
-                    .map(Vec::as_slice)
-                    .unwrap_or_default()
+                let rows: Vec<Vec<String>> = list
+                    .agents
                     .iter()
                     .map(|a| {
                         vec![
-                            text(&a["name"]),
-                            ctx.state(a["state"].as_str().unwrap_or("?")),
-                            text(&a["consecutive_failures"]),
-                            time_of(&a["next_start_at_ms"]),
-                            repositories(a),
+                            a.name.clone(),
+                            ctx.state(&a.state),
+                            a.consecutive_failures.to_string(),
+                            time_u(a.next_start_at_ms),
+                            a.repositories.join(", "),
                         ]
                     })
                     .collect();
@@ -98,46 +96,35 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         Action::ClearHold(n) => ("Hold cleared", sup.clear_hold(&n.name).await?),
         Action::Exec(_) => unreachable!("agent exec does not use the bus"),
     };
-    let agent = shown(&agent);
     if ctx.json {
         ctx.print_json(&agent);
     } else {
         if !verb.is_empty() {
-            emit(&format!("{verb}: {}\n", text(&agent["name"])));
+            emit(&format!("{verb}: {}\n", agent.name));
         }
         emit(&render(ctx, &agent));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn repositories(a: &Value) -> String {
-    a["repositories"]
-        .as_array()
-        .map(|r| r.iter().map(text).collect::<Vec<_>>().join(", "))
-        .unwrap_or_default()
-}
-
 /// The human form of one agent.
-pub fn render(ctx: &Ctx, a: &Value) -> String {
-    let last = match (
-        a["last_exit_status"].as_i64(),
-        a["last_exit_signal"].as_i64(),
-    ) {
+pub fn render(ctx: &Ctx, a: &AgentView) -> String {
+    let last = match (a.last_exit_status, a.last_exit_signal) {
         (Some(code), _) => format!("exit status {code}"),
         (None, Some(sig)) => format!("signal {sig}"),
         (None, None) => "-".to_owned(),
     };
     let rows = [
-        ("Agent", ctx.paint("1", &text(&a["name"]))),
-        ("State", ctx.state(a["state"].as_str().unwrap_or("?"))),
-        ("Consecutive failures", text(&a["consecutive_failures"])),
-        ("Next start", time_of(&a["next_start_at_ms"])),
-        ("Running since", time_of(&a["running_since_ms"])),
+        ("Agent", ctx.paint("1", &a.name)),
+        ("State", ctx.state(&a.state)),
+        ("Consecutive failures", a.consecutive_failures.to_string()),
+        ("Next start", time_u(a.next_start_at_ms)),
+        ("Running since", time_u(a.running_since_ms)),
         ("Last exit", last),
-        ("Last failure", text(&a["last_failure"])),
-        ("Hold", text(&a["hold_reason"])),
-        ("Repositories", repositories(a)),
-        ("Changed", time_of(&a["updated_at_ms"])),
+        ("Last failure", or_dash(a.last_failure.as_deref())),
+        ("Hold", or_dash(a.hold_reason.as_deref())),
+        ("Repositories", a.repositories.join(", ")),
+        ("Changed", time_u(Some(a.updated_at_ms))),
     ];
     let mut out = String::new();
     for (k, v) in rows {

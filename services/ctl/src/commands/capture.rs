@@ -5,7 +5,7 @@
 //! files come back in the task's result (`airlockctl show ID`, `--file`).
 //! Nothing is committed.
 
-use crate::client::{Client, CtlError, shown};
+use crate::client::{Client, CtlError};
 use crate::output::Ctx;
 use airlock_builder::{Built, Proposal};
 use airlock_proto::limits::DEFAULT_MAX_ATTEMPTS;
@@ -85,9 +85,9 @@ pub async fn run(ctx: &Ctx, client: Option<&Client>, args: Args) -> Result<ExitC
     let client = client.expect("a client unless --dry-run");
     let out = client.sup().submit_task(&built.task).await?;
     if ctx.json && !args.wait {
-        ctx.print_json(&shown(&out));
+        ctx.print_json(&out);
     } else if !ctx.json {
-        super::print_task_line(ctx, "Submitted", &shown(&out.task));
+        super::print_task_line(ctx, "Submitted", &out.task);
     }
     if !args.wait {
         return Ok(ExitCode::SUCCESS);
@@ -101,15 +101,13 @@ pub async fn run(ctx: &Ctx, client: Option<&Client>, args: Args) -> Result<ExitC
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
-    let captured = task
-        .result
-        .as_ref()
-        .is_some_and(|r| r["outcome"] == serde_json::json!(Outcome::Captured));
-    let shown_task = shown(&task);
+    let captured = crate::view::result(&task)
+        .and_then(Result::ok)
+        .is_some_and(|r| r.outcome == Outcome::Captured);
     if ctx.json {
-        ctx.print_json(&shown_task);
+        ctx.print_json(&task);
     } else {
-        print!("{}", super::show::render(ctx, &shown_task));
+        print!("{}", super::show::render(ctx, &task));
     }
     Ok(if captured {
         ExitCode::SUCCESS

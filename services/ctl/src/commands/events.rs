@@ -3,10 +3,11 @@
 //! plus `at`, its time in RFC 3339), for a log pipeline.
 
 use super::submit::task_changes;
-use crate::client::{Client, CtlError, shown};
-use crate::output::{Ctx, emit, table, text, time};
+use crate::client::{Client, CtlError};
+use crate::output::{Ctx, emit, or_dash, table, text, text_opt, time};
+use crate::view::{Actor, Payload};
+use airlock_proto::bus::EventRecord;
 use futures_util::StreamExt;
-use serde_json::Value;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ async fn fetch(
     task: &str,
     mut after: i64,
     limit: Option<u32>,
-) -> Result<(Vec<Value>, i64), CtlError> {
+) -> Result<(Vec<EventRecord>, i64), CtlError> {
     let mut events = Vec::new();
     loop {
         let want = match limit {
@@ -76,7 +77,7 @@ async fn fetch(
         let page = client.sup().list_events(task, after, want).await?;
         after = page.next_after;
         let n = page.events.len();
-        events.extend(page.events.iter().map(shown));
+        events.extend(page.events);
         if n < want as usize {
             break;
         }
@@ -84,49 +85,56 @@ async fn fetch(
     Ok((events, after))
 }
 
-fn row(ctx: &Ctx, e: &Value) -> Vec<String> {
-    let outcome = e["outcome"].as_str().unwrap_or("?");
-    let outcome = if outcome == "denied" {
-        ctx.paint("31", outcome)
+fn row(ctx: &Ctx, e: &EventRecord) -> Vec<String> {
+    let outcome = if e.outcome == "denied" {
+        ctx.paint("31", &e.outcome)
     } else {
-        outcome.to_owned()
+        e.outcome.clone()
     };
-    let detail = match e["payload"]
-        .get("detail")
-        .or_else(|| e["payload"].get("reason"))
-    {
-        Some(d) => text(d),
-        None => e["payload"].get("state").map(text).unwrap_or_default(),
+    let payload = Payload::of(&e.payload);
+    let detail = match payload.detail.or(payload.reason) {
+        Some(d) => text(&d),
+        None => payload.state.as_ref().map(text).unwrap_or_default(),
     };
+    let actor = Actor::of(&e.actor);
     vec![
-        text(&e["id"]),
-        e["at_ms"].as_i64().map(time).unwrap_or_default(),
-        text(&e["task_id"]),
+        e.id.to_string(),
+        time(e.at_ms),
+        or_dash(e.task_id.as_deref()),
         format!(
             "{} {}",
-            text(&e["actor"]["kind"]),
-            text(&e["actor"]["name"])
+            text_opt(actor.kind.as_ref()),
+            text_opt(actor.name.as_ref())
         ),
-        text(&e["action"]),
+        e.action.clone(),
         outcome,
-        text(&e["code"]),
+        or_dash(e.code.as_deref()),
         detail,
     ]
+}
+
+/// An event as `--json` prints it: as the supervisor keeps it, plus `at`,
+/// its time in RFC 3339.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    #[serde(flatten)]
+    event: &'a EventRecord,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    at: Option<String>,
 }
 
 const HEADER: [&str; 8] = [
     "ID", "TIME", "TASK", "ACTOR", "ACTION", "OUTCOME", "CODE", "DETAIL",
 ];
 
-fn print(ctx: &Ctx, events: &[Value], header: bool) {
+fn print(ctx: &Ctx, events: &[EventRecord], header: bool) {
     if ctx.json {
         for e in events {
-            let mut line = e.clone();
-            if let Some(ms) = e["at_ms"].as_i64().and_then(|ms| u64::try_from(ms).ok()) {
+            let at = u64::try_from(e.at_ms).ok().map(|ms| {
                 let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
-                line["at"] = Value::String(humantime::format_rfc3339_millis(at).to_string());
-            }
-            ctx.print_json(&line);
+                humantime::format_rfc3339_millis(at).to_string()
+            });
+            ctx.print_json(&Line { event: e, at });
         }
         return;
     }
@@ -158,11 +166,8 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         None
     };
     let since = args.since.unwrap_or(i64::MIN);
-    let recent = |events: Vec<Value>| -> Vec<Value> {
-        events
-            .into_iter()
-            .filter(|e| e["at_ms"].as_i64().is_some_and(|t| t >= since))
-            .collect()
+    let recent = |events: Vec<EventRecord>| -> Vec<EventRecord> {
+        events.into_iter().filter(|e| e.at_ms >= since).collect()
     };
     // With --since the limit counts the events that qualify.
     let fetch_limit = if args.since.is_some() {

@@ -1,9 +1,8 @@
 //! `airlockctl list [--state S]`: tasks, paged through to the end.
 
-use crate::client::{Client, CtlError, shown};
-use crate::output::{Ctx, emit, table, text, time_of};
-use airlock_proto::task::TaskState;
-use serde_json::Value;
+use crate::client::{Client, CtlError};
+use crate::output::{Ctx, emit, table, time};
+use airlock_proto::task::{TaskState, TaskView};
 use std::process::ExitCode;
 
 /// Arguments of `list`.
@@ -33,7 +32,7 @@ const PAGE: u32 = 500;
 /// Lists the tasks.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
     let state = args.state.unwrap_or_default();
-    let mut tasks: Vec<Value> = Vec::new();
+    let mut tasks: Vec<TaskView> = Vec::new();
     let mut after = String::new();
     loop {
         let want = match args.limit {
@@ -44,14 +43,14 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
             break;
         }
         let page = client.sup().list_tasks(&state, &after, want).await?;
-        tasks.extend(page.tasks.iter().map(shown));
+        tasks.extend(page.tasks);
         match page.next_after {
             Some(next) => after = next,
             None => break,
         }
     }
     if ctx.json {
-        ctx.print_json(&Value::Array(tasks));
+        ctx.print_json(&tasks);
         return Ok(ExitCode::SUCCESS);
     }
     if tasks.is_empty() {
@@ -62,12 +61,12 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         .iter()
         .map(|t| {
             vec![
-                text(&t["task_id"]),
-                ctx.state(t["state"].as_str().unwrap_or("?")),
-                format!("{}/{}", t["attempt"], t["max_attempts"]),
-                text(&t["binding"]["repository"]),
-                text(&t["binding"]["target_branch"]),
-                time_of(&t["updated_at_ms"]),
+                t.task_id.clone(),
+                ctx.state(t.state.as_str()),
+                format!("{}/{}", t.attempt, t.max_attempts),
+                t.binding.repository.clone(),
+                t.binding.target_branch.clone(),
+                time(t.updated_at_ms),
             ]
         })
         .collect();

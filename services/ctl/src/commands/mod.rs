@@ -104,16 +104,16 @@ pub fn read_json_file(path: &Path) -> Result<(String, serde_json::Value), CtlErr
 }
 
 /// Prints a task: JSON, or the one-line summary used after changes.
-pub fn print_task_line(ctx: &Ctx, verb: &str, task: &serde_json::Value) {
+pub fn print_task_line(ctx: &Ctx, verb: &str, task: &airlock_proto::task::TaskView) {
     if ctx.json {
         ctx.print_json(task);
     } else {
         println!(
             "{verb} {} ({}, attempt {}/{})",
-            ctx.paint("1", task["task_id"].as_str().unwrap_or("?")),
-            ctx.state(task["state"].as_str().unwrap_or("?")),
-            task["attempt"],
-            task["max_attempts"]
+            ctx.paint("1", &task.task_id),
+            ctx.state(task.state.as_str()),
+            task.attempt,
+            task.max_attempts
         );
     }
 }

@@ -8,7 +8,8 @@ use crate::output::Ctx;
 use airlock_builder::{Built, Changes, Proposal, SourceRepo, verify_command};
 use airlock_proto::Code;
 use airlock_proto::limits::{DEFAULT_COMMAND_TIMEOUT_SECONDS, DEFAULT_MAX_ATTEMPTS};
-use serde_json::{Value, json};
+use airlock_proto::task::TaskResult;
+use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -181,12 +182,11 @@ pub async fn run(ctx: &Ctx, client: Option<&Client>, args: Args) -> Result<ExitC
     }
     let (code, last) = submit_and_follow(ctx, client, &built.task, args.wait).await?;
     if let Some(task) = last {
-        let result = task.result.unwrap_or(Value::Null);
         if ctx.json {
             ctx.print_json(
-                &json!({"task_id": task.task_id, "state": task.state, "result": result}),
+                &json!({"task_id": &task.task_id, "state": task.state, "result": &task.result}),
             );
-        } else {
+        } else if let Some(Ok(result)) = crate::view::result(&task) {
             print_evidence(ctx, &result, &task.binding.target_branch);
         }
     }
@@ -195,28 +195,28 @@ pub async fn run(ctx: &Ctx, client: Option<&Client>, args: Args) -> Result<ExitC
 
 /// The result's commit and each command's evidence; a failed command's
 /// output tails.
-fn print_evidence(ctx: &Ctx, result: &Value, branch: &str) {
-    if let Some(commit) = result["commit_oid"].as_str() {
+fn print_evidence(ctx: &Ctx, result: &TaskResult, branch: &str) {
+    if let Some(commit) = &result.commit_oid {
         println!("commit    {commit} on {branch}");
     }
-    if let Some(code) = result["failure_code"].as_str() {
+    if let Some(code) = &result.failure_code {
         println!("failure   {code}");
     }
-    for c in result["verification"].as_array().into_iter().flatten() {
-        let status = match (c["exit_code"].as_i64(), c["timed_out"].as_bool()) {
-            (_, Some(true)) => "timed out".to_owned(),
+    for c in &result.verification {
+        let status = match (c.exit_code, c.timed_out) {
+            (_, true) => "timed out".to_owned(),
             (Some(n), _) => format!("exit {n}"),
             (None, _) => "killed".to_owned(),
         };
         println!(
             "  {:<40} {:<10} {} ms",
-            c["label"].as_str().unwrap_or("?"),
+            c.label,
             ctx.paint(if status == "exit 0" { "32" } else { "31" }, &status),
-            c["duration_ms"]
+            c.duration_ms
         );
-        for stream in ["stdout_tail", "stderr_tail"] {
-            if let Some(tail) = c[stream].as_str() {
-                println!("    --- {} (last bytes) ---", &stream[..6]);
+        for (stream, tail) in [("stdout", &c.stdout_tail), ("stderr", &c.stderr_tail)] {
+            if let Some(tail) = tail {
+                println!("    --- {stream} (last bytes) ---");
                 for line in tail.lines() {
                     println!("    {line}");
                 }

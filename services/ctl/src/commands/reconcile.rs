@@ -10,11 +10,12 @@
 //! derived from the case, its revision, the resolution and the reason, so
 //! the same command about the same view resolves once.
 
-use crate::client::{Client, CtlError, shown};
-use crate::output::{Ctx, emit, table, text, time_of};
+use crate::client::{Client, CtlError};
+use crate::output::{Ctx, emit, or_dash, table, text_opt, time};
+use crate::view;
 use airlock_proto::Code;
-use airlock_proto::reconcile::{CaseStatus, Resolution, ResolveRequest};
-use serde_json::{Value, json};
+use airlock_proto::reconcile::{CaseStatus, ReconciliationCase, Resolution, ResolveRequest};
+use serde_json::json;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -137,7 +138,7 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
     match args.action {
         Action::List(a) => list(ctx, client, a).await,
         Action::Show(a) => {
-            let case = shown(&client.sup().get_reconciliation(&a.task_id).await?);
+            let case = client.sup().get_reconciliation(&a.task_id).await?;
             if ctx.json {
                 ctx.print_json(&case);
             } else {
@@ -151,31 +152,31 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
 
 async fn list(ctx: &Ctx, client: &Client, args: ListArgs) -> Result<ExitCode, CtlError> {
     let status = args.status.map(|s| s.case_status().as_str()).unwrap_or("");
-    let mut cases: Vec<Value> = Vec::new();
+    let mut cases: Vec<ReconciliationCase> = Vec::new();
     let mut after = String::new();
     loop {
         let page = client.sup().list_reconciliations(status, &after, 0).await?;
-        cases.extend(page.cases.iter().map(shown));
+        cases.extend(page.cases);
         match page.next_after {
             Some(next) => after = next,
             None => break,
         }
     }
     if ctx.json {
-        ctx.print_json(&json!({ "cases": cases }));
+        ctx.print_json(&json!({ "cases": &cases }));
         return Ok(ExitCode::SUCCESS);
     }
     let rows: Vec<Vec<String>> = cases
         .iter()
         .map(|c| {
             vec![
-                text(&c["task_id"]),
-                text(&c["attempt"]),
-                c["status"].as_str().unwrap_or("?").to_owned(),
-                text(&c["branch"]),
-                short(&c["commit_oid"]),
-                head(&c["observed_head"]),
-                time_of(&c["opened_at_ms"]),
+                c.task_id.clone(),
+                c.attempt.to_string(),
+                c.status.as_str().to_owned(),
+                c.branch.clone(),
+                short(&c.commit_oid),
+                head(c.observed_head.as_deref()),
+                time(c.opened_at_ms),
             ]
         })
         .collect();
@@ -189,43 +190,39 @@ async fn list(ctx: &Ctx, client: &Client, args: ListArgs) -> Result<ExitCode, Ct
     Ok(ExitCode::SUCCESS)
 }
 
-fn short(v: &Value) -> String {
-    v.as_str()
-        .map_or_else(|| "-".to_owned(), |s| s[..s.len().min(12)].to_owned())
+fn short(s: &str) -> String {
+    s[..s.len().min(12)].to_owned()
 }
 
-fn head(v: &Value) -> String {
-    match v.as_str() {
-        Some(h) => h.to_owned(),
-        None => "(branch missing)".to_owned(),
-    }
+fn head(h: Option<&str>) -> String {
+    h.unwrap_or("(branch missing)").to_owned()
 }
 
 /// The human form of one case.
-pub fn render(ctx: &Ctx, c: &Value) -> String {
-    let resolution = match c["resolution"].as_object() {
+pub fn render(ctx: &Ctx, c: &ReconciliationCase) -> String {
+    let resolution = match view::resolution(c.resolution.as_ref()) {
         Some(r) => format!(
             "{} by {}: {}",
-            text(&r["resolution"].clone()),
-            text(&r["actor"].clone()),
-            text(&r["reason"].clone())
+            text_opt(r.resolution.as_ref()),
+            text_opt(r.actor.as_ref()),
+            text_opt(r.reason.as_ref())
         ),
         None => "-".to_owned(),
     };
     let rows = [
-        ("Task", ctx.paint("1", &text(&c["task_id"]))),
-        ("Attempt", text(&c["attempt"])),
-        ("Status", c["status"].as_str().unwrap_or("?").to_owned()),
-        ("Repository", text(&c["repository"])),
-        ("Branch", text(&c["branch"])),
-        ("Commit made", text(&c["commit_oid"])),
-        ("Observed head", head(&c["observed_head"])),
-        ("Base", text(&c["base_oid"])),
+        ("Task", ctx.paint("1", &c.task_id)),
+        ("Attempt", c.attempt.to_string()),
+        ("Status", c.status.as_str().to_owned()),
+        ("Repository", c.repository.clone()),
+        ("Branch", c.branch.clone()),
+        ("Commit made", c.commit_oid.clone()),
+        ("Observed head", head(c.observed_head.as_deref())),
+        ("Base", c.base_oid.clone()),
         ("Resolution", resolution),
-        ("Last refusal", text(&c["last_refusal"])),
-        ("Revision", text(&c["revision"])),
-        ("Opened", time_of(&c["opened_at_ms"])),
-        ("Changed", time_of(&c["updated_at_ms"])),
+        ("Last refusal", or_dash(c.last_refusal.as_deref())),
+        ("Revision", c.revision.to_string()),
+        ("Opened", time(c.opened_at_ms)),
+        ("Changed", time(c.updated_at_ms)),
     ];
     let mut out = String::new();
     for (k, v) in rows {
@@ -296,8 +293,8 @@ async fn resolve(ctx: &Ctx, client: &Client, args: ResolveArgs) -> Result<ExitCo
     if ctx.json {
         ctx.print_json(&json!({
             "request": req.to_value(),
-            "outcome": shown(&out),
-            "case": settled.as_ref().map(shown),
+            "outcome": &out,
+            "case": &settled,
         }));
     } else {
         let verb = if out.idempotent {

@@ -1,7 +1,7 @@
 //! `airlockctl replan ID FILE`: replace a queued task's plan.
 
 use super::{print_task_line, read_json_file};
-use crate::client::{Client, CtlError, shown};
+use crate::client::{Client, CtlError};
 use crate::output::Ctx;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,13 +21,10 @@ pub struct Args {
 /// Replaces the plan.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
     let (_, plan) = read_json_file(&args.file)?;
-    let task = shown(&client.sup().replace_plan(&args.task_id, &plan).await?);
+    let task = client.sup().replace_plan(&args.task_id, &plan).await?;
     print_task_line(ctx, "Replanned", &task);
     if !ctx.json {
-        println!(
-            "plan digest {}",
-            task["plan_digest"].as_str().unwrap_or("?")
-        );
+        println!("plan digest {}", task.plan_digest);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,11 +8,14 @@
 //! running the same command again after a lost answer replays it instead
 //! of asking twice.
 
-use crate::client::{Client, CtlError, shown};
+use crate::client::{Client, CtlError};
 use crate::output::Ctx;
 use airlock_proto::Code;
 use airlock_proto::canonical::{digest_of, sha256_hex};
-use serde_json::{Value, json};
+use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
+use airlock_proto::task::{TaskState, TaskView};
+use serde::Deserialize;
+use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -69,20 +72,17 @@ fn env_file_value(path: &str, key: &str) -> Option<String> {
     })
 }
 
-/// The request body, from the task as shown by the supervisor.
+/// The request, from the task as shown by the supervisor.
 pub fn request_for(
-    task: &Value,
+    task: &TaskView,
     authorization_id: &str,
     key: Option<&str>,
-) -> Result<Value, CtlError> {
-    let id = task["task_id"].as_str().unwrap_or_default();
-    let state = task["state"].as_str().unwrap_or_default();
-    let (attempt, max) = (
-        task["attempt"].as_i64().unwrap_or(-1),
-        task["max_attempts"].as_i64().unwrap_or(-1),
-    );
-    let revision = task["revision"].as_i64().unwrap_or(-1);
-    if state != "FAILED" {
+) -> Result<RetryExtensionRequest, CtlError> {
+    let id = &task.task_id;
+    let state = task.state.as_str();
+    let (attempt, max) = (i64::from(task.attempt), i64::from(task.max_attempts));
+    let revision = task.revision;
+    if task.state != TaskState::Failed {
         return Err(CtlError::local(
             Code::RETRY_EXTENSION_CAS_MISMATCH,
             format!(
@@ -99,9 +99,9 @@ pub fn request_for(
         ));
     }
     let verification = task
-        .get("verification")
+        .verification
+        .clone()
         .filter(|v| !v.is_null())
-        .cloned()
         .unwrap_or(json!({}));
     let verification_sha =
         digest_of(&verification).map_err(|e| CtlError::local(e.code, e.to_string()))?;
@@ -112,16 +112,31 @@ pub fn request_for(
             format!("retry-{}-m{}", &tag[..32], max + 1)
         }
     };
-    Ok(json!({
-        "expected_status": "FAILED",
-        "expected_revision": revision,
-        "expected_attempt": attempt,
-        "expected_max_attempts": max,
-        "next_max_attempts": max + 1,
-        "previous_verification_sha256": verification_sha,
-        "authorization_id": authorization_id,
-        "idempotency_key": key,
-    }))
+    Ok(RetryExtensionRequest {
+        expected_status: TaskState::Failed.as_str().to_owned(),
+        expected_revision: revision,
+        expected_attempt: attempt,
+        expected_max_attempts: max,
+        next_max_attempts: max + 1,
+        previous_verification_sha256: verification_sha,
+        authorization_id: authorization_id.to_owned(),
+        idempotency_key: key,
+    })
+}
+
+/// What airlock-retryd answers: the outcome, or a refusal by code.
+#[derive(Debug)]
+enum Answer {
+    /// 200 (a replay) or 201.
+    Done(RetryExtensionOutcome),
+    /// 4xx or 5xx: `{"error": CODE}`.
+    Refused(Option<Code>),
+}
+
+/// A refusal's body.
+#[derive(Deserialize)]
+struct Refusal {
+    error: String,
 }
 
 async fn extend(ctx: &Ctx, client: &Client, args: ExtendArgs) -> Result<ExitCode, CtlError> {
@@ -169,31 +184,31 @@ async fn extend(ctx: &Ctx, client: &Client, args: ExtendArgs) -> Result<ExitCode
         .trim()
         .to_owned();
 
-    let before = shown(&client.sup().get_task(&args.task_id).await?);
+    let before = client.sup().get_task(&args.task_id).await?;
     let body = request_for(&before, &authorization_id, args.idempotency_key.as_deref())?;
     let endpoint = format!(
         "{}/v1/tasks/{}/retry-extension",
         url.trim_end_matches('/'),
         args.task_id
     );
-    let payload = body.to_string();
+    let payload = serde_json::to_string(&body).map_err(|e| CtlError::generic(e.to_string()))?;
     let (status, answer) = tokio::task::spawn_blocking(move || post(&endpoint, &token, &payload))
         .await
         .map_err(|e| CtlError::generic(e.to_string()))??;
-    if status >= 400 {
-        let code = answer["error"]
-            .as_str()
-            .and_then(Code::from_name)
-            .unwrap_or(Code::INTERNAL);
-        return Err(CtlError::local(
-            code,
-            format!("airlock-retryd refused ({status}): {}", code.meaning()),
-        ));
-    }
+    let answer = match answer {
+        Answer::Done(a) => a,
+        Answer::Refused(code) => {
+            let code = code.unwrap_or(Code::INTERNAL);
+            return Err(CtlError::local(
+                code,
+                format!("airlock-retryd refused ({status}): {}", code.meaning()),
+            ));
+        }
+    };
     if ctx.json {
-        ctx.print_json(&json!({"request": body, "status": status, "answer": answer}));
+        ctx.print_json(&json!({"request": &body, "status": status, "answer": &answer}));
     } else {
-        let replay = answer["idempotent"] == true;
+        let replay = answer.idempotent;
         println!(
             "{} {}: max_attempts {} → {}, state {} → {}, revision {} → {}{}",
             if replay {
@@ -202,12 +217,12 @@ async fn extend(ctx: &Ctx, client: &Client, args: ExtendArgs) -> Result<ExitCode
                 "Extended"
             },
             args.task_id,
-            before["max_attempts"],
-            answer["max_attempts"],
-            before["state"].as_str().unwrap_or("?"),
-            answer["status"].as_str().unwrap_or("?"),
-            before["revision"],
-            answer["revision"],
+            before.max_attempts,
+            answer.max_attempts,
+            before.state.as_str(),
+            answer.status,
+            before.revision,
+            answer.revision,
             if replay {
                 " (the same request was applied before; nothing changed now)"
             } else {
@@ -218,8 +233,8 @@ async fn extend(ctx: &Ctx, client: &Client, args: ExtendArgs) -> Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-/// POSTs the request; returns the status and the JSON answer.
-fn post(endpoint: &str, token: &str, body: &str) -> Result<(u16, Value), CtlError> {
+/// POSTs the request; returns the status and the answer.
+fn post(endpoint: &str, token: &str, body: &str) -> Result<(u16, Answer), CtlError> {
     let agent = ureq::AgentBuilder::new()
         .timeout(std::time::Duration::from_secs(30))
         .build();
@@ -238,37 +253,54 @@ fn post(endpoint: &str, token: &str, body: &str) -> Result<(u16, Value), CtlErro
             ));
         }
     };
-    let value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Ok((status, value))
+    if status >= 400 {
+        let code = serde_json::from_str::<Refusal>(&text)
+            .ok()
+            .and_then(|r| Code::from_name(&r.error));
+        return Ok((status, Answer::Refused(code)));
+    }
+    let outcome = airlock_proto::bus::decode::<RetryExtensionOutcome>("retry-extension", &text)
+        .map_err(|e| CtlError::local(e.code, format!("airlock-retryd's answer: {e}")))?;
+    Ok((status, Answer::Done(outcome)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn task(state: &str, attempt: i64, max: i64) -> Value {
-        json!({"task_id": "task-a", "state": state, "attempt": attempt, "max_attempts": max, "revision": 7,
-               "verification": {"decision": "NEEDS_REWORK", "automatic": true}})
+    fn task(state: &str, attempt: u32, max: u32) -> TaskView {
+        let oid = "a".repeat(40);
+        serde_json::from_value(json!({
+            "task_id": "task-a", "state": state, "attempt": attempt, "max_attempts": max,
+            "revision": 7, "lease_epoch": 0, "lease_expires_at_ms": null,
+            "binding": {
+                "task_id": "task-a", "job_id": "job-a", "repository": "demo",
+                "base_oid": oid, "expected_branch_oid": oid, "target_branch": "agent/a",
+                "branch_mode": "CREATE_NEW", "generation": 1, "idempotency_key": "key-a-0001",
+            },
+            "plan_digest": "p", "execution_digest": "e", "result": null, "result_sha256": null,
+            "verification": {"decision": "NEEDS_REWORK", "automatic": true},
+            "created_at_ms": 0, "updated_at_ms": 0,
+        }))
+        .unwrap()
     }
 
     #[test]
     fn fills_the_cas_fields_from_the_task() {
         let r = request_for(&task("FAILED", 3, 3), "owner-id-0001", None).unwrap();
-        assert_eq!(r["expected_revision"], 7);
-        assert_eq!(r["next_max_attempts"], 4);
+        assert_eq!(r.expected_revision, 7);
+        assert_eq!(r.next_max_attempts, 4);
         assert_eq!(
-            r["previous_verification_sha256"],
+            r.previous_verification_sha256,
             digest_of(&json!({"decision": "NEEDS_REWORK", "automatic": true})).unwrap()
         );
         let again = request_for(&task("FAILED", 3, 3), "owner-id-0001", None).unwrap();
         assert_eq!(
-            r["idempotency_key"], again["idempotency_key"],
+            r.idempotency_key, again.idempotency_key,
             "the key is stable for one state"
         );
-        assert!(airlock_proto::binding::is_key(
-            r["idempotency_key"].as_str().unwrap()
-        ));
-        airlock_proto::retry::RetryExtensionRequest::from_value(&r).unwrap();
+        assert!(airlock_proto::binding::is_key(&r.idempotency_key));
+        RetryExtensionRequest::from_value(&serde_json::to_value(&r).unwrap()).unwrap();
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `airlockctl submit FILE [--wait]`.
 
 use super::read_json_file;
-use crate::client::{BUS_NAME, Client, CtlError, shown};
+use crate::client::{BUS_NAME, Client, CtlError};
 use crate::output::Ctx;
 use airlock_proto::bus::tasks;
 use futures_util::StreamExt;
@@ -68,16 +68,15 @@ pub async fn submit_and_follow(
         None
     };
     let out = client.sup().submit_task(value).await?;
-    let task = shown(&out.task);
     if ctx.json {
-        ctx.print_json(&shown(&out));
+        ctx.print_json(&out);
     } else {
         let verb = if out.idempotent {
             "Already submitted"
         } else {
             "Submitted"
         };
-        super::print_task_line(ctx, verb, &task);
+        super::print_task_line(ctx, verb, &out.task);
     }
     let Some(changes) = changes.as_mut() else {
         return Ok((ExitCode::SUCCESS, None));
@@ -89,9 +88,9 @@ pub async fn submit_and_follow(
         if is_terminal(&state) {
             let last = client.sup().get_task(&id).await?;
             if ctx.json {
-                ctx.print_json(&shown(&last));
+                ctx.print_json(&last);
             } else {
-                super::print_task_line(ctx, "Finished", &shown(&last));
+                super::print_task_line(ctx, "Finished", &last);
             }
             let succeeded = last.state == airlock_proto::task::TaskState::Succeeded;
             let code = if succeeded {

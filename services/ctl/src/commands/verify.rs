@@ -11,7 +11,7 @@
 //! the decision and the reason, so the same command about the same view
 //! decides once; an identical replay returns the stored answer.
 
-use crate::client::{Client, CtlError, shown};
+use crate::client::{Client, CtlError};
 use crate::output::Ctx;
 use airlock_proto::Code;
 use airlock_proto::task::{Decision as Verdict, DecisionRequest};
@@ -139,7 +139,7 @@ pub async fn decide(
         client.sup().verify(&req).await?
     };
     if ctx.json {
-        ctx.print_json(&json!({"request": req.to_value(), "outcome": shown(&out)}));
+        ctx.print_json(&json!({"request": req.to_value(), "outcome": &out}));
     } else {
         let verb = match (out.idempotent, verdict) {
             (true, _) => "Already decided",
