@@ -28,6 +28,11 @@
 //!     Some(airlock_proto::Code::AGENTOS_CRASH_LOOP)
 //! );
 //! ```
+//!
+//! Owns: planner agents' supervision: the crash-loop policy, the systemd
+//! and process drivers, which agent is calling.
+//! Never: open the task store, run git or task code, or decide a task:
+//! agents reach tasks only through the supervisor's bus interface.
 
 pub mod driver;
 pub mod host;

@@ -29,6 +29,11 @@
 //! println!("{}", built.task);
 //! # Ok(()) }
 //! ```
+//!
+//! Owns: turning a planner's work tree or patch into a hash-bound task
+//! submission.
+//! Never: talk to the bus or submit anything itself, or start git except
+//! through crates/git.
 
 pub mod patch;
 mod source;

@@ -8,6 +8,11 @@
 //! `dbus/org.airlock.Supervisor1.conf`, in which the owner `user="airlock"`
 //! is replaced by the user the test runs the supervisor as. So tests
 //! exercise the shipped policy, not a permissive stand-in.
+//!
+//! Owns: a private dbus-daemon with airlock's policy, for airlock-local and
+//! the tests.
+//! Never: stand in for the system bus in a packaged service: installed
+//! systems use the real one.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;

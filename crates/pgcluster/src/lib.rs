@@ -22,6 +22,11 @@
 //!
 //! Nothing here skips: without PostgreSQL installed, [`Cluster::start`]
 //! fails and says what to install.
+//!
+//! Owns: a throwaway PostgreSQL cluster (initdb, pg_ctl) for tests and
+//! benchmarks.
+//! Never: be linked by a shipped service, or reach a cluster it did not
+//! start.
 
 use nix::unistd::{Gid, Uid, User};
 use std::os::unix::fs::PermissionsExt;

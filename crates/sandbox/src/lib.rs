@@ -79,6 +79,11 @@
 //! - Landlock's floor is `landlock_min_abi` (default 1: Landlock present,
 //!   every right of the kernel's ABI handled). Raise it to demand e.g. ABI 3
 //!   (truncate) or 6 (signal and abstract-socket scoping) everywhere.
+//!
+//! Owns: confinement: a command's sandbox (namespaces, Landlock, seccomp,
+//! limits, the minimal root) and each daemon's own lockdown (role.rs).
+//! Never: speak to the bus, a database, the network or git; it decides
+//! nothing about tasks.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -7,6 +7,11 @@
 //! busy timeout, an `application_id` that names the kind of file, and
 //! versioned migrations that refuse a newer schema. They share the error
 //! type ([`SqliteError`]) and the clock ([`clock`]).
+//!
+//! Owns: SQLite as airlock's durable engine: opening, durability settings,
+//! transactions, migrations, its own error type.
+//! Never: decide policy (which task moves where is crates/proto's states
+//! table and crates/taskdb's one writer).
 
 pub mod clock;
 pub mod db;

@@ -16,6 +16,11 @@
 //!
 //! [`Location::parse`] reads `[supervisor] database` (a path, or a
 //! `postgresql://` URL) and [`open`] opens the store it names.
+//!
+//! Owns: the task store: one writer of task state over the SQLite and
+//! PostgreSQL engines, leases, events, reconciliation cases.
+//! Never: speak to the bus, run git or commands, or decide who may call
+//! what (the supervisor's authz does).
 
 pub mod error;
 pub mod tasks;

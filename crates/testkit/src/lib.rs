@@ -36,6 +36,30 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Runs git on the bare repository `repo` (`--git-dir`), trusting that one
+/// directory (it may belong to the worker's uid), with no user or system
+/// configuration; panics with git's stderr when it fails. Returns stdout,
+/// trimmed.
+pub fn git_dir(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .arg("-c")
+        .arg(format!("safe.directory={}", repo.display()))
+        .arg("--git-dir")
+        .arg(repo)
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        repo.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// A CONNECT proxy on loopback that records each target and tunnels to it
 /// (the test process reaches the registries directly). Returns its port
 /// and the targets asked for, in order.

@@ -23,6 +23,12 @@
 //!
 //! The library holds every step so tests can drive each on its own; the
 //! binary (`main.rs`) is the CLI and the serve loop.
+//!
+//! Owns: applying a plan to a throw-away workspace, running its commands
+//! confined, the tree and dependency layer caches, the setup's forwarder.
+//! Never: link bus, database, HTTP-server or git code, hold a credential,
+//! or reach the network but through airlock-egress's socket for a setup
+//! (services/executor/tests/closure.rs).
 
 pub mod apply;
 pub mod beneath;

@@ -100,7 +100,8 @@ fn the_executor_and_confine_link_no_bus_database_http_or_git_code() {
     }
 }
 
-/// The test kit is for tests and benchmarks: no shipped binary links it.
+/// The test kit and the throwaway PostgreSQL cluster are for tests and
+/// benchmarks: no shipped binary links them.
 #[test]
 fn no_shipped_binary_links_the_test_kit() {
     for root in [

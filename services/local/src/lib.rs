@@ -1,5 +1,10 @@
 //! airlock-local as a library: start the whole suite on one machine, as
 //! the `airlock-local` binary and the crash matrix do.
+//!
+//! Owns: airlock-local: the whole suite on one machine without packages,
+//! one uid per component as root.
+//! Never: be what an installed system runs: packages ship units, and
+//! airlock-local only starts the same binaries.
 
 pub mod agents;
 pub mod client;

@@ -7,20 +7,11 @@
 //! (the control, `demo.rs`) is accepted at once.
 
 use airlock_local::client::{Supervisor, task_on_demo};
+use airlock_testkit::git_dir as git;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn git(dir: &std::path::Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg(format!("--git-dir={}", dir.display()))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 #[test]
 fn a_degraded_landlock_result_is_recorded_as_such_and_waits_for_a_human() {

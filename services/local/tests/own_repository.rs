@@ -13,6 +13,7 @@
 //! The sdist is cached under target/e2e-cache (checked by SHA-256); without
 //! it and without a reachable PyPI the test fails saying so.
 
+use airlock_testkit::git;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -79,25 +80,6 @@ fn sdist() -> PathBuf {
         file.display()
     );
     file
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "planner")
-        .env("GIT_AUTHOR_EMAIL", "planner@example.invalid")
-        .env("GIT_COMMITTER_NAME", "planner")
-        .env("GIT_COMMITTER_EMAIL", "planner@example.invalid")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// The project as its maintainers' repository would be: the sdist, committed on main.

@@ -16,10 +16,10 @@
 
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_proto::redact::planted;
+use airlock_testkit::git_dir as git;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The part of a planted value that must never be kept (as the
@@ -51,16 +51,6 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
             _ => {}
         }
     }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg(format!("--git-dir={}", dir.display()))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 const CANARY: &str = "airlock-canary-5e1f-still-here";

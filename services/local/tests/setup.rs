@@ -366,6 +366,17 @@ fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfil
     );
     assert_eq!(py2["state"], "SUCCEEDED", "{}", tails(&py2));
     assert_eq!(layer(&py2)["reused"], true);
+    // A breaking change: FAILED, pytest naming the failing test.
+    let py_bad = propose(
+        &bus,
+        cfg,
+        "py",
+        "python3 -m pytest -q -p no:cacheprovider",
+        &PY_FIX.replace("a + b", "a * b"),
+    );
+    assert_eq!(py_bad["state"], "FAILED", "{py_bad}");
+    assert!(tails(&py_bad).contains("test_add"), "{}", tails(&py_bad));
+    assert_eq!(layer(&py_bad)["reused"], true);
 
     // Refusals. An unlisted host: refused by the proxy with its code, which
     // ends the task at once.

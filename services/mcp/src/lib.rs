@@ -21,6 +21,11 @@
 //! ends when its client closes stdin. It speaks the current MCP revision
 //! (per-request metadata, no handshake) and the older handshake-based
 //! ones (rmcp negotiates).
+//!
+//! Owns: airlock-mcp: the tools a coding agent calls over MCP (stdio), as
+//! the agent's own uid.
+//! Never: hold any right the agent's uid lacks or bypass the supervisor:
+//! every decision is the supervisor's, over the bus.
 
 pub mod input;
 pub mod limits;

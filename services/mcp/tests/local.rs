@@ -9,6 +9,7 @@
 //! Needs the workspace's binaries built (`cargo build --workspace --bins`,
 //! which ./scripts/test does first).
 
+use airlock_testkit::git;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::transport::TokioChildProcess;
@@ -17,27 +18,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "maintainer")
-        .env("GIT_AUTHOR_EMAIL", "m@example.invalid")
-        .env("GIT_COMMITTER_NAME", "maintainer")
-        .env("GIT_COMMITTER_EMAIL", "m@example.invalid")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 /// A small Python project whose test fails on main (add subtracts).
 fn project(dir: &Path) -> std::path::PathBuf {
