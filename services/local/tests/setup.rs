@@ -390,8 +390,11 @@ fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfil
     // loopback, named to the proxy: both refused with their codes.
     let looped = propose(&bus, cfg, "loop", "node test.js", NODE_FIX);
     assert_eq!(looped["state"], "FAILED", "{looped}");
-    assert_eq!(
-        looped["result"]["failure_code"], "EGRESS_PORT_NOT_ALLOWED",
+    // Both CONNECTs are in flight at once: the task ends with the code of
+    // whichever the proxy refused first.
+    let code = looped["result"]["failure_code"].as_str().unwrap_or("");
+    assert!(
+        ["EGRESS_PORT_NOT_ALLOWED", "EGRESS_ADDRESS_FORBIDDEN"].contains(&code),
         "{looped}"
     );
     let log = logs("executor");

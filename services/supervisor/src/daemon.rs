@@ -289,7 +289,12 @@ pub async fn run_with_reload(
     // above, before it could start (or stop) any of them. Their changes
     // come back on a channel, announced here as AgentChanged.
     let (agent_changes, agent_changed) = tokio::sync::mpsc::unbounded_channel();
-    let announcer = tokio::spawn(crate::bus::agents::announce(agent_changed, emitter.clone()));
+    let (announcer_stop, announcer_stopped) = tokio::sync::watch::channel(false);
+    let announcer = tokio::spawn(crate::bus::agents::announce(
+        agent_changed,
+        emitter.clone(),
+        announcer_stopped,
+    ));
     let agents = Arc::new(match settings.agent_driver {
         _ if settings.agents.is_empty() => {
             drop(agent_changes);
@@ -428,8 +433,9 @@ pub async fn run_with_reload(
     // Drain: every agent stopped (bounded by the driver's call timeout),
     // nothing recorded as an operator's stop.
     agents.drain().await;
-    // The drained runners dropped their senders: the announcer ends once
-    // it has announced the drain's changes.
+    // The drain's changes are queued by now: the announcer announces them
+    // and ends (the runners' senders may outlive the drain).
+    let _ = announcer_stop.send(true);
     if tokio::time::timeout(JOURNAL_FLUSH, announcer)
         .await
         .is_err()

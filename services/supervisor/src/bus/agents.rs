@@ -135,18 +135,41 @@ impl AgentsIface {
     ) -> zbus::Result<()>;
 }
 
-/// Announces each change the agent runners send as `AgentChanged`,
-/// until every sender is gone. A signal that cannot be emitted is logged:
-/// the change is already stored.
+/// Announces each change the agent runners send as `AgentChanged`, until
+/// every sender is gone or `stop` turns true; then what is already queued
+/// (the drain's own changes) is announced and it returns. A signal that
+/// cannot be emitted is logged: the change is already stored.
 pub async fn announce(
     mut changes: tokio::sync::mpsc::UnboundedReceiver<AgentChange>,
     emitter: SignalEmitter<'static>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    while let Some(c) = changes.recv().await {
-        let sent =
-            AgentsIface::agent_changed(&emitter, &c.name, c.state, c.consecutive_failures).await;
-        if let Err(e) = sent {
-            tracing::warn!("could not emit AgentChanged for {}: {e}", c.name);
+    let emit = |c: AgentChange| {
+        let emitter = emitter.clone();
+        async move {
+            let sent =
+                AgentsIface::agent_changed(&emitter, &c.name, c.state, c.consecutive_failures)
+                    .await;
+            if let Err(e) = sent {
+                tracing::warn!("could not emit AgentChanged for {}: {e}", c.name);
+            }
         }
+    };
+    loop {
+        tokio::select! {
+            c = changes.recv() => match c {
+                Some(c) => emit(c).await,
+                None => return,
+            },
+            changed = stop.changed() => {
+                let stopping = changed.is_err() || *stop.borrow();
+                if stopping {
+                    break;
+                }
+            }
+        }
+    }
+    while let Ok(c) = changes.try_recv() {
+        emit(c).await;
     }
 }
