@@ -375,7 +375,7 @@ fn daemons_locked_down(c: &Container) -> Result<String, String> {
 
 fn executor_status(c: &Container) -> Result<String, String> {
     let out = c.sh_ok(
-        "pid=$(systemctl show -p MainPID --value airlock-executor.service); cat /proc/$pid/status; getent group airlock-exchange | cut -d: -f3; id -u airlock-exec",
+        "pid=$(systemctl show -p MainPID --value airlock-executor.service); cat /proc/$pid/status; getent group airlock-egress | cut -d: -f3; getent group airlock-exchange | cut -d: -f3; id -u airlock-exec",
         10 * SEC,
     )?;
     let field = |name: &str| {
@@ -387,6 +387,7 @@ fn executor_status(c: &Container) -> Result<String, String> {
     let mut tail_lines = out.lines().rev();
     let uid = tail_lines.next().unwrap_or("").trim().to_owned();
     let gid = tail_lines.next().unwrap_or("").trim().to_owned();
+    let egress_gid = tail_lines.next().unwrap_or("").trim().to_owned();
     let mut problems = Vec::new();
     if field("NoNewPrivs") != "1" {
         problems.push(format!("NoNewPrivs {}", field("NoNewPrivs")));
@@ -402,17 +403,24 @@ fn executor_status(c: &Container) -> Result<String, String> {
     if field("Uid").split_whitespace().any(|u| u != uid) {
         problems.push(format!("Uid {} (airlock-exec is {uid})", field("Uid")));
     }
-    // Its only group is the exchange group (Group=, no supplementary ones).
-    if field("Gid").split_whitespace().any(|g| g != gid) || field("Groups") != gid {
+    // Its group is the exchange group (Group=); its one supplementary
+    // group beside it is airlock-egress (sysusers), whose socket its
+    // setups' forwarder connects to.
+    let shown_groups = field("Groups");
+    let mut groups: Vec<&str> = shown_groups.split_whitespace().collect();
+    groups.sort_unstable();
+    let mut want = vec![gid.as_str(), egress_gid.as_str()];
+    want.sort_unstable();
+    if field("Gid").split_whitespace().any(|g| g != gid) || groups != want {
         problems.push(format!(
-            "Gid {}, Groups {} (airlock-exchange is {gid})",
+            "Gid {}, Groups {} (airlock-exchange is {gid}, airlock-egress {egress_gid})",
             field("Gid"),
             field("Groups")
         ));
     }
     if problems.is_empty() {
         Ok(format!(
-            "NoNewPrivs 1, Seccomp 2 ({} filters), every capability set 0, uid {uid}, only group {gid}",
+            "NoNewPrivs 1, Seccomp 2 ({} filters), every capability set 0, uid {uid}, group {gid} and airlock-egress {egress_gid} only",
             field("Seccomp_filters")
         ))
     } else {
