@@ -292,46 +292,15 @@ fn propose_cli(
     let ctl = airlock_local::sibling("airlockctl").expect("airlockctl");
     let config = suite.layout.config();
     let start = Instant::now();
-    let mut child = Command::new(ctl)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", suite.bus.address())
-        .args(["--json", "propose", "--config"])
-        .arg(&config)
-        .args([
-            "--repo",
-            repo,
-            "--base",
-            "main",
-            "--patch",
-            "-",
-            "--verify",
-            verify,
-            "--max-attempts",
-            "1",
-            "--timeout",
-            "600",
-            "--wait",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("airlockctl runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(patch.as_bytes())
-        .expect("patch written");
-    let out = child.wait_with_output().expect("airlockctl");
-    let elapsed = start.elapsed();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let task = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or(serde_json::Value::Null);
-    (elapsed, task)
+    let task = airlock_testkit::propose_patch(
+        &ctl,
+        suite.bus.address(),
+        &config.display().to_string(),
+        repo,
+        verify,
+        patch,
+    );
+    (start.elapsed(), task)
 }
 
 /// The environment axis; see the module documentation.

@@ -145,7 +145,8 @@ pub struct Job {
     /// A setup's network (minimal root with a network namespace only):
     /// `lo` is brought up, the init listens on `127.0.0.1:PORT` and hands
     /// the listener over [`Stdio::network`]; the command may create IP
-    /// sockets, and Landlock lets it connect over TCP to this port alone.
+    /// sockets, and Landlock is asked to let it connect over TCP to this
+    /// port alone (not tested apart from the namespace).
     #[serde(default)]
     pub network: Option<u16>,
 }

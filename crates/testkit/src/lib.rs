@@ -298,3 +298,89 @@ pub fn toolchain_copy(parent: &Path) -> PathBuf {
     }
     to
 }
+
+/// Runs `airlockctl` (`ctl`) on the bus at `bus` with `args`, `patch` on
+/// its standard input; returns what it printed and its status.
+pub fn airlockctl_with_stdin(
+    ctl: &Path,
+    bus: &str,
+    args: &[&str],
+    patch: &str,
+) -> std::process::Output {
+    let mut child = Command::new(ctl)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("airlockctl runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(patch.as_bytes())
+        .expect("patch written");
+    child.wait_with_output().expect("airlockctl")
+}
+
+/// The arguments of `airlockctl --json propose … --patch - --wait` for
+/// one attempt of `verify` on `repo`'s main.
+pub fn propose_args<'a>(
+    config: &'a str,
+    repo: &'a str,
+    verify: &'a str,
+    timeout: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "--json",
+        "propose",
+        "--config",
+        config,
+        "--repo",
+        repo,
+        "--base",
+        "main",
+        "--patch",
+        "-",
+        "--verify",
+        verify,
+        "--max-attempts",
+        "1",
+        "--timeout",
+        timeout,
+        "--wait",
+    ]
+}
+
+/// The last JSON object line `out` printed; panics with its stderr and
+/// status when there is none.
+pub fn last_json(out: &std::process::Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| {
+            panic!(
+                "no JSON in {text}\n{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                out.status
+            )
+        });
+    serde_json::from_str(line).expect("a JSON line")
+}
+
+/// Proposes `patch` on `repo` with `verify`, one attempt, and waits: the
+/// task as `airlockctl --json` prints it.
+pub fn propose_patch(
+    ctl: &Path,
+    bus: &str,
+    config: &str,
+    repo: &str,
+    verify: &str,
+    patch: &str,
+) -> serde_json::Value {
+    let out = airlockctl_with_stdin(ctl, bus, &propose_args(config, repo, verify, "600"), patch);
+    last_json(&out)
+}

@@ -16,7 +16,7 @@
 //! package registry this machine reaches (the ordinary client, as set up
 //! here); without one the test fails saying so.
 
-use airlock_testkit::git;
+use airlock_testkit::{git, last_json};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -82,62 +82,14 @@ fn project(dir: &Path, name: &str) -> PathBuf {
 
 fn propose(bus: &str, args: &[&str], patch: &str) -> Output {
     let ctl = airlock_local::sibling("airlockctl").unwrap();
-    let mut child = Command::new(ctl)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(patch.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn last_json(out: &Output) -> Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| {
-            panic!(
-                "no JSON in {text}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    serde_json::from_str(line).unwrap()
+    airlock_testkit::airlockctl_with_stdin(&ctl, bus, args, patch)
 }
 
 const FIX: &str = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n";
 const BREAK: &str = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a * b\n";
 
 fn args<'a>(cfg: &'a str, repo: &'a str, verify: &'a str) -> Vec<&'a str> {
-    vec![
-        "--json",
-        "propose",
-        "--config",
-        cfg,
-        "--repo",
-        repo,
-        "--base",
-        "main",
-        "--patch",
-        "-",
-        "--verify",
-        verify,
-        "--max-attempts",
-        "1",
-        "--timeout",
-        "300",
-        "--wait",
-    ]
+    airlock_testkit::propose_args(cfg, repo, verify, "300")
 }
 
 fn tail_of(task: &Value) -> String {

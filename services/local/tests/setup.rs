@@ -23,65 +23,16 @@
 
 use airlock_testkit::{NODE_BREAK, NODE_FIX, addresses, git, node_project};
 use serde_json::Value;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-fn last_json(out: &Output) -> Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| {
-            panic!(
-                "no JSON in {text}\n{}\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                out.status
-            )
-        });
-    serde_json::from_str(line).unwrap()
-}
-
 fn propose(bus: &str, cfg: &str, repo: &str, verify: &str, patch: &str) -> Value {
     let ctl = airlock_local::sibling("airlockctl").unwrap();
-    let mut child = Command::new(ctl)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
-        .args([
-            "--json",
-            "propose",
-            "--config",
-            cfg,
-            "--repo",
-            repo,
-            "--base",
-            "main",
-            "--patch",
-            "-",
-            "--verify",
-            verify,
-            "--max-attempts",
-            "1",
-            "--timeout",
-            "600",
-            "--wait",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(patch.as_bytes())
-        .unwrap();
-    last_json(&child.wait_with_output().unwrap())
+    airlock_testkit::propose_patch(&ctl, bus, cfg, repo, verify, patch)
 }
 
 fn tails(task: &Value) -> String {
