@@ -30,8 +30,13 @@
 #   postgresql       the PostgreSQL task store's tests, the multi-host crash
 #                    matrix and bench-pg: each starts a throwaway cluster with
 #                    initdb/postgres from /usr/lib/postgresql/*/bin
+#   openssh-client, openssh-server
+#                    upstream repositories: the worker fetches and pushes
+#                    over ssh; the upstream tests start a real sshd on a
+#                    loopback port; ssh-keygen verifies signed commits
 AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 python3-venv python3-pip systemd util-linux
-  dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin postgresql)
+  dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin postgresql
+  openssh-client openssh-server)
 
 # Prints a section header.
 section() {

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 /// Configuration forced on every invocation, after the repository's own,
 /// so it wins. Each line closes a way for a repository to run a program.
-const HARDENING: &[&str] = &[
+pub(crate) const HARDENING: &[&str] = &[
     "core.hooksPath=/dev/null", // no hook runs, reference-transaction included
     "core.fsmonitor=false",     // no fsmonitor daemon or hook
     "commit.gpgSign=false",     // no signing program
@@ -47,8 +47,10 @@ pub struct Git {
 
 /// The environment and configuration every git run starts from: a clean
 /// environment, no system or global configuration, the hardening and the
-/// durability settings. No repository is named yet.
-pub(crate) fn hardened(program: &Path) -> Command {
+/// durability settings. No repository is named yet. `keep` chooses the
+/// hardening lines (every one but a transfer's transport line, see
+/// crate::upstream).
+pub(crate) fn hardened(program: &Path, keep: impl Fn(&str) -> bool) -> Command {
     let mut cmd = Command::new(program);
     cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
@@ -60,7 +62,7 @@ pub(crate) fn hardened(program: &Path) -> Command {
         .env("GIT_OPTIONAL_LOCKS", "0")
         .env("GIT_NO_REPLACE_OBJECTS", "1")
         .stdin(Stdio::null());
-    for c in HARDENING.iter().chain(DURABILITY) {
+    for c in HARDENING.iter().filter(|c| keep(c)).chain(DURABILITY) {
         cmd.args(["-c", c]);
     }
     cmd
@@ -100,7 +102,7 @@ impl Git {
 
     /// A command with a clean environment and the hardening configuration.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = hardened(&self.program);
+        let mut cmd = hardened(&self.program, |_| true);
         cmd.env("GIT_DIR", &self.repo);
         trust(&mut cmd, &self.repo);
         if let Some(dir) = &self.work_tree {

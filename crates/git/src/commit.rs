@@ -175,6 +175,18 @@ impl AuthorityRepo {
     /// `update-index` and `write-tree` would give (a directory left empty
     /// disappears, as git stores no empty tree).
     pub fn governed_commit(&self, spec: &CommitSpec) -> GitResult<String> {
+        self.governed_commit_signed(spec, None)
+    }
+
+    /// [`AuthorityRepo::governed_commit`], signed by `signer` when there is
+    /// one: the same tree, identity and dates, and an SSH signature in its
+    /// `gpgsig` header (deterministic: the same spec and key give the same
+    /// OID).
+    pub fn governed_commit_signed(
+        &self,
+        spec: &CommitSpec,
+        signer: Option<&crate::Signer>,
+    ) -> GitResult<String> {
         if self.resolve_commit(&spec.parent)?.as_deref() != Some(spec.parent.as_str()) {
             return Err(GitError::ObjectMissing(spec.parent.clone()));
         }
@@ -283,6 +295,24 @@ impl AuthorityRepo {
         ];
         let mut message = spec.message.trim_end().to_owned();
         message.push('\n');
+        if let Some(signer) = signer {
+            let identity = format!("{IDENTITY_NAME} <{IDENTITY_EMAIL}> {date}");
+            let payload = format!(
+                "tree {tree}\nparent {}\nauthor {identity}\ncommitter {identity}\n\n{message}",
+                spec.parent
+            );
+            let object = signer.sign_commit(&payload).map_err(|e| {
+                GitError::Refused(Error::with(Code::SIGNING_KEY_INVALID, e.to_string()))
+            })?;
+            let oid = self.git.output_with(
+                &["hash-object", "-t", "commit", "-w", "--stdin"],
+                Some(object.as_bytes()),
+                &[],
+            )?;
+            let oid = oid.trim().to_owned();
+            self.git.sync_loose_object(&oid)?;
+            return Ok(oid);
+        }
         let oid = self.git.output_with(
             &["commit-tree", &tree, "-p", &spec.parent, "-F", "-"],
             Some(message.as_bytes()),

@@ -458,6 +458,26 @@ catalogue! {
     /// A git operation failed.
     GIT_FAILED => Internal, None;
 
+    // ---- upstream repositories ------------------------------------------------------
+    /// The repository has no upstream (`repository[].upstream`) for what was asked.
+    UPSTREAM_NOT_CONFIGURED => Invalid, None;
+    /// The upstream's URL is not an ssh://, https:// or absolute local path one, or names what airlock never contacts.
+    UPSTREAM_URL_INVALID => Invalid, None;
+    /// The upstream could not be reached in time (network, DNS, connection refused); tried again with backoff.
+    UPSTREAM_UNREACHABLE => Unavailable, None;
+    /// The upstream refused the worker's credential (deploy key or token), or none is installed for it.
+    UPSTREAM_AUTH_FAILED => Unauthenticated, None;
+    /// The upstream's SSH host key is not the one pinned for the repository (or none is pinned).
+    UPSTREAM_HOST_KEY_CHANGED => Denied, None;
+    /// The upstream refused the push by its own policy (a protected branch, a hook, a read-only key).
+    UPSTREAM_PUSH_REFUSED => Denied, None;
+    /// The upstream's agent branch is neither where the task expects it nor at the task's commit: airlock never force-pushes; a reconciliation case settles it.
+    UPSTREAM_BRANCH_MOVED => Conflict, None;
+    /// A fetch from the upstream wrote more than `upstream.max_fetch_bytes` or ran past its time limit.
+    UPSTREAM_FETCH_LIMIT => TooLarge, None;
+    /// The repository's signing key is missing, unreadable or not an unencrypted Ed25519 SSH key.
+    SIGNING_KEY_INVALID => Invalid, None;
+
     // ---- planner agents --------------------------------------------------------------
     /// No agent of that name is configured ([[agent]] in airlock.toml).
     AGENT_NOT_FOUND => NotFound, None;
@@ -563,9 +583,10 @@ impl Code {
     /// repository is gone, the branch moved behind the worker's back (a
     /// reconciliation case settles it), or a policy refused the plan — a
     /// program, a module or a git subcommand its repository does not
-    /// allow, an environment unusable on this host, or a setup asking the
-    /// egress proxy for what its environment does not list — which only
-    /// an administrator's change, not a retry, alters.
+    /// allow, an environment unusable on this host, a setup asking the
+    /// egress proxy for what its environment does not list, or an upstream
+    /// that refuses the worker's key, host key or push, or is not set up —
+    /// which only an administrator's change, not a retry, alters.
     pub const fn ends_task(self) -> bool {
         matches!(
             self,
@@ -584,6 +605,12 @@ impl Code {
                 | Code::EGRESS_PORT_NOT_ALLOWED
                 | Code::EGRESS_ADDRESS_FORBIDDEN
                 | Code::EGRESS_METHOD_NOT_ALLOWED
+                | Code::UPSTREAM_NOT_CONFIGURED
+                | Code::UPSTREAM_URL_INVALID
+                | Code::UPSTREAM_AUTH_FAILED
+                | Code::UPSTREAM_HOST_KEY_CHANGED
+                | Code::UPSTREAM_PUSH_REFUSED
+                | Code::SIGNING_KEY_INVALID
         )
     }
 

@@ -384,3 +384,101 @@ pub fn propose_patch(
     let out = airlockctl_with_stdin(ctl, bus, &propose_args(config, repo, verify, "600"), patch);
     last_json(&out)
 }
+
+/// A real OpenSSH server on a loopback port, serving git as root with key
+/// authentication only; killed when dropped.
+#[derive(Debug)]
+pub struct Sshd {
+    child: std::process::Child,
+    /// The port it listens on (127.0.0.1).
+    pub port: u16,
+    /// A known_hosts line pinning its host key for `[127.0.0.1]:PORT`.
+    pub known_hosts: String,
+    /// Its directory (host key, configuration, authorized keys).
+    pub dir: PathBuf,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Makes an Ed25519 key pair at `path` (and `path.pub`) with OpenSSH's
+/// ssh-keygen; returns the public key line.
+pub fn ssh_keygen(path: &Path) -> String {
+    let _ = std::fs::remove_file(path);
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "airlock-test", "-f"])
+        .arg(path)
+        .status()
+        .expect("ssh-keygen runs");
+    assert!(st.success(), "ssh-keygen failed");
+    let mut public = path.as_os_str().to_owned();
+    public.push(".pub");
+    std::fs::read_to_string(public)
+        .expect("public key")
+        .trim()
+        .to_owned()
+}
+
+/// Starts sshd in `dir` admitting the public keys `authorized` (each a
+/// key line) as root, on a free loopback port.
+pub fn sshd(dir: &Path, authorized: &[&str]) -> Sshd {
+    std::fs::create_dir_all(dir).expect("sshd dir");
+    std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
+    let host_key = dir.join("host_ed25519");
+    let host_public = ssh_keygen(&host_key);
+    let keys = dir.join("authorized_keys");
+    let lines: Vec<String> = authorized
+        .iter()
+        .map(|k| format!("restrict {k}\n"))
+        .collect();
+    std::fs::write(&keys, lines.concat()).expect("authorized_keys");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let config = dir.join("sshd_config");
+    std::fs::write(
+        &config,
+        format!(
+            "ListenAddress 127.0.0.1\nPort {port}\nHostKey {}\nAuthorizedKeysFile {}\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+             PermitRootLogin prohibit-password\nAllowUsers root\nStrictModes no\n\
+             PidFile none\nLogLevel VERBOSE\nSubsystem sftp internal-sftp\n",
+            host_key.display(),
+            keys.display()
+        ),
+    )
+    .expect("sshd_config");
+    let log = std::fs::File::create(dir.join("sshd.log")).expect("sshd log");
+    let child = Command::new("/usr/sbin/sshd")
+        .args(["-D", "-e", "-f"])
+        .arg(&config)
+        .stderr(log)
+        .spawn()
+        .expect("sshd starts (openssh-server installed?)");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sshd did not listen: {}",
+            std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut parts = host_public.split(' ');
+    let known_hosts = format!(
+        "[127.0.0.1]:{port} {} {}",
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or("")
+    );
+    Sshd {
+        child,
+        port,
+        known_hosts,
+        dir: dir.to_path_buf(),
+    }
+}

@@ -1,0 +1,687 @@
+//! The team's remote: fetching its branches and tags into the authority
+//! repository, and pushing an agent branch to it with a lease.
+//!
+//! Every transfer runs the hardened git of [`crate::command`] with one
+//! change: the protocol of the upstream's own scheme is allowed (and no
+//! other), and for ssh the transport program is airlock's ssh launcher
+//! (`GIT_SSH`, run without a shell) which starts OpenSSH with the
+//! repository's deploy key, its pinned host keys and nothing of any user's
+//! or the system's ssh configuration. A token for https travels in git's
+//! environment (`GIT_CONFIG_*`), never on a command line. Each run is
+//! bounded in wall time (its process group is killed past it) and, for a
+//! fetch, in the bytes one file may reach (`RLIMIT_FSIZE`, which the pack
+//! git writes is bounded by).
+
+use crate::AuthorityRepo;
+use crate::command::{HARDENING, hardened, trust};
+use crate::error::{GitError, GitResult};
+use airlock_proto::{Code, Error};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The environment variable that makes a program airlock's ssh launcher
+/// ([`ssh_launcher_main`]); its value is the deploy key's path.
+pub const SSH_KEY_ENV: &str = "AIRLOCK_SSH_IDENTITY";
+/// The pinned host keys the launcher hands to ssh (a known_hosts file).
+pub const SSH_KNOWN_HOSTS_ENV: &str = "AIRLOCK_SSH_KNOWN_HOSTS";
+/// Seconds ssh may take to connect.
+pub const SSH_CONNECT_TIMEOUT_ENV: &str = "AIRLOCK_SSH_CONNECT_TIMEOUT";
+
+/// How the upstream is reached, from its URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// `ssh://[user@]host[:port]/path`.
+    Ssh,
+    /// `https://host[:port]/path`.
+    Https,
+    /// An absolute path on this host (or `file:///path`).
+    Local,
+}
+
+impl Scheme {
+    /// Classifies `url`; anything else (scp-like `host:path`, `git://`,
+    /// `http://`, `ext::`, a relative path, an option) is
+    /// UPSTREAM_URL_INVALID.
+    pub fn of(url: &str) -> Result<Scheme, Error> {
+        let bad = |why: &str| Error::with(Code::UPSTREAM_URL_INVALID, format!("{url:?}: {why}"));
+        if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(bad("contains whitespace or a control character"));
+        }
+        if let Some(rest) = url.strip_prefix("ssh://") {
+            host_part(rest).ok_or_else(|| bad("no host"))?;
+            Ok(Scheme::Ssh)
+        } else if let Some(rest) = url.strip_prefix("https://") {
+            host_part(rest).ok_or_else(|| bad("no host"))?;
+            if rest.split('/').next().is_some_and(|h| h.contains('@')) {
+                return Err(bad(
+                    "credentials in the URL: give the token with --credential instead",
+                ));
+            }
+            Ok(Scheme::Https)
+        } else if url.starts_with("file:///") || url.starts_with('/') {
+            if url.split('/').any(|c| c == "..") {
+                return Err(bad("a local path with `..`"));
+            }
+            Ok(Scheme::Local)
+        } else {
+            Err(bad(
+                "not ssh://, https:// or an absolute path (scp-like host:path is not accepted: write ssh://host/path)",
+            ))
+        }
+    }
+
+    /// git's name of the protocol (`protocol.<name>.allow`).
+    pub fn protocol(self) -> &'static str {
+        match self {
+            Scheme::Ssh => "ssh",
+            Scheme::Https => "https",
+            Scheme::Local => "file",
+        }
+    }
+
+    /// The TCP port a URL of this scheme connects to (none for a local
+    /// path): the one it names, or the scheme's default.
+    pub fn port(self, url: &str) -> Option<u16> {
+        let rest = url.split_once("://").map(|(_, r)| r)?;
+        let default = match self {
+            Scheme::Ssh => 22,
+            Scheme::Https => 443,
+            Scheme::Local => return None,
+        };
+        let host = host_part(rest)?;
+        let host = host.rsplit('@').next().unwrap_or(host);
+        let port = match host.strip_prefix('[') {
+            Some(v6) => v6.split_once("]:").map(|(_, p)| p),
+            None => host.rsplit_once(':').map(|(_, p)| p),
+        };
+        Some(port.and_then(|p| p.parse().ok()).unwrap_or(default))
+    }
+}
+
+fn host_part(rest: &str) -> Option<&str> {
+    let host = rest.split('/').next()?;
+    let bare = host.rsplit('@').next().unwrap_or(host);
+    (!bare.is_empty() && !bare.starts_with('-')).then_some(host)
+}
+
+/// What the worker authenticates with.
+#[derive(Debug, Clone, Default)]
+pub enum Credential {
+    /// Nothing (a local path, or a public https remote to fetch from).
+    #[default]
+    None,
+    /// An SSH deploy key (a private key file) and the pinned host keys.
+    SshKey {
+        /// The private key file (readable by the worker only).
+        key: PathBuf,
+        /// A known_hosts file with the upstream's host keys.
+        known_hosts: PathBuf,
+        /// The launcher program (`GIT_SSH`): a program that calls
+        /// [`ssh_launcher_main`] when [`SSH_KEY_ENV`] is set.
+        launcher: PathBuf,
+    },
+    /// A token for https, sent as HTTP basic authentication.
+    Token {
+        /// The user name the forge expects with a token.
+        user: String,
+        /// The token itself.
+        token: String,
+    },
+}
+
+/// An upstream repository and how to reach it.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// Its URL.
+    pub url: String,
+    /// Its scheme.
+    pub scheme: Scheme,
+    /// The credential.
+    pub credential: Credential,
+    /// Wall time one git run may take.
+    pub timeout: Duration,
+    /// Largest file (the pack) a fetch may write, in bytes.
+    pub max_fetch_bytes: u64,
+}
+
+impl Upstream {
+    /// An upstream at `url` with no credential and default bounds.
+    pub fn new(url: &str) -> Result<Upstream, Error> {
+        Ok(Upstream {
+            url: url.to_owned(),
+            scheme: Scheme::of(url)?,
+            credential: Credential::None,
+            timeout: Duration::from_secs(120),
+            max_fetch_bytes: 4 << 30,
+        })
+    }
+}
+
+/// One ref a sync changed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RefChange {
+    /// The full ref name.
+    pub name: String,
+    /// Its value before (`None`: new).
+    pub old: Option<String>,
+    /// Its value after (`None`: deleted upstream, pruned here).
+    pub new: Option<String>,
+    /// The new value does not descend from the old one: the upstream was
+    /// force-pushed and the ref follows it.
+    pub forced: bool,
+}
+
+/// What a sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SyncReport {
+    /// Every ref that changed, in name order.
+    pub changes: Vec<RefChange>,
+}
+
+impl SyncReport {
+    /// Whether any ref followed a force-push or was pruned.
+    pub fn forced(&self) -> impl Iterator<Item = &RefChange> {
+        self.changes.iter().filter(|c| c.forced || c.new.is_none())
+    }
+}
+
+/// What the upstream answered to a push.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PushAnswer {
+    /// The ref pushed (`refs/heads/agent/…`).
+    pub remote_ref: String,
+    /// Whether this run sent the commit (false: the upstream already had
+    /// the branch at it, so nothing was sent).
+    pub pushed: bool,
+    /// git's porcelain line for the ref, as the upstream answered.
+    pub answer: String,
+}
+
+/// The refs a sync mirrors: branches and tags, never an agent branch (the
+/// worker's own, which only its compare-and-swap moves).
+const FETCH_REFSPECS: &[&str] = &[
+    "+refs/heads/*:refs/heads/*",
+    "^refs/heads/agent/*",
+    "+refs/tags/*:refs/tags/*",
+];
+
+impl AuthorityRepo {
+    /// Every branch and tag with its value.
+    fn mirrored_refs(&self) -> GitResult<BTreeMap<String, String>> {
+        let out = self.git.output(&[
+            "for-each-ref",
+            "--format=%(refname) %(objectname)",
+            "refs/heads",
+            "refs/tags",
+        ])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(name, _)| !name.starts_with("refs/heads/agent/"))
+            .map(|(n, o)| (n.to_owned(), o.to_owned()))
+            .collect())
+    }
+
+    /// Fetches the upstream's branches and tags into this repository: a
+    /// branch the upstream moved, force-pushed or deleted follows it, a
+    /// tag follows it, and `refs/heads/agent/*` is never written. Returns
+    /// what changed (each force-push marked).
+    pub fn sync_from(&self, upstream: &Upstream) -> GitResult<SyncReport> {
+        self.refuse_transport_config()?;
+        let before = self.mirrored_refs()?;
+        let mut args = vec!["fetch", "--prune", "--no-tags", "--no-write-fetch-head"];
+        args.extend(["--no-recurse-submodules", "--quiet", "--end-of-options"]);
+        args.push(&upstream.url);
+        args.extend(FETCH_REFSPECS);
+        transfer(self, upstream, &args, Some(upstream.max_fetch_bytes))?;
+        let after = self.mirrored_refs()?;
+        let mut changes = Vec::new();
+        for name in before.keys().chain(after.keys()) {
+            let (old, new) = (before.get(name), after.get(name));
+            if old == new || changes.iter().any(|c: &RefChange| &c.name == name) {
+                continue;
+            }
+            let forced = match (old, new) {
+                (Some(o), Some(n)) => name.starts_with("refs/heads/") && !self.is_ancestor(o, n)?,
+                _ => false,
+            };
+            changes.push(RefChange {
+                name: name.clone(),
+                old: old.cloned(),
+                new: new.cloned(),
+                forced,
+            });
+        }
+        changes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(SyncReport { changes })
+    }
+
+    /// The upstream's value of `refs/heads/<branch>` (`None`: absent).
+    pub fn upstream_head(&self, upstream: &Upstream, branch: &str) -> GitResult<Option<String>> {
+        crate::refs::check_agent_branch(branch)?;
+        self.refuse_transport_config()?;
+        let refname = format!("refs/heads/{branch}");
+        let out = transfer(
+            self,
+            upstream,
+            &[
+                "ls-remote",
+                "--refs",
+                "--end-of-options",
+                &upstream.url,
+                &refname,
+            ],
+            None,
+        )?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .find(|(_, name)| *name == refname)
+            .map(|(oid, _)| oid.to_owned()))
+    }
+
+    /// Pushes `oid` to the upstream's `refs/heads/<branch>`, leased on its
+    /// value there being `expected` (`None`: absent) — an atomic push that
+    /// never forces anything else. The upstream already at `oid` is
+    /// success with nothing sent. A branch elsewhere is
+    /// UPSTREAM_BRANCH_MOVED, checked before sending and enforced by the
+    /// lease while sending.
+    pub fn publish_to(
+        &self,
+        upstream: &Upstream,
+        branch: &str,
+        oid: &str,
+        expected: Option<&str>,
+        push_options: &[String],
+    ) -> GitResult<PushAnswer> {
+        let remote_ref = format!("refs/heads/{branch}");
+        let moved = |found: Option<&str>| {
+            GitError::Refused(Error::with(
+                Code::UPSTREAM_BRANCH_MOVED,
+                format!(
+                    "the upstream's {remote_ref} is at {}, expected {}",
+                    found.unwrap_or("nothing"),
+                    expected.unwrap_or("nothing")
+                ),
+            ))
+        };
+        let found = self.upstream_head(upstream, branch)?;
+        if found.as_deref() == Some(oid) {
+            return Ok(PushAnswer {
+                remote_ref,
+                pushed: false,
+                answer: "= already at the commit".into(),
+            });
+        }
+        if found.as_deref() != expected {
+            return Err(moved(found.as_deref()));
+        }
+        let lease = format!("--force-with-lease={remote_ref}:{}", expected.unwrap_or(""));
+        let options: Vec<String> = push_options
+            .iter()
+            .map(|o| format!("--push-option={o}"))
+            .collect();
+        let refspec = format!("{oid}:{remote_ref}");
+        let mut args = vec!["push", "--atomic", "--porcelain", "--no-verify", &lease];
+        args.extend(options.iter().map(String::as_str));
+        args.extend(["--end-of-options", &upstream.url, &refspec]);
+        match transfer(self, upstream, &args, None) {
+            Ok(out) => {
+                let answer = out
+                    .lines()
+                    .find(|l| l.contains(&remote_ref))
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned();
+                Ok(PushAnswer {
+                    remote_ref,
+                    pushed: true,
+                    answer,
+                })
+            }
+            Err(GitError::Failed { stderr, .. }) if stderr.contains("stale info") => {
+                // The lease lost: someone moved the branch while we sent.
+                // It may be us, in an earlier life: look again.
+                let found = self.upstream_head(upstream, branch)?;
+                if found.as_deref() == Some(oid) {
+                    return Ok(PushAnswer {
+                        remote_ref,
+                        pushed: false,
+                        answer: "= already at the commit".into(),
+                    });
+                }
+                Err(moved(found.as_deref()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Refuses an authority repository whose own configuration names a
+    /// transport program (its config is the worker's, but a transfer is
+    /// the one run where git would start one).
+    fn refuse_transport_config(&self) -> GitResult<()> {
+        for key in [
+            "core.sshCommand",
+            "core.gitProxy",
+            "remote.origin.uploadpack",
+        ] {
+            if let Some(v) = self.git.optional(&["config", "--local", "--get", key])? {
+                return Err(GitError::Refused(Error::with(
+                    Code::UPSTREAM_URL_INVALID,
+                    format!(
+                        "{}: its configuration sets {key} ({v}): remove it",
+                        self.path().display()
+                    ),
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one transfer: the hardened git, the upstream's protocol alone
+/// allowed, its credential, bounded in time (and in file size for a
+/// fetch). A failure is classified from git's and ssh's words: a refused
+/// host key, a refused credential, a refused push, an unreachable host.
+fn transfer(
+    repo: &AuthorityRepo,
+    upstream: &Upstream,
+    args: &[&str],
+    max_file_bytes: Option<u64>,
+) -> GitResult<String> {
+    let mut cmd = transfer_command(repo.git.program(), repo.path(), upstream);
+    cmd.args(args);
+    run_bounded(cmd, upstream.timeout, max_file_bytes).map_err(|e| classify(e, args[0]))
+}
+
+/// The hardened git for a transfer with the upstream.
+fn transfer_command(program: &Path, repo: &Path, upstream: &Upstream) -> Command {
+    // The hardened base, except the transport-program line: for ssh,
+    // GIT_SSH names the launcher (core.sshCommand would win over it, and
+    // git runs that through a shell).
+    let mut cmd = hardened_except(program, "core.sshCommand=");
+    cmd.env("GIT_DIR", repo);
+    trust(&mut cmd, repo);
+    let allow = format!("protocol.{}.allow=always", upstream.scheme.protocol());
+    cmd.args(["-c", &allow]);
+    // A local upstream is a repository another user may own: trusted for
+    // this run alone, by its path as one argument.
+    if upstream.scheme == Scheme::Local {
+        let path = upstream
+            .url
+            .strip_prefix("file://")
+            .unwrap_or(&upstream.url);
+        trust(&mut cmd, Path::new(path));
+    }
+    cmd.env("GIT_SSH_VARIANT", "ssh");
+    match &upstream.credential {
+        Credential::None => {
+            cmd.env("GIT_SSH", "/bin/false");
+        }
+        Credential::SshKey {
+            key,
+            known_hosts,
+            launcher,
+        } => {
+            cmd.env("GIT_SSH", launcher)
+                .env(SSH_KEY_ENV, key)
+                .env(SSH_KNOWN_HOSTS_ENV, known_hosts)
+                .env(
+                    SSH_CONNECT_TIMEOUT_ENV,
+                    upstream.timeout.as_secs().clamp(1, 60).to_string(),
+                );
+        }
+        Credential::Token { user, token } => {
+            use base64::Engine;
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{token}"));
+            cmd.env("GIT_SSH", "/bin/false")
+                .env("GIT_CONFIG_COUNT", "1")
+                .env("GIT_CONFIG_KEY_0", "http.extraHeader")
+                .env(
+                    "GIT_CONFIG_VALUE_0",
+                    format!("Authorization: Basic {basic}"),
+                );
+        }
+    }
+    cmd
+}
+
+fn hardened_except(program: &Path, skip: &str) -> Command {
+    let mut cmd = hardened(program, |line| !line.starts_with(skip));
+    debug_assert!(HARDENING.iter().any(|l| l.starts_with(skip)));
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `cmd` in its own process group, killed whole past `timeout`;
+/// with `max_file_bytes`, no file it writes may grow past it.
+fn run_bounded(
+    mut cmd: Command,
+    timeout: Duration,
+    max_file_bytes: Option<u64>,
+) -> GitResult<String> {
+    let program = PathBuf::from(cmd.get_program());
+    let args: Vec<String> = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .filter(|a| !a.contains("Authorization"))
+        .collect();
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some(limit) = max_file_bytes {
+        // SAFETY: the closure runs in the child between fork and exec and
+        // calls only setrlimit(2), which is async-signal-safe; it touches
+        // no memory the parent's other threads may hold locked.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_FSIZE,
+                    limit,
+                    limit,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    }
+    let mut child = cmd.spawn().map_err(|source| GitError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stdout.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stderr.read_to_end(&mut v);
+        v
+    });
+    let started = Instant::now();
+    let (status, timed_out) = loop {
+        if let Some(status) = child.try_wait()? {
+            break (status, false);
+        }
+        if started.elapsed() >= timeout {
+            let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+            break (child.wait()?, true);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Whatever is left of the group (ssh's children) goes with it.
+    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+    let out = out_reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&err);
+    let tail: String = stderr
+        .chars()
+        .rev()
+        .take(800)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    if timed_out {
+        return Err(GitError::Failed {
+            args: args.join(" "),
+            status: format!("killed after {} s", timeout.as_secs()),
+            stderr: format!("timed out; {}", tail.trim()),
+        });
+    }
+    if !status.success() {
+        use std::os::unix::process::ExitStatusExt;
+        let status = match status.signal() {
+            Some(25) => "killed by SIGXFSZ (file size limit)".to_owned(),
+            _ => status.to_string(),
+        };
+        return Err(GitError::Failed {
+            args: args.join(" "),
+            status,
+            stderr: tail.trim().to_owned(),
+        });
+    }
+    String::from_utf8(out).map_err(|e| std::io::Error::other(e.to_string()).into())
+}
+
+/// Maps a failed transfer to its code; other errors pass through.
+fn classify(e: GitError, verb: &str) -> GitError {
+    let GitError::Failed {
+        args,
+        status,
+        stderr,
+    } = &e
+    else {
+        return e;
+    };
+    let s = stderr.to_ascii_lowercase();
+    let code = if s.contains("host key verification failed")
+        || s.contains("remote host identification has changed")
+        || s.contains("no matching host key")
+        || s.contains("host key for") && s.contains("has changed")
+    {
+        Code::UPSTREAM_HOST_KEY_CHANGED
+    } else if s.contains("permission denied (publickey")
+        || s.contains("authentication failed")
+        || s.contains("the requested url returned error: 401")
+        || s.contains("the requested url returned error: 403")
+        || s.contains("could not read username")
+        || s.contains("load key")
+        || s.contains("invalid format")
+    {
+        Code::UPSTREAM_AUTH_FAILED
+    } else if status.contains("SIGXFSZ")
+        || s.contains("file size limit")
+        || s.contains("of signal 25")
+        || s.starts_with("timed out")
+    {
+        if verb == "fetch" {
+            Code::UPSTREAM_FETCH_LIMIT
+        } else {
+            Code::UPSTREAM_UNREACHABLE
+        }
+    } else if verb == "push"
+        && (s.contains("[remote rejected]")
+            || s.contains("pre-receive hook declined")
+            || s.contains("protected branch")
+            || s.contains("[rejected]"))
+    {
+        Code::UPSTREAM_PUSH_REFUSED
+    } else if s.contains("could not resolve")
+        || s.contains("connection refused")
+        || s.contains("connection timed out")
+        || s.contains("no route to host")
+        || s.contains("network is unreachable")
+        || s.contains("connection reset")
+        || s.contains("connection closed")
+        || s.contains("could not read from remote repository")
+        || s.contains("unable to access")
+        || s.contains("kex_exchange_identification")
+    {
+        Code::UPSTREAM_UNREACHABLE
+    } else {
+        return e;
+    };
+    GitError::Refused(Error::with(
+        code,
+        format!("git {args} ({status}): {}", stderr.trim()),
+    ))
+}
+
+/// airlock's ssh launcher: what git starts as `GIT_SSH` for an ssh
+/// upstream. It runs OpenSSH with the deploy key named by
+/// [`SSH_KEY_ENV`] as the only identity, the host keys in
+/// [`SSH_KNOWN_HOSTS_ENV`] as the only known hosts (strict checking, so a
+/// changed or unknown key is refused), no configuration file, no agent,
+/// no forwarding and no prompt, then git's own arguments. It never
+/// returns: it becomes ssh, or exits 255 as ssh does on failure.
+pub fn ssh_launcher_main() -> ! {
+    let key = std::env::var_os(SSH_KEY_ENV).unwrap_or_default();
+    let known = std::env::var_os(SSH_KNOWN_HOSTS_ENV).unwrap_or_default();
+    let timeout = std::env::var(SSH_CONNECT_TIMEOUT_ENV).unwrap_or_else(|_| "30".into());
+    let mut identity = std::ffi::OsString::from("IdentityFile=");
+    identity.push(&key);
+    let mut hosts = std::ffi::OsString::from("UserKnownHostsFile=");
+    hosts.push(&known);
+    let mut cmd = Command::new("/usr/bin/ssh");
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C");
+    if let Some(v) = std::env::var_os("GIT_PROTOCOL") {
+        cmd.env("GIT_PROTOCOL", v);
+    }
+    cmd.args(["-F", "/dev/null"])
+        .arg("-o")
+        .arg(identity)
+        .arg("-o")
+        .arg(hosts)
+        .args([
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "IdentityAgent=none",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "UpdateHostKeys=no",
+            "-o",
+            "CheckHostIP=no",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "PasswordAuthentication=no",
+            "-o",
+            "KbdInteractiveAuthentication=no",
+            "-o",
+            "ForwardAgent=no",
+            "-o",
+            "ForwardX11=no",
+            "-o",
+            "ClearAllForwardings=yes",
+            "-o",
+            "PermitLocalCommand=no",
+            "-o",
+            "ProxyCommand=none",
+            "-o",
+            "ControlMaster=no",
+            "-o",
+            "ControlPath=none",
+            "-o",
+            "LogLevel=ERROR",
+        ])
+        .arg("-o")
+        .arg(format!("ConnectTimeout={timeout}"))
+        .args(std::env::args_os().skip(1));
+    let e = cmd.exec();
+    eprintln!("airlock ssh launcher: cannot run /usr/bin/ssh: {e}");
+    std::process::exit(255)
+}
