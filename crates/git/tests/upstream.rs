@@ -105,7 +105,7 @@ fn a_sync_follows_the_upstream_and_never_touches_agent_branches() {
         repo.resolve_commit("refs/heads/main").unwrap(),
         Some(second)
     );
-    assert_eq!(repo.resolve_commit("refs/tags/v1").unwrap().is_some(), true);
+    assert!(repo.resolve_commit("refs/tags/v1").unwrap().is_some());
     assert_eq!(
         repo.resolve_commit("refs/heads/topic").unwrap(),
         Some(rewritten.clone())
