@@ -349,6 +349,8 @@ fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult
             exec_result_sha256: Some(sha256_hex(task_id.as_bytes())),
             failure_code: None,
             reconciliation: None,
+            publication: None,
+            signature: None,
             isolation: Some(airlock_proto::task::Isolation {
                 landlock_abi: Some(7),
                 landlock: "full".into(),

@@ -140,6 +140,8 @@ fn cycle(store: &mut dyn TaskStore, task_id: &str, worker: &Actor) -> BenchResul
         exec_result_sha256: Some(sha256_hex(id.as_bytes())),
         failure_code: None,
         reconciliation: None,
+        publication: None,
+        signature: None,
         isolation: Some(airlock_proto::task::Isolation {
             landlock_abi: Some(7),
             landlock: "full".into(),

@@ -52,6 +52,8 @@ fn failed_task(db: &std::path::Path) -> serde_json::Value {
         failure_code: Some("VERIFICATION_FAILED".into()),
         verification: vec![],
         reconciliation: None,
+        publication: None,
+        signature: None,
         isolation: None,
         captured: None,
     };

@@ -54,6 +54,8 @@ pub enum Kind {
         /// Most elements, the program included.
         max: usize,
     },
+    /// An upstream URL (`airlock_proto::upstream::Scheme::of`).
+    UpstreamUrl,
     /// A list of distinct items.
     List {
         /// What each element is.
@@ -78,6 +80,10 @@ pub enum Item {
     CredentialPath,
     /// A unix user name (root included).
     User,
+    /// A known_hosts line: host patterns, a key type, a base64 key.
+    HostKey,
+    /// A git push option: printable text without newlines.
+    PushOption,
     /// A repository name, as [`Kind::RepositoryName`].
     RepositoryName,
     /// An environment variable name an agent may receive from its driver.
@@ -131,6 +137,10 @@ impl Kind {
             Kind::Text { max_chars } => {
                 format!("a single line of at most {max_chars} characters, without control characters")
             }
+            Kind::UpstreamUrl => {
+                "an ssh://[user@]host[:port]/path or https://host[:port]/path URL (no credentials in it), or an absolute local path"
+                    .to_owned()
+            }
             Kind::List { item, max } => {
                 format!("a list of at most {max} distinct {}", item.plural())
             }
@@ -159,6 +169,8 @@ impl Item {
                     .to_owned()
             }
             Item::User => "a unix user name".to_owned(),
+            Item::HostKey => "a known_hosts line: \"HOST KEYTYPE BASE64KEY\", as ssh-keyscan prints it (HOST may be [host]:port)".to_owned(),
+            Item::PushOption => "a push option of 1 to 200 printable characters".to_owned(),
             Item::RepositoryName => Kind::RepositoryName.describe(),
             Item::EnvironmentName => format!(
                 "an environment variable name of 1 to 64 characters [A-Z0-9_], starting with a letter or '_', not LD_* and not one airlock sets ({})",
@@ -175,6 +187,8 @@ impl Item {
             Item::Capability => "capability names",
             Item::CredentialPath => "credential-like repository-relative paths",
             Item::User => "unix user names",
+            Item::HostKey => "known_hosts lines",
+            Item::PushOption => "push options",
             Item::RepositoryName => "repository names",
             Item::EnvironmentName => "environment variable names",
         }
@@ -685,6 +699,89 @@ pub const KEYS: &[KeySpec] = &[
         required: false,
         meaning: "The repository's verification environment: read-only toolchain paths, the programs its commands may start, their variables, and a dependency setup. Every key is in [environments.md](environments.md), generated from the same crate.",
     },
+    KeySpec {
+        key: "repository[].upstream",
+        kind: Kind::Table,
+        default: None,
+        required: false,
+        meaning: "The team's remote for this repository (docs/upstream.md). With it the worker fetches the remote's branches and tags on a schedule, on `airlockctl repo sync` and when a task names a base it does not have yet (never writing agent/*), and publishes each governed commit's agent branch to it exactly once. Its credential is not here: `airlockctl repo add --credential` installs it where only the worker's unit reads it.",
+    },
+    KeySpec {
+        key: "repository[].upstream.url",
+        kind: Kind::UpstreamUrl,
+        default: None,
+        required: true,
+        meaning: "Where the remote is: ssh:// (with a deploy key and pinned host keys), https:// (with a token, or none to fetch a public remote), or an absolute path on this host. scp-like host:path, git://, http:// and ext:: are refused (UPSTREAM_URL_INVALID).",
+    },
+    KeySpec {
+        key: "repository[].upstream.publish",
+        kind: Kind::Bool,
+        default: Some("true"),
+        required: false,
+        meaning: "Push each task's agent branch to the remote after its governed commit (the publication phase). false: follow the remote only.",
+    },
+    KeySpec {
+        key: "repository[].upstream.push_options",
+        kind: Kind::List {
+            item: Item::PushOption,
+            max: 16,
+        },
+        default: Some("[]"),
+        required: false,
+        meaning: "git push options sent with every publication (for forges that open a review request from push options); recorded in the task's result.",
+    },
+    KeySpec {
+        key: "repository[].upstream.host_keys",
+        kind: Kind::List {
+            item: Item::HostKey,
+            max: 16,
+        },
+        default: Some("[]"),
+        required: false,
+        meaning: "The remote's SSH host keys, as known_hosts lines: the only keys ssh accepts for it (a changed or unlisted key is UPSTREAM_HOST_KEY_CHANGED). Required for an ssh:// URL.",
+    },
+    KeySpec {
+        key: "repository[].upstream.user",
+        kind: Kind::Text { max_chars: 64 },
+        default: Some("\"git\""),
+        required: false,
+        meaning: "For https: the user name sent with the token (HTTP basic authentication); forges differ in what they expect.",
+    },
+    KeySpec {
+        key: "repository[].upstream.sync_interval_seconds",
+        kind: int(0, 86_400),
+        default: Some("300"),
+        required: false,
+        meaning: "Seconds between scheduled fetches, each jittered by up to a tenth; 0: only on `airlockctl repo sync` and when a task needs a base.",
+    },
+    KeySpec {
+        key: "repository[].upstream.timeout_seconds",
+        kind: int(5, 3_600),
+        default: Some("120"),
+        required: false,
+        meaning: "Wall time one fetch, probe or push may take; past it git and ssh are killed. A timed-out publication is tried again (UPSTREAM_UNREACHABLE), a timed-out fetch is UPSTREAM_FETCH_LIMIT.",
+    },
+    KeySpec {
+        key: "repository[].upstream.max_fetch_mib",
+        kind: int(1, 1 << 20),
+        default: Some("4096"),
+        required: false,
+        meaning: "Largest file (the pack) one fetch may write, in MiB; a fetch beyond it is killed and changes no ref (UPSTREAM_FETCH_LIMIT).",
+    },
+    KeySpec {
+        key: "repository[].signing",
+        kind: Kind::Table,
+        default: None,
+        required: false,
+        meaning: "Sign every governed commit with an SSH signature (Ed25519, deterministic: a replay gives the same commit). The key is installed by `airlockctl repo add --signing-key`, where only the worker's unit reads it; `git verify-commit` with an allowed-signers file checks the commits.",
+    },
+    KeySpec {
+        key: "repository[].signing.principal",
+        kind: Kind::Text { max_chars: 200 },
+        default: None,
+        required: true,
+        meaning: "The signer's name in allowed-signers files (usually an e-mail address, without spaces or commas); shown with the key's fingerprint in `airlockctl show` and the events.",
+    },
     // ---- [[agent]] ---------------------------------------------------------
     section(
         "agent",
@@ -761,7 +858,10 @@ pub(crate) fn spec(key: &str) -> Option<&'static KeySpec> {
 /// The keys directly under a normalised table key ("" is the top level).
 pub(crate) fn children(table: &str) -> Vec<&'static str> {
     // The environment's keys live in their own table (docs/environments.md).
-    if let Some(rest) = table.strip_prefix("repository[].") {
+    if let Some(rest) = table
+        .strip_prefix("repository[].")
+        .filter(|r| r.starts_with("environment"))
+    {
         let prefix = rest.to_owned();
         return crate::ENVIRONMENT_KEYS
             .iter()
@@ -858,7 +958,14 @@ mod tests {
         );
         assert_eq!(
             children("repository[]"),
-            ["name", "path", "description", "environment"]
+            [
+                "name",
+                "path",
+                "description",
+                "environment",
+                "upstream",
+                "signing"
+            ]
         );
         assert!(children("executor").contains(&"limits"));
         assert!(!children("executor").contains(&"processes"));

@@ -374,10 +374,95 @@ pub struct Repository {
     /// Its verification environment (docs/environments.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<Environment>,
+    /// Its upstream, the team's remote (docs/upstream.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    /// Its commit signing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing: Option<Signing>,
     /// The drop-in file that registered it (`repositories.d/NAME.toml`);
     /// `None` for a table in the main file.
     #[serde(skip)]
     pub drop_in: Option<PathBuf>,
+}
+
+/// `[repository.upstream]`: the team's remote.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// ssh://, https:// or an absolute path.
+    pub url: String,
+    /// Push agent branches to it.
+    #[serde(default = "Upstream::default_publish")]
+    pub publish: bool,
+    /// Push options sent with every publication.
+    #[serde(default)]
+    pub push_options: Vec<String>,
+    /// Pinned SSH host keys (known_hosts lines).
+    #[serde(default)]
+    pub host_keys: Vec<String>,
+    /// The user name sent with an https token.
+    #[serde(default = "Upstream::default_user")]
+    pub user: String,
+    /// Seconds between scheduled fetches (0: none).
+    #[serde(default = "Upstream::default_sync_interval")]
+    pub sync_interval_seconds: u32,
+    /// Wall time of one transfer.
+    #[serde(default = "Upstream::default_timeout")]
+    pub timeout_seconds: u32,
+    /// Largest pack one fetch may write, MiB.
+    #[serde(default = "Upstream::default_max_fetch")]
+    pub max_fetch_mib: u32,
+}
+
+impl Upstream {
+    /// An upstream at `url` with every other key at its default.
+    pub fn at(url: &str) -> Upstream {
+        Upstream {
+            url: url.to_owned(),
+            publish: true,
+            push_options: Vec::new(),
+            host_keys: Vec::new(),
+            user: Upstream::default_user(),
+            sync_interval_seconds: Upstream::default_sync_interval(),
+            timeout_seconds: Upstream::default_timeout(),
+            max_fetch_mib: Upstream::default_max_fetch(),
+        }
+    }
+    fn default_publish() -> bool {
+        true
+    }
+    fn default_user() -> String {
+        "git".to_owned()
+    }
+    fn default_sync_interval() -> u32 {
+        300
+    }
+    fn default_timeout() -> u32 {
+        120
+    }
+    fn default_max_fetch() -> u32 {
+        4096
+    }
+}
+
+/// `[repository.signing]`: SSH signatures on governed commits.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signing {
+    /// The signer's allowed-signers name.
+    pub principal: String,
+}
+
+/// The file names, in the worker's credentials directory, of a
+/// repository's upstream credential and signing key (systemd's
+/// `$CREDENTIALS_DIRECTORY`, filled by `LoadCredential=` lines that
+/// `airlockctl repo add` writes; airlock-local's own directory).
+pub fn credential_names(repository: &str) -> (String, String) {
+    (
+        format!("upstream-{repository}"),
+        format!("signing-{repository}"),
+    )
 }
 
 /// One `[[agent]]`: a planner the supervisor runs, restarts and holds.
@@ -640,19 +725,28 @@ pub fn repository_text(repo: &Repository) -> String {
     if let Some(d) = &repo.description {
         out.push_str(&format!("description = {}\n", quote(d)));
     }
-    if let Some(env) = &repo.environment {
-        // Nested under the repository: [repository.environment] after
-        // [[repository]] belongs to that table.
-        #[derive(Serialize)]
-        struct Nest<'a> {
-            repository: Wrap<'a>,
-        }
-        #[derive(Serialize)]
-        struct Wrap<'a> {
-            environment: &'a Environment,
-        }
+    // Nested under the repository: [repository.environment] (and
+    // .upstream, .signing) after [[repository]] belongs to that table.
+    #[derive(Serialize)]
+    struct Nest<'a> {
+        repository: Wrap<'a>,
+    }
+    #[derive(Serialize)]
+    struct Wrap<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        upstream: Option<&'a Upstream>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        signing: Option<&'a Signing>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        environment: Option<&'a Environment>,
+    }
+    if repo.environment.is_some() || repo.upstream.is_some() || repo.signing.is_some() {
         if let Ok(text) = toml::to_string(&Nest {
-            repository: Wrap { environment: env },
+            repository: Wrap {
+                upstream: repo.upstream.as_ref(),
+                signing: repo.signing.as_ref(),
+                environment: repo.environment.as_ref(),
+            },
         }) {
             out.push('\n');
             out.push_str(&text);

@@ -248,6 +248,27 @@ impl Check<'_, '_> {
                     return Err(self.src.refuse(key, expected, format_args!("{text:?}")));
                 }
             }
+            if let Some(up) = &repo.upstream {
+                self.upstream(i, up)?;
+            }
+            if let Some(signing) = &repo.signing {
+                let key = format!("repository[{i}].signing.principal");
+                let p = &signing.principal;
+                if p.is_empty()
+                    || p.chars().count() > 200
+                    || p.chars()
+                        .any(|c| c.is_control() || c.is_whitespace() || c == ',')
+                {
+                    return Err(self.src.refuse(
+                        key,
+                        format_args!(
+                            "{}, without spaces or commas (such as agent@example.org)",
+                            describe("repository[].signing.principal")
+                        ),
+                        format_args!("{p:?}"),
+                    ));
+                }
+            }
             if let Some(env) = &repo.environment {
                 env.check().map_err(|e| {
                     let key =
@@ -259,6 +280,63 @@ impl Check<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    fn upstream(&self, i: usize, up: &crate::Upstream) -> Result {
+        let at = |k: &str| format!("repository[{i}].upstream.{k}");
+        let scheme = airlock_proto::upstream::Scheme::of(&up.url).map_err(|e| {
+            self.src.refuse(
+                at("url"),
+                describe("repository[].upstream.url"),
+                format_args!("{:?} ({})", up.url, e.detail.unwrap_or_default()),
+            )
+        })?;
+        self.list_at(
+            &at("push_options"),
+            "repository[].upstream.push_options",
+            &up.push_options,
+        )?;
+        self.list_at(
+            &at("host_keys"),
+            "repository[].upstream.host_keys",
+            &up.host_keys,
+        )?;
+        if scheme == airlock_proto::upstream::Scheme::Ssh && up.host_keys.is_empty() {
+            return Err(self.src.refuse(
+                at("host_keys"),
+                "the remote's host keys (an ssh:// upstream is reached only with pinned keys; `ssh-keyscan HOST` prints them, check them out of band)",
+                "[]",
+            ));
+        }
+        if up.user.is_empty()
+            || up.user.contains(':')
+            || up.user.chars().count() > 64
+            || up.user.chars().any(char::is_control)
+        {
+            return Err(self.src.refuse(
+                at("user"),
+                format_args!(
+                    "{}, not empty and without ':'",
+                    describe("repository[].upstream.user")
+                ),
+                format_args!("{:?}", up.user),
+            ));
+        }
+        self.int_at(
+            &at("sync_interval_seconds"),
+            "repository[].upstream.sync_interval_seconds",
+            up.sync_interval_seconds,
+        )?;
+        self.int_at(
+            &at("timeout_seconds"),
+            "repository[].upstream.timeout_seconds",
+            up.timeout_seconds,
+        )?;
+        self.int_at(
+            &at("max_fetch_mib"),
+            "repository[].upstream.max_fetch_mib",
+            up.max_fetch_mib,
+        )
     }
 
     fn agents(&self, agents: &[Agent]) -> Result {
@@ -528,6 +606,23 @@ fn item_ok(item: Item, value: &str) -> bool {
         }
         Item::CredentialPath => check_relative_path(value).is_ok() && is_credential_path(value),
         Item::User => is_unix_name(value),
+        Item::HostKey => {
+            let fields: Vec<&str> = value.split(' ').collect();
+            fields.len() >= 3
+                && !fields[0].is_empty()
+                && !fields[0].starts_with('@')
+                && fields[1].starts_with(|c: char| c.is_ascii_lowercase())
+                && fields[2].len() >= 16
+                && fields[2]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+                && !value.chars().any(char::is_control)
+        }
+        Item::PushOption => {
+            !value.is_empty()
+                && value.chars().count() <= 200
+                && !value.chars().any(char::is_control)
+        }
         Item::RepositoryName => is_repository_name(value),
         Item::EnvironmentName => {
             let mut chars = value.chars();

@@ -48,6 +48,25 @@ fn doc_with(key: &str, value: &str) -> String {
         let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k} = {v}")).collect();
         return format!("[[agent]]\n{}\n", body.join("\n"));
     }
+    for (table, required) in [
+        ("upstream", ("url", "\"/srv/git/upstream.git\"")),
+        ("signing", ("principal", "\"agent@example.org\"")),
+    ] {
+        if let Some(field) = key
+            .strip_prefix("repository[].")
+            .and_then(|k| k.strip_prefix(table))
+            .and_then(|k| k.strip_prefix('.'))
+        {
+            let mut fields = vec![(required.0, required.1.to_owned())];
+            fields.retain(|(name, _)| *name != field);
+            fields.push((field, value.to_owned()));
+            let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            return format!(
+                "[[repository]]\nname = \"r\"\npath = \"/srv/git/r.git\"\n[repository.{table}]\n{}\n",
+                body.join("\n")
+            );
+        }
+    }
     if let Some(field) = key.strip_prefix("repository[].") {
         let mut fields = vec![
             ("name", "\"r\"".to_owned()),
@@ -196,10 +215,14 @@ fn every_key_accepts_its_default_written_out() {
             (None, Kind::RepositoryName) => "\"repo.name_1-x\"".to_owned(),
             (None, Kind::Path) => "\"/srv/git/x.git\"".to_owned(),
             (None, Kind::AuthorizationId) => "\"owner-2026-example\"".to_owned(),
+            (None, _) if spec.key == "repository[].signing.principal" => {
+                "\"agent@example.org\"".to_owned()
+            }
             (None, Kind::Text { .. }) => "\"Ünïcode text is fine\"".to_owned(),
             (None, Kind::AgentName) => "\"planner-1_x\"".to_owned(),
             (None, Kind::Argv { .. }) => "[\"/usr/bin/python3\", \"-m\", \"-m\"]".to_owned(),
             (None, Kind::List { .. }) => "[\"repo.name_1-x\", \"other\"]".to_owned(),
+            (None, Kind::UpstreamUrl) => "\"https://forge.example:8443/team/r.git\"".to_owned(),
             (None, other) => panic!("no sample for {} ({other:?})", spec.key),
         };
         let text = doc_with(spec.key, &value);
@@ -222,6 +245,14 @@ fn wrong_values(kind: Kind) -> Vec<String> {
             v
         }
         Kind::Bool => vec!["\"false\"".into(), "0".into()],
+        Kind::UpstreamUrl => vec![
+            "\"git@host:repo.git\"".into(),
+            "\"http://host/repo\"".into(),
+            "\"ext::sh -c x\"".into(),
+            "\"relative/repo\"".into(),
+            "\"https://user:token@host/repo\"".into(),
+            "7".into(),
+        ],
         Kind::Path => vec![
             "\"relative/path\"".into(),
             "\"/a/../b\"".into(),
@@ -346,6 +377,8 @@ fn integer_errors_say_range_and_value() {
         );
         let line = if spec.key.starts_with("agent[]") {
             5
+        } else if spec.key.starts_with("repository[].upstream.") {
+            6
         } else {
             2
         };
@@ -1012,6 +1045,8 @@ fn drop_ins_register_repositories_after_the_main_file() {
                 timeout_seconds: 300,
             }),
         }),
+        upstream: None,
+        signing: None,
         drop_in: None,
     };
     let (_d, config) = drop_in_fixture(
@@ -1148,6 +1183,8 @@ fn an_agents_repositories_must_be_registered_when_loaded() {
         path: "/srv/airlock/demo.git".into(),
         description: None,
         environment: None,
+        upstream: None,
+        signing: None,
         drop_in: None,
     };
     let (_d, config) = drop_in_fixture(

@@ -38,13 +38,14 @@ mod refs;
 mod signing;
 mod upstream;
 
+pub use airlock_proto::upstream::Scheme;
 pub use archive::{ArchiveLimits, ArchiveStats};
 pub use commit::{CommitSpec, FileChange};
 pub use error::{GitError, GitResult};
 pub use refs::RefUpdate;
 pub use signing::{Signer, SigningError};
 pub use upstream::{
-    Credential, PushAnswer, RefChange, SSH_KEY_ENV, Scheme, SyncReport, Upstream, ssh_launcher_main,
+    Credential, PushAnswer, RefChange, SSH_KEY_ENV, SyncReport, Upstream, ssh_launcher_main,
 };
 
 pub use command::{Git, default_program};

@@ -87,9 +87,11 @@ fn next_step(
         Phase::WorkspacePrepared => Phase::VerificationPassed,
         Phase::VerificationPassed if rng.gen_bool(0.5) => Phase::CommitDone,
         Phase::VerificationPassed => Phase::SourceCaptureDone,
-        Phase::CommitDone | Phase::SourceCaptureDone | Phase::ReconciliationRequired => {
-            Phase::ResultPending
-        }
+        Phase::CommitDone if rng.gen_bool(0.5) => Phase::Published,
+        Phase::CommitDone
+        | Phase::Published
+        | Phase::SourceCaptureDone
+        | Phase::ReconciliationRequired => Phase::ResultPending,
         Phase::ResultPending | Phase::ResultSubmitted => Phase::ResultSubmitted,
     };
     (binding(task, attempt), next)

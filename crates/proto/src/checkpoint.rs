@@ -21,6 +21,8 @@ pub enum Phase {
     SourceCaptureDone,
     /// The governed commit exists and the ref points at it.
     CommitDone,
+    /// The agent branch is on the upstream at the governed commit.
+    Published,
     /// A state the worker cannot settle alone; needs an explicit recovery.
     ReconciliationRequired,
     /// The result, its hash and its idempotency key are recorded; not yet submitted.
@@ -37,6 +39,7 @@ impl Phase {
         Phase::VerificationPassed,
         Phase::SourceCaptureDone,
         Phase::CommitDone,
+        Phase::Published,
         Phase::ReconciliationRequired,
         Phase::ResultPending,
         Phase::ResultSubmitted,
@@ -50,6 +53,7 @@ impl Phase {
             Phase::WorkspacePrepared => 20,
             Phase::VerificationPassed => 30,
             Phase::SourceCaptureDone | Phase::CommitDone => 40,
+            Phase::Published => 42,
             Phase::ReconciliationRequired => 45,
             Phase::ResultPending => 50,
             Phase::ResultSubmitted => 60,
@@ -64,6 +68,7 @@ impl Phase {
             Phase::VerificationPassed => "verification_passed",
             Phase::SourceCaptureDone => "source_capture_done",
             Phase::CommitDone => "commit_done",
+            Phase::Published => "published",
             Phase::ReconciliationRequired => "reconciliation_required",
             Phase::ResultPending => "result_pending",
             Phase::ResultSubmitted => "result_submitted",
@@ -86,6 +91,9 @@ impl Phase {
                 "a source capture finished (or an earlier attempt's capture of the identical execution and binding is reused); the capture is in the payload"
             }
             Phase::CommitDone => "the governed commit exists and the branch points at it",
+            Phase::Published => {
+                "the upstream's agent branch is at the governed commit (pushed now, or found there on a replay); the upstream's answer is in the payload"
+            }
             Phase::ReconciliationRequired => {
                 "the worker cannot settle the attempt alone (recorded at any point; the branch's observed head when it moved)"
             }
@@ -106,6 +114,7 @@ impl Phase {
                 &["capture", "exec_result_sha256", "isolation", "request_id"]
             }
             Phase::CommitDone => &["commit_oid", "exec_result_sha256"],
+            Phase::Published => &["commit_oid", "exec_result_sha256", "publication"],
             Phase::ReconciliationRequired => &["code", "commit_oid", "detail", "observed_head"],
             Phase::ResultPending => &["idempotency_key", "result", "result_sha256"],
             Phase::ResultSubmitted => &[
@@ -210,6 +219,8 @@ pub enum Payload {
     SourceCaptureDone(Box<SourceCaptureDonePayload>),
     /// `commit_done`.
     CommitDone(CommitDonePayload),
+    /// `published`.
+    Published(PublishedPayload),
     /// `reconciliation_required`.
     ReconciliationRequired(ReconciliationPayload),
     /// `result_pending`.
@@ -280,6 +291,18 @@ pub struct CommitDonePayload {
     pub commit_oid: String,
     /// SHA-256 of the executor's result bundle it was made from.
     pub exec_result_sha256: String,
+}
+
+/// `published`: the governed commit is on the upstream's agent branch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishedPayload {
+    /// The governed commit.
+    pub commit_oid: String,
+    /// SHA-256 of the executor's result bundle it was made from.
+    pub exec_result_sha256: String,
+    /// What the upstream answered.
+    pub publication: crate::task::Publication,
 }
 
 /// `reconciliation_required`: why the worker cannot settle the attempt
@@ -379,6 +402,7 @@ impl Payload {
             Payload::VerificationPassed(_) => Phase::VerificationPassed,
             Payload::SourceCaptureDone(_) => Phase::SourceCaptureDone,
             Payload::CommitDone(_) => Phase::CommitDone,
+            Payload::Published(_) => Phase::Published,
             Payload::ReconciliationRequired(_) => Phase::ReconciliationRequired,
             Payload::ResultPending(_) => Phase::ResultPending,
             Payload::ResultSubmitted(_) => Phase::ResultSubmitted,
@@ -393,6 +417,7 @@ impl Payload {
             Payload::VerificationPassed(p) => serde_json::to_value(p),
             Payload::SourceCaptureDone(p) => serde_json::to_value(p),
             Payload::CommitDone(p) => serde_json::to_value(p),
+            Payload::Published(p) => serde_json::to_value(p),
             Payload::ReconciliationRequired(p) => serde_json::to_value(p),
             Payload::ResultPending(p) => serde_json::to_value(p),
             Payload::ResultSubmitted(p) => serde_json::to_value(p),
@@ -414,6 +439,7 @@ impl Payload {
             Phase::VerificationPassed => Payload::VerificationPassed(typed(phase, value)?),
             Phase::SourceCaptureDone => Payload::SourceCaptureDone(typed(phase, value)?),
             Phase::CommitDone => Payload::CommitDone(typed(phase, value)?),
+            Phase::Published => Payload::Published(typed(phase, value)?),
             Phase::ReconciliationRequired => {
                 Payload::ReconciliationRequired(match ReconciliationPayload::deserialize(value) {
                     Ok(p) => p,
@@ -483,6 +509,14 @@ impl Payload {
             Payload::CommitDone(p) => {
                 oid("commit_oid", &p.commit_oid)?;
                 sha("exec_result_sha256", &p.exec_result_sha256)
+            }
+            Payload::Published(p) => {
+                oid("commit_oid", &p.commit_oid)?;
+                sha("exec_result_sha256", &p.exec_result_sha256)?;
+                if p.publication.commit_oid != p.commit_oid {
+                    return Err("the publication names another commit".into());
+                }
+                named("publication.remote_ref", &p.publication.remote_ref)
             }
             Payload::ReconciliationRequired(p) => {
                 if let Some(c) = &p.commit_oid {
@@ -568,6 +602,8 @@ mod tests {
             isolation: Some(crate::task::Isolation::unmeasured()),
             captured: None,
             reconciliation: None,
+            publication: None,
+            signature: None,
         }
     }
 
@@ -620,6 +656,18 @@ mod tests {
             Payload::CommitDone(CommitDonePayload {
                 commit_oid: "c".repeat(40),
                 exec_result_sha256: "e".repeat(64),
+            }),
+            Payload::Published(PublishedPayload {
+                commit_oid: "c".repeat(40),
+                exec_result_sha256: "e".repeat(64),
+                publication: crate::task::Publication {
+                    url: "ssh://git@forge.example/team/r.git".into(),
+                    remote_ref: "refs/heads/agent/task-p1-a".into(),
+                    commit_oid: "c".repeat(40),
+                    pushed: true,
+                    answer: "*\tc:refs/heads/agent/task-p1-a\t[new branch]".into(),
+                    push_options: vec![],
+                },
             }),
             Payload::ReconciliationRequired(ReconciliationPayload {
                 code: Code::RECONCILIATION_REQUIRED,
@@ -737,6 +785,12 @@ mod tests {
             Phase::WorkspacePrepared,
             json!({"request_id": "", "request_sha256": "a".repeat(64), "source_tree": "b".repeat(40)}),
         );
+        // A publication of another commit than the one it records.
+        let Payload::Published(mut p) = one_of_each().remove(5) else {
+            unreachable!()
+        };
+        p.publication.commit_oid = "d".repeat(40);
+        corrupt(Phase::Published, Payload::Published(p).to_value());
         corrupt(
             Phase::ReconciliationRequired,
             json!({"code": "NOT_A_CODE", "detail": "x"}),
@@ -746,7 +800,7 @@ mod tests {
             json!({"idempotency_key": "a1-result-0000000000", "result_sha256": "f".repeat(64), "outcome": "passed", "replay": false}),
         );
         // A pending result that no longer hashes to its recorded digest.
-        let Payload::ResultPending(mut p) = one_of_each().remove(6) else {
+        let Payload::ResultPending(mut p) = one_of_each().remove(7) else {
             unreachable!()
         };
         p.result.attempt = 2;

@@ -58,5 +58,6 @@ pub mod retry;
 pub mod states;
 pub mod task;
 pub mod tree;
+pub mod upstream;
 
 pub use error::{Class, Code, Error, Result};

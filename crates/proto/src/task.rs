@@ -225,6 +225,43 @@ pub struct TaskResult {
     /// on a failed result with `RECONCILIATION_REQUIRED`, absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconciliation: Option<crate::reconcile::BranchFacts>,
+    /// Where the governed commit was published: present on a passed
+    /// result of a repository whose upstream publishes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publication: Option<Publication>,
+    /// Who signed the governed commit: present on a passed result of a
+    /// repository that signs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+/// The publication of a governed commit to the repository's upstream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Publication {
+    /// The upstream's URL (never with a credential in it).
+    pub url: String,
+    /// The ref pushed, `refs/heads/agent/…`.
+    pub remote_ref: String,
+    /// The commit it is at.
+    pub commit_oid: String,
+    /// Whether this attempt sent it (false: the upstream already had the
+    /// branch at the commit, as after a crash between push and record).
+    pub pushed: bool,
+    /// The upstream's answer (git's porcelain line).
+    pub answer: String,
+    /// The push options sent.
+    pub push_options: Vec<String>,
+}
+
+/// The SSH signature of a governed commit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signature {
+    /// The signer's principal (allowed-signers name).
+    pub principal: String,
+    /// The public key's fingerprint, `SHA256:…`.
+    pub fingerprint: String,
 }
 
 /// What a source capture returns to the planner: the files its plan asked

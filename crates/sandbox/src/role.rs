@@ -64,6 +64,10 @@ pub enum Slot {
     WorkRoot,
     /// The directory of the executor's `run-once --out`.
     OutputDir,
+    /// The worker's credentials directory (`$CREDENTIALS_DIRECTORY`).
+    Credentials,
+    /// Every upstream that is a local path (`repository[].upstream.url`).
+    LocalUpstreams,
 }
 
 impl Slot {
@@ -82,6 +86,8 @@ impl Slot {
             Slot::SpoolWants => "spool `wants/`",
             Slot::WorkRoot => "`--work` root",
             Slot::OutputDir => "directory of `run-once --out`",
+            Slot::Credentials => "`$CREDENTIALS_DIRECTORY`",
+            Slot::LocalUpstreams => "each local-path `upstream.url`",
         }
     }
 }
@@ -487,6 +493,22 @@ const WORKER: RolePolicy = RolePolicy {
                     "re-reads the repository drop-ins on SIGHUP (systemctl reload); airlock.toml itself is read once, before lockdown",
                 )
             },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::Credentials,
+                    Access::Read,
+                    "the upstreams' deploy keys and tokens and the signing keys systemd delivers (LoadCredential=)",
+                )
+            },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::LocalUpstreams,
+                    Access::All,
+                    "a local-path upstream: fetched from, and the agent branches pushed to it",
+                )
+            },
         ],
     ],
     lifted: &[],
@@ -494,7 +516,32 @@ const WORKER: RolePolicy = RolePolicy {
     limits: &[],
     degraded: Degraded::Warn,
     max_abi: DAEMON_MAX_ABI,
-    tcp: None,
+    tcp: Some(TcpPolicy {
+        when: "a repository's upstream is an ssh:// or https:// URL (its port; a local path needs nothing more)",
+        grants: &[
+            fixed(
+                "/etc/hosts",
+                Access::FileRead,
+                "resolving the upstream's name",
+            ),
+            fixed(
+                "/etc/resolv.conf",
+                Access::FileRead,
+                "resolving the upstream's name (DNS)",
+            ),
+            fixed(
+                "/etc/gai.conf",
+                Access::FileRead,
+                "address order when the name has several",
+            ),
+            fixed("/etc/host.conf", Access::FileRead, "resolver options"),
+            fixed(
+                "/etc/ssl",
+                Access::Read,
+                "the system's CA certificates, for an https upstream",
+            ),
+        ],
+    }),
 };
 
 const EXECUTOR: RolePolicy = RolePolicy {

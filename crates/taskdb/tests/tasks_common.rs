@@ -166,6 +166,8 @@ pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
         exec_result_sha256: Some("e".repeat(64)),
         failure_code: (outcome == Outcome::Failed).then(|| "VERIFICATION_FAILED".into()),
         reconciliation: None,
+        publication: None,
+        signature: None,
         isolation: (outcome != Outcome::Failed).then(|| airlock_proto::task::Isolation {
             landlock_abi: Some(7),
             landlock: "full".into(),

@@ -26,3 +26,17 @@ pub fn repository(layout: &Layout, ids: &Ids, name: &str, from: &Path) -> Result
     layout::chown_tree(&target, ids.worker, ids)
         .map_err(|e| format!("giving {} to the worker: {e}", target.display()))
 }
+
+/// Makes `<repos>/NAME.git` an empty bare repository, owned by the worker,
+/// unless it exists: an upstream-only repository, which the worker's first
+/// sync fills.
+pub fn empty(layout: &Layout, ids: &Ids, name: &str) -> Result<(), String> {
+    let target = layout.repos().join(format!("{name}.git"));
+    if target.join("HEAD").exists() {
+        return Ok(());
+    }
+    airlock_git::init(airlock_git::default_program(), &target, true, "sha1")
+        .map_err(|e| format!("making {}: {e} [{}]", target.display(), e.code().as_str()))?;
+    layout::chown_tree(&target, ids.worker, ids)
+        .map_err(|e| format!("giving {} to the worker: {e}", target.display()))
+}

@@ -310,16 +310,34 @@ description = "sample repository made by airlock-local demo"
         extra = tuning
             .repositories
             .iter()
-            .map(|(name, _)| {
+            .map(|(name, _)| name)
+            .chain(
+                tuning
+                    .upstreams
+                    .iter()
+                    .map(|u| &u.name)
+                    .filter(|n| !tuning.repositories.iter().any(|(r, _)| r == *n)),
+            )
+            .map(|name| {
+                let up = tuning.upstreams.iter().find(|u| &u.name == name);
                 let repo = airlock_config::Repository {
                     name: name.clone(),
                     path: repos.join(format!("{name}.git")),
-                    description: Some(format!("imported by airlock-local up --repo {name}=…")),
+                    description: Some(match up {
+                        Some(u) => format!("follows {}", u.upstream.url),
+                        None => format!("imported by airlock-local up --repo {name}=…"),
+                    }),
                     environment: tuning
                         .environments
                         .iter()
                         .find(|(n, _)| n == name)
                         .map(|(_, e)| e.clone()),
+                    upstream: up.map(|u| u.upstream.clone()),
+                    signing: up.and_then(|u| u.signing.as_ref()).map(|(principal, _)| {
+                        airlock_config::Signing {
+                            principal: principal.clone(),
+                        }
+                    }),
                     drop_in: None,
                 };
                 format!("\n{}", airlock_config::repository_text(&repo))

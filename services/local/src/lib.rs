@@ -99,6 +99,24 @@ pub struct Tuning {
     /// these addresses whatever their range (where this host's resolver
     /// answers registries with documentation-range addresses).
     pub egress_permit: Vec<std::net::IpAddr>,
+    /// Upstreams of the caller's repositories (`--upstream NAME=URL`): a
+    /// name also in `repositories` is imported, then follows its upstream;
+    /// any other starts empty and is filled by the worker's first sync.
+    pub upstreams: Vec<LocalUpstream>,
+}
+
+/// One repository's upstream under airlock-local.
+#[derive(Debug, Clone)]
+pub struct LocalUpstream {
+    /// The repository.
+    pub name: String,
+    /// `repository[].upstream` as written to the configuration.
+    pub upstream: airlock_config::Upstream,
+    /// The deploy key (ssh) or token (https), copied where only the
+    /// worker's uid reads it.
+    pub credential: Option<PathBuf>,
+    /// The signer's principal and its Ed25519 key, when commits are signed.
+    pub signing: Option<(String, PathBuf)>,
 }
 
 /// A PostgreSQL task store several stacks share.
@@ -132,6 +150,7 @@ impl Default for Tuning {
             executor_landlock: None,
             environments: Vec::new(),
             egress_permit: Vec::new(),
+            upstreams: Vec::new(),
         }
     }
 }
@@ -146,7 +165,12 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     }
     let root = std::path::absolute(&state).map_err(|e| e.to_string())?;
     let layout = Layout { root };
-    for (name, _) in &tuning.repositories {
+    let names = tuning
+        .repositories
+        .iter()
+        .map(|(n, _)| n)
+        .chain(tuning.upstreams.iter().map(|u| &u.name));
+    for name in names {
         if !airlock_proto::binding::is_repository_name(name) || name == "demo" {
             return Err(format!(
                 "--repo {name}=…: a name is 1 to 64 characters [A-Za-z0-9._-] starting with a letter or digit, other than demo"
@@ -220,6 +244,43 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     }
     for (name, path) in &tuning.repositories {
         import::repository(&layout, &ids, name, path)?;
+    }
+    for up in &tuning.upstreams {
+        if !tuning.repositories.iter().any(|(n, _)| n == &up.name) {
+            import::empty(&layout, &ids, &up.name)?;
+        }
+    }
+    // The worker's credentials, as systemd's LoadCredential= would hand
+    // them over: a directory and files only the worker's uid may read.
+    let mut worker_env = vec![];
+    let worker_credentials: Vec<(String, &std::path::Path)> = tuning
+        .upstreams
+        .iter()
+        .flat_map(|u| {
+            let (credential, signing) = airlock_config::credential_names(&u.name);
+            u.credential
+                .as_deref()
+                .map(|p| (credential, p))
+                .into_iter()
+                .chain(u.signing.as_ref().map(|(_, p)| (signing, p.as_path())))
+        })
+        .collect();
+    if !worker_credentials.is_empty() {
+        let creds = layout.path("worker-credentials");
+        let _ = std::fs::remove_dir_all(&creds);
+        std::fs::create_dir_all(&creds).map_err(|e| e.to_string())?;
+        for (name, from) in &worker_credentials {
+            let bytes = std::fs::read(from).map_err(|e| format!("{}: {e}", from.display()))?;
+            layout::file(&creds.join(name), &bytes, 0o400, ids.worker, &ids)
+                .map_err(|e| e.to_string())?;
+        }
+        layout::chown_tree(&creds, ids.worker, &ids).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o500))
+            .map_err(|e| e.to_string())?;
+        worker_env.push((
+            "CREDENTIALS_DIRECTORY".to_owned(),
+            creds.display().to_string(),
+        ));
     }
     preflight::check_config(&layout, &ids)?;
 
@@ -349,7 +410,7 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                     s("--executor-uid"),
                     ids.executor.uid.to_string(),
                 ],
-                env: vec![],
+                env: worker_env,
                 id: ids.worker,
                 new_netns: false,
                 netns: tuning.netns.clone(),

@@ -68,6 +68,8 @@ fn a_reload_serves_a_new_repository_and_refuses_a_removed_one() {
         path: suite.layout.repos().join("extra.git"),
         description: None,
         environment: None,
+        upstream: None,
+        signing: None,
         drop_in: None,
     };
     std::fs::write(&drop_in, airlock_config::drop_in_text(&extra)).unwrap();

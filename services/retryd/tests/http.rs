@@ -86,6 +86,8 @@ fn exhausted_task(store: &mut SqliteStore, task: &str) {
         failure_code: Some("VERIFICATION_FAILED".into()),
         verification: vec![],
         reconciliation: None,
+        publication: None,
+        signature: None,
         isolation: None,
         captured: None,
     };

@@ -50,6 +50,8 @@ async fn a_reload_registers_and_removes_repositories_and_fails_the_orphaned_task
         path: "/srv/airlock/calc.git".into(),
         description: None,
         environment: None,
+        upstream: None,
+        signing: None,
         drop_in: None,
     };
 

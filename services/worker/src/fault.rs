@@ -59,6 +59,10 @@ pub enum FaultPoint {
     /// The supervisor accepted the result; `result_submitted` is not yet
     /// appended.
     ResultAccepted,
+    /// The publication is about to push (the upstream not yet asked).
+    BeforePush,
+    /// The upstream took the push; `published` is not yet appended.
+    AfterPush,
 }
 
 impl FaultPoint {
@@ -67,11 +71,13 @@ impl FaultPoint {
         match name {
             "ref_updated" => Ok(FaultPoint::RefUpdated),
             "result_accepted" => Ok(FaultPoint::ResultAccepted),
+            "before_push" => Ok(FaultPoint::BeforePush),
+            "after_push" => Ok(FaultPoint::AfterPush),
             other => Phase::parse(other).map(FaultPoint::AfterPhase).map_err(|_| {
                 Error::with(
                     Code::CONFIG_INVALID,
                     format!(
-                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, ref_updated or result_accepted)"
+                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, ref_updated, result_accepted, before_push or after_push)"
                     ),
                 )
             }),
@@ -84,6 +90,8 @@ impl FaultPoint {
             FaultPoint::AfterPhase(p) => p.as_str(),
             FaultPoint::RefUpdated => "ref_updated",
             FaultPoint::ResultAccepted => "result_accepted",
+            FaultPoint::BeforePush => "before_push",
+            FaultPoint::AfterPush => "after_push",
         }
     }
 

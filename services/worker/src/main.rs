@@ -44,6 +44,11 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Started by git as its ssh (GIT_SSH) for an upstream transfer: become
+    // airlock's ssh launcher, before anything else.
+    if std::env::var_os(airlock_git::SSH_KEY_ENV).is_some() {
+        airlock_git::ssh_launcher_main();
+    }
     let args = Args::parse();
     airlock_service::init_logging();
     match run(args) {
@@ -72,8 +77,12 @@ fn settings(config: &Config, executor_uid: Option<u32>) -> Result<WorkerSettings
         repositories: config
             .repositories
             .iter()
-            .map(|r| (r.name.clone(), r.path.clone()))
+            .map(|r| (r.name.clone(), r.clone()))
             .collect(),
+        credentials: std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from),
+        upstream_state: state_dir.join("upstream"),
+        ssh_launcher: std::env::current_exe()
+            .map_err(|e| Error::with(Code::INTERNAL, format!("the worker's own path: {e}")))?,
         capabilities: config.worker.capabilities.clone(),
         workspace_root: config.worker.workspace_root.clone(),
         envelope_dir: state_dir.join("envelopes"),
@@ -183,6 +192,15 @@ fn run(args: Args) -> Result<(), Error> {
                 .map_err(|e| Error::with(Code::INTERNAL, format!("spawning a thread: {e}")))?,
         );
     }
+    // Following the upstreams: a thread of its own, so a slow remote
+    // never delays a claim.
+    {
+        let worker = Arc::clone(&worker);
+        std::thread::Builder::new()
+            .name("upstreams".into())
+            .spawn(move || worker.follow_upstreams())
+            .map_err(|e| Error::with(Code::INTERNAL, format!("spawning a thread: {e}")))?;
+    }
     let poll = Duration::from_secs_f64(args.poll_seconds.clamp(0.05, 60.0));
     let wakeup = Arc::new(Wakeup::default());
     if let Err(e) = follow_queued(worker.bus(), Arc::clone(&wakeup)) {
@@ -270,6 +288,25 @@ fn confine(
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    // The upstreams known at start: the ports their URLs connect to (the
+    // Landlock TCP rule), and the local paths (a grant each). An upstream
+    // registered later with a new port needs a restart, which `airlockctl
+    // repo add` does anyway (credentials are delivered at start).
+    let mut ports = std::collections::BTreeSet::new();
+    let mut local_upstreams = Vec::new();
+    for up in settings
+        .repositories
+        .values()
+        .filter_map(|r| r.upstream.as_ref())
+    {
+        match airlock_proto::upstream::Scheme::of(&up.url) {
+            Ok(airlock_proto::upstream::Scheme::Local) => local_upstreams.push(PathBuf::from(
+                up.url.strip_prefix("file://").unwrap_or(&up.url),
+            )),
+            Ok(scheme) => ports.extend(scheme.port(&up.url)),
+            Err(_) => {}
+        }
+    }
     let paths = Paths::new()
         .with(Slot::JournalDir, journal_dir)
         .with(Slot::WorkspaceRoot, settings.workspace_root.clone())
@@ -278,9 +315,15 @@ fn confine(
         .with(Slot::SpoolResults, spool.dir_path(Kind::Results))
         .with(Slot::SpoolFailed, spool.dir_path(Kind::Failed))
         .with(Slot::SpoolWants, spool.dir_path(Kind::Wants))
-        .with_all(Slot::Repositories, settings.repositories.values().cloned())
+        .with_all(
+            Slot::Repositories,
+            settings.repositories.values().map(|r| r.path.clone()),
+        )
         .with(Slot::RepositoryRoot, config.worker.repository_root.clone())
-        .with(Slot::DropInDir, drop_ins.to_path_buf());
+        .with(Slot::DropInDir, drop_ins.to_path_buf())
+        .with_all(Slot::Credentials, settings.credentials.clone())
+        .with_all(Slot::LocalUpstreams, local_upstreams)
+        .with_tcp_connect(ports);
     let report = airlock_sandbox::lockdown::lockdown(Role::Worker, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
     tracing::info!("{report}");
@@ -305,7 +348,10 @@ fn reload(worker: &Worker, config: &Config, path: &std::path::Path) {
             );
         }
     }
-    let map = repositories.into_iter().map(|r| (r.name, r.path)).collect();
+    let map = repositories
+        .into_iter()
+        .map(|r| (r.name.clone(), r))
+        .collect();
     let (added, removed) = worker.set_repositories(map);
     tracing::info!(?added, ?removed, "reloaded the registered repositories");
 }

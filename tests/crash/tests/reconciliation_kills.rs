@@ -280,6 +280,8 @@ fn verifying(client: &Supervisor, task: &str) -> TaskView {
         isolation: Some(Isolation::unmeasured()),
         captured: None,
         reconciliation: None,
+        publication: None,
+        signature: None,
     };
     let receipt = client
         .submit_result(&LeaseRef::of(&grant), &format!("result-{task}-1"), &result)

@@ -47,6 +47,8 @@ impl TaskResult {
             isolation: None,
             captured: None,
             reconciliation: None,
+            publication: None,
+            signature: None,
         }
     }
 
@@ -127,6 +129,8 @@ impl TaskResult {
     ) -> Self {
         TaskResult {
             reconciliation: Some(facts),
+            publication: None,
+            signature: None,
             ..Self::failed(envelope, attempt, Code::RECONCILIATION_REQUIRED)
         }
     }
@@ -312,6 +316,8 @@ mod tests {
             failure_code: None,
             verification: vec![],
             reconciliation: None,
+            publication: None,
+            signature: None,
             isolation: None,
             captured: None,
         };

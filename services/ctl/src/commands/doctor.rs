@@ -973,6 +973,8 @@ mod tests {
             path: "/srv/airlock/calc.git".into(),
             description: None,
             environment: Some(airlock_config::Environment::default()),
+            upstream: None,
+            signing: None,
             drop_in: None,
         });
         assert!(egress_socket(&config).is_none());
@@ -1001,6 +1003,8 @@ mod tests {
             path: "/srv/airlock/calc.git".into(),
             description: None,
             environment: Some(env),
+            upstream: None,
+            signing: None,
             drop_in: None,
         };
         let good = environment(&repo(airlock_config::Environment {

@@ -350,6 +350,8 @@ fn add(
         path: target.clone(),
         description,
         environment,
+        upstream: None,
+        signing: None,
         drop_in: None,
     };
     let dir = airlock_config::drop_in_dir(config_path);

@@ -75,6 +75,7 @@ impl Worker {
         grant: &Grant,
         rid: &str,
         done: CommitDonePayload,
+        publication: Option<airlock_proto::task::Publication>,
     ) -> Next {
         let env = &grant.envelope;
         let CommitDonePayload {
@@ -93,7 +94,7 @@ impl Worker {
                 .map(Break);
         }
         let exec = self.read_result(env, rid, Some(&sha))?;
-        let result = TaskResult::passed(
+        let mut result = TaskResult::passed(
             env,
             grant.attempt,
             oid,
@@ -101,7 +102,37 @@ impl Worker {
             summaries(exec.verification.clone()),
             Isolation::from_report(&exec.confinement),
         );
+        result.publication = publication;
+        result.signature =
+            self.signer(&env.binding.repository)?
+                .map(|s| airlock_proto::task::Signature {
+                    principal: s.principal().to_owned(),
+                    fingerprint: s.fingerprint(),
+                });
         Ok(Continue(self.pending(cb, grant, &result)?.0))
+    }
+
+    /// The repository's signer, when it signs: its key from the worker's
+    /// credentials (SIGNING_KEY_INVALID when missing or unusable).
+    pub(super) fn signer(&self, repository: &str) -> super::Step<Option<airlock_git::Signer>> {
+        let Some(signing) = self.repository(repository).and_then(|r| r.signing) else {
+            return Ok(None);
+        };
+        let (_, name) = airlock_config::credential_names(repository);
+        let path = self
+            .settings
+            .credentials
+            .as_ref()
+            .map(|d| d.join(&name))
+            .ok_or_else(|| {
+                Error::with(
+                    Code::SIGNING_KEY_INVALID,
+                    format!("{repository} signs, but the worker has no credentials ({name})"),
+                )
+            })?;
+        airlock_git::Signer::load(&path, &signing.principal)
+            .map(Some)
+            .map_err(|e| Error::with(Code::SIGNING_KEY_INVALID, e.to_string()))
     }
 
     /// What a failed result keeps of the verified executor's result, when
@@ -157,12 +188,16 @@ impl Worker {
         );
         let scratch = self.scratch(rid)?;
         let repo = self.repo(env, &scratch)?;
+        let signer = self.signer(&b.repository)?;
         let oid = repo
-            .governed_commit(&CommitSpec {
-                parent: b.source_head().to_owned(),
-                changes,
-                message,
-            })
+            .governed_commit_signed(
+                &CommitSpec {
+                    parent: b.source_head().to_owned(),
+                    changes,
+                    message,
+                },
+                signer.as_ref(),
+            )
             .map_err(git_err)?;
         let expected = match b.branch_mode {
             airlock_proto::binding::BranchMode::CreateNew => None,

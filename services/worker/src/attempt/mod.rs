@@ -10,7 +10,9 @@
 //! verification_passed ─▶ source_capture_done      capture.rs: the captured paths checked
 //!                     ─▶ commit_done              commit.rs: the governed commit and the CAS
 //! source_capture_done ─▶ result_pending           capture.rs: the captured result
-//! commit_done         ─▶ result_pending           commit.rs: the passed result, while the branch holds it
+//! commit_done         ─▶ published                publish.rs: the agent branch pushed to the upstream (when it publishes)
+//!                     ─▶ result_pending           commit.rs: the passed result, while the branch holds it
+//! published           ─▶ result_pending           commit.rs: the same, with the publication
 //! result_pending      ─▶ result_submitted         report.rs: submitted under the attempt's key
 //! any                 ─▶ reconciliation_required  reconcile.rs
 //! ```
@@ -22,6 +24,7 @@
 mod capture;
 mod commit;
 mod lease;
+mod publish;
 mod reconcile;
 mod report;
 mod spool;
@@ -33,7 +36,9 @@ use airlock_git::GitError;
 use airlock_journal::checkpoint::Checkpoint;
 use airlock_proto::bundle::request_id_for;
 use airlock_proto::bus::LeaseRef;
-use airlock_proto::checkpoint::{CheckpointBinding, ClaimedPayload, Payload, Phase};
+use airlock_proto::checkpoint::{
+    CheckpointBinding, ClaimedPayload, CommitDonePayload, Payload, Phase,
+};
 use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::task::Outcome;
 use airlock_proto::{Code, Error};
@@ -192,7 +197,17 @@ impl Worker {
                     self.commit_verified(&cb, grant, &rid, passed, lease)
                 }
                 Some(Payload::SourceCaptureDone(done)) => self.report_capture(&cb, grant, *done),
-                Some(Payload::CommitDone(done)) => self.converge(&cb, grant, &rid, done),
+                Some(Payload::CommitDone(done)) if self.publishes(&env.binding.repository) => {
+                    self.publish(&cb, grant, &rid, done)
+                }
+                Some(Payload::CommitDone(done)) => self.converge(&cb, grant, &rid, done, None),
+                Some(Payload::Published(p)) => {
+                    let done = CommitDonePayload {
+                        commit_oid: p.commit_oid,
+                        exec_result_sha256: p.exec_result_sha256,
+                    };
+                    self.converge(&cb, grant, &rid, done, Some(p.publication))
+                }
                 Some(Payload::ResultPending(pending)) => {
                     self.submit(&cb, grant, &pending).map(Break)
                 }
@@ -215,6 +230,13 @@ impl Worker {
     /// and the lease recorded.
     fn claim(&self, cb: &CheckpointBinding, grant: &Grant, rid: &str) -> Next {
         self.keep_envelope(&grant.envelope)?;
+        // A base the planner saw upstream before the schedule fetched it:
+        // fetch first. A failed sync is not this step's failure; a base
+        // still missing fails where the archive is made.
+        let b = &grant.envelope.binding;
+        if let Err(e) = self.ensure_commit(&b.repository, b.source_head()) {
+            tracing::warn!(task = %b.task_id, "could not sync for the task's base: {e}");
+        }
         let claimed = ClaimedPayload {
             lease_epoch: grant.lease.lease_epoch,
             lease_token: grant.lease.lease_token.clone(),

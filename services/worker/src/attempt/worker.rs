@@ -4,6 +4,7 @@
 
 use super::{Step, git_err, refused, spool_err};
 use crate::bus::Supervisor;
+use airlock_config::Repository;
 use airlock_git::{ArchiveLimits, AuthorityRepo};
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_proto::envelope::Envelope;
@@ -19,8 +20,18 @@ use std::time::Duration;
 /// What the worker needs to know, resolved from configuration at start.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
-    /// Registered repositories: name → bare repository path.
-    pub repositories: BTreeMap<String, PathBuf>,
+    /// Registered repositories by name (path, upstream, signing).
+    pub repositories: BTreeMap<String, Repository>,
+    /// Where systemd (or airlock-local) put the worker's credentials: each
+    /// repository's deploy key or token and signing key
+    /// (`airlock_config::credential_names`); `None`: there are none.
+    pub credentials: Option<PathBuf>,
+    /// The worker's own files about upstreams: pinned host keys, sync
+    /// state, sync requests (`<state>/upstream`).
+    pub upstream_state: PathBuf,
+    /// The program git starts as ssh (this worker's own executable, which
+    /// becomes airlock's ssh launcher: `airlock_git::ssh_launcher_main`).
+    pub ssh_launcher: PathBuf,
     /// Capabilities this worker offers; an envelope may ask for no more.
     pub capabilities: Vec<String>,
     /// Per-attempt scratch directories live here; removed at start.
@@ -47,16 +58,16 @@ pub struct WorkerSettings {
 /// The worker: journal, spool and supervisor.
 #[derive(Debug)]
 pub struct Worker {
-    pub(super) settings: WorkerSettings,
+    pub(crate) settings: WorkerSettings,
     /// The registered repositories now: `settings.repositories` at start,
     /// replaced on reload (SIGHUP). An attempt looks its repository up at
     /// each step, so one removed meanwhile fails with
     /// REPOSITORY_NOT_REGISTERED.
-    registry: std::sync::RwLock<BTreeMap<String, PathBuf>>,
+    registry: std::sync::RwLock<BTreeMap<String, Repository>>,
     journal: Mutex<CheckpointJournal>,
     pub(super) spool: Spool,
     pub(super) bus: Supervisor,
-    pub(super) stopping: Arc<AtomicBool>,
+    pub(crate) stopping: Arc<AtomicBool>,
     pub(super) progress: crate::progress::Progress,
 }
 
@@ -99,7 +110,7 @@ impl Worker {
     /// added and removed.
     pub fn set_repositories(
         &self,
-        repositories: BTreeMap<String, PathBuf>,
+        repositories: BTreeMap<String, Repository>,
     ) -> (Vec<String>, Vec<String>) {
         let mut now = self
             .registry
@@ -107,7 +118,7 @@ impl Worker {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let added = repositories
             .iter()
-            .filter(|(n, p)| now.get(*n) != Some(p))
+            .filter(|(n, r)| now.get(*n) != Some(r))
             .map(|(n, _)| n.clone())
             .collect();
         let removed = now
@@ -121,11 +132,26 @@ impl Worker {
 
     /// The path of a registered repository.
     pub fn repository_path(&self, name: &str) -> Option<PathBuf> {
+        self.repository(name).map(|r| r.path)
+    }
+
+    /// The registration of `name` now.
+    pub fn repository(&self, name: &str) -> Option<Repository> {
         self.registry
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(name)
             .cloned()
+    }
+
+    /// Every registered repository's name now.
+    pub fn repository_names(&self) -> Vec<String> {
+        self.registry
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
     }
 
     /// The spool.

@@ -1,0 +1,82 @@
+//! Upstream URLs: which a repository's `upstream.url` may be, and what
+//! each reaches. Shared by the configuration (which refuses the others at
+//! load) and the worker's transfers.
+
+use crate::{Code, Error};
+
+/// How the upstream is reached, from its URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// `ssh://[user@]host[:port]/path`.
+    Ssh,
+    /// `https://host[:port]/path`.
+    Https,
+    /// An absolute path on this host (or `file:///path`).
+    Local,
+}
+
+impl Scheme {
+    /// Classifies `url`; anything else (scp-like `host:path`, `git://`,
+    /// `http://`, `ext::`, a relative path, an option) is
+    /// UPSTREAM_URL_INVALID.
+    pub fn of(url: &str) -> Result<Scheme, Error> {
+        let bad = |why: &str| Error::with(Code::UPSTREAM_URL_INVALID, format!("{url:?}: {why}"));
+        if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(bad("contains whitespace or a control character"));
+        }
+        if let Some(rest) = url.strip_prefix("ssh://") {
+            host_part(rest).ok_or_else(|| bad("no host"))?;
+            Ok(Scheme::Ssh)
+        } else if let Some(rest) = url.strip_prefix("https://") {
+            host_part(rest).ok_or_else(|| bad("no host"))?;
+            if rest.split('/').next().is_some_and(|h| h.contains('@')) {
+                return Err(bad(
+                    "credentials in the URL: give the token with --credential instead",
+                ));
+            }
+            Ok(Scheme::Https)
+        } else if url.starts_with("file:///") || url.starts_with('/') {
+            if url.split('/').any(|c| c == "..") {
+                return Err(bad("a local path with `..`"));
+            }
+            Ok(Scheme::Local)
+        } else {
+            Err(bad(
+                "not ssh://, https:// or an absolute path (scp-like host:path is not accepted: write ssh://host/path)",
+            ))
+        }
+    }
+
+    /// git's name of the protocol (`protocol.<name>.allow`).
+    pub fn protocol(self) -> &'static str {
+        match self {
+            Scheme::Ssh => "ssh",
+            Scheme::Https => "https",
+            Scheme::Local => "file",
+        }
+    }
+
+    /// The TCP port a URL of this scheme connects to (none for a local
+    /// path): the one it names, or the scheme's default.
+    pub fn port(self, url: &str) -> Option<u16> {
+        let rest = url.split_once("://").map(|(_, r)| r)?;
+        let default = match self {
+            Scheme::Ssh => 22,
+            Scheme::Https => 443,
+            Scheme::Local => return None,
+        };
+        let host = host_part(rest)?;
+        let host = host.rsplit('@').next().unwrap_or(host);
+        let port = match host.strip_prefix('[') {
+            Some(v6) => v6.split_once("]:").map(|(_, p)| p),
+            None => host.rsplit_once(':').map(|(_, p)| p),
+        };
+        Some(port.and_then(|p| p.parse().ok()).unwrap_or(default))
+    }
+}
+
+fn host_part(rest: &str) -> Option<&str> {
+    let host = rest.split('/').next()?;
+    let bare = host.rsplit('@').next().unwrap_or(host);
+    (!bare.is_empty() && !bare.starts_with('-')).then_some(host)
+}

@@ -1,0 +1,319 @@
+//! Following each repository's upstream: how the worker reaches it (its
+//! URL, the deploy key or token from the worker's credentials, the pinned
+//! host keys), the sync (on a jittered schedule, on request, and when a
+//! task's base is not here yet), and what each sync left for
+//! `airlockctl repo show` (`<state>/upstream/NAME.json`).
+//!
+//! `airlockctl repo sync NAME` asks for a sync by writing
+//! `<state>/upstream/NAME.request` (root writes there); the sync loop
+//! sees it within a second, syncs, and records the answer with the
+//! request's id, which the command waits for.
+
+use crate::attempt::Worker;
+use airlock_git::{AuthorityRepo, Credential, SyncReport, Upstream};
+use airlock_proto::upstream::Scheme;
+use airlock_proto::{Code, Error};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// What the last sync of a repository did, as `repo show` reads it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SyncState {
+    /// The repository.
+    pub repository: String,
+    /// The upstream's URL.
+    pub url: String,
+    /// When the sync finished (unix ms).
+    pub finished_at_ms: u64,
+    /// The request it answered (`repo sync`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// Its refusal code, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// What failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// What changed (empty on failure).
+    pub report: SyncReport,
+    /// The last sync that succeeded (unix ms), this one or earlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_ms: Option<u64>,
+}
+
+/// A `repo sync` request file: its id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SyncRequest {
+    /// Chosen by the requester; echoed in [`SyncState::request`].
+    pub id: String,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Worker {
+    /// How to reach `repository`'s upstream, or `None` when it has none.
+    pub fn upstream_of(&self, repository: &str) -> Result<Option<Upstream>, Error> {
+        let Some(repo) = self.repository(repository) else {
+            return Err(Error::with(
+                Code::REPOSITORY_NOT_REGISTERED,
+                repository.to_owned(),
+            ));
+        };
+        let Some(cfg) = repo.upstream else {
+            return Ok(None);
+        };
+        let mut up = Upstream::new(&cfg.url)?;
+        up.timeout = Duration::from_secs(u64::from(cfg.timeout_seconds));
+        up.max_fetch_bytes = u64::from(cfg.max_fetch_mib) << 20;
+        let (credential, _) = airlock_config::credential_names(repository);
+        let credential_file = self
+            .settings
+            .credentials
+            .as_ref()
+            .map(|d| d.join(&credential));
+        up.credential = match up.scheme {
+            Scheme::Local => Credential::None,
+            Scheme::Ssh => {
+                let key = credential_file.filter(|p| p.is_file()).ok_or_else(|| {
+                    Error::with(
+                        Code::UPSTREAM_AUTH_FAILED,
+                        format!(
+                            "{repository}: no deploy key is installed for the worker (credential {credential}; airlockctl repo add --credential)"
+                        ),
+                    )
+                })?;
+                let known_hosts = self.pin_host_keys(repository, &cfg.host_keys)?;
+                Credential::SshKey {
+                    key,
+                    known_hosts,
+                    launcher: self.settings.ssh_launcher.clone(),
+                }
+            }
+            Scheme::Https => match credential_file.filter(|p| p.is_file()) {
+                None => Credential::None,
+                Some(path) => {
+                    let token = std::fs::read_to_string(&path).map_err(|e| {
+                        Error::with(
+                            Code::UPSTREAM_AUTH_FAILED,
+                            format!("{repository}: reading its token: {e}"),
+                        )
+                    })?;
+                    Credential::Token {
+                        user: cfg.user.clone(),
+                        token: token.trim().to_owned(),
+                    }
+                }
+            },
+        };
+        Ok(Some(up))
+    }
+
+    /// Writes the repository's pinned host keys where ssh reads them.
+    fn pin_host_keys(&self, repository: &str, lines: &[String]) -> Result<PathBuf, Error> {
+        let dir = &self.settings.upstream_state;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, format!("{}: {e}", dir.display())))?;
+        let path = dir.join(format!("{repository}.known_hosts"));
+        let mut text = lines.join("\n");
+        text.push('\n');
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            write_atomic(&path, text.as_bytes())?;
+        }
+        Ok(path)
+    }
+
+    /// Fetches `repository`'s upstream into its authority repository and
+    /// records what happened; the report, or the refusal.
+    pub fn sync_repository(
+        &self,
+        repository: &str,
+        request: Option<String>,
+    ) -> Result<SyncReport, Error> {
+        let outcome = self.sync_once(repository);
+        let previous = self.sync_state(repository);
+        let url = self
+            .repository(repository)
+            .and_then(|r| r.upstream)
+            .map(|u| u.url)
+            .unwrap_or_default();
+        let finished = now_ms();
+        let state = match &outcome {
+            Ok(report) => SyncState {
+                repository: repository.to_owned(),
+                url,
+                finished_at_ms: finished,
+                request,
+                code: None,
+                detail: None,
+                report: report.clone(),
+                last_success_ms: Some(finished),
+            },
+            Err(e) => SyncState {
+                repository: repository.to_owned(),
+                url,
+                finished_at_ms: finished,
+                request,
+                code: Some(e.code.as_str().to_owned()),
+                detail: Some(e.to_string()),
+                report: SyncReport::default(),
+                last_success_ms: previous.and_then(|p| p.last_success_ms),
+            },
+        };
+        match &outcome {
+            Ok(report) => {
+                for change in &report.changes {
+                    if change.forced || change.new.is_none() {
+                        tracing::warn!(
+                            %repository,
+                            r#ref = %change.name,
+                            old = ?change.old,
+                            new = ?change.new,
+                            "the upstream rewrote a ref (force-push or deletion); mirrored as the upstream says"
+                        );
+                    }
+                }
+                tracing::info!(%repository, changed = report.changes.len(), "synced from the upstream");
+            }
+            Err(e) => tracing::warn!(%repository, "sync from the upstream failed: {e}"),
+        }
+        let bytes = serde_json::to_vec_pretty(&state)
+            .map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+        let path = self
+            .settings
+            .upstream_state
+            .join(format!("{repository}.json"));
+        if let Err(e) = write_atomic(&path, &bytes) {
+            tracing::warn!(%repository, "recording the sync: {e}");
+        }
+        outcome
+    }
+
+    fn sync_once(&self, repository: &str) -> Result<SyncReport, Error> {
+        let up = self.upstream_of(repository)?.ok_or_else(|| {
+            Error::with(
+                Code::UPSTREAM_NOT_CONFIGURED,
+                format!("{repository} has no upstream"),
+            )
+        })?;
+        let path = self
+            .repository_path(repository)
+            .ok_or_else(|| Error::with(Code::REPOSITORY_NOT_REGISTERED, repository.to_owned()))?;
+        let repo = AuthorityRepo::open(&path).map_err(|e| Error::with(e.code(), e.to_string()))?;
+        repo.sync_from(&up)
+            .map_err(|e| Error::with(e.code(), e.to_string()))
+    }
+
+    /// The last recorded sync of `repository`.
+    pub fn sync_state(&self, repository: &str) -> Option<SyncState> {
+        let path = self
+            .settings
+            .upstream_state
+            .join(format!("{repository}.json"));
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// Makes `commit` known locally when it is not, by a sync of the
+    /// task's repository (a planner may name a base it saw upstream
+    /// before the schedule fetched it).
+    pub fn ensure_commit(&self, repository: &str, commit: &str) -> Result<(), Error> {
+        let Some(path) = self.repository_path(repository) else {
+            return Ok(());
+        };
+        let Ok(repo) = AuthorityRepo::open(&path) else {
+            return Ok(());
+        };
+        if repo.resolve_commit(commit).ok().flatten().as_deref() == Some(commit) {
+            return Ok(());
+        }
+        if self.upstream_of(repository)?.is_none() {
+            return Ok(());
+        }
+        tracing::info!(%repository, %commit, "the task's base is not here yet: syncing first");
+        self.sync_repository(repository, None).map(|_| ())
+    }
+
+    /// The sync loop: every repository with an upstream and an interval
+    /// is synced at its interval (each wait jittered by up to a tenth),
+    /// and any at once when `repo sync` asks; until the worker stops.
+    pub fn follow_upstreams(&self) {
+        let mut due: BTreeMap<String, Instant> = BTreeMap::new();
+        let mut answered: BTreeMap<String, String> = BTreeMap::new();
+        while !self.stopping.load(Ordering::SeqCst) {
+            for name in self.repository_names() {
+                let Some(cfg) = self.repository(&name).and_then(|r| r.upstream) else {
+                    continue;
+                };
+                let request = self.pending_request(&name);
+                let requested = request
+                    .as_ref()
+                    .is_some_and(|r| answered.get(&name) != Some(&r.id));
+                let interval = u64::from(cfg.sync_interval_seconds);
+                let next = *due.entry(name.clone()).or_insert_with(Instant::now);
+                let scheduled = interval > 0 && Instant::now() >= next;
+                if !(requested || scheduled) {
+                    continue;
+                }
+                let id = request.filter(|_| requested).map(|r| r.id);
+                let _ = self.sync_repository(&name, id.clone());
+                if let Some(id) = id {
+                    answered.insert(name.clone(), id);
+                }
+                let jitter = jitter_ms(interval * 100);
+                due.insert(
+                    name,
+                    Instant::now() + Duration::from_millis(interval * 1000 + jitter),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn pending_request(&self, repository: &str) -> Option<SyncRequest> {
+        let path = self
+            .settings
+            .upstream_state
+            .join(format!("{repository}.request"));
+        let bytes = std::fs::read(path).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}
+
+/// A pseudo-random number of milliseconds below `max` (the jitter of a
+/// schedule; no secrecy needed).
+fn jitter_ms(max: u64) -> u64 {
+    if max == 0 {
+        return 0;
+    }
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    u64::from(nanos ^ std::process::id().rotate_left(16)) % max
+}
+
+/// Writes `bytes` to `path` by a synced temporary file and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    use std::io::Write;
+    let err = |e: std::io::Error| {
+        Error::with(Code::STORE_UNAVAILABLE, format!("{}: {e}", path.display()))
+    };
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    f.write_all(bytes).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
+    }
+    Ok(())
+}
