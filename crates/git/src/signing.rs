@@ -83,12 +83,14 @@ impl Signer {
         &self.principal
     }
 
-    /// The public key's SHA-256 fingerprint (`SHA256:…`, as ssh-keygen -l).
+    /// The public key's SHA-256 fingerprint in hex, `sha256:…` (the
+    /// digest `ssh-keygen -l` shows in base64; hex, so that no redactor
+    /// mistakes it for a secret): the SHA-256 of the key's wire form, as
+    /// `awk '{print $2}' KEY.pub | base64 -d | sha256sum` prints it.
     pub fn fingerprint(&self) -> String {
-        self.key
-            .public_key()
-            .fingerprint(HashAlg::Sha256)
-            .to_string()
+        let fp = self.key.public_key().fingerprint(HashAlg::Sha256);
+        let hex: String = fp.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
     }
 
     /// The public key in OpenSSH form (`ssh-ed25519 AAAA…`).
@@ -154,7 +156,7 @@ mod tests {
         assert_eq!(one, s.sign_commit(payload).unwrap());
         assert!(one.contains("\ngpgsig -----BEGIN SSH SIGNATURE-----\n "));
         assert!(one.ends_with("\n\nmsg\n"));
-        assert!(s.fingerprint().starts_with("SHA256:"));
+        assert!(s.fingerprint().starts_with("sha256:") && s.fingerprint().len() == 71);
         assert!(
             s.allowed_signers_line()
                 .starts_with("agent@example.org namespaces=\"git\" ssh-ed25519 ")

@@ -260,7 +260,7 @@ pub struct Publication {
 pub struct Signature {
     /// The signer's principal (allowed-signers name).
     pub principal: String,
-    /// The public key's fingerprint, `SHA256:…`.
+    /// The public key's SHA-256 fingerprint in hex, `sha256:…`.
     pub fingerprint: String,
 }
 

@@ -68,6 +68,8 @@ pub enum Slot {
     Credentials,
     /// Every upstream that is a local path (`repository[].upstream.url`).
     LocalUpstreams,
+    /// The worker's own executable, which git starts as its ssh.
+    SshLauncher,
 }
 
 impl Slot {
@@ -88,6 +90,7 @@ impl Slot {
             Slot::OutputDir => "directory of `run-once --out`",
             Slot::Credentials => "`$CREDENTIALS_DIRECTORY`",
             Slot::LocalUpstreams => "each local-path `upstream.url`",
+            Slot::SshLauncher => "the worker's own executable",
         }
     }
 }
@@ -507,6 +510,14 @@ const WORKER: RolePolicy = RolePolicy {
                     Slot::LocalUpstreams,
                     Access::All,
                     "a local-path upstream: fetched from, and the agent branches pushed to it",
+                )
+            },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::SshLauncher,
+                    Access::ReadExec,
+                    "git starts the worker's own executable as its ssh (airlock's launcher: the deploy key and pinned host keys only), when an upstream is ssh://",
                 )
             },
         ],

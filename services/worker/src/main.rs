@@ -294,6 +294,7 @@ fn confine(
     // repo add` does anyway (credentials are delivered at start).
     let mut ports = std::collections::BTreeSet::new();
     let mut local_upstreams = Vec::new();
+    let mut ssh = false;
     for up in settings
         .repositories
         .values()
@@ -303,7 +304,10 @@ fn confine(
             Ok(airlock_proto::upstream::Scheme::Local) => local_upstreams.push(PathBuf::from(
                 up.url.strip_prefix("file://").unwrap_or(&up.url),
             )),
-            Ok(scheme) => ports.extend(scheme.port(&up.url)),
+            Ok(scheme) => {
+                ssh |= scheme == airlock_proto::upstream::Scheme::Ssh;
+                ports.extend(scheme.port(&up.url));
+            }
             Err(_) => {}
         }
     }
@@ -323,6 +327,10 @@ fn confine(
         .with(Slot::DropInDir, drop_ins.to_path_buf())
         .with_all(Slot::Credentials, settings.credentials.clone())
         .with_all(Slot::LocalUpstreams, local_upstreams)
+        .with_all(
+            Slot::SshLauncher,
+            ssh.then(|| settings.ssh_launcher.clone()),
+        )
         .with_tcp_connect(ports);
     let report = airlock_sandbox::lockdown::lockdown(Role::Worker, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;

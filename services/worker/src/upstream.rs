@@ -242,7 +242,8 @@ impl Worker {
 
     /// The sync loop: every repository with an upstream and an interval
     /// is synced at its interval (each wait jittered by up to a tenth),
-    /// and any at once when `repo sync` asks; until the worker stops.
+    /// and any at once when `repo sync` asks; each once at start; until the
+    /// worker stops.
     pub fn follow_upstreams(&self) {
         let mut due: BTreeMap<String, Instant> = BTreeMap::new();
         let mut answered: BTreeMap<String, String> = BTreeMap::new();
@@ -256,8 +257,12 @@ impl Worker {
                     .as_ref()
                     .is_some_and(|r| answered.get(&name) != Some(&r.id));
                 let interval = u64::from(cfg.sync_interval_seconds);
-                let next = *due.entry(name.clone()).or_insert_with(Instant::now);
-                let scheduled = interval > 0 && Instant::now() >= next;
+                // Every upstream is synced once at start, then on its
+                // schedule (none with an interval of 0).
+                let scheduled = match due.get(&name) {
+                    None => true,
+                    Some(next) => interval > 0 && Instant::now() >= *next,
+                };
                 if !(requested || scheduled) {
                     continue;
                 }

@@ -1,0 +1,403 @@
+//! Repositories that follow the team's remote and publish agent branches to
+//! it, with real servers: a local-path upstream (git's file protocol) and an
+//! OpenSSH server on a loopback port serving bare repositories to key
+//! authentication only (Debian's openssh-server, started by the test).
+//!
+//! - A commit the team pushes to the upstream's main is synced into the
+//!   authority repository; a proposal on it lands; its agent branch
+//!   appears on the upstream once, at the same commit as here; the commit
+//!   is signed and `git verify-commit` with the allowed signers passes.
+//! - Over ssh, with a deploy key and the pinned host key: the same.
+//! - A wrong deploy key syncs nothing and records UPSTREAM_AUTH_FAILED; a
+//!   changed host key records UPSTREAM_HOST_KEY_CHANGED.
+//! - The deploy key is unreadable to every other airlock uid, and no byte
+//!   of it, or of the signing key, is in the task database, the journal,
+//!   the spool, the events or the logs.
+
+use airlock_testkit::{git, git_dir, ssh_keygen, sshd};
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const FIX: &str = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n";
+const VERIFY: &str = "python3 -m unittest -q";
+
+/// The team's upstream (bare) and a member's clone, with a failing test.
+fn team(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let upstream = dir.join(format!("{name}-upstream.git"));
+    let work = dir.join(format!("{name}-work"));
+    git(
+        dir,
+        &[
+            "init",
+            "-q",
+            "--bare",
+            "-b",
+            "main",
+            upstream.to_str().unwrap(),
+        ],
+    );
+    git(
+        dir,
+        &[
+            "clone",
+            "-q",
+            upstream.to_str().unwrap(),
+            work.to_str().unwrap(),
+        ],
+    );
+    std::fs::write(work.join("calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
+    std::fs::write(
+        work.join("test_calc.py"),
+        "import unittest\nfrom calc import add\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
+    )
+    .unwrap();
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-q", "-m", "calc"]);
+    git(&work, &["push", "-q", "origin", "main"]);
+    (upstream, work)
+}
+
+/// Gives `path` to `uid` (the worker pushes to a local upstream as itself).
+fn chown_tree(path: &Path, uid: u32) {
+    let st = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// git as the team, trusting repositories another uid owns (the worker's):
+/// a global configuration of its own, as `-c` does not reach the local
+/// receive-pack git starts.
+fn team_git(dir: &Path, args: &[&str]) -> String {
+    let global = dir.parent().unwrap().join("team.gitconfig");
+    std::fs::write(&global, "[safe]\n\tdirectory = *\n").unwrap();
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", &global)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn propose(bus: &str, cfg: &str, repo: &str) -> Value {
+    let ctl = airlock_local::sibling("airlockctl").unwrap();
+    airlock_testkit::propose_patch(&ctl, bus, cfg, repo, VERIFY, FIX)
+}
+
+fn sync_state(state: &Path, repo: &str) -> Option<Value> {
+    let text = std::fs::read_to_string(state.join(format!("worker/upstream/{repo}.json"))).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn upstream_of(url: &str, sync_seconds: u32, host_keys: Vec<String>) -> airlock_config::Upstream {
+    airlock_config::Upstream {
+        sync_interval_seconds: sync_seconds,
+        host_keys,
+        timeout_seconds: 20,
+        ..airlock_config::Upstream::at(url)
+    }
+}
+
+/// Every regular file under `dir` (but `skip`), as bytes.
+fn files_under(dir: &Path, skip: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.starts_with(skip) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            files_under(&path, skip, out);
+        } else if meta.is_file() {
+            if let Ok(bytes) = std::fs::read(&path) {
+                out.push((path, bytes));
+            }
+        }
+    }
+}
+
+/// `cat FILE` as `id` with no supplementary group (util-linux setpriv).
+fn read_as(id: airlock_local::layout::Id, file: &Path) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .arg(format!("--reuid={}", id.uid))
+        .arg(format!("--regid={}", id.gid))
+        .arg("--clear-groups")
+        .arg("cat")
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
+fn verify_commit(repo: &Path, allowed: &Path, oid: &str) -> std::process::Output {
+    std::process::Command::new("git")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .arg("-c")
+        .arg(format!("gpg.ssh.allowedSignersFile={}", allowed.display()))
+        .arg("-c")
+        .arg("safe.directory=*")
+        .arg("--git-dir")
+        .arg(repo)
+        .args(["verify-commit", "-v", oid])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn upstreams_are_followed_and_published_to_exactly_once() {
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = scratch.path();
+    let state = dir.join("state");
+    let ids = airlock_local::layout::Ids::for_caller().unwrap();
+    assert!(ids.separated, "run as root: the worker needs its own uid");
+
+    // A local-path upstream, signed commits.
+    let (local_up, local_work) = team(dir, "local");
+    chown_tree(&local_up, ids.worker.uid);
+    let signing_key = dir.join("signing");
+    ssh_keygen(&signing_key);
+
+    // An ssh upstream: sshd as root, the deploy key admitted.
+    let deploy = dir.join("deploy");
+    let deploy_public = ssh_keygen(&deploy);
+    let wrong = dir.join("wrong");
+    ssh_keygen(&wrong);
+    let server = sshd(&dir.join("sshd"), &[&deploy_public]);
+    let (ssh_up, _ssh_work) = team(dir, "ssh");
+    let ssh_url = format!("ssh://root@127.0.0.1:{}{}", server.port, ssh_up.display());
+    // The same server under a host key it does not have.
+    let other_host = dir.join("other-host");
+    let other_public = ssh_keygen(&other_host);
+    let mut parts = other_public.split(' ');
+    let forged = format!(
+        "[127.0.0.1]:{} {} {}",
+        server.port,
+        parts.next().unwrap(),
+        parts.next().unwrap()
+    );
+
+    let suite = airlock_local::start_with(
+        state.clone(),
+        true,
+        &airlock_local::Tuning {
+            upstreams: vec![
+                airlock_local::LocalUpstream {
+                    name: "local".into(),
+                    upstream: upstream_of(local_up.to_str().unwrap(), 1, vec![]),
+                    credential: None,
+                    signing: Some(("agent@example.org".into(), signing_key.clone())),
+                },
+                airlock_local::LocalUpstream {
+                    name: "viassh".into(),
+                    upstream: upstream_of(&ssh_url, 0, vec![server.known_hosts.clone()]),
+                    credential: Some(deploy.clone()),
+                    signing: None,
+                },
+                airlock_local::LocalUpstream {
+                    name: "wrongkey".into(),
+                    upstream: upstream_of(&ssh_url, 0, vec![server.known_hosts.clone()]),
+                    credential: Some(wrong.clone()),
+                    signing: None,
+                },
+                airlock_local::LocalUpstream {
+                    name: "hostkey".into(),
+                    upstream: upstream_of(&ssh_url, 0, vec![forged]),
+                    credential: Some(deploy.clone()),
+                    signing: None,
+                },
+            ],
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting airlock-local: {e}"));
+    let bus = suite.bus.address().to_owned();
+    let config = suite.layout.config();
+    let cfg = config.to_str().unwrap();
+    let authority = |name: &str| state.join(format!("repos/{name}.git"));
+    let logs = || std::fs::read_to_string(state.join("logs/worker.log")).unwrap_or_default();
+
+    // The first syncs at start: the team's main is here.
+    let team_main = git(&local_work, &["rev-parse", "HEAD"]);
+    wait_until("the first sync of local", Duration::from_secs(30), || {
+        sync_state(&state, "local").is_some_and(|s| s["code"].is_null())
+    });
+    assert_eq!(
+        git_dir(&authority("local"), &["rev-parse", "refs/heads/main"]),
+        team_main
+    );
+
+    // The team moves main on; the schedule (1 s) follows it.
+    std::fs::write(local_work.join("NOTES.md"), "team work\n").unwrap();
+    git(&local_work, &["add", "-A"]);
+    git(&local_work, &["commit", "-q", "-m", "team work"]);
+    team_git(&local_work, &["push", "-q", "origin", "main"]);
+    let moved = git(&local_work, &["rev-parse", "HEAD"]);
+    wait_until(
+        "the schedule to follow main",
+        Duration::from_secs(30),
+        || git_dir(&authority("local"), &["rev-parse", "refs/heads/main"]) == moved,
+    );
+
+    // A proposal on it lands, and is published once at the same commit.
+    let task = propose(&bus, cfg, "local");
+    assert_eq!(task["state"], "SUCCEEDED", "{task}\n{}", logs());
+    let commit = task["result"]["commit_oid"].as_str().unwrap().to_owned();
+    let branch = task["result"]["target_branch"].as_str().unwrap().to_owned();
+    let publication = &task["result"]["publication"];
+    assert_eq!(publication["pushed"], true, "{task}");
+    assert_eq!(publication["commit_oid"], commit.as_str());
+    assert_eq!(
+        git_dir(&local_up, &["rev-parse", &format!("refs/heads/{branch}")]),
+        commit
+    );
+    assert_eq!(
+        git_dir(
+            &authority("local"),
+            &["rev-parse", &format!("refs/heads/{branch}")]
+        ),
+        commit
+    );
+    assert_eq!(
+        git_dir(&authority("local"), &["rev-parse", &format!("{commit}^")]),
+        moved,
+        "planned on the synced main"
+    );
+    // Signed, verifiably, by the principal shown in the result.
+    let signature = &task["result"]["signature"];
+    assert_eq!(signature["principal"], "agent@example.org", "{task}");
+    let signer = airlock_git::Signer::load(&signing_key, "agent@example.org").unwrap();
+    assert_eq!(signature["fingerprint"], signer.fingerprint().as_str());
+    let allowed = dir.join("allowed_signers");
+    std::fs::write(&allowed, format!("{}\n", signer.allowed_signers_line())).unwrap();
+    let verified = verify_commit(&local_up, &allowed, &commit);
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
+    // A sync never moves an agent branch, even one the upstream has.
+    team_git(&local_work, &["fetch", "-q", "origin"]);
+    wait_until("another scheduled sync", Duration::from_secs(30), || {
+        sync_state(&state, "local")
+            .and_then(|s| s["finished_at_ms"].as_u64())
+            .is_some_and(|t| {
+                t > std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as u64
+                    - 500
+            })
+    });
+    assert_eq!(
+        git_dir(
+            &authority("local"),
+            &["rev-parse", &format!("refs/heads/{branch}")]
+        ),
+        commit
+    );
+
+    // Over ssh with the deploy key and the pinned host key.
+    wait_until("the first sync over ssh", Duration::from_secs(30), || {
+        sync_state(&state, "viassh").is_some()
+    });
+    let s = sync_state(&state, "viassh").unwrap();
+    assert!(s["code"].is_null(), "{s}\n{}", logs());
+    let task = propose(&bus, cfg, "viassh");
+    assert_eq!(task["state"], "SUCCEEDED", "{task}\n{}", logs());
+    let commit = task["result"]["commit_oid"].as_str().unwrap();
+    let branch = task["result"]["target_branch"].as_str().unwrap();
+    assert_eq!(
+        git_dir(&ssh_up, &["rev-parse", &format!("refs/heads/{branch}")]),
+        commit
+    );
+    assert_eq!(task["result"]["publication"]["pushed"], true);
+
+    // A wrong deploy key and a changed host key: each with its code.
+    for (repo, code) in [
+        ("wrongkey", "UPSTREAM_AUTH_FAILED"),
+        ("hostkey", "UPSTREAM_HOST_KEY_CHANGED"),
+    ] {
+        wait_until(
+            &format!("the first sync of {repo}"),
+            Duration::from_secs(30),
+            || sync_state(&state, repo).is_some(),
+        );
+        let s = sync_state(&state, repo).unwrap();
+        assert_eq!(s["code"], code, "{s}");
+        assert!(
+            git_dir(&authority(repo), &["for-each-ref", "refs/heads"]).is_empty(),
+            "{repo} synced something"
+        );
+    }
+
+    // The credentials: the worker's alone.
+    let creds = state.join("worker-credentials");
+    for (who, id) in [
+        ("supervisor", ids.supervisor),
+        ("executor", ids.executor),
+        ("retryd", ids.retry),
+        ("egress", ids.egress),
+    ] {
+        for name in ["upstream-viassh", "signing-local"] {
+            let out = read_as(id, &creds.join(name));
+            assert!(!out.status.success(), "{who} read {name}");
+        }
+    }
+    let out = read_as(ids.worker, &creds.join("upstream-viassh"));
+    assert!(out.status.success(), "the worker cannot read its own key");
+    drop(suite);
+
+    // Nothing of either private key anywhere else in the state directory.
+    let secret_lines: Vec<String> = [&deploy, &signing_key]
+        .iter()
+        .flat_map(|k| {
+            std::fs::read_to_string(k)
+                .unwrap()
+                .lines()
+                .filter(|l| !l.starts_with("-----") && l.len() > 20)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!secret_lines.is_empty());
+    let mut files = Vec::new();
+    files_under(&state, &creds, &mut files);
+    assert!(files.len() > 10, "{} files", files.len());
+    for (path, bytes) in &files {
+        let text = String::from_utf8_lossy(bytes);
+        for line in &secret_lines {
+            assert!(
+                !text.contains(line.as_str()),
+                "{} holds a line of a private key",
+                path.display()
+            );
+        }
+    }
+}
