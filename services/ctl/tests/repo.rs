@@ -454,3 +454,190 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// `repo add --upstream`: the registration holds the upstream and the
+/// signer, the credentials go beside the configuration (root, 0600) and
+/// into the worker's unit drop-in as LoadCredential=, never into the
+/// registration; wrong inputs are refused with their codes and change
+/// nothing.
+#[test]
+fn an_upstream_is_registered_and_its_credentials_installed_for_the_worker_alone() {
+    if !is_root() {
+        eprintln!("skipped: needs root (distinct uids)");
+        return;
+    }
+    let (agent, _worker, _readers) = users();
+    let s = site(&agent);
+    let cfg = s.config.to_str().unwrap();
+    let units = s.root.join("units");
+    let key = s.root.join("deploy");
+    airlock_testkit::ssh_keygen(&key);
+    let signing = s.root.join("signing");
+    airlock_testkit::ssh_keygen(&signing);
+    let host_key = "forge.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
+    let add = |extra: &[&str]| {
+        Command::new(ctl())
+            .env("AIRLOCK_SYSTEMD_UNIT_DIR", &units)
+            .args(["--json", "repo", "--config", cfg, "add"])
+            .args(extra)
+            .arg("--no-reload")
+            .output()
+            .unwrap()
+    };
+    let code = |out: &Output| {
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "accepted: {text}");
+        text
+    };
+    // Refusals first: nothing is made by any of them.
+    let refused = [
+        (
+            vec!["r1", "--upstream", "git@forge.example:team/r.git"],
+            "UPSTREAM_URL_INVALID",
+        ),
+        (
+            vec![
+                "r1",
+                "--upstream",
+                "ssh://git@forge.example/team/r.git",
+                "--credential",
+                key.to_str().unwrap(),
+            ],
+            "UPSTREAM_HOST_KEY_CHANGED",
+        ),
+        (
+            vec![
+                "r1",
+                "--upstream",
+                "ssh://git@forge.example/team/r.git",
+                "--host-key",
+                host_key,
+            ],
+            "UPSTREAM_AUTH_FAILED",
+        ),
+        (
+            vec![
+                "r1",
+                "--upstream",
+                "/srv/none.git",
+                "--signing-key",
+                "/etc/hostname",
+                "--signer",
+                "a@b",
+            ],
+            "SIGNING_KEY_INVALID",
+        ),
+    ];
+    for (args, expected) in &refused {
+        let text = code(&add(args));
+        assert!(text.contains(expected), "{args:?}: {text}");
+    }
+    assert!(!s.root.join("srv/r1.git").exists());
+    assert!(!units.exists());
+    assert!(!s.root.join("etc/credentials").exists());
+
+    let out = add(&[
+        "calc",
+        "--upstream",
+        "ssh://git@forge.example:2222/team/calc.git",
+        "--credential",
+        key.to_str().unwrap(),
+        "--host-key",
+        host_key,
+        "--push-option",
+        "merge_request.create",
+        "--signing-key",
+        signing.to_str().unwrap(),
+        "--signer",
+        "agent@example.org",
+    ]);
+    let added: Value = serde_json::from_str(&run_ok(&out)).unwrap();
+    assert_eq!(
+        added["upstream"]["url"],
+        "ssh://git@forge.example:2222/team/calc.git"
+    );
+    assert_eq!(added["signing"]["principal"], "agent@example.org");
+    // The registration: upstream and signer, no secret.
+    let drop_in =
+        std::fs::read_to_string(airlock_config::drop_in_dir(&s.config).join("calc.toml")).unwrap();
+    assert!(
+        drop_in.contains("[repository.upstream]") && drop_in.contains("merge_request.create"),
+        "{drop_in}"
+    );
+    assert!(drop_in.contains("[repository.signing]"), "{drop_in}");
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    let secret = key_text.lines().nth(1).unwrap();
+    assert!(!drop_in.contains(secret));
+    // The credentials: root's, 0600, in a 0700 directory.
+    let creds = s.root.join("etc/credentials");
+    assert_eq!(std::fs::metadata(&creds).unwrap().mode() & 0o777, 0o700);
+    for name in ["upstream-calc", "signing-calc"] {
+        let m = std::fs::metadata(creds.join(name)).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600), "{name}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(creds.join("upstream-calc")).unwrap(),
+        key_text
+    );
+    // The worker's unit loads them and may reach the network.
+    let unit =
+        std::fs::read_to_string(units.join("airlock-worker.service.d/upstream-calc.conf")).unwrap();
+    assert!(
+        unit.contains(&format!(
+            "LoadCredential=upstream-calc:{}",
+            creds.join("upstream-calc").display()
+        )),
+        "{unit}"
+    );
+    assert!(
+        unit.contains(&format!(
+            "LoadCredential=signing-calc:{}",
+            creds.join("signing-calc").display()
+        )),
+        "{unit}"
+    );
+    assert!(
+        unit.contains("RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6"),
+        "{unit}"
+    );
+    // The whole configuration still loads, with the upstream.
+    let c = airlock_config::Config::load(&s.config).unwrap();
+    assert_eq!(
+        c.repository("calc")
+            .unwrap()
+            .upstream
+            .as_ref()
+            .unwrap()
+            .push_options,
+        ["merge_request.create"]
+    );
+    // `repo show` says so; `repo sync` without a worker says that.
+    let shown: Value = serde_json::from_str(&run_ok(
+        &Command::new(ctl())
+            .args(["--json", "repo", "--config", cfg, "show", "calc"])
+            .output()
+            .unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(shown["upstream"]["publish"], true);
+    assert!(shown["last_sync"].is_null());
+    let sync = Command::new(ctl())
+        .args(["repo", "--config", cfg, "sync", "calc", "--wait", "1"])
+        .output()
+        .unwrap();
+    assert!(code(&sync).contains("RUNTIME_UNAVAILABLE"));
+    // remove takes the credentials and the unit drop-in with it.
+    run_ok(
+        &Command::new(ctl())
+            .env("AIRLOCK_SYSTEMD_UNIT_DIR", &units)
+            .args(["repo", "--config", cfg, "remove", "calc", "--no-reload"])
+            .output()
+            .unwrap(),
+    );
+    assert!(!creds.join("upstream-calc").exists() && !creds.join("signing-calc").exists());
+    assert!(
+        !units
+            .join("airlock-worker.service.d/upstream-calc.conf")
+            .exists()
+    );
+}

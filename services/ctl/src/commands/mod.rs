@@ -17,6 +17,7 @@ pub mod retry;
 pub mod show;
 pub mod status;
 pub mod submit;
+pub mod upstream;
 pub mod verify;
 
 use crate::agent::Agent as TextAgent;

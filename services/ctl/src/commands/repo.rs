@@ -38,13 +38,18 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 pub enum RepoCommand {
     /// Import a git repository (bare or not) as the authority repository
-    /// NAME and register it (as root).
+    /// NAME and register it (as root); with --upstream, follow the team's
+    /// remote and publish agent branches to it (docs/upstream.md).
     Add {
         /// The name tasks use.
         name: String,
         /// The repository to import: its branches and tags are copied.
-        #[arg(long, value_name = "PATH")]
-        from: PathBuf,
+        /// Optional with --upstream (the worker's first sync fills it).
+        #[arg(long, value_name = "PATH", required_unless_present = "upstream")]
+        from: Option<PathBuf>,
+        /// The upstream, its credential and the signing key.
+        #[command(flatten)]
+        upstream: super::upstream::UpstreamArgs,
         /// Free text for admins.
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
@@ -59,6 +64,15 @@ pub enum RepoCommand {
     },
     /// List the registered repositories and where each is registered.
     List,
+    /// Ask the worker to fetch NAME's upstream now, and wait for what it
+    /// did (the refs that moved, force-pushes followed, or the refusal).
+    Sync {
+        /// The repository.
+        name: String,
+        /// How long to wait for the worker's answer.
+        #[arg(long, value_name = "SECONDS", default_value_t = 180)]
+        wait: u64,
+    },
     /// Show one repository: where it is, its registration, its branches
     /// and its verification environment (checked against this host).
     Show {
@@ -118,6 +132,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
         RepoCommand::Add {
             name,
             from,
+            upstream,
             description,
             environment,
             no_reload,
@@ -125,12 +140,19 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
             ctx,
             &args.config,
             &name,
-            &from,
+            from.as_deref(),
+            &upstream,
             description,
             environment.as_deref(),
             !no_reload,
         ),
         RepoCommand::List => list(ctx, &args.config),
+        RepoCommand::Sync { name, wait } => super::upstream::sync(
+            ctx,
+            &config(&args.config)?,
+            &name,
+            std::time::Duration::from_secs(wait),
+        ),
         RepoCommand::Show { name } => show(ctx, &args.config, &name),
         RepoCommand::Remove {
             name,
@@ -257,16 +279,19 @@ fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), CtlError> 
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn add(
     ctx: &Ctx,
     config_path: &Path,
     name: &str,
-    from: &Path,
+    from: Option<&Path>,
+    upstream: &super::upstream::UpstreamArgs,
     description: Option<String>,
     environment: Option<&Path>,
     do_reload: bool,
 ) -> Result<ExitCode, CtlError> {
     as_root("add")?;
+    let plan = super::upstream::plan(upstream)?;
     // The environment is checked against this host before anything is made.
     let environment = environment
         .map(|file| {
@@ -298,18 +323,23 @@ fn add(
             target.display()
         )));
     }
-    let source = std::fs::canonicalize(from).map_err(|e| {
-        CtlError::local(
-            Code::REPOSITORY_SOURCE_INVALID,
-            format!("{}: {e}", from.display()),
-        )
-    })?;
-    let foreign = airlock_git::ForeignRepo::open(&source).map_err(|e| {
-        CtlError::local(
-            Code::REPOSITORY_SOURCE_INVALID,
-            format!("{} is not a git repository: {e}", source.display()),
-        )
-    })?;
+    let source = from
+        .map(|from| {
+            let source = std::fs::canonicalize(from).map_err(|e| {
+                CtlError::local(
+                    Code::REPOSITORY_SOURCE_INVALID,
+                    format!("{}: {e}", from.display()),
+                )
+            })?;
+            let foreign = airlock_git::ForeignRepo::open(&source).map_err(|e| {
+                CtlError::local(
+                    Code::REPOSITORY_SOURCE_INVALID,
+                    format!("{} is not a git repository: {e}", source.display()),
+                )
+            })?;
+            Ok::<_, CtlError>((source, foreign))
+        })
+        .transpose()?;
     let (uid, gid) = user_and_group(&c)?;
     if !root.exists() {
         // As tmpfiles makes /srv/airlock: the worker's, readable by the group.
@@ -324,8 +354,14 @@ fn add(
     let _ = std::fs::remove_dir_all(&tmp);
     // A copy, never hard links into the caller's repository (the chown
     // below would otherwise take their files too); no remote points back.
-    let imported = airlock_git::mirror(&foreign, &tmp)
-        .map_err(git_failed(&format!("importing {}", source.display())));
+    let imported = match &source {
+        Some((source, foreign)) => airlock_git::mirror(foreign, &tmp)
+            .map_err(git_failed(&format!("importing {}", source.display()))),
+        // Upstream only: empty, for the worker's first sync to fill.
+        None => airlock_git::init(airlock_git::default_program(), &tmp, true, "sha1")
+            .map(|_| airlock_git::Imported::default())
+            .map_err(git_failed(&format!("making {}", tmp.display()))),
+    };
     let owned = imported.and_then(|imported| {
         own_tree(&tmp, uid, gid)
             .map_err(|e| CtlError::generic(format!("{}: {e}", tmp.display())))
@@ -350,8 +386,8 @@ fn add(
         path: target.clone(),
         description,
         environment,
-        upstream: None,
-        signing: None,
+        upstream: plan.upstream.clone(),
+        signing: plan.signing.clone(),
         drop_in: None,
     };
     let dir = airlock_config::drop_in_dir(config_path);
@@ -371,18 +407,55 @@ fn add(
         .filter_map(|r| r.name.strip_prefix("refs/heads/"))
         .map(|b| format!("{b}\n"))
         .collect();
+    let installed = match super::upstream::install(config_path, name, &plan) {
+        Ok(files) => files,
+        Err(e) => {
+            let _ = std::fs::remove_file(&drop_in);
+            super::upstream::uninstall(config_path, name);
+            return Err(e);
+        }
+    };
     let reloaded = do_reload && reload(ctx, repo.environment.is_some());
+    let restarted =
+        do_reload && plan.needs_worker_restart() && super::upstream::restart_worker(ctx);
+    let from_text = match (&source, &repo.upstream) {
+        (Some((s, _)), _) => s.display().to_string(),
+        (None, Some(up)) => format!("{}, filled by the worker's first sync", up.url),
+        (None, None) => String::new(),
+    };
     if ctx.json {
         ctx.print_json(&json!({
             "name": name, "path": target, "drop_in": drop_in, "reloaded": reloaded,
             "branches": branches.lines().collect::<Vec<_>>(),
+            "upstream": repo.upstream, "signing": repo.signing,
+            "installed": installed, "worker_restarted": restarted,
         }));
     } else {
-        println!(
-            "Added {name}: {} (from {})",
-            target.display(),
-            source.display()
-        );
+        println!("Added {name}: {} (from {from_text})", target.display());
+        if let Some(up) = &repo.upstream {
+            println!(
+                "  upstream {} ({}; synced every {} s)",
+                up.url,
+                if up.publish {
+                    "agent branches published to it"
+                } else {
+                    "followed only"
+                },
+                up.sync_interval_seconds
+            );
+        }
+        if let Some(s) = &repo.signing {
+            println!("  commits signed as {}", s.principal);
+        }
+        for f in &installed {
+            println!(
+                "  installed {} (root only; the worker's unit loads it)",
+                f.display()
+            );
+        }
+        if restarted {
+            println!("  the worker was restarted to receive its credentials");
+        }
         println!("  registered in {}", drop_in.display());
         println!(
             "  branches: {}",
@@ -481,7 +554,11 @@ fn remove(
     }
     std::fs::remove_file(drop_in)
         .map_err(|e| CtlError::generic(format!("{}: {e}", drop_in.display())))?;
+    let uninstalled = super::upstream::uninstall(config_path, name);
     let reloaded = do_reload && reload(ctx, false);
+    if do_reload && !uninstalled.is_empty() {
+        super::upstream::restart_worker(ctx);
+    }
     if purge {
         std::fs::remove_dir_all(&r.path)
             .map_err(|e| CtlError::generic(format!("{}: {e}", r.path.display())))?;
@@ -670,6 +747,8 @@ fn show(ctx: &Ctx, config_path: &Path, name: &str) -> Result<ExitCode, CtlError>
         ctx.print_json(&json!({
             "name": r.name, "path": r.path, "description": r.description,
             "registered_in": registered_in, "branches": branches, "environment": environment,
+            "upstream": r.upstream, "signing": r.signing,
+            "last_sync": super::upstream::last_sync(&c, name),
         }));
     } else {
         println!("{}: {}", r.name, r.path.display());
@@ -678,6 +757,28 @@ fn show(ctx: &Ctx, config_path: &Path, name: &str) -> Result<ExitCode, CtlError>
         }
         println!("  registered in {}", registered_in.display());
         println!("  branches: {}", branches.join(", "));
+        match &r.upstream {
+            None => println!("  upstream: none"),
+            Some(up) => {
+                println!(
+                    "  upstream: {} ({}; every {} s)",
+                    up.url,
+                    if up.publish {
+                        "publishes agent branches"
+                    } else {
+                        "followed only"
+                    },
+                    up.sync_interval_seconds
+                );
+                match super::upstream::last_sync(&c, name) {
+                    Some(s) => super::upstream::print_state(&s),
+                    None => println!("  last sync: none yet"),
+                }
+            }
+        }
+        if let Some(s) = &r.signing {
+            println!("  signing: as {}", s.principal);
+        }
         match (&r.environment, resolved) {
             (None, _) | (_, None) => println!("  environment: none (system programs only)"),
             (Some(_), Some(Err(e))) => {
