@@ -49,7 +49,7 @@ pub enum RepoCommand {
         from: Option<PathBuf>,
         /// The upstream, its credential and the signing key.
         #[command(flatten)]
-        upstream: super::upstream::UpstreamArgs,
+        upstream: Box<super::upstream::UpstreamArgs>,
         /// Free text for admins.
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
