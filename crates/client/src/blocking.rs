@@ -159,6 +159,14 @@ impl Supervisor {
     }
 
     /// `SettleAdoption`.
+    pub fn report_upstream(
+        &self,
+        report: &airlock_proto::upstream::UpstreamReport,
+    ) -> Result<(), Error> {
+        self.block_on(self.inner.report_upstream(report))
+    }
+
+    /// `SettleAdoption`: what the ref holds; the case as it is now.
     pub fn settle_adoption(&self, report: &AdoptionReport) -> Result<ReconciliationCase, Error> {
         self.block_on(self.inner.settle_adoption(report))
     }

@@ -524,6 +524,16 @@ impl Supervisor {
         self.call::<worker::TakeAdoption, _>(&()).await
     }
 
+    /// `ReportUpstream`: an upstream fact for the event log.
+    pub async fn report_upstream(
+        &self,
+        report: &airlock_proto::upstream::UpstreamReport,
+    ) -> Result<(), Error> {
+        let json = bus::encode(report)?;
+        self.call::<worker::ReportUpstream, _>(&(json.as_str(),))
+            .await
+    }
+
     /// `SettleAdoption`: what the ref holds; the case as it is now.
     pub async fn settle_adoption(
         &self,

@@ -365,6 +365,11 @@ rows! {
         /// [`crate::reconcile::AdoptionReport`].
         SETTLE_ADOPTION = SettleAdoption("s") -> "s" ReconciliationCase,
             peer Worker, audited TASK_RECONCILIATION_ADOPTED;
+        /// Record what happened with an upstream: `s` an
+        /// [`crate::upstream::UpstreamReport`] (recorded as the event its
+        /// kind names).
+        REPORT_UPSTREAM = ReportUpstream("s") -> "" (),
+            peer Worker, audited UPSTREAM_REPORTED;
     }
 
     /// `org.airlock.Retry1`: airlock-retryd only, admitted by its peer uid.

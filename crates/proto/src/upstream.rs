@@ -80,3 +80,79 @@ fn host_part(rest: &str) -> Option<&str> {
     let bare = host.rsplit('@').next().unwrap_or(host);
     (!bare.is_empty() && !bare.starts_with('-')).then_some(host)
 }
+
+/// What the worker tells the supervisor about an upstream, for the event
+/// log (`Worker1.ReportUpstream`): a sync that changed refs or failed, a
+/// ref the upstream rewrote, a publication waiting for an unreachable
+/// upstream, a publication done.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamReport {
+    /// The repository.
+    pub repository: String,
+    /// What happened.
+    pub event: UpstreamEvent,
+    /// The task, for a publication.
+    pub task_id: Option<String>,
+    /// The facts (refs and their values, the code and detail of a
+    /// failure, the upstream's answer), as a JSON object.
+    pub detail: serde_json::Value,
+}
+
+/// The kinds of [`UpstreamReport`], each recorded as its own event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamEvent {
+    /// A sync changed refs (`UPSTREAM_SYNCED`).
+    Synced,
+    /// A sync failed, where the previous one had not (`UPSTREAM_SYNC_FAILED`).
+    SyncFailed,
+    /// The upstream force-pushed or deleted a branch, and the authority
+    /// repository followed it (`UPSTREAM_REF_REWRITTEN`).
+    RefRewritten,
+    /// A publication is waiting for an unreachable upstream
+    /// (`TASK_PUBLICATION_PENDING`).
+    PublicationPending,
+    /// A task's agent branch is on the upstream (`TASK_PUBLISHED`).
+    Published,
+}
+
+impl UpstreamEvent {
+    /// The event log's action name.
+    pub fn action(self) -> &'static str {
+        match self {
+            UpstreamEvent::Synced => "UPSTREAM_SYNCED",
+            UpstreamEvent::SyncFailed => "UPSTREAM_SYNC_FAILED",
+            UpstreamEvent::RefRewritten => "UPSTREAM_REF_REWRITTEN",
+            UpstreamEvent::PublicationPending => "TASK_PUBLICATION_PENDING",
+            UpstreamEvent::Published => "TASK_PUBLISHED",
+        }
+    }
+}
+
+impl UpstreamReport {
+    /// Checks the forms serde cannot: a registered-looking repository
+    /// name, a task id exactly for a publication, a bounded object.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad =
+            |why: &str| Error::with(Code::MESSAGE_INVALID, format!("the upstream report: {why}"));
+        if !crate::binding::is_repository_name(&self.repository) {
+            return Err(bad("repository is not a repository name"));
+        }
+        let publication = matches!(
+            self.event,
+            UpstreamEvent::PublicationPending | UpstreamEvent::Published
+        );
+        match &self.task_id {
+            Some(t) if !publication || !crate::binding::is_task_id(t) => {
+                return Err(bad("task_id is not a task id, or names a task for a sync"));
+            }
+            None if publication => return Err(bad("a publication names its task")),
+            _ => {}
+        }
+        if !self.detail.is_object() || self.detail.to_string().len() > 16 * 1024 {
+            return Err(bad("detail is not a JSON object of at most 16 KiB"));
+        }
+        Ok(())
+    }
+}

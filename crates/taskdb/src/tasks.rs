@@ -568,6 +568,10 @@ task_store! {
         fn agent_record(name: &str) -> StoreResult<Option<Value>>;
         fn save_agent_record(name: &str, record: &Value, actor: &Actor) -> StoreResult<()>;
         fn record_allowed(actor: &Actor, action: &str, payload: &Value) -> StoreResult<()>;
+        fn record_upstream(
+            actor: &Actor,
+            report: &airlock_proto::upstream::UpstreamReport,
+        ) -> StoreResult<()>;
         fn reconciliations(
             status: Option<CaseStatus>,
             after_task_id: Option<&str>,
@@ -732,6 +736,31 @@ impl<B: Backend> Store<B> {
         self.write("an event", &mut |tx| {
             audit::append_allowed_untasked(tx, actor, action, payload.clone())
         })
+    }
+
+    /// Records the worker's upstream fact as the event its kind names:
+    /// under its task for a publication (a task that does not exist is
+    /// TASK_NOT_FOUND), about no task for a sync.
+    pub fn record_upstream(
+        &mut self,
+        actor: &Actor,
+        report: &airlock_proto::upstream::UpstreamReport,
+    ) -> StoreResult<()> {
+        let action = report.event.action();
+        let payload = serde_json::json!({
+            "repository": report.repository,
+            "detail": report.detail,
+        });
+        match &report.task_id {
+            None => self.record_allowed(actor, action, &payload),
+            Some(task) => {
+                // TASK_NOT_FOUND when there is no such task.
+                self.get(task)?;
+                self.write("an event", &mut |tx| {
+                    audit::append_allowed(tx, task, actor, action, payload.clone())
+                })
+            }
+        }
     }
 
     /// Runs `f` in one transaction of the engine, and reports the moves of

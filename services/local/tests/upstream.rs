@@ -108,6 +108,22 @@ fn propose(bus: &str, cfg: &str, repo: &str) -> Value {
     airlock_testkit::propose_patch(&ctl, bus, cfg, repo, VERIFY, FIX)
 }
 
+/// airlockctl's output (stdout) for `args`, which must succeed.
+fn ctl_json(bus: &str, args: &[&str]) -> String {
+    let ctl = airlock_local::sibling("airlockctl").unwrap();
+    let out = std::process::Command::new(ctl)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn sync_state(state: &Path, repo: &str) -> Option<Value> {
     let text = std::fs::read_to_string(state.join(format!("worker/upstream/{repo}.json"))).ok()?;
     serde_json::from_str(&text).ok()
@@ -302,25 +318,74 @@ fn upstreams_are_followed_and_published_to_exactly_once() {
         "{}",
         String::from_utf8_lossy(&verified.stderr)
     );
-    // A sync never moves an agent branch, even one the upstream has.
-    team_git(&local_work, &["fetch", "-q", "origin"]);
-    wait_until("another scheduled sync", Duration::from_secs(30), || {
-        sync_state(&state, "local")
-            .and_then(|s| s["finished_at_ms"].as_u64())
-            .is_some_and(|t| {
-                t > std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis() as u64
-                    - 500
-            })
-    });
+    // The publication is in the task's events, with the upstream's answer.
+    let events = ctl_json(
+        &bus,
+        &["--json", "events", task["task_id"].as_str().unwrap()],
+    );
+    assert!(events.contains("TASK_PUBLISHED"), "{events}");
+
+    // The team rewrites main (a force-push) and moves the agent branch
+    // upstream: a sync follows main, records the rewrite in the events, and
+    // the agent branch here stays the worker's.
+    team_git(&local_work, &["reset", "-q", "--hard", &team_main]);
+    std::fs::write(local_work.join("REWRITTEN.md"), "history rewritten\n").unwrap();
+    git(&local_work, &["add", "-A"]);
+    git(&local_work, &["commit", "-q", "-m", "rewritten"]);
+    let rewritten = git(&local_work, &["rev-parse", "HEAD"]);
+    team_git(&local_work, &["push", "-q", "-f", "origin", "main"]);
+    team_git(
+        &local_work,
+        &[
+            "push",
+            "-q",
+            "-f",
+            "origin",
+            &format!("HEAD:refs/heads/{branch}"),
+        ],
+    );
+    let ctl = airlock_local::sibling("airlockctl").unwrap();
+    let out = std::process::Command::new(&ctl)
+        .args([
+            "--json", "repo", "--config", cfg, "sync", "local", "--wait", "60",
+        ])
+        .output()
+        .unwrap();
+    let synced: Value = airlock_testkit::last_json(&out);
+    assert!(
+        out.status.success(),
+        "{synced}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(synced["code"].is_null(), "{synced}");
+    assert_eq!(
+        git_dir(&authority("local"), &["rev-parse", "refs/heads/main"]),
+        rewritten
+    );
     assert_eq!(
         git_dir(
             &authority("local"),
             &["rev-parse", &format!("refs/heads/{branch}")]
         ),
-        commit
+        commit,
+        "a sync never moves an agent branch"
+    );
+    let events = ctl_json(&bus, &["--json", "events"]);
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("UPSTREAM_REF_REWRITTEN") && l.contains("refs/heads/main")),
+        "{events}"
+    );
+    let shown = std::process::Command::new(&ctl)
+        .args(["--json", "repo", "--config", cfg, "show", "local"])
+        .output()
+        .unwrap();
+    let shown = airlock_testkit::last_json(&shown);
+    assert_eq!(shown["upstream"]["url"], local_up.to_str().unwrap());
+    assert!(
+        shown["last_sync"]["finished_at_ms"].as_u64().is_some(),
+        "{shown}"
     );
 
     // Over ssh with the deploy key and the pinned host key.

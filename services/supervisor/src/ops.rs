@@ -284,6 +284,18 @@ impl Ops {
             .await
     }
 
+    /// ReportUpstream: the worker's upstream fact, as its event.
+    pub async fn record_upstream(
+        &self,
+        auth: &Authorized<Worker>,
+        report: airlock_proto::upstream::UpstreamReport,
+    ) -> Result<(), Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.record_upstream(&actor, &report))
+            .await
+    }
+
     /// ExtendRetry: the store's one-step, compare-and-swap transaction
     /// (a refusal is recorded by the store itself, with its code).
     pub async fn extend_retry(

@@ -11,7 +11,7 @@
 
 use crate::attempt::Worker;
 use airlock_git::{AuthorityRepo, Credential, SyncReport, Upstream};
-use airlock_proto::upstream::Scheme;
+use airlock_proto::upstream::{Scheme, UpstreamEvent, UpstreamReport};
 use airlock_proto::{Code, Error};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -164,9 +164,10 @@ impl Worker {
                 code: Some(e.code.as_str().to_owned()),
                 detail: Some(e.to_string()),
                 report: SyncReport::default(),
-                last_success_ms: previous.and_then(|p| p.last_success_ms),
+                last_success_ms: previous.as_ref().and_then(|p| p.last_success_ms),
             },
         };
+        self.report_sync(repository, &outcome, previous.as_ref());
         match &outcome {
             Ok(report) => {
                 for change in &report.changes {
@@ -194,6 +195,58 @@ impl Worker {
             tracing::warn!(%repository, "recording the sync: {e}");
         }
         outcome
+    }
+
+    /// Tells the supervisor's event log what a sync did: the refs it
+    /// changed, each ref the upstream rewrote, a failure where the last
+    /// sync had none (or another). A sync that changed nothing is not an
+    /// event.
+    fn report_sync(
+        &self,
+        repository: &str,
+        outcome: &Result<SyncReport, Error>,
+        previous: Option<&SyncState>,
+    ) {
+        let mut reports = Vec::new();
+        let report = |event, detail| UpstreamReport {
+            repository: repository.to_owned(),
+            event,
+            task_id: None,
+            detail,
+        };
+        match outcome {
+            Ok(r) if !r.changes.is_empty() => {
+                reports.push(report(
+                    UpstreamEvent::Synced,
+                    serde_json::json!({ "changes": r.changes.len() }),
+                ));
+                for c in r.forced() {
+                    reports.push(report(
+                        UpstreamEvent::RefRewritten,
+                        serde_json::json!({ "ref": c.name, "old": c.old, "new": c.new }),
+                    ));
+                }
+            }
+            Ok(_) => {}
+            Err(e) if previous.and_then(|p| p.code.as_deref()) != Some(e.code.as_str()) => {
+                reports.push(report(
+                    UpstreamEvent::SyncFailed,
+                    serde_json::json!({ "code": e.code.as_str(), "detail": e.to_string() }),
+                ));
+            }
+            Err(_) => {}
+        }
+        for r in reports {
+            self.report_upstream(&r);
+        }
+    }
+
+    /// Sends `report` to the supervisor's event log; a failure is logged,
+    /// never the caller's failure.
+    pub fn report_upstream(&self, report: &UpstreamReport) {
+        if let Err(e) = self.bus().report_upstream(report) {
+            tracing::warn!(repository = %report.repository, event = report.event.action(), "could not record the upstream event: {e}");
+        }
     }
 
     fn sync_once(&self, repository: &str) -> Result<SyncReport, Error> {

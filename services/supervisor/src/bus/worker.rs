@@ -13,6 +13,7 @@ use airlock_proto::bus::ResultReceipt;
 use airlock_proto::bus::worker as rows;
 use airlock_proto::reconcile::AdoptionReport;
 use airlock_proto::task::TaskResult;
+use airlock_proto::upstream::UpstreamReport;
 use airlock_proto::{Code, Error};
 use std::sync::Arc;
 use zbus::message::Header;
@@ -185,5 +186,33 @@ impl Worker {
             }
         }
         reply::<rows::SettleAdoption>(&case)
+    }
+
+    /// What happened with an upstream (`airlock_proto::upstream::
+    /// UpstreamReport` JSON): recorded in the event log as the event its
+    /// kind names (UPSTREAM_SYNCED, UPSTREAM_SYNC_FAILED,
+    /// UPSTREAM_REF_REWRITTEN, TASK_PUBLICATION_PENDING, TASK_PUBLISHED),
+    /// under its task for a publication. Nothing else changes.
+    async fn report_upstream(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        report: String,
+    ) -> Result<(), BusError> {
+        let task_id = parse_json(&report, "the report")
+            .ok()
+            .and_then(|v| v["task_id"].as_str().map(str::to_owned));
+        let call = self
+            .shared
+            .enter::<rows::ReportUpstream, WorkerPermission>(conn, &hdr, task_id.as_deref())
+            .await?;
+        let parsed = parse_json(&report, "the report").and_then(|v| {
+            serde_json::from_value::<UpstreamReport>(v)
+                .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("the report: {e}")))
+                .and_then(|r| r.validate().map(|_| r))
+        });
+        let report = call.checked(parsed).await?;
+        self.shared.ops.record_upstream(&call.auth, report).await?;
+        Ok(())
     }
 }

@@ -12,6 +12,7 @@ use super::{Grant, Next, Worker, git_err};
 use airlock_proto::binding::BranchMode;
 use airlock_proto::checkpoint::{CheckpointBinding, CommitDonePayload, Payload, PublishedPayload};
 use airlock_proto::task::Publication;
+use airlock_proto::upstream::{UpstreamEvent, UpstreamReport};
 use airlock_proto::{Code, Error};
 use std::ops::ControlFlow::{Break, Continue};
 
@@ -67,6 +68,19 @@ impl Worker {
                 let e = git_err(e);
                 if e.code.transient() {
                     tracing::warn!(task = %b.task_id, "publication pending, the upstream is unreachable: {e}");
+                    let key = format!("{}/{}", b.task_id, grant.attempt);
+                    if self.first_pending(&key) {
+                        self.report_upstream(&UpstreamReport {
+                            repository: b.repository.clone(),
+                            event: UpstreamEvent::PublicationPending,
+                            task_id: Some(b.task_id.clone()),
+                            detail: serde_json::json!({
+                                "attempt": grant.attempt,
+                                "code": e.code.as_str(),
+                                "detail": e.to_string(),
+                            }),
+                        });
+                    }
                 }
                 return Err(e);
             }
@@ -90,6 +104,13 @@ impl Worker {
                 push_options: options,
             },
         };
-        Ok(Continue(self.append(cb, Payload::Published(published))?))
+        let appended = self.append(cb, Payload::Published(published.clone()))?;
+        self.report_upstream(&UpstreamReport {
+            repository: b.repository.clone(),
+            event: UpstreamEvent::Published,
+            task_id: Some(b.task_id.clone()),
+            detail: serde_json::to_value(&published.publication).unwrap_or_default(),
+        });
+        Ok(Continue(appended))
     }
 }

@@ -69,6 +69,8 @@ pub struct Worker {
     pub(super) bus: Supervisor,
     pub(crate) stopping: Arc<AtomicBool>,
     pub(super) progress: crate::progress::Progress,
+    /// Attempts whose pending publication was reported (once each).
+    pending_reported: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Worker {
@@ -88,10 +90,19 @@ impl Worker {
             bus,
             stopping,
             progress: crate::progress::Progress::default(),
+            pending_reported: Mutex::new(Default::default()),
         }
     }
 
     /// The calling thread's progress, for the watchdog ([`crate::progress`]).
+    /// True the first time `key` (task/attempt) asks.
+    pub(super) fn first_pending(&self, key: &str) -> bool {
+        self.pending_reported
+            .lock()
+            .map(|mut s| s.insert(key.to_owned()))
+            .unwrap_or(false)
+    }
+
     pub fn progress(&self) -> &crate::progress::Progress {
         &self.progress
     }
