@@ -489,7 +489,8 @@ impl Fixture {
             self.exec(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
         }
         if self.backend == Backend::Postgres {
-            self.exec("DROP FUNCTION airlock_submitter_fixed()").unwrap();
+            self.exec("DROP FUNCTION airlock_submitter_fixed()")
+                .unwrap();
         }
     }
 

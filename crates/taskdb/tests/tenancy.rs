@@ -77,10 +77,22 @@ fn populate(fx: &mut Fixture) {
         .expect("the reconciliation result");
     // A refusal about a task id that names no task, and one about none.
     fx.store
-        .record_denial(Some("task-ghost"), &human(), "TASK_READ", Code::AUTHORIZATION_DENIED, "x")
+        .record_denial(
+            Some("task-ghost"),
+            &human(),
+            "TASK_READ",
+            Code::AUTHORIZATION_DENIED,
+            "x",
+        )
         .unwrap();
     fx.store
-        .record_denial(None, &human(), "TASKS_LISTED", Code::AUTHORIZATION_DENIED, "x")
+        .record_denial(
+            None,
+            &human(),
+            "TASKS_LISTED",
+            Code::AUTHORIZATION_DENIED,
+            "x",
+        )
         .unwrap();
 }
 
@@ -127,7 +139,12 @@ fn every_read_is_bound(store: &mut dyn TaskStore) {
             "{who}: {events:?}"
         );
         for other in all.iter().filter(|t| **t != mine) {
-            assert!(store.events_as(Some(other), 0, 1000, &scope).unwrap().is_empty());
+            assert!(
+                store
+                    .events_as(Some(other), 0, 1000, &scope)
+                    .unwrap()
+                    .is_empty()
+            );
         }
         assert!(
             store
@@ -144,7 +161,9 @@ fn every_read_is_bound(store: &mut dyn TaskStore) {
         } else {
             assert!(cases.is_empty(), "{who}: {cases:?}");
             let err = case.unwrap_err();
-            let none = store.reconciliation_as("task-human", &ReadScope::All).unwrap_err();
+            let none = store
+                .reconciliation_as("task-human", &ReadScope::All)
+                .unwrap_err();
             assert_eq!(err.code(), Code::RECONCILIATION_NOT_FOUND, "{who}");
             assert_eq!(
                 err.to_string().replace("task-alpha", "ID"),
@@ -154,12 +173,32 @@ fn every_read_is_bound(store: &mut dyn TaskStore) {
         }
     }
     // Read-all sees everything; an unknown uid nothing.
-    assert_eq!(store.list_as(None, None, 100, &ReadScope::All).unwrap().len(), 4);
-    assert!(store.list_as(None, None, 100, &own(4242, None)).unwrap().is_empty());
-    assert!(store.events_as(None, 0, 1000, &own(4242, None)).unwrap().is_empty());
+    assert_eq!(
+        store
+            .list_as(None, None, 100, &ReadScope::All)
+            .unwrap()
+            .len(),
+        4
+    );
+    assert!(
+        store
+            .list_as(None, None, 100, &own(4242, None))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .events_as(None, 0, 1000, &own(4242, None))
+            .unwrap()
+            .is_empty()
+    );
     let everything = store.events_as(None, 0, 1000, &ReadScope::All).unwrap();
     assert!(everything.iter().any(|e| e.task_id.is_none()));
-    assert!(everything.iter().any(|e| e.task_id.as_deref() == Some("task-ghost")));
+    assert!(
+        everything
+            .iter()
+            .any(|e| e.task_id.as_deref() == Some("task-ghost"))
+    );
 }
 
 fn a_scoped_read_sees_its_submitters_tasks_alone(backend: Backend) {
@@ -184,17 +223,29 @@ fn a_replay_by_another_submitter_is_a_conflict_and_the_submitter_is_fixed(backen
     // The same agent again (another connection): the stored task.
     let again = fx
         .store
-        .submit(&s, &Actor::planner(Some(989), "agent:alpha airlock-agent@:1.99"))
+        .submit(
+            &s,
+            &Actor::planner(Some(989), "agent:alpha airlock-agent@:1.99"),
+        )
         .unwrap();
     assert!(again.idempotent);
     // Another agent of the same user, the user outside an agent, another
     // uid: the key is taken, and nothing of the task is told.
     for other in [beta(), plain(), human()] {
         let err = fx.store.submit(&s, &other).unwrap_err();
-        assert_eq!(err.code(), Code::TASK_IDEMPOTENCY_CONFLICT, "{}", other.name);
+        assert_eq!(
+            err.code(),
+            Code::TASK_IDEMPOTENCY_CONFLICT,
+            "{}",
+            other.name
+        );
         assert!(!err.to_string().contains("QUEUED"), "{err}");
     }
-    assert_eq!(fx.store.get("task-a").unwrap(), again.task, "nothing changed");
+    assert_eq!(
+        fx.store.get("task-a").unwrap(),
+        again.task,
+        "nothing changed"
+    );
     assert_eq!(fx.last_event_id(), events + 3, "three refusals on record");
     // No write may change who submitted it.
     for sql in [
@@ -247,12 +298,14 @@ fn upgrading_fills_each_tasks_submitter_from_its_submission_event(backend: Backe
         assert_eq!(&store.get(&v.task_id).unwrap(), v, "{}", v.task_id);
     }
     assert_eq!(
-        fx.rows(
-            "SELECT task_id, submitter_uid, submitter_agent FROM tasks ORDER BY task_id"
-        ),
+        fx.rows("SELECT task_id, submitter_uid, submitter_agent FROM tasks ORDER BY task_id"),
         [
-            ["task-alpha", "989", "alpha"].map(|s| Some(s.to_owned())).to_vec(),
-            ["task-beta", "989", "beta"].map(|s| Some(s.to_owned())).to_vec(),
+            ["task-alpha", "989", "alpha"]
+                .map(|s| Some(s.to_owned()))
+                .to_vec(),
+            ["task-beta", "989", "beta"]
+                .map(|s| Some(s.to_owned()))
+                .to_vec(),
             vec![Some("task-human".into()), Some("1001".into()), None],
             vec![Some("task-orphan".into()), None, None],
             vec![Some("task-plain".into()), Some("989".into()), None],
@@ -267,7 +320,8 @@ fn upgrading_fills_each_tasks_submitter_from_its_submission_event(backend: Backe
     // aside, seen by read-all alone).
     let orphan_free = store.list_as(None, None, 100, &ReadScope::All).unwrap();
     assert_eq!(orphan_free.len(), 5);
-    fx.exec("DELETE FROM tasks WHERE task_id = 'task-orphan'").unwrap();
+    fx.exec("DELETE FROM tasks WHERE task_id = 'task-orphan'")
+        .unwrap();
     every_read_is_bound(store.as_mut());
 }
 

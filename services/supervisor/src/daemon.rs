@@ -257,7 +257,9 @@ pub async fn run_with_reload(
         let (conn, watchers) = (conn.clone(), Arc::clone(&shared.watchers));
         async move {
             if let Err(e) = crate::bus::watchers::forget_departed(conn, watchers).await {
-                tracing::warn!("not following departures from the bus (TaskChanged listeners are kept until a restart): {e}");
+                tracing::warn!(
+                    "not following departures from the bus (TaskChanged listeners are kept until a restart): {e}"
+                );
             }
         }
     });
@@ -266,17 +268,15 @@ pub async fn run_with_reload(
     // before this supervisor announces itself.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let follower = match &settings.database {
-        Location::Postgres(pg) => {
-            Some(
-                follow::start(
-                    (**pg).clone(),
-                    Arc::clone(&shared),
-                    emitter.clone(),
-                    stop_rx.clone(),
-                )
-                .await,
+        Location::Postgres(pg) => Some(
+            follow::start(
+                (**pg).clone(),
+                Arc::clone(&shared),
+                emitter.clone(),
+                stop_rx.clone(),
             )
-        }
+            .await,
+        ),
         Location::Sqlite(_) => None,
     };
 

@@ -249,7 +249,12 @@ fn under_real_polkit_a_planner_reads_its_own_tasks_and_root_every_task() {
         .unwrap_or_else(|e| panic!("uid {uid} submits: {e:?}"));
     }
     let get = |uid: u32, task: &str| {
-        dbus_send(&sup, uid, "org.airlock.Tasks2.GetTask", &[&format!("string:{task}")])
+        dbus_send(
+            &sup,
+            uid,
+            "org.airlock.Tasks2.GetTask",
+            &[&format!("string:{task}")],
+        )
     };
     let list = |uid: u32, method: &str, args: &[&str]| {
         dbus_send(&sup, uid, method, args).unwrap_or_else(|e| panic!("{method}: {e:?}"))
@@ -257,7 +262,11 @@ fn under_real_polkit_a_planner_reads_its_own_tasks_and_root_every_task() {
     // root holds org.airlock.tasks.read-all (polkit: root is authorised
     // for every action): every task.
     assert!(get(0, "t-bin").unwrap().contains("t-bin"));
-    let all = list(0, "org.airlock.Tasks2.ListTasks", &["string:", "string:", "uint32:0"]);
+    let all = list(
+        0,
+        "org.airlock.Tasks2.ListTasks",
+        &["string:", "string:", "uint32:0"],
+    );
     assert!(all.contains("t-root") && all.contains("t-bin"), "{all}");
     // The planner: read is allowed, read-all is auth_admin, asked without
     // interaction — its own task, and root's answers as a missing one.
@@ -270,10 +279,22 @@ fn under_real_polkit_a_planner_reads_its_own_tasks_and_root_every_task() {
         missing.message.replace("t-none", "ID")
     );
     for (method, args) in [
-        ("org.airlock.Tasks2.ListTasks", ["string:", "string:", "uint32:0"]),
-        ("org.airlock.Tasks1.ListTasks", ["string:", "string:", "uint32:0"]),
-        ("org.airlock.Tasks2.ListEvents", ["string:", "int64:0", "uint32:0"]),
-        ("org.airlock.Reconcile1.ListReconciliations", ["string:", "string:", "uint32:0"]),
+        (
+            "org.airlock.Tasks2.ListTasks",
+            ["string:", "string:", "uint32:0"],
+        ),
+        (
+            "org.airlock.Tasks1.ListTasks",
+            ["string:", "string:", "uint32:0"],
+        ),
+        (
+            "org.airlock.Tasks2.ListEvents",
+            ["string:", "int64:0", "uint32:0"],
+        ),
+        (
+            "org.airlock.Reconcile1.ListReconciliations",
+            ["string:", "string:", "uint32:0"],
+        ),
     ] {
         let out = list(PLANNER, method, &args);
         assert!(!out.contains("t-root"), "{method}: {out}");
@@ -300,9 +321,20 @@ fn under_real_polkit_a_planner_reads_its_own_tasks_and_root_every_task() {
         ],
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("t-bin") && !text.contains("t-root"), "{text}");
     // nobody may read but submitted nothing: it sees no task at all.
-    let none = list(WORKER_UID, "org.airlock.Tasks2.ListTasks", &["string:", "string:", "uint32:0"]);
-    assert!(!none.contains("t-root") && !none.contains("t-bin"), "{none}");
+    let none = list(
+        WORKER_UID,
+        "org.airlock.Tasks2.ListTasks",
+        &["string:", "string:", "uint32:0"],
+    );
+    assert!(
+        !none.contains("t-root") && !none.contains("t-bin"),
+        "{none}"
+    );
 }

@@ -108,10 +108,7 @@ fn parse_dbus_send(rc: &str, out: &str) -> Got {
     if rc.trim() == "0" {
         Ok(out.to_owned())
     } else {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with("Error "))
-            .unwrap_or(out);
+        let line = out.lines().find(|l| l.starts_with("Error ")).unwrap_or(out);
         let rest = line.trim_start_matches("Error ");
         let (name, message) = rest.split_once(": ").unwrap_or((rest, ""));
         Err((name.trim().to_owned(), message.trim().to_owned()))
@@ -354,7 +351,8 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
     result["exec_result_sha256"] = Value::Null;
     result["verification"] = json!([]);
     result["failure_code"] = json!("RECONCILIATION_REQUIRED");
-    result["reconciliation"] = json!({"commit_oid": "1".repeat(40), "observed_head": "2".repeat(40)});
+    result["reconciliation"] =
+        json!({"commit_oid": "1".repeat(40), "observed_head": "2".repeat(40)});
     let epoch = grant["lease_epoch"].as_u64().unwrap();
     worker_submit(sup, WORKER_UID, &grant, epoch, &result).expect("the reconciliation result");
 
@@ -364,7 +362,12 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
         async move {
             let mut views = BTreeMap::new();
             for t in TASKS {
-                views.insert(t, call_json(&conn, TASKS_IFACE, "GetTask", &(t,)).await.unwrap());
+                views.insert(
+                    t,
+                    call_json(&conn, TASKS_IFACE, "GetTask", &(t,))
+                        .await
+                        .unwrap(),
+                );
             }
             // (the tasks' events: an agent's own record may change meanwhile)
             let page = call_json(&conn, TASKS_IFACE, "ListEvents", &("", 0i64, 1000u32))
@@ -385,12 +388,19 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
         before.0[case_of]["submitter"]["agent"],
         case_of.trim_start_matches("t-")
     );
-    assert_eq!(before.0["t-planner"]["submitter"], json!({"uid": PLANNER_UID, "agent": null}));
+    assert_eq!(
+        before.0["t-planner"]["submitter"],
+        json!({"uid": PLANNER_UID, "agent": null})
+    );
 
     // The agents read, from their sessions; the others with dbus-send.
     std::fs::write(dir.path().join("go"), "").unwrap();
     let mut got: BTreeMap<&str, Vec<(Read, Got)>> = BTreeMap::new();
-    for (who, uid) in [("planner", PLANNER_UID), ("agents' user", agent_uid()), ("admin", 0)] {
+    for (who, uid) in [
+        ("planner", PLANNER_UID),
+        ("agents' user", agent_uid()),
+        ("admin", 0),
+    ] {
         let answers = reads
             .iter()
             .map(|r| {
@@ -427,7 +437,13 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
         .iter()
         .find(|(r, _)| r.method == "org.airlock.Tasks2.GetTask" && r.about == Some(case_of))
         .unwrap();
-    assert!(own_get.1.as_ref().unwrap().contains("RECONCILIATION_REQUIRED"));
+    assert!(
+        own_get
+            .1
+            .as_ref()
+            .unwrap()
+            .contains("RECONCILIATION_REQUIRED")
+    );
     // The reads changed nothing, and none is an event.
     assert_eq!(snapshot(&admin).await, before, "the reads changed nothing");
 
@@ -452,7 +468,9 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
     assert_eq!(err.code(), Some(airlock_proto::Code::TASK_NOT_FOUND));
     // The administrator cancels the administrator's task, then the planner's.
     for t in ["t-admin", "t-planner"] {
-        let view = call_json(&admin, TASKS_IFACE, "GetTask", &(t,)).await.unwrap();
+        let view = call_json(&admin, TASKS_IFACE, "GetTask", &(t,))
+            .await
+            .unwrap();
         let req = json!({
             "schema": "airlock.task-decision.v1", "task_id": t, "decision": "cancel",
             "reason": "tenancy test", "idempotency_key": format!("cancel-{t}-0001"),
@@ -464,7 +482,10 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
             .unwrap();
     }
     let wait = Duration::from_secs(3);
-    assert_eq!(heard(&mut admin_hears, wait).await, ["t-admin", "t-planner"]);
+    assert_eq!(
+        heard(&mut admin_hears, wait).await,
+        ["t-admin", "t-planner"]
+    );
     assert_eq!(heard(&mut planner_hears, wait).await, ["t-planner"]);
     assert_eq!(heard(&mut silent_hears, wait).await, Vec::<String>::new());
     for name in ["alpha", "beta"] {

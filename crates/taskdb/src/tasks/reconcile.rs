@@ -309,7 +309,12 @@ impl<B: Backend> Store<B> {
     /// report settles it.
     pub fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>> {
         let texts = self.write("looking for an adoption", &mut |tx| {
-            tx.cases(Some(CaseStatus::Adopting.as_str()), None, 1, &ReadScope::All)
+            tx.cases(
+                Some(CaseStatus::Adopting.as_str()),
+                None,
+                1,
+                &ReadScope::All,
+            )
         })?;
         let Some(text) = texts.first() else {
             return Ok(None);

@@ -134,7 +134,11 @@ impl Shared {
         let agent = self.agent_of(&call.caller).await;
         let scope = self
             .gate
-            .read_scope(&call.auth, &call.caller, agent.as_ref().map(|a| a.name.as_str()))
+            .read_scope(
+                &call.auth,
+                &call.caller,
+                agent.as_ref().map(|a| a.name.as_str()),
+            )
             .await;
         self.watchers.watch(call.caller.sender(), scope.clone());
         scope

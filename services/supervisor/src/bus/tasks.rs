@@ -232,10 +232,11 @@ impl Tasks {
     /// Replaces a QUEUED task's plan. The plan must name the digest of the
     /// plan it replaces in `expected_previous_plan_digest` (compare and
     /// swap); the stored plan again is an idempotent replay. Returns the
-    /// task. Needs `org.airlock.tasks.submit`. A planner agent's process
-    /// is named as the agent and may replace only the plan of a task it
-    /// submitted, in one of its repositories (`AGENT_REPOSITORY_DENIED`,
-    /// `AGENT_TASK_DENIED`).
+    /// task. Needs `org.airlock.tasks.submit`, and replaces only a task
+    /// the caller submitted (TASK_NOT_FOUND for another's) unless it holds
+    /// `org.airlock.tasks.read-all`. A planner agent's process is named as
+    /// the agent and may replace only the plan of a task it submitted, in
+    /// one of its repositories (`AGENT_REPOSITORY_DENIED`).
     async fn replace_plan(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -290,7 +291,10 @@ impl Tasks {
         reply::<rows::ReplacePlan>(&before)
     }
 
-    /// One task as JSON. Needs `org.airlock.tasks.read`.
+    /// One task as JSON. Needs `org.airlock.tasks.read`, and sees only a
+    /// task the caller submitted unless it holds
+    /// `org.airlock.tasks.read-all`: another's is TASK_NOT_FOUND, as one
+    /// that does not exist.
     async fn get_task(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -309,7 +313,9 @@ impl Tasks {
     /// Tasks ordered by id: `state` filters (`""` = all), `after_task_id`
     /// pages (`""` = from the start), `limit` 0 means 100 (at most 1000).
     /// Returns `{"tasks": [...], "next_after": <id or null>}`; pass
-    /// `next_after` back to get the next page. Needs `org.airlock.tasks.read`.
+    /// `next_after` back to get the next page. Needs `org.airlock.tasks.read`;
+    /// lists the caller's own tasks only, unless it holds
+    /// `org.airlock.tasks.read-all`.
     async fn list_tasks(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -343,7 +349,8 @@ impl Tasks {
     /// The event log in id order, allowed and denied alike: `task_id`
     /// filters (`""` = all tasks), `after_event_id` pages, `limit` 0 means
     /// 100. Returns `{"events": [...], "next_after": <last id or the
-    /// argument>}`. Needs `org.airlock.tasks.read`.
+    /// argument>}`. Needs `org.airlock.tasks.read`; the events of the
+    /// caller's own tasks only, unless it holds `org.airlock.tasks.read-all`.
     async fn list_events(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -406,7 +413,9 @@ impl Tasks {
     }
 
     /// A task changed state (or was created): its id, new state and
-    /// revision. Follow it, then GetTask for the details.
+    /// revision; sent to each connection that may read the task (one that
+    /// made an authorised call), never broadcast. Follow it, then GetTask
+    /// for the details.
     #[zbus(signal)]
     async fn task_changed(
         emitter: &SignalEmitter<'_>,

@@ -161,7 +161,9 @@ pub(super) fn reads_bound_to_the_caller(c: &Container) -> Result<String, String>
             60 * SEC,
         )
     };
-    let listed = agent("list")?.expect_ok("airlockctl list as airlock-agent")?.stdout;
+    let listed = agent("list")?
+        .expect_ok("airlockctl list as airlock-agent")?
+        .stdout;
     if !listed.contains("tb-probe") || listed.contains("tb-demo") {
         return Err(format!(
             "airlock-agent's list is not its own tasks alone:\n{}",
@@ -188,7 +190,9 @@ pub(super) fn reads_bound_to_the_caller(c: &Container) -> Result<String, String>
             missing.describe()
         ));
     }
-    let events = agent("events")?.expect_ok("airlockctl events as airlock-agent")?.stdout;
+    let events = agent("events")?
+        .expect_ok("airlockctl events as airlock-agent")?
+        .stdout;
     if events.contains("tb-demo") || !events.contains("tb-probe") {
         return Err(format!(
             "airlock-agent's event log is not its own tasks' alone:\n{}",
