@@ -810,7 +810,7 @@ pub const KEYS: &[KeySpec] = &[
         },
         default: None,
         required: true,
-        meaning: "The repositories this agent may propose for; a submission it makes for any other is refused with AGENT_REPOSITORY_DENIED, and it may replace the plan (ReplacePlan) only of a task it submitted itself in one of them (else AGENT_REPOSITORY_DENIED or AGENT_TASK_DENIED). Each must be registered (in this file or in repositories.d/) when the configuration is loaded.",
+        meaning: "The repositories this agent may propose for; a submission it makes for any other is refused with AGENT_REPOSITORY_DENIED, and it reads and may replace the plan (ReplacePlan) of only the tasks it submitted itself (another's task is TASK_NOT_FOUND, as if it did not exist), in one of them (else AGENT_REPOSITORY_DENIED). Each must be registered (in this file or in repositories.d/) when the configuration is loaded.",
     },
     KeySpec {
         key: "agent[].environment",

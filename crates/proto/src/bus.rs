@@ -40,7 +40,7 @@ pub use method::{Call, Method, Peer, Permission};
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (7, 1);
+pub const PROTOCOL_VERSION: (u32, u32) = (8, 0);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -78,8 +78,12 @@ pub const DEFAULT_PAGE: u32 = 100;
 
 /// The polkit actions airlock declares (`polkit/org.airlock.policy`).
 pub mod action {
-    /// Read tasks, their events and reconciliation cases.
+    /// Read tasks, their events and reconciliation cases: a caller's own
+    /// (the tasks it submitted) unless it also holds [`TASKS_READ_ALL`].
     pub const TASKS_READ: &str = "org.airlock.tasks.read";
+    /// Read every task, whoever submitted it (administrators). Asked for
+    /// on every read beside [`TASKS_READ`]; no row requires it.
+    pub const TASKS_READ_ALL: &str = "org.airlock.tasks.read-all";
     /// Submit a task, replace a queued task's plan.
     pub const TASKS_SUBMIT: &str = "org.airlock.tasks.submit";
     /// Decide on or cancel a task.
@@ -93,6 +97,7 @@ pub mod action {
     /// Every action, in declaration order.
     pub const ALL: &[&str] = &[
         TASKS_READ,
+        TASKS_READ_ALL,
         TASKS_SUBMIT,
         TASKS_MANAGE,
         AGENTS_READ,
@@ -310,7 +315,10 @@ rows! {
     /// release.)
     mod tasks = "org.airlock.Tasks2" {
         also {
-            /// Signal: `s` task id, `s` state, `x` revision.
+            /// Signal: `s` task id, `s` state, `x` revision. Never
+            /// broadcast (protocol 8.0): sent to each connection that may
+            /// read the task, once it has made an authorised call
+            /// (docs/protocol.md, "Who hears TaskChanged").
             pub const TASK_CHANGED: &str = "TaskChanged";
             /// Property: the protocol the supervisor speaks, `"major.minor"`.
             pub const PROTOCOL_VERSION: &str = "ProtocolVersion";

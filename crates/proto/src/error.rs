@@ -483,7 +483,7 @@ catalogue! {
     AGENT_NOT_FOUND => NotFound, None;
     /// An agent proposed for a repository its [[agent]] table does not list.
     AGENT_REPOSITORY_DENIED => Denied, None;
-    /// An agent tried to replace the plan of a task it did not submit (an agent changes only its own tasks).
+    /// Not answered since protocol 8.0 (kept so that older peers still name it): replacing the plan of a task the caller did not submit is TASK_NOT_FOUND, as for a task that does not exist.
     AGENT_TASK_DENIED => Denied, None;
     /// The agent failed 5 times in a row and is held: nothing restarts it until an operator clears the hold (retryable once cleared).
     AGENTOS_CRASH_LOOP => Unavailable, None;

@@ -375,4 +375,21 @@ pub struct TaskView {
     pub created_at_ms: i64,
     /// Last change (unix ms).
     pub updated_at_ms: i64,
+    /// Who submitted it (the reads of a caller without
+    /// `org.airlock.tasks.read-all` are bound to it); `None` for a task
+    /// whose submission is not on record.
+    #[serde(default)]
+    pub submitter: Option<Submitter>,
+}
+
+/// Who submitted a task: the uid the bus daemon reported for the caller,
+/// and the planner agent's name when the supervisor recognised the caller
+/// as one of its agents. Fixed when the task is created.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submitter {
+    /// The caller's unix uid.
+    pub uid: Option<u32>,
+    /// The planner agent (`[[agent]] name`), when an agent submitted it.
+    pub agent: Option<String>,
 }

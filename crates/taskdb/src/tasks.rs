@@ -100,8 +100,8 @@ pub use airlock_proto::reconcile::{
 };
 pub use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 pub use airlock_proto::task::{
-    ClaimGrant, DECISION_SCHEMA, Decision, DecisionOutcome, DecisionRequest, TaskResult, TaskState,
-    TaskSubmission, TaskView,
+    ClaimGrant, DECISION_SCHEMA, Decision, DecisionOutcome, DecisionRequest, Submitter, TaskResult,
+    TaskState, TaskSubmission, TaskView,
 };
 
 /// Longest lease a claim or renewal may ask for (one day).
@@ -306,6 +306,78 @@ impl Actor {
     /// The owner acting through airlock-retryd.
     pub fn owner_control() -> Self {
         Actor::new(ActorKind::Owner, None, OWNER_CONTROL_ACTOR)
+    }
+
+    /// The planner agent this actor was attributed to, if any: the
+    /// supervisor names a call it recognised as one of its agents'
+    /// `agent:NAME user@:1.42`. No other actor's name starts with
+    /// `agent:` (a bus caller is `user@:1.42` or `uid:N@:1.42`, and a user
+    /// name cannot contain `:`). The schema migration that fills a task's
+    /// submitter from its `TASK_SUBMITTED` event parses the same shape.
+    pub fn agent(&self) -> Option<&str> {
+        self.name
+            .strip_prefix(AGENT_PREFIX)?
+            .split_once(' ')
+            .map(|(a, _)| a)
+            .filter(|a| !a.is_empty())
+    }
+
+    /// The submitter a task submitted by this actor records.
+    pub fn submitter(&self) -> Submitter {
+        Submitter {
+            uid: self.uid,
+            agent: self.agent().map(str::to_owned),
+        }
+    }
+}
+
+/// How the name of an actor attributed to a planner agent starts
+/// ([`Actor::agent`]).
+pub const AGENT_PREFIX: &str = "agent:";
+
+/// Which tasks a read may see: every task, or those of one submitter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadScope {
+    /// Every task (a caller holding `org.airlock.tasks.read-all`, and
+    /// airlock itself).
+    All,
+    /// Only the tasks this caller submitted: the same uid, and the same
+    /// planner agent — or none, for a caller that is no agent — so two
+    /// agents running as one user see only their own tasks each, and
+    /// neither sees what that user submitted outside an agent.
+    Own {
+        /// The caller's uid.
+        uid: u32,
+        /// The planner agent the caller was recognised as, if any.
+        agent: Option<String>,
+    },
+}
+
+impl ReadScope {
+    /// Whether a task submitted by `submitter` is in the scope. A task
+    /// whose submitter is not on record is seen by [`ReadScope::All`] only.
+    pub fn sees(&self, submitter: Option<&Submitter>) -> bool {
+        match self {
+            ReadScope::All => true,
+            ReadScope::Own { uid, agent } => submitter
+                .is_some_and(|s| s.uid == Some(*uid) && s.agent.as_deref() == agent.as_deref()),
+        }
+    }
+
+    /// The uid an engine filters on (`None`: no filter).
+    pub(crate) fn uid(&self) -> Option<i64> {
+        match self {
+            ReadScope::All => None,
+            ReadScope::Own { uid, .. } => Some(i64::from(*uid)),
+        }
+    }
+
+    /// The agent an engine filters on, with [`Self::uid`].
+    pub(crate) fn agent(&self) -> Option<&str> {
+        match self {
+            ReadScope::All => None,
+            ReadScope::Own { agent, .. } => agent.as_deref(),
+        }
     }
 }
 
@@ -518,6 +590,19 @@ task_store! {
             after_event_id: i64,
             limit: u32,
         ) -> StoreResult<Vec<Event>>;
+        fn get_as(task_id: &str, scope: &ReadScope) -> StoreResult<TaskView>;
+        fn list_as(
+            state: Option<TaskState>,
+            after_task_id: Option<&str>,
+            limit: u32,
+            scope: &ReadScope,
+        ) -> StoreResult<Vec<TaskView>>;
+        fn events_as(
+            task_id: Option<&str>,
+            after_event_id: i64,
+            limit: u32,
+            scope: &ReadScope,
+        ) -> StoreResult<Vec<Event>>;
         fn integrity_check() -> StoreResult<()>;
     }
     &mut self {
@@ -578,6 +663,13 @@ task_store! {
             limit: u32,
         ) -> StoreResult<Vec<ReconciliationCase>>;
         fn reconciliation(task_id: &str) -> StoreResult<ReconciliationCase>;
+        fn reconciliations_as(
+            status: Option<CaseStatus>,
+            after_task_id: Option<&str>,
+            limit: u32,
+            scope: &ReadScope,
+        ) -> StoreResult<Vec<ReconciliationCase>>;
+        fn reconciliation_as(task_id: &str, scope: &ReadScope) -> StoreResult<ReconciliationCase>;
         fn resolve_reconciliation(
             task_id: &str,
             req: &ResolveRequest,
@@ -614,12 +706,25 @@ impl<B: Backend> Store<B> {
 
     /// One task.
     pub fn get(&self, task_id: &str) -> StoreResult<TaskView> {
+        self.get_as(task_id, &ReadScope::All)
+    }
+
+    /// One task, if `scope` sees it: a task outside the scope is
+    /// `TASK_NOT_FOUND` with the same detail as a task that does not
+    /// exist, so a reader learns nothing of another submitter's tasks.
+    pub fn get_as(&self, task_id: &str, scope: &ReadScope) -> StoreResult<TaskView> {
         check_task_id(task_id)?;
-        self.backend
+        let view = self
+            .backend
             .get(task_id)?
             .ok_or_else(|| not_found(task_id))?
             .into_row()?
-            .view()
+            .view()?;
+        if scope.sees(view.submitter.as_ref()) {
+            Ok(view)
+        } else {
+            Err(not_found(task_id))
+        }
     }
 
     /// Tasks ordered by task id, optionally only those in `state`, starting
@@ -630,8 +735,20 @@ impl<B: Backend> Store<B> {
         after_task_id: Option<&str>,
         limit: u32,
     ) -> StoreResult<Vec<TaskView>> {
+        self.list_as(state, after_task_id, limit, &ReadScope::All)
+    }
+
+    /// [`Self::list`] of the tasks `scope` sees only (filtered by the
+    /// engine, so a page is full whenever more such tasks exist).
+    pub fn list_as(
+        &self,
+        state: Option<TaskState>,
+        after_task_id: Option<&str>,
+        limit: u32,
+        scope: &ReadScope,
+    ) -> StoreResult<Vec<TaskView>> {
         self.backend
-            .list(state, after_task_id, limit.min(MAX_PAGE))?
+            .list(state, after_task_id, limit.min(MAX_PAGE), scope)?
             .into_iter()
             .map(|raw| raw.into_row().and_then(|r| r.view()))
             .collect()
@@ -655,8 +772,22 @@ impl<B: Backend> Store<B> {
         after_event_id: i64,
         limit: u32,
     ) -> StoreResult<Vec<Event>> {
+        self.events_as(task_id, after_event_id, limit, &ReadScope::All)
+    }
+
+    /// [`Self::events`] that `scope` sees: with [`ReadScope::Own`], only
+    /// the events of tasks it sees (whoever acted on them: the worker's,
+    /// an administrator's); no event about no task, and none about a task
+    /// id of another submitter's or of no task at all.
+    pub fn events_as(
+        &self,
+        task_id: Option<&str>,
+        after_event_id: i64,
+        limit: u32,
+        scope: &ReadScope,
+    ) -> StoreResult<Vec<Event>> {
         self.backend
-            .events(task_id, after_event_id, limit.min(MAX_PAGE))?
+            .events(task_id, after_event_id, limit.min(MAX_PAGE), scope)?
             .into_iter()
             .map(row::RawEvent::into_event)
             .collect()

@@ -472,6 +472,30 @@ impl Fixture {
         }
     }
 
+    /// Takes the submitter columns away, as a store older than them had
+    /// it (SQLite's version 5, PostgreSQL's 4), leaving the schema version
+    /// for the caller to set.
+    pub fn drop_submitter_columns(&self) {
+        for sql in [
+            "DROP TRIGGER tasks_submitter_fixed",
+            "DROP INDEX tasks_by_submitter",
+            "ALTER TABLE tasks DROP COLUMN submitter_agent",
+            "ALTER TABLE tasks DROP COLUMN submitter_uid",
+        ] {
+            let sql = match self.backend {
+                Backend::Postgres if sql.starts_with("DROP TRIGGER") => {
+                    "DROP TRIGGER tasks_submitter_fixed ON tasks"
+                }
+                _ => sql,
+            };
+            self.exec(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        if self.backend == Backend::Postgres {
+            self.exec("DROP FUNCTION airlock_submitter_fixed()")
+                .unwrap();
+        }
+    }
+
     /// The first row of a literal query.
     pub fn row(&self, sql: &str) -> Vec<Option<String>> {
         self.rows(sql).into_iter().next().expect("a row")

@@ -12,8 +12,10 @@ use clap::{CommandFactory, Parser, Subcommand};
 /// airlock supervisor (org.airlock.Supervisor1 on the D-Bus system bus).
 ///
 /// Every call is authorised by polkit on the supervisor's side
-/// (org.airlock.tasks.read, .submit, .manage; org.airlock.agents.read,
-/// .manage; org.airlock.reconcile.manage). When stdin is a terminal,
+/// (org.airlock.tasks.read, .read-all, .submit, .manage;
+/// org.airlock.agents.read, .manage; org.airlock.reconcile.manage): a
+/// caller reads the tasks it submitted, and every task only with
+/// org.airlock.tasks.read-all (root has it). When stdin is a terminal,
 /// airlockctl allows interactive authentication and starts a text
 /// authentication agent if none is running.
 #[derive(Debug, Parser)]

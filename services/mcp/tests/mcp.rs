@@ -846,8 +846,11 @@ async fn each_user_sees_and_touches_only_their_own_tasks() {
         eprintln!("SKIPPED: needs root to run a second airlock-mcp as uid 65534");
         return;
     }
-    let w = World::new(TestAuthorizer::allow_all()).await;
-    let mut mine = w.mcp(HANDSHAKE).await;
+    // Two planners (root alone is an administrator, reading every task):
+    // what each sees is what the supervisor answers it, with no filter
+    // of airlock-mcp's own.
+    let w = World::new(TestAuthorizer::root_admin()).await;
+    let mut mine = w.mcp_as(HANDSHAKE, Some(2), "bin").await;
     let mut theirs = w.mcp_as(HANDSHAKE, Some(65534), "nobody").await;
     let a = mine
         .ok(

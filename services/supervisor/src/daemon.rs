@@ -136,7 +136,7 @@ async fn fail_unregistered(shared: &Shared, emitter: &SignalEmitter<'_>) {
                     "FAILED: its repository is no longer registered (REPOSITORY_NOT_REGISTERED)"
                 );
                 if let Ok((state, revision)) = shared.ops.signal_facts(task_id.clone()).await {
-                    crate::bus::tasks::announce(emitter, &task_id, state, revision).await;
+                    crate::bus::tasks::announce(shared, emitter, &task_id, state, revision).await;
                 }
             }
         }
@@ -251,14 +251,32 @@ pub async fn run_with_reload(
     let emitter = SignalEmitter::new(&conn, OBJECT_PATH)
         .map_err(|e| unavailable("signal emitter", e))?
         .into_owned();
+    // TaskChanged goes to the connections that may read the task; one
+    // that leaves the bus is forgotten.
+    let departures = tokio::spawn({
+        let (conn, watchers) = (conn.clone(), Arc::clone(&shared.watchers));
+        async move {
+            if let Err(e) = crate::bus::watchers::forget_departed(conn, watchers).await {
+                tracing::warn!(
+                    "not following departures from the bus (TaskChanged listeners are kept until a restart): {e}"
+                );
+            }
+        }
+    });
 
     // Shared with other hosts: their changes become TaskChanged here, from
     // before this supervisor announces itself.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let follower = match &settings.database {
-        Location::Postgres(pg) => {
-            Some(follow::start((**pg).clone(), emitter.clone(), stop_rx.clone()).await)
-        }
+        Location::Postgres(pg) => Some(
+            follow::start(
+                (**pg).clone(),
+                Arc::clone(&shared),
+                emitter.clone(),
+                stop_rx.clone(),
+            )
+            .await,
+        ),
         Location::Sqlite(_) => None,
     };
 
@@ -455,6 +473,7 @@ pub async fn run_with_reload(
     if let Some(w) = watchdog {
         w.abort();
     }
+    departures.abort();
     // A handler's reply is written just after its guard drops.
     tokio::time::sleep(SETTLE).await;
     if let Err(e) = conn.release_name(BUS_NAME).await {

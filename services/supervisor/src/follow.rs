@@ -11,6 +11,7 @@
 //! unreachable nothing is announced and the listener retries every second;
 //! changes made meanwhile are not replayed (the worker polls as well).
 
+use crate::bus::Shared;
 use crate::bus::tasks::announce;
 use airlock_taskdb::tasks::PgLocation;
 use airlock_taskdb::tasks::postgres::PgListener;
@@ -31,11 +32,12 @@ const FIRST_LISTEN: Duration = Duration::from_secs(10);
 /// warning), so that a change made after READY=1 is never missed.
 pub async fn start(
     location: PgLocation,
+    shared: Arc<Shared>,
     emitter: SignalEmitter<'static>,
     stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let (listening_tx, listening) = tokio::sync::oneshot::channel();
-    let handle = tokio::spawn(run(location, emitter, stop, listening_tx));
+    let handle = tokio::spawn(run(location, shared, emitter, stop, listening_tx));
     match tokio::time::timeout(FIRST_LISTEN, listening).await {
         Ok(Ok(())) => tracing::info!("following task changes in the database (LISTEN)"),
         _ => tracing::warn!(
@@ -47,6 +49,7 @@ pub async fn start(
 
 async fn run(
     location: PgLocation,
+    shared: Arc<Shared>,
     emitter: SignalEmitter<'static>,
     mut stop: watch::Receiver<bool>,
     listening: tokio::sync::oneshot::Sender<()>,
@@ -93,7 +96,7 @@ async fn run(
     loop {
         tokio::select! {
             change = rx.recv() => match change {
-                Some(c) => announce(&emitter, &c.task_id, c.state, c.revision).await,
+                Some(c) => announce(&shared, &emitter, &c.task_id, c.state, c.revision).await,
                 None => break,
             },
             _ = async { drop(stop.wait_for(|s| *s).await) } => break,

@@ -7,7 +7,7 @@
 //! is committed (SQLite `synchronous=FULL`; PostgreSQL's commit).
 
 use crate::authz::{
-    AgentsManage, Authorized, Manage, Read, ReconcileManage, Retry, Submit, Worker,
+    AgentsManage, Authorized, Manage, Read, ReconcileManage, Retry, Scope, Submit, Worker,
 };
 pub use crate::store::{Store, store_error};
 use airlock_proto::Error;
@@ -19,9 +19,7 @@ use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{
     ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskSubmission, TaskView,
 };
-use airlock_taskdb::tasks::{
-    Actor, Event, EventOutcome, QueueSummary, ResultReceipt, Submitted, action,
-};
+use airlock_taskdb::tasks::{Event, QueueSummary, ResultReceipt, Submitted, Submitter};
 
 /// The operations behind the bus methods.
 #[derive(Clone, Debug)]
@@ -98,64 +96,71 @@ impl Ops {
             .await
     }
 
-    /// The repository of task `task_id` and the actor whose submission
-    /// created it (its one allowed `TASK_SUBMITTED` event; `None` if the
-    /// log has none), for limiting a planner agent's ReplacePlan to its
-    /// own tasks. Neither changes once the task exists, so the answer
-    /// cannot go stale before the replacement it guards.
+    /// The repository of task `task_id` and who submitted it (the task's
+    /// submitter columns, filled from its `TASK_SUBMITTED` event for tasks
+    /// older than them), for binding a ReplacePlan to the caller's own
+    /// tasks. Neither changes once the task exists, so the answer cannot
+    /// go stale before the replacement it guards.
     pub async fn submission_of(
         &self,
         _auth: &Authorized<Submit>,
         task_id: String,
-    ) -> Result<(String, Option<Actor>), Error> {
+    ) -> Result<(String, Option<Submitter>), Error> {
         self.store
             .call(move |s| {
-                let repository = s.get(&task_id)?.binding.repository;
-                let mut after = 0;
-                loop {
-                    let page = s.events(Some(&task_id), after, airlock_taskdb::tasks::MAX_PAGE)?;
-                    let Some(last) = page.last() else {
-                        return Ok((repository, None));
-                    };
-                    after = last.id;
-                    if let Some(e) = page.into_iter().find(|e| {
-                        e.action == action::TASK_SUBMITTED && e.outcome == EventOutcome::Allowed
-                    }) {
-                        return Ok((repository, Some(e.actor)));
-                    }
-                }
+                let view = s.get(&task_id)?;
+                Ok((view.binding.repository, view.submitter))
             })
             .await
     }
 
-    /// GetTask.
-    pub async fn get(&self, _auth: &Authorized<Read>, task_id: String) -> Result<TaskView, Error> {
-        self.store.call(move |s| s.get(&task_id)).await
+    /// Who submitted `task_id` (no caller: for addressing `TaskChanged`
+    /// to those who may read it); `None` when it is not on record.
+    pub(crate) async fn submitter_of(&self, task_id: String) -> Result<Option<Submitter>, Error> {
+        self.store
+            .call(move |s| s.get(&task_id).map(|v| v.submitter))
+            .await
     }
 
-    /// ListTasks.
+    /// GetTask: a task outside `scope` is TASK_NOT_FOUND, as one that
+    /// does not exist.
+    pub async fn get(
+        &self,
+        _auth: &Authorized<Read>,
+        scope: &Scope,
+        task_id: String,
+    ) -> Result<TaskView, Error> {
+        let scope = scope.read_scope().clone();
+        self.store.call(move |s| s.get_as(&task_id, &scope)).await
+    }
+
+    /// ListTasks, of the tasks `scope` sees.
     pub async fn list(
         &self,
         _auth: &Authorized<Read>,
+        scope: &Scope,
         state: Option<TaskState>,
         after_task_id: Option<String>,
         limit: u32,
     ) -> Result<Vec<TaskView>, Error> {
+        let scope = scope.read_scope().clone();
         self.store
-            .call(move |s| s.list(state, after_task_id.as_deref(), limit))
+            .call(move |s| s.list_as(state, after_task_id.as_deref(), limit, &scope))
             .await
     }
 
-    /// ListEvents.
+    /// ListEvents, of the tasks `scope` sees.
     pub async fn events(
         &self,
         _auth: &Authorized<Read>,
+        scope: &Scope,
         task_id: Option<String>,
         after_event_id: i64,
         limit: u32,
     ) -> Result<Vec<Event>, Error> {
+        let scope = scope.read_scope().clone();
         self.store
-            .call(move |s| s.events(task_id.as_deref(), after_event_id, limit))
+            .call(move |s| s.events_as(task_id.as_deref(), after_event_id, limit, &scope))
             .await
     }
 
@@ -229,26 +234,33 @@ impl Ops {
             .await
     }
 
-    /// ListReconciliations.
+    /// ListReconciliations, of the tasks `scope` sees.
     pub async fn reconciliations(
         &self,
         _auth: &Authorized<Read>,
+        scope: &Scope,
         status: Option<CaseStatus>,
         after_task_id: Option<String>,
         limit: u32,
     ) -> Result<Vec<ReconciliationCase>, Error> {
+        let scope = scope.read_scope().clone();
         self.store
-            .call(move |s| s.reconciliations(status, after_task_id.as_deref(), limit))
+            .call(move |s| s.reconciliations_as(status, after_task_id.as_deref(), limit, &scope))
             .await
     }
 
-    /// GetReconciliation.
+    /// GetReconciliation: the case of a task outside `scope` is
+    /// RECONCILIATION_NOT_FOUND, as for a task with none.
     pub async fn reconciliation(
         &self,
         _auth: &Authorized<Read>,
+        scope: &Scope,
         task_id: String,
     ) -> Result<ReconciliationCase, Error> {
-        self.store.call(move |s| s.reconciliation(&task_id)).await
+        let scope = scope.read_scope().clone();
+        self.store
+            .call(move |s| s.reconciliation_as(&task_id, &scope))
+            .await
     }
 
     /// ResolveReconciliation.

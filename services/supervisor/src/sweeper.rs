@@ -20,7 +20,7 @@ pub async fn sweep_once(shared: &Shared, emitter: &SignalEmitter<'_>) {
             for (task_id, state) in swept {
                 tracing::info!(task_id, state = state.as_str(), "lease expired");
                 if let Ok((state, revision)) = shared.ops.signal_facts(task_id.clone()).await {
-                    announce(emitter, &task_id, state, revision).await;
+                    announce(shared, emitter, &task_id, state, revision).await;
                 }
             }
         }

@@ -12,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock_agents::host::{AgentHost, bus_policy, serve};
+use airlock_agents::host::AgentHost;
 use airlock_agents::process::{Identity, ProcessDriver};
 use airlock_proto::Code;
 use airlock_proto::bus::{AgentList, AgentView, agent_host};
@@ -28,70 +28,12 @@ fn agent_table(name: &str, script: &str) -> String {
     )
 }
 
-struct Stack {
-    sup: Supervisor,
-    _host: Connection,
-    _policy: tempfile::TempDir,
-}
-
 async fn stack(agents: &str) -> Stack {
     stack_with(agents, "").await
 }
 
 async fn stack_with(agents: &str, more_config: &str) -> Stack {
-    let policy_dir = tempfile::tempdir().unwrap();
-    let policy = policy_dir.path().join("org.airlock.AgentHost1.conf");
-    std::fs::write(&policy, bus_policy("root", "root")).unwrap();
-    let config = airlock_config::Config::parse(
-        &format!(
-            "[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n{more_config}{agents}"
-        ),
-        std::path::Path::new("agents.toml"),
-    )
-    .unwrap();
-    // The harness starts the bus with a supervisor (no agents yet); the
-    // host takes its name; then the supervisor restarts with the agents.
-    let opts = Opts {
-        supervisor_extra: "agent_driver = \"local-host\"\n".into(),
-        config_extra: more_config.to_owned(),
-        extra_policies: vec![policy.clone()],
-        ..Opts::default()
-    };
-    let mut sup = Supervisor::start(opts);
-    let host_conn = zbus::connection::Builder::address(sup.bus.address())
-        .unwrap()
-        .build()
-        .await
-        .unwrap();
-    let identity = Identity::lookup("airlock-agent")
-        .or_else(|_| Identity::lookup("nobody"))
-        .unwrap();
-    let env = vec![(
-        "DBUS_SYSTEM_BUS_ADDRESS".to_owned(),
-        sup.bus.address().to_owned(),
-    )];
-    let driver = ProcessDriver::new(Some(identity), sup.dir().join("agents"), env)
-        .unwrap()
-        .with_grace(Duration::from_millis(500));
-    serve(
-        &host_conn,
-        AgentHost::new(Arc::new(driver), config.agents, 0),
-    )
-    .await
-    .unwrap();
-    sup.sigterm();
-    sup.wait_exit(Duration::from_secs(20));
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&sup.config)
-        .unwrap();
-    std::io::Write::write_all(&mut file, agents.as_bytes()).unwrap();
-    sup.spawn();
-    Stack {
-        sup,
-        _host: host_conn,
-        _policy: policy_dir,
-    }
+    Stack::start(Opts::default(), agents, more_config).await
 }
 
 async fn get(conn: &Connection, name: &str) -> AgentView {
@@ -297,7 +239,7 @@ async fn the_agent_host_answers_the_supervisors_uid_only() {
         4242,
     );
     let path = "/org/airlock/AgentHost1/reserved";
-    s._host.object_server().at(path, other).await.unwrap();
+    s.host.object_server().at(path, other).await.unwrap();
     let err = conn
         .call_method(
             Some(agent_host::BUS_NAME),
@@ -540,12 +482,13 @@ async fn an_agent_replaces_only_the_plans_of_its_own_tasks_in_its_repositories()
     let actor = replaced[0]["actor"]["name"].as_str().unwrap();
     assert!(actor.starts_with("agent:replacer "), "{actor}");
 
-    // (b) a task of a repository not its own, (c) a human's task of its
-    // repository: refused with the code, recorded as the agent's, nothing
+    // (b) a human's task of a repository not its own, (c) a human's task
+    // of its repository: neither is the agent's to read, so each answers
+    // as a task that does not exist, recorded as the agent's, nothing
     // changed
     for (t, code) in [
-        (theirs_elsewhere, "AGENT_REPOSITORY_DENIED"),
-        (theirs_here, "AGENT_TASK_DENIED"),
+        (theirs_elsewhere, "TASK_NOT_FOUND"),
+        (theirs_here, "TASK_NOT_FOUND"),
     ] {
         let rc = read(&format!("{t}.rc"));
         let o = read(&format!("{t}.out"));

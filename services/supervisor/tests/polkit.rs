@@ -22,9 +22,11 @@ const SHIPPED_ACTIONS: &str = include_str!("../../../polkit/org.airlock.policy")
 /// The uid and user the supervisor runs as in these tests.
 const SERVICE: (u32, &str) = (1, "daemon");
 
-/// nobody may read, may never manage, and gets the default (auth_admin_keep) for submit.
+/// nobody may read, may never manage, and gets the default (auth_admin_keep) for submit;
+/// bin (a planner) may read and submit, as 50-airlock-agent.rules lets airlock-agent.
 const RULES: &str = r#"
 polkit.addRule(function(action, subject) {
+    if (subject.user == "bin" && (action.id == "org.airlock.tasks.read" || action.id == "org.airlock.tasks.submit")) { return polkit.Result.YES; }
     if (subject.user == "nobody" && action.id == "org.airlock.tasks.read") { return polkit.Result.YES; }
     if (subject.user == "nobody" && action.id == "org.airlock.tasks.manage") { return polkit.Result.NO; }
 });
@@ -225,4 +227,114 @@ fn without_the_owner_annotation_polkit_refuses_to_answer_and_airlock_denies() {
     .unwrap_err();
     assert_eq!(err.code(), Some(Code::AUTHORITY_UNAVAILABLE), "{err:?}");
     assert!(err.message.contains("trusted callers"), "{}", err.message);
+}
+
+/// The planner of [`RULES`].
+const PLANNER: u32 = 2;
+
+#[test]
+fn under_real_polkit_a_planner_reads_its_own_tasks_and_root_every_task() {
+    if !polkit_available() {
+        return;
+    }
+    let sup = start_supervisor();
+    let _pk = Polkitd::start(&sup, &actions_owned_by_test_user());
+    for (uid, task) in [(0, "t-root"), (PLANNER, "t-bin")] {
+        dbus_send(
+            &sup,
+            uid,
+            "org.airlock.Tasks2.SubmitTask",
+            &[&format!("string:{}", submission(task))],
+        )
+        .unwrap_or_else(|e| panic!("uid {uid} submits: {e:?}"));
+    }
+    let get = |uid: u32, task: &str| {
+        dbus_send(
+            &sup,
+            uid,
+            "org.airlock.Tasks2.GetTask",
+            &[&format!("string:{task}")],
+        )
+    };
+    let list = |uid: u32, method: &str, args: &[&str]| {
+        dbus_send(&sup, uid, method, args).unwrap_or_else(|e| panic!("{method}: {e:?}"))
+    };
+    // root holds org.airlock.tasks.read-all (polkit: root is authorised
+    // for every action): every task.
+    assert!(get(0, "t-bin").unwrap().contains("t-bin"));
+    let all = list(
+        0,
+        "org.airlock.Tasks2.ListTasks",
+        &["string:", "string:", "uint32:0"],
+    );
+    assert!(all.contains("t-root") && all.contains("t-bin"), "{all}");
+    // The planner: read is allowed, read-all is auth_admin, asked without
+    // interaction — its own task, and root's answers as a missing one.
+    assert!(get(PLANNER, "t-bin").unwrap().contains("t-bin"));
+    let theirs = get(PLANNER, "t-root").unwrap_err();
+    let missing = get(PLANNER, "t-none").unwrap_err();
+    assert_eq!(theirs.code(), Some(Code::TASK_NOT_FOUND), "{theirs:?}");
+    assert_eq!(
+        theirs.message.replace("t-root", "ID"),
+        missing.message.replace("t-none", "ID")
+    );
+    for (method, args) in [
+        (
+            "org.airlock.Tasks2.ListTasks",
+            ["string:", "string:", "uint32:0"],
+        ),
+        (
+            "org.airlock.Tasks1.ListTasks",
+            ["string:", "string:", "uint32:0"],
+        ),
+        (
+            "org.airlock.Tasks2.ListEvents",
+            ["string:", "int64:0", "uint32:0"],
+        ),
+        (
+            "org.airlock.Reconcile1.ListReconciliations",
+            ["string:", "string:", "uint32:0"],
+        ),
+    ] {
+        let out = list(PLANNER, method, &args);
+        assert!(!out.contains("t-root"), "{method}: {out}");
+        if !method.ends_with("ListReconciliations") {
+            assert!(out.contains("t-bin"), "{method}: {out}");
+        }
+    }
+    // busctl allows interactive authorisation: still no prompt, the same
+    // narrower answer (polkit is never asked to interact for read-all).
+    let out = run_as(
+        PLANNER,
+        "/usr/bin/busctl",
+        &[
+            &format!("--address={}", sup.bus.address()),
+            "call",
+            NAME,
+            PATH,
+            TASKS,
+            "ListTasks",
+            "ssu",
+            "",
+            "",
+            "0",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("t-bin") && !text.contains("t-root"), "{text}");
+    // nobody may read but submitted nothing: it sees no task at all.
+    let none = list(
+        WORKER_UID,
+        "org.airlock.Tasks2.ListTasks",
+        &["string:", "string:", "uint32:0"],
+    );
+    assert!(
+        !none.contains("t-root") && !none.contains("t-bin"),
+        "{none}"
+    );
 }

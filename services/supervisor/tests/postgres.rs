@@ -165,6 +165,13 @@ async fn two_supervisors_share_one_queue_on_postgresql() {
     let cb = b.client().await;
     let mut on_a = changes(&ca).await;
     let mut on_b = changes(&cb).await;
+    // TaskChanged goes to connections that read (it is never broadcast):
+    // each listener reads once, as a client following tasks does.
+    for c in [&ca, &cb] {
+        call_json(c, TASKS, "ListTasks", &("", "", 0u32))
+            .await
+            .unwrap();
+    }
 
     // Submitted on A: B's bus hears of it (the database's NOTIFY), and B's
     // worker claims it.

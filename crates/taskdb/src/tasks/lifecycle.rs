@@ -42,9 +42,11 @@ impl<B: Backend> Store<B> {
     /// [`register_plan`]) and queues the task at attempt 0.
     ///
     /// Idempotent by the binding's idempotency key: the same key with the
-    /// identical submission returns the stored task with `idempotent: true`
-    /// (even after the task moved on); the same key with other content, or
-    /// the same task id under another key, is `TASK_IDEMPOTENCY_CONFLICT`.
+    /// identical submission by the same submitter ([`Actor::submitter`])
+    /// returns the stored task with `idempotent: true` (even after the
+    /// task moved on); the same key with other content or from another
+    /// submitter, or the same task id under another key, is
+    /// `TASK_IDEMPOTENCY_CONFLICT`. The task records its submitter.
     /// Validation runs before any lookup, so an invalid submission is
     /// refused with its own code whatever is stored.
     pub fn submit(&mut self, s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted> {
@@ -78,9 +80,15 @@ impl<B: Backend> Store<B> {
         let envelope_json = to_canonical_string(&registration.envelope.to_value())?;
         let plan_digest = registration.record.plan_digest.clone();
         let execution_digest = registration.envelope.execution_digest.clone();
+        let submitter = actor.submitter();
         self.write("a task submission", &mut |tx| {
             if let Some(existing) = tx.load_by_key(&binding.idempotency_key)? {
-                if existing.submission_sha256 == submission_sha256 {
+                // A replay answers the stored task: only to its submitter,
+                // so another caller learns no more than that the key is
+                // taken (as from a different submission).
+                if existing.submission_sha256 == submission_sha256
+                    && existing.submitter().as_ref() == Some(&submitter)
+                {
                     return Ok(Submitted {
                         task: existing.view()?,
                         idempotent: true,
@@ -111,6 +119,7 @@ impl<B: Backend> Store<B> {
                 plan_digest: &plan_digest,
                 idempotency_key: &binding.idempotency_key,
                 submission_sha256: &submission_sha256,
+                submitter: &submitter,
             })?;
             audit::append_allowed(
                 tx,

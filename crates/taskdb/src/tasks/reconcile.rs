@@ -4,7 +4,7 @@
 
 use super::row::{TaskRow, corrupt};
 use super::tx::{Backend, Guard, NewResolution, Tx};
-use super::{Actor, MAX_PAGE, Store, action, audit, check_task_id, not_found};
+use super::{Actor, MAX_PAGE, ReadScope, Store, action, audit, check_task_id, not_found};
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::canonical::to_canonical_string;
 use airlock_proto::reconcile::{
@@ -83,11 +83,24 @@ impl<B: Backend> Store<B> {
         after_task_id: Option<&str>,
         limit: u32,
     ) -> StoreResult<Vec<ReconciliationCase>> {
+        self.reconciliations_as(status, after_task_id, limit, &ReadScope::All)
+    }
+
+    /// [`Self::reconciliations`] of the tasks `scope` sees only (filtered
+    /// by the engine).
+    pub fn reconciliations_as(
+        &mut self,
+        status: Option<CaseStatus>,
+        after_task_id: Option<&str>,
+        limit: u32,
+        scope: &ReadScope,
+    ) -> StoreResult<Vec<ReconciliationCase>> {
         let texts = self.write("listing reconciliation cases", &mut |tx| {
             tx.cases(
                 status.map(CaseStatus::as_str),
                 after_task_id,
                 limit.min(MAX_PAGE),
+                scope,
             )
         })?;
         texts.iter().map(|t| parse_case("a case", t)).collect()
@@ -96,8 +109,25 @@ impl<B: Backend> Store<B> {
     /// The task's latest reconciliation case (`TASK_ID_INVALID`,
     /// `RECONCILIATION_NOT_FOUND`).
     pub fn reconciliation(&mut self, task_id: &str) -> StoreResult<ReconciliationCase> {
+        self.reconciliation_as(task_id, &ReadScope::All)
+    }
+
+    /// [`Self::reconciliation`], if `scope` sees the task: the case of a
+    /// task outside it is `RECONCILIATION_NOT_FOUND` with the same detail
+    /// as that of a task with no case or no task at all.
+    pub fn reconciliation_as(
+        &mut self,
+        task_id: &str,
+        scope: &ReadScope,
+    ) -> StoreResult<ReconciliationCase> {
         check_task_id(task_id)?;
         let text = self.write("reading a reconciliation case", &mut |tx| {
+            if *scope != ReadScope::All {
+                let seen = tx.load(task_id)?.map(|row| row.submitter());
+                if !scope.sees(seen.flatten().as_ref()) {
+                    return Ok(None);
+                }
+            }
             tx.case_json(task_id, None)
         })?;
         parse_case(task_id, &text.ok_or_else(|| case_not_found(task_id))?)
@@ -279,7 +309,12 @@ impl<B: Backend> Store<B> {
     /// report settles it.
     pub fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>> {
         let texts = self.write("looking for an adoption", &mut |tx| {
-            tx.cases(Some(CaseStatus::Adopting.as_str()), None, 1)
+            tx.cases(
+                Some(CaseStatus::Adopting.as_str()),
+                None,
+                1,
+                &ReadScope::All,
+            )
         })?;
         let Some(text) = texts.first() else {
             return Ok(None);

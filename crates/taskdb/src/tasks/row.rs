@@ -8,7 +8,7 @@ use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::Binding;
 use airlock_proto::plan::PlanRecord;
 use airlock_proto::states::{self, Step};
-use airlock_proto::task::{TaskState, TaskView};
+use airlock_proto::task::{Submitter, TaskState, TaskView};
 use airlock_proto::{Code, Error};
 use serde_json::Value;
 
@@ -16,7 +16,7 @@ use serde_json::Value;
 pub(super) const COLUMNS: &str = "task_id, status, attempt, max_attempts, revision, lease_epoch, \
      claimed_by, lease_token_hash, lease_expires_at, verification_json, result_json, \
      binding_json, plan_json, envelope_json, execution_digest, plan_digest, idempotency_key, \
-     submission_sha256, created_at_ms, updated_at_ms";
+     submission_sha256, created_at_ms, updated_at_ms, submitter_uid, submitter_agent";
 
 /// A row exactly as the engine returned it ([`COLUMNS`], in order).
 #[derive(Debug)]
@@ -41,6 +41,8 @@ pub struct RawRow {
     pub submission_sha256: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    pub submitter_uid: Option<i64>,
+    pub submitter_agent: Option<String>,
 }
 
 impl RawRow {
@@ -54,7 +56,6 @@ impl RawRow {
             max_attempts: u32::try_from(self.max_attempts).map_err(|_| corrupt("max_attempts"))?,
             revision: self.revision,
             lease_epoch: u64::try_from(self.lease_epoch).map_err(|_| corrupt("lease_epoch"))?,
-            task_id: self.task_id,
             claimed_by: self.claimed_by,
             lease_token_hash: self.lease_token_hash,
             lease_expires_at: self.lease_expires_at,
@@ -69,6 +70,17 @@ impl RawRow {
             submission_sha256: self.submission_sha256,
             created_at_ms: self.created_at_ms,
             updated_at_ms: self.updated_at_ms,
+            submitter: match (self.submitter_uid, self.submitter_agent) {
+                (None, None) => None,
+                (uid, agent) => Some(Submitter {
+                    uid: uid
+                        .map(u32::try_from)
+                        .transpose()
+                        .map_err(|_| corrupt("submitter_uid"))?,
+                    agent,
+                }),
+            },
+            task_id: self.task_id,
         })
     }
 }
@@ -99,6 +111,8 @@ pub struct TaskRow {
     pub submission_sha256: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Who submitted it; never written back.
+    submitter: Option<Submitter>,
 }
 
 pub fn corrupt(task_id: &str, what: &str) -> StoreError {
@@ -232,7 +246,13 @@ impl TaskRow {
             verification,
             created_at_ms: self.created_at_ms,
             updated_at_ms: self.updated_at_ms,
+            submitter: self.submitter.clone(),
         })
+    }
+
+    /// Who submitted the task, if that is on record.
+    pub fn submitter(&self) -> Option<Submitter> {
+        self.submitter.clone()
     }
 
     /// Attempts are left for another claim.

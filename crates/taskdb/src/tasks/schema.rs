@@ -25,7 +25,41 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 5,
         sql: V5,
     },
+    Migration {
+        version: 6,
+        sql: V6,
+    },
 ];
+
+/// Version 6: each task's submitter as columns — the uid the bus reported
+/// for the caller that submitted it, and the planner agent's name when
+/// the supervisor recognised an agent — so that a read can be bound to
+/// its caller in the query itself. Filled for existing tasks from each
+/// task's first allowed `TASK_SUBMITTED` event (its actor's uid, and the
+/// agent of an actor named `agent:NAME …`: `Actor::agent`); a task with no
+/// such event keeps no submitter and is seen by `tasks.read-all` only.
+/// A trigger keeps the submitter as it was written.
+const V6: &str = r#"
+ALTER TABLE tasks ADD COLUMN submitter_uid INTEGER;
+ALTER TABLE tasks ADD COLUMN submitter_agent TEXT;
+UPDATE tasks SET
+    submitter_uid = (
+        SELECT e.actor_uid FROM events e
+        WHERE e.task_id = tasks.task_id AND e.action = 'TASK_SUBMITTED' AND e.outcome = 'allowed'
+        ORDER BY e.id LIMIT 1),
+    submitter_agent = (
+        SELECT CASE
+            WHEN substr(e.actor_name, 1, 6) = 'agent:' AND instr(e.actor_name, ' ') > 7
+            THEN substr(e.actor_name, 7, instr(e.actor_name, ' ') - 7)
+        END
+        FROM events e
+        WHERE e.task_id = tasks.task_id AND e.action = 'TASK_SUBMITTED' AND e.outcome = 'allowed'
+        ORDER BY e.id LIMIT 1);
+CREATE INDEX tasks_by_submitter ON tasks (submitter_uid, submitter_agent, task_id);
+CREATE TRIGGER tasks_submitter_fixed BEFORE UPDATE OF submitter_uid, submitter_agent ON tasks
+WHEN OLD.submitter_uid IS NOT NEW.submitter_uid OR OLD.submitter_agent IS NOT NEW.submitter_agent
+BEGIN SELECT RAISE(ABORT, 'a task''s submitter never changes'); END;
+"#;
 
 /// Version 5: reconciliation cases (one row per task and attempt whose
 /// branch moved, rewritten as the case moves; the history is in `events`)

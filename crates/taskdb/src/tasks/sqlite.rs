@@ -13,7 +13,7 @@ use super::tx::{
     Backend, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult,
     NewTask, StoredDecision, StoredExtension, Tx,
 };
-use super::{Store, TaskState};
+use super::{ReadScope, Store, TaskState};
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
@@ -76,6 +76,8 @@ fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         submission_sha256: r.get(17)?,
         created_at_ms: r.get(18)?,
         updated_at_ms: r.get(19)?,
+        submitter_uid: r.get(20)?,
+        submitter_agent: r.get(21)?,
     })
 }
 
@@ -159,17 +161,26 @@ impl Backend for SqliteBackend {
         state: Option<TaskState>,
         after_task_id: Option<&str>,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<RawRow>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM tasks WHERE (?1 IS NULL OR status = ?1) \
-             AND (?2 IS NULL OR task_id > ?2) ORDER BY task_id LIMIT ?3"
+             AND (?2 IS NULL OR task_id > ?2) \
+             AND (?4 IS NULL OR (submitter_uid = ?4 AND submitter_agent IS ?5)) \
+             ORDER BY task_id LIMIT ?3"
         );
         let mut stmt = self
             .conn
             .prepare(&sql)
             .map_err(|e| StoreError::sqlite("listing tasks", e))?;
         stmt.query_map(
-            params![state.map(TaskState::as_str), after_task_id, limit],
+            params![
+                state.map(TaskState::as_str),
+                after_task_id,
+                limit,
+                scope.uid(),
+                scope.agent()
+            ],
             from_sql,
         )
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
@@ -191,16 +202,20 @@ impl Backend for SqliteBackend {
         task_id: Option<&str>,
         after_event_id: i64,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<RawEvent>> {
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT id, task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, \
                  code, payload_json FROM events WHERE (?1 IS NULL OR task_id = ?1) AND id > ?2 \
+                 AND (?4 IS NULL OR task_id IN (SELECT task_id FROM tasks \
+                      WHERE submitter_uid = ?4 AND submitter_agent IS ?5)) \
                  ORDER BY id LIMIT ?3",
             )
             .map_err(|e| StoreError::sqlite("reading events", e))?;
-        stmt.query_map(params![task_id, after_event_id, limit], |r| {
+        let (uid, agent) = (scope.uid(), scope.agent());
+        stmt.query_map(params![task_id, after_event_id, limit, uid, agent], |r| {
             Ok(RawEvent {
                 id: r.get(0)?,
                 task_id: r.get(1)?,
@@ -253,8 +268,9 @@ impl Tx for SqliteTx<'_> {
             .execute(
                 "INSERT INTO tasks (task_id, status, attempt, max_attempts, revision, lease_epoch, \
                  binding_json, plan_json, envelope_json, execution_digest, plan_digest, \
-                 idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository) \
-                 VALUES (?1, ?12, 0, ?2, 1, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+                 idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository, \
+                 submitter_uid, submitter_agent) \
+                 VALUES (?1, ?12, 0, ?2, 1, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?13, ?14)",
                 params![
                     t.task_id,
                     t.max_attempts,
@@ -268,6 +284,8 @@ impl Tx for SqliteTx<'_> {
                     self.now,
                     t.repository,
                     t.status.as_str(),
+                    t.submitter.uid,
+                    t.submitter.agent,
                 ],
             )
             .map_err(|e| StoreError::sqlite("inserting a task", e))?;
@@ -585,16 +603,23 @@ impl Tx for SqliteTx<'_> {
         status: Option<&str>,
         after_task_id: Option<&str>,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<String>> {
         let mut stmt = self
             .conn
             .prepare_cached(
                 "SELECT case_json FROM reconciliations WHERE (?1 IS NULL OR status = ?1) \
-                 AND (?2 IS NULL OR task_id > ?2) ORDER BY task_id, attempt LIMIT ?3",
+                 AND (?2 IS NULL OR task_id > ?2) \
+                 AND (?4 IS NULL OR task_id IN (SELECT task_id FROM tasks \
+                      WHERE submitter_uid = ?4 AND submitter_agent IS ?5)) \
+                 ORDER BY task_id, attempt LIMIT ?3",
             )
             .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))?;
+        let (uid, agent) = (scope.uid(), scope.agent());
         let rows = stmt
-            .query_map(params![status, after_task_id, limit], |r| r.get(0))
+            .query_map(params![status, after_task_id, limit, uid, agent], |r| {
+                r.get(0)
+            })
             .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))?;
         rows.collect::<Result<Vec<String>, _>>()
             .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))

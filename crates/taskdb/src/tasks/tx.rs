@@ -9,7 +9,7 @@
 //! and the same test suites check them.
 
 use super::row::{RawEvent, RawRow, TaskRow};
-use super::{Actor, EventOutcome, TaskState};
+use super::{Actor, EventOutcome, ReadScope, Submitter, TaskState};
 use crate::error::StoreResult;
 use airlock_proto::Code;
 
@@ -28,6 +28,8 @@ pub struct NewTask<'a> {
     pub plan_digest: &'a str,
     pub idempotency_key: &'a str,
     pub submission_sha256: &'a str,
+    /// Who submitted it (never changed afterwards).
+    pub submitter: &'a Submitter,
 }
 
 /// What must still hold for a row written back by [`Tx::update`]. Every
@@ -211,12 +213,13 @@ pub trait Tx {
         case_json: &str,
     ) -> StoreResult<()>;
     /// Cases as JSON in `(task_id, attempt)` order, of tasks after
-    /// `after_task_id`, only those in `status` when given.
+    /// `after_task_id` that `scope` sees, only those in `status` when given.
     fn cases(
         &mut self,
         status: Option<&str>,
         after_task_id: Option<&str>,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<String>>;
     /// The resolution stored under `(task_id, key)`.
     fn resolution(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>>;
@@ -243,21 +246,24 @@ pub trait Backend: Send + std::fmt::Debug {
     fn now_ms(&self) -> StoreResult<i64>;
     /// One task.
     fn get(&self, task_id: &str) -> StoreResult<Option<RawRow>>;
-    /// A page of tasks by id.
+    /// A page of tasks by id, of those `scope` sees.
     fn list(
         &self,
         state: Option<TaskState>,
         after_task_id: Option<&str>,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<RawRow>>;
     /// (status, count) per state present.
     fn counts(&self) -> StoreResult<Vec<(String, i64)>>;
-    /// A page of events.
+    /// A page of events; with a scope of one submitter, only the events
+    /// of its tasks.
     fn events(
         &self,
         task_id: Option<&str>,
         after_event_id: i64,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<RawEvent>>;
     /// The id of the newest event (0 when there is none).
     fn last_event_id(&self) -> StoreResult<i64>;

@@ -24,6 +24,7 @@ const UNITS: &[&str] = &[
 ];
 const ACTIONS: &[&str] = &[
     "org.airlock.tasks.read",
+    "org.airlock.tasks.read-all",
     "org.airlock.tasks.submit",
     "org.airlock.tasks.manage",
 ];

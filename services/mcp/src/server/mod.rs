@@ -32,9 +32,8 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use presets::{Preset, Presets};
@@ -64,8 +63,6 @@ struct Inner {
     settings: Settings,
     uid: u32,
     supervisor: tokio::sync::Mutex<Option<Supervisor>>,
-    /// Who submitted a task never changes: answers are remembered.
-    submitters: Mutex<HashMap<String, Option<u32>>>,
 }
 
 /// A tool's answer: its structured result, or a refusal.
@@ -113,7 +110,6 @@ impl AirlockMcp {
                 settings,
                 uid: nix::unistd::getuid().as_raw(),
                 supervisor: tokio::sync::Mutex::new(None),
-                submitters: Mutex::new(HashMap::new()),
             }),
         }
     }

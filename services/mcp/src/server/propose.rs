@@ -12,7 +12,6 @@ use airlock_proto::task::TaskView;
 use airlock_proto::{Code, Error};
 use serde_json::{Value, json};
 use std::path::PathBuf;
-use std::sync::PoisonError;
 
 impl AirlockMcp {
     pub(super) async fn propose_change(&self, a: input::ProposeChange) -> Answer {
@@ -98,7 +97,7 @@ impl AirlockMcp {
         if let (Some(id), Some(_)) = (&task_id, &a.idempotency_token) {
             match sup.get_task(id).await {
                 Ok(task) => {
-                    self.check_owner(&sup, &task.task_id).await?;
+                    self.submitted_by_me(&task)?;
                     if task.binding.idempotency_key != key {
                         return Err(Error::with(
                             Code::TASK_IDEMPOTENCY_CONFLICT,
@@ -138,11 +137,6 @@ impl AirlockMcp {
         // The supervisor's checks again, on the document as sent.
         airlock_proto::task::TaskSubmission::from_value(&built.task)?;
         let reply = sup.submit_task(&built.task).await?;
-        self.inner
-            .submitters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(built.task_id.clone(), Some(self.inner.uid));
         let changes: Vec<Value> = built
             .edits
             .iter()

@@ -40,7 +40,7 @@ pub mod testing;
 use crate::store::Store;
 use airlock_proto::bus::{Method, Peer, Permission as BusPermission, action};
 use airlock_proto::{Code, Error};
-use airlock_taskdb::tasks::{Actor, ActorKind};
+use airlock_taskdb::tasks::{Actor, ActorKind, ReadScope};
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -53,8 +53,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The polkit actions airlock declares (`polkit/org.airlock.policy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Action {
-    /// `org.airlock.tasks.read`: GetTask, ListTasks, ListEvents.
+    /// `org.airlock.tasks.read`: GetTask, ListTasks, ListEvents,
+    /// ListReconciliations, GetReconciliation — the caller's own tasks.
     Read,
+    /// `org.airlock.tasks.read-all`: those reads of every task
+    /// ([`Gatekeeper::read_scope`]); no method requires it.
+    ReadAll,
     /// `org.airlock.tasks.submit`: SubmitTask, ReplacePlan.
     Submit,
     /// `org.airlock.tasks.manage`: CancelTask, Verify.
@@ -71,6 +75,7 @@ impl Action {
     /// Every action.
     pub const ALL: &'static [Action] = &[
         Action::Read,
+        Action::ReadAll,
         Action::Submit,
         Action::Manage,
         Action::AgentsRead,
@@ -82,6 +87,7 @@ impl Action {
     pub const fn polkit_id(self) -> &'static str {
         match self {
             Action::Read => action::TASKS_READ,
+            Action::ReadAll => action::TASKS_READ_ALL,
             Action::Submit => action::TASKS_SUBMIT,
             Action::Manage => action::TASKS_MANAGE,
             Action::AgentsRead => action::AGENTS_READ,
@@ -99,6 +105,7 @@ impl Action {
     pub fn short_name(self) -> &'static str {
         match self {
             Action::Read => "read",
+            Action::ReadAll => "read-all",
             Action::Submit => "submit",
             Action::Manage => "manage",
             Action::AgentsRead => "agents-read",
@@ -168,6 +175,15 @@ impl Caller {
     /// Whether the caller allowed interactive authorisation.
     pub fn interactive(&self) -> bool {
         self.interactive
+    }
+
+    /// The same caller, as if its message had not allowed interactive
+    /// authorisation.
+    pub fn without_interaction(&self) -> Caller {
+        Caller {
+            interactive: false,
+            ..self.clone()
+        }
     }
 
     /// The audit identity: `user@:1.42` (or `uid:N@:1.42`).
@@ -338,15 +354,45 @@ impl Authorized<Submit> {
 }
 
 /// The planner agent a recorded actor was attributed to by
-/// [`Authorized::attributed_to_agent`], if any. No other actor's name
-/// starts with `agent:`: a bus caller is named `user@:1.42` or
-/// `uid:N@:1.42`, and a user name cannot contain `:`.
+/// [`Authorized::attributed_to_agent`], if any ([`Actor::agent`]: no
+/// other actor's name starts with `agent:`).
 pub fn attributed_agent(actor: &Actor) -> Option<&str> {
-    actor
-        .name
-        .strip_prefix("agent:")?
-        .split_once(' ')
-        .map(|(a, _)| a)
+    actor.agent()
+}
+
+/// Which tasks one authorised read sees: made by
+/// [`Gatekeeper::read_scope`] only, and taken by every read of
+/// [`crate::ops`] beside its [`Authorized<Read>`] token, so a read cannot
+/// pick its own scope.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope(ReadScope);
+
+impl Scope {
+    /// What the store filters by.
+    pub fn read_scope(&self) -> &ReadScope {
+        &self.0
+    }
+
+    /// Whether it is every task.
+    pub fn is_all(&self) -> bool {
+        self.0 == ReadScope::All
+    }
+
+    /// Every task, for the worker (Worker1: it claims any task, and is
+    /// told of every change so it can claim at once).
+    pub fn of_worker(_auth: &Authorized<Worker>) -> Scope {
+        Scope(ReadScope::All)
+    }
+
+    /// The submitter's own tasks, for a caller that submitted (SubmitTask,
+    /// ReplacePlan) and so follows what it submitted.
+    pub fn of_submitter(auth: &Authorized<Submit>) -> Option<Scope> {
+        let s = auth.actor().submitter();
+        Some(Scope(ReadScope::Own {
+            uid: s.uid?,
+            agent: s.agent,
+        }))
+    }
 }
 
 impl<P: Permission> fmt::Debug for Authorized<P> {
@@ -508,6 +554,65 @@ impl Gatekeeper {
         );
         self.refuse(&actor, event, task_id, &err, "peer-uid").await;
         Err(err)
+    }
+
+    /// Which tasks the read `auth` of `caller` sees: every task when the
+    /// caller holds `org.airlock.tasks.read-all`, otherwise the tasks it
+    /// submitted (its uid, and `agent`: the planner agent the supervisor
+    /// recognised it as, or none). A recognised agent is never asked
+    /// about: an agent reads its own tasks only, whatever polkit would say
+    /// of its user.
+    ///
+    /// The question is asked without interaction, whatever the caller's
+    /// message allowed: a read never prompts for an administrator's
+    /// password, and a caller polkit would only challenge reads its own
+    /// tasks. Any answer but a clear yes (no, a challenge, polkit
+    /// unreachable) is the narrower scope; it is no refusal and is logged
+    /// to the journal, not the event log.
+    pub async fn read_scope(
+        &self,
+        auth: &Authorized<Read>,
+        caller: &Caller,
+        agent: Option<&str>,
+    ) -> Scope {
+        let own = Scope(ReadScope::Own {
+            uid: caller.uid(),
+            agent: agent.map(str::to_owned),
+        });
+        if agent.is_none() && self.may_read_all(caller).await {
+            tracing::debug!(
+                target: "airlock::authz",
+                sender = caller.sender(),
+                actor = %auth.actor().name,
+                "reads of every task"
+            );
+            Scope(ReadScope::All)
+        } else {
+            own
+        }
+    }
+
+    /// Whether `caller` holds `org.airlock.tasks.read-all`, asked without
+    /// interaction ([`Self::read_scope`]); anything but a clear yes is no.
+    pub async fn may_read_all(&self, caller: &Caller) -> bool {
+        match self
+            .authorizer
+            .check(Action::ReadAll, &caller.without_interaction())
+            .await
+        {
+            Verdict::Allow => true,
+            Verdict::Deny(e) => {
+                tracing::debug!(
+                    target: "airlock::authz",
+                    action = Action::ReadAll.polkit_id(),
+                    sender = caller.sender(),
+                    uid = caller.uid(),
+                    code = e.code.as_str(),
+                    "bound to the caller's own tasks"
+                );
+                false
+            }
+        }
     }
 
     /// Records a refusal decided after authorisation but outside the store

@@ -16,11 +16,15 @@ use std::collections::BTreeSet;
 /// - `allow-for-tests:read,submit`: the listed actions only;
 /// - `interactive-for-tests`: every action, but only for a caller whose
 ///   message allowed interactive authorisation; others get
-///   `INTERACTIVE_AUTHORIZATION_REQUIRED`, as polkit's `auth_admin` does.
+///   `INTERACTIVE_AUTHORIZATION_REQUIRED`, as polkit's `auth_admin` does;
+/// - `root-admin-for-tests`: uid 0 every action, every other uid reading
+///   and submitting only (`read`, `submit`), as the shipped policy and
+///   rules let root and the planner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TestAuthorizer {
     allowed: BTreeSet<Action>,
     challenge_unless_interactive: bool,
+    root_admin: bool,
 }
 
 /// The spelling of the allow-everything test authoriser.
@@ -29,6 +33,9 @@ pub const ALLOW_ALL_FOR_TESTS: &str = "allow-all-for-tests";
 pub const DENY_ALL_FOR_TESTS: &str = "deny-all-for-tests";
 /// The spelling of the test authoriser that behaves like `auth_admin`.
 pub const INTERACTIVE_FOR_TESTS: &str = "interactive-for-tests";
+/// The spelling of the test authoriser under which root alone is an
+/// administrator.
+pub const ROOT_ADMIN_FOR_TESTS: &str = "root-admin-for-tests";
 /// The prefix of the allow-list test authoriser.
 pub const ALLOW_FOR_TESTS_PREFIX: &str = "allow-for-tests:";
 
@@ -38,6 +45,15 @@ impl TestAuthorizer {
         TestAuthorizer {
             allowed: Action::ALL.iter().copied().collect(),
             challenge_unless_interactive: false,
+            root_admin: false,
+        }
+    }
+
+    /// Allows uid 0 everything, every other uid `read` and `submit`.
+    pub fn root_admin() -> Self {
+        TestAuthorizer {
+            root_admin: true,
+            ..TestAuthorizer::allow_all()
         }
     }
 
@@ -55,6 +71,7 @@ impl TestAuthorizer {
         TestAuthorizer {
             allowed: BTreeSet::new(),
             challenge_unless_interactive: false,
+            root_admin: false,
         }
     }
 
@@ -63,6 +80,7 @@ impl TestAuthorizer {
         TestAuthorizer {
             allowed: actions.into_iter().collect(),
             challenge_unless_interactive: false,
+            root_admin: false,
         }
     }
 
@@ -76,6 +94,9 @@ impl TestAuthorizer {
         }
         if s == INTERACTIVE_FOR_TESTS {
             return Some(Ok(TestAuthorizer::interactive()));
+        }
+        if s == ROOT_ADMIN_FOR_TESTS {
+            return Some(Ok(TestAuthorizer::root_admin()));
         }
         let list = s.strip_prefix(ALLOW_FOR_TESTS_PREFIX)?;
         let mut allowed = BTreeSet::new();
@@ -97,7 +118,9 @@ impl TestAuthorizer {
 
 impl Authorizer for TestAuthorizer {
     fn name(&self) -> String {
-        if self.challenge_unless_interactive {
+        if self.root_admin {
+            ROOT_ADMIN_FOR_TESTS.to_owned()
+        } else if self.challenge_unless_interactive {
             INTERACTIVE_FOR_TESTS.to_owned()
         } else if self.allowed.len() == Action::ALL.len() {
             ALLOW_ALL_FOR_TESTS.to_owned()
@@ -114,7 +137,12 @@ impl Authorizer for TestAuthorizer {
     }
 
     fn check<'a>(&'a self, action: Action, caller: &'a Caller) -> BoxFuture<'a, Verdict> {
-        let verdict = if self.allowed.contains(&action) {
+        let allowed = if self.root_admin && caller.uid() != 0 {
+            matches!(action, Action::Read | Action::Submit)
+        } else {
+            self.allowed.contains(&action)
+        };
+        let verdict = if allowed {
             if self.challenge_unless_interactive && !caller.interactive() {
                 Verdict::Deny(Error::with(
                     Code::INTERACTIVE_AUTHORIZATION_REQUIRED,
@@ -143,7 +171,9 @@ mod tests {
             ALLOW_ALL_FOR_TESTS,
             DENY_ALL_FOR_TESTS,
             INTERACTIVE_FOR_TESTS,
+            ROOT_ADMIN_FOR_TESTS,
             "allow-for-tests:read",
+            "allow-for-tests:read,read-all",
             "allow-for-tests:read,submit",
         ] {
             let a = TestAuthorizer::parse(s).unwrap().unwrap();
@@ -165,6 +195,22 @@ mod tests {
         match a.check(Action::Manage, &c).await {
             Verdict::Deny(e) => assert_eq!(e.code, Code::AUTHORIZATION_DENIED),
             Verdict::Allow => panic!("manage must be denied"),
+        }
+    }
+
+    #[tokio::test]
+    async fn root_alone_is_an_administrator_under_root_admin() {
+        let a = TestAuthorizer::root_admin();
+        let root = Caller::from_bus(":1.1", 0, None, false);
+        let planner = Caller::from_bus(":1.2", 1000, None, true);
+        for action in Action::ALL {
+            assert_eq!(a.check(*action, &root).await, Verdict::Allow, "{action:?}");
+            let allowed = a.check(*action, &planner).await == Verdict::Allow;
+            assert_eq!(
+                allowed,
+                matches!(action, Action::Read | Action::Submit),
+                "{action:?}"
+            );
         }
     }
 

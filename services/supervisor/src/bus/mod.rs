@@ -25,9 +25,10 @@ pub mod reconcile;
 pub mod retry;
 pub mod tasks;
 pub mod tasks_v1;
+pub mod watchers;
 pub mod worker;
 
-use crate::authz::{Authorized, Caller, Gatekeeper, Permission};
+use crate::authz::{Authorized, Caller, Gatekeeper, Permission, Read, Scope};
 use crate::ops::Ops;
 use airlock_proto::bus::Call;
 use airlock_proto::limits::MAX_MESSAGE_BYTES;
@@ -62,6 +63,8 @@ pub struct Shared {
     pub(crate) gate: Gatekeeper,
     pub(crate) inflight: InFlight,
     pub(crate) info: Info,
+    /// The connections `TaskChanged` is sent to ([`watchers`]).
+    pub(crate) watchers: std::sync::Arc<watchers::Watchers>,
     repositories: std::sync::RwLock<Vec<String>>,
     programs: std::sync::RwLock<airlock_config::ProgramTable>,
     agents: std::sync::OnceLock<std::sync::Arc<crate::agents::Agents>>,
@@ -85,6 +88,7 @@ impl Shared {
             gate,
             inflight: InFlight::default(),
             info,
+            watchers: std::sync::Arc::default(),
             repositories: std::sync::RwLock::new(repositories),
             programs: std::sync::RwLock::new(airlock_config::ProgramTable::from_config(
                 &airlock_config::Config::default(),
@@ -120,6 +124,24 @@ impl Shared {
     pub async fn agent_of(&self, caller: &crate::authz::Caller) -> Option<airlock_config::Agent> {
         let agents = self.agents.get()?;
         agents.attribute(caller.pid()?).await.cloned()
+    }
+
+    /// Which tasks the authorised read `call` sees ([`Gatekeeper::read_scope`]:
+    /// every task with `org.airlock.tasks.read-all`, else the caller's
+    /// own, an agent's own always); the caller is remembered with it, to
+    /// hear `TaskChanged` of those tasks ([`watchers`]).
+    pub(crate) async fn read_scope(&self, call: &Entered<'_, Read>) -> Scope {
+        let agent = self.agent_of(&call.caller).await;
+        let scope = self
+            .gate
+            .read_scope(
+                &call.auth,
+                &call.caller,
+                agent.as_ref().map(|a| a.name.as_str()),
+            )
+            .await;
+        self.watchers.watch(call.caller.sender(), scope.clone());
+        scope
     }
 
     /// Replaces the programs each repository's commands may start (at

@@ -62,10 +62,11 @@ impl Reconcile {
             .transpose();
         let status = call.checked(status).await?;
         let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
+        let scope = self.shared.read_scope(&call).await;
         let cases = self
             .shared
             .ops
-            .reconciliations(&call.auth, status, non_empty(after_task_id), limit)
+            .reconciliations(&call.auth, &scope, status, non_empty(after_task_id), limit)
             .await?;
         let next_after =
             if cases.len() as u64 >= u64::from(limit.min(airlock_taskdb::tasks::MAX_PAGE)) {
@@ -88,7 +89,12 @@ impl Reconcile {
             .shared
             .enter::<rows::GetReconciliation, Read>(conn, &hdr, Some(&task_id))
             .await?;
-        let case = self.shared.ops.reconciliation(&call.auth, task_id).await?;
+        let scope = self.shared.read_scope(&call).await;
+        let case = self
+            .shared
+            .ops
+            .reconciliation(&call.auth, &scope, task_id)
+            .await?;
         reply::<rows::GetReconciliation>(&case)
     }
 
@@ -118,7 +124,7 @@ impl Reconcile {
         let out = self.shared.ops.resolve(&call.auth, task_id, req).await?;
         if !out.idempotent {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(out.task_id.clone()).await {
-                announce(&emitter, &out.task_id, state, revision).await;
+                announce(&self.shared, &emitter, &out.task_id, state, revision).await;
             }
         }
         reply::<rows::ResolveReconciliation>(&out)

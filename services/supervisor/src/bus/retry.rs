@@ -61,7 +61,7 @@ impl Retry {
             if let Ok((state, revision)) =
                 self.shared.ops.signal_facts(outcome.task_id.clone()).await
             {
-                announce(&emitter, &outcome.task_id, state, revision).await;
+                announce(&self.shared, &emitter, &outcome.task_id, state, revision).await;
             }
         }
         reply::<rows::ExtendRetry>(&outcome)

@@ -8,7 +8,7 @@
 
 use super::error::BusError;
 use super::{DEFAULT_PAGE, Shared, non_empty, parse_json, reply};
-use crate::authz::{Manage, Read, Submit};
+use crate::authz::{Manage, Read, Scope, Submit};
 use airlock_proto::bus::Call;
 use airlock_proto::bus::tasks as rows;
 use airlock_proto::bus::{EventPage, EventRecord, SubmitReply, TaskPage};
@@ -35,32 +35,59 @@ impl Tasks {
     }
 }
 
-/// Emits TaskChanged for `view`, logging (not failing) on error: the
-/// change is already durable and the reply must still go out.
+/// Sends TaskChanged for a change of `task_id` to every connection that
+/// may read it ([`super::watchers`]), on Tasks2 and, for the release it is
+/// kept, Tasks1; never broadcast. Logs (never fails) on error: the change
+/// is already durable and the reply must still go out.
 pub(crate) async fn announce(
+    shared: &Shared,
     emitter: &SignalEmitter<'_>,
     task_id: &str,
     state: TaskState,
     revision: i64,
 ) {
-    if let Err(e) = Tasks::task_changed(emitter, task_id, state.as_str(), revision).await {
-        tracing::warn!("could not emit TaskChanged for {task_id}: {e}");
+    let watchers = shared.watchers.snapshot();
+    if watchers.is_empty() {
+        return;
     }
-    // Tasks1's listeners, for the release it is kept.
-    let v1 = emitter
-        .emit(
-            airlock_proto::bus::tasks_v1::INTERFACE,
-            rows::TASK_CHANGED,
-            &(task_id, state.as_str(), revision),
-        )
-        .await;
-    if let Err(e) = v1 {
-        tracing::warn!("could not emit Tasks1.TaskChanged for {task_id}: {e}");
+    // The submitter is read only when some listener is bound to its own.
+    let submitter = if watchers.iter().all(|(_, scope)| scope.is_all()) {
+        None
+    } else {
+        match shared.ops.submitter_of(task_id.to_owned()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("TaskChanged for {task_id} goes to read-all listeners only: {e}");
+                None
+            }
+        }
+    };
+    for (name, scope) in watchers {
+        if !scope.read_scope().sees(submitter.as_ref()) {
+            continue;
+        }
+        let Ok(to) = zbus::names::BusName::try_from(name) else {
+            continue;
+        };
+        let to = emitter.clone().set_destination(to);
+        if let Err(e) = Tasks::task_changed(&to, task_id, state.as_str(), revision).await {
+            tracing::warn!("could not send TaskChanged for {task_id}: {e}");
+        }
+        let v1 = to
+            .emit(
+                airlock_proto::bus::tasks_v1::INTERFACE,
+                rows::TASK_CHANGED,
+                &(task_id, state.as_str(), revision),
+            )
+            .await;
+        if let Err(e) = v1 {
+            tracing::warn!("could not send Tasks1.TaskChanged for {task_id}: {e}");
+        }
     }
 }
 
-async fn announce_view(emitter: &SignalEmitter<'_>, view: &TaskView) {
-    announce(emitter, &view.task_id, view.state, view.revision).await;
+async fn announce_view(shared: &Shared, emitter: &SignalEmitter<'_>, view: &TaskView) {
+    announce(shared, emitter, &view.task_id, view.state, view.revision).await;
 }
 
 /// The task id a submission names, read leniently for the audit record of
@@ -73,33 +100,34 @@ fn submitted_task_id(text: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Whether the planner agent `agent` may change a task of `repository`
-/// that `submitter` submitted: only its own, in one of its repositories.
-fn agents_own_task(
-    agent: &airlock_config::Agent,
-    repository: &str,
-    submitter: Option<airlock_taskdb::tasks::Actor>,
+/// Refuses a change of task `task_id` by a caller that did not submit it
+/// (`auth`'s submitter: its uid and agent) with TASK_NOT_FOUND, as for a
+/// task that does not exist, so a refusal tells nothing of another's task.
+fn own_task(
+    auth: &crate::authz::Authorized<Submit>,
+    task_id: &str,
+    submitter: Option<&airlock_taskdb::tasks::Submitter>,
 ) -> Result<(), Error> {
-    if !agent.may_propose_for(repository) {
-        return Err(Error::with(
+    if submitter == Some(&auth.actor().submitter()) {
+        Ok(())
+    } else {
+        Err(Error::with(Code::TASK_NOT_FOUND, task_id.to_owned()))
+    }
+}
+
+/// Whether the planner agent `agent` may propose for `repository`.
+fn agent_may_propose(agent: &airlock_config::Agent, repository: &str) -> Result<(), Error> {
+    if agent.may_propose_for(repository) {
+        Ok(())
+    } else {
+        Err(Error::with(
             Code::AGENT_REPOSITORY_DENIED,
             format!(
                 "agent {:?} may propose for {:?} only, not {repository:?}",
                 agent.name, agent.repositories
             ),
-        ));
+        ))
     }
-    let by = submitter.as_ref().map(|a| a.name.as_str()).unwrap_or("");
-    if submitter.as_ref().and_then(crate::authz::attributed_agent) != Some(agent.name.as_str()) {
-        return Err(Error::with(
-            Code::AGENT_TASK_DENIED,
-            format!(
-                "agent {:?} may replace the plans of its own tasks only; this one was submitted by {by:?}",
-                agent.name
-            ),
-        ));
-    }
-    Ok(())
 }
 
 impl Tasks {
@@ -135,7 +163,7 @@ impl Tasks {
         let req = call.checked(parsed).await?;
         let out = self.shared.ops.decide(&call.auth, task_id, req).await?;
         if !out.idempotent {
-            announce(emitter, &out.task_id, out.state, out.revision).await;
+            announce(&self.shared, emitter, &out.task_id, out.state, out.revision).await;
         }
         reply::<M>(&out)
     }
@@ -185,9 +213,15 @@ impl Tasks {
             Ok(s)
         });
         let submission = call.checked(parsed).await?;
+        // It follows what it submits (TaskChanged of its own tasks).
+        if let Some(scope) = Scope::of_submitter(&call.auth) {
+            self.shared
+                .watchers
+                .watch_unless_known(call.caller.sender(), scope);
+        }
         let out = self.shared.ops.submit(&call.auth, submission).await?;
         if !out.idempotent {
-            announce_view(&emitter, &out.task).await;
+            announce_view(&self.shared, &emitter, &out.task).await;
         }
         reply::<rows::SubmitTask>(&SubmitReply {
             task: out.task,
@@ -198,10 +232,11 @@ impl Tasks {
     /// Replaces a QUEUED task's plan. The plan must name the digest of the
     /// plan it replaces in `expected_previous_plan_digest` (compare and
     /// swap); the stored plan again is an idempotent replay. Returns the
-    /// task. Needs `org.airlock.tasks.submit`. A planner agent's process
-    /// is named as the agent and may replace only the plan of a task it
-    /// submitted, in one of its repositories (`AGENT_REPOSITORY_DENIED`,
-    /// `AGENT_TASK_DENIED`).
+    /// task. Needs `org.airlock.tasks.submit`, and replaces only a task
+    /// the caller submitted (TASK_NOT_FOUND for another's) unless it holds
+    /// `org.airlock.tasks.read-all`. A planner agent's process is named as
+    /// the agent and may replace only the plan of a task it submitted, in
+    /// one of its repositories (`AGENT_REPOSITORY_DENIED`).
     async fn replace_plan(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -214,20 +249,36 @@ impl Tasks {
             .shared
             .enter::<rows::ReplacePlan, Submit>(conn, &hdr, Some(&task_id))
             .await?;
-        // A planner agent's process is named as the agent, and may replace
-        // only the plan of a task it submitted itself, in one of its
-        // repositories; checked before the plan is read, and a refusal
-        // changes nothing.
+        // A planner agent's process is named as the agent. A caller may
+        // replace only the plan of a task it may read: its own (an agent's:
+        // its own, in one of its repositories), or any with
+        // `org.airlock.tasks.read-all` (never an agent). Another's task is
+        // TASK_NOT_FOUND, as if it did not exist; checked before the plan
+        // is read, and a refusal changes nothing.
         let agent = self.shared.agent_of(&call.caller).await;
         if let Some(a) = &agent {
             call.auth = call.auth.attributed_to_agent(&a.name);
+        }
+        let all = agent.is_none() && self.shared.gate.may_read_all(&call.caller).await;
+        if !all {
             let owned = self
                 .shared
                 .ops
                 .submission_of(&call.auth, task_id.clone())
                 .await
-                .and_then(|(repository, submitter)| agents_own_task(a, &repository, submitter));
+                .and_then(|(repository, submitter)| {
+                    own_task(&call.auth, &task_id, submitter.as_ref())?;
+                    match &agent {
+                        Some(a) => agent_may_propose(a, &repository),
+                        None => Ok(()),
+                    }
+                });
             call.checked(owned).await?;
+        }
+        if let Some(scope) = Scope::of_submitter(&call.auth) {
+            self.shared
+                .watchers
+                .watch_unless_known(call.caller.sender(), scope);
         }
         let parsed = parse_json(&plan, "the plan").and_then(|v| PlanRequest::from_value(&v));
         let plan = call.checked(parsed).await?;
@@ -236,11 +287,14 @@ impl Tasks {
             .ops
             .replace_plan(&call.auth, task_id, plan)
             .await?;
-        announce_view(&emitter, &before).await;
+        announce_view(&self.shared, &emitter, &before).await;
         reply::<rows::ReplacePlan>(&before)
     }
 
-    /// One task as JSON. Needs `org.airlock.tasks.read`.
+    /// One task as JSON. Needs `org.airlock.tasks.read`, and sees only a
+    /// task the caller submitted unless it holds
+    /// `org.airlock.tasks.read-all`: another's is TASK_NOT_FOUND, as one
+    /// that does not exist.
     async fn get_task(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -251,14 +305,17 @@ impl Tasks {
             .shared
             .enter::<rows::GetTask, Read>(conn, &hdr, Some(&task_id))
             .await?;
-        let view = self.shared.ops.get(&call.auth, task_id).await?;
+        let scope = self.shared.read_scope(&call).await;
+        let view = self.shared.ops.get(&call.auth, &scope, task_id).await?;
         reply::<rows::GetTask>(&view)
     }
 
     /// Tasks ordered by id: `state` filters (`""` = all), `after_task_id`
     /// pages (`""` = from the start), `limit` 0 means 100 (at most 1000).
     /// Returns `{"tasks": [...], "next_after": <id or null>}`; pass
-    /// `next_after` back to get the next page. Needs `org.airlock.tasks.read`.
+    /// `next_after` back to get the next page. Needs `org.airlock.tasks.read`;
+    /// lists the caller's own tasks only, unless it holds
+    /// `org.airlock.tasks.read-all`.
     async fn list_tasks(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -274,10 +331,11 @@ impl Tasks {
         let state = non_empty(state).map(|s| TaskState::parse(&s)).transpose();
         let state = call.checked(state).await?;
         let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
+        let scope = self.shared.read_scope(&call).await;
         let tasks = self
             .shared
             .ops
-            .list(&call.auth, state, non_empty(after_task_id), limit)
+            .list(&call.auth, &scope, state, non_empty(after_task_id), limit)
             .await?;
         let next_after =
             if tasks.len() as u64 >= u64::from(limit.min(airlock_taskdb::tasks::MAX_PAGE)) {
@@ -291,7 +349,8 @@ impl Tasks {
     /// The event log in id order, allowed and denied alike: `task_id`
     /// filters (`""` = all tasks), `after_event_id` pages, `limit` 0 means
     /// 100. Returns `{"events": [...], "next_after": <last id or the
-    /// argument>}`. Needs `org.airlock.tasks.read`.
+    /// argument>}`. Needs `org.airlock.tasks.read`; the events of the
+    /// caller's own tasks only, unless it holds `org.airlock.tasks.read-all`.
     async fn list_events(
         &self,
         #[zbus(header)] hdr: Header<'_>,
@@ -306,10 +365,11 @@ impl Tasks {
             .enter::<rows::ListEvents, Read>(conn, &hdr, task.as_deref())
             .await?;
         let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
+        let scope = self.shared.read_scope(&call).await;
         let events = self
             .shared
             .ops
-            .events(&call.auth, task, after_event_id, limit)
+            .events(&call.auth, &scope, task, after_event_id, limit)
             .await?;
         let next_after = events.last().map_or(after_event_id, |e| e.id);
         let events: Vec<EventRecord> = events.iter().map(|e| e.to_record()).collect();
@@ -353,7 +413,9 @@ impl Tasks {
     }
 
     /// A task changed state (or was created): its id, new state and
-    /// revision. Follow it, then GetTask for the details.
+    /// revision; sent to each connection that may read the task (one that
+    /// made an authorised call), never broadcast. Follow it, then GetTask
+    /// for the details.
     #[zbus(signal)]
     async fn task_changed(
         emitter: &SignalEmitter<'_>,

@@ -8,6 +8,7 @@
 use super::error::BusError;
 use super::tasks::announce;
 use super::{Shared, parse_json, reply};
+use crate::authz::Scope;
 use crate::authz::Worker as WorkerPermission;
 use airlock_proto::bus::ResultReceipt;
 use airlock_proto::bus::worker as rows;
@@ -49,6 +50,10 @@ impl Worker {
             .shared
             .enter::<rows::Claim, WorkerPermission>(conn, &hdr, None)
             .await?;
+        // The worker hears of every change (it claims any task).
+        self.shared
+            .watchers
+            .watch(call.caller.sender(), Scope::of_worker(&call.auth));
         let grant = self
             .shared
             .ops
@@ -56,7 +61,7 @@ impl Worker {
             .await?;
         if let Some(g) = &grant {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(g.task_id.clone()).await {
-                announce(&emitter, &g.task_id, state, revision).await;
+                announce(&self.shared, &emitter, &g.task_id, state, revision).await;
             }
         }
         reply::<rows::Claim>(&grant)
@@ -124,6 +129,7 @@ impl Worker {
             .await?;
         if !receipt.idempotent {
             announce(
+                &self.shared,
                 &emitter,
                 &receipt.task.task_id,
                 receipt.task.state,
@@ -182,7 +188,7 @@ impl Worker {
         if case.status == airlock_proto::reconcile::CaseStatus::Adopted {
             if let Ok((state, revision)) = self.shared.ops.signal_facts(case.task_id.clone()).await
             {
-                announce(&emitter, &case.task_id, state, revision).await;
+                announce(&self.shared, &emitter, &case.task_id, state, revision).await;
             }
         }
         reply::<rows::SettleAdoption>(&case)

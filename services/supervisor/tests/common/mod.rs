@@ -565,3 +565,76 @@ pub async fn submit(conn: &Connection, task_id: &str) -> Value {
     .await
     .expect("submit")
 }
+
+/// A supervisor whose planner agents are real processes, started by a
+/// real AgentHost1 (the process driver, served here as airlock-local
+/// serves it), as user airlock-agent (or nobody).
+pub struct Stack {
+    pub sup: Supervisor,
+    pub host: Connection,
+    _policy: tempfile::TempDir,
+}
+
+impl Stack {
+    /// `opts` (the agent driver and the host's bus policy added), with
+    /// the `[[agent]]` tables `agents` and more tables `more_config`.
+    pub async fn start(opts: Opts, agents: &str, more_config: &str) -> Stack {
+        use airlock_agents::host::{AgentHost, bus_policy, serve};
+        use airlock_agents::process::{Identity, ProcessDriver};
+        let policy_dir = tempfile::tempdir().unwrap();
+        let policy = policy_dir.path().join("org.airlock.AgentHost1.conf");
+        std::fs::write(&policy, bus_policy("root", "root")).unwrap();
+        let config = airlock_config::Config::parse(
+            &format!(
+                "[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n{more_config}{agents}"
+            ),
+            std::path::Path::new("agents.toml"),
+        )
+        .unwrap();
+        // The harness starts the bus with a supervisor (no agents yet); the
+        // host takes its name; then the supervisor restarts with the agents.
+        let mut extra_policies = opts.extra_policies.clone();
+        extra_policies.push(policy.clone());
+        let opts = Opts {
+            supervisor_extra: format!("{}agent_driver = \"local-host\"\n", opts.supervisor_extra),
+            config_extra: format!("{}{more_config}", opts.config_extra),
+            extra_policies,
+            ..opts
+        };
+        let mut sup = Supervisor::start(opts);
+        let host_conn = zbus::connection::Builder::address(sup.bus.address())
+            .unwrap()
+            .build()
+            .await
+            .unwrap();
+        let identity = Identity::lookup("airlock-agent")
+            .or_else(|_| Identity::lookup("nobody"))
+            .unwrap();
+        let env = vec![(
+            "DBUS_SYSTEM_BUS_ADDRESS".to_owned(),
+            sup.bus.address().to_owned(),
+        )];
+        let driver = ProcessDriver::new(Some(identity), sup.dir().join("agents"), env)
+            .unwrap()
+            .with_grace(Duration::from_millis(500));
+        serve(
+            &host_conn,
+            AgentHost::new(std::sync::Arc::new(driver), config.agents, 0),
+        )
+        .await
+        .unwrap();
+        sup.sigterm();
+        sup.wait_exit(Duration::from_secs(20));
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&sup.config)
+            .unwrap();
+        std::io::Write::write_all(&mut file, agents.as_bytes()).unwrap();
+        sup.spawn();
+        Stack {
+            sup,
+            host: host_conn,
+            _policy: policy_dir,
+        }
+    }
+}

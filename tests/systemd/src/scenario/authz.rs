@@ -148,6 +148,64 @@ pub(super) fn ordinary_user_denied(c: &Container) -> Result<String, String> {
     ))
 }
 
+/// Reads bound to the caller under the real polkit and the shipped rules:
+/// airlock-agent (`tasks.read` by 50-airlock-agent.rules, not
+/// `tasks.read-all`) lists and reads tb-probe, which it submitted, and not
+/// root's tb-demo, which answers exactly as a task that does not exist
+/// (TASK_NOT_FOUND, exit 6); its event log holds none of tb-demo's
+/// events; root (every action) lists both.
+pub(super) fn reads_bound_to_the_caller(c: &Container) -> Result<String, String> {
+    let agent = |cmd: &str| {
+        c.sh(
+            &format!("runuser -u airlock-agent -- airlockctl --no-ask-password --json {cmd}"),
+            60 * SEC,
+        )
+    };
+    let listed = agent("list")?
+        .expect_ok("airlockctl list as airlock-agent")?
+        .stdout;
+    if !listed.contains("tb-probe") || listed.contains("tb-demo") {
+        return Err(format!(
+            "airlock-agent's list is not its own tasks alone:\n{}",
+            tail(&listed, 10)
+        ));
+    }
+    let theirs = agent("show tb-demo")?;
+    let missing = agent("show tb-nothing")?;
+    let error = |o: &Out, id: &str| -> Result<Value, String> {
+        let line = o
+            .stderr
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .unwrap_or("");
+        let v = json(&line.replace(id, "ID")).map_err(|e| format!("{e}\n{}", o.both()))?;
+        Ok(v["error"].clone())
+    };
+    let (t, m) = (error(&theirs, "tb-demo")?, error(&missing, "tb-nothing")?);
+    if theirs.code != Some(6) || t["code"] != "TASK_NOT_FOUND" || t != m {
+        return Err(format!(
+            "root's task, read by airlock-agent: {} {t}; a missing task: {} {m}",
+            theirs.describe(),
+            missing.describe()
+        ));
+    }
+    let events = agent("events")?
+        .expect_ok("airlockctl events as airlock-agent")?
+        .stdout;
+    if events.contains("tb-demo") || !events.contains("tb-probe") {
+        return Err(format!(
+            "airlock-agent's event log is not its own tasks' alone:\n{}",
+            tail(&events, 10)
+        ));
+    }
+    let all = c.sh_ok("airlockctl --json list", 30 * SEC)?;
+    if !(all.contains("tb-probe") && all.contains("tb-demo")) {
+        return Err(format!("root's list lacks a task:\n{}", tail(&all, 10)));
+    }
+    Ok("airlock-agent: tb-probe only (tb-demo answers TASK_NOT_FOUND as a missing task, exit 6); root: both".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

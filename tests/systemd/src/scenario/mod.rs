@@ -219,6 +219,7 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
             &[
                 "demo task by root with airlockctl",
                 "airlock-agent submits",
+                "reads bound to the caller",
                 "sandbox probe",
                 "ordinary user denied",
                 "airlock-mcp as airlock-agent",
@@ -257,6 +258,10 @@ fn with_repository(r: &mut Report, c: &Container, p: &Packages) {
     r.check(
         "airlock-agent submits without a password (polkit rule)",
         |_| tasks::agent_submits(c),
+    );
+    r.check(
+        "reads bound to the caller: airlock-agent reads its own task only, root's answers TASK_NOT_FOUND as a missing one; root reads both (polkit tasks.read-all)",
+        |_| authz::reads_bound_to_the_caller(c),
     );
     if let Some(host) = &host {
         r.check(

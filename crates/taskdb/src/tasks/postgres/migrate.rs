@@ -43,7 +43,48 @@ pub const MIGRATIONS: &[PgMigration] = &[
         version: 4,
         sql: V4,
     },
+    PgMigration {
+        version: 5,
+        sql: V5,
+    },
 ];
+
+/// Version 5: each task's submitter as columns (the SQLite store's
+/// version 6), filled for existing tasks from each task's first allowed
+/// `TASK_SUBMITTED` event: its actor's uid, and the agent of an actor
+/// named `agent:NAME …` (`Actor::agent`). The fill does not announce
+/// itself (`tasks_notify` is off while it runs: no task changed state). A
+/// trigger keeps the submitter as it was written; the supervisor's role
+/// keeps its grants on `tasks`, which cover the new columns.
+const V5: &str = r#"
+ALTER TABLE tasks ADD COLUMN submitter_uid bigint, ADD COLUMN submitter_agent text;
+ALTER TABLE tasks DISABLE TRIGGER tasks_notify;
+UPDATE tasks t SET
+    submitter_uid = e.actor_uid,
+    submitter_agent = CASE
+        WHEN e.actor_name LIKE 'agent:%' AND position(' ' IN e.actor_name) > 7
+        THEN substring(e.actor_name FROM 7 FOR position(' ' IN e.actor_name) - 7)
+    END
+FROM (
+    SELECT DISTINCT ON (task_id) task_id, actor_uid, actor_name FROM events
+    WHERE action = 'TASK_SUBMITTED' AND outcome = 'allowed' AND task_id IS NOT NULL
+    ORDER BY task_id, id
+) e
+WHERE e.task_id = t.task_id;
+ALTER TABLE tasks ENABLE TRIGGER tasks_notify;
+CREATE INDEX tasks_by_submitter ON tasks (submitter_uid, submitter_agent, task_id);
+CREATE FUNCTION airlock_submitter_fixed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.submitter_uid IS DISTINCT FROM NEW.submitter_uid
+        OR OLD.submitter_agent IS DISTINCT FROM NEW.submitter_agent THEN
+        RAISE EXCEPTION 'a task''s submitter never changes';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER tasks_submitter_fixed BEFORE UPDATE ON tasks
+    FOR EACH ROW EXECUTE FUNCTION airlock_submitter_fixed();
+"#;
 
 /// Version 4: reconciliation cases and their resolutions (the SQLite
 /// store's version 5). Existing rows are unchanged; the supervisor's role
@@ -109,6 +150,7 @@ pub(super) const TRIGGERS: &[&str] = &[
     "reconciliation_resolutions_append_only",
     "reconciliation_resolutions_no_truncate",
     "tasks_notify",
+    "tasks_submitter_fixed",
 ];
 
 /// Version 2: admin decisions (Verify, CancelTask) in their own

@@ -69,7 +69,7 @@ mod tx;
 
 use super::row::{COLUMNS, RawEvent, RawRow};
 use super::tx::{Backend, Tx};
-use super::{Store, TaskState};
+use super::{ReadScope, Store, TaskState};
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
@@ -218,6 +218,8 @@ fn from_row(r: &postgres::Row) -> Result<RawRow, postgres::Error> {
         submission_sha256: r.try_get(17)?,
         created_at_ms: r.try_get(18)?,
         updated_at_ms: r.try_get(19)?,
+        submitter_uid: r.try_get(20)?,
+        submitter_agent: r.try_get(21)?,
     })
 }
 
@@ -307,12 +309,15 @@ impl Backend for PgBackend {
         state: Option<TaskState>,
         after_task_id: Option<&str>,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<RawRow>> {
         self.with_session(|s| {
             // Byte order, as SQLite sorts, whatever the database's collation.
             let sql = sql!(
                 "SELECT {COLUMNS} FROM tasks WHERE ($1::text IS NULL OR status = $1) \
                  AND ($2::text IS NULL OR task_id COLLATE \"C\" > $2) \
+                 AND ($4::bigint IS NULL OR (submitter_uid = $4 \
+                      AND submitter_agent IS NOT DISTINCT FROM $5::text)) \
                  ORDER BY task_id COLLATE \"C\" LIMIT $3"
             );
             let stmt = prepared(&mut s.client, &mut s.statements, sql)?;
@@ -324,6 +329,8 @@ impl Backend for PgBackend {
                         &state.map(TaskState::as_str),
                         &after_task_id,
                         &i64::from(limit),
+                        &scope.uid(),
+                        &scope.agent(),
                     ],
                 )
                 .map_err(|e| pg_error("listing tasks", e))?;
@@ -354,6 +361,7 @@ impl Backend for PgBackend {
         task_id: Option<&str>,
         after_event_id: i64,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<RawEvent>> {
         self.with_session(|s| {
             let stmt = prepared(
@@ -361,10 +369,22 @@ impl Backend for PgBackend {
                 &mut s.statements,
                 "SELECT id, task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, \
                  code, payload_json FROM events WHERE ($1::text IS NULL OR task_id = $1) \
-                 AND id > $2 ORDER BY id LIMIT $3",
+                 AND id > $2 \
+                 AND ($4::bigint IS NULL OR task_id IN (SELECT task_id FROM tasks \
+                      WHERE submitter_uid = $4 AND submitter_agent IS NOT DISTINCT FROM $5::text)) \
+                 ORDER BY id LIMIT $3",
             )?;
             s.client
-                .query(&stmt, &[&task_id, &after_event_id, &i64::from(limit)])
+                .query(
+                    &stmt,
+                    &[
+                        &task_id,
+                        &after_event_id,
+                        &i64::from(limit),
+                        &scope.uid(),
+                        &scope.agent(),
+                    ],
+                )
                 .and_then(|rows| {
                     rows.iter()
                         .map(|r| {

@@ -4,6 +4,7 @@ use super::error::pg_error;
 use super::prepared;
 use super::rows_of;
 use crate::error::StoreResult;
+use crate::tasks::ReadScope;
 use crate::tasks::row::{COLUMNS, RawRow, TaskRow};
 use crate::tasks::tx::{
     ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult, NewTask,
@@ -90,8 +91,9 @@ impl Tx for PgTx<'_, '_> {
             "inserting a task",
             "INSERT INTO tasks (task_id, status, attempt, max_attempts, revision, lease_epoch, \
              binding_json, plan_json, envelope_json, execution_digest, plan_digest, \
-             idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository) \
-             VALUES ($1, $12, 0, $2, 1, 0, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)",
+             idempotency_key, submission_sha256, created_at_ms, updated_at_ms, repository, \
+             submitter_uid, submitter_agent) \
+             VALUES ($1, $12, 0, $2, 1, 0, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11, $13, $14)",
             &[
                 &t.task_id,
                 &i64::from(t.max_attempts),
@@ -105,6 +107,8 @@ impl Tx for PgTx<'_, '_> {
                 &now,
                 &t.repository,
                 &t.status.as_str(),
+                &t.submitter.uid.map(i64::from),
+                &t.submitter.agent,
             ],
         )?;
         Ok(())
@@ -422,12 +426,22 @@ impl Tx for PgTx<'_, '_> {
         status: Option<&str>,
         after_task_id: Option<&str>,
         limit: u32,
+        scope: &ReadScope,
     ) -> StoreResult<Vec<String>> {
         let rows = self.query(
             "listing reconciliation cases",
             "SELECT case_json FROM reconciliations WHERE ($1::text IS NULL OR status = $1) \
-             AND ($2::text IS NULL OR task_id > $2) ORDER BY task_id, attempt LIMIT $3",
-            &[&status, &after_task_id, &i64::from(limit)],
+             AND ($2::text IS NULL OR task_id > $2) \
+             AND ($4::bigint IS NULL OR task_id IN (SELECT task_id FROM tasks \
+                  WHERE submitter_uid = $4 AND submitter_agent IS NOT DISTINCT FROM $5::text)) \
+             ORDER BY task_id, attempt LIMIT $3",
+            &[
+                &status,
+                &after_task_id,
+                &i64::from(limit),
+                &scope.uid(),
+                &scope.agent(),
+            ],
         )?;
         rows.iter()
             .map(|r| r.try_get(0))

@@ -1,0 +1,496 @@
+//! Reads bound to the caller, over a real bus with the real supervisor:
+//! two planner agents (real processes of one user, airlock-agent, run by a
+//! real AgentHost1, calling with dbus-send from their sessions), a planner
+//! user (`bin`), the agents' user outside any agent, and an administrator
+//! (root, who alone holds `org.airlock.tasks.read-all` under the
+//! `root-admin-for-tests` authoriser, as under the shipped policy) each
+//! call every read method of the contract — every row whose permission is
+//! `org.airlock.tasks.read`, on every interface — about every task, and
+//! see exactly their own (the administrator: all); another's task answers
+//! exactly as a task that does not exist; the reads change nothing. Then
+//! `TaskChanged`: an administrator's connection hears every change, a
+//! planner's its own tasks' only, a connection that made no call none.
+//! The same checks run under real polkit in `tests/polkit.rs` and in the
+//! systemd testbed.
+
+mod common;
+
+use airlock_proto::bus::{self, Permission, action};
+use common::*;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+use zbus::Connection;
+
+/// The planner user (`bin`).
+const PLANNER_UID: u32 = 2;
+/// The agents' user, outside any agent, when airlock-agent exists.
+fn agent_uid() -> u32 {
+    nix::unistd::User::from_name("airlock-agent")
+        .ok()
+        .flatten()
+        .map_or(65534, |u| u.uid.as_raw())
+}
+
+const TASKS: [&str; 4] = ["t-alpha", "t-beta", "t-planner", "t-admin"];
+/// No task has this id.
+const NONE: &str = "t-nothing";
+
+/// One read call as dbus-send takes it: `interface.member` and typed
+/// arguments, and the task it is about (`None`: a listing).
+#[derive(Clone, Debug)]
+struct Read {
+    method: String,
+    args: Vec<String>,
+    about: Option<&'static str>,
+}
+
+/// Every read of the matrix: per read row of the contract, the call about
+/// each task and about none, or the listing. A read row the matrix does
+/// not know fails here.
+fn reads() -> Vec<Read> {
+    let mut out = Vec::new();
+    let mut covered = 0;
+    for rows in bus::ROWS {
+        for row in rows.iter() {
+            if row.permission != Permission::Polkit(action::TASKS_READ) {
+                continue;
+            }
+            covered += 1;
+            let method = row.path();
+            let per_task = |args: fn(&str) -> Vec<String>| {
+                TASKS
+                    .iter()
+                    .chain([&NONE])
+                    .map(|t| Read {
+                        method: method.clone(),
+                        args: args(t),
+                        about: Some(*t),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            match (row.name, row.input) {
+                ("GetTask", "s") | ("GetReconciliation", "s") => {
+                    out.extend(per_task(|t| vec![format!("string:{t}")]));
+                }
+                ("ListEvents", "sxu") => {
+                    out.extend(per_task(|t| {
+                        vec![format!("string:{t}"), "int64:0".into(), "uint32:0".into()]
+                    }));
+                    out.push(Read {
+                        method: method.clone(),
+                        args: vec!["string:".into(), "int64:0".into(), "uint32:0".into()],
+                        about: None,
+                    });
+                }
+                ("ListTasks", "ssu") | ("ListReconciliations", "ssu") => out.push(Read {
+                    method: method.clone(),
+                    args: vec!["string:".into(), "string:".into(), "uint32:0".into()],
+                    about: None,
+                }),
+                other => panic!("{method}: a read row the matrix does not cover: {other:?}"),
+            }
+        }
+    }
+    // Tasks2 and Tasks1: three each; Reconcile1: two.
+    assert_eq!(covered, 8, "every read row is in the matrix");
+    out
+}
+
+/// What one reader got for one read: Ok(reply text) or Err((error name,
+/// message)).
+type Got = Result<String, (String, String)>;
+
+/// Parses `dbus-send --print-reply` output written by an agent (`rc` its
+/// exit status).
+fn parse_dbus_send(rc: &str, out: &str) -> Got {
+    if rc.trim() == "0" {
+        Ok(out.to_owned())
+    } else {
+        let line = out.lines().find(|l| l.starts_with("Error ")).unwrap_or(out);
+        let rest = line.trim_start_matches("Error ");
+        let (name, message) = rest.split_once(": ").unwrap_or((rest, ""));
+        Err((name.trim().to_owned(), message.trim().to_owned()))
+    }
+}
+
+/// A dbus-send reply without its header line (times, serials).
+fn body(reply: &str) -> String {
+    reply
+        .lines()
+        .filter(|l| !l.starts_with("method return"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Checks that `reader`, seeing `visible`, got exactly what it should
+/// for each read: its tasks' content, and for every other task what a
+/// task that does not exist gets (the task id aside).
+fn check_reader(reader: &str, visible: &[&str], case_of: &str, got: &[(Read, Got)]) {
+    let invisible: Vec<&str> = TASKS
+        .iter()
+        .copied()
+        .filter(|t| !visible.contains(t))
+        .collect();
+    let answer_of = |r: &Read, about: &str| -> Got {
+        got.iter()
+            .find(|(g, _)| g.method == r.method && g.about == Some(about))
+            .map(|(_, a)| a.clone())
+            .unwrap_or_else(|| panic!("{reader}: no {} about {about}", r.method))
+    };
+    let mut checked = 0;
+    for (read, answer) in got {
+        let what = format!("{reader}: {} {:?}", read.method, read.args);
+        // No answer names a task the reader may not see.
+        let text = match answer {
+            Ok(t) => t.clone(),
+            Err((n, m)) => format!("{n} {m}"),
+        };
+        for t in &invisible {
+            if read.about == Some(t) {
+                continue; // an error may repeat the id it was asked about
+            }
+            assert!(!text.contains(t), "{what} names {t}: {text}");
+        }
+        match read.about {
+            None => {
+                // A listing: every visible task (with a case: the case's).
+                let expect: Vec<&str> = if read.method.ends_with("ListReconciliations") {
+                    visible.iter().copied().filter(|t| *t == case_of).collect()
+                } else {
+                    visible.to_vec()
+                };
+                let answer = answer.as_ref().unwrap_or_else(|e| panic!("{what}: {e:?}"));
+                for t in expect {
+                    assert!(answer.contains(t), "{what} lacks {t}: {answer}");
+                }
+            }
+            Some(t) => {
+                let mine = visible.contains(&t);
+                let has = read.method.ends_with("GetReconciliation") && t != case_of;
+                if mine && !has {
+                    let answer = answer.as_ref().unwrap_or_else(|e| panic!("{what}: {e:?}"));
+                    assert!(answer.contains(t), "{what}: {answer}");
+                } else if t != NONE {
+                    // Another's task (or one of its own without a case)
+                    // answers as the task that does not exist.
+                    let missing = answer_of(read, NONE);
+                    let same = |a: &Got| match a {
+                        Ok(text) => Ok(body(text).replace(t, "ID").replace(NONE, "ID")),
+                        Err((n, m)) => Err((n.clone(), m.replace(t, "ID").replace(NONE, "ID"))),
+                    };
+                    assert_eq!(same(answer), same(&missing), "{what}");
+                    if !mine {
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        invisible.is_empty() || checked > 0,
+        "{reader}: no cross read was checked"
+    );
+}
+
+/// The one agent script: submit its task, wait for the test's go, then
+/// make every call listed in `calls` with dbus-send, writing each reply.
+fn agent_script(dir: &std::path::Path, name: &str) -> String {
+    format!(
+        "set -f; d={dir}; \
+         body=$(cat $d/{name}.json); \
+         dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \
+           org.airlock.Tasks2.SubmitTask \"string:$body\" > $d/{name}.submit.out 2>&1; \
+         echo $? > $d/{name}.submit.rc; \
+         while [ ! -e $d/go ]; do sleep 0.1; done; \
+         i=0; while IFS= read -r line; do set -- $line; \
+           dbus-send --system --print-reply --dest=org.airlock.Supervisor1 /org/airlock/Supervisor1 \"$@\" > $d/{name}.$i.out 2>&1; \
+           echo $? > $d/{name}.$i.rc; i=$((i+1)); \
+         done < $d/calls; touch $d/{name}.done; exec sleep 600",
+        dir = dir.display()
+    )
+}
+
+async fn wait_file(path: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "never written: {path:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A bus connection authenticated as `uid`: the socket is connected by a
+/// thread whose effective uid alone was switched, so the bus daemon
+/// records `uid` as its peer (the kernel's, not a claim).
+async fn connect_as(address: &str, uid: u32) -> Connection {
+    let path = address
+        .strip_prefix("unix:path=")
+        .and_then(|a| a.split(',').next())
+        .expect("a unix:path address")
+        .to_owned();
+    let stream = std::thread::spawn(move || {
+        // SAFETY: the raw system call (unlike glibc's setresuid, which
+        // changes every thread) sets the effective uid of this thread
+        // alone; it only connects one socket and ends, and no other
+        // thread's credentials change.
+        let rc = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_setresuid,
+                u32::MAX, // -1: keep
+                uid,
+                u32::MAX,
+            )
+        };
+        assert_eq!(rc, 0, "setresuid for this thread");
+        UnixStream::connect(&path).expect("connect to the bus as another uid")
+    })
+    .join()
+    .unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let stream = tokio::net::UnixStream::from_std(stream).unwrap();
+    zbus::connection::Builder::unix_stream(stream)
+        .user_id(uid)
+        .build()
+        .await
+        .expect("a bus connection as another uid")
+}
+
+/// TaskChanged signals as `conn` receives them.
+async fn changes(conn: &Connection) -> zbus::MessageStream {
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .interface(TASKS_IFACE)
+        .unwrap()
+        .member("TaskChanged")
+        .unwrap()
+        .build();
+    zbus::MessageStream::for_match_rule(rule, conn, None)
+        .await
+        .unwrap()
+}
+
+const TASKS_IFACE: &str = "org.airlock.Tasks2";
+
+/// The task ids of the TaskChanged signals `stream` receives within `d`.
+async fn heard(stream: &mut zbus::MessageStream, d: Duration) -> Vec<String> {
+    use futures_util::StreamExt;
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + d;
+    while let Ok(Some(Ok(m))) = tokio::time::timeout_at(deadline, stream.next()).await {
+        if let Ok((t, _, _)) = m.body().deserialize::<(String, String, i64)>() {
+            out.push(t);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
+    let dir = tempfile::Builder::new()
+        .prefix("airlock-tenancy-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let reads = reads();
+    let calls: String = reads
+        .iter()
+        .map(|r| format!("{} {}\n", r.method, r.args.join(" ")))
+        .collect();
+    std::fs::write(dir.path().join("calls"), calls).unwrap();
+    let mut agents = String::new();
+    for name in ["alpha", "beta"] {
+        std::fs::write(
+            dir.path().join(format!("{name}.json")),
+            submission(&format!("t-{name}")).to_string(),
+        )
+        .unwrap();
+        agents.push_str(&format!(
+            "\n[[agent]]\nname = \"{name}\"\ncommand = [\"/bin/sh\", \"-c\", {:?}]\nrepositories = [\"demo\"]\n",
+            agent_script(dir.path(), name)
+        ));
+    }
+    let opts = Opts {
+        authorizer: "root-admin-for-tests".into(),
+        ..Opts::default()
+    };
+    let s = Stack::start(opts, &agents, "").await;
+    let sup = &s.sup;
+    let admin = sup.client().await;
+    for name in ["alpha", "beta"] {
+        let rc = dir.path().join(format!("{name}.submit.rc"));
+        wait_file(&rc).await;
+        let out = std::fs::read_to_string(dir.path().join(format!("{name}.submit.out"))).unwrap();
+        assert_eq!(std::fs::read_to_string(&rc).unwrap().trim(), "0", "{out}");
+    }
+    // The planner user and the administrator submit theirs.
+    dbus_send(
+        sup,
+        PLANNER_UID,
+        "org.airlock.Tasks2.SubmitTask",
+        &[&format!("string:{}", submission("t-planner"))],
+    )
+    .expect("the planner submits");
+    submit(&admin, "t-admin").await;
+    // The worker claims the oldest (an agent's) and reports its branch
+    // moved: a reconciliation case, and a result, of that task.
+    let grant = worker_claim(sup);
+    let case_of: &'static str = TASKS
+        .iter()
+        .copied()
+        .find(|t| grant["task_id"] == *t)
+        .expect("a task of the matrix");
+    assert!(case_of == "t-alpha" || case_of == "t-beta", "{case_of}");
+    let mut result = passed_result(&grant);
+    result["outcome"] = json!("failed");
+    result["commit_oid"] = Value::Null;
+    result["exec_result_sha256"] = Value::Null;
+    result["verification"] = json!([]);
+    result["failure_code"] = json!("RECONCILIATION_REQUIRED");
+    result["reconciliation"] =
+        json!({"commit_oid": "1".repeat(40), "observed_head": "2".repeat(40)});
+    let epoch = grant["lease_epoch"].as_u64().unwrap();
+    worker_submit(sup, WORKER_UID, &grant, epoch, &result).expect("the reconciliation result");
+
+    // What each task is before the reads, and the event log.
+    let snapshot = |conn: &Connection| {
+        let conn = conn.clone();
+        async move {
+            let mut views = BTreeMap::new();
+            for t in TASKS {
+                views.insert(
+                    t,
+                    call_json(&conn, TASKS_IFACE, "GetTask", &(t,))
+                        .await
+                        .unwrap(),
+                );
+            }
+            // (the tasks' events: an agent's own record may change meanwhile)
+            let page = call_json(&conn, TASKS_IFACE, "ListEvents", &("", 0i64, 1000u32))
+                .await
+                .unwrap();
+            let events: Vec<Value> = page["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| !e["task_id"].is_null())
+                .cloned()
+                .collect();
+            (views, events)
+        }
+    };
+    let before = snapshot(&admin).await;
+    assert_eq!(
+        before.0[case_of]["submitter"]["agent"],
+        case_of.trim_start_matches("t-")
+    );
+    assert_eq!(
+        before.0["t-planner"]["submitter"],
+        json!({"uid": PLANNER_UID, "agent": null})
+    );
+
+    // The agents read, from their sessions; the others with dbus-send.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let mut got: BTreeMap<&str, Vec<(Read, Got)>> = BTreeMap::new();
+    for (who, uid) in [
+        ("planner", PLANNER_UID),
+        ("agents' user", agent_uid()),
+        ("admin", 0),
+    ] {
+        let answers = reads
+            .iter()
+            .map(|r| {
+                let args: Vec<&str> = r.args.iter().map(String::as_str).collect();
+                let a = dbus_send(sup, uid, &r.method, &args).map_err(|e| (e.name, e.message));
+                (r.clone(), a)
+            })
+            .collect();
+        got.insert(who, answers);
+    }
+    for name in ["alpha", "beta"] {
+        wait_file(&dir.path().join(format!("{name}.done"))).await;
+        let answers = reads
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let read = |ext: &str| {
+                    std::fs::read_to_string(dir.path().join(format!("{name}.{i}.{ext}"))).unwrap()
+                };
+                (r.clone(), parse_dbus_send(&read("rc"), &read("out")))
+            })
+            .collect();
+        got.insert(name, answers);
+    }
+    check_reader("alpha", &["t-alpha"], case_of, &got["alpha"]);
+    check_reader("beta", &["t-beta"], case_of, &got["beta"]);
+    check_reader("planner", &["t-planner"], case_of, &got["planner"]);
+    check_reader("agents' user", &[], case_of, &got["agents' user"]);
+    check_reader("admin", &TASKS, case_of, &got["admin"]);
+    // Its own result is the agent's to read: the case's task shows its
+    // failure code to its agent.
+    let owner = case_of.trim_start_matches("t-");
+    let own_get = got[owner]
+        .iter()
+        .find(|(r, _)| r.method == "org.airlock.Tasks2.GetTask" && r.about == Some(case_of))
+        .unwrap();
+    assert!(
+        own_get
+            .1
+            .as_ref()
+            .unwrap()
+            .contains("RECONCILIATION_REQUIRED")
+    );
+    // The reads changed nothing, and none is an event.
+    assert_eq!(snapshot(&admin).await, before, "the reads changed nothing");
+
+    // TaskChanged: the administrator's connection (after a read), the
+    // planner's (after reading its task), and one that made no call.
+    let admin_conn = sup.client().await;
+    let planner_conn = connect_as(sup.bus.address(), PLANNER_UID).await;
+    let silent = sup.client().await;
+    let mut admin_hears = changes(&admin_conn).await;
+    let mut planner_hears = changes(&planner_conn).await;
+    let mut silent_hears = changes(&silent).await;
+    call_json(&admin_conn, TASKS_IFACE, "ListTasks", &("", "", 0u32))
+        .await
+        .unwrap();
+    let mine = call_json(&planner_conn, TASKS_IFACE, "GetTask", &("t-planner",))
+        .await
+        .unwrap();
+    assert_eq!(mine["task_id"], "t-planner");
+    let err = call_json(&planner_conn, TASKS_IFACE, "GetTask", &("t-admin",))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(airlock_proto::Code::TASK_NOT_FOUND));
+    // The administrator cancels the administrator's task, then the planner's.
+    for t in ["t-admin", "t-planner"] {
+        let view = call_json(&admin, TASKS_IFACE, "GetTask", &(t,))
+            .await
+            .unwrap();
+        let req = json!({
+            "schema": "airlock.task-decision.v1", "task_id": t, "decision": "cancel",
+            "reason": "tenancy test", "idempotency_key": format!("cancel-{t}-0001"),
+            "expected_revision": view["revision"], "expected_attempt": view["attempt"],
+            "expected_result_sha256": null,
+        });
+        call_json(&admin, TASKS_IFACE, "CancelTask", &(t, req.to_string()))
+            .await
+            .unwrap();
+    }
+    let wait = Duration::from_secs(3);
+    assert_eq!(
+        heard(&mut admin_hears, wait).await,
+        ["t-admin", "t-planner"]
+    );
+    assert_eq!(heard(&mut planner_hears, wait).await, ["t-planner"]);
+    assert_eq!(heard(&mut silent_hears, wait).await, Vec::<String>::new());
+    for name in ["alpha", "beta"] {
+        call_json(&admin, "org.airlock.Agents1", "StopAgent", &(name,))
+            .await
+            .unwrap();
+    }
+}
