@@ -144,7 +144,7 @@ impl ForeignRepo {
     }
 }
 
-fn list_refs(git: &Git) -> GitResult<Vec<Ref>> {
+pub(crate) fn list_refs(git: &Git) -> GitResult<Vec<Ref>> {
     let out = git.output(&[
         "for-each-ref",
         "--format=%(objectname) %(refname)",
@@ -196,7 +196,7 @@ pub struct Imported {
 
 /// `"…"` with C escapes, as git reads a quoted alternate: every byte of the
 /// path is data, a colon or a newline included.
-fn c_quote(path: &Path) -> String {
+pub(crate) fn c_quote(path: &Path) -> String {
     let mut s = String::from("\"");
     for &b in path.as_os_str().as_bytes() {
         match b {
@@ -319,7 +319,7 @@ pub fn mirror(from: &ForeignRepo, path: &Path) -> GitResult<Imported> {
 
 /// `pack-objects` in `into` reading through the alternate, piped into
 /// `into`'s `index-pack`.
-fn transfer(into: &Git, alternate: &str, revs: &[u8]) -> GitResult<()> {
+pub(crate) fn transfer(into: &Git, alternate: &str, revs: &[u8]) -> GitResult<()> {
     let mut pack = into.command(&["pack-objects", "--revs", "--stdout", "--quiet"]);
     pack.env("GIT_ALTERNATE_OBJECT_DIRECTORIES", alternate)
         .stdin(Stdio::piped())

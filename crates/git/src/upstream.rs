@@ -1,8 +1,15 @@
 //! The team's remote: fetching its branches and tags into the authority
 //! repository, and pushing an agent branch to it with a lease.
 //!
-//! Every transfer runs the hardened git of [`crate::command`] with one
-//! change: the protocol of the upstream's own scheme is allowed (and no
+//! A local-path upstream is never reached through git's transports (they
+//! would run `git-receive-pack` in it, and with it its hooks, as the
+//! worker): a sync reads it as a foreign repository ([`crate::import`]:
+//! objects through an alternate, no process in it), and a publication
+//! copies the commit's objects into it the same way and moves its
+//! `agent/…` ref with `update-ref`'s compare-and-swap, hooks off.
+//!
+//! Every transfer over ssh or https runs the hardened git of
+//! [`crate::command`] with one change: the protocol of the upstream's own scheme is allowed (and no
 //! other), and for ssh the transport program is airlock's ssh launcher
 //! (`GIT_SSH`, run without a shell) which starts OpenSSH with the
 //! repository's deploy key, its pinned host keys and nothing of any user's
@@ -157,11 +164,16 @@ impl AuthorityRepo {
     pub fn sync_from(&self, upstream: &Upstream) -> GitResult<SyncReport> {
         self.refuse_transport_config()?;
         let before = self.mirrored_refs()?;
-        let mut args = vec!["fetch", "--prune", "--no-tags", "--no-write-fetch-head"];
-        args.extend(["--no-recurse-submodules", "--quiet", "--end-of-options"]);
-        args.push(&upstream.url);
-        args.extend(FETCH_REFSPECS);
-        transfer(self, upstream, &args, Some(upstream.max_fetch_bytes))?;
+        match local_path(upstream) {
+            Some(path) => self.sync_from_path(&path)?,
+            None => {
+                let mut args = vec!["fetch", "--prune", "--no-tags", "--no-write-fetch-head"];
+                args.extend(["--no-recurse-submodules", "--quiet", "--end-of-options"]);
+                args.push(&upstream.url);
+                args.extend(FETCH_REFSPECS);
+                transfer(self, upstream, &args, Some(upstream.max_fetch_bytes))?;
+            }
+        }
         let after = self.mirrored_refs()?;
         let mut changes = Vec::new();
         for name in before.keys().chain(after.keys()) {
@@ -184,11 +196,41 @@ impl AuthorityRepo {
         Ok(SyncReport { changes })
     }
 
+    /// A local upstream's branches and tags, imported as a foreign
+    /// repository's (agent/* excluded), then those it no longer has
+    /// pruned here.
+    fn sync_from_path(&self, path: &Path) -> GitResult<()> {
+        let from = crate::ForeignRepo::open_with(path, self.git.program().to_path_buf())?;
+        crate::import(&self.git, &from, crate::RefMap::Mirror)?;
+        let theirs: std::collections::BTreeSet<String> =
+            from.refs()?.into_iter().map(|r| r.name).collect();
+        let mut transaction = Vec::new();
+        for (name, oid) in self.mirrored_refs()? {
+            if !theirs.contains(&name) {
+                transaction.extend_from_slice(format!("delete {name} {oid}\n").as_bytes());
+            }
+        }
+        if !transaction.is_empty() {
+            self.git
+                .output_with(&["update-ref", "--stdin"], Some(&transaction), &[])?;
+        }
+        Ok(())
+    }
+
     /// The upstream's value of `refs/heads/<branch>` (`None`: absent).
     pub fn upstream_head(&self, upstream: &Upstream, branch: &str) -> GitResult<Option<String>> {
         crate::refs::check_agent_branch(branch)?;
         self.refuse_transport_config()?;
         let refname = format!("refs/heads/{branch}");
+        if let Some(path) = local_path(upstream) {
+            return local_repo(self, &path)?.optional(&[
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                "--end-of-options",
+                &refname,
+            ]);
+        }
         let out = transfer(
             self,
             upstream,
@@ -244,6 +286,9 @@ impl AuthorityRepo {
         if found.as_deref() != expected {
             return Err(moved(found.as_deref()));
         }
+        if let Some(path) = local_path(upstream) {
+            return self.publish_to_path(&path, &remote_ref, oid, expected, moved);
+        }
         let lease = format!("--force-with-lease={remote_ref}:{}", expected.unwrap_or(""));
         let options: Vec<String> = push_options
             .iter()
@@ -284,6 +329,67 @@ impl AuthorityRepo {
         }
     }
 
+    /// A publication to a local upstream: the commit's objects copied into
+    /// it through an alternate (no process runs in it but the worker's
+    /// hardened git: no hook, the reference-transaction hook included),
+    /// then its ref moved by `update-ref` from `expected` (absent: zeros)
+    /// to `oid` — git's own compare-and-swap.
+    fn publish_to_path(
+        &self,
+        path: &Path,
+        remote_ref: &str,
+        oid: &str,
+        expected: Option<&str>,
+        moved: impl Fn(Option<&str>) -> GitError,
+    ) -> GitResult<PushAnswer> {
+        let up = local_repo(self, path)?;
+        let have = crate::foreign::list_refs(&up)?;
+        let mut revs = format!("{oid}\n--not\n");
+        for r in &have {
+            revs.push_str(&r.oid);
+            revs.push('\n');
+        }
+        let alternate = crate::foreign::c_quote(&self.path().join("objects"));
+        crate::foreign::transfer(&up, &alternate, revs.as_bytes())?;
+        let zero = "0".repeat(oid.len());
+        let old = expected.unwrap_or(&zero);
+        let head = |up: &crate::Git| {
+            up.optional(&[
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                "--end-of-options",
+                remote_ref,
+            ])
+        };
+        match up.output(&[
+            "update-ref",
+            "-m",
+            "airlock: publication",
+            remote_ref,
+            oid,
+            old,
+        ]) {
+            Ok(_) => Ok(PushAnswer {
+                remote_ref: remote_ref.to_owned(),
+                pushed: true,
+                answer: format!("*\t{oid}:{remote_ref}\t[updated by compare-and-swap]"),
+            }),
+            Err(GitError::Failed { .. }) => {
+                let found = head(&up)?;
+                if found.as_deref() == Some(oid) {
+                    return Ok(PushAnswer {
+                        remote_ref: remote_ref.to_owned(),
+                        pushed: false,
+                        answer: "= already at the commit".into(),
+                    });
+                }
+                Err(moved(found.as_deref()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Refuses an authority repository whose own configuration names a
     /// transport program (its config is the worker's, but a transfer is
     /// the one run where git would start one).
@@ -305,6 +411,29 @@ impl AuthorityRepo {
         }
         Ok(())
     }
+}
+
+/// A local upstream's path, when it is one.
+fn local_path(upstream: &Upstream) -> Option<PathBuf> {
+    (upstream.scheme == Scheme::Local).then(|| {
+        PathBuf::from(
+            upstream
+                .url
+                .strip_prefix("file://")
+                .unwrap_or(&upstream.url),
+        )
+    })
+}
+
+/// The hardened git on a local upstream (trusted for this run by its own
+/// path), after checking it is a bare repository.
+fn local_repo(repo: &AuthorityRepo, path: &Path) -> GitResult<crate::Git> {
+    let up = crate::Git::new(repo.git.program().to_path_buf(), path.to_path_buf());
+    let bare = up.output(&["rev-parse", "--is-bare-repository"])?;
+    if bare.trim() != "true" {
+        return Err(GitError::NotBare(path.to_path_buf()));
+    }
+    Ok(up)
 }
 
 /// Runs one transfer: the hardened git, the upstream's protocol alone
@@ -332,15 +461,6 @@ fn transfer_command(program: &Path, repo: &Path, upstream: &Upstream) -> Command
     trust(&mut cmd, repo);
     let allow = format!("protocol.{}.allow=always", upstream.scheme.protocol());
     cmd.args(["-c", &allow]);
-    // A local upstream is a repository another user may own: trusted for
-    // this run alone, by its path as one argument.
-    if upstream.scheme == Scheme::Local {
-        let path = upstream
-            .url
-            .strip_prefix("file://")
-            .unwrap_or(&upstream.url);
-        trust(&mut cmd, Path::new(path));
-    }
     cmd.env("GIT_SSH_VARIANT", "ssh");
     match &upstream.credential {
         Credential::None => {

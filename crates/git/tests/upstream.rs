@@ -57,6 +57,44 @@ fn open(t: &Team) -> (AuthorityRepo, Upstream) {
     (repo, up)
 }
 
+/// The same team's upstream served by a real sshd on loopback, reached
+/// with a deploy key and its pinned host key. The launcher is a test
+/// script doing what the worker's own launcher does with the same
+/// variables (`airlock_git::ssh_launcher_main`, tested end to end in
+/// services/local/tests/upstream.rs).
+fn over_ssh(t: &Team) -> (airlock_testkit::Sshd, Upstream) {
+    let dir = t.authority.parent().unwrap();
+    let key = dir.join("deploy");
+    let public = airlock_testkit::ssh_keygen(&key);
+    let server = airlock_testkit::sshd(&dir.join("sshd"), &[&public]);
+    let known = dir.join("known_hosts");
+    std::fs::write(&known, format!("{}\n", server.known_hosts)).unwrap();
+    let launcher = dir.join("launcher");
+    std::fs::write(
+        &launcher,
+        "#!/bin/sh\nexec /usr/bin/ssh -F /dev/null -o IdentitiesOnly=yes -o BatchMode=yes \\\n  -o StrictHostKeyChecking=yes -o GlobalKnownHostsFile=/dev/null \\\n  -o \"IdentityFile=$AIRLOCK_SSH_IDENTITY\" -o \"UserKnownHostsFile=$AIRLOCK_SSH_KNOWN_HOSTS\" \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &launcher,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let url = format!(
+        "ssh://root@127.0.0.1:{}{}",
+        server.port,
+        t.upstream.display()
+    );
+    let mut up = Upstream::new(&url).unwrap();
+    up.credential = airlock_git::Credential::SshKey {
+        key,
+        known_hosts: known,
+        launcher,
+    };
+    up.timeout = std::time::Duration::from_secs(30);
+    (server, up)
+}
+
 fn code(e: airlock_git::GitError) -> Code {
     e.code()
 }
@@ -211,7 +249,8 @@ fn a_publication_happens_once_and_never_forces() {
 #[test]
 fn push_options_reach_the_upstream() {
     let t = team();
-    let (repo, up) = open(&t);
+    let (repo, _) = open(&t);
+    let (_server, up) = over_ssh(&t);
     repo.sync_from(&up).unwrap();
     git_dir(
         &t.upstream,
@@ -254,11 +293,16 @@ fn a_fetch_is_bounded_in_size() {
     git(&t.work, &["add", "-A"]);
     git(&t.work, &["commit", "-q", "-m", "big"]);
     git(&t.work, &["push", "-q", "origin", "main"]);
-    let (repo, mut up) = open(&t);
+    let (repo, _) = open(&t);
+    let (_server, mut up) = over_ssh(&t);
     up.max_fetch_bytes = 64 << 10;
     let e = repo.sync_from(&up).unwrap_err();
     assert_eq!(e.code(), Code::UPSTREAM_FETCH_LIMIT, "{e}");
     assert_eq!(repo.resolve_commit("refs/heads/main").unwrap(), None);
+    // Within the bound, the same fetch over ssh works.
+    up.max_fetch_bytes = 64 << 20;
+    repo.sync_from(&up).unwrap();
+    assert!(repo.resolve_commit("refs/heads/main").unwrap().is_some());
 }
 
 #[test]
@@ -336,4 +380,60 @@ fn signed_governed_commits_verify_and_replay_to_the_same_oid() {
         .unwrap();
     assert!(!out.status.success());
     git_dir(&t.authority, &["fsck", "--strict"]);
+}
+
+#[test]
+fn a_local_upstreams_hooks_and_programs_never_run() {
+    let t = team();
+    let canary = t.upstream.parent().unwrap().join("CANARY");
+    // Every hook a receive or a ref update would run, and configured
+    // programs, each leaving the canary.
+    let hooks = t.upstream.join("hooks");
+    for hook in [
+        "pre-receive",
+        "update",
+        "post-receive",
+        "post-update",
+        "reference-transaction",
+        "proc-receive",
+    ] {
+        let path = hooks.join(hook);
+        std::fs::write(&path, format!("#!/bin/sh\ntouch {}\n", canary.display())).unwrap();
+        std::os::unix::fs::PermissionsExt::set_mode(
+            &mut std::fs::metadata(&path).unwrap().permissions(),
+            0o755,
+        );
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    let touch = format!("!touch {}", canary.display());
+    git_dir(
+        &t.upstream,
+        &["config", "core.hooksPath", hooks.to_str().unwrap()],
+    );
+    git_dir(
+        &t.upstream,
+        &["config", "uploadpack.packObjectsHook", &touch],
+    );
+    git_dir(&t.upstream, &["config", "core.fsmonitor", &touch]);
+    let (repo, up) = open(&t);
+    repo.sync_from(&up).unwrap();
+    let main = repo.resolve_commit("refs/heads/main").unwrap().unwrap();
+    let c1 = repo
+        .governed_commit(&CommitSpec {
+            parent: main,
+            changes: vec![FileChange::write("a.txt", b"x\n".to_vec(), false)],
+            message: "x".into(),
+        })
+        .unwrap();
+    let answer = repo
+        .publish_to(&up, "agent/task-9", &c1, None, &[])
+        .unwrap();
+    assert!(answer.pushed);
+    assert_eq!(
+        git_dir(&t.upstream, &["rev-parse", "refs/heads/agent/task-9"]),
+        c1
+    );
+    git_dir(&t.upstream, &["fsck", "--connectivity-only"]);
+    assert!(!canary.exists(), "a program of the upstream ran");
 }

@@ -49,6 +49,29 @@ enum Command {
         /// `airlockctl agent list` shows them.
         #[arg(long, value_name = "FILE")]
         agents: Option<PathBuf>,
+        /// Repository NAME follows the upstream URL (ssh://, https:// or an
+        /// absolute path) and publishes its agent branches to it
+        /// (docs/upstream.md). NAME may also be a --repo's (imported first);
+        /// otherwise it starts empty and the worker's first sync fills it.
+        /// Repeatable.
+        #[arg(long = "upstream", value_name = "NAME=URL", value_parser = parse_pair)]
+        upstreams: Vec<(String, String)>,
+        /// The worker's credential for NAME's upstream: a deploy key (ssh)
+        /// or a file holding a token (https). Repeatable.
+        #[arg(long = "credential", value_name = "NAME=FILE", value_parser = parse_repo)]
+        credentials: Vec<(String, PathBuf)>,
+        /// A known_hosts line pinning NAME's upstream host key (required
+        /// for ssh://). Repeatable.
+        #[arg(long = "host-key", value_name = "NAME=LINE", value_parser = parse_pair)]
+        host_keys: Vec<(String, String)>,
+        /// Sign NAME's governed commits with this unencrypted Ed25519 key,
+        /// as --signer's principal. Repeatable.
+        #[arg(long = "signing-key", value_name = "NAME=FILE", value_parser = parse_repo)]
+        signing_keys: Vec<(String, PathBuf)>,
+        /// The principal NAME's commits are signed as [default:
+        /// airlock-local@localhost].
+        #[arg(long = "signer", value_name = "NAME=PRINCIPAL", value_parser = parse_pair)]
+        signers: Vec<(String, String)>,
     },
     /// Start everything in a fresh state directory, run a sample task end to end, print the result, stop.
     Demo {
@@ -69,13 +92,21 @@ fn main() -> ExitCode {
             repos,
             environments,
             agents,
+            upstreams,
+            credentials,
+            host_keys,
+            signing_keys,
+            signers,
         } => read_agents(agents.as_deref()).and_then(|agents| {
             let environments = read_environments(&repos, &environments)?;
+            let upstreams =
+                local_upstreams(upstreams, credentials, host_keys, signing_keys, signers)?;
             up(
                 state.unwrap_or_else(default_state),
                 repos,
                 environments,
                 agents,
+                upstreams,
             )
         }),
         Command::Demo { json, state } => demo::run(json, state),
@@ -87,6 +118,66 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    parse_repo(s).map(|(n, v)| (n, v.to_string_lossy().into_owned()))
+}
+
+/// The `--upstream` options, each NAME's with its credential, host keys
+/// and signing key; an option naming no `--upstream` is refused.
+fn local_upstreams(
+    upstreams: Vec<(String, String)>,
+    credentials: Vec<(String, PathBuf)>,
+    host_keys: Vec<(String, String)>,
+    signing_keys: Vec<(String, PathBuf)>,
+    signers: Vec<(String, String)>,
+) -> Result<Vec<airlock_local::LocalUpstream>, String> {
+    let known = |flag: &str, name: &str| {
+        if upstreams.iter().any(|(n, _)| n == name) {
+            Ok(())
+        } else {
+            Err(format!("{flag} {name}=…: {name} has no --upstream"))
+        }
+    };
+    for (n, _) in &credentials {
+        known("--credential", n)?;
+    }
+    for (n, _) in &host_keys {
+        known("--host-key", n)?;
+    }
+    for (n, _) in &signing_keys {
+        known("--signing-key", n)?;
+    }
+    let mut out = Vec::new();
+    for (name, url) in upstreams {
+        airlock_proto::upstream::Scheme::of(&url)
+            .map_err(|e| format!("--upstream {name}={url}: {e}"))?;
+        let mut upstream = airlock_config::Upstream::at(&url);
+        upstream.host_keys = host_keys
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, l)| l.clone())
+            .collect();
+        let principal = signers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| p.clone())
+            .unwrap_or_else(|| "airlock-local@localhost".to_owned());
+        out.push(airlock_local::LocalUpstream {
+            credential: credentials
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, p)| p.clone()),
+            signing: signing_keys
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, p)| (principal.clone(), p.clone())),
+            name,
+            upstream,
+        });
+    }
+    Ok(out)
 }
 
 fn parse_repo(s: &str) -> Result<(String, PathBuf), String> {
@@ -166,11 +257,13 @@ fn up(
     repos: Vec<(String, PathBuf)>,
     environments: Vec<(String, airlock_config::Environment)>,
     agents: Vec<airlock_config::Agent>,
+    upstreams: Vec<airlock_local::LocalUpstream>,
 ) -> Result<(), String> {
     let tuning = airlock_local::Tuning {
         repositories: repos.clone(),
         environments,
         agents,
+        upstreams,
         ..Default::default()
     };
     let mut suite = airlock_local::start_with(state, false, &tuning)?;

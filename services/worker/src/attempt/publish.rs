@@ -37,11 +37,16 @@ impl Worker {
         let up = self
             .upstream_of(&b.repository)?
             .ok_or_else(|| Error::with(Code::UPSTREAM_NOT_CONFIGURED, b.repository.clone()))?;
-        let options = self
-            .repository(&b.repository)
-            .and_then(|r| r.upstream)
-            .map(|u| u.push_options)
-            .unwrap_or_default();
+        // A local-path upstream is written directly (no receive-pack to
+        // take push options): none are sent, none recorded.
+        let options = match up.scheme {
+            airlock_proto::upstream::Scheme::Local => Vec::new(),
+            _ => self
+                .repository(&b.repository)
+                .and_then(|r| r.upstream)
+                .map(|u| u.push_options)
+                .unwrap_or_default(),
+        };
         let expected = match b.branch_mode {
             BranchMode::CreateNew => None,
             BranchMode::ContinueExisting => Some(b.expected_branch_oid.as_str()),
