@@ -649,6 +649,12 @@ impl Container {
         self.sh(script, limit)?.expect_ok(first).map(|o| o.stdout)
     }
 
+    /// Where `path` inside the container is on the host (through the
+    /// init's root), for checks made with the host's tools.
+    pub fn host_path(&self, path: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root{path}", self.leader))
+    }
+
     /// Writes a file inside the container (through the init's root).
     pub fn write(&self, path: &str, content: &str) -> Result<(), String> {
         let host = PathBuf::from(format!("/proc/{}/root{path}", self.leader));

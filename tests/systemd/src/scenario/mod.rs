@@ -284,6 +284,10 @@ fn with_repository(r: &mut Report, c: &Container, p: &Packages) {
         |_| tasks::own_repository(c),
     );
     r.check(
+        "repo add --upstream --signing-key: the worker restarted with its key by LoadCredential=, the first sync, a proposal published once to the upstream, signed (git verify-commit)",
+        |_| tasks::upstream_publication(c),
+    );
+    r.check(
         "airlock-mcp as airlock-agent: an MCP client reads, proposes with a packaged preset, its commit lands on agent/*; polkit refuses its cancel",
         |_| tasks::mcp_agent(c),
     );

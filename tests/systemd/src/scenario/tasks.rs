@@ -420,3 +420,147 @@ pub(super) fn retry_extension(c: &Container) -> Result<String, String> {
             .to_owned(),
     )
 }
+
+/// A repository with an upstream and signed commits under the packaged
+/// units: `repo add --upstream … --signing-key`, the worker restarted by
+/// systemd to receive the key (LoadCredential=, from a root-only file it
+/// cannot read itself), the first sync, a proposal published to the
+/// upstream once, signed; `git verify-commit` (the host's) passes.
+pub(super) fn upstream_publication(c: &Container) -> Result<String, String> {
+    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let key = scratch.path().join("signing");
+    let keygen = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "testbed", "-f"])
+        .arg(&key)
+        .status()
+        .map_err(|e| format!("ssh-keygen: {e}"))?;
+    if !keygen.success() {
+        return Err("ssh-keygen failed".into());
+    }
+    let private = std::fs::read_to_string(&key).map_err(|e| e.to_string())?;
+    c.write("/root/tb-signing", &private)?;
+    c.write(
+        "/root/tb-upstream.patch",
+        "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n",
+    )?;
+    let added = c.sh_ok(
+        r#"set -e
+chmod 600 /root/tb-signing
+rm -rf /srv/team && mkdir -p /srv/team
+git init -q --bare -b main /srv/team/calc.git
+work=$(mktemp -d) && cd "$work"
+printf 'def add(a, b):\n    return a - b\n' > calc.py
+printf 'import unittest\nfrom calc import add\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n' > test_calc.py
+git init -q -b main . && git add -A
+git -c user.name=team -c user.email=team@testbed.invalid commit -q -m calc
+git push -q /srv/team/calc.git main
+git --git-dir=/srv/team/calc.git config core.logAllRefUpdates always
+chown -R airlock-worker:airlock-worker /srv/team/calc.git
+airlockctl --json repo add teamcalc --upstream /srv/team/calc.git --signing-key /root/tb-signing --signer agent@testbed.invalid
+"#,
+        180 * SEC,
+    )?;
+    let reply = json(added.lines().last().unwrap_or_default())?;
+    if reply["worker_restarted"] != true {
+        return Err(format!("repo add did not restart the worker: {reply}"));
+    }
+    let unit = c.sh_ok(
+        "cat /etc/systemd/system/airlock-worker.service.d/upstream-teamcalc.conf; stat -c '%U %a' /etc/airlock/credentials /etc/airlock/credentials/signing-teamcalc",
+        30 * SEC,
+    )?;
+    if !unit.contains("LoadCredential=signing-teamcalc:/etc/airlock/credentials/signing-teamcalc")
+        || !unit.contains("root 700")
+        || !unit.contains("root 600")
+    {
+        return Err(format!(
+            "the worker's drop-in or the credential's mode: {unit}"
+        ));
+    }
+    let own_read = c.sh(
+        "runuser -u airlock-worker -- cat /etc/airlock/credentials/signing-teamcalc",
+        30 * SEC,
+    )?;
+    if own_read.code == Some(0) {
+        return Err(
+            "airlock-worker reads the credential file itself (it must come from systemd)".into(),
+        );
+    }
+    // The first sync, at the worker's start.
+    let mut synced = serde_json::Value::Null;
+    for _ in 0..60 {
+        synced = json(&c.sh_ok("airlockctl --json repo show teamcalc", 30 * SEC)?)?;
+        if synced["last_sync"]["code"].is_null() && synced["branches"].to_string().contains("main")
+        {
+            break;
+        }
+        std::thread::sleep(SEC);
+    }
+    if !synced["branches"].to_string().contains("main") {
+        return Err(format!("no sync from the upstream: {synced}"));
+    }
+    c.sh_ok(
+        "airlockctl --json propose --repo teamcalc --base main --patch /root/tb-upstream.patch --verify 'python3 -m unittest -q' --max-attempts 1 --task-id tb-upstream",
+        120 * SEC,
+    )?;
+    let task = wait_state(
+        c,
+        "tb-upstream",
+        &["VERIFYING", "SUCCEEDED", "FAILED"],
+        180 * SEC,
+    )?;
+    if task["state"] == "VERIFYING" {
+        c.sh_ok(
+            "airlockctl verify tb-upstream accept --reason 'testbed: published'",
+            60 * SEC,
+        )?;
+    }
+    let task = wait_state(c, "tb-upstream", &["SUCCEEDED", "FAILED"], 60 * SEC)?;
+    let result = &task["result"];
+    let commit = result["commit_oid"].as_str().unwrap_or_default().to_owned();
+    if task["state"] != "SUCCEEDED" || result["publication"]["pushed"] != true {
+        return Err(format!("tb-upstream: {task}"));
+    }
+    if result["signature"]["principal"] != "agent@testbed.invalid" {
+        return Err(format!("no signature in the result: {result}"));
+    }
+    let remote = c.sh_ok(
+        "git --git-dir=/srv/team/calc.git rev-parse refs/heads/agent/tb-upstream; git --git-dir=/srv/team/calc.git reflog show --format=%H refs/heads/agent/tb-upstream | wc -l",
+        30 * SEC,
+    )?;
+    let mut lines = remote.lines();
+    if lines.next() != Some(commit.as_str()) || lines.next().map(str::trim) != Some("1") {
+        return Err(format!(
+            "the upstream's agent branch: {remote} (expected {commit}, updated once)"
+        ));
+    }
+    let signer = std::fs::read_to_string(key.with_extension("pub")).map_err(|e| e.to_string())?;
+    let public: Vec<&str> = signer.split(' ').take(2).collect();
+    let allowed = scratch.path().join("allowed_signers");
+    std::fs::write(
+        &allowed,
+        format!(
+            "agent@testbed.invalid namespaces=\"git\" {}\n",
+            public.join(" ")
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let verified = std::process::Command::new("git")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .arg("-c")
+        .arg(format!("gpg.ssh.allowedSignersFile={}", allowed.display()))
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(c.host_path("/srv/team/calc.git"))
+        .args(["verify-commit", &commit])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !verified.status.success() {
+        return Err(format!(
+            "git verify-commit {commit}: {}",
+            String::from_utf8_lossy(&verified.stderr)
+        ));
+    }
+    Ok(format!(
+        "synced, published {commit} once to /srv/team/calc.git, signed as agent@testbed.invalid (key by LoadCredential=)"
+    ))
+}
