@@ -766,7 +766,7 @@ pub const KEYS: &[KeySpec] = &[
         kind: int(1, 1 << 20),
         default: Some("4096"),
         required: false,
-        meaning: "Largest file (the pack) one fetch may write, in MiB; a fetch beyond it is killed and changes no ref (UPSTREAM_FETCH_LIMIT).",
+        meaning: "Largest pack one fetch may receive, in MiB (every fetch writes one pack, watched while it grows); a fetch beyond it is killed, its partial pack removed, and no ref changes (UPSTREAM_FETCH_LIMIT).",
     },
     KeySpec {
         key: "repository[].signing",

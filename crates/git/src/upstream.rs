@@ -16,8 +16,9 @@
 //! or the system's ssh configuration. A token for https travels in git's
 //! environment (`GIT_CONFIG_*`), never on a command line. Each run is
 //! bounded in wall time (its process group is killed past it) and, for a
-//! fetch, in the bytes one file may reach (`RLIMIT_FSIZE`, which the pack
-//! git writes is bounded by).
+//! fetch, in the bytes of the pack it receives: every fetch writes one
+//! pack (`fetch.unpackLimit=1`), whose temporary file is watched while it
+//! grows and the group killed past the bound; no ref moves then.
 
 use crate::AuthorityRepo;
 use crate::command::{HARDENING, hardened, trust};
@@ -447,8 +448,12 @@ fn transfer(
     max_file_bytes: Option<u64>,
 ) -> GitResult<String> {
     let mut cmd = transfer_command(repo.git.program(), repo.path(), upstream);
+    // One pack, never loose objects: what a fetch writes is one file in
+    // objects/pack that the bound watches.
+    cmd.args(["-c", "fetch.unpackLimit=1", "-c", "transfer.unpackLimit=1"]);
     cmd.args(args);
-    run_bounded(cmd, upstream.timeout, max_file_bytes).map_err(|e| classify(e, args[0]))
+    let watch = max_file_bytes.map(|limit| (repo.path().join("objects/pack"), limit));
+    run_bounded(cmd, upstream.timeout, watch).map_err(|e| classify(e, args[0]))
 }
 
 /// The hardened git for a transfer with the upstream.
@@ -501,12 +506,26 @@ fn hardened_except(program: &Path, skip: &str) -> Command {
     cmd
 }
 
+/// The largest pack being received in `dir` (git's `tmp_pack_*`).
+fn incoming_pack_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("tmp_pack_"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0)
+}
+
 /// Runs `cmd` in its own process group, killed whole past `timeout`;
-/// with `max_file_bytes`, no file it writes may grow past it.
+/// with `watch` (a pack directory and a bound), killed too when a pack
+/// being received there grows past the bound.
 fn run_bounded(
     mut cmd: Command,
     timeout: Duration,
-    max_file_bytes: Option<u64>,
+    watch: Option<(PathBuf, u64)>,
 ) -> GitResult<String> {
     let program = PathBuf::from(cmd.get_program());
     let args: Vec<String> = cmd
@@ -517,21 +536,6 @@ fn run_bounded(
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    if let Some(limit) = max_file_bytes {
-        // SAFETY: the closure runs in the child between fork and exec and
-        // calls only setrlimit(2), which is async-signal-safe; it touches
-        // no memory the parent's other threads may hold locked.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::resource::setrlimit(
-                    nix::sys::resource::Resource::RLIMIT_FSIZE,
-                    limit,
-                    limit,
-                )
-                .map_err(std::io::Error::from)
-            });
-        }
-    }
     let mut child = cmd.spawn().map_err(|source| GitError::Spawn {
         program: program.clone(),
         source,
@@ -550,16 +554,34 @@ fn run_bounded(
         v
     });
     let started = Instant::now();
+    let mut too_large = false;
     let (status, timed_out) = loop {
         if let Some(status) = child.try_wait()? {
             break (status, false);
+        }
+        if let Some((dir, limit)) = &watch {
+            if incoming_pack_bytes(dir) > *limit {
+                too_large = true;
+                let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+                break (child.wait()?, false);
+            }
         }
         if started.elapsed() >= timeout {
             let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
             break (child.wait()?, true);
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     };
+    if too_large {
+        // What the killed fetch left behind is garbage: no ref names it.
+        if let Some((dir, _)) = &watch {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if e.file_name().to_string_lossy().starts_with("tmp_") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
     // Whatever is left of the group (ssh's children) goes with it.
     let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
     let out = out_reader.join().unwrap_or_default();
@@ -573,6 +595,14 @@ fn run_bounded(
         .into_iter()
         .rev()
         .collect();
+    if too_large {
+        let limit = watch.map(|(_, l)| l).unwrap_or(0);
+        return Err(GitError::Failed {
+            args: args.join(" "),
+            status: format!("killed: the pack grew past {limit} bytes"),
+            stderr: format!("fetch size limit; {}", tail.trim()),
+        });
+    }
     if timed_out {
         return Err(GitError::Failed {
             args: args.join(" "),
@@ -581,11 +611,7 @@ fn run_bounded(
         });
     }
     if !status.success() {
-        use std::os::unix::process::ExitStatusExt;
-        let status = match status.signal() {
-            Some(25) => "killed by SIGXFSZ (file size limit)".to_owned(),
-            _ => status.to_string(),
-        };
+        let status = status.to_string();
         return Err(GitError::Failed {
             args: args.join(" "),
             status,
@@ -621,11 +647,7 @@ fn classify(e: GitError, verb: &str) -> GitError {
         || s.contains("invalid format")
     {
         Code::UPSTREAM_AUTH_FAILED
-    } else if status.contains("SIGXFSZ")
-        || s.contains("file size limit")
-        || s.contains("of signal 25")
-        || s.starts_with("timed out")
-    {
+    } else if s.starts_with("fetch size limit") || s.starts_with("timed out") {
         if verb == "fetch" {
             Code::UPSTREAM_FETCH_LIMIT
         } else {

@@ -398,6 +398,43 @@ pub struct Sshd {
     pub dir: PathBuf,
 }
 
+impl Sshd {
+    /// Stops the server (connections are refused until [`Sshd::start`]).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port with the same keys.
+    pub fn start(&mut self) {
+        self.child = spawn_sshd(&self.dir, self.port);
+    }
+}
+
+fn spawn_sshd(dir: &Path, port: u16) -> std::process::Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("sshd.log"))
+        .expect("sshd log");
+    let child = Command::new("/usr/sbin/sshd")
+        .args(["-D", "-e", "-f"])
+        .arg(dir.join("sshd_config"))
+        .stderr(log)
+        .spawn()
+        .expect("sshd starts (openssh-server installed?)");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sshd did not listen: {}",
+            std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child
+}
+
 impl Drop for Sshd {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -453,22 +490,7 @@ pub fn sshd(dir: &Path, authorized: &[&str]) -> Sshd {
         ),
     )
     .expect("sshd_config");
-    let log = std::fs::File::create(dir.join("sshd.log")).expect("sshd log");
-    let child = Command::new("/usr/sbin/sshd")
-        .args(["-D", "-e", "-f"])
-        .arg(&config)
-        .stderr(log)
-        .spawn()
-        .expect("sshd starts (openssh-server installed?)");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sshd did not listen: {}",
-            std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let child = spawn_sshd(dir, port);
     let mut parts = host_public.split(' ');
     let known_hosts = format!(
         "[127.0.0.1]:{port} {} {}",

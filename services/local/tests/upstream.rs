@@ -124,6 +124,19 @@ fn ctl_json(bus: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The task once terminal (within a minute).
+fn wait_terminal(client: &airlock_local::client::Supervisor, task: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = client.get_task(task).unwrap();
+        if v.state.is_terminal() {
+            return serde_json::to_value(&v).unwrap();
+        }
+        assert!(Instant::now() < deadline, "{task} is still {:?}", v.state);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn sync_state(state: &Path, repo: &str) -> Option<Value> {
     let text = std::fs::read_to_string(state.join(format!("worker/upstream/{repo}.json"))).ok()?;
     serde_json::from_str(&text).ok()
@@ -205,8 +218,8 @@ fn upstreams_are_followed_and_published_to_exactly_once() {
     let deploy_public = ssh_keygen(&deploy);
     let wrong = dir.join("wrong");
     ssh_keygen(&wrong);
-    let server = sshd(&dir.join("sshd"), &[&deploy_public]);
-    let (ssh_up, _ssh_work) = team(dir, "ssh");
+    let mut server = sshd(&dir.join("sshd"), &[&deploy_public]);
+    let (ssh_up, ssh_work) = team(dir, "ssh");
     let ssh_url = format!("ssh://root@127.0.0.1:{}{}", server.port, ssh_up.display());
     // The same server under a host key it does not have.
     let other_host = dir.join("other-host");
@@ -403,6 +416,125 @@ fn upstreams_are_followed_and_published_to_exactly_once() {
         commit
     );
     assert_eq!(task["result"]["publication"]["pushed"], true);
+
+    // A base the worker has not fetched yet (the planner saw it upstream;
+    // viassh syncs only at start and on request): synced before the task.
+    std::fs::write(ssh_work.join("LATER.md"), "later\n").unwrap();
+    git(&ssh_work, &["add", "-A"]);
+    git(&ssh_work, &["commit", "-q", "-m", "later"]);
+    git(&ssh_work, &["push", "-q", "origin", "main"]);
+    let later = git(&ssh_work, &["rev-parse", "HEAD"]);
+    let client = airlock_local::client::Supervisor::connect(Some(&bus)).unwrap();
+    let mut submission = airlock_local::client::task_on_demo(
+        "task-later",
+        &later,
+        1,
+        serde_json::json!({"operation": "write_file", "path": "later.txt", "content": "x\n"}),
+        serde_json::json!([{"label": "check", "argv": ["/bin/true"], "timeout_seconds": 30}]),
+    );
+    submission["binding"]["repository"] = "viassh".into();
+    client.submit_task(&submission).unwrap();
+    let later_task = wait_terminal(&client, "task-later");
+    assert_eq!(later_task["state"], "SUCCEEDED", "{later_task}\n{}", logs());
+    assert!(logs().contains("the task's base is not here yet: syncing first"));
+
+    // The upstream unreachable when the task publishes: the publication
+    // waits (TASK_PUBLICATION_PENDING in its events) and lands when the
+    // upstream is back.
+    server.stop();
+    let ctl_bin = airlock_local::sibling("airlockctl").unwrap();
+    let mut proposal = std::process::Command::new(&ctl_bin)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus)
+        .args(airlock_testkit::propose_args(cfg, "viassh", VERIFY, "600"))
+        .args(["--task-id", "task-pending"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = proposal.stdin.take().unwrap();
+        stdin.write_all(FIX.as_bytes()).unwrap();
+    }
+    wait_until("the publication to wait", Duration::from_secs(60), || {
+        ctl_json(&bus, &["--json", "events", "task-pending"]).contains("TASK_PUBLICATION_PENDING")
+    });
+    server.start();
+    let out = proposal.wait_with_output().unwrap();
+    let pending = airlock_testkit::last_json(&out);
+    assert_eq!(pending["state"], "SUCCEEDED", "{pending}\n{}", logs());
+    assert_eq!(pending["result"]["publication"]["pushed"], true);
+    let events = ctl_json(&bus, &["--json", "events", "task-pending"]);
+    assert!(
+        events.contains("UPSTREAM_UNREACHABLE") && events.contains("TASK_PUBLISHED"),
+        "{events}"
+    );
+
+    // The upstream's agent branch moved under a CONTINUE_EXISTING task:
+    // never forced; the attempt is a reconciliation case with its code.
+    let continued_branch = pending["result"]["target_branch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    git(&ssh_work, &["fetch", "-q", "origin"]);
+    git(
+        &ssh_work,
+        &[
+            "push",
+            "-q",
+            "-f",
+            "origin",
+            &format!("origin/main:refs/heads/{continued_branch}"),
+        ],
+    );
+    let moved_to = git_dir(
+        &ssh_up,
+        &["rev-parse", &format!("refs/heads/{continued_branch}")],
+    );
+    let out = airlock_testkit::airlockctl_with_stdin(
+        &ctl_bin,
+        &bus,
+        &[
+            "--json",
+            "propose",
+            "--config",
+            cfg,
+            "--repo",
+            "viassh",
+            "--base",
+            &continued_branch,
+            "--branch",
+            &continued_branch,
+            "--patch",
+            "-",
+            "--verify",
+            VERIFY,
+            "--max-attempts",
+            "1",
+            "--timeout",
+            "600",
+            "--wait",
+        ],
+        "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,3 @@\n def add(a, b):\n     return a + b\n+# continued\n",
+    );
+    let moved = airlock_testkit::last_json(&out);
+    assert_eq!(moved["state"], "FAILED", "{moved}\n{}", logs());
+    let task_id = moved["task_id"].as_str().unwrap().to_owned();
+    let case = ctl_json(&bus, &["--json", "reconcile", "show", &task_id]);
+    assert!(
+        case.contains(&moved_to),
+        "the case names the upstream's head: {case}"
+    );
+    assert!(logs().contains("UPSTREAM_BRANCH_MOVED"));
+    assert_eq!(
+        git_dir(
+            &ssh_up,
+            &["rev-parse", &format!("refs/heads/{continued_branch}")]
+        ),
+        moved_to,
+        "the upstream's branch was forced"
+    );
 
     // A wrong deploy key and a changed host key: each with its code.
     for (repo, code) in [

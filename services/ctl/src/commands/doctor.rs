@@ -626,7 +626,14 @@ fn hardening() -> Vec<Check> {
                 ));
             }
             let drop_ins = shown.get("DropInPaths").unwrap_or("").trim().to_owned();
-            for v in hardening::verify(unit, instance.as_deref(), &shown, host) {
+            // The drop-ins `repo add --upstream` writes for the worker are
+            // part of what is expected (their own directives only).
+            let expected = super::upstream::expected_with_own_drop_ins(
+                unit,
+                &drop_ins,
+                &super::upstream::worker_drop_ins(),
+            );
+            for v in hardening::verify(&expected, instance.as_deref(), &shown, host) {
                 let fix = (!v.ok).then(|| {
                     if drop_ins.is_empty() {
                         format!(

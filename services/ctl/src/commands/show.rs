@@ -111,6 +111,50 @@ pub fn render(ctx: &Ctx, t: &TaskView) -> String {
                 }
             }
             rows.push(("Isolation", isolation(r.isolation.as_ref())));
+            if let Some(l) = r.isolation.as_ref().and_then(|i| i.layer.as_ref()) {
+                rows.push((
+                    "Layer",
+                    format!(
+                        "{} ({} bytes, {}; {} setup command(s), {} egress decision(s))",
+                        l.key,
+                        l.bytes,
+                        if l.reused {
+                            "reused"
+                        } else {
+                            "made by this attempt"
+                        },
+                        l.setup.len(),
+                        l.egress.len()
+                    ),
+                ));
+            }
+            if let Some(p) = &r.publication {
+                rows.push((
+                    "Published",
+                    format!(
+                        "{} at {} on {} ({}){}",
+                        p.remote_ref,
+                        p.commit_oid,
+                        p.url,
+                        if p.pushed {
+                            "pushed by this attempt"
+                        } else {
+                            "already there: nothing sent again"
+                        },
+                        if p.push_options.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", push options {}", p.push_options.join(" "))
+                        }
+                    ),
+                ));
+            }
+            if let Some(sig) = &r.signature {
+                rows.push((
+                    "Signed",
+                    format!("as {}, key {}", sig.principal, sig.fingerprint),
+                ));
+            }
             if let Some(h) = &t.result_sha256 {
                 rows.push(("Result SHA-256", h.clone()));
             }

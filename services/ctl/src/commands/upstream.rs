@@ -434,3 +434,111 @@ pub fn print_state(s: &Value) {
         ),
     }
 }
+
+/// The directives `repo add --upstream` writes into the worker's drop-in
+/// that the hardening verifier checks, with the only values it writes
+/// (`ReadWritePaths=` takes the local upstream's path).
+const OWN_HARDENING: &[(&str, Option<&str>)] = &[
+    ("PrivateNetwork", Some("no")),
+    ("RestrictAddressFamilies", Some("AF_UNIX AF_INET AF_INET6")),
+    ("IPAddressAllow", Some("any")),
+    ("ReadWritePaths", None),
+];
+
+/// `unit` as doctor should expect it to run: for the worker, with the
+/// hardening lines of each `upstream-NAME.conf` drop-in in `drop_ins`
+/// (systemd's DropInPaths) that `repo add --upstream` wrote — a drop-in of
+/// that name holding anything else, or another value, adds nothing, so
+/// its changes are reported as any drop-in's are.
+pub fn expected_with_own_drop_ins(
+    unit: &crate::hardening::ShippedUnit,
+    drop_ins: &str,
+    dir: &Path,
+) -> crate::hardening::ShippedUnit {
+    if unit.name != "airlock-worker.service" {
+        return *unit;
+    }
+    let mut extra = String::new();
+    for path in drop_ins.split_whitespace().map(Path::new) {
+        let ours = path.parent() == Some(dir)
+            && path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("upstream-") && n.ends_with(".conf"));
+        let Some(text) = ours.then(|| std::fs::read_to_string(path).ok()).flatten() else {
+            continue;
+        };
+        let lines = crate::hardening::parse_unit(&text);
+        let acceptable = lines.iter().all(|a| {
+            a.section == "Service"
+                && (a.key.starts_with("LoadCredential")
+                    || OWN_HARDENING
+                        .iter()
+                        .any(|(k, v)| *k == a.key && v.is_none_or(|v| v == a.value)))
+        });
+        if acceptable {
+            extra.push_str("\n[Service]\n");
+            for a in lines
+                .iter()
+                .filter(|a| !a.key.starts_with("LoadCredential"))
+            {
+                extra.push_str(&format!("{}={}\n", a.key, a.value));
+            }
+        }
+    }
+    if extra.is_empty() {
+        return *unit;
+    }
+    let text: &'static str = Box::leak(format!("{}{extra}", unit.text).into_boxed_str());
+    crate::hardening::ShippedUnit {
+        name: unit.name,
+        text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> crate::hardening::ShippedUnit {
+        *crate::hardening::SHIPPED_UNITS
+            .iter()
+            .find(|u| u.name == "airlock-worker.service")
+            .unwrap()
+    }
+
+    #[test]
+    fn only_its_own_upstream_drop_ins_widen_what_doctor_expects() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join("upstream-calc.conf");
+        std::fs::write(
+            &ours,
+            "[Service]\nLoadCredential=upstream-calc:/etc/airlock/credentials/upstream-calc\nPrivateNetwork=no\nRestrictAddressFamilies=AF_UNIX AF_INET AF_INET6\nIPAddressAllow=any\n",
+        )
+        .unwrap();
+        let other = dir.path().join("upstream-evil.conf");
+        std::fs::write(&other, "[Service]\nPrivateNetwork=no\nNoNewPrivileges=no\n").unwrap();
+        let elsewhere = dir.path().join("sub");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let moved = elsewhere.join("upstream-calc.conf");
+        std::fs::copy(&ours, &moved).unwrap();
+        let paths = format!("{} {} {}", ours.display(), other.display(), moved.display());
+        let u = expected_with_own_drop_ins(&worker(), &paths, dir.path());
+        let d = crate::hardening::directives(&u, None);
+        let get = |k: &str| {
+            d.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        assert_eq!(get("PrivateNetwork").last().unwrap(), "no");
+        assert!(get("RestrictAddressFamilies").contains(&"AF_UNIX AF_INET AF_INET6".to_owned()));
+        // The other drop-in (a directive repo add never writes) and the
+        // one outside the directory add nothing.
+        assert_eq!(get("NoNewPrivileges"), vec!["yes".to_owned()]);
+        assert_eq!(u.text.matches("PrivateNetwork=no").count(), 1);
+        // None of ours: the shipped unit as it is.
+        let u = expected_with_own_drop_ins(&worker(), &other.display().to_string(), dir.path());
+        assert_eq!(u.text, worker().text);
+    }
+}

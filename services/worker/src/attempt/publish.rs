@@ -60,13 +60,14 @@ impl Worker {
             &b.task_id,
         );
         let answer = repo.publish_to(&up, &b.target_branch, &done.commit_oid, expected, &options);
-        let _ = std::fs::remove_dir_all(&scratch);
         let answer = match answer {
             Ok(a) => a,
             Err(e) if e.code() == Code::UPSTREAM_BRANCH_MOVED => {
+                let observed = repo.upstream_head(&up, &b.target_branch).ok().flatten();
+                let _ = std::fs::remove_dir_all(&scratch);
                 let detail = e.to_string();
                 return self
-                    .reconcile(cb, Code::UPSTREAM_BRANCH_MOVED, &detail)
+                    .upstream_moved(cb, grant, &done.commit_oid, observed.as_deref(), &detail)
                     .map(Break);
             }
             Err(e) => {
@@ -90,6 +91,7 @@ impl Worker {
                 return Err(e);
             }
         };
+        let _ = std::fs::remove_dir_all(&scratch);
         tracing::info!(task = %b.task_id, commit = %done.commit_oid, remote_ref = %answer.remote_ref, pushed = answer.pushed, "published");
         #[cfg(feature = "fault-injection")]
         crate::fault::hit(

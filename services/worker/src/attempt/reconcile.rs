@@ -65,6 +65,39 @@ impl Worker {
         Ok(Finish::Reconcile(Code::RECONCILIATION_REQUIRED))
     }
 
+    /// The upstream's agent branch is neither where the task expects it
+    /// nor at the attempt's commit (UPSTREAM_BRANCH_MOVED): recorded as
+    /// reconciliation_required with the upstream's head as the head
+    /// observed, and reported as a moved branch is, so a case opens. The
+    /// upstream is never forced.
+    pub(super) fn upstream_moved(
+        &self,
+        cb: &CheckpointBinding,
+        grant: &Grant,
+        commit: &str,
+        observed: Option<&str>,
+        why: &str,
+    ) -> Step<Finish> {
+        tracing::error!(task = %cb.task_id, attempt = cb.attempt, commit, ?observed, "reconciliation required: {}: {why}", Code::UPSTREAM_BRANCH_MOVED);
+        self.append(
+            cb,
+            Payload::ReconciliationRequired(ReconciliationPayload {
+                code: Code::RECONCILIATION_REQUIRED,
+                detail: format!("{}: {why}", Code::UPSTREAM_BRANCH_MOVED),
+                commit_oid: Some(commit.to_owned()),
+                observed_head: observed.map(str::to_owned),
+            }),
+        )?;
+        self.report_reconciliation(
+            grant,
+            BranchFacts {
+                commit_oid: commit.to_owned(),
+                observed_head: observed.map(str::to_owned),
+            },
+        )?;
+        Ok(Finish::Reconcile(Code::RECONCILIATION_REQUIRED))
+    }
+
     /// An attempt whose journal ends at reconciliation_required: a moved
     /// branch is reported again (before the crash or not, the same result
     /// under the same key is a replay).

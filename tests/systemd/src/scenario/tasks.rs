@@ -560,7 +560,30 @@ airlockctl --json repo add teamcalc --upstream /srv/team/calc.git --signing-key 
             String::from_utf8_lossy(&verified.stderr)
         ));
     }
+    // doctor expects the drop-in repo add wrote (its own directives).
+    let doctor = json(&c.sh("airlockctl --json doctor", 120 * SEC)?.stdout)?;
+    let failed: Vec<String> = doctor["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["status"] == "fail" && c["unit"] == "airlock-worker.service")
+        .map(|c| c["check"].to_string())
+        .collect();
+    if !failed.is_empty() {
+        return Err(format!(
+            "doctor fails the worker with the upstream's own drop-in: {failed:?}"
+        ));
+    }
+    // repo remove takes the credential and the drop-in away again.
+    c.sh_ok("airlockctl repo remove teamcalc --purge", 120 * SEC)?;
+    let left = c.sh(
+        "ls /etc/airlock/credentials/signing-teamcalc /etc/systemd/system/airlock-worker.service.d/upstream-teamcalc.conf 2>/dev/null",
+        30 * SEC,
+    )?;
+    if !left.stdout.trim().is_empty() {
+        return Err(format!("repo remove left {}", left.stdout.trim()));
+    }
     Ok(format!(
-        "synced, published {commit} once to /srv/team/calc.git, signed as agent@testbed.invalid (key by LoadCredential=)"
+        "synced, published {commit} once to /srv/team/calc.git, signed as agent@testbed.invalid (key by LoadCredential=); doctor accepts its drop-in; repo remove took key and drop-in away"
     ))
 }
