@@ -254,13 +254,13 @@ async fn reload(
     {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!("reload refused, repositories and agents unchanged: {e}");
+            tracing::error!("reload refused, repositories unchanged, agents unchanged: {e}");
             return;
         }
     };
     let agents = shared.agents().unwrap_or_default();
     if let Err(e) = agents.check_apply(&now.agents) {
-        tracing::error!("reload refused, repositories and agents unchanged: {e}");
+        tracing::error!("reload refused, repositories unchanged, agents unchanged: {e}");
         return;
     }
     let Registered {
