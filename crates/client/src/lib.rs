@@ -390,6 +390,16 @@ impl Supervisor {
         self.call::<agents::ClearHold, _>(&(name,)).await
     }
 
+    /// `CancelQueued`: the stopped agent `name`'s queued tasks CANCELLED
+    /// with AGENT_REVOKED (refused while it runs: `AGENT_RUNNING`).
+    pub async fn cancel_agent_queued(
+        &self,
+        name: &str,
+        reason: &str,
+    ) -> Result<bus::AgentQueueCancelled, Error> {
+        self.call::<agents::CancelQueued, _>(&(name, reason)).await
+    }
+
     // ---- org.airlock.Reconcile1 ----------------------------------------
 
     /// `ListReconciliations`: `status` and `after` empty for none; `limit`

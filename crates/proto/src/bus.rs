@@ -40,7 +40,7 @@ pub use method::{Call, Method, Peer, Permission};
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (8, 0);
+pub const PROTOCOL_VERSION: (u32, u32) = (8, 1);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -412,6 +412,11 @@ rows! {
         /// Clear a hold: the count resets and the agent starts.
         CLEAR_HOLD = ClearHold("s") -> "s" AgentView,
             polkit AGENTS_MANAGE, audited AGENT_HOLD_CLEARED;
+        /// Cancel the QUEUED tasks an agent submitted, with AGENT_REVOKED:
+        /// `s` name, `s` reason. Refused with AGENT_RUNNING unless the agent
+        /// is stopped or held (or no longer configured). Since 8.1.
+        CANCEL_QUEUED = CancelQueued("ss") -> "s" AgentQueueCancelled,
+            polkit AGENTS_MANAGE, audited AGENT_QUEUE_CANCELLED;
     }
 
     /// `org.airlock.Reconcile1`: reconciliation cases (an attempt whose
@@ -590,6 +595,16 @@ pub struct AgentView {
     pub repositories: Vec<String>,
     /// When its record last changed (unix ms).
     pub updated_at_ms: u64,
+}
+
+/// `CancelQueued`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentQueueCancelled {
+    /// The agent (`[[agent]] name`).
+    pub name: String,
+    /// The tasks that were QUEUED and are CANCELLED now, in queue order.
+    pub cancelled: Vec<String>,
 }
 
 /// `ListAgents`'s reply.

@@ -485,6 +485,10 @@ catalogue! {
     AGENT_REPOSITORY_DENIED => Denied, None;
     /// Not answered since protocol 8.0 (kept so that older peers still name it): replacing the plan of a task the caller did not submit is TASK_NOT_FOUND, as for a task that does not exist.
     AGENT_TASK_DENIED => Denied, None;
+    /// The task was QUEUED when its submitting agent's right to it was withdrawn: the agent was removed from the configuration, or its repositories narrowed to exclude the task's, on a reload; or an operator cancelled a stopped agent's queued tasks (`airlockctl agent cancel-queued`). The task ended CANCELLED; submit it again from an agent that may.
+    AGENT_REVOKED => Denied, None;
+    /// The agent is running (or starting, or waiting to restart): stop it first (`airlockctl agent stop NAME`), so that it queues no more while its queue is cancelled.
+    AGENT_RUNNING => Conflict, None;
     /// The agent failed 5 times in a row and is held: nothing restarts it until an operator clears the hold (retryable once cleared).
     AGENTOS_CRASH_LOOP => Unavailable, None;
 

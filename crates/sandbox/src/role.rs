@@ -50,6 +50,8 @@ pub enum Slot {
     RepositoryRoot,
     /// The drop-in directory beside the configuration file (`repositories.d/`).
     DropInDir,
+    /// The configuration file itself (`--config`).
+    ConfigFile,
     /// The spool's `requests/`.
     SpoolRequests,
     /// The spool's `sources/`.
@@ -81,6 +83,7 @@ impl Slot {
             Slot::Repositories => "each `[[repository]] path`",
             Slot::RepositoryRoot => "`worker.repository_root`",
             Slot::DropInDir => "`repositories.d/` beside `--config`",
+            Slot::ConfigFile => "the `--config` file",
             Slot::SpoolRequests => "spool `requests/`",
             Slot::SpoolSources => "spool `sources/`",
             Slot::SpoolResults => "spool `results/`",
@@ -398,7 +401,15 @@ const SUPERVISOR: RolePolicy = RolePolicy {
                 ..config(
                     Slot::DropInDir,
                     Access::Read,
-                    "re-reads the repository drop-ins on SIGHUP (systemctl reload); airlock.toml itself is read once, before lockdown",
+                    "re-reads the repository drop-ins on SIGHUP (systemctl reload)",
+                )
+            },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::ConfigFile,
+                    Access::FileRead,
+                    "re-reads airlock.toml's `[[agent]]` tables on SIGHUP (systemctl reload: agents added, removed, narrowed or changed without a restart); its other sections are read once, before lockdown",
                 )
             },
         ],

@@ -158,6 +158,9 @@ pub mod action {
     pub const AGENT_STOP_REQUESTED: &str = "AGENT_STOP_REQUESTED";
     /// An operator's ClearHold.
     pub const AGENT_HOLD_CLEARED: &str = "AGENT_HOLD_CLEARED";
+    /// An operator's CancelQueued: a stopped agent's queued tasks cancelled
+    /// (each with its own TASK_CANCELLED, code AGENT_REVOKED).
+    pub const AGENT_QUEUE_CANCELLED: &str = "AGENT_QUEUE_CANCELLED";
     /// A worker reported an attempt whose branch moved behind its back
     /// (RECONCILIATION_REQUIRED): a reconciliation case opened.
     pub const TASK_RECONCILIATION_OPENED: &str = "TASK_RECONCILIATION_OPENED";
@@ -185,6 +188,7 @@ pub mod action {
         AGENT_START_REQUESTED,
         AGENT_STOP_REQUESTED,
         AGENT_HOLD_CLEARED,
+        AGENT_QUEUE_CANCELLED,
         TASK_RECONCILIATION_OPENED,
         TASK_RECONCILIATION_RESOLVED,
         TASK_RECONCILIATION_ADOPTED,
@@ -635,6 +639,12 @@ task_store! {
         ) -> StoreResult<i64>;
         fn sweep_expired() -> StoreResult<Vec<(String, TaskState)>>;
         fn fail_unregistered(registered: &[String]) -> StoreResult<Vec<String>>;
+        fn cancel_agent_queued(
+            agent: &str,
+            keep: Option<&[String]>,
+            reason: &str,
+            actor: &Actor,
+        ) -> StoreResult<Vec<String>>;
         #[allow(clippy::too_many_arguments)]
         fn submit_result(
             task_id: &str,

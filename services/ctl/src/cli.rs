@@ -70,7 +70,7 @@ pub enum Command {
     Retry(retry::Args),
     /// Authority repositories: add (import and register), list, remove, clone.
     Repo(repo::Args),
-    /// Planner agents the supervisor runs: list, show, start, stop, clear-hold.
+    /// Planner agents the supervisor runs: list, show, start, stop, clear-hold, cancel-queued.
     Agent(agent::Args),
     /// Reconciliation cases (a branch moved behind the worker's back): list, show, resolve adopt|fail.
     Reconcile(reconcile::Args),

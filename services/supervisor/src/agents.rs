@@ -74,13 +74,57 @@ impl RecordStore for StoreRecords {
     }
 }
 
-/// Every configured agent's runner.
-#[derive(Debug, Default)]
+/// Starts one agent's runner (on the driver the supervisor started with).
+type Spawner = Arc<dyn Fn(Agent) -> Result<AgentHandle, Error> + Send + Sync>;
+
+/// One configured agent: its table as applied, and its runner.
+type Entry = (Agent, Arc<AgentHandle>);
+
+/// Every configured agent's runner. The set changes on a reload
+/// ([`Agents::apply`]); every other caller reads it.
+#[derive(Default)]
 pub struct Agents {
-    agents: BTreeMap<String, (Agent, AgentHandle)>,
+    agents: std::sync::RwLock<BTreeMap<String, Entry>>,
+    /// Starts a runner for an agent added or changed by a reload; `None`
+    /// when the supervisor started without agents (no driver to start
+    /// them on: adding the first agent needs a restart).
+    spawner: Option<Spawner>,
     /// Under the systemd driver: systemd names the unit of a caller's
     /// process (attribution by unit instead of by session).
     units: Option<airlock_agents::systemd::SystemdDriver>,
+}
+
+impl std::fmt::Debug for Agents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agents")
+            .field("agents", &self.snapshot().keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a reload changed in the set of agents ([`Agents::apply`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Agents that started (new tables).
+    pub added: Vec<String>,
+    /// Agents that stopped (tables gone); their queued tasks are cancelled.
+    pub removed: Vec<String>,
+    /// Agents restarted alone (command, environment, credential or a limit changed).
+    pub restarted: Vec<String>,
+    /// Agents kept, with the repositories they lost (their queued tasks
+    /// for those are cancelled); submissions are refused at once.
+    pub narrowed: Vec<(String, Vec<String>)>,
+}
+
+/// Whether `old` and `new` run the same way: everything but the
+/// repositories (applied at once to submissions) and the description.
+fn same_run(old: &Agent, new: &Agent) -> bool {
+    let strip = |a: &Agent| Agent {
+        repositories: Vec::new(),
+        description: None,
+        ..a.clone()
+    };
+    strip(old) == strip(new)
 }
 
 /// The view `GetAgent` shows of `agent` with `record`.
@@ -112,8 +156,7 @@ impl Agents {
         options: Options,
     ) -> Result<Agents, Error> {
         let records = Arc::new(StoreRecords::new(store));
-        let mut out = Agents::default();
-        for agent in agents {
+        let spawner: Spawner = Arc::new(move |agent: Agent| {
             let changes = changes.clone();
             let on_change: OnChange = Arc::new(move |name: &str, r: &AgentRecord| {
                 let change = AgentChange {
@@ -136,18 +179,131 @@ impl Agents {
             )
             .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, e.to_string()))?;
             tracing::info!(agent = %agent.name, "agent runner started");
-            out.agents.insert(agent.name.clone(), (agent, handle));
+            Ok(handle)
+        });
+        let mut map = BTreeMap::new();
+        for agent in agents {
+            let handle = spawner(agent.clone())?;
+            map.insert(agent.name.clone(), (agent, Arc::new(handle)));
         }
-        Ok(out)
+        Ok(Agents {
+            agents: std::sync::RwLock::new(map),
+            spawner: Some(spawner),
+            units: None,
+        })
     }
 
-    fn get(&self, name: &str) -> Result<&(Agent, AgentHandle), Error> {
-        self.agents.get(name).ok_or_else(|| {
-            Error::with(
-                Code::AGENT_NOT_FOUND,
-                format!("no agent {name:?} is configured"),
-            )
-        })
+    fn snapshot(&self) -> BTreeMap<String, Entry> {
+        self.agents
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn get(&self, name: &str) -> Result<Entry, Error> {
+        self.agents
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                Error::with(
+                    Code::AGENT_NOT_FOUND,
+                    format!("no agent {name:?} is configured"),
+                )
+            })
+    }
+
+    /// Applies a reload's `[[agent]]` tables: an agent whose table is
+    /// unchanged keeps running untouched; a new one starts; one whose
+    /// table is gone is drained (stopped, never counted as a failure, no
+    /// operator's stop recorded); one whose command, environment,
+    /// credential or limits changed is drained and started again alone;
+    /// narrowed repositories take effect at once for submissions. The
+    /// caller cancels the queued tasks the result names. Refused
+    /// (`CONFIG_INVALID`, nothing changed) when agents are added to a
+    /// supervisor that started without any: it has no driver to run them.
+    pub async fn apply(&self, tables: Vec<Agent>) -> Result<Applied, Error> {
+        self.check_apply(&tables)?;
+        let Some(spawner) = self.spawner.clone() else {
+            return Ok(Applied::default());
+        };
+        let before = self.snapshot();
+        let mut applied = Applied::default();
+        let mut drain = Vec::new();
+        let mut start = Vec::new();
+        {
+            let mut map = self
+                .agents
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for name in before.keys() {
+                if !tables.iter().any(|a| &a.name == name) {
+                    if let Some((_, handle)) = map.remove(name) {
+                        drain.push(handle);
+                    }
+                    applied.removed.push(name.clone());
+                }
+            }
+            for agent in &tables {
+                match before.get(&agent.name) {
+                    None => {
+                        applied.added.push(agent.name.clone());
+                        start.push(agent.clone());
+                    }
+                    Some((old, handle)) => {
+                        let lost: Vec<String> = old
+                            .repositories
+                            .iter()
+                            .filter(|r| !agent.may_propose_for(r))
+                            .cloned()
+                            .collect();
+                        if !lost.is_empty() {
+                            applied.narrowed.push((agent.name.clone(), lost));
+                        }
+                        if same_run(old, agent) {
+                            map.insert(agent.name.clone(), (agent.clone(), Arc::clone(handle)));
+                        } else {
+                            if let Some((_, handle)) = map.remove(&agent.name) {
+                                drain.push(handle);
+                            }
+                            applied.restarted.push(agent.name.clone());
+                            start.push(agent.clone());
+                        }
+                    }
+                }
+            }
+        }
+        let drains = drain.iter().map(|h| async move {
+            h.drain().await;
+            tracing::info!(agent = %h.name(), "agent drained (reload)");
+        });
+        futures_util::future::join_all(drains).await;
+        for agent in start {
+            match spawner(agent.clone()) {
+                Ok(handle) => {
+                    self.agents
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(agent.name.clone(), (agent, Arc::new(handle)));
+                }
+                Err(e) => tracing::error!(agent = %agent.name, "not started after the reload: {e}"),
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Whether [`Agents::apply`] would take `tables`: refused
+    /// (`CONFIG_INVALID`) when agents are added to a supervisor that
+    /// started without any (no driver runs them).
+    pub fn check_apply(&self, tables: &[Agent]) -> Result<(), Error> {
+        if self.spawner.is_none() && !tables.is_empty() {
+            return Err(Error::with(
+                Code::CONFIG_INVALID,
+                "the supervisor started without [[agent]] tables, so no agent driver runs: adding the first agent needs a restart (systemctl restart airlock-supervisor)",
+            ));
+        }
+        Ok(())
     }
 
     /// One agent.
@@ -157,18 +313,29 @@ impl Agents {
 
     fn view_of(&self, name: &str) -> Result<AgentView, Error> {
         let (agent, handle) = self.get(name)?;
-        Ok(view(agent, &handle.record()))
+        Ok(view(&agent, &handle.record()))
     }
 
     /// Every agent, by name.
     pub fn list(&self, _auth: &Authorized<AgentsRead>) -> AgentList {
         AgentList {
             agents: self
-                .agents
+                .snapshot()
                 .values()
                 .map(|(a, h)| view(a, &h.record()))
                 .collect(),
         }
+    }
+
+    /// Whether the agent `name` runs or is about to (it is neither
+    /// STOPPED nor HELD); a name not configured does not run.
+    pub fn running(&self, name: &str) -> bool {
+        self.get(name).is_ok_and(|(_, h)| {
+            !matches!(
+                h.record().status,
+                airlock_agents::Status::Stopped | airlock_agents::Status::Held
+            )
+        })
     }
 
     /// An operator's command; the agent after it, or its refusal.
@@ -180,7 +347,7 @@ impl Agents {
     ) -> Result<AgentView, Error> {
         let (agent, handle) = self.get(name)?;
         match handle.command(command).await {
-            Ok(record) => Ok(view(agent, &record)),
+            Ok(record) => Ok(view(&agent, &record)),
             Err(Code::AGENTOS_CRASH_LOOP) => Err(Error::with(
                 Code::AGENTOS_CRASH_LOOP,
                 format!(
@@ -205,7 +372,7 @@ impl Agents {
     /// running agent whose session the process is in, once no start is
     /// awaiting its session (so a process of an agent that calls before
     /// its start was answered is still recognised).
-    pub async fn attribute(&self, pid: u32) -> Option<&Agent> {
+    pub async fn attribute(&self, pid: u32) -> Option<Agent> {
         match &self.units {
             Some(units) => {
                 let name = units.agent_of_pid(pid).await?;
@@ -220,19 +387,18 @@ impl Agents {
                 // not been answered yet (the driver spawns, then answers
                 // with the session): wait for the starts in flight, then
                 // look again.
-                futures_util::future::join_all(
-                    self.agents.values().map(|(_, h)| h.start_settled()),
-                )
-                .await;
+                let handles: Vec<Arc<AgentHandle>> =
+                    self.snapshot().into_values().map(|(_, h)| h).collect();
+                futures_util::future::join_all(handles.iter().map(|h| h.start_settled())).await;
                 self.by_session(session)
             }
         }
     }
 
     /// The running agent whose session is `session`, if any.
-    pub fn by_session(&self, session: u32) -> Option<&Agent> {
-        self.agents
-            .values()
+    pub fn by_session(&self, session: u32) -> Option<Agent> {
+        self.snapshot()
+            .into_values()
             .find(|(_, h)| h.session() == Some(session))
             .map(|(a, _)| a)
     }
@@ -243,13 +409,14 @@ impl Agents {
     }
 
     /// The agent configured as `name`.
-    pub fn config(&self, name: &str) -> Option<&Agent> {
-        self.agents.get(name).map(|(a, _)| a)
+    pub fn config(&self, name: &str) -> Option<Agent> {
+        self.get(name).ok().map(|(a, _)| a)
     }
 
     /// Stops every agent (the drain) and ends the runners.
     pub async fn drain(&self) {
-        let drains = self.agents.values().map(|(a, h)| async move {
+        let all = self.snapshot();
+        let drains = all.values().map(|(a, h)| async move {
             h.drain().await;
             tracing::info!(agent = %a.name, "agent drained");
         });

@@ -88,12 +88,21 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// How long stragglers are still answered after the name is released.
 const LINGER: Duration = Duration::from_millis(200);
 
-/// The registered repository names and the programs their commands may
-/// start, as a reload reads them.
-pub type Registered = (Vec<String>, airlock_config::ProgramTable);
+/// What a reload reads: the registered repository names, the programs
+/// their commands may start, and the `[[agent]]` tables.
+#[derive(Clone, Debug)]
+pub struct Registered {
+    /// The registered repository names.
+    pub repositories: Vec<String>,
+    /// The programs each repository's commands may start.
+    pub programs: airlock_config::ProgramTable,
+    /// The planner agents (`[[agent]]` in airlock.toml), each naming only
+    /// registered repositories.
+    pub agents: Vec<airlock_config::Agent>,
+}
 
-/// How the daemon re-reads the registered repositories: on each signal
-/// (SIGHUP under `systemctl reload`), `reread` gives the names now.
+/// How the daemon re-reads the registered repositories and the agents: on
+/// each signal (SIGHUP under `systemctl reload`), `reread` gives them now.
 pub struct Reload {
     /// The signals, installed by the caller before anything could be
     /// interrupted by one.
@@ -144,20 +153,140 @@ async fn fail_unregistered(shared: &Shared, emitter: &SignalEmitter<'_>) {
     }
 }
 
-/// Applies one reload: new names, then the queued tasks of removed
-/// repositories fail. A refused configuration changes nothing.
-async fn reload(shared: &Shared, emitter: &SignalEmitter<'_>, reload: &Reload) {
-    match (reload.reread)() {
-        Ok((names, programs)) => {
-            shared.set_programs(programs);
-            let before = shared.repositories();
-            let added: Vec<&String> = names.iter().filter(|n| !before.contains(n)).collect();
-            let removed: Vec<&String> = before.iter().filter(|n| !names.contains(n)).collect();
-            tracing::info!(?added, ?removed, "reloaded the registered repositories");
-            shared.set_repositories(names.clone());
-            fail_unregistered(shared, emitter).await;
+/// The system actor that cancels a revoked agent's queued tasks after a reload.
+pub const AGENT_REGISTRY: &str = "agent-registry";
+
+/// Under the systemd driver, systemd (pid 1) hands each agent instance its
+/// key from one place: any other `credential_file` is refused.
+fn check_agent_credentials(
+    driver: airlock_config::AgentDriver,
+    agents: &[airlock_config::Agent],
+) -> Result<(), Error> {
+    if driver != airlock_config::AgentDriver::Systemd {
+        return Ok(());
+    }
+    for a in agents {
+        let want = std::path::PathBuf::from(format!("/etc/airlock/agents/{}.key", a.name));
+        if a.credential_file.as_ref().is_some_and(|f| *f != want) {
+            return Err(Error::with(
+                Code::CONFIG_INVALID,
+                format!(
+                    "agent {:?}: under the systemd driver its credential_file must be {} (the unit's LoadCredential=)",
+                    a.name,
+                    want.display()
+                ),
+            ));
         }
-        Err(e) => tracing::error!("reload refused, repositories unchanged: {e}"),
+    }
+    Ok(())
+}
+
+/// Cancels, with AGENT_REVOKED, the queued tasks a reload took from their
+/// agents: all of a removed agent's, and a narrowed agent's for the
+/// repositories it lost; each announced.
+async fn cancel_revoked(
+    shared: &Shared,
+    emitter: &SignalEmitter<'_>,
+    applied: &crate::agents::Applied,
+    tables: &[airlock_config::Agent],
+) {
+    let Ok(_guard) = shared.inflight.enter() else {
+        return;
+    };
+    let mut revoked: Vec<(String, Option<Vec<String>>, String)> = Vec::new();
+    for name in &applied.removed {
+        revoked.push((
+            name.clone(),
+            None,
+            format!("agent {name:?} was removed from the configuration"),
+        ));
+    }
+    for (name, lost) in &applied.narrowed {
+        let keep = tables
+            .iter()
+            .find(|a| &a.name == name)
+            .map(|a| a.repositories.clone())
+            .unwrap_or_default();
+        revoked.push((
+            name.clone(),
+            Some(keep),
+            format!("agent {name:?} may no longer propose for {lost:?}"),
+        ));
+    }
+    for (name, keep, reason) in revoked {
+        let actor = airlock_taskdb::tasks::Actor::system(AGENT_REGISTRY);
+        match shared
+            .ops
+            .cancel_agent_queued(name.clone(), keep, reason, actor)
+            .await
+        {
+            Ok(cancelled) => {
+                for task_id in cancelled {
+                    tracing::warn!(
+                        task_id,
+                        agent = %name,
+                        "CANCELLED: its agent's right to it was revoked (AGENT_REVOKED)"
+                    );
+                    if let Ok((state, revision)) = shared.ops.signal_facts(task_id.clone()).await {
+                        crate::bus::tasks::announce(shared, emitter, &task_id, state, revision)
+                            .await;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(agent = %name, "cancelling a revoked agent's queued tasks: {e}")
+            }
+        }
+    }
+}
+
+/// Applies one reload: new names, then the queued tasks of removed
+/// repositories fail; then the agents' tables, and the queued tasks they
+/// lost are cancelled. A refused configuration changes nothing.
+async fn reload(
+    shared: &Shared,
+    emitter: &SignalEmitter<'_>,
+    reload: &Reload,
+    driver: airlock_config::AgentDriver,
+) {
+    let now = match (reload.reread)()
+        .and_then(|r| check_agent_credentials(driver, &r.agents).map(|()| r))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("reload refused, repositories unchanged, agents unchanged: {e}");
+            return;
+        }
+    };
+    let agents = shared.agents().unwrap_or_default();
+    if let Err(e) = agents.check_apply(&now.agents) {
+        tracing::error!("reload refused, repositories unchanged, agents unchanged: {e}");
+        return;
+    }
+    let Registered {
+        repositories: names,
+        programs,
+        agents: tables,
+    } = now;
+    shared.set_programs(programs);
+    let before = shared.repositories();
+    let added: Vec<&String> = names.iter().filter(|n| !before.contains(n)).collect();
+    let removed: Vec<&String> = before.iter().filter(|n| !names.contains(n)).collect();
+    tracing::info!(?added, ?removed, "reloaded the registered repositories");
+    shared.set_repositories(names.clone());
+    fail_unregistered(shared, emitter).await;
+    match agents.apply(tables.clone()).await {
+        Ok(applied) => {
+            tracing::info!(
+                added = ?applied.added,
+                removed = ?applied.removed,
+                restarted = ?applied.restarted,
+                narrowed = ?applied.narrowed,
+                "reloaded the agents"
+            );
+            cancel_revoked(shared, emitter, &applied, &tables).await;
+        }
+        Err(e) => tracing::error!("agents unchanged: {e}"),
     }
 }
 
@@ -326,20 +455,7 @@ pub async fn run_with_reload(
             settings.agent_options,
         )?,
         airlock_config::AgentDriver::Systemd => {
-            // systemd (pid 1) hands each instance its key from one place.
-            for a in &settings.agents {
-                let want = std::path::PathBuf::from(format!("/etc/airlock/agents/{}.key", a.name));
-                if a.credential_file.as_ref().is_some_and(|f| *f != want) {
-                    return Err(Error::with(
-                        Code::CONFIG_INVALID,
-                        format!(
-                            "agent {:?}: under the systemd driver its credential_file must be {} (the unit's LoadCredential=)",
-                            a.name,
-                            want.display()
-                        ),
-                    ));
-                }
-            }
+            check_agent_credentials(settings.agent_driver, &settings.agents)?;
             // Subscribed, with the match rules installed, before anything
             // starts; then whatever agent unit a previous supervisor left
             // running is stopped, and the runners decide from the store.
@@ -408,10 +524,11 @@ pub async fn run_with_reload(
 
     let reloader = reload_on.map(|mut r| {
         let shared = Arc::clone(&shared);
+        let driver = settings.agent_driver;
         let emitter = emitter.clone();
         tokio::spawn(async move {
             while r.signals.recv().await.is_some() {
-                reload(&shared, &emitter, &r).await;
+                reload(&shared, &emitter, &r, driver).await;
             }
         })
     });

@@ -187,6 +187,15 @@ across supervisor restarts too, until it is started again.",
 crash-loop hold (AIRLOCK_PAYLOAD names it): its failure count is reset and it is started again.",
     },
     CatalogEntry {
+        action: action::AGENT_QUEUE_CANCELLED,
+        id: "a539ae02571c4be58b6519897efe7623",
+        subject: "airlock planner agent's queued tasks cancelled",
+        body: "An administrator (@AIRLOCK_ACTOR@, uid @AIRLOCK_ACTOR_UID@) cancelled the queued tasks of a\n\
+stopped planner agent (AIRLOCK_PAYLOAD names it and the reason). Each task ended CANCELLED with\n\
+AGENT_REVOKED and has its own TASK_CANCELLED event; a running task is the worker's and finishes or\n\
+fails as it would.",
+    },
+    CatalogEntry {
         action: action::TASK_RECONCILIATION_OPENED,
         id: "63925e080bbe4dd5bea2c78dadf4af76",
         subject: "airlock task needs reconciliation",

@@ -266,7 +266,11 @@ fn fail(e: &Error) -> ExitCode {
 /// sockets, TCP connect to its ports and the name-resolution files; over a
 /// UNIX socket nothing more (Landlock, at the ABI requested, does not check
 /// connect(2) to pathname sockets, the bus's included).
-fn confine(settings: &Settings, drop_ins: &std::path::Path) -> Result<(), Error> {
+fn confine(
+    settings: &Settings,
+    config: &std::path::Path,
+    drop_ins: &std::path::Path,
+) -> Result<(), Error> {
     let paths = match &settings.database {
         Location::Sqlite(path) => {
             let dir = match path.parent() {
@@ -280,7 +284,8 @@ fn confine(settings: &Settings, drop_ins: &std::path::Path) -> Result<(), Error>
         Location::Postgres(pg) if pg.uses_tcp() => Paths::new().with_tcp_connect(pg.ports()),
         Location::Postgres(_) => Paths::new(),
     }
-    .with(Slot::DropInDir, drop_ins.to_path_buf());
+    .with(Slot::DropInDir, drop_ins.to_path_buf())
+    .with(Slot::ConfigFile, config.to_path_buf());
     let report = lockdown(Role::Supervisor, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
     tracing::info!("{report}");
@@ -356,7 +361,7 @@ fn main() -> ExitCode {
     }
     // Confinement, before the runtime starts any thread: bounding set,
     // no_new_privs, rlimits, Landlock (the database's directory), seccomp.
-    if let Err(e) = confine(&settings, &drop_ins) {
+    if let Err(e) = confine(&settings, &args.config, &drop_ins) {
         return fail(&e);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -371,20 +376,29 @@ fn main() -> ExitCode {
         let shutdown = terminated()
             .map_err(|e| Error::with(Code::INTERNAL, format!("installing signal handlers: {e}")))?;
         // SIGHUP (systemctl reload): the main file's repositories as read
-        // at start, and the drop-ins as they are at the signal.
+        // at start, the drop-ins as they are at the signal, and the main
+        // file's [[agent]] tables as they are at the signal (read whole and
+        // checked as at start; its other sections need a restart).
         let signals = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .map_err(|e| Error::with(Code::INTERNAL, format!("installing SIGHUP: {e}")))?;
         let path = args.config.clone();
         let reload = daemon::Reload {
             signals,
             reread: Box::new(move || {
-                let repositories = config
-                    .repositories_now(&path)
-                    .map_err(|e| Error::with(Code::CONFIG_INVALID, e.to_string()))?;
+                let invalid = |e: airlock_config::ConfigError| {
+                    Error::with(Code::CONFIG_INVALID, e.to_string())
+                };
+                let fresh = load_config(&path)?;
+                let repositories = config.repositories_now(&path).map_err(invalid)?;
                 let mut now = config.clone();
                 now.repositories = repositories;
-                let names = now.repositories.iter().map(|r| r.name.clone()).collect();
-                Ok((names, airlock_config::ProgramTable::from_config(&now)))
+                now.agents = fresh.agents;
+                now.check_agent_repositories(&path).map_err(invalid)?;
+                Ok(daemon::Registered {
+                    repositories: now.repositories.iter().map(|r| r.name.clone()).collect(),
+                    programs: airlock_config::ProgramTable::from_config(&now),
+                    agents: now.agents,
+                })
             }),
         };
         daemon::run_with_reload(settings, shutdown, Some(reload)).await

@@ -19,7 +19,7 @@ use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{
     ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskSubmission, TaskView,
 };
-use airlock_taskdb::tasks::{Event, QueueSummary, ResultReceipt, Submitted, Submitter};
+use airlock_taskdb::tasks::{Actor, Event, QueueSummary, ResultReceipt, Submitted, Submitter};
 
 /// The operations behind the bus methods.
 #[derive(Clone, Debug)]
@@ -332,6 +332,44 @@ impl Ops {
     pub async fn fail_unregistered(&self, registered: Vec<String>) -> Result<Vec<String>, Error> {
         self.store
             .call(move |s| s.fail_unregistered(&registered))
+            .await
+    }
+
+    /// Cancels the queued tasks the agent `agent` submitted: all of them
+    /// (`keep` = `None`), or those for repositories not in `keep`, with
+    /// AGENT_REVOKED, as `actor` (airlock itself after a reload, or the
+    /// operator).
+    pub async fn cancel_agent_queued(
+        &self,
+        agent: String,
+        keep: Option<Vec<String>>,
+        reason: String,
+        actor: Actor,
+    ) -> Result<Vec<String>, Error> {
+        self.store
+            .call(move |s| s.cancel_agent_queued(&agent, keep.as_deref(), &reason, &actor))
+            .await
+    }
+
+    /// Records an operator's CancelQueued of the agent `agent`: the reason
+    /// and the tasks cancelled (each has its own TASK_CANCELLED).
+    pub async fn record_agent_queue_cancelled(
+        &self,
+        auth: &Authorized<AgentsManage>,
+        action: &'static str,
+        agent: String,
+        reason: String,
+        cancelled: Vec<String>,
+    ) -> Result<(), Error> {
+        let actor = auth.actor().clone();
+        let payload = serde_json::json!({
+            "agent": agent,
+            "reason": reason,
+            "code": airlock_proto::Code::AGENT_REVOKED.as_str(),
+            "cancelled": cancelled,
+        });
+        self.store
+            .call(move |s| s.record_allowed(&actor, action, &payload))
             .await
     }
 

@@ -319,6 +319,70 @@ impl<B: Backend> Store<B> {
         )
     }
 
+    /// Cancels the QUEUED tasks agent `agent` submitted, all of them
+    /// (`keep` = `None`: the agent was removed, or an operator cancels a
+    /// stopped agent's queue) or those whose repository is not in `keep`
+    /// (its repositories were narrowed): CANCELLED through the same step
+    /// as `CancelTask`, with the verification record `{"decision":
+    /// "AGENT_REVOKED", …}` and a `TASK_CANCELLED` event each carrying
+    /// `code: AGENT_REVOKED`, the agent and the repository, in one
+    /// transaction. A RUNNING task is the worker's (its lease): it
+    /// finishes or fails as it would. Returns the cancelled tasks, in
+    /// queue order.
+    pub fn cancel_agent_queued(
+        &mut self,
+        agent: &str,
+        keep: Option<&[String]>,
+        reason: &str,
+        actor: &Actor,
+    ) -> StoreResult<Vec<String>> {
+        let result = self.write("cancelling an agent's queued tasks", &mut |tx| {
+            let queued = tx.queued()?;
+            let mut cancelled = Vec::new();
+            for mut row in queued {
+                let submitted_by = row.submitter().and_then(|s| s.agent);
+                if submitted_by.as_deref() != Some(agent) {
+                    continue;
+                }
+                let repository = row.binding()?.repository;
+                if keep.is_some_and(|k| k.contains(&repository)) {
+                    continue;
+                }
+                let previous = row.status();
+                row.advance(Step::Cancel)?;
+                row.clear_lease();
+                row.verification_json = Some(to_canonical_string(&json!({
+                    "decision": Code::AGENT_REVOKED.as_str(),
+                    "automatic": true,
+                    "reason": reason,
+                    "actor": actor.name,
+                    "attempt": row.attempt,
+                    "agent": agent,
+                    "repository": repository,
+                }))?);
+                row.save(tx, Guard::Revision)?;
+                audit::append_allowed(
+                    tx,
+                    &row.task_id,
+                    actor,
+                    action::TASK_CANCELLED,
+                    json!({
+                        "reason": reason,
+                        "code": Code::AGENT_REVOKED.as_str(),
+                        "agent": agent,
+                        "repository": repository,
+                        "previous_state": previous.as_str(),
+                        "attempt": row.attempt,
+                        "revision": row.revision,
+                    }),
+                )?;
+                cancelled.push(row.task_id);
+            }
+            Ok(cancelled)
+        });
+        self.audited(result, None, actor, action::TASK_CANCELLED)
+    }
+
     /// Accepts the result of the caller's attempt.
     ///
     /// A result is first looked up by `(task_id, idempotency_key)`: the

@@ -1,4 +1,4 @@
-//! `airlockctl agent list|show|start|stop|clear-hold`: the planner agents
+//! `airlockctl agent list|show|start|stop|clear-hold|cancel-queued`: the planner agents
 //! the supervisor runs (org.airlock.Agents1; polkit
 //! org.airlock.agents.read and .manage).
 
@@ -28,6 +28,10 @@ pub enum Action {
     Stop(Name),
     /// Clear a crash-loop hold: the failure count resets and the agent starts.
     ClearHold(Name),
+    /// Cancel the queued tasks a stopped (or held) agent submitted: each ends
+    /// CANCELLED with AGENT_REVOKED. Refused with AGENT_RUNNING while the
+    /// agent runs (stop it first); a running task finishes or fails as it would.
+    CancelQueued(CancelQueued),
     /// Run the configured agent NAME in this process: the entry point of
     /// airlock-agent@NAME.service (not a command for administrators).
     ///
@@ -51,6 +55,16 @@ pub struct Exec {
     /// The configuration file.
     #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
     pub config: std::path::PathBuf,
+}
+
+/// Arguments of `agent cancel-queued`.
+#[derive(Debug, clap::Args)]
+pub struct CancelQueued {
+    /// The agent's name ([[agent]] name in airlock.toml, or one no longer configured).
+    pub name: String,
+    /// Why, recorded in each task's TASK_CANCELLED event.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
 }
 
 /// One agent's name.
@@ -94,6 +108,23 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
         Action::Start(n) => ("Started", sup.start_agent(&n.name).await?),
         Action::Stop(n) => ("Stopped", sup.stop_agent(&n.name).await?),
         Action::ClearHold(n) => ("Hold cleared", sup.clear_hold(&n.name).await?),
+        Action::CancelQueued(c) => {
+            let out = sup.cancel_agent_queued(&c.name, &c.reason).await?;
+            if ctx.json {
+                ctx.print_json(&out);
+            } else {
+                let mut text = format!(
+                    "Cancelled {} queued task(s) of agent {} (AGENT_REVOKED)\n",
+                    out.cancelled.len(),
+                    out.name
+                );
+                for t in &out.cancelled {
+                    text.push_str(&format!("  {t}\n"));
+                }
+                emit(&text);
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         Action::Exec(_) => unreachable!("agent exec does not use the bus"),
     };
     if ctx.json {

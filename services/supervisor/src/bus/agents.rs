@@ -125,6 +125,70 @@ impl AgentsIface {
             .await
     }
 
+    /// Cancels the QUEUED tasks the agent `name` submitted, each CANCELLED
+    /// with AGENT_REVOKED and a TASK_CANCELLED event carrying `reason`;
+    /// refused with AGENT_RUNNING unless the agent is STOPPED or HELD (a
+    /// name no longer configured runs nothing and is accepted: its tasks
+    /// left from before a restart). A RUNNING task is the worker's and
+    /// finishes or fails as it would. Needs `org.airlock.agents.manage`.
+    async fn cancel_queued(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        name: String,
+        reason: String,
+    ) -> Result<String, BusError> {
+        let call = self
+            .shared
+            .enter::<rows::CancelQueued, AgentsManage>(conn, &hdr, None)
+            .await?;
+        let checked = airlock_config::is_agent_name(&name)
+            .then_some(())
+            .ok_or_else(|| {
+                airlock_proto::Error::with(
+                    airlock_proto::Code::AGENT_NOT_FOUND,
+                    format!("{name:?} is not an agent name"),
+                )
+            })
+            .and_then(|()| {
+                if self.agents.running(&name) {
+                    Err(airlock_proto::Error::with(
+                        airlock_proto::Code::AGENT_RUNNING,
+                        format!(
+                            "agent {name:?} is running: stop it first (airlockctl agent stop {name}), so that it queues no more"
+                        ),
+                    ))
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| airlock_proto::task::check_reason(&reason).map(|_| ()));
+        call.checked(checked).await?;
+        let out = self
+            .shared
+            .ops
+            .cancel_agent_queued(
+                name.clone(),
+                None,
+                reason.clone(),
+                call.auth.actor().clone(),
+            )
+            .await;
+        let cancelled = call.checked(out).await?;
+        let event = rows::CancelQueued::METHOD.event.unwrap_or_default();
+        self.shared
+            .ops
+            .record_agent_queue_cancelled(
+                &call.auth,
+                event,
+                name.clone(),
+                reason,
+                cancelled.clone(),
+            )
+            .await?;
+        reply::<rows::CancelQueued>(&airlock_proto::bus::AgentQueueCancelled { name, cancelled })
+    }
+
     /// An agent's state changed: its name, state and consecutive failures.
     #[zbus(signal)]
     pub async fn agent_changed(

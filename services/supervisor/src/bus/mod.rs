@@ -108,6 +108,11 @@ impl Shared {
     }
 
     /// The agent runners, once started.
+    pub fn agents(&self) -> Option<std::sync::Arc<crate::agents::Agents>> {
+        self.agents.get().cloned()
+    }
+
+    /// Sets the agent runners, once started.
     pub fn set_agents(&self, agents: std::sync::Arc<crate::agents::Agents>) {
         let _ = self.agents.set(agents);
     }
@@ -123,7 +128,7 @@ impl Shared {
     /// recognised as the agent.
     pub async fn agent_of(&self, caller: &crate::authz::Caller) -> Option<airlock_config::Agent> {
         let agents = self.agents.get()?;
-        agents.attribute(caller.pid()?).await.cloned()
+        agents.attribute(caller.pid()?).await
     }
 
     /// Which tasks the authorised read `call` sees ([`Gatekeeper::read_scope`]:

@@ -579,6 +579,17 @@ impl Stack {
     /// `opts` (the agent driver and the host's bus policy added), with
     /// the `[[agent]]` tables `agents` and more tables `more_config`.
     pub async fn start(opts: Opts, agents: &str, more_config: &str) -> Stack {
+        Stack::start_with_host(opts, agents, "", more_config).await
+    }
+
+    /// [`Stack::start`], the host also knowing the `[[agent]]` tables
+    /// `host_only` (agents a reload adds later).
+    pub async fn start_with_host(
+        opts: Opts,
+        agents: &str,
+        host_only: &str,
+        more_config: &str,
+    ) -> Stack {
         use airlock_agents::host::{AgentHost, bus_policy, serve};
         use airlock_agents::process::{Identity, ProcessDriver};
         let policy_dir = tempfile::tempdir().unwrap();
@@ -586,7 +597,7 @@ impl Stack {
         std::fs::write(&policy, bus_policy("root", "root")).unwrap();
         let config = airlock_config::Config::parse(
             &format!(
-                "[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n{more_config}{agents}"
+                "[[repository]]\nname = \"demo\"\npath = \"/srv/git/demo.git\"\n{more_config}{agents}{host_only}"
             ),
             std::path::Path::new("agents.toml"),
         )
