@@ -181,13 +181,42 @@ async fn agent_commands_end_to_end_with_tables_and_json() {
         Some(i32::from(Code::AGENT_NOT_FOUND.exit_code()))
     );
 
-    // stop, then start
+    // stop; its queue cancelled with one command (nothing queued here);
+    // then start, and a running agent's queue is not cancelled
     let o = ctl(addr, &["agent", "stop", "sleeper", "--json"]).await;
     assert_eq!(json(&o)["state"], "STOPPED");
+    let o = ctl(
+        addr,
+        &[
+            "agent",
+            "cancel-queued",
+            "sleeper",
+            "--reason",
+            "testing",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cancelled = json(&o);
+    assert_eq!(cancelled["name"], "sleeper");
+    assert_eq!(cancelled["cancelled"], serde_json::json!([]));
     let o = ctl(addr, &["agent", "start", "sleeper"]).await;
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("Started: sleeper"));
     wait_for(addr, "sleeper", "RUNNING").await;
+    let o = ctl(
+        addr,
+        &["agent", "cancel-queued", "sleeper", "--reason", "testing"],
+    )
+    .await;
+    assert_eq!(
+        o.status.code(),
+        Some(i32::from(Code::AGENT_RUNNING.exit_code())),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("AGENT_RUNNING"));
 
     // clear-hold: the count resets and it starts (and fails again)
     let o = ctl(addr, &["agent", "clear-hold", "exits", "--json"]).await;
