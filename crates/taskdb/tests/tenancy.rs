@@ -325,7 +325,69 @@ fn upgrading_fills_each_tasks_submitter_from_its_submission_event(backend: Backe
     every_read_is_bound(store.as_mut());
 }
 
+/// Revocation (issue 25 part 5): an agent's QUEUED tasks end CANCELLED
+/// with AGENT_REVOKED in one transaction of the store's one writer; its
+/// RUNNING task, other agents' and other submitters' tasks are untouched;
+/// a repository kept keeps its tasks; a second call cancels nothing.
+fn an_agents_queued_tasks_are_cancelled_as_revoked_and_no_others(backend: Backend) {
+    use airlock_proto::task::TaskState;
+    let mut fx = Fixture::new(backend);
+    for (actor, task) in [
+        (alpha(), "task-a1"),
+        (alpha(), "task-a2"),
+        (beta(), "task-b1"),
+        (plain(), "task-p1"),
+        (human(), "task-h1"),
+    ] {
+        fx.store.submit(&submission(task, 2), &actor).unwrap();
+    }
+    assert_eq!(fx.claim().task_id, "task-a1");
+    let registry = Actor::system("agent-registry");
+    // Narrowed but still holding the repository: nothing to cancel.
+    let kept = fx
+        .store
+        .cancel_agent_queued("beta", Some(&["demo".to_owned()]), "narrowed", &registry)
+        .unwrap();
+    assert!(kept.is_empty(), "{kept:?}");
+    let cancelled = fx
+        .store
+        .cancel_agent_queued("alpha", None, "removed", &registry)
+        .unwrap();
+    assert_eq!(cancelled, ["task-a2"]);
+    let state = |fx: &mut Fixture, t: &str| fx.store.get(t).unwrap().state;
+    assert_eq!(state(&mut fx, "task-a1"), TaskState::Running);
+    assert_eq!(state(&mut fx, "task-a2"), TaskState::Cancelled);
+    for t in ["task-b1", "task-p1", "task-h1"] {
+        assert_eq!(state(&mut fx, t), TaskState::Queued, "{t}");
+    }
+    let events = fx.store.events(Some("task-a2"), 0, 100).unwrap();
+    let cancel = events
+        .iter()
+        .find(|e| e.action == "TASK_CANCELLED")
+        .expect("a TASK_CANCELLED event");
+    assert!(
+        cancel.payload.to_string().contains("AGENT_REVOKED"),
+        "{:?}",
+        cancel.payload
+    );
+    assert_eq!(cancel.actor.name, "agent-registry");
+    // Narrowed to no repository: beta's queued task goes too; again: none.
+    let narrowed = fx
+        .store
+        .cancel_agent_queued("beta", Some(&[]), "narrowed", &registry)
+        .unwrap();
+    assert_eq!(narrowed, ["task-b1"]);
+    assert!(
+        fx.store
+            .cancel_agent_queued("alpha", None, "again", &registry)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(state(&mut fx, "task-p1"), TaskState::Queued);
+}
+
 both_backends!(
+    an_agents_queued_tasks_are_cancelled_as_revoked_and_no_others,
     a_scoped_read_sees_its_submitters_tasks_alone,
     a_replay_by_another_submitter_is_a_conflict_and_the_submitter_is_fixed,
     upgrading_fills_each_tasks_submitter_from_its_submission_event,
