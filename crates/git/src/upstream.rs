@@ -499,11 +499,10 @@ fn transfer_command(program: &Path, repo: &Path, upstream: &Upstream) -> Command
     cmd
 }
 
+/// The hardened base without its line starting `skip` (which must be one).
 fn hardened_except(program: &Path, skip: &str) -> Command {
-    let mut cmd = hardened(program, |line| !line.starts_with(skip));
     debug_assert!(HARDENING.iter().any(|l| l.starts_with(skip)));
-    cmd.stdin(Stdio::null());
-    cmd
+    hardened(program, |line| !line.starts_with(skip))
 }
 
 /// The largest pack being received in `dir` (git's `tmp_pack_*`).
@@ -632,20 +631,23 @@ fn classify(e: GitError, verb: &str) -> GitError {
         return e;
     };
     let s = stderr.to_ascii_lowercase();
-    let code = if s.contains("host key verification failed")
-        || s.contains("remote host identification has changed")
-        || s.contains("no matching host key")
-        || s.contains("host key for") && s.contains("has changed")
+    let says = |words: &[&str]| words.iter().any(|w| s.contains(w));
+    let code = if says(&[
+        "host key verification failed",
+        "remote host identification has changed",
+        "no matching host key",
+    ]) || (s.contains("host key for") && s.contains("has changed"))
     {
         Code::UPSTREAM_HOST_KEY_CHANGED
-    } else if s.contains("permission denied (publickey")
-        || s.contains("authentication failed")
-        || s.contains("the requested url returned error: 401")
-        || s.contains("the requested url returned error: 403")
-        || s.contains("could not read username")
-        || s.contains("load key")
-        || s.contains("invalid format")
-    {
+    } else if says(&[
+        "permission denied (publickey",
+        "authentication failed",
+        "the requested url returned error: 401",
+        "the requested url returned error: 403",
+        "could not read username",
+        "load key",
+        "invalid format",
+    ]) {
         Code::UPSTREAM_AUTH_FAILED
     } else if s.starts_with("fetch size limit") || s.starts_with("timed out") {
         if verb == "fetch" {
@@ -654,23 +656,26 @@ fn classify(e: GitError, verb: &str) -> GitError {
             Code::UPSTREAM_UNREACHABLE
         }
     } else if verb == "push"
-        && (s.contains("[remote rejected]")
-            || s.contains("pre-receive hook declined")
-            || s.contains("protected branch")
-            || s.contains("[rejected]"))
+        && says(&[
+            "[remote rejected]",
+            "pre-receive hook declined",
+            "protected branch",
+            "[rejected]",
+        ])
     {
         Code::UPSTREAM_PUSH_REFUSED
-    } else if s.contains("could not resolve")
-        || s.contains("connection refused")
-        || s.contains("connection timed out")
-        || s.contains("no route to host")
-        || s.contains("network is unreachable")
-        || s.contains("connection reset")
-        || s.contains("connection closed")
-        || s.contains("could not read from remote repository")
-        || s.contains("unable to access")
-        || s.contains("kex_exchange_identification")
-    {
+    } else if says(&[
+        "could not resolve",
+        "connection refused",
+        "connection timed out",
+        "no route to host",
+        "network is unreachable",
+        "connection reset",
+        "connection closed",
+        "could not read from remote repository",
+        "unable to access",
+        "kex_exchange_identification",
+    ]) {
         Code::UPSTREAM_UNREACHABLE
     } else {
         return e;

@@ -348,37 +348,16 @@ fn signed_governed_commits_verify_and_replay_to_the_same_oid() {
     let two = repo.governed_commit_signed(&spec, Some(&signer)).unwrap();
     assert_eq!(one, two);
     assert_ne!(one, repo.governed_commit(&spec).unwrap());
-    let allowed = key.with_extension("allowed");
-    std::fs::write(&allowed, format!("{}\n", signer.allowed_signers_line())).unwrap();
-    let allowed_cfg = format!("gpg.ssh.allowedSignersFile={}", allowed.display());
-    let out = std::process::Command::new("git")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .args(["-c", &allowed_cfg, "-c"])
-        .arg(format!("safe.directory={}", t.authority.display()))
-        .arg("--git-dir")
-        .arg(&t.authority)
-        .args(["verify-commit", "-v", &one])
-        .output()
-        .unwrap();
+    let scratch = t.authority.parent().unwrap();
+    let verify = |line: &str| airlock_testkit::verify_commit(&t.authority, scratch, line, &one);
+    let out = verify(&signer.allowed_signers_line());
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
     assert!(said.contains("agent@example.org"), "{said}");
     // Another key does not verify it.
     airlock_testkit::ssh_keygen(&key);
     let other = Signer::load(&key, "agent@example.org").unwrap();
-    std::fs::write(&allowed, format!("{}\n", other.allowed_signers_line())).unwrap();
-    let out = std::process::Command::new("git")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .args(["-c", &allowed_cfg, "-c"])
-        .arg(format!("safe.directory={}", t.authority.display()))
-        .arg("--git-dir")
-        .arg(&t.authority)
-        .args(["verify-commit", &one])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    assert!(!verify(&other.allowed_signers_line()).status.success());
     git_dir(&t.authority, &["fsck", "--strict"]);
 }
 

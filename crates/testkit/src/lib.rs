@@ -17,9 +17,16 @@ use std::sync::{Arc, Mutex};
 /// identity; panics with git's stderr when it fails. Returns stdout,
 /// trimmed.
 pub fn git(dir: &Path, args: &[&str]) -> String {
+    git_with_global(dir, Path::new("/dev/null"), args)
+}
+
+/// [`git`] with `global` as the user configuration (for instance one that
+/// trusts repositories another uid owns: `-c safe.directory` does not
+/// reach the receive-pack a local push starts).
+pub fn git_with_global(dir: &Path, global: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_GLOBAL", global)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_AUTHOR_NAME", "t")
         .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
@@ -503,4 +510,27 @@ pub fn sshd(dir: &Path, authorized: &[&str]) -> Sshd {
         known_hosts,
         dir: dir.to_path_buf(),
     }
+}
+
+/// `git verify-commit -v OID` on the bare repository `repo` (any owner
+/// trusted) with an allowed-signers file holding `allowed` (one line, as
+/// `airlock_git::Signer::allowed_signers_line` writes it), in `scratch`.
+pub fn verify_commit(
+    repo: &Path,
+    scratch: &Path,
+    allowed: &str,
+    oid: &str,
+) -> std::process::Output {
+    let file = scratch.join("allowed_signers");
+    std::fs::write(&file, format!("{allowed}\n")).expect("allowed signers");
+    Command::new("git")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .arg("-c")
+        .arg(format!("gpg.ssh.allowedSignersFile={}", file.display()))
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(repo)
+        .args(["verify-commit", "-v", oid])
+        .output()
+        .expect("git runs")
 }

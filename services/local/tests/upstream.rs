@@ -76,23 +76,7 @@ fn chown_tree(path: &Path, uid: u32) {
 fn team_git(dir: &Path, args: &[&str]) -> String {
     let global = dir.parent().unwrap().join("team.gitconfig");
     std::fs::write(&global, "[safe]\n\tdirectory = *\n").unwrap();
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", &global)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    airlock_testkit::git_with_global(dir, &global, args)
 }
 
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
@@ -179,21 +163,6 @@ fn read_as(id: airlock_local::layout::Id, file: &Path) -> std::process::Output {
         .arg("--clear-groups")
         .arg("cat")
         .arg(file)
-        .output()
-        .unwrap()
-}
-
-fn verify_commit(repo: &Path, allowed: &Path, oid: &str) -> std::process::Output {
-    std::process::Command::new("git")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .arg("-c")
-        .arg(format!("gpg.ssh.allowedSignersFile={}", allowed.display()))
-        .arg("-c")
-        .arg("safe.directory=*")
-        .arg("--git-dir")
-        .arg(repo)
-        .args(["verify-commit", "-v", oid])
         .output()
         .unwrap()
 }
@@ -323,9 +292,8 @@ fn upstreams_are_followed_and_published_to_exactly_once() {
     assert_eq!(signature["principal"], "agent@example.org", "{task}");
     let signer = airlock_git::Signer::load(&signing_key, "agent@example.org").unwrap();
     assert_eq!(signature["fingerprint"], signer.fingerprint().as_str());
-    let allowed = dir.join("allowed_signers");
-    std::fs::write(&allowed, format!("{}\n", signer.allowed_signers_line())).unwrap();
-    let verified = verify_commit(&local_up, &allowed, &commit);
+    let verified =
+        airlock_testkit::verify_commit(&local_up, dir, &signer.allowed_signers_line(), &commit);
     assert!(
         verified.status.success(),
         "{}",
@@ -548,6 +516,14 @@ fn upstreams_are_followed_and_published_to_exactly_once() {
         );
         let s = sync_state(&state, repo).unwrap();
         assert_eq!(s["code"], code, "{s}");
+        // …and the first failure is an event (UPSTREAM_SYNC_FAILED, its code).
+        let events = ctl_json(&bus, &["--json", "events"]);
+        assert!(
+            events.lines().any(|l| l.contains("UPSTREAM_SYNC_FAILED")
+                && l.contains(repo)
+                && l.contains(code)),
+            "{events}"
+        );
         assert!(
             git_dir(&authority(repo), &["for-each-ref", "refs/heads"]).is_empty(),
             "{repo} synced something"

@@ -66,6 +66,7 @@
 //! lease expired, no branch, one `result_submitted` in the journal
 //! (`a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once`).
 
+use airlock_crash_matrix::{file_len, git, log_since};
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
@@ -77,7 +78,6 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Where the worker kills itself, in the order an attempt passes them.
@@ -105,18 +105,6 @@ const MAX_ATTEMPTS: u32 = 6;
 const FAULT_PATIENCE: Duration = Duration::from_secs(8);
 const START_MARKER: &str = "crash-start";
 const END_MARKER: &str = "crash-end";
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 fn submission(i: usize, base: &str) -> Value {
     let task = format!("crash-{i:03}");
@@ -212,19 +200,6 @@ impl Kills {
 
 fn states(client: &Client, tasks: &[String]) -> BTreeMap<String, TaskView> {
     tasks.iter().map(|t| (t.clone(), client.get(t))).collect()
-}
-
-fn file_len(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-/// The text appended to a log since `offset`.
-fn log_since(path: &Path, offset: u64) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    String::from_utf8_lossy(&bytes[start..]).into_owned()
 }
 
 /// Every command directory under the executor's work root that holds a

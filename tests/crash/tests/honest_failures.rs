@@ -14,6 +14,7 @@
 //! resume at commit_done whose branch moved needs reconciliation, and a
 //! call the supervisor does not answer is bounded.
 
+use airlock_crash_matrix::git;
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::Code;
@@ -23,18 +24,6 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 struct Stack {
     suite: Suite,

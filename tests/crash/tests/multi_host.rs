@@ -25,6 +25,7 @@
 //! Needs root (network namespaces, the stacks' own uids); elsewhere it says
 //! so and passes without running.
 
+use airlock_crash_matrix::git;
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::layout::Ids;
 use airlock_local::{SharedStore, Suite, Tuning, start_with};
@@ -48,18 +49,6 @@ const MAX_ATTEMPTS: u32 = 8;
 const LEASE_SECONDS: u32 = 10;
 /// Kill rounds (each kills one supervisor and one worker).
 const ROUNDS: usize = 6;
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 fn run(cmd: &[&str]) {
     let out = Command::new(cmd[0]).args(&cmd[1..]).output().unwrap();

@@ -18,6 +18,7 @@
 //! the commit there and sends nothing); each task's result records
 //! `pushed: false` exactly when its push happened before a kill.
 
+use airlock_crash_matrix::{file_len, git, log_since};
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{LocalUpstream, Suite, Tuning, start_with};
 use airlock_proto::task::{TaskState, TaskView};
@@ -31,30 +32,6 @@ const POINTS: &[&str] = &["before_push", "after_push", "published"];
 /// Tasks; each is killed at every point.
 const TASKS: usize = 18;
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-fn file_len(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-fn log_since(path: &Path, offset: u64) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    String::from_utf8_lossy(&bytes[start..]).into_owned()
-}
 
 struct Stack {
     suite: Suite,
@@ -133,22 +110,7 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
     let upstream = dir.path().join("upstream.git");
     let work = dir.path().join("work");
     let run = |cwd: &Path, args: &[&str]| {
-        let out = Command::new("git")
-            .current_dir(cwd)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        airlock_testkit::git(cwd, args);
     };
     run(
         dir.path(),
@@ -168,12 +130,7 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
         .unwrap();
     assert!(st.success());
     let signing = dir.path().join("signing");
-    let st = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "t", "-f"])
-        .arg(&signing)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    airlock_testkit::ssh_keygen(&signing);
 
     let suite = start_with(
         dir.path().join("state"),
@@ -261,8 +218,8 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
 
     // Everything settles; then the upstream is checked task by task.
     let signer = airlock_git::Signer::load(&signing, "agent@example.org").unwrap();
-    let allowed = s.suite.layout.path("allowed_signers");
-    std::fs::write(&allowed, format!("{}\n", signer.allowed_signers_line())).unwrap();
+    let allowed = signer.allowed_signers_line();
+    let scratch = s.suite.layout.path("");
     let (mut lost, mut duplicated, mut unsigned, mut replays) = (0, 0, 0, 0);
     for task in &tasks {
         let v = s.settled(task);
@@ -279,16 +236,7 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
         if updates.lines().count() != 1 {
             duplicated += 1;
         }
-        let out = Command::new("git")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .arg("-c")
-            .arg(format!("gpg.ssh.allowedSignersFile={}", allowed.display()))
-            .args(["-c", "safe.directory=*", "--git-dir"])
-            .arg(&s.upstream)
-            .args(["verify-commit", &commit])
-            .output()
-            .unwrap();
+        let out = airlock_testkit::verify_commit(&s.upstream, &scratch, &allowed, &commit);
         if !out.status.success() {
             unsigned += 1;
         }

@@ -23,6 +23,7 @@
 //! Each test prints a summary line built from the values it asserts,
 //! including the lost and duplicated counts (both must be 0).
 
+use airlock_crash_matrix::git;
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
@@ -36,21 +37,8 @@ use airlock_proto::task::{
 use rand::Rng;
 use serde_json::{Value, json};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 fn task(name: &str, base: &str) -> Value {
     task_on_demo(

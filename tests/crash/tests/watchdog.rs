@@ -11,29 +11,17 @@
 //! `fault-injection`: `AIRLOCK_FAULT_WEDGE_AT=<phase>` blocks the attempt
 //! thread after that checkpoint.
 
+use airlock_crash_matrix::git;
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::task::TaskState;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const WATCHDOG_USEC: &str = "1000000";
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 /// systemd's end of the notify socket.
 struct Notify {
