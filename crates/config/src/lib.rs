@@ -49,6 +49,7 @@
 //! assert_eq!(ok.supervisor.lease_seconds, 300);
 //! ```
 
+mod durable;
 mod environment;
 mod error;
 mod keys;
@@ -62,6 +63,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use durable::write_durably;
 pub use environment::{
     ENVIRONMENT_KEYS, EXAMPLES as ENVIRONMENT_EXAMPLES, Environment, EnvironmentError,
     EnvironmentKey, ProgramTable, Resolved, ResolvedSetup, Setup, is_host_port, looks_secret,

@@ -59,6 +59,7 @@ pub(crate) fn publish_at(
     dir_path: &Path,
     name: &str,
     bytes: &[u8],
+    staged: &mut dyn FnMut(),
 ) -> Result<PathBuf> {
     let final_path = dir_path.join(name);
     let temp = temp_name();
@@ -98,6 +99,7 @@ pub(crate) fn publish_at(
         })
     })?;
     drop(file);
+    staged();
     match rustix::fs::renameat_with(dir, temp.as_str(), dir, name, RenameFlags::NOREPLACE) {
         Ok(()) => {}
         Err(Errno::EXIST) => {
@@ -238,7 +240,7 @@ fn split(path: &Path) -> Result<(&Path, &str)> {
 pub fn publish_path(path: &Path, bytes: &[u8]) -> Result<PathBuf> {
     let (parent, name) = split(path)?;
     let dir = open_dir(parent)?;
-    publish_at(dir.as_fd(), parent, name, bytes)
+    publish_at(dir.as_fd(), parent, name, bytes, &mut || {})
 }
 
 /// Reads an arbitrary `path` under the rules of [`Expect`] (for `run-once`

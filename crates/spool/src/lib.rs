@@ -227,8 +227,28 @@ impl Spool {
     /// a second publication of the same name fails with
     /// [`Error::AlreadyPublished`] and leaves the first intact.
     pub fn publish(&self, kind: Kind, request_id: &str, bytes: &[u8]) -> Result<PathBuf> {
+        self.publish_observed(kind, request_id, bytes, &mut || {})
+    }
+
+    /// [`Spool::publish`], calling `staged` once the temporary file is
+    /// written and synced and before it is renamed into place: the window
+    /// the power-loss matrix stops the worker in (its `spool_staged` fault
+    /// point).
+    pub fn publish_observed(
+        &self,
+        kind: Kind,
+        request_id: &str,
+        bytes: &[u8],
+        staged: &mut dyn FnMut(),
+    ) -> Result<PathBuf> {
         let name = kind.file_name(request_id)?;
-        file::publish_at(self.dir(kind).as_fd(), &self.dir_path(kind), &name, bytes)
+        file::publish_at(
+            self.dir(kind).as_fd(),
+            &self.dir_path(kind),
+            &name,
+            bytes,
+            staged,
+        )
     }
 
     /// Reads `<kind>/<request_id>.<ext>` under the rules of [`Expect`].

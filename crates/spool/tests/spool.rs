@@ -451,3 +451,25 @@ fn paths_outside_the_spool_use_the_same_rules() {
         Error::Missing { .. }
     ));
 }
+
+#[test]
+fn the_staged_hook_runs_with_the_whole_file_under_a_temporary_name_before_the_rename() {
+    let (dir, spool) = spool();
+    let requests = dir.path().join("requests");
+    let mut seen = Vec::new();
+    let path = spool
+        .publish_observed(Kind::Requests, &id(7), b"{\"n\":7}", &mut || {
+            for e in std::fs::read_dir(&requests).unwrap() {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                seen.push((name, std::fs::read(e.path()).unwrap()));
+            }
+        })
+        .unwrap();
+    assert_eq!(seen.len(), 1, "one file while staged: {seen:?}");
+    assert!(seen[0].0.starts_with(".tmp-"), "{:?}", seen[0].0);
+    assert_eq!(seen[0].1, b"{\"n\":7}");
+    assert!(Kind::Requests.parse_name(&seen[0].0).is_none());
+    assert_eq!(std::fs::read(path).unwrap(), b"{\"n\":7}");
+    assert_eq!(std::fs::read_dir(&requests).unwrap().count(), 1);
+}

@@ -171,7 +171,12 @@ fn dir(path: &Path, mode: u32, uid: u32, gid: u32, ids: &Ids) -> std::io::Result
         chown(path, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
             .map_err(std::io::Error::from)?;
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    // The new entry is on disk only once its parent directory is synced.
+    match path.parent() {
+        Some(parent) => std::fs::File::open(parent)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 /// Creates the tree with the same ownership model as tmpfiles/airlock.conf:
@@ -219,18 +224,12 @@ pub fn create(layout: &Layout, ids: &Ids) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes a file owned by `who` with `mode`.
+/// Writes a file owned by `who` with `mode`, durably (replaced whole,
+/// synced with its directory: a power loss leaves the old file or this
+/// one).
 pub fn file(path: &Path, content: &[u8], mode: u32, who: Id, ids: &Ids) -> std::io::Result<()> {
-    std::fs::write(path, content)?;
-    if ids.separated {
-        chown(
-            path,
-            Some(Uid::from_raw(who.uid)),
-            Some(Gid::from_raw(who.gid)),
-        )
-        .map_err(std::io::Error::from)?;
-    }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    let owner = ids.separated.then_some((who.uid, who.gid));
+    airlock_config::write_durably(path, content, mode, owner)
 }
 
 /// Gives a whole tree to `who` (the demo repository to the worker).

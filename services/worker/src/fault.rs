@@ -7,8 +7,13 @@
 //!
 //! - a checkpoint phase name (`claimed`, `workspace_prepared`, …): right
 //!   after that checkpoint was durably appended;
+//! - `commit_written`: the governed commit's objects are written (and
+//!   synced), the agent/ branch not yet moved;
 //! - `ref_updated`: after the compare-and-swap moved the agent/ branch to
 //!   the governed commit, before the `commit_done` checkpoint is appended;
+//! - `spool_staged`: inside a spool publication (a request or a source
+//!   archive), its temporary file written and synced, not yet renamed into
+//!   place;
 //! - `result_accepted`: after the supervisor accepted the result
 //!   (SubmitResult returned OK), before `result_submitted` is appended.
 //!
@@ -54,8 +59,13 @@ pub struct Armed {
 pub enum FaultPoint {
     /// Right after this checkpoint phase was appended.
     AfterPhase(Phase),
+    /// The governed commit's objects are written; the branch is not yet
+    /// moved.
+    CommitWritten,
     /// The branch ref was updated; `commit_done` is not yet appended.
     RefUpdated,
+    /// A spool file is written to its temporary name, not yet renamed.
+    SpoolStaged,
     /// The supervisor accepted the result; `result_submitted` is not yet
     /// appended.
     ResultAccepted,
@@ -69,7 +79,9 @@ impl FaultPoint {
     /// Parses a fault point name.
     pub fn parse(name: &str) -> Result<Self, Error> {
         match name {
+            "commit_written" => Ok(FaultPoint::CommitWritten),
             "ref_updated" => Ok(FaultPoint::RefUpdated),
+            "spool_staged" => Ok(FaultPoint::SpoolStaged),
             "result_accepted" => Ok(FaultPoint::ResultAccepted),
             "before_push" => Ok(FaultPoint::BeforePush),
             "after_push" => Ok(FaultPoint::AfterPush),
@@ -77,7 +89,7 @@ impl FaultPoint {
                 Error::with(
                     Code::CONFIG_INVALID,
                     format!(
-                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, ref_updated, result_accepted, before_push or after_push)"
+                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, commit_written, ref_updated, spool_staged, result_accepted, before_push or after_push)"
                     ),
                 )
             }),
@@ -88,7 +100,9 @@ impl FaultPoint {
     pub fn as_str(self) -> &'static str {
         match self {
             FaultPoint::AfterPhase(p) => p.as_str(),
+            FaultPoint::CommitWritten => "commit_written",
             FaultPoint::RefUpdated => "ref_updated",
+            FaultPoint::SpoolStaged => "spool_staged",
             FaultPoint::ResultAccepted => "result_accepted",
             FaultPoint::BeforePush => "before_push",
             FaultPoint::AfterPush => "after_push",
@@ -260,7 +274,9 @@ mod tests {
             "commit_done",
             "result_pending",
             "result_submitted",
+            "commit_written",
             "ref_updated",
+            "spool_staged",
             "result_accepted",
         ] {
             assert_eq!(FaultPoint::parse(name).unwrap().as_str(), name);

@@ -76,7 +76,17 @@ impl LazyFs {
             ),
         )
         .unwrap();
+        let log = dir.path().join("lazyfs.log");
+        // In the foreground (`-f`): the child is LazyFS itself, so its exit
+        // is a failure and dropping this value can stop it. (Without `-f`
+        // it forks away once mounted, and the exit of the process started
+        // here said nothing.)
         let spawn = || {
+            let err = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .expect("lazyfs log");
             Command::new(program())
                 .arg(&mount)
                 .arg("--config-path")
@@ -84,8 +94,9 @@ impl LazyFs {
                 .args(["-o", "allow_other", "-o", "default_permissions"])
                 .args(["-o", "modules=subdir", "-o"])
                 .arg(format!("subdir={}", root.display()))
+                .arg("-f")
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(err)
                 .spawn()
                 .expect("lazyfs starts")
         };
@@ -100,8 +111,12 @@ impl LazyFs {
                 Instant::now() < deadline,
                 "lazyfs did not mount in 90 s ({starts} starts)"
             );
-            if let Ok(Some(_)) = child.try_wait() {
-                assert!(starts < 3, "lazyfs exited {starts} times before mounting");
+            if let Ok(Some(status)) = child.try_wait() {
+                assert!(
+                    starts < 3,
+                    "lazyfs exited {starts} times before mounting ({status}): {}",
+                    String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default())
+                );
                 child = spawn();
                 starts += 1;
             }
@@ -126,27 +141,35 @@ impl LazyFs {
     }
 
     /// The power loss: every write not yet synced is dropped.
+    ///
+    /// LazyFS reads its FIFO in its own thread, and two commands written
+    /// before it reads them arrive as one line it does not parse. So an
+    /// unsynced probe file is written first and one `clear-cache` at a
+    /// time is sent until the probe's bytes are gone (sending it again is
+    /// harmless: nothing writes meanwhile).
     pub fn power_loss(&self) {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&self.fifo)
-            .unwrap();
-        f.write_all(b"lazyfs::clear-cache\n").unwrap();
-        drop(f);
-        // LazyFS applies the command from its FIFO thread; a file written
-        // after it must not race it, so wait until a probe shows the drop.
         let probe = self.mount.join(".airlock-power-probe");
-        let deadline = Instant::now() + Duration::from_secs(60);
         std::fs::write(&probe, b"x").unwrap();
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&self.fifo)
-            .unwrap();
-        f.write_all(b"lazyfs::clear-cache\n").unwrap();
-        drop(f);
-        while std::fs::read(&probe).map(|b| b == b"x").unwrap_or(false) {
-            assert!(Instant::now() < deadline, "lazyfs did not clear its cache");
-            std::thread::sleep(Duration::from_millis(10));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        'sent: loop {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&self.fifo)
+                .unwrap();
+            f.write_all(b"lazyfs::clear-cache\n").unwrap();
+            drop(f);
+            let resend = Instant::now() + Duration::from_secs(2);
+            while std::fs::read(&probe).map(|b| b == b"x").unwrap_or(false) {
+                assert!(
+                    Instant::now() < deadline,
+                    "lazyfs did not clear its cache in 60 s"
+                );
+                if Instant::now() >= resend {
+                    continue 'sent;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            break;
         }
         let _ = std::fs::remove_file(&probe);
     }

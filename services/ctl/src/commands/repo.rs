@@ -265,18 +265,8 @@ fn reload(ctx: &Ctx, executor: bool) -> bool {
 }
 
 fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), CtlError> {
-    let io = |e: std::io::Error| CtlError::generic(format!("{}: {e}", path.display()));
-    let tmp = path.with_extension(format!("toml.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(io)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).map_err(io)?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
-    }
-    Ok(())
+    airlock_config::write_durably(path, text.as_bytes(), mode, None)
+        .map_err(|e| CtlError::generic(format!("{}: {e}", path.display())))
 }
 
 #[allow(clippy::too_many_arguments)]

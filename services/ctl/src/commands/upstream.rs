@@ -225,11 +225,7 @@ pub fn install(config_path: &Path, name: &str, plan: &Plan) -> Result<Vec<PathBu
             }
         } else {
             let bytes = std::fs::read(from).map_err(io(from))?;
-            let tmp = to.with_extension("tmp");
-            std::fs::write(&tmp, &bytes).map_err(io(&tmp))?;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-                .map_err(io(&tmp))?;
-            std::fs::rename(&tmp, &to).map_err(io(&to))?;
+            airlock_config::write_durably(&to, &bytes, 0o600, None).map_err(io(&to))?;
         }
         std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)).map_err(io(&to))?;
         load.push((id, to.clone()));
@@ -238,7 +234,8 @@ pub fn install(config_path: &Path, name: &str, plan: &Plan) -> Result<Vec<PathBu
     let drop_ins = &worker_drop_ins();
     std::fs::create_dir_all(drop_ins).map_err(io(drop_ins))?;
     let unit = drop_ins.join(format!("upstream-{name}.conf"));
-    std::fs::write(&unit, unit_text(name, plan, &load)).map_err(io(&unit))?;
+    airlock_config::write_durably(&unit, unit_text(name, plan, &load).as_bytes(), 0o644, None)
+        .map_err(io(&unit))?;
     written.push(unit);
     Ok(written)
 }

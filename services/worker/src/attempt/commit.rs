@@ -199,6 +199,12 @@ impl Worker {
                 signer.as_ref(),
             )
             .map_err(git_err)?;
+        #[cfg(feature = "fault-injection")]
+        crate::fault::hit(
+            self.settings.fault,
+            crate::fault::FaultPoint::CommitWritten,
+            &b.task_id,
+        );
         let expected = match b.branch_mode {
             airlock_proto::binding::BranchMode::CreateNew => None,
             airlock_proto::binding::BranchMode::ContinueExisting => {

@@ -78,7 +78,7 @@ impl Worker {
         };
         let request_bytes =
             serde_json::to_vec(&request).map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
-        self.publish_once(Kind::Requests, rid, &request_bytes)?;
+        self.publish_once(Kind::Requests, rid, &request_bytes, &env.binding.task_id)?;
         let _ = std::fs::remove_dir_all(&scratch);
         Ok(WorkspacePreparedPayload {
             request_id: rid.to_owned(),
@@ -119,14 +119,24 @@ impl Worker {
             &mut archive,
         )
         .map_err(git_err)?;
-        self.publish_once(Kind::Sources, rid, &archive)?;
+        self.publish_once(Kind::Sources, rid, &archive, &env.binding.task_id)?;
         let _ = std::fs::remove_dir_all(&scratch);
         tracing::info!(request = %rid, tree = %request.source_tree, bytes = archive.len(), "source archive sent");
         Ok(())
     }
 
-    fn publish_once(&self, kind: Kind, rid: &str, bytes: &[u8]) -> Step<()> {
-        match self.spool.publish(kind, rid, bytes) {
+    fn publish_once(&self, kind: Kind, rid: &str, bytes: &[u8], task: &str) -> Step<()> {
+        let mut staged = || {
+            #[cfg(feature = "fault-injection")]
+            crate::fault::hit(
+                self.settings.fault,
+                crate::fault::FaultPoint::SpoolStaged,
+                task,
+            );
+        };
+        #[cfg(not(feature = "fault-injection"))]
+        let _ = task;
+        match self.spool.publish_observed(kind, rid, bytes, &mut staged) {
             Ok(_) => Ok(()),
             Err(airlock_spool::Error::AlreadyPublished { .. }) => {
                 let me = nix::unistd::getuid().as_raw();

@@ -1,0 +1,737 @@
+//! The power-loss matrix (issue 24): the whole suite on airlock-local
+//! with every piece of its state on LazyFS — the authority repositories,
+//! the worker's journal and workspaces, the spool, the executor's work
+//! root and tree cache, the supervisor's task database and event log, the
+//! logs — cut off again and again: every airlock process SIGKILLed at a
+//! chosen point, then LazyFS drops every write not yet synced (a power
+//! loss: what SIGKILL alone never does), then the suite starts again from
+//! what the disk kept.
+//!
+//! The points, each counted only when it is shown to have been reached:
+//!
+//! - **after each worker step** ([`worker_points`]): the worker is started
+//!   with `AIRLOCK_FAULT_KILL_AFTER=<point>` and counts for the point only
+//!   when it died of SIGKILL having logged `fault injection: SIGKILL at
+//!   <point>` since that start. The points are every checkpoint phase an
+//!   attempt without an upstream passes (taken from the phases' own list,
+//!   `Phase::ALL`), plus the side-effect windows: `commit_written` (the
+//!   commit's objects written, its ref not yet moved: mid-commit),
+//!   `ref_updated` (the ref moved, `commit_done` not yet recorded: the
+//!   ref update's other side), `spool_staged` (a request or source archive
+//!   written to its temporary name, not yet renamed: mid-spool-publish)
+//!   and `result_accepted` (the supervisor took the result, the journal
+//!   not yet told);
+//! - **after a submission was acknowledged**: SubmitTask returned, then
+//!   the power goes at once;
+//! - **mid-cache-fill**: the executor's tree cache is being filled (its
+//!   `.fill-*` directory exists, before and still after the kill) — the
+//!   tasks run on a repository of [`BULK_FILES`] files so a fill takes a
+//!   while;
+//! - **at random instants**.
+//!
+//! The rest of the suite is killed right after the point was reached;
+//! the bus daemon (a test fixture holding no state) keeps running.
+//!
+//! After every power loss, before anything starts again, the test reads
+//! what the disk kept and requires: the task database and the worker's
+//! journal pass their integrity checks; every submission acknowledged to
+//! a client exists; every authority repository passes `git fsck --full`;
+//! every SUCCEEDED task's commit exists, its agent/ branch points at it,
+//! one commit on top of the base, with the file its plan wrote; no result
+//! was accepted twice (the store's allowed `TASK_RESULT_SUBMITTED`
+//! events). At the end the suite runs unharmed until every acknowledged
+//! task is SUCCEEDED, FAILED or CANCELLED — a FAILED or CANCELLED task
+//! with its code — and the same checks hold. The summary is printed from
+//! the values asserted, before the assertions.
+
+use airlock_journal::checkpoint::CheckpointJournal;
+use airlock_local::client::{Supervisor, task_on_demo};
+use airlock_local::{Suite, Tuning, start_with};
+use airlock_powerloss::LazyFs;
+use airlock_proto::checkpoint::Phase;
+use airlock_proto::task::TaskState;
+use airlock_taskdb::tasks::{EventOutcome, SqliteStore};
+use rand::Rng;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Power losses in a run, at least.
+const MIN_LOSSES: usize = 100;
+/// Power losses at each worker point, at least.
+const MIN_PER_POINT: usize = 5;
+/// Power losses right after an acknowledged submission, at least.
+const MIN_AFTER_SUBMIT: usize = 8;
+/// Power losses proven mid-cache-fill, at least.
+const MIN_CACHE_FILL: usize = 4;
+/// Power losses at random instants, at least.
+const MIN_RANDOM: usize = 10;
+/// Files in the repository the tasks change.
+const BULK_FILES: usize = 150;
+const MAX_ATTEMPTS: u32 = 8;
+/// How long a worker armed with a point gets to reach it.
+const PATIENCE: Duration = Duration::from_secs(15);
+/// Every process of the suite, in the order they are started again.
+const MEMBERS: &[&str] = &["supervisor", "executor", "worker", "retryd"];
+/// How long LazyFS gets, after the kills, to release what they held.
+const SETTLE: Duration = Duration::from_millis(150);
+
+/// The worker points: every phase an attempt without an upstream passes,
+/// from the phases' own list, and the side-effect windows between them.
+fn worker_points() -> Vec<&'static str> {
+    let mut points: Vec<&'static str> = Phase::ALL
+        .iter()
+        .filter(|p| {
+            !matches!(
+                p,
+                // Reached only with an upstream, after a reconciliation
+                // case, or by a plan that captures sources.
+                Phase::Published | Phase::ReconciliationRequired | Phase::SourceCaptureDone
+            )
+        })
+        .map(|p| p.as_str())
+        .collect();
+    points.extend([
+        "commit_written",
+        "ref_updated",
+        "spool_staged",
+        "result_accepted",
+    ]);
+    points
+}
+
+fn git(repo: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("git")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(repo)
+        .args(args)
+        .output()
+        .expect("git runs")
+}
+
+fn git_out(repo: &Path, args: &[&str]) -> String {
+    String::from_utf8_lossy(&git(repo, args).stdout)
+        .trim()
+        .to_owned()
+}
+
+/// A source repository of `files` small files (on an ordinary file system).
+fn bulk_source(dir: &Path, files: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..files {
+        let sub = dir.join(format!("src/d{:02}", i % 40));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join(format!("f{i:04}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let run = |args: &[&str]| {
+        let out = Command::new("git")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    run(&["init", "-q", "-b", "main"]);
+    run(&["add", "-A"]);
+    run(&["commit", "-q", "-m", "bulk"]);
+}
+
+fn submission(task: &str, base: &str) -> serde_json::Value {
+    let mut s = task_on_demo(
+        task,
+        base,
+        MAX_ATTEMPTS,
+        json!({"operation": "write_file", "path": format!("power/{task}.txt"), "content": format!("{task}\n")}),
+        json!([{"label": "check", "argv": ["/bin/true"], "timeout_seconds": 30}]),
+    );
+    s["binding"]["repository"] = json!("bulk");
+    s
+}
+
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+fn log_since(path: &Path, offset: u64) -> String {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    String::from_utf8_lossy(&bytes[start..]).into_owned()
+}
+
+/// `open` retried for up to ten seconds (see [`Matrix::kill_all`]).
+fn patiently<T, E: std::fmt::Display>(what: &str, mut open: impl FnMut() -> Result<T, E>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match open() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => panic!("{what}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Tree-cache fills in progress (their `.fill-*` directories).
+fn fills(work: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(work.join("trees"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".fill-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[derive(Default, Debug)]
+struct Losses {
+    at_point: BTreeMap<&'static str, usize>,
+    /// Armed workers that did not reach their point in time (the power
+    /// went anyway, at whatever instant that was).
+    point_not_reached: usize,
+    after_submit: usize,
+    cache_fill: usize,
+    /// Cache-fill rounds where no fill was seen in flight.
+    cache_fill_missed: usize,
+    random: usize,
+}
+
+impl Losses {
+    fn total(&self) -> usize {
+        self.at_point.values().sum::<usize>()
+            + self.point_not_reached
+            + self.after_submit
+            + self.cache_fill
+            + self.cache_fill_missed
+            + self.random
+    }
+
+    fn at(&self, p: &str) -> usize {
+        self.at_point.get(p).copied().unwrap_or(0)
+    }
+
+    fn done(&self, points: &[&'static str]) -> bool {
+        points.iter().all(|p| self.at(p) >= MIN_PER_POINT)
+            && self.after_submit >= MIN_AFTER_SUBMIT
+            && self.cache_fill >= MIN_CACHE_FILL
+            && self.random >= MIN_RANDOM
+            && self.total() >= MIN_LOSSES
+    }
+}
+
+/// What the disk kept, read with every airlock process down.
+#[derive(Default, Debug)]
+struct Findings {
+    missing_acknowledged: Vec<String>,
+    fsck: Vec<String>,
+    commits: Vec<String>,
+    accepted_twice: Vec<String>,
+    succeeded: usize,
+}
+
+impl Findings {
+    fn clean(&self) -> bool {
+        self.missing_acknowledged.is_empty()
+            && self.fsck.is_empty()
+            && self.commits.is_empty()
+            && self.accepted_twice.is_empty()
+    }
+}
+
+struct Matrix {
+    fs: LazyFs,
+    suite: Suite,
+    client: Supervisor,
+    repo: PathBuf,
+    base: String,
+    acknowledged: Vec<String>,
+    next: usize,
+    losses: Losses,
+    rounds_checked: usize,
+    /// Supervisor starts that failed and were retried, with their reason.
+    restarts_on_failure: Vec<String>,
+}
+
+impl Matrix {
+    fn log(&self, name: &str) -> PathBuf {
+        self.suite.layout.logs().join(format!("{name}.log"))
+    }
+
+    fn start(&mut self, name: &str, env: &[(&str, &str)]) {
+        let ids = self.suite.ids;
+        let logs = self.suite.layout.logs();
+        for starts in 1.. {
+            let offset = file_len(&self.log(name));
+            self.suite
+                .fleet
+                .restart(name, env, &ids, &logs)
+                .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+            if name != "supervisor" {
+                return;
+            }
+            let up = airlock_local::demo::wait_for_name(
+                self.suite.bus.address(),
+                Duration::from_secs(30),
+            );
+            let text = log_since(&self.log(name), offset);
+            match up {
+                Ok(()) => return,
+                // Its database not yet openable (see `settle`): systemd's
+                // Restart=on-failure starts it again two seconds later, and
+                // so does this harness, counting it.
+                Err(_) if starts < 3 && text.contains("STORE_UNAVAILABLE") => {
+                    self.restarts_on_failure.push(
+                        text.lines()
+                            .find(|l| l.contains("STORE_UNAVAILABLE"))
+                            .unwrap_or_default()
+                            .to_owned(),
+                    );
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                Err(e) => panic!("the supervisor after a power loss: {e}\n{text}"),
+            }
+        }
+    }
+
+    /// Starts every process again; the worker with `worker_env`.
+    fn power_on(&mut self, worker_env: &[(&str, &str)]) {
+        for name in MEMBERS {
+            let env = if *name == "worker" { worker_env } else { &[] };
+            self.start(name, env);
+        }
+    }
+
+    /// SIGKILL to every process, then the power loss.
+    fn power_off(&mut self) {
+        self.kill_all();
+        self.fs.power_loss();
+    }
+
+    /// SIGKILL to every process. A closed file is released to FUSE
+    /// asynchronously, and SQLite opening its database meanwhile has been
+    /// seen to fail (`disk I/O error` opening the `-shm`, gone a moment
+    /// later), so the harness lets LazyFS settle after the kills and after
+    /// its own reads; a real power loss has no such survivors.
+    fn kill_all(&mut self) {
+        for name in MEMBERS {
+            self.suite.fleet.kill(name);
+        }
+        std::thread::sleep(SETTLE);
+    }
+
+    /// The task database, opened by the harness (every process down).
+    fn store(&self) -> SqliteStore {
+        patiently("the task database after a power loss", || {
+            SqliteStore::open(&self.suite.layout.tasks_db())
+        })
+    }
+
+    /// Submits a task; true when the supervisor acknowledged it.
+    fn submit(&mut self) -> bool {
+        let task = format!("power-{:03}", self.next);
+        self.next += 1;
+        let s = submission(&task, &self.base);
+        match self
+            .client
+            .patiently(Duration::from_secs(30), |c| c.submit_task(&s))
+        {
+            Ok(_) => {
+                self.acknowledged.push(task);
+                true
+            }
+            Err(e) => panic!("SubmitTask {task}: {e}"),
+        }
+    }
+
+    fn open_tasks(&self) -> usize {
+        let store = self.store();
+        self.acknowledged
+            .iter()
+            .filter(|t| store.get(t).is_ok_and(|v| !v.state.is_terminal()))
+            .count()
+    }
+
+    /// A worker armed with `point`: true when it died there.
+    fn point_round(&mut self, point: &'static str) -> bool {
+        let log = self.log("worker");
+        let offset = file_len(&log);
+        self.power_on(&[("AIRLOCK_FAULT_KILL_AFTER", point)]);
+        let reached = match self.suite.fleet.wait_exit("worker", PATIENCE) {
+            Some(status) if status.signal() == Some(9) => {
+                let text = log_since(&log, offset);
+                assert!(
+                    text.contains(&format!("fault injection: SIGKILL at {point} task ")),
+                    "the worker died of SIGKILL without naming {point}:\n{text}"
+                );
+                true
+            }
+            Some(status) => panic!(
+                "the worker armed with {point} exited by itself ({status}):\n{}",
+                log_since(&log, offset)
+            ),
+            None => false,
+        };
+        self.power_off();
+        if reached {
+            *self.losses.at_point.entry(point).or_default() += 1;
+        } else {
+            self.losses.point_not_reached += 1;
+        }
+        reached
+    }
+
+    fn after_submit_round(&mut self) {
+        self.power_on(&[]);
+        self.submit();
+        self.power_off();
+        self.losses.after_submit += 1;
+    }
+
+    /// The power goes while the executor fills its tree cache.
+    fn cache_fill_round(&mut self) {
+        let work = self.suite.layout.path("exec/work");
+        self.power_on(&[]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut before = fills(&work);
+        while before.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+            before = fills(&work);
+        }
+        for name in MEMBERS {
+            self.suite.fleet.kill(name);
+        }
+        let after = fills(&work);
+        std::thread::sleep(SETTLE);
+        if !before.is_empty() && before.iter().any(|f| after.contains(f)) {
+            self.losses.cache_fill += 1;
+        } else {
+            self.losses.cache_fill_missed += 1;
+        }
+        self.fs.power_loss();
+    }
+
+    fn random_round(&mut self, rng: &mut impl Rng) {
+        self.power_on(&[]);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..1000)));
+        self.power_off();
+        self.losses.random += 1;
+    }
+
+    /// Reads what the disk kept (every process down) and checks it.
+    fn check(&mut self) -> Findings {
+        self.rounds_checked += 1;
+        let mut f = Findings::default();
+        let store = self.store();
+        store
+            .integrity_check()
+            .unwrap_or_else(|e| panic!("the task database after a power loss: {e}"));
+        let journal_path = self.suite.layout.path("worker/checkpoints.sqlite3");
+        if journal_path.exists() {
+            patiently("the worker's journal after a power loss", || {
+                CheckpointJournal::open(&journal_path).and_then(|j| j.integrity_check())
+            });
+        }
+        for repo in [&self.repo, &self.suite.layout.repos().join("demo.git")] {
+            let out = git(repo, &["fsck", "--full", "--no-dangling"]);
+            if !out.status.success() || !out.stderr.is_empty() {
+                f.fsck.push(format!(
+                    "{}: {}{}",
+                    repo.display(),
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        let mut accepted: BTreeMap<String, usize> = BTreeMap::new();
+        let mut after = 0;
+        loop {
+            let page = store.events(None, after, 1000).unwrap();
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            for e in &page {
+                if e.action == "TASK_RESULT_SUBMITTED" && e.outcome == EventOutcome::Allowed {
+                    *accepted
+                        .entry(e.task_id.clone().unwrap_or_default())
+                        .or_default() += 1;
+                }
+            }
+        }
+        f.accepted_twice = accepted
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(t, n)| format!("{t}: accepted {n} times"))
+            .collect();
+        for task in &self.acknowledged {
+            let v = match store.get(task) {
+                Ok(v) => v,
+                Err(e) => {
+                    f.missing_acknowledged.push(format!("{task}: {e}"));
+                    continue;
+                }
+            };
+            let branch = format!("refs/heads/agent/{task}");
+            let head = git_out(&self.repo, &["rev-parse", "--verify", "--quiet", &branch]);
+            if v.state != TaskState::Succeeded {
+                continue;
+            }
+            f.succeeded += 1;
+            let reported = v
+                .result
+                .as_ref()
+                .and_then(|r| r["commit_oid"].as_str())
+                .unwrap_or_default()
+                .to_owned();
+            if head != reported {
+                f.commits.push(format!(
+                    "{task}: SUCCEEDED with commit {reported:?}, its branch at {head:?}"
+                ));
+                continue;
+            }
+            let count = git_out(
+                &self.repo,
+                &["rev-list", "--count", &format!("{}..{head}", self.base)],
+            );
+            if count != "1" {
+                f.commits
+                    .push(format!("{task}: {count:?} commits on top of the base"));
+            }
+            let content = git_out(&self.repo, &["show", &format!("{head}:power/{task}.txt")]);
+            if content != *task {
+                f.commits
+                    .push(format!("{task}: its commit holds {content:?}"));
+            }
+        }
+        drop(store);
+        std::thread::sleep(SETTLE);
+        f
+    }
+}
+
+#[test]
+fn power_loss_matrix_keeps_every_acknowledged_fact() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "skipped: the power-loss matrix needs root (FUSE with allow_other, the suite's own uids)"
+        );
+        return;
+    }
+    let src = tempfile::tempdir().unwrap();
+    bulk_source(src.path(), BULK_FILES);
+    let fs = LazyFs::mount();
+    let state = fs.path().join("state");
+    let suite = start_with(
+        state,
+        true,
+        &Tuning {
+            lease_seconds: 10,
+            parallel_tasks: 2,
+            repositories: vec![("bulk".to_owned(), src.path().to_owned())],
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting the suite on LazyFS: {e}"));
+    let repo = suite.layout.repos().join("bulk.git");
+    let base = git_out(&repo, &["rev-parse", "refs/heads/main"]);
+    assert_eq!(base.len(), 40, "bulk.git has a main branch");
+    let client = Supervisor::connect(Some(suite.bus.address())).expect("bus connection");
+    let mut m = Matrix {
+        fs,
+        suite,
+        client,
+        repo,
+        base,
+        acknowledged: Vec::new(),
+        next: 0,
+        losses: Losses::default(),
+        rounds_checked: 0,
+        restarts_on_failure: Vec::new(),
+    };
+    for _ in 0..6 {
+        m.submit();
+    }
+    // The first power loss: right after the suite came up with work queued.
+    m.power_off();
+    let first = m.check();
+    assert!(first.clean(), "after the first power loss: {first:#?}");
+
+    let points = worker_points();
+    let mut rng = rand::thread_rng();
+    let started = Instant::now();
+    let mut problems = Vec::new();
+    let mut round = 0usize;
+    while !m.losses.done(&points) {
+        assert!(
+            started.elapsed() < Duration::from_secs(1200),
+            "the power-loss rounds took too long: {:?}",
+            m.losses
+        );
+        // Keep work queued, or the armed worker has nothing to stop in.
+        if m.open_tasks() < 3 {
+            m.power_on(&[]);
+            for _ in 0..4 {
+                m.submit();
+            }
+            m.kill_all();
+        }
+        match round % 6 {
+            0..=2 => {
+                let point = points
+                    .iter()
+                    .copied()
+                    .min_by_key(|p| m.losses.at(p))
+                    .unwrap();
+                m.point_round(point);
+            }
+            3 => m.after_submit_round(),
+            4 => {
+                if m.losses.cache_fill < MIN_CACHE_FILL {
+                    m.cache_fill_round();
+                } else {
+                    m.random_round(&mut rng);
+                }
+            }
+            _ => m.random_round(&mut rng),
+        }
+        let f = m.check();
+        eprintln!(
+            "power loss {} ({:.1?} in): {:?}",
+            m.losses.total(),
+            started.elapsed(),
+            m.losses
+        );
+        if !f.clean() {
+            problems.push(format!("after power loss {}: {f:#?}", m.losses.total()));
+        }
+        round += 1;
+    }
+    let loss_phase = started.elapsed();
+
+    // Then the suite runs unharmed until every acknowledged task ends.
+    m.power_on(&[]);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let finals = loop {
+        if let Err(e) = m.suite.fleet.check_alive() {
+            panic!("{e}");
+        }
+        let views: BTreeMap<String, _> = m
+            .acknowledged
+            .iter()
+            .map(|t| {
+                let v = m
+                    .client
+                    .patiently(Duration::from_secs(30), |c| c.get_task(t))
+                    .unwrap_or_else(|e| panic!("GetTask {t}: {e}"));
+                (t.clone(), v)
+            })
+            .collect();
+        if views.values().all(|v| v.state.is_terminal()) {
+            break views;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tasks not terminal 300 s after the last power loss: {:?}",
+            views
+                .iter()
+                .filter(|(_, v)| !v.state.is_terminal())
+                .map(|(t, v)| (t.clone(), v.state.as_str()))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    m.kill_all();
+    let last = m.check();
+    let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut without_reason = Vec::new();
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let store = m.store();
+    for (task, v) in &finals {
+        *by_state.entry(v.state.as_str()).or_default() += 1;
+        let code = match v.state {
+            // Its result's code, or the sweeper's reason (a lease that
+            // expired with no attempt left).
+            TaskState::Failed => v
+                .result
+                .as_ref()
+                .and_then(|r| r["failure_code"].as_str())
+                .or_else(|| v.verification.as_ref().and_then(|r| r["reason"].as_str()))
+                .map(str::to_owned),
+            TaskState::Cancelled => store
+                .events(Some(task), 0, 1000)
+                .unwrap()
+                .iter()
+                .find(|e| e.action.starts_with("TASK_CANCEL"))
+                .map(|e| e.action.clone()),
+            _ => Some(String::new()),
+        };
+        match code {
+            None => without_reason.push(format!("{task}: {} without its reason", v.state.as_str())),
+            Some(c) if !c.is_empty() => *reasons.entry(c).or_default() += 1,
+            Some(_) => {}
+        }
+    }
+    drop(store);
+    let l = &m.losses;
+    println!(
+        "power-loss matrix: {} power losses in {:.0?}: worker at points {:?} (+{} armed, not reached: lost at that instant), {} right after an acknowledged submission, {} mid-cache-fill (+{} with no fill seen), {} at random instants; every one followed by the checks ({} rounds checked)",
+        l.total(),
+        loss_phase,
+        l.at_point,
+        l.point_not_reached,
+        l.after_submit,
+        l.cache_fill,
+        l.cache_fill_missed,
+        l.random,
+        m.rounds_checked,
+    );
+    println!(
+        "power-loss matrix: the supervisor's start failed and was retried {} times: {:?}",
+        m.restarts_on_failure.len(),
+        m.restarts_on_failure
+    );
+    println!(
+        "power-loss matrix: {} acknowledged submissions, {} lost; final states {by_state:?} (reasons {reasons:?}); {} SUCCEEDED with their commit, {} commit problems, {} results accepted twice, {} fsck failures, {} rounds with a problem; integrity ok",
+        m.acknowledged.len(),
+        last.missing_acknowledged.len(),
+        last.succeeded,
+        last.commits.len(),
+        last.accepted_twice.len(),
+        last.fsck.len(),
+        problems.len(),
+    );
+    for p in &points {
+        assert!(
+            l.at(p) >= MIN_PER_POINT,
+            "only {} power losses at {p}",
+            l.at(p)
+        );
+    }
+    assert!(l.after_submit >= MIN_AFTER_SUBMIT);
+    assert!(
+        l.cache_fill >= MIN_CACHE_FILL,
+        "only {} power losses proven mid-cache-fill",
+        l.cache_fill
+    );
+    assert!(l.random >= MIN_RANDOM);
+    assert!(l.total() >= MIN_LOSSES);
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert!(last.clean(), "after the last run: {last:#?}");
+    assert!(without_reason.is_empty(), "{without_reason:#?}");
+    assert_eq!(
+        by_state.get("SUCCEEDED").copied().unwrap_or(0),
+        last.succeeded
+    );
+    assert_eq!(finals.len(), m.acknowledged.len());
+}
