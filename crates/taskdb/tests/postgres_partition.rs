@@ -112,7 +112,10 @@ fn store_calls_across_a_cut_link_fail_as_unavailable_and_recover_after_the_heal(
     cluster.crash();
     cluster.start_again().unwrap();
     net.heal(host).unwrap();
-    let (stale, _) = call(Ask::Get("part-2".into()), "a read on a session that died unseen");
+    let (stale, _) = call(
+        Ask::Get("part-2".into()),
+        "a read on a session that died unseen",
+    );
 
     println!(
         "partition: a read across the cut failed with {} in {took_session:.1?}, a write (reconnecting) with {} in {took_reconnect:.1?}; after the heal (PostgreSQL restarted during the cut): read {}, write {}; first call on a session that died unseen: {}",
@@ -125,7 +128,10 @@ fn store_calls_across_a_cut_link_fail_as_unavailable_and_recover_after_the_heal(
     assert_eq!(on_session, Some(Code::STORE_UNAVAILABLE));
     assert_eq!(reconnect, Some(Code::STORE_UNAVAILABLE));
     assert_eq!(healed, None, "the store recovers after the heal");
-    assert_eq!(healed_write, None, "the write refused during the cut is made after it");
+    assert_eq!(
+        healed_write, None,
+        "the write refused during the cut is made after it"
+    );
     assert_eq!(stale, None, "a session that died unseen is replaced");
     drop(ask);
     drop(cluster);

@@ -94,7 +94,9 @@ impl Store {
                     e.code,
                     format!(
                         "{} (found by a call made while this one waited; not tried again)",
-                        e.detail.as_deref().unwrap_or("the task store is unreachable")
+                        e.detail
+                            .as_deref()
+                            .unwrap_or("the task store is unreachable")
                     ),
                 ));
             }

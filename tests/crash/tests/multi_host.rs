@@ -556,7 +556,12 @@ fn three_hosts_share_one_postgresql_queue_under_faults() {
 
     // Everything finishes, unharmed.
     let finals = settle(&mut stacks, &tasks);
-    let outcome = Outcome::read(&finals, &repo, &base, &PgStore::open(&shared.runtime).unwrap());
+    let outcome = Outcome::read(
+        &finals,
+        &repo,
+        &base,
+        &PgStore::open(&shared.runtime).unwrap(),
+    );
     // The late result: refused, by the store, for the stopped attempt.
     let (late_host, late_task, late_attempt) = late.expect("the stop round ran");
     let refusal = outcome
@@ -671,7 +676,9 @@ fn claimed_in(log: &str) -> BTreeSet<(String, u64)> {
 /// The attempts RUNNING in the store now (read as the superuser, on the
 /// UNIX socket: the test's own way in, which no partition cuts).
 fn running(cluster: &Cluster) -> BTreeSet<(String, u64)> {
-    let mut su = cluster.superuser("airlock").expect("the test's own session");
+    let mut su = cluster
+        .superuser("airlock")
+        .expect("the test's own session");
     su.query(
         "SELECT task_id, attempt::bigint FROM tasks WHERE status = 'RUNNING'",
         &[],
@@ -755,7 +762,13 @@ fn hosts_cut_off_from_postgresql_lose_nothing_and_their_late_results_are_refused
         if cut.past_lease() {
             // The partitioned supervisor answers, and says the store is
             // away (a read: nothing to fence).
-            answered = Some(stacks[h].client.get_task(&tasks[0]).map(|_| ()).map_err(|e| e.code));
+            answered = Some(
+                stacks[h]
+                    .client
+                    .get_task(&tasks[0])
+                    .map(|_| ())
+                    .map_err(|e| e.code),
+            );
         }
         if cut == Cut::PastLeaseWithRestart {
             cluster.crash();
@@ -775,13 +788,23 @@ fn hosts_cut_off_from_postgresql_lose_nothing_and_their_late_results_are_refused
 
     // Everything finishes, unharmed.
     let finals = settle(&mut stacks, &tasks);
-    let outcome = Outcome::read(&finals, &repo, &base, &PgStore::open(&shared.runtime).unwrap());
+    let outcome = Outcome::read(
+        &finals,
+        &repo,
+        &base,
+        &PgStore::open(&shared.runtime).unwrap(),
+    );
 
     // Per cut past the lease: the attempts held at the cut accepted none of
     // their results; the late ones refused, with their codes; the tasks
     // taken over by another attempt.
+    // Late results refused, by the code of the first refusal of each
+    // attempt, and every refusal of them (a worker whose call timed out
+    // during the cut tried again; each try reached the store after the
+    // heal, and each was refused).
     let mut late_refused: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut late_codes: Vec<Option<Code>> = Vec::new();
+    let mut refusals = 0usize;
     let mut late_per_cut = Vec::new();
     let mut accepted_from_cut_off = Vec::new();
     let mut taken_over = 0usize;
@@ -795,16 +818,19 @@ fn hosts_cut_off_from_postgresql_lose_nothing_and_their_late_results_are_refused
                 continue;
             }
             if accepted == Some(*attempt) {
-                accepted_from_cut_off.push(format!("{task} attempt {attempt} (host {})", part.host));
+                accepted_from_cut_off
+                    .push(format!("{task} attempt {attempt} (host {})", part.host));
             }
             if accepted.is_some_and(|a| a > *attempt) {
                 taken_over += 1;
             }
-            for e in outcome.denied("TASK_RESULT_SUBMITTED", task) {
+            let denied: Vec<&Event> = outcome.denied("TASK_RESULT_SUBMITTED", task).collect();
+            refusals += denied.len();
+            late_codes.extend(denied.iter().map(|e| e.code));
+            if let Some(first) = denied.first() {
                 late += 1;
-                late_codes.push(e.code);
                 *late_refused
-                    .entry(e.code.map_or("?", |c| c.as_str()))
+                    .entry(first.code.map_or("?", |c| c.as_str()))
                     .or_default() += 1;
             }
         }
@@ -840,7 +866,7 @@ fn hosts_cut_off_from_postgresql_lose_nothing_and_their_late_results_are_refused
         partitions.len(),
     );
     println!(
-        "partition matrix: {held_long} leases held at the long cuts, {} of their results accepted from the cut-off attempt, {taken_over} tasks taken over by a later attempt, late results refused per long cut {late_per_cut:?} with {late_refused:?}; {kept_across_blip} of {held_blip} leases held across the short cut delivered their result",
+        "partition matrix: {held_long} leases held at the long cuts, {} of their results accepted from the cut-off attempt, {taken_over} tasks taken over by a later attempt, late results refused per long cut {late_per_cut:?} with {late_refused:?} ({refusals} refusals in all, retries included); {kept_across_blip} of {held_blip} leases held across the short cut delivered their result",
         accepted_from_cut_off.len(),
     );
     println!("partition matrix: {}", outcome.summary());
@@ -849,6 +875,10 @@ fn hosts_cut_off_from_postgresql_lose_nothing_and_their_late_results_are_refused
     assert!(
         accepted_from_cut_off.is_empty(),
         "results accepted from attempts cut off past their lease: {accepted_from_cut_off:?}"
+    );
+    assert_eq!(
+        taken_over, held_long,
+        "every task cut off past its lease finished under a later attempt"
     );
     assert!(
         late_per_cut.iter().all(|n| *n >= 1),
