@@ -34,9 +34,12 @@
 #                    upstream repositories: the worker fetches and pushes
 #                    over ssh; the upstream tests start a real sshd on a
 #                    loopback port; ssh-keygen verifies signed commits
+#   nftables         the partition tests (multi_host.rs, postgres_partition.rs):
+#                    a packet filter inside a host's network namespace cuts
+#                    its link to PostgreSQL
 AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 python3-venv python3-pip systemd util-linux
   dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin postgresql
-  openssh-client openssh-server)
+  openssh-client openssh-server nftables)
 
 # Prints a section header.
 section() {

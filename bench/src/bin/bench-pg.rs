@@ -335,6 +335,7 @@ fn main() -> BenchResult<()> {
                         shared_store: Some(SharedStore {
                             url: db.url.clone(),
                             password: db.password.clone(),
+                            allow_plaintext: false,
                         }),
                         repos: Some(repos.clone()),
                         netns: None,

@@ -20,6 +20,10 @@
 //! migrations, a login role for the supervisors, and the
 //! `airlock_supervisor` group role that the schema grants to.
 //!
+//! [`Cluster::start_in`] runs the server inside a network namespace of a
+//! [`network::Network`] the test made, listening there on TCP, so that
+//! hosts in other namespaces reach it over a link the test can cut.
+//!
 //! Nothing here skips: without PostgreSQL installed, [`Cluster::start`]
 //! fails and says what to install.
 //!
@@ -27,6 +31,8 @@
 //! benchmarks.
 //! Never: be linked by a shipped service, or reach a cluster it did not
 //! start.
+
+pub mod network;
 
 use nix::unistd::{Gid, Uid, User};
 use std::os::unix::fs::PermissionsExt;
@@ -36,7 +42,19 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Bumped when the template's contents change (a new setting, a new role).
-const TEMPLATE_FORMAT: u32 = 1;
+const TEMPLATE_FORMAT: u32 = 2;
+
+/// Where the server listens besides its UNIX socket.
+#[derive(Clone, Debug)]
+enum Listen {
+    /// Nowhere else.
+    Socket,
+    /// 127.0.0.1.
+    Loopback,
+    /// Every address of this network namespace (`/run/netns/NAME`), which
+    /// the server runs in.
+    Namespace(PathBuf),
+}
 
 /// A running cluster.
 #[derive(Debug)]
@@ -46,7 +64,7 @@ pub struct Cluster {
     socket_dir: PathBuf,
     bin: PathBuf,
     port: u16,
-    tcp: bool,
+    listen: Listen,
     /// The server's certificate and key (PEM), in the cluster's directory.
     ssl: Option<(PathBuf, PathBuf)>,
     owner: Option<(Uid, Gid)>,
@@ -158,6 +176,9 @@ local all postgres trust
 local all all scram-sha-256
 host all postgres 127.0.0.1/32 trust
 host all all 127.0.0.1/32 scram-sha-256
+# The hosts of a test's own network (Cluster::start_in), on the server's
+# directly connected subnets only.
+host all all samenet scram-sha-256
 ";
 
 /// The template data directory for this PostgreSQL, made once.
@@ -237,7 +258,22 @@ impl Cluster {
 
     /// Starts a cluster with `options`.
     pub fn start_with(options: Options) -> Result<Cluster, String> {
-        Cluster::start_inner(options, None)
+        let listen = if options.tcp {
+            Listen::Loopback
+        } else {
+            Listen::Socket
+        };
+        Cluster::start_inner(listen, None)
+    }
+
+    /// Starts a cluster inside network namespace `netns` (root only: the
+    /// server joins it before dropping to its user), listening on every
+    /// address there, port 5432, and on its UNIX socket (the harness's
+    /// own connection, which no partition cuts). Hosts reach it at
+    /// [`network::SERVER_ADDRESS`] ([`Cluster::tcp_url_at`]) and present
+    /// a SCRAM password.
+    pub fn start_in(netns: &network::Netns) -> Result<Cluster, String> {
+        Cluster::start_inner(Listen::Namespace(netns.path()), None)
     }
 
     /// Starts a cluster that also listens on 127.0.0.1 with TLS (`ssl=on`),
@@ -246,13 +282,10 @@ impl Cluster {
     /// owned by the server's user with mode 0600 as PostgreSQL requires.
     /// Plaintext TCP is still accepted: refusing it is the client's part.
     pub fn start_with_tls(cert: &Path, key: &Path) -> Result<Cluster, String> {
-        Cluster::start_inner(
-            Options { tcp: true },
-            Some((cert.to_owned(), key.to_owned())),
-        )
+        Cluster::start_inner(Listen::Loopback, Some((cert.to_owned(), key.to_owned())))
     }
 
-    fn start_inner(options: Options, ssl: Option<(PathBuf, PathBuf)>) -> Result<Cluster, String> {
+    fn start_inner(listen: Listen, ssl: Option<(PathBuf, PathBuf)>) -> Result<Cluster, String> {
         let bin = bin_dir()?;
         let owner = postgres_ids()?;
         let template = template(&bin, owner)?;
@@ -274,7 +307,11 @@ impl Cluster {
         std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| err("socket directory mode", e))?;
         chown(&socket_dir, owner)?;
-        let port = if options.tcp { free_port()? } else { 5432 };
+        let port = match listen {
+            Listen::Loopback => free_port()?,
+            // Alone in its namespace (and its socket in its own directory).
+            Listen::Socket | Listen::Namespace(_) => 5432,
+        };
         let ssl = match ssl {
             None => None,
             Some((cert, key)) => {
@@ -302,7 +339,7 @@ impl Cluster {
             socket_dir,
             bin,
             port,
-            tcp: options.tcp,
+            listen,
             ssl,
             owner,
             child: None,
@@ -332,10 +369,10 @@ impl Cluster {
             .arg(self.port.to_string())
             .args([
                 "-c",
-                if self.tcp {
-                    "listen_addresses=127.0.0.1"
-                } else {
-                    "listen_addresses="
+                match self.listen {
+                    Listen::Socket => "listen_addresses=",
+                    Listen::Loopback => "listen_addresses=127.0.0.1",
+                    Listen::Namespace(_) => "listen_addresses=*",
                 },
                 "-c",
                 "unix_socket_permissions=0777",
@@ -357,11 +394,22 @@ impl Cluster {
             .stdout(log.try_clone().map_err(|e| err("server log", e))?)
             .stderr(log);
         let owner = self.owner;
+        // Opened before the fork: the child only calls setns(2) on it.
+        let netns = match &self.listen {
+            Listen::Namespace(path) => Some(
+                std::fs::File::open(path)
+                    .map_err(|e| err(&format!("opening {}", path.display()), e))?,
+            ),
+            Listen::Socket | Listen::Loopback => None,
+        };
         // SAFETY: the closure runs in the forked child before exec and only
-        // makes system calls (setgroups, setresgid, setresuid, prctl) on
-        // values prepared before the fork; it allocates nothing.
+        // makes system calls (setns, setgroups, setresgid, setresuid,
+        // prctl) on values prepared before the fork; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
+                if let Some(ns) = &netns {
+                    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+                }
                 if let Some((u, g)) = owner {
                     nix::unistd::setgroups(&[])?;
                     nix::unistd::setresgid(g, g, g)?;
@@ -450,7 +498,13 @@ impl Cluster {
 
     /// A URL for `user` on `db` over loopback TCP (with [`Options::tcp`]).
     pub fn tcp_url(&self, user: &str, db: &str) -> String {
-        format!("postgresql://{user}@127.0.0.1:{}/{db}", self.port)
+        self.tcp_url_at(std::net::Ipv4Addr::LOCALHOST.into(), user, db)
+    }
+
+    /// A URL for `user` on `db` over TCP to `host` (with
+    /// [`Cluster::start_in`]: [`network::SERVER_ADDRESS`]).
+    pub fn tcp_url_at(&self, host: std::net::IpAddr, user: &str, db: &str) -> String {
+        format!("postgresql://{user}@{host}:{}/{db}", self.port)
     }
 
     /// Creates database `name` as a deployment would (docs/postgresql.md):

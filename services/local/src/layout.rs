@@ -262,7 +262,7 @@ pub fn config_text(layout: &Layout, ids: &Ids, tuning: &crate::Tuning) -> String
     format!(
         r#"# Written by airlock-local for this state directory only.
 [supervisor]
-database = "{db}"
+database = "{db}"{plaintext}
 lease_seconds = {lease}
 sweep_interval_seconds = 1
 auto_accept = true
@@ -297,6 +297,10 @@ path = "{repo}"
 description = "sample repository made by airlock-local demo"
 {extra}{agents}"#,
         db = db,
+        plaintext = match &tuning.shared_store {
+            Some(store) if store.allow_plaintext => "\ndatabase_allow_plaintext = true",
+            _ => "",
+        },
         worker_uid = ids.name(ids.worker),
         admin = ids.name(ids.admin),
         retry_user = ids.name(ids.retry),

@@ -127,6 +127,10 @@ pub struct SharedStore {
     /// That role's password, handed to the supervisor as the systemd
     /// credential `airlock-database-password` would be.
     pub password: String,
+    /// `supervisor.database_allow_plaintext`: TCP without TLS to a host
+    /// that is not loopback (a network the caller owns end to end, such
+    /// as the namespaces of airlock-pgcluster's `Network`).
+    pub allow_plaintext: bool,
 }
 
 impl std::fmt::Debug for SharedStore {

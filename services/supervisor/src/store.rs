@@ -6,11 +6,22 @@
 //! behind one mutex, one short transaction at a time. It knows nothing of
 //! the bus, of authorisation or of the operations: each of those imports
 //! it, never the other way round.
+//!
+//! When the store is unreachable (PostgreSQL down, or this host cut off
+//! from it), each call waits out a connect timeout with the mutex held.
+//! Calls that queued behind a call which found the store unreachable fail
+//! at once with its error instead of each trying again in turn: otherwise
+//! a partition makes the queue grow by every renewal, claim and read while
+//! it drains by one call per timeout, the supervisor answers nobody in
+//! time, and after the heal it works through calls whose callers gave up
+//! long ago (a claim granted to nobody holds its task for a lease). A
+//! call made after that failure tries again itself.
 
 use airlock_proto::{Code, Error};
 use airlock_taskdb::tasks::TaskStore;
 use airlock_taskdb::{Location, StoreError};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 /// Converts a store error to the catalogue error that crosses the bus.
 pub fn store_error(e: StoreError) -> Error {
@@ -24,6 +35,10 @@ pub fn store_error(e: StoreError) -> Error {
 #[derive(Clone, Debug)]
 pub struct Store {
     inner: Arc<Mutex<Box<dyn TaskStore>>>,
+    /// When the last call that found the store unreachable ended, and its
+    /// error; cleared by a call the store answered. Written with `inner`
+    /// held.
+    unreachable: Arc<Mutex<Option<(Instant, Error)>>>,
 }
 
 impl Store {
@@ -32,6 +47,7 @@ impl Store {
         let store = airlock_taskdb::open(location).map_err(store_error)?;
         Ok(Store {
             inner: Arc::new(Mutex::new(store)),
+            unreachable: Arc::default(),
         })
     }
 
@@ -59,11 +75,40 @@ impl Store {
         f(store.as_mut())
     }
 
+    /// Runs `f` like [`Store::run`], its error as the bus carries it; a
+    /// call that waited while another found the store unreachable fails
+    /// with that error, without trying (see the module docs).
     pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, Error>
     where
         T: Send + 'static,
         F: FnOnce(&mut dyn TaskStore) -> Result<T, StoreError> + Send + 'static,
     {
-        self.run(f).await?.map_err(store_error)
+        let arrived = Instant::now();
+        let unreachable = Arc::clone(&self.unreachable);
+        self.run(move |store| {
+            let mut last = unreachable.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((failed, e)) = last.as_ref()
+                && arrived < *failed
+            {
+                return Err(Error::with(
+                    e.code,
+                    format!(
+                        "{} (found by a call made while this one waited; not tried again)",
+                        e.detail
+                            .as_deref()
+                            .unwrap_or("the task store is unreachable")
+                    ),
+                ));
+            }
+            drop(last);
+            let out = f(store).map_err(store_error);
+            last = unreachable.lock().unwrap_or_else(PoisonError::into_inner);
+            *last = match &out {
+                Err(e) if e.code == Code::STORE_UNAVAILABLE => Some((Instant::now(), e.clone())),
+                _ => None,
+            };
+            out
+        })
+        .await?
     }
 }

@@ -11,6 +11,16 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// How long data sent to the server may stay unacknowledged before the
+/// connection is given up (`TCP_USER_TIMEOUT`).
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A quiet connection is probed after this long ...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// ... then every this long ...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+/// ... and given up after this many unanswered probes.
+const KEEPALIVE_RETRIES: u32 = 3;
+
 /// How the connection to PostgreSQL is secured, from configuration
 /// (`supervisor.database_ca_file`, `supervisor.database_allow_plaintext`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -205,7 +215,19 @@ impl PgLocation {
             config.application_name("airlock");
         }
         config
-            .keepalives_idle(Duration::from_secs(30))
+            // A link that died (a partition, a host gone without a reset)
+            // fails the call in seconds instead of at TCP's own limit
+            // (about 15 minutes of retransmissions on Linux) — a wait
+            // that would hold the store's one session, and with it every
+            // caller of this supervisor: data unacknowledged this long
+            // ends the connection, and so do keepalive probes unanswered
+            // after a quiet spell (a call whose request the server
+            // acknowledged before the link died). UNIX sockets ignore
+            // both.
+            .tcp_user_timeout(TCP_USER_TIMEOUT)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES)
             .ssl_mode(if tls.is_some() {
                 // With a verifying connector: TLS or no session at all.
                 postgres::config::SslMode::Require
