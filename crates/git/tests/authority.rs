@@ -2,7 +2,7 @@
 
 use airlock_git::{ArchiveLimits, AuthorityRepo, CommitSpec, FileChange, RefUpdate};
 use airlock_proto::Code;
-use airlock_testkit::git;
+use airlock_testkit::git_dated as git;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -33,9 +33,26 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
 /// trusts repositories another uid owns: `-c safe.directory` does not
 /// reach the receive-pack a local push starts).
 pub fn git_with_global(dir: &Path, global: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
+    run_git(Command::new("git").env("GIT_CONFIG_GLOBAL", global), dir, args)
+}
+
+/// [`git`] with the commits it makes dated 1700000000 +0000 (author and
+/// committer), for a test that checks what is made from them is
+/// deterministic.
+pub fn git_dated(dir: &Path, args: &[&str]) -> String {
+    run_git(
+        Command::new("git")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_DATE", "1700000000 +0000")
+            .env("GIT_COMMITTER_DATE", "1700000000 +0000"),
+        dir,
+        args,
+    )
+}
+
+fn run_git(command: &mut Command, dir: &Path, args: &[&str]) -> String {
+    let out = command
         .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", global)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_AUTHOR_NAME", "t")
         .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
@@ -54,12 +71,16 @@ pub fn git_with_global(dir: &Path, global: &Path, args: &[&str]) -> String {
 
 /// Runs git on the bare repository `repo` (`--git-dir`), trusting that one
 /// directory (it may belong to the worker's uid), with no user or system
-/// configuration; panics with git's stderr when it fails. Returns stdout,
-/// trimmed.
+/// configuration and [`git`]'s identity; panics with git's stderr when it
+/// fails. Returns stdout, trimmed.
 pub fn git_dir(repo: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
         .arg("-c")
         .arg(format!("safe.directory={}", repo.display()))
         .arg("--git-dir")
