@@ -33,7 +33,11 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
 /// trusts repositories another uid owns: `-c safe.directory` does not
 /// reach the receive-pack a local push starts).
 pub fn git_with_global(dir: &Path, global: &Path, args: &[&str]) -> String {
-    run_git(Command::new("git").env("GIT_CONFIG_GLOBAL", global), dir, args)
+    run_git(
+        Command::new("git").env("GIT_CONFIG_GLOBAL", global),
+        dir,
+        args,
+    )
 }
 
 /// [`git`] with the commits it makes dated 1700000000 +0000 (author and
