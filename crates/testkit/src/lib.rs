@@ -5,11 +5,12 @@
 //! the crash tests kill parts of is tests/crash/src/lib.rs's `Stack`: it
 //! needs the worker's fault-injection build.)
 //!
-//! Owns: setup code a test would otherwise write again. Must never be
-//! linked by a shipped binary (a dev-dependency, or the bench crate's;
-//! `services/executor/tests/closure.rs` checks) and never names a
-//! registry's host: hosts are learnt from what each package client asks
-//! a logging proxy for ([`registry_of`]).
+//! Owns: setup code a test would otherwise write again. The one crate
+//! that imports a service (airlock-supervisor, for [`InProcess`]); so it
+//! must never be linked by a shipped binary (a dev-dependency, or the
+//! bench crate's; `services/executor/tests/closure.rs` checks) and never
+//! names a registry's host: hosts are learnt from what each package
+//! client asks a logging proxy for ([`registry_of`]).
 
 pub mod supervisor;
 
