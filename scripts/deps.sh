@@ -46,6 +46,15 @@ section() {
   printf '\n==> %s\n' "$*"
 }
 
+# Seconds as "42 s" or "3 min 07 s".
+duration() {
+  if [ "$1" -ge 60 ]; then
+    printf '%d min %02d s' $(($1 / 60)) $(($1 % 60))
+  else
+    printf '%d s' "$1"
+  fi
+}
+
 # Installs the missing packages of AIRLOCK_DEBIAN_PACKAGES: as root with
 # apt-get (one `apt-get update`, then one install), otherwise it names them
 # and fails. A machine without dpkg is told what it needs and left alone.

@@ -24,21 +24,12 @@
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_proto::task::TaskState;
+use airlock_testkit::git_dir_or_empty as git;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 fn task(id: &str, base: &str) -> serde_json::Value {
     task_on_demo(

@@ -31,9 +31,9 @@ use airlock_proto::task::{
     CommandSummary, Outcome, RESULT_SCHEMA, TaskResult, TaskState, TaskSubmission,
 };
 use airlock_taskdb::tasks::{Actor, PgLocation, PgStore, SqliteStore, TaskStore};
+use airlock_testkit::git_dir_or_empty as git;
 use serde_json::json;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -174,16 +174,6 @@ fn cycle(store: &mut dyn TaskStore, task_id: &str, worker: &Actor) -> BenchResul
         return Err(format!("{id} ended {:?}", receipt.task.state).into());
     }
     Ok(())
-}
-
-fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Submits `n` tasks round robin over the stacks and waits until every one

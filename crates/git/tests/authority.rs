@@ -2,6 +2,7 @@
 
 use airlock_git::{ArchiveLimits, AuthorityRepo, CommitSpec, FileChange, RefUpdate};
 use airlock_proto::Code;
+use airlock_testkit::git_dated as git;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -9,28 +10,6 @@ struct Fixture {
     dir: tempfile::TempDir,
     bare: PathBuf,
     main: String,
-}
-
-fn git(cwd: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(cwd)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t")
-        .env("GIT_AUTHOR_DATE", "1700000000 +0000")
-        .env("GIT_COMMITTER_DATE", "1700000000 +0000")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// A bare repo whose main has a few files, an executable, a symlink and a

@@ -1,17 +1,27 @@
-//! Helpers the test suites and benchmarks share: git in a test directory,
-//! package registries learnt at run time, small real projects.
+//! Helpers the test suites and benchmarks share: a supervisor in the
+//! test's own process on a private bus ([`supervisor::InProcess`]), git in
+//! a test directory, waiting for a condition ([`poll`]), package
+//! registries learnt at run time, small real projects. (The full stack
+//! the crash tests kill parts of is tests/crash/src/lib.rs's `Stack`: it
+//! needs the worker's fault-injection build.)
 //!
-//! Owns: setup code a test would otherwise write again. Must never be
-//! linked by a shipped binary (a dev-dependency, or the bench crate's;
-//! `services/executor/tests/closure.rs` checks) and never names a
-//! registry's host: hosts are learnt from what each package client asks
-//! a logging proxy for ([`registry_of`]).
+//! Owns: setup code a test would otherwise write again. The one crate
+//! that imports a service (airlock-supervisor, for [`InProcess`]); so it
+//! must never be linked by a shipped binary (a dev-dependency, or the
+//! bench crate's; `services/executor/tests/closure.rs` checks) and never
+//! names a registry's host: hosts are learnt from what each package
+//! client asks a logging proxy for ([`registry_of`]).
+
+pub mod supervisor;
+
+pub use supervisor::InProcess;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Runs git in `dir` with no user or system configuration and a fixed
 /// identity; panics with git's stderr when it fails. Returns stdout,
@@ -24,9 +34,30 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
 /// trusts repositories another uid owns: `-c safe.directory` does not
 /// reach the receive-pack a local push starts).
 pub fn git_with_global(dir: &Path, global: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
+    run_git(
+        Command::new("git").env("GIT_CONFIG_GLOBAL", global),
+        dir,
+        args,
+    )
+}
+
+/// [`git`] with the commits it makes dated 1700000000 +0000 (author and
+/// committer), for a test that checks what is made from them is
+/// deterministic.
+pub fn git_dated(dir: &Path, args: &[&str]) -> String {
+    run_git(
+        Command::new("git")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_DATE", "1700000000 +0000")
+            .env("GIT_COMMITTER_DATE", "1700000000 +0000"),
+        dir,
+        args,
+    )
+}
+
+fn run_git(command: &mut Command, dir: &Path, args: &[&str]) -> String {
+    let out = command
         .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", global)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_AUTHOR_NAME", "t")
         .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
@@ -45,12 +76,16 @@ pub fn git_with_global(dir: &Path, global: &Path, args: &[&str]) -> String {
 
 /// Runs git on the bare repository `repo` (`--git-dir`), trusting that one
 /// directory (it may belong to the worker's uid), with no user or system
-/// configuration; panics with git's stderr when it fails. Returns stdout,
-/// trimmed.
+/// configuration and [`git`]'s identity; panics with git's stderr when it
+/// fails. Returns stdout, trimmed.
 pub fn git_dir(repo: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
         .arg("-c")
         .arg(format!("safe.directory={}", repo.display()))
         .arg("--git-dir")
@@ -65,6 +100,133 @@ pub fn git_dir(repo: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// [`git_dir`] with `input` on git's stdin (`hash-object --stdin`,
+/// `mktree`), and the fixed identity of [`git`] for the commits it makes.
+pub fn git_dir_input(repo: &Path, args: &[&str], input: &str) -> String {
+    let mut child = Command::new("git")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+        .arg("-c")
+        .arg(format!("safe.directory={}", repo.display()))
+        .arg("--git-dir")
+        .arg(repo)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("git runs");
+    child
+        .stdin
+        .take()
+        .expect("git's stdin")
+        .write_all(input.as_bytes())
+        .expect("git reads its input");
+    let out = child.wait_with_output().expect("git ends");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        repo.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// [`git`] sealed off from the test's own environment: /usr/bin/git with
+/// an empty environment but PATH=/usr/bin:/bin and a HOME that does not
+/// exist, every directory trusted. For a work tree another uid owns and
+/// the test arms (hooks, configuration) against the program it tests.
+pub fn git_hermetic(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("/usr/bin/git")
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+        .args(["-c", "safe.directory=*"])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// git on the bare repository `repo` whoever owns it (every directory
+/// trusted), with no user or system configuration; stdout trimmed, empty
+/// when git fails (a `rev-parse --verify --quiet` of a missing ref
+/// answers ""). For reading what a killed process left.
+pub fn git_dir_or_empty(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(repo)
+        .args(args)
+        .output()
+        .expect("git runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Calls `check` every `every` until it answers `Ok`, and returns that;
+/// panics with its last `Err` once `within` has passed.
+pub fn poll<T>(
+    within: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(why) if start.elapsed() >= within => panic!("{why}"),
+            Err(_) => std::thread::sleep(every),
+        }
+    }
+}
+
+/// Whether `check` answers true within `within`, asked every `every`
+/// (for a test that asserts the answer itself, or the opposite).
+pub fn eventually(within: Duration, every: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// [`poll`] for async checks, sleeping on the tokio timer.
+pub async fn poll_async<T, F>(within: Duration, every: Duration, mut check: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Result<T, String>>,
+{
+    let start = Instant::now();
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) if start.elapsed() >= within => panic!("{why}"),
+            Err(_) => tokio::time::sleep(every).await,
+        }
+    }
 }
 
 /// A CONNECT proxy on loopback that records each target and tunnels to it

@@ -6,7 +6,7 @@
 
 use std::process::{Output, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use airlock_agents::host::{AgentHost, bus_policy, serve};
 use airlock_agents::process::{Identity, ProcessDriver};
@@ -14,7 +14,8 @@ use airlock_localbus::PrivateBus;
 use airlock_proto::Code;
 use airlock_supervisor::authz::Action;
 use airlock_supervisor::authz::testing::TestAuthorizer;
-use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use airlock_supervisor::daemon::AuthorizerChoice;
+use airlock_testkit::{InProcess, poll_async};
 use serde_json::Value;
 
 const AGENTS: &str = r#"
@@ -60,63 +61,38 @@ async fn state(address: &str, name: &str) -> Value {
 }
 
 async fn wait_for(address: &str, name: &str, wanted: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v = state(address, name).await;
-        if v["state"] == wanted {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{name} never {wanted}: {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_async(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let v = state(address, name).await;
+            if v["state"] == wanted {
+                Ok(v)
+            } else {
+                Err(format!("{name} never {wanted}: {v}"))
+            }
+        },
+    )
+    .await
 }
 
-async fn supervisor(
-    bus: &PrivateBus,
-    dir: &std::path::Path,
-    authorizer: TestAuthorizer,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), airlock_proto::Error>>,
-) {
+/// The supervisor in-process on `bus`, running [`AGENTS`] through
+/// whatever agent host serves there.
+async fn supervisor(bus: PrivateBus, authorizer: TestAuthorizer) -> InProcess {
     let config = airlock_config::Config::parse(AGENTS, std::path::Path::new("t.toml")).unwrap();
-    let settings = Settings {
-        database: airlock_supervisor::daemon::Location::Sqlite(dir.join("tasks.sqlite3")),
-        bus_address: Some(bus.address().to_owned()),
-        authorizer: AuthorizerChoice::ForTests(authorizer),
-        worker_uid: 65534,
-        retry_uid: 65534,
-        lease_seconds: 300,
-        sweep_interval: Duration::from_secs(5),
-        auto_accept: false,
-        repositories: vec!["demo".into()],
-        programs: airlock_config::ProgramTable::from_config(&airlock_config::Config::default()),
-        drain_timeout: Duration::from_secs(5),
-        call_delay: None,
-        agents: config.agents,
-        agent_driver: airlock_config::AgentDriver::LocalHost,
-        agent_options: airlock_agents::Options {
-            probe_interval: Duration::from_millis(50),
-            ..airlock_agents::Options::default()
-        },
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(daemon::run(settings, async {
-        let _ = rx.await;
-    }));
-    let conn = bus.connect().await.unwrap();
-    let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
-    for _ in 0..200 {
-        if dbus
-            .name_has_owner("org.airlock.Supervisor1".try_into().unwrap())
-            .await
-            .unwrap()
-        {
-            return (tx, task);
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the supervisor did not take its name");
+    InProcess::builder(AuthorizerChoice::ForTests(authorizer))
+        .worker_uid(65534)
+        .retry_uid(65534)
+        .sweep_interval(Duration::from_secs(5))
+        .agents(
+            config.agents,
+            airlock_agents::Options {
+                probe_interval: Duration::from_millis(50),
+                ..airlock_agents::Options::default()
+            },
+        )
+        .start_on(bus)
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,8 +112,8 @@ async fn agent_commands_end_to_end_with_tables_and_json() {
     serve(&host, AgentHost::new(Arc::new(driver), config.agents, 0))
         .await
         .unwrap();
-    let (stop, task) = supervisor(&bus, dir.path(), TestAuthorizer::allow_all()).await;
-    let addr = bus.address();
+    let sup = supervisor(bus, TestAuthorizer::allow_all()).await;
+    let addr = sup.address();
 
     let held = wait_for(addr, "exits", "HELD").await;
     assert_eq!(held["consecutive_failures"], 5);
@@ -223,22 +199,17 @@ async fn agent_commands_end_to_end_with_tables_and_json() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(json(&o)["consecutive_failures"].as_u64().unwrap() <= 1);
 
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
+    sup.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn managing_agents_needs_its_own_permission() {
-    let dir = tempfile::tempdir().unwrap();
     let bus = PrivateBus::start().unwrap();
     // may read tasks and agents, manage tasks, but not manage agents
     let authorizer = TestAuthorizer::allowing([Action::Read, Action::Manage, Action::AgentsRead]);
-    let settings_dir = dir.path();
-    let (stop, task) = {
-        // no host: agents only in the configuration, driver calls fail
-        supervisor(&bus, settings_dir, authorizer).await
-    };
-    let addr = bus.address();
+    // no host: agents only in the configuration, driver calls fail
+    let sup = supervisor(bus, authorizer).await;
+    let addr = sup.address();
     let o = ctl(addr, &["agent", "list", "--json"]).await;
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for verb in ["start", "stop", "clear-hold"] {
@@ -250,6 +221,5 @@ async fn managing_agents_needs_its_own_permission() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
+    sup.stop().await;
 }

@@ -5,7 +5,8 @@
 use airlock_localbus::PrivateBus;
 use airlock_proto::Code;
 use airlock_supervisor::authz::testing::TestAuthorizer;
-use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use airlock_supervisor::daemon::AuthorizerChoice;
+use airlock_testkit::InProcess;
 use serde_json::{Value, json};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -16,69 +17,26 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const BASE: &str = "a642b045775b9154a00ae78543037fbef4fb447b";
 const HEAD: &str = "71523aef6e48b1e2fa516c456ca189b7a039104b";
 
-/// A supervisor running inside the test, on its own bus.
-struct Sup {
-    bus: PrivateBus,
-    dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), airlock_proto::Error>>>,
+/// A supervisor running inside the test, on its own bus
+/// ([`InProcess`]), with what these tests do with it.
+struct Sup(InProcess);
+
+impl std::ops::Deref for Sup {
+    type Target = InProcess;
+    fn deref(&self) -> &InProcess {
+        &self.0
+    }
 }
 
 impl Sup {
     async fn start(authorizer: TestAuthorizer) -> Sup {
-        let bus = PrivateBus::start().expect("dbus-daemon");
-        let dir = tempfile::tempdir().unwrap();
-        let settings = Settings {
-            database: airlock_supervisor::daemon::Location::Sqlite(
-                dir.path().join("tasks.sqlite3"),
-            ),
-            bus_address: Some(bus.address().to_owned()),
-            authorizer: AuthorizerChoice::ForTests(authorizer),
-            // The test process itself plays the worker.
-            worker_uid: nix::unistd::getuid().as_raw(),
-            retry_uid: nix::unistd::getuid().as_raw(),
-            lease_seconds: 300,
-            sweep_interval: Duration::from_secs(1),
-            auto_accept: false,
-            repositories: vec!["demo".into()],
-            programs: airlock_config::ProgramTable::from_config(&airlock_config::Config::default()),
-            drain_timeout: Duration::from_secs(5),
-            call_delay: None,
-            agents: Vec::new(),
-            agent_driver: airlock_config::AgentDriver::LocalHost,
-            agent_options: airlock_agents::Options::default(),
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(daemon::run(settings, async {
-            let _ = rx.await;
-        }));
-        let conn = bus.connect().await.unwrap();
-        let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
-        for _ in 0..200 {
-            if dbus
-                .name_has_owner("org.airlock.Supervisor1".try_into().unwrap())
-                .await
-                .unwrap()
-            {
-                return Sup {
-                    bus,
-                    dir,
-                    stop: Some(tx),
-                    task: Some(task),
-                };
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the supervisor did not take its name");
+        Sup(InProcess::builder(AuthorizerChoice::ForTests(authorizer))
+            .start()
+            .await)
     }
 
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.task.take() {
-            t.await.unwrap().unwrap();
-        }
+    async fn stop(self) {
+        self.0.stop().await;
     }
 
     fn file(&self, name: &str, v: &Value) -> PathBuf {

@@ -14,6 +14,7 @@
 //! Run as root (CI is): the source belongs to `nobody`, as a colleague's
 //! checkout would.
 
+use airlock_testkit::git_hermetic as git;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -91,30 +92,6 @@ impl Canary {
     fn path_env(&self) -> String {
         format!("{}:/usr/bin:/bin", self.dir.display())
     }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("/usr/bin/git")
-        .current_dir(dir)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", "/nonexistent")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-        .args(["-c", "safe.directory=*"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// A work tree at `dir` with two commits on main and a tag; when `armed`,

@@ -6,6 +6,7 @@
 //! later stays readable; `propose --dry-run` works as airlock-agent. Also
 //! `repo list`, `remove` (data kept) and `remove --purge`.
 
+use airlock_testkit::git;
 use serde_json::Value;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -62,25 +63,6 @@ fn as_user(user: &nix::unistd::User, home: &Path, program: &str, args: &[&str]) 
 
 fn ctl() -> &'static str {
     env!("CARGO_BIN_EXE_airlockctl")
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 struct Site {

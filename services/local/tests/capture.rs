@@ -18,6 +18,7 @@ use airlock_proto::Code;
 use airlock_proto::task::{
     Capture, DECISION_SCHEMA, Decision, DecisionRequest, TaskState, TaskView,
 };
+use airlock_testkit::{git_dir, git_dir_input};
 use base64::Engine;
 use serde_json::{Value, json};
 use std::os::unix::fs::MetadataExt;
@@ -27,55 +28,20 @@ use std::time::{Duration, Instant};
 
 const SECRET: &str = "AIRLOCK_TEST_TOKEN=hunter2-d14";
 
-fn git(repo: &Path, args: &[&str], stdin: Option<&str>) -> String {
-    use std::io::Write;
-    let mut child = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("git runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.unwrap_or("").as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "git {args:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 /// Adds `.env` (a credential-like path) to the demo repository's main,
 /// as its owner would have committed it; returns the new main.
 fn add_credential_file(repo: &Path) -> String {
-    let blob = git(
+    let blob = git_dir_input(
         repo,
         &["hash-object", "-w", "--stdin"],
-        Some(&format!("{SECRET}\n")),
+        &format!("{SECRET}\n"),
     );
-    let mut tree = git(repo, &["ls-tree", "refs/heads/main"], None);
+    let mut tree = git_dir(repo, &["ls-tree", "refs/heads/main"]);
     tree.push_str(&format!("\n100644 blob {blob}\t.env\n"));
-    let tree = git(repo, &["mktree"], Some(&tree));
-    let parent = git(repo, &["rev-parse", "refs/heads/main"], None);
-    let commit = git(
-        repo,
-        &["commit-tree", &tree, "-p", &parent, "-m", "config"],
-        None,
-    );
-    git(
-        repo,
-        &["update-ref", "refs/heads/main", &commit, &parent],
-        None,
-    );
+    let tree = git_dir_input(repo, &["mktree"], &tree);
+    let parent = git_dir(repo, &["rev-parse", "refs/heads/main"]);
+    let commit = git_dir(repo, &["commit-tree", &tree, "-p", &parent, "-m", "config"]);
+    git_dir(repo, &["update-ref", "refs/heads/main", &commit, &parent]);
     // What git made as root goes back to the repository's owner.
     let meta = std::fs::metadata(repo).unwrap();
     let status = Command::new("chown")
@@ -186,7 +152,7 @@ fn a_capture_plan_returns_its_files_through_get_task_withholds_credentials_and_i
     let mut s = Stack { suite, client };
     let repo = s.suite.layout.repos().join("demo.git");
     let base = add_credential_file(&repo);
-    let calc = git(&repo, &["show", &format!("{base}:calc.py")], None);
+    let calc = git_dir(&repo, &["show", &format!("{base}:calc.py")]);
 
     // The planner's side: the client's builder, as airlockctl capture uses it.
     let source = SourceRepo::open(&repo).unwrap();
@@ -285,7 +251,7 @@ fn a_capture_plan_returns_its_files_through_get_task_withholds_credentials_and_i
         "the credential's content is nowhere in the task"
     );
     assert_eq!(
-        git(&repo, &["for-each-ref", "refs/heads/agent/"], None),
+        git_dir(&repo, &["for-each-ref", "refs/heads/agent/"]),
         "",
         "a capture commits nothing"
     );
@@ -341,7 +307,7 @@ fn a_capture_plan_returns_its_files_through_get_task_withholds_credentials_and_i
         (3, 3),
         "another execution digest: no reuse"
     );
-    let test_calc = git(&repo, &["show", &format!("{base}:test_calc.py")], None);
+    let test_calc = git_dir(&repo, &["show", &format!("{base}:test_calc.py")]);
     assert_eq!(
         content(&c3, "test_calc.py").as_deref(),
         Some(format!("{test_calc}\n").as_str())

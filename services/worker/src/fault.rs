@@ -75,7 +75,63 @@ pub enum FaultPoint {
     AfterPush,
 }
 
+/// The kinds of attempt, by the fault points they pass
+/// ([`FaultPoint::passed_by`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// A change verified and committed to a repository without an
+    /// upstream (the crash matrix's tasks).
+    Commit,
+    /// A change verified, committed and pushed to the repository's
+    /// upstream.
+    Publication,
+    /// A read-only source capture.
+    Capture,
+}
+
 impl FaultPoint {
+    /// Every fault point, in the order an attempt passes them: a point
+    /// after each checkpoint phase ([`Phase::ALL`]), each side-effect
+    /// window just before the checkpoint that records it. A new phase is
+    /// a new point here, and [`FaultPoint::passed_by`] must place it.
+    pub fn all() -> Vec<FaultPoint> {
+        let mut points = Vec::new();
+        for &phase in Phase::ALL {
+            match phase {
+                Phase::CommitDone => points.push(FaultPoint::RefUpdated),
+                Phase::Published => points.extend([FaultPoint::BeforePush, FaultPoint::AfterPush]),
+                Phase::ResultSubmitted => points.push(FaultPoint::ResultAccepted),
+                _ => {}
+            }
+            points.push(FaultPoint::AfterPhase(phase));
+        }
+        points
+    }
+
+    /// Whether an attempt of this kind that runs to its end without a
+    /// failure passes the point (the table at the top of
+    /// `attempt/mod.rs`). `reconciliation_required` is passed by none: it
+    /// is recorded only when the worker cannot settle an attempt.
+    pub fn passed_by(self, attempt: Attempt) -> bool {
+        let commits = matches!(attempt, Attempt::Commit | Attempt::Publication);
+        match self {
+            FaultPoint::AfterPhase(phase) => match phase {
+                Phase::Claimed
+                | Phase::WorkspacePrepared
+                | Phase::VerificationPassed
+                | Phase::ResultPending
+                | Phase::ResultSubmitted => true,
+                Phase::SourceCaptureDone => attempt == Attempt::Capture,
+                Phase::CommitDone => commits,
+                Phase::Published => attempt == Attempt::Publication,
+                Phase::ReconciliationRequired => false,
+            },
+            FaultPoint::RefUpdated => commits,
+            FaultPoint::ResultAccepted => true,
+            FaultPoint::BeforePush | FaultPoint::AfterPush => attempt == Attempt::Publication,
+        }
+    }
+
     /// Parses a fault point name.
     pub fn parse(name: &str) -> Result<Self, Error> {
         match name {
@@ -284,6 +340,64 @@ mod tests {
         assert_eq!(
             FaultPoint::parse("commit_dne").unwrap_err().code,
             Code::CONFIG_INVALID
+        );
+    }
+
+    #[test]
+    fn every_phase_is_a_point_and_each_attempt_passes_its_own() {
+        let all = FaultPoint::all();
+        for &phase in Phase::ALL {
+            assert!(all.contains(&FaultPoint::AfterPhase(phase)), "{phase:?}");
+        }
+        for p in &all {
+            assert_eq!(FaultPoint::parse(p.as_str()).unwrap(), *p);
+        }
+        let passed = |a: Attempt| -> Vec<&str> {
+            all.iter()
+                .filter(|p| p.passed_by(a))
+                .map(|p| p.as_str())
+                .collect()
+        };
+        assert_eq!(
+            passed(Attempt::Commit),
+            [
+                "claimed",
+                "workspace_prepared",
+                "verification_passed",
+                "ref_updated",
+                "commit_done",
+                "result_pending",
+                "result_accepted",
+                "result_submitted"
+            ]
+        );
+        assert_eq!(
+            passed(Attempt::Publication),
+            [
+                "claimed",
+                "workspace_prepared",
+                "verification_passed",
+                "ref_updated",
+                "commit_done",
+                "before_push",
+                "after_push",
+                "published",
+                "result_pending",
+                "result_accepted",
+                "result_submitted"
+            ]
+        );
+        assert_eq!(
+            passed(Attempt::Capture),
+            [
+                "claimed",
+                "workspace_prepared",
+                "verification_passed",
+                "source_capture_done",
+                "result_pending",
+                "result_accepted",
+                "result_submitted"
+            ]
         );
     }
 

@@ -1,24 +1,209 @@
-//! The crash tests live in `tests/`; this library holds what they share
-//! to read what a kill left: git on a repository another uid owns, and the
-//! part of a log written since an offset.
+//! The crash tests live in `tests/`; this library holds what they share:
+//! the full stack they kill components of ([`Stack`]), the fault points
+//! the worker's own table names ([`fault_points`]), git on a repository
+//! another uid owns, and the part of a log written since an offset.
+//!
+//! The stack lives here rather than in crates/testkit: it restarts the
+//! worker armed with a fault, which needs the worker built with its
+//! `fault-injection` feature — a feature this crate turns on for the
+//! whole workspace build, and one no other suite should depend on.
+//! (tests/crash/tests/multi_host.rs keeps its own three-host helpers.)
 
-use std::path::Path;
-use std::process::Command;
+use airlock_local::client::Supervisor;
+use airlock_local::{Suite, Tuning, start_with};
+use airlock_proto::task::TaskView;
+use airlock_testkit::poll;
+use airlock_worker::fault::{Attempt, FaultPoint};
+use serde_json::Value;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-/// git on the bare repository `repo` (any owner trusted), no user or
-/// system configuration; stdout trimmed, empty when git fails (a
-/// `rev-parse --verify --quiet` of a missing ref answers "").
-pub fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+/// The fault points an attempt of this kind passes, in order, from the
+/// worker's own table ([`FaultPoint::all`]): a new phase is killed at
+/// without a change here.
+pub fn fault_points(attempt: Attempt) -> Vec<&'static str> {
+    FaultPoint::all()
+        .into_iter()
+        .filter(|p| p.passed_by(attempt))
+        .map(FaultPoint::as_str)
+        .collect()
 }
+
+/// How long a call waits for a supervisor that is being restarted.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// airlock-local's whole suite as real processes, with a task client; its
+/// components stopped and its state removed when dropped.
+pub struct Stack {
+    /// The running suite.
+    pub suite: Suite,
+    /// A task client on the suite's bus.
+    pub client: Supervisor,
+    /// The demo repository's main at start.
+    pub base: String,
+}
+
+impl Stack {
+    /// The suite with a 30 s lease and one task at a time, its state in a
+    /// fresh temporary directory named for the test.
+    pub fn start(name: &str) -> Stack {
+        Stack::with(
+            name,
+            Tuning {
+                lease_seconds: 30,
+                parallel_tasks: 1,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// [`Stack::start`] with this tuning.
+    pub fn with(name: &str, tuning: Tuning) -> Stack {
+        let state = std::env::temp_dir().join(format!("airlock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        Stack::at(state, &tuning)
+    }
+
+    /// The suite with its state at `state` (removed when dropped).
+    pub fn at(state: PathBuf, tuning: &Tuning) -> Stack {
+        let suite =
+            start_with(state, true, tuning).unwrap_or_else(|e| panic!("starting the suite: {e}"));
+        let base = git(
+            &suite.layout.repos().join("demo.git"),
+            &["rev-parse", "refs/heads/main"],
+        );
+        let client = Supervisor::connect(Some(suite.bus.address())).expect("bus connection");
+        Stack {
+            suite,
+            client,
+            base,
+        }
+    }
+
+    /// The suite's logs directory.
+    pub fn logs(&self) -> PathBuf {
+        self.suite.layout.logs()
+    }
+
+    /// The worker's log.
+    pub fn worker_log(&self) -> PathBuf {
+        self.logs().join("worker.log")
+    }
+
+    /// The demo repository.
+    pub fn repo(&self) -> PathBuf {
+        self.suite.layout.repos().join("demo.git")
+    }
+
+    /// Restarts component `name` with `env` (an armed fault, or nothing).
+    pub fn restart(&mut self, name: &str, env: &[(&str, &str)]) {
+        let ids = self.suite.ids;
+        let logs = self.logs();
+        self.suite
+            .fleet
+            .restart(name, env, &ids, &logs)
+            .unwrap_or_else(|e| panic!("restarting {name}: {e}"));
+    }
+
+    /// Restarts the worker with `env`.
+    pub fn restart_worker(&mut self, env: &[(&str, &str)]) {
+        self.restart("worker", env);
+    }
+
+    /// Submits `submission`, waiting out a supervisor restart.
+    pub fn submit(&self, submission: &Value) {
+        self.client
+            .patiently(PATIENCE, |c| c.submit_task(submission))
+            .unwrap_or_else(|e| panic!("SubmitTask: {e}"));
+    }
+
+    /// The task now, waiting out a supervisor restart.
+    pub fn get(&self, task: &str) -> TaskView {
+        self.client
+            .patiently(PATIENCE, |c| c.get_task(task))
+            .unwrap_or_else(|e| panic!("GetTask {task}: {e}"))
+    }
+
+    /// Waits for `task` to be terminal, at most `within`; the failure
+    /// names its state, attempt and the worker's last log lines.
+    pub fn settled(&self, task: &str, within: Duration) -> TaskView {
+        poll(within, Duration::from_millis(100), || {
+            let v = self.get(task);
+            if v.state.is_terminal() {
+                Ok(v)
+            } else {
+                Err(format!(
+                    "{task} is still {:?} (attempt {}) after {within:?}; the worker's log ends:\n{}",
+                    v.state,
+                    v.attempt,
+                    airlock_local::fleet::tail(&self.worker_log(), 30)
+                ))
+            }
+        })
+    }
+
+    /// The task's events as `ACTION:outcome`.
+    pub fn actions(&self, task: &str) -> Vec<String> {
+        self.client
+            .list_events(task, 0, 1000)
+            .unwrap()
+            .events
+            .into_iter()
+            .map(|e| format!("{}:{}", e.action, e.outcome))
+            .collect()
+    }
+
+    /// Restarts the worker armed to SIGKILL itself at `point` and waits
+    /// `patience` for it to. True when it died of SIGKILL there for
+    /// `task` (its log since the restart says so); false when it did not
+    /// reach the point in time (the harness then kills it). An exit of
+    /// its own is a failure.
+    pub fn kill_at(&mut self, point: &str, task: &str, patience: Duration) -> bool {
+        let log = self.worker_log();
+        let offset = file_len(&log);
+        self.restart_worker(&[("AIRLOCK_FAULT_KILL_AFTER", point)]);
+        match self.suite.fleet.wait_exit("worker", patience) {
+            Some(status) if status.signal() == Some(9) => {
+                let text = log_since(&log, offset);
+                let needle = format!("fault injection: SIGKILL at {point} task {task}");
+                assert!(
+                    text.contains(&needle),
+                    "killed, but not at {point} for {task}:\n{text}"
+                );
+                true
+            }
+            Some(status) => panic!(
+                "the worker armed with {point} exited by itself ({status}):\n{}",
+                log_since(&log, offset)
+            ),
+            None => {
+                self.suite.fleet.kill("worker");
+                false
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Stack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack")
+            .field("root", &self.suite.layout.root)
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.suite.fleet.stop(Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(&self.suite.layout.root);
+    }
+}
+
+/// git on a bare repository any uid owns, empty when git fails
+/// ([`airlock_testkit::git_dir_or_empty`]).
+pub use airlock_testkit::git_dir_or_empty as git;
 
 /// The length of a file now (0 when it does not exist).
 pub fn file_len(path: &Path) -> u64 {

@@ -5,7 +5,7 @@
 //!
 //! What is killed, and how each kind is shown to have landed where claimed:
 //!
-//! - **The worker at each fault point** ([`FAULT_POINTS`]): right after each
+//! - **The worker at each fault point** ([`fault_points`]): right after each
 //!   checkpoint phase, and inside the two side-effect windows —
 //!   `ref_updated` (the CAS moved the agent/ branch, `commit_done` not yet
 //!   appended) and `result_accepted` (SubmitResult returned OK,
@@ -66,13 +66,14 @@
 //! lease expired, no branch, one `result_submitted` in the journal
 //! (`a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once`).
 
-use airlock_crash_matrix::{file_len, git, log_since};
+use airlock_crash_matrix::{Stack, file_len, git, log_since};
 use airlock_journal::checkpoint::CheckpointJournal;
-use airlock_local::client::{Supervisor, task_on_demo};
-use airlock_local::{Suite, Tuning, start_with};
+use airlock_local::Tuning;
+use airlock_local::client::task_on_demo;
 use airlock_proto::bundle::request_id_for;
 use airlock_proto::task::{TaskState, TaskView};
 use airlock_taskdb::tasks::{EventOutcome, SqliteStore};
+use airlock_worker::fault::Attempt;
 use rand::Rng;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -80,17 +81,13 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Where the worker kills itself, in the order an attempt passes them.
-const FAULT_POINTS: &[&str] = &[
-    "claimed",
-    "workspace_prepared",
-    "verification_passed",
-    "ref_updated",
-    "commit_done",
-    "result_pending",
-    "result_accepted",
-    "result_submitted",
-];
+/// Where the worker kills itself, in the order an attempt passes them:
+/// every point a committing attempt passes, from the worker's own table
+/// ([`airlock_worker::fault::FaultPoint::all`]), so a new phase is killed
+/// at without a change here.
+fn fault_points() -> Vec<&'static str> {
+    airlock_crash_matrix::fault_points(Attempt::Commit)
+}
 /// Kills that must land at each fault point.
 const MIN_PER_POINT: usize = 10;
 /// Executor kills that must be proven mid-command.
@@ -131,27 +128,6 @@ fn submission(i: usize, base: &str) -> Value {
     )
 }
 
-/// The suite's task client, patient while the supervisor restarts.
-struct Client(Supervisor);
-
-impl Client {
-    fn new(address: &str) -> Client {
-        Client(Supervisor::connect(Some(address)).expect("bus connection"))
-    }
-
-    fn get(&self, task: &str) -> TaskView {
-        self.0
-            .patiently(Duration::from_secs(30), |s| s.get_task(task))
-            .unwrap_or_else(|e| panic!("GetTask {task}: {e}"))
-    }
-
-    fn submit(&self, submission: &Value) {
-        self.0
-            .patiently(Duration::from_secs(30), |s| s.submit_task(submission))
-            .unwrap_or_else(|e| panic!("SubmitTask: {e}"));
-    }
-}
-
 #[derive(Default, Debug)]
 struct Kills {
     /// Worker kills proven at each fault point.
@@ -182,7 +158,7 @@ impl Kills {
     }
 
     fn done(&self) -> bool {
-        FAULT_POINTS.iter().all(|p| self.at(p) >= MIN_PER_POINT)
+        fault_points().iter().all(|p| self.at(p) >= MIN_PER_POINT)
             && self.executor_mid_command >= MIN_MID_COMMAND
             && self.supervisor >= MIN_SUPERVISOR
             && self.total() >= MIN_KILLS
@@ -190,15 +166,16 @@ impl Kills {
 
     /// The fault point furthest below its minimum (ties: the earliest).
     fn neediest_point(&self) -> &'static str {
-        FAULT_POINTS
+        let points = fault_points();
+        points
             .iter()
             .copied()
             .min_by_key(|p| self.at(p))
-            .unwrap_or(FAULT_POINTS[0])
+            .unwrap_or(points[0])
     }
 }
 
-fn states(client: &Client, tasks: &[String]) -> BTreeMap<String, TaskView> {
+fn states(client: &Stack, tasks: &[String]) -> BTreeMap<String, TaskView> {
     tasks.iter().map(|t| (t.clone(), client.get(t))).collect()
 }
 
@@ -243,22 +220,15 @@ fn list_dir(path: &Path) -> Vec<String> {
     names
 }
 
-/// The suite plus what the kill rounds need.
+/// The shared stack plus what the kill rounds count.
 struct Harness {
-    suite: Suite,
-    client: Client,
-    logs: PathBuf,
-    repo: PathBuf,
+    stack: Stack,
     kills: Kills,
 }
 
 impl Harness {
     fn restart(&mut self, name: &str, env: &[(&str, &str)]) {
-        let ids = self.suite.ids;
-        self.suite
-            .fleet
-            .restart(name, env, &ids, &self.logs)
-            .unwrap_or_else(|e| panic!("restarting {name}: {e}"));
+        self.stack.restart(name, env);
     }
 
     /// Restarts the worker armed with `point` and waits for it to kill
@@ -266,10 +236,10 @@ impl Harness {
     /// the harness kills it and counts the point as not reached. Leaves
     /// the worker dead.
     fn fault_round(&mut self, point: &'static str) -> Option<String> {
-        let log = self.logs.join("worker.log");
+        let log = self.stack.worker_log();
         let offset = file_len(&log);
         self.restart("worker", &[("AIRLOCK_FAULT_KILL_AFTER", point)]);
-        match self.suite.fleet.wait_exit("worker", FAULT_PATIENCE) {
+        match self.stack.suite.fleet.wait_exit("worker", FAULT_PATIENCE) {
             Some(status) if status.signal() == Some(9) => {
                 let text = log_since(&log, offset);
                 let needle = format!("fault injection: SIGKILL at {point} task ");
@@ -282,7 +252,7 @@ impl Harness {
                 match point {
                     "ref_updated" => {
                         let head = git(
-                            &self.repo,
+                            &self.stack.repo(),
                             &[
                                 "rev-parse",
                                 "--verify",
@@ -296,7 +266,7 @@ impl Harness {
                         );
                     }
                     "result_accepted" => {
-                        let v = self.client.get(&task);
+                        let v = self.stack.get(&task);
                         assert!(
                             v.result.as_ref().is_some_and(Value::is_object),
                             "{task}: killed at result_accepted but the supervisor holds no result: {v:?}"
@@ -312,7 +282,7 @@ impl Harness {
                 log_since(&log, offset)
             ),
             None => {
-                if self.suite.fleet.kill("worker") {
+                if self.stack.suite.fleet.kill("worker") {
                     *self.kills.point_not_reached.entry(point).or_default() += 1;
                 }
                 None
@@ -323,14 +293,14 @@ impl Harness {
     /// Kills the executor, preferably while a command runs; true when the
     /// kill is proven mid-command.
     fn executor_round(&mut self) -> bool {
-        let work = self.suite.layout.path("exec/work");
+        let work = self.stack.suite.layout.path("exec/work");
         let deadline = Instant::now() + Duration::from_secs(3);
         let mut before = in_flight(&work);
         while before.is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
             before = in_flight(&work);
         }
-        let landed = self.suite.fleet.kill("executor");
+        let landed = self.stack.suite.fleet.kill("executor");
         let after: BTreeSet<(PathBuf, String)> = in_flight(&work).into_iter().collect();
         let proven = landed && before.iter().any(|m| after.contains(m));
         if proven {
@@ -345,31 +315,22 @@ impl Harness {
 
 #[test]
 fn crash_matrix_converges_without_duplicate_side_effects() {
-    let state = std::env::temp_dir().join(format!("airlock-crash-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&state);
-    let suite: Suite = start_with(
-        state.clone(),
-        true,
-        &Tuning {
+    let stack = Stack::with(
+        "crash",
+        Tuning {
             lease_seconds: 10,
             parallel_tasks: 2,
             ..Default::default()
         },
-    )
-    .unwrap_or_else(|e| panic!("starting the suite: {e}"));
-    let logs = suite.layout.logs();
-    let repo = suite.layout.repos().join("demo.git");
-    let base = git(&repo, &["rev-parse", "refs/heads/main"]);
-    let client = Client::new(suite.bus.address());
+    );
+    let repo = stack.repo();
+    let base = stack.base.clone();
     let mut h = Harness {
-        suite,
-        client,
-        logs,
-        repo: repo.clone(),
+        stack,
         kills: Kills::default(),
     };
     let mut tasks = Vec::new();
-    let submit = |client: &Client, n: usize, tasks: &mut Vec<String>| {
+    let submit = |client: &Stack, n: usize, tasks: &mut Vec<String>| {
         let start = tasks.len();
         for i in start..start + n {
             let s = submission(i, &base);
@@ -378,7 +339,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         }
     };
     // Tasks not yet seen terminal; terminal states are final here.
-    let open = |client: &Client, tasks: &[String], finished: &mut BTreeSet<String>| {
+    let open = |client: &Stack, tasks: &[String], finished: &mut BTreeSet<String>| {
         for t in tasks {
             if !finished.contains(t) && client.get(t).state.is_terminal() {
                 finished.insert(t.clone());
@@ -387,7 +348,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         tasks.len() - finished.len()
     };
     let mut finished = BTreeSet::new();
-    submit(&h.client, FIRST_BATCH, &mut tasks);
+    submit(&h.stack, FIRST_BATCH, &mut tasks);
 
     let mut rng = rand::thread_rng();
     let started = Instant::now();
@@ -399,8 +360,8 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
             h.kills
         );
         // Keep work queued, or the armed workers have nothing to die in.
-        if round % 8 == 0 && open(&h.client, &tasks, &mut finished) < 10 {
-            submit(&h.client, 10, &mut tasks);
+        if round % 8 == 0 && open(&h.stack, &tasks, &mut finished) < 10 {
+            submit(&h.stack, 10, &mut tasks);
         }
         match round % 8 {
             0..=3 => {
@@ -410,7 +371,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
             }
             4 | 5 => {
                 std::thread::sleep(Duration::from_millis(rng.gen_range(20..500)));
-                if h.suite.fleet.kill("worker") {
+                if h.stack.suite.fleet.kill("worker") {
                     h.kills.worker_random += 1;
                 }
                 h.restart("worker", &[]);
@@ -420,42 +381,45 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
             }
             _ => {
                 std::thread::sleep(Duration::from_millis(rng.gen_range(0..300)));
-                if h.suite.fleet.kill("supervisor") {
+                if h.stack.suite.fleet.kill("supervisor") {
                     h.kills.supervisor += 1;
                 }
                 h.restart("supervisor", &[]);
-                airlock_local::demo::wait_for_name(h.suite.bus.address(), Duration::from_secs(20))
-                    .unwrap();
+                airlock_local::demo::wait_for_name(
+                    h.stack.suite.bus.address(),
+                    Duration::from_secs(20),
+                )
+                .unwrap();
             }
         }
         round += 1;
     }
     // The last kill: inside the ref_updated window, which leaves that
     // attempt's workspace behind. Tasks are added if too few are open.
-    if open(&h.client, &tasks, &mut finished) < 4 {
-        submit(&h.client, 4, &mut tasks);
+    if open(&h.stack, &tasks, &mut finished) < 4 {
+        submit(&h.stack, 4, &mut tasks);
     }
     let last_task = (0..5)
         .find_map(|_| h.fault_round("ref_updated"))
         .expect("the final ref_updated kill never landed");
     let kill_phase = started.elapsed();
     // Before the last worker starts: the killed attempt's workspace is there.
-    let last = h.client.get(&last_task);
+    let last = h.stack.get(&last_task);
     let last_workspace = format!(
         "task-{}",
         request_id_for(&last_task, last.attempt, &last.execution_digest)
     );
-    let workspace_root = h.suite.layout.path("worker/workspaces");
+    let workspace_root = h.stack.suite.layout.path("worker/workspaces");
     let stale_before = list_dir(&workspace_root);
     h.restart("worker", &[]);
 
     // Let everything finish, unharmed.
     let deadline = Instant::now() + Duration::from_secs(300);
     let finals = loop {
-        if let Err(e) = h.suite.fleet.check_alive() {
+        if let Err(e) = h.stack.suite.fleet.check_alive() {
             panic!("{e}");
         }
-        let s = states(&h.client, &tasks);
+        let s = states(&h.stack, &tasks);
         if s.values().all(|v| v.state.is_terminal()) {
             break s;
         }
@@ -471,7 +435,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
     };
     // SIGTERM: the worker finishes what it holds and exits; nothing starts
     // after this, so what is left now stays.
-    h.suite.fleet.stop(Duration::from_secs(10));
+    h.stack.suite.fleet.stop(Duration::from_secs(10));
     let stale_after = list_dir(&workspace_root);
 
     // Outcomes.
@@ -525,7 +489,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         }
     }
     // Accepted results, from the store's events.
-    let store = SqliteStore::open(&h.suite.layout.tasks_db()).unwrap();
+    let store = SqliteStore::open(&h.stack.suite.layout.tasks_db()).unwrap();
     store.integrity_check().unwrap();
     let mut accepted: BTreeMap<String, usize> = BTreeMap::new();
     let mut after = 0;
@@ -544,7 +508,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
     let accepted_tasks: BTreeSet<String> = accepted.keys().cloned().collect();
     let accepted_twice: Vec<_> = accepted.iter().filter(|(_, n)| **n > 1).collect();
     let journal =
-        CheckpointJournal::open(&h.suite.layout.path("worker/checkpoints.sqlite3")).unwrap();
+        CheckpointJournal::open(&h.stack.suite.layout.path("worker/checkpoints.sqlite3")).unwrap();
     journal.integrity_check().unwrap();
 
     let k = &h.kills;
@@ -568,7 +532,7 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         stale_after,
     );
 
-    for point in FAULT_POINTS {
+    for point in fault_points() {
         assert!(
             k.at(point) >= MIN_PER_POINT,
             "only {} kills at {point}",
@@ -605,7 +569,6 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
         "stale workspaces after the last worker: {stale_after:?}"
     );
     drop(h);
-    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// Issue 14's path "a kill after a permanent failure is recorded": the
@@ -621,27 +584,12 @@ fn crash_matrix_converges_without_duplicate_side_effects() {
 fn a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once() {
     use airlock_proto::Code;
     use airlock_proto::checkpoint::Phase;
-    let state = std::env::temp_dir().join(format!("airlock-crash-perm-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&state);
-    let suite: Suite = start_with(
-        state.clone(),
-        true,
-        &Tuning {
-            lease_seconds: 30,
-            parallel_tasks: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("starting the suite: {e}"));
-    let logs = suite.layout.logs();
-    let repo = suite.layout.repos().join("demo.git");
-    let base = git(&repo, &["rev-parse", "refs/heads/main"]);
-    let client = Client::new(suite.bus.address());
+    let stack = Stack::start("crash-perm");
+    let logs = stack.logs();
+    let repo = stack.repo();
+    let base = stack.base.clone();
     let mut h = Harness {
-        suite,
-        client,
-        logs: logs.clone(),
-        repo: repo.clone(),
+        stack,
         kills: Kills::default(),
     };
     // (the step after this phase fails with this code, the kill point)
@@ -677,8 +625,12 @@ fn a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once
         s["plan"]["job_id"] = json!(format!("job-{task}"));
         s["plan"]["idempotency_key"] = json!(format!("plan-{task}"));
         s["max_attempts"] = json!(1);
-        h.client.submit(&s);
-        let status = h.suite.fleet.wait_exit("worker", Duration::from_secs(20));
+        h.stack.submit(&s);
+        let status = h
+            .stack
+            .suite
+            .fleet
+            .wait_exit("worker", Duration::from_secs(20));
         let text = log_since(&log, offset);
         assert_eq!(
             status.and_then(|s| s.signal()),
@@ -695,7 +647,7 @@ fn a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once
         *h.kills.at_point.entry(point).or_default() += 1;
         if point != "result_pending" {
             assert!(
-                h.client.get(&task).result.is_some(),
+                h.stack.get(&task).result.is_some(),
                 "{task}: killed at {point}, the supervisor holds the result"
             );
         }
@@ -707,7 +659,7 @@ fn a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once
         // Settled: terminal, and the worker's journal at result_submitted
         // (already there when the kill came after it).
         let recorded = format!("checkpoint task={task} attempt=1 phase=\"result_submitted\"");
-        while !(h.client.get(&task).state.is_terminal()
+        while !(h.stack.get(&task).state.is_terminal()
             && (point == "result_submitted" || log_since(&log, resumed).contains(&recorded)))
         {
             assert!(
@@ -723,18 +675,18 @@ fn a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once
     let deadline = Instant::now() + Duration::from_secs(60);
     let finals = loop {
         let tasks: Vec<String> = cases.iter().map(|c| c.0.clone()).collect();
-        let s = states(&h.client, &tasks);
+        let s = states(&h.stack, &tasks);
         if s.values().all(|v| v.state.is_terminal()) {
             break s;
         }
         assert!(Instant::now() < deadline, "not terminal: {s:?}");
         std::thread::sleep(Duration::from_millis(200));
     };
-    h.suite.fleet.stop(Duration::from_secs(10));
-    let store = SqliteStore::open(&h.suite.layout.tasks_db()).unwrap();
+    h.stack.suite.fleet.stop(Duration::from_secs(10));
+    let store = SqliteStore::open(&h.stack.suite.layout.tasks_db()).unwrap();
     store.integrity_check().unwrap();
     let journal =
-        CheckpointJournal::open(&h.suite.layout.path("worker/checkpoints.sqlite3")).unwrap();
+        CheckpointJournal::open(&h.stack.suite.layout.path("worker/checkpoints.sqlite3")).unwrap();
     journal.integrity_check().unwrap();
     let (mut lost, mut duplicated, mut problems) = (0, 0, Vec::new());
     for (task, code, point) in &cases {
@@ -796,5 +748,4 @@ fn a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once
     assert!(problems.is_empty(), "{problems:#?}");
     assert_eq!((lost, duplicated), (0, 0));
     drop(h);
-    let _ = std::fs::remove_dir_all(&state);
 }

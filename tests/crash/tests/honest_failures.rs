@@ -14,98 +14,27 @@
 //! resume at commit_done whose branch moved needs reconciliation, and a
 //! call the supervisor does not answer is bounded.
 
-use airlock_crash_matrix::git;
-use airlock_local::client::{Supervisor, task_on_demo};
-use airlock_local::{Suite, Tuning, start_with};
+use airlock_crash_matrix::{Stack, git};
+use airlock_local::client::task_on_demo;
 use airlock_proto::Code;
 use airlock_proto::reconcile::{CaseStatus, ReconciliationCase, Resolution, ResolveRequest};
-use airlock_proto::task::{TaskState, TaskView};
+use airlock_proto::task::TaskState;
+use airlock_testkit::poll;
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-struct Stack {
-    suite: Suite,
-    client: Supervisor,
-    base: String,
+/// How long a task gets to end: well within its 30 s lease.
+const SETTLE: Duration = Duration::from_secs(25);
+
+/// What these tests check on the shared [`Stack`].
+trait Honest {
+    fn ends_with(&self, task: &str, submission: &Value, code: Code);
+    fn failed_with(&self, task: &str, code: Code);
+    fn case_settled(&self, task: &str) -> ReconciliationCase;
 }
 
-impl Stack {
-    fn start(name: &str) -> Stack {
-        let state =
-            std::env::temp_dir().join(format!("airlock-honest-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&state);
-        let suite = start_with(
-            state,
-            true,
-            &Tuning {
-                lease_seconds: 30,
-                parallel_tasks: 1,
-                ..Default::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("starting the suite: {e}"));
-        let base = git(
-            &suite.layout.repos().join("demo.git"),
-            &["rev-parse", "refs/heads/main"],
-        );
-        let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
-        Stack {
-            suite,
-            client,
-            base,
-        }
-    }
-
-    /// Restarts the worker with `env` (an armed fault, or nothing).
-    fn worker_with(&mut self, env: &[(&str, &str)]) {
-        let ids = self.suite.ids;
-        let logs = self.suite.layout.logs();
-        self.suite
-            .fleet
-            .restart("worker", env, &ids, &logs)
-            .unwrap_or_else(|e| panic!("restarting the worker: {e}"));
-    }
-
-    fn submit(&self, s: &Value) {
-        self.client
-            .patiently(Duration::from_secs(30), |c| c.submit_task(s))
-            .unwrap_or_else(|e| panic!("SubmitTask: {e}"));
-    }
-
-    /// Waits for `task` to be terminal, well within one lease.
-    fn settled(&self, task: &str) -> TaskView {
-        let t = Instant::now();
-        loop {
-            let v = self
-                .client
-                .patiently(Duration::from_secs(30), |c| c.get_task(task))
-                .unwrap();
-            if v.state.is_terminal() {
-                return v;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(25),
-                "{task} is still {:?} (attempt {}) after 25 s, under a 30 s lease; the worker's log ends:\n{}",
-                v.state,
-                v.attempt,
-                airlock_local::fleet::tail(&self.suite.layout.logs().join("worker.log"), 30)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn actions(&self, task: &str) -> Vec<String> {
-        self.client
-            .list_events(task, 0, 1000)
-            .unwrap()
-            .events
-            .into_iter()
-            .map(|e| format!("{}:{}", e.action, e.outcome))
-            .collect()
-    }
-
+impl Honest for Stack {
     /// Submits `submission` (max_attempts 1) and checks the task failed in
     /// its one attempt with `code` as its result's failure code.
     fn ends_with(&self, task: &str, submission: &Value, code: Code) {
@@ -116,7 +45,7 @@ impl Stack {
     /// Checks `task` failed in its one attempt with `code`, reported by
     /// the worker, not by a lease expiring.
     fn failed_with(&self, task: &str, code: Code) {
-        let v = self.settled(task);
+        let v = self.settled(task, SETTLE);
         let failure = v
             .result
             .as_ref()
@@ -138,12 +67,21 @@ impl Stack {
             "{task}: the worker reported the failure: {actions:?}"
         );
     }
-}
 
-impl Drop for Stack {
-    fn drop(&mut self) {
-        self.suite.fleet.stop(Duration::from_secs(5));
-        let _ = std::fs::remove_dir_all(&self.suite.layout.root);
+    /// Waits for the worker's check of an adoption (it looks when idle,
+    /// every poll interval).
+    fn case_settled(&self, task: &str) -> ReconciliationCase {
+        poll(Duration::from_secs(20), Duration::from_millis(100), || {
+            let case = self.client.get_reconciliation(task).unwrap();
+            if case.status != CaseStatus::Adopting {
+                Ok(case)
+            } else {
+                Err(format!(
+                    "the adoption of {task} is still unchecked after 20 s; the worker's log ends:\n{}",
+                    airlock_local::fleet::tail(&self.worker_log(), 30)
+                ))
+            }
+        })
     }
 }
 
@@ -159,7 +97,7 @@ fn task(name: &str, base: &str) -> Value {
 
 #[test]
 fn each_permanent_error_class_ends_the_task_with_its_own_code() {
-    let mut s = Stack::start("permanent");
+    let mut s = Stack::start("honest-permanent");
     // (the step after this phase, the code it fails with): a corrupt
     // journal record, a git failure while archiving the source, the
     // executor returning other paths than the change set's, a spool file
@@ -173,7 +111,7 @@ fn each_permanent_error_class_ends_the_task_with_its_own_code() {
     ];
     for (i, (phase, code)) in cases.into_iter().enumerate() {
         let armed = format!("{phase}:{}", code.as_str());
-        s.worker_with(&[("AIRLOCK_FAULT_ERROR_AT", &armed)]);
+        s.restart_worker(&[("AIRLOCK_FAULT_ERROR_AT", &armed)]);
         let name = format!("honest-{i}");
         s.ends_with(&name, &task(&name, &s.base), code);
         let log = std::fs::read_to_string(s.suite.layout.logs().join("worker.log")).unwrap();
@@ -187,7 +125,7 @@ fn each_permanent_error_class_ends_the_task_with_its_own_code() {
     }
     // No injection: an envelope the worker refuses at claim time (it does
     // not offer the capability), and a source commit the repository lacks.
-    s.worker_with(&[]);
+    s.restart_worker(&[]);
     let mut wants_more = task("honest-capability", &s.base);
     wants_more["plan"]["execution"]["capability_scope"] =
         json!(["git.read", "git.test", "net.fetch"]);
@@ -270,7 +208,7 @@ fn edit_payload(journal: &Path, task: &str, phase: &str, edit: impl Fn(&mut Valu
 
 #[test]
 fn a_checkpoint_payload_that_does_not_decode_ends_the_task_with_store_corrupt() {
-    let mut s = Stack::start("corrupt");
+    let mut s = Stack::start("honest-corrupt");
     let journal = s.suite.layout.path("worker/checkpoints.sqlite3");
     let repo = s.suite.layout.repos().join("demo.git");
     // The worker dies right after `phase`; its payload is then edited and
@@ -288,7 +226,7 @@ fn a_checkpoint_payload_that_does_not_decode_ends_the_task_with_store_corrupt() 
         }),
     ];
     for (i, (phase, what, edit)) in cases.into_iter().enumerate() {
-        s.worker_with(&[("AIRLOCK_FAULT_KILL_AFTER", phase)]);
+        s.restart_worker(&[("AIRLOCK_FAULT_KILL_AFTER", phase)]);
         let name = format!("corrupt-{i}");
         s.submit(&task(&name, &s.base));
         assert!(
@@ -299,7 +237,7 @@ fn a_checkpoint_payload_that_does_not_decode_ends_the_task_with_store_corrupt() 
             "the worker was to kill itself after {phase}"
         );
         edit_payload(&journal, &name, phase, edit);
-        s.worker_with(&[]);
+        s.restart_worker(&[]);
         s.failed_with(&name, Code::STORE_CORRUPT);
         let log = std::fs::read_to_string(s.suite.layout.logs().join("worker.log")).unwrap();
         assert!(
@@ -322,18 +260,18 @@ fn a_checkpoint_payload_that_does_not_decode_ends_the_task_with_store_corrupt() 
 
 #[test]
 fn a_transient_error_is_tried_again_and_the_first_attempt_succeeds() {
-    let mut s = Stack::start("transient");
+    let mut s = Stack::start("honest-transient");
     for (i, phase) in ["claimed", "workspace_prepared", "verification_passed"]
         .into_iter()
         .enumerate()
     {
-        s.worker_with(&[(
+        s.restart_worker(&[(
             "AIRLOCK_FAULT_ERROR_AT",
             &format!("{phase}:{}", Code::SPOOL_UNAVAILABLE.as_str()),
         )]);
         let name = format!("transient-{i}");
         s.submit(&task(&name, &s.base));
-        let v = s.settled(&name);
+        let v = s.settled(&name, SETTLE);
         assert_eq!((v.state, v.attempt), (TaskState::Succeeded, 1), "{name}");
         let log = std::fs::read_to_string(s.suite.layout.logs().join("worker.log")).unwrap();
         assert!(log.contains(&format!(
@@ -345,11 +283,11 @@ fn a_transient_error_is_tried_again_and_the_first_attempt_succeeds() {
 
 #[test]
 fn a_branch_moved_behind_the_workers_back_needs_reconciliation() {
-    let mut s = Stack::start("moved");
+    let mut s = Stack::start("honest-moved");
     let repo = s.suite.layout.repos().join("demo.git");
     // The worker dies right after commit_done: the commit is on the branch,
     // the result not yet reported.
-    s.worker_with(&[("AIRLOCK_FAULT_KILL_AFTER", "commit_done")]);
+    s.restart_worker(&[("AIRLOCK_FAULT_KILL_AFTER", "commit_done")]);
     s.submit(&task("moved-ref", &s.base));
     let status = s.suite.fleet.wait_exit("worker", Duration::from_secs(20));
     assert!(
@@ -360,17 +298,11 @@ fn a_branch_moved_behind_the_workers_back_needs_reconciliation() {
     assert_ne!(made, s.base, "the governed commit is on the branch");
     // Someone moves the branch behind the worker's back.
     let other = git(&repo, &["rev-parse", "refs/heads/main"]);
-    let out = Command::new("git")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(&repo)
-        .args(["update-ref", "refs/heads/agent/moved-ref", &other, &made])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    move_ref(&repo, "agent/moved-ref", &other, &made);
     // The restarted worker resumes at commit_done, sees another head and
     // reports the attempt as needing reconciliation instead of success.
-    s.worker_with(&[]);
-    let v = s.settled("moved-ref");
+    s.restart_worker(&[]);
+    let v = s.settled("moved-ref", SETTLE);
     let failure = v.result.as_ref().and_then(|r| r["failure_code"].as_str());
     assert_eq!(
         (v.state, failure),
@@ -477,39 +409,16 @@ fn a_branch_moved_behind_the_workers_back_needs_reconciliation() {
 
 /// Moves `branch` from `from` to `to` behind the worker's back.
 fn move_ref(repo: &Path, branch: &str, to: &str, from: &str) {
-    let out = Command::new("git")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(["update-ref", &format!("refs/heads/{branch}"), to, from])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-}
-
-impl Stack {
-    /// Waits for the worker's check of an adoption (it looks when idle,
-    /// every poll interval).
-    fn case_settled(&self, task: &str) -> ReconciliationCase {
-        let t = Instant::now();
-        loop {
-            let case = self.client.get_reconciliation(task).unwrap();
-            if case.status != CaseStatus::Adopting {
-                return case;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "the adoption of {task} is still unchecked after 20 s; the worker's log ends:\n{}",
-                airlock_local::fleet::tail(&self.suite.layout.logs().join("worker.log"), 30)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    airlock_testkit::git_dir(
+        repo,
+        &["update-ref", &format!("refs/heads/{branch}"), to, from],
+    );
 }
 
 #[test]
 fn a_call_the_supervisor_does_not_answer_is_bounded_and_the_worker_carries_on() {
     // lease 30 s: the worker renews every 10 s and bounds each call by that.
-    let s = Stack::start("late");
+    let s = Stack::start("honest-late");
     let log = s.suite.layout.logs().join("worker.log");
     let pid = s
         .suite
@@ -541,6 +450,6 @@ fn a_call_the_supervisor_does_not_answer_is_bounded_and_the_worker_carries_on() 
     // The late answers are dropped; the worker goes on claiming, and a
     // task submitted now runs to its end in its first attempt.
     s.submit(&task("late-1", &s.base));
-    let v = s.settled("late-1");
+    let v = s.settled("late-1", SETTLE);
     assert_eq!((v.state, v.attempt), (TaskState::Succeeded, 1));
 }

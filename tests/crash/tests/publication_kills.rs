@@ -18,84 +18,30 @@
 //! the commit there and sends nothing); each task's result records
 //! `pushed: false` exactly when its push happened before a kill.
 
-use airlock_crash_matrix::{file_len, git, log_since};
-use airlock_local::client::{Supervisor, task_on_demo};
-use airlock_local::{LocalUpstream, Suite, Tuning, start_with};
-use airlock_proto::task::{TaskState, TaskView};
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use airlock_crash_matrix::{Stack, fault_points, git};
+use airlock_local::client::task_on_demo;
+use airlock_local::{LocalUpstream, Tuning};
+use airlock_proto::task::TaskState;
+use airlock_testkit::poll;
+use airlock_worker::fault::Attempt;
+use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Where the worker is killed, in the order an attempt passes them.
-const POINTS: &[&str] = &["before_push", "after_push", "published"];
+/// Where the worker is killed, in the order an attempt passes them: the
+/// points only a publishing attempt passes (before_push, after_push,
+/// published), from the worker's own table.
+fn points() -> Vec<&'static str> {
+    let plain = fault_points(Attempt::Commit);
+    fault_points(Attempt::Publication)
+        .into_iter()
+        .filter(|p| !plain.contains(p))
+        .collect()
+}
+
 /// Tasks; each is killed at every point.
 const TASKS: usize = 18;
 const PATIENCE: Duration = Duration::from_secs(20);
-
-struct Stack {
-    suite: Suite,
-    client: Supervisor,
-    upstream: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Stack {
-    fn restart(&mut self, env: &[(&str, &str)]) {
-        let ids = self.suite.ids;
-        let logs = self.suite.layout.logs();
-        self.suite
-            .fleet
-            .restart("worker", env, &ids, &logs)
-            .unwrap_or_else(|e| panic!("restarting the worker: {e}"));
-    }
-
-    /// The worker armed with `point`; true when it died there for `task`.
-    fn kill_at(&mut self, point: &str, task: &str) -> bool {
-        let log = self.suite.layout.logs().join("worker.log");
-        let offset = file_len(&log);
-        self.restart(&[("AIRLOCK_FAULT_KILL_AFTER", point)]);
-        match self.suite.fleet.wait_exit("worker", PATIENCE) {
-            Some(status) if status.signal() == Some(9) => {
-                let text = log_since(&log, offset);
-                let needle = format!("fault injection: SIGKILL at {point} task {task}");
-                assert!(
-                    text.contains(&needle),
-                    "killed, but not at {point} for {task}:\n{text}"
-                );
-                true
-            }
-            Some(status) => panic!(
-                "the worker armed with {point} exited by itself ({status}):\n{}",
-                log_since(&log, offset)
-            ),
-            None => {
-                self.suite.fleet.kill("worker");
-                false
-            }
-        }
-    }
-
-    fn settled(&self, task: &str) -> TaskView {
-        let t = Instant::now();
-        loop {
-            let v = self
-                .client
-                .patiently(Duration::from_secs(30), |c| c.get_task(task))
-                .unwrap();
-            if v.state.is_terminal() {
-                return v;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "{task} is still {:?}:\n{}",
-                v.state,
-                airlock_local::fleet::tail(&self.suite.layout.logs().join("worker.log"), 30)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
 
 #[test]
 fn publications_happen_exactly_once_across_kills_around_the_push() {
@@ -132,9 +78,8 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
     let signing = dir.path().join("signing");
     airlock_testkit::ssh_keygen(&signing);
 
-    let suite = start_with(
+    let mut s = Stack::at(
         dir.path().join("state"),
-        true,
         &Tuning {
             lease_seconds: 30,
             parallel_tasks: 1,
@@ -149,28 +94,19 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
             }],
             ..Default::default()
         },
-    )
-    .unwrap_or_else(|e| panic!("starting the suite: {e}"));
-    let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
-    let authority = suite.layout.repos().join("pub.git");
-    let mut s = Stack {
-        suite,
-        client,
-        upstream: upstream.clone(),
-        _dir: dir,
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let base = loop {
+    );
+    let authority = s.suite.layout.repos().join("pub.git");
+    let base = poll(Duration::from_secs(30), Duration::from_millis(100), || {
         let b = git(
             &authority,
             &["rev-parse", "--verify", "--quiet", "refs/heads/main"],
         );
-        if !b.is_empty() {
-            break b;
+        if b.is_empty() {
+            Err("the first sync never came".to_owned())
+        } else {
+            Ok(b)
         }
-        assert!(Instant::now() < deadline, "the first sync never came");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    });
 
     let mut kills = std::collections::BTreeMap::<&str, usize>::new();
     let mut pushed_before_kill = Vec::new();
@@ -188,15 +124,13 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
         // The worker stays down while the task is queued, so the first
         // armed worker claims it.
         s.suite.fleet.kill("worker");
-        s.client
-            .patiently(Duration::from_secs(30), |c| c.submit_task(&submission))
-            .unwrap_or_else(|e| panic!("SubmitTask: {e}"));
-        for point in POINTS {
-            if s.kill_at(point, &task) {
+        s.submit(&submission);
+        for point in points() {
+            if s.kill_at(point, &task, PATIENCE) {
                 *kills.entry(point).or_default() += 1;
-                if *point == "after_push" {
+                if point == "after_push" {
                     let remote = git(
-                        &s.upstream,
+                        &upstream,
                         &[
                             "rev-parse",
                             "--verify",
@@ -212,7 +146,7 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
                 }
             }
         }
-        s.restart(&[]);
+        s.restart_worker(&[]);
         tasks.push(task);
     }
 
@@ -222,21 +156,21 @@ fn publications_happen_exactly_once_across_kills_around_the_push() {
     let scratch = s.suite.layout.path("");
     let (mut lost, mut duplicated, mut unsigned, mut replays) = (0, 0, 0, 0);
     for task in &tasks {
-        let v = s.settled(task);
+        let v = s.settled(task, Duration::from_secs(60));
         assert_eq!(v.state, TaskState::Succeeded, "{task}: {:?}", v.result);
         let result = v.result.unwrap();
         let commit = result["commit_oid"].as_str().unwrap().to_owned();
         let branch = format!("refs/heads/agent/{task}");
-        let remote = git(&s.upstream, &["rev-parse", "--verify", "--quiet", &branch]);
+        let remote = git(&upstream, &["rev-parse", "--verify", "--quiet", &branch]);
         let local = git(&authority, &["rev-parse", "--verify", "--quiet", &branch]);
         if remote != commit || local != commit {
             lost += 1;
         }
-        let updates = git(&s.upstream, &["reflog", "show", "--format=%H", &branch]);
+        let updates = git(&upstream, &["reflog", "show", "--format=%H", &branch]);
         if updates.lines().count() != 1 {
             duplicated += 1;
         }
-        let out = airlock_testkit::verify_commit(&s.upstream, &scratch, &allowed, &commit);
+        let out = airlock_testkit::verify_commit(&upstream, &scratch, &allowed, &commit);
         if !out.status.success() {
             unsigned += 1;
         }

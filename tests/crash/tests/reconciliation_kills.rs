@@ -23,9 +23,8 @@
 //! Each test prints a summary line built from the values it asserts,
 //! including the lost and duplicated counts (both must be 0).
 
-use airlock_crash_matrix::git;
+use airlock_crash_matrix::{Stack, git};
 use airlock_local::client::{Supervisor, task_on_demo};
-use airlock_local::{Suite, Tuning, start_with};
 use airlock_localbus::{PrivateBus, SupervisorProcess, sibling_binary};
 use airlock_proto::Code;
 use airlock_proto::bus::LeaseRef;
@@ -38,7 +37,7 @@ use rand::Rng;
 use serde_json::{Value, json};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn task(name: &str, base: &str) -> Value {
     task_on_demo(
@@ -50,76 +49,10 @@ fn task(name: &str, base: &str) -> Value {
     )
 }
 
-struct Stack {
-    suite: Suite,
-    client: Supervisor,
-}
-
-impl Drop for Stack {
-    fn drop(&mut self) {
-        self.suite.fleet.stop(Duration::from_secs(5));
-        let _ = std::fs::remove_dir_all(&self.suite.layout.root);
-    }
-}
-
-impl Stack {
-    fn restart_worker(&mut self, env: &[(&str, &str)]) {
-        let ids = self.suite.ids;
-        let logs = self.suite.layout.logs();
-        self.suite
-            .fleet
-            .restart("worker", env, &ids, &logs)
-            .unwrap_or_else(|e| panic!("restarting the worker: {e}"));
-    }
-
-    fn settled(&self, task: &str) -> TaskView {
-        let t = Instant::now();
-        loop {
-            let v = self
-                .client
-                .patiently(Duration::from_secs(30), |c| c.get_task(task))
-                .unwrap();
-            if v.state.is_terminal() {
-                return v;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(25),
-                "{task} is still {:?} after 25 s; the worker's log ends:\n{}",
-                v.state,
-                airlock_local::fleet::tail(&self.suite.layout.logs().join("worker.log"), 30)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn actions(&self, task: &str) -> Vec<String> {
-        self.client
-            .list_events(task, 0, 1000)
-            .unwrap()
-            .events
-            .into_iter()
-            .map(|e| format!("{}:{}", e.action, e.outcome))
-            .collect()
-    }
-}
-
 #[test]
 fn a_ref_moved_during_a_kill_ends_in_reconciliation_with_its_case_listed() {
     const ROUNDS: usize = 3;
-    let state = std::env::temp_dir().join(format!("airlock-moved-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&state);
-    let suite = start_with(
-        state,
-        true,
-        &Tuning {
-            lease_seconds: 30,
-            parallel_tasks: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("starting the suite: {e}"));
-    let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
-    let mut s = Stack { suite, client };
+    let mut s = Stack::start("moved-kill");
     let repo = s.suite.layout.repos().join("demo.git");
     let base = git(&repo, &["rev-parse", "refs/heads/main"]);
     let log = s.suite.layout.logs().join("worker.log");
@@ -168,7 +101,7 @@ fn a_ref_moved_during_a_kill_ends_in_reconciliation_with_its_case_listed() {
                     assert!(out.status.success(), "{out:?}");
                 }
                 s.restart_worker(&[]);
-                let v = s.settled(&name);
+                let v = s.settled(&name, Duration::from_secs(25));
                 let head = git(&repo, &["rev-parse", &branch]);
                 let commits: usize =
                     git(&repo, &["rev-list", "--count", &format!("{base}..{head}")])

@@ -11,10 +11,10 @@
 //! `fault-injection`: `AIRLOCK_FAULT_WEDGE_AT=<phase>` blocks the attempt
 //! thread after that checkpoint.
 
-use airlock_crash_matrix::git;
-use airlock_local::client::{Supervisor, task_on_demo};
-use airlock_local::{Suite, Tuning, start_with};
+use airlock_crash_matrix::Stack;
+use airlock_local::client::task_on_demo;
 use airlock_proto::task::TaskState;
+use airlock_testkit::eventually;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
@@ -88,49 +88,15 @@ impl Notify {
     }
 }
 
-struct Stack {
-    suite: Suite,
-    client: Supervisor,
-    base: String,
+/// What this test does with the shared [`Stack`].
+trait Watchdog {
+    fn submit_running(&self, task: &str, argv: serde_json::Value);
+    fn log_has(&self, needle: &str, within: Duration) -> bool;
 }
 
-impl Stack {
-    fn start(name: &str) -> Stack {
-        let state =
-            std::env::temp_dir().join(format!("airlock-watchdog-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&state);
-        let suite = start_with(
-            state,
-            true,
-            &Tuning {
-                lease_seconds: 30,
-                parallel_tasks: 1,
-                ..Default::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("starting the suite: {e}"));
-        let base = git(
-            &suite.layout.repos().join("demo.git"),
-            &["rev-parse", "refs/heads/main"],
-        );
-        let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
-        Stack {
-            suite,
-            client,
-            base,
-        }
-    }
-
-    fn worker_with(&mut self, env: &[(&str, &str)]) {
-        let ids = self.suite.ids;
-        let logs = self.suite.layout.logs();
-        self.suite
-            .fleet
-            .restart("worker", env, &ids, &logs)
-            .unwrap_or_else(|e| panic!("restarting the worker: {e}"));
-    }
-
-    fn submit(&self, task: &str, argv: serde_json::Value) {
+impl Watchdog for Stack {
+    /// Submits `task` (one attempt), whose check runs `argv`.
+    fn submit_running(&self, task: &str, argv: serde_json::Value) {
         let s = task_on_demo(
             task,
             &self.base,
@@ -138,38 +104,25 @@ impl Stack {
             json!({"operation": "write_file", "path": format!("wd/{task}.txt"), "content": "x\n"}),
             json!([{"label": "check", "argv": argv, "timeout_seconds": 30}]),
         );
-        self.client
-            .patiently(Duration::from_secs(30), |c| c.submit_task(&s))
-            .unwrap_or_else(|e| panic!("SubmitTask: {e}"));
+        self.submit(&s);
     }
 
+    /// Whether the worker's log says `needle` within `within`.
     fn log_has(&self, needle: &str, within: Duration) -> bool {
-        let end = Instant::now() + within;
-        while Instant::now() < end {
-            let log = std::fs::read_to_string(self.suite.layout.logs().join("worker.log"))
-                .unwrap_or_default();
-            if log.contains(needle) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
-    }
-}
-
-impl Drop for Stack {
-    fn drop(&mut self) {
-        self.suite.fleet.stop(Duration::from_secs(5));
-        let _ = std::fs::remove_dir_all(&self.suite.layout.root);
+        eventually(within, Duration::from_millis(50), || {
+            std::fs::read_to_string(self.worker_log())
+                .unwrap_or_default()
+                .contains(needle)
+        })
     }
 }
 
 #[test]
 fn a_wedged_attempt_thread_gets_no_watchdog_pings_and_a_slow_one_does() {
-    let mut s = Stack::start("wedge");
+    let mut s = Stack::start("watchdog-wedge");
     let notify = Notify::new();
     let socket = notify.path.to_str().unwrap().to_owned();
-    s.worker_with(&[
+    s.restart_worker(&[
         ("NOTIFY_SOCKET", &socket),
         ("WATCHDOG_USEC", WATCHDOG_USEC),
         ("AIRLOCK_FAULT_WEDGE_AT", "workspace_prepared"),
@@ -183,7 +136,7 @@ fn a_wedged_attempt_thread_gets_no_watchdog_pings_and_a_slow_one_does() {
     assert!(idle >= 3, "an idle worker pings: {idle} pings in 3 s");
 
     // The attempt thread blocks for good after workspace_prepared.
-    s.submit("wd-wedged", json!(["/bin/true"]));
+    s.submit_running("wd-wedged", json!(["/bin/true"]));
     assert!(
         s.log_has(
             "fault injection: wedged after workspace_prepared task wd-wedged",
@@ -210,8 +163,8 @@ fn a_wedged_attempt_thread_gets_no_watchdog_pings_and_a_slow_one_does() {
     // A fresh worker (what systemd's restart gives) resumes the attempt
     // from its journal, and pings through a command that runs for four
     // watchdog intervals.
-    s.worker_with(&[("NOTIFY_SOCKET", &socket), ("WATCHDOG_USEC", WATCHDOG_USEC)]);
-    s.submit(
+    s.restart_worker(&[("NOTIFY_SOCKET", &socket), ("WATCHDOG_USEC", WATCHDOG_USEC)]);
+    s.submit_running(
         "wd-slow",
         json!(["/usr/bin/python3", "-c", "import time; time.sleep(4)"]),
     );

@@ -4,9 +4,10 @@
 
 #![allow(dead_code)]
 
-use airlock_localbus::PrivateBus;
 use airlock_supervisor::authz::testing::TestAuthorizer;
-use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use airlock_supervisor::daemon::AuthorizerChoice;
+use airlock_testkit::InProcess;
+pub use airlock_testkit::git;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -22,33 +23,16 @@ pub const CURRENT: &str = "2026-07-28";
 pub const HANDSHAKE: &str = "2025-06-18";
 pub const OLDEST: &str = "2024-11-05";
 
-/// A supervisor running inside the test, on its own bus.
-pub struct Sup {
-    pub bus: PrivateBus,
-    pub dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), airlock_proto::Error>>>,
-}
+/// A supervisor running inside the test, on its own bus
+/// ([`InProcess`], accepting passed results itself), with what these
+/// tests do with it.
+pub struct Sup(InProcess);
 
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+impl std::ops::Deref for Sup {
+    type Target = InProcess;
+    fn deref(&self) -> &InProcess {
+        &self.0
+    }
 }
 
 /// A repository `demo` with a few files on main, and the configuration
@@ -103,63 +87,14 @@ pub fn repository(dir: &Path) -> (PathBuf, PathBuf) {
 
 impl Sup {
     pub async fn start(authorizer: TestAuthorizer) -> Sup {
-        let bus = PrivateBus::start().expect("dbus-daemon");
-        let dir = tempfile::tempdir().unwrap();
-        let settings = Settings {
-            database: daemon::Location::Sqlite(dir.path().join("tasks.sqlite3")),
-            bus_address: Some(bus.address().to_owned()),
-            authorizer: AuthorizerChoice::ForTests(authorizer),
-            // The test plays the worker.
-            worker_uid: nix::unistd::getuid().as_raw(),
-            retry_uid: nix::unistd::getuid().as_raw(),
-            lease_seconds: 300,
-            sweep_interval: Duration::from_secs(1),
-            auto_accept: true,
-            repositories: vec!["demo".into()],
-            programs: airlock_config::ProgramTable::from_config(&airlock_config::Config::default()),
-            drain_timeout: Duration::from_secs(5),
-            call_delay: None,
-            agents: Vec::new(),
-            agent_driver: Default::default(),
-            agent_options: Default::default(),
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(daemon::run(settings, async {
-            let _ = rx.await;
-        }));
-        let conn = bus.connect().await.unwrap();
-        let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
-        for _ in 0..200 {
-            if dbus
-                .name_has_owner("org.airlock.Supervisor1".try_into().unwrap())
-                .await
-                .unwrap()
-            {
-                return Sup {
-                    bus,
-                    dir,
-                    stop: Some(tx),
-                    task: Some(task),
-                };
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the supervisor did not take its name");
+        Sup(InProcess::builder(AuthorizerChoice::ForTests(authorizer))
+            .auto_accept()
+            .start()
+            .await)
     }
 
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.task.take() {
-            t.await.unwrap().unwrap();
-        }
-    }
-
-    pub async fn client(&self) -> airlock_client::Supervisor {
-        airlock_client::Supervisor::connect(Some(self.bus.address()))
-            .await
-            .unwrap()
+    pub async fn stop(self) {
+        self.0.stop().await;
     }
 
     /// Every task id in the store (any submitter).

@@ -2,7 +2,7 @@
 //! methods over a real bus.
 //!
 //! Starts a private dbus-daemon (the shipped policy included), runs the
-//! supervisor on its own runtime threads (the local authoriser for its own uid, a temporary
+//! supervisor in-process ([`InProcess`]) on its own runtime threads (the local authoriser for its own uid, a temporary
 //! task store with WAL and synchronous=FULL), and measures from a separate
 //! client connection: SubmitTask, GetTask (sequential and concurrent),
 //! Claim and SubmitResult. Prints median, p99 and calls/s for each.
@@ -12,7 +12,8 @@ use airlock_localbus::PrivateBus;
 use airlock_proto::bus::LeaseRef;
 use airlock_proto::task::TaskResult;
 use airlock_supervisor::authz::local::LocalAuthorizer;
-use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use airlock_supervisor::daemon::AuthorizerChoice;
+use airlock_testkit::InProcess;
 use clap::Parser;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -35,7 +36,6 @@ struct Args {
     json: bool,
 }
 
-use airlock_proto::bus::BUS_NAME as NAME;
 const HEAD: &str = "71523aef6e48b1e2fa516c456ca189b7a039104b";
 const BASE: &str = "a642b045775b9154a00ae78543037fbef4fb447b";
 
@@ -107,15 +107,9 @@ where
 }
 
 async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
+    airlock_testkit::supervisor::named(bus).await;
     let conn = bus.connect().await.expect("client connection");
     let client = Supervisor::on(conn.clone()).await.expect("client");
-    let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
-    for _ in 0..400 {
-        if dbus.name_has_owner(NAME.try_into().unwrap()).await.unwrap() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
     let mut out = Vec::new();
 
     // SubmitTask.
@@ -233,47 +227,20 @@ async fn bench(args: &Args, bus: &PrivateBus) -> Vec<Series> {
 
 fn main() {
     let args = Args::parse();
-    let bus = PrivateBus::start().expect("start dbus-daemon (apt-get install dbus)");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let settings = Settings {
-        database: airlock_taskdb::Location::Sqlite(dir.path().join("tasks.sqlite3")),
-        bus_address: Some(bus.address().to_owned()),
-        // The benchmark is its own admin: the local authoriser, no polkit.
-        authorizer: AuthorizerChoice::Local(LocalAuthorizer::new([nix::unistd::getuid().as_raw()])),
-        worker_uid: nix::unistd::getuid().as_raw(),
-        retry_uid: nix::unistd::getuid().as_raw(),
-        lease_seconds: 300,
-        sweep_interval: Duration::from_secs(15),
-        auto_accept: false,
-        repositories: vec!["demo".into()],
-        programs: airlock_config::ProgramTable::from_config(&airlock_config::Config::default()),
-        drain_timeout: Duration::from_secs(5),
-        call_delay: None,
-        agents: Vec::new(),
-        agent_driver: airlock_config::AgentDriver::LocalHost,
-        agent_options: airlock_agents::Options::default(),
-    };
-
-    // The supervisor on its own runtime and threads, as in its own process.
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("server runtime")
-            .block_on(daemon::run(settings, async {
-                let _ = stop_rx.await;
-            }))
-    });
+    // The supervisor on its own runtime and threads, as in its own
+    // process; the benchmark is its own admin (the local authoriser, no
+    // polkit).
+    let me = nix::unistd::getuid().as_raw();
+    let sup = InProcess::builder(AuthorizerChoice::Local(LocalAuthorizer::new([me])))
+        .sweep_interval(Duration::from_secs(15))
+        .start_threaded();
 
     let client = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("client runtime");
-    let series = client.block_on(bench(&args, &bus));
-    let _ = stop_tx.send(());
-    if let Err(e) = server.join().expect("server thread") {
+    let series = client.block_on(bench(&args, &sup.bus));
+    if let Err(e) = sup.stop_thread() {
         eprintln!("supervisor: {e}");
     }
 
