@@ -98,7 +98,10 @@ impl FaultPoint {
         let mut points = Vec::new();
         for &phase in Phase::ALL {
             match phase {
-                Phase::CommitDone => points.push(FaultPoint::RefUpdated),
+                Phase::WorkspacePrepared => points.push(FaultPoint::SpoolStaged),
+                Phase::CommitDone => {
+                    points.extend([FaultPoint::CommitWritten, FaultPoint::RefUpdated])
+                }
                 Phase::Published => points.extend([FaultPoint::BeforePush, FaultPoint::AfterPush]),
                 Phase::ResultSubmitted => points.push(FaultPoint::ResultAccepted),
                 _ => {}
@@ -126,8 +129,8 @@ impl FaultPoint {
                 Phase::Published => attempt == Attempt::Publication,
                 Phase::ReconciliationRequired => false,
             },
-            FaultPoint::RefUpdated => commits,
-            FaultPoint::ResultAccepted => true,
+            FaultPoint::CommitWritten | FaultPoint::RefUpdated => commits,
+            FaultPoint::SpoolStaged | FaultPoint::ResultAccepted => true,
             FaultPoint::BeforePush | FaultPoint::AfterPush => attempt == Attempt::Publication,
         }
     }
@@ -362,8 +365,10 @@ mod tests {
             passed(Attempt::Commit),
             [
                 "claimed",
+                "spool_staged",
                 "workspace_prepared",
                 "verification_passed",
+                "commit_written",
                 "ref_updated",
                 "commit_done",
                 "result_pending",
@@ -375,8 +380,10 @@ mod tests {
             passed(Attempt::Publication),
             [
                 "claimed",
+                "spool_staged",
                 "workspace_prepared",
                 "verification_passed",
+                "commit_written",
                 "ref_updated",
                 "commit_done",
                 "before_push",
@@ -391,6 +398,7 @@ mod tests {
             passed(Attempt::Capture),
             [
                 "claimed",
+                "spool_staged",
                 "workspace_prepared",
                 "verification_passed",
                 "source_capture_done",

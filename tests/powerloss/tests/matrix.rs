@@ -12,9 +12,9 @@
 //! - **after each worker step** ([`worker_points`]): the worker is started
 //!   with `AIRLOCK_FAULT_KILL_AFTER=<point>` and counts for the point only
 //!   when it died of SIGKILL having logged `fault injection: SIGKILL at
-//!   <point>` since that start. The points are every checkpoint phase an
-//!   attempt without an upstream passes (taken from the phases' own list,
-//!   `Phase::ALL`), plus the side-effect windows: `commit_written` (the
+//!   <point>` since that start. The points come from the worker's own
+//!   table (`FaultPoint::all`, those an attempt that commits passes): every
+//!   checkpoint phase, and the side-effect windows: `commit_written` (the
 //!   commit's objects written, its ref not yet moved: mid-commit),
 //!   `ref_updated` (the ref moved, `commit_done` not yet recorded: the
 //!   ref update's other side), `spool_staged` (a request or source archive
@@ -48,9 +48,9 @@ use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
 use airlock_powerloss::LazyFs;
-use airlock_proto::checkpoint::Phase;
 use airlock_proto::task::TaskState;
 use airlock_taskdb::tasks::{EventOutcome, SqliteStore};
+use airlock_worker::fault::{Attempt, FaultPoint};
 use rand::Rng;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,28 +79,15 @@ const MEMBERS: &[&str] = &["supervisor", "executor", "worker", "retryd"];
 /// How long LazyFS gets, after the kills, to release what they held.
 const SETTLE: Duration = Duration::from_millis(150);
 
-/// The worker points: every phase an attempt without an upstream passes,
-/// from the phases' own list, and the side-effect windows between them.
+/// The worker points an attempt that commits passes, from the worker's
+/// own table (every checkpoint phase and the side-effect windows between
+/// them).
 fn worker_points() -> Vec<&'static str> {
-    let mut points: Vec<&'static str> = Phase::ALL
-        .iter()
-        .filter(|p| {
-            !matches!(
-                p,
-                // Reached only with an upstream, after a reconciliation
-                // case, or by a plan that captures sources.
-                Phase::Published | Phase::ReconciliationRequired | Phase::SourceCaptureDone
-            )
-        })
-        .map(|p| p.as_str())
-        .collect();
-    points.extend([
-        "commit_written",
-        "ref_updated",
-        "spool_staged",
-        "result_accepted",
-    ]);
-    points
+    FaultPoint::all()
+        .into_iter()
+        .filter(|p| p.passed_by(Attempt::Commit))
+        .map(FaultPoint::as_str)
+        .collect()
 }
 
 fn git(repo: &Path, args: &[&str]) -> std::process::Output {
