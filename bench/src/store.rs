@@ -1,21 +1,28 @@
 //! `airlock-bench store`: what a durable write costs, and what airlock's
 //! stores pay on top of it.
 //!
-//! In every round, one after the other on the same directory:
+//! In every round, on the same directory:
 //!
 //! 1. **raw append+fsync** (the baseline): append 256 bytes to a file and
-//!    `fsync` it (`File::sync_all`), in a loop;
-//! 2. **raw overwrite+fsync** (context): the same, but rewriting 256 bytes
-//!    in place inside a preallocated file, so the file size never changes —
-//!    closer to how SQLite reuses its WAL after a checkpoint;
-//! 3. **checkpoint appends** through [`CheckpointJournal`] at
+//!    `fsync` it (`File::sync_all`), in a loop, side by side with
+//! 2. **checkpoint appends** through one [`CheckpointJournal`] at
 //!    `synchronous=FULL`, phases cycling through an attempt and a new
-//!    attempt after `result_submitted`;
-//! 4. **claim→result cycles** of the task store: submit, claim, submit a
+//!    attempt after `result_submitted`, one appender;
+//! 3. **raw append+fsync ×8**: [`CONCURRENT`] threads doing 1. on one file
+//!    at once, side by side with
+//! 4. **checkpoint appends ×8**: [`CONCURRENT`] threads appending to the
+//!    one journal at once, as the worker's parallel attempts do (group
+//!    commit: appends that arrive during a commit share the next one);
+//! 5. **raw overwrite+fsync** (context): 1., but rewriting 256 bytes in
+//!    place inside a preallocated file, so the file size never changes —
+//!    closer to how SQLite reuses its WAL after a checkpoint;
+//! 6. **claim→result cycles** of the task store: submit, claim, submit a
 //!    passed result with auto-accept (see [`claim_result_cycles`]).
 //!
-//! Each figure is the median over the rounds; latencies are pooled over all
-//! rounds.
+//! "Side by side": the two measurements of a pair run in [`SLICES`]
+//! alternating slices of the window, so a load swing on a shared machine
+//! reaches both. Each figure is the median over the rounds; latencies are
+//! pooled over all rounds.
 
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_proto::canonical::sha256_hex;
@@ -40,6 +47,8 @@ const RECORD: usize = 256;
 const OVERWRITE_SLOTS: u64 = 4096;
 /// Threads of the concurrent measurements.
 const CONCURRENT: usize = 8;
+/// Slices per round of each pair measured side by side.
+const SLICES: u32 = 5;
 
 /// One measurement: how many operations fit in the window, and how long
 /// each took.
@@ -70,6 +79,13 @@ impl Sample {
         }
         s.elapsed = start.elapsed();
         Ok(s)
+    }
+
+    /// Adds a later slice of the same measurement.
+    fn append(&mut self, later: Sample) {
+        self.ops += later.ops;
+        self.elapsed += later.elapsed;
+        self.latencies.extend(later.latencies);
     }
 
     /// Samples taken side by side (one per thread) as one: every
@@ -180,17 +196,42 @@ pub fn run(dir: Option<&Path>, seconds: f64, rounds: u32) -> BenchResult<()> {
     let journal = CheckpointJournal::open(&journal_path)?;
     let mut batched = Vec::new();
     for round in 1..=rounds {
-        let a = raw_append.push(raw_append_fsync(&raw_path, window)?);
-        let o = raw_overwrite.push(raw_overwrite_fsync(&raw_path, window)?);
-        let c = checkpoints.push(checkpoint_appends(&journal, &format!("r{round}"), window)?);
-        let r = raw_concurrent.push(raw_concurrent_fsync(&raw_path, window)?);
+        // Each pair whose ratio is printed runs in alternating slices, so
+        // that load swings on a shared machine reach both alike.
+        let slice = window / SLICES;
+        let (mut raw, mut single) = (Sample::default(), Sample::default());
+        let (mut raw8, mut group) = (Sample::default(), Sample::default());
         let before = journal.commit_stats();
-        let g = concurrent.push(concurrent_appends(&journal, round, window)?);
+        for k in 0..SLICES {
+            raw.append(raw_append_fsync(&raw_path, slice)?);
+            single.append(checkpoint_appends(
+                &journal,
+                &format!("r{round}-s{k}"),
+                slice,
+            )?);
+        }
+        let single_stats = journal.commit_stats();
+        for k in 0..SLICES {
+            raw8.append(raw_concurrent_fsync(&raw_path, slice)?);
+            group.append(concurrent_appends(
+                &journal,
+                &format!("r{round}-s{k}"),
+                slice,
+            )?);
+        }
         let after = journal.commit_stats();
+        if single_stats.batches - before.batches != single_stats.appends - before.appends {
+            return Err("a lone appender's appends were batched".into());
+        }
         batched.push(
-            (after.appends - before.appends) as f64
-                / (after.batches - before.batches).max(1) as f64,
+            (after.appends - single_stats.appends) as f64
+                / (after.batches - single_stats.batches).max(1) as f64,
         );
+        let a = raw_append.push(raw);
+        let c = checkpoints.push(single);
+        let r = raw_concurrent.push(raw8);
+        let g = concurrent.push(group);
+        let o = raw_overwrite.push(raw_overwrite_fsync(&raw_path, window)?);
         let y = cycles.push(claim_result_cycles(&tasks_path, round, window)?);
         println!(
             "{round:>5}  {a:>9.0}/s  {o:>11.0}/s  {c:>9.0}/s  {r:>9.0}/s  {g:>9.0}/s  {y:>10.0}/s"
@@ -386,14 +427,14 @@ fn raw_concurrent_fsync(path: &Path, window: Duration) -> BenchResult<Sample> {
 /// [`checkpoint_appends`]; the rate is the total.
 fn concurrent_appends(
     journal: &CheckpointJournal,
-    round: u32,
+    tag: &str,
     window: Duration,
 ) -> BenchResult<Sample> {
     let samples = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..CONCURRENT)
             .map(|t| {
                 scope.spawn(move || {
-                    checkpoint_appends(journal, &format!("r{round}-t{t}"), window)
+                    checkpoint_appends(journal, &format!("{tag}-t{t}"), window)
                         .map_err(|e| e.to_string())
                 })
             })

@@ -27,7 +27,14 @@
 //! # Durability and tamper resistance
 //!
 //! The file is opened by [`db::open`]: WAL, `synchronous=FULL`, so an
-//! `append` that returned is on disk. The `checkpoints` table is
+//! `append` that returned is on disk: the order is make durable (the
+//! commit's fsync of the WAL), then record (the commit is visible), then
+//! acknowledge (`append` returns). Concurrent appends share commits
+//! (group commit, [`CheckpointJournal::append`]) without changing that
+//! order: each returns only after the fsync of the commit holding it, and
+//! a batch is one transaction, found whole or not at all after a crash
+//! (SQLite's WAL recovery drops a torn tail up to the last commit frame).
+//! The `checkpoints` table is
 //! append-only: triggers abort any `UPDATE` or `DELETE`, and a
 //! `BEFORE INSERT` trigger re-checks the sequence, attempt and phase rules
 //! in SQL, so even a buggy or hand-written insert (including
