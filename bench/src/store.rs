@@ -1,21 +1,28 @@
 //! `airlock-bench store`: what a durable write costs, and what airlock's
 //! stores pay on top of it.
 //!
-//! In every round, one after the other on the same directory:
+//! In every round, on the same directory:
 //!
 //! 1. **raw append+fsync** (the baseline): append 256 bytes to a file and
-//!    `fsync` it (`File::sync_all`), in a loop;
-//! 2. **raw overwrite+fsync** (context): the same, but rewriting 256 bytes
-//!    in place inside a preallocated file, so the file size never changes —
-//!    closer to how SQLite reuses its WAL after a checkpoint;
-//! 3. **checkpoint appends** through [`CheckpointJournal`] at
+//!    `fsync` it (`File::sync_all`), in a loop, side by side with
+//! 2. **checkpoint appends** through one [`CheckpointJournal`] at
 //!    `synchronous=FULL`, phases cycling through an attempt and a new
-//!    attempt after `result_submitted`;
-//! 4. **claim→result cycles** of the task store: submit, claim, submit a
+//!    attempt after `result_submitted`, one appender;
+//! 3. **raw append+fsync ×8**: [`CONCURRENT`] threads doing 1. on one file
+//!    at once, side by side with
+//! 4. **checkpoint appends ×8**: [`CONCURRENT`] threads appending to the
+//!    one journal at once, as the worker's parallel attempts do (group
+//!    commit: appends that arrive during a commit share the next one);
+//! 5. **raw overwrite+fsync** (context): 1., but rewriting 256 bytes in
+//!    place inside a preallocated file, so the file size never changes —
+//!    closer to how SQLite reuses its WAL after a checkpoint;
+//! 6. **claim→result cycles** of the task store: submit, claim, submit a
 //!    passed result with auto-accept (see [`claim_result_cycles`]).
 //!
-//! Each figure is the median over the rounds; latencies are pooled over all
-//! rounds.
+//! "Side by side": the two measurements of a pair run in [`SLICES`]
+//! alternating slices of the window, so a load swing on a shared machine
+//! reaches both. Each figure is the median over the rounds; latencies are
+//! pooled over all rounds.
 
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_proto::canonical::sha256_hex;
@@ -38,6 +45,10 @@ type BenchResult<T> = Result<T, Box<dyn Error>>;
 const RECORD: usize = 256;
 /// Slots of the preallocated file of the overwrite baseline.
 const OVERWRITE_SLOTS: u64 = 4096;
+/// Threads of the concurrent measurements.
+const CONCURRENT: usize = 8;
+/// Slices per round of each pair measured side by side.
+const SLICES: u32 = 5;
 
 /// One measurement: how many operations fit in the window, and how long
 /// each took.
@@ -68,6 +79,25 @@ impl Sample {
         }
         s.elapsed = start.elapsed();
         Ok(s)
+    }
+
+    /// Adds a later slice of the same measurement.
+    fn append(&mut self, later: Sample) {
+        self.ops += later.ops;
+        self.elapsed += later.elapsed;
+        self.latencies.extend(later.latencies);
+    }
+
+    /// Samples taken side by side (one per thread) as one: every
+    /// operation, over the longest of their windows.
+    fn merge(samples: Vec<Sample>) -> Self {
+        let mut all = Sample::default();
+        for s in samples {
+            all.ops += s.ops;
+            all.elapsed = all.elapsed.max(s.elapsed);
+            all.latencies.extend(s.latencies);
+        }
+        all
     }
 }
 
@@ -148,46 +178,79 @@ pub fn run(dir: Option<&Path>, seconds: f64, rounds: u32) -> BenchResult<()> {
         dir.display()
     );
     println!(
-        "(raw: {RECORD}-byte records, File::sync_all; checkpoints: SQLite WAL, synchronous=FULL)"
+        "(raw: {RECORD}-byte records, File::sync_all; checkpoints: SQLite WAL, synchronous=FULL; \
+         concurrent: {CONCURRENT} threads, one file)"
     );
     println!();
     println!(
-        "{:>5}  {:>18}  {:>21}  {:>20}  {:>21}",
-        "round",
-        "raw append+fsync/s",
-        "raw overwrite+fsync/s",
-        "checkpoint appends/s",
-        "claim→result cycles/s"
+        "{:>5}  {:>11}  {:>13}  {:>11}  {:>11}  {:>11}  {:>11}",
+        "round", "raw append", "raw overwrite", "checkpoint", "raw ×8", "ckpt ×8", "claim→result"
     );
 
     let mut raw_append = Series::new("raw append+fsync");
     let mut raw_overwrite = Series::new("raw overwrite+fsync");
     let mut checkpoints = Series::new("checkpoint append");
+    let mut raw_concurrent = Series::new("raw append+fsync ×8");
+    let mut concurrent = Series::new("checkpoint append ×8");
     let mut cycles = Series::new("claim→result cycle");
-    let mut journal = CheckpointJournal::open(&journal_path)?;
-    let mut cycles_measured = true;
+    let journal = CheckpointJournal::open(&journal_path)?;
+    let mut batched = Vec::new();
     for round in 1..=rounds {
-        let a = raw_append.push(raw_append_fsync(&raw_path, window)?);
+        // Each pair whose ratio is printed runs in alternating slices, so
+        // that load swings on a shared machine reach both alike.
+        let slice = window / SLICES;
+        let (mut raw, mut single) = (Sample::default(), Sample::default());
+        let (mut raw8, mut group) = (Sample::default(), Sample::default());
+        let before = journal.commit_stats();
+        for k in 0..SLICES {
+            raw.append(raw_append_fsync(&raw_path, slice)?);
+            single.append(checkpoint_appends(
+                &journal,
+                &format!("r{round}-s{k}"),
+                slice,
+            )?);
+        }
+        let single_stats = journal.commit_stats();
+        for k in 0..SLICES {
+            raw8.append(raw_concurrent_fsync(&raw_path, slice)?);
+            group.append(concurrent_appends(
+                &journal,
+                &format!("r{round}-s{k}"),
+                slice,
+            )?);
+        }
+        let after = journal.commit_stats();
+        if single_stats.batches - before.batches != single_stats.appends - before.appends {
+            return Err("a lone appender's appends were batched".into());
+        }
+        batched.push(
+            (after.appends - single_stats.appends) as f64
+                / (after.batches - single_stats.batches).max(1) as f64,
+        );
+        let a = raw_append.push(raw);
+        let c = checkpoints.push(single);
+        let r = raw_concurrent.push(raw8);
+        let g = concurrent.push(group);
         let o = raw_overwrite.push(raw_overwrite_fsync(&raw_path, window)?);
-        let c = checkpoints.push(checkpoint_appends(&mut journal, round, window)?);
-        let y = match claim_result_cycles(&tasks_path, round, window)? {
-            Some(s) => format!("{:.0}", cycles.push(s)),
-            None => {
-                cycles_measured = false;
-                "n/a".to_owned()
-            }
-        };
-        println!("{round:>5}  {a:>18.0}  {o:>21.0}  {c:>20.0}  {y:>21}");
+        let y = cycles.push(claim_result_cycles(&tasks_path, round, window)?);
+        println!(
+            "{round:>5}  {a:>9.0}/s  {o:>11.0}/s  {c:>9.0}/s  {r:>9.0}/s  {g:>9.0}/s  {y:>10.0}/s"
+        );
     }
+    let stats = journal.commit_stats();
     drop(journal);
 
     println!();
     println!("medians over {rounds} rounds, latency p50 / p99 pooled over all operations:");
     let baseline = raw_append.median().unwrap_or(f64::NAN);
-    let mut series = vec![raw_append, raw_overwrite, checkpoints];
-    if cycles_measured {
-        series.push(cycles);
-    }
+    let mut series = vec![
+        raw_append,
+        raw_overwrite,
+        checkpoints,
+        raw_concurrent,
+        concurrent,
+        cycles,
+    ];
     for s in &mut series {
         let (p50, p99) = (s.latency(0.5), s.latency(0.99));
         let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
@@ -200,20 +263,32 @@ pub fn run(dir: Option<&Path>, seconds: f64, rounds: u32) -> BenchResult<()> {
             s.median().unwrap_or(f64::NAN) / baseline
         );
     }
-    if !cycles_measured {
-        println!("  claim→result cycles: not measured yet (slot claim_result_cycles)");
-    }
+    let rate = |i: usize| series[i].median().unwrap_or(f64::NAN);
+    println!(
+        "  group commit: {:.1} appends per commit (median over rounds; {} appends in {} commits, \
+         largest batch {})",
+        median(&batched).unwrap_or(f64::NAN),
+        stats.appends,
+        stats.batches,
+        stats.largest_batch
+    );
     println!();
     println!(
         "checkpoint appends/s ÷ raw append+fsync/s = {:.2}",
-        series[2].median().unwrap_or(f64::NAN) / baseline
+        rate(2) / baseline
     );
-    if cycles_measured {
-        println!(
-            "claim→result cycles/s ÷ raw append+fsync/s = {:.2}",
-            series[3].median().unwrap_or(f64::NAN) / baseline
-        );
-    }
+    println!(
+        "checkpoint appends/s ×{CONCURRENT} (group commit) ÷ raw append+fsync/s = {:.2}",
+        rate(4) / baseline
+    );
+    println!(
+        "checkpoint appends/s ×{CONCURRENT} (group commit) ÷ raw append+fsync/s ×{CONCURRENT} = {:.2}",
+        rate(4) / rate(3)
+    );
+    println!(
+        "claim→result cycles/s ÷ raw append+fsync/s = {:.2}",
+        rate(5) / baseline
+    );
 
     for p in [&journal_path, &tasks_path] {
         for suffix in ["", "-wal", "-shm"] {
@@ -281,11 +356,11 @@ const ATTEMPT_PHASES: [Phase; 6] = [
 /// next attempt, each with a payload of the size the worker writes (hashes
 /// and keys, about 300 bytes).
 fn checkpoint_appends(
-    journal: &mut CheckpointJournal,
-    round: u32,
+    journal: &CheckpointJournal,
+    tag: &str,
     window: Duration,
 ) -> BenchResult<Sample> {
-    let task_id = format!("bench-task-r{round}");
+    let task_id = format!("bench-task-{tag}");
     let digest = sha256_hex(task_id.as_bytes());
     let binding = |attempt: u32| CheckpointBinding {
         task_id: task_id.clone(),
@@ -312,20 +387,76 @@ fn checkpoint_appends(
     })
 }
 
-// ---------------------------------------------------------------------------
-// SLOT: claim→result cycles of the task store.
-// ---------------------------------------------------------------------------
+/// Context for group commit: [`CONCURRENT`] threads, each with its own
+/// handle on one file, each appending a record and fsyncing it in a loop —
+/// what the journal's appends would cost if every attempt synced its own
+/// write (the file system may merge concurrent fsyncs of one file; nothing
+/// in user space does).
+fn raw_concurrent_fsync(path: &Path, window: Duration) -> BenchResult<Sample> {
+    let _ = fs::remove_file(path);
+    File::create(path)?.sync_all()?;
+    let samples = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..CONCURRENT)
+            .map(|_| {
+                scope.spawn(move || -> Result<Sample, String> {
+                    let mut f = OpenOptions::new()
+                        .append(true)
+                        .open(path)
+                        .map_err(|e| e.to_string())?;
+                    let record = [b'c'; RECORD];
+                    Sample::measure(window, |_| {
+                        f.write_all(&record)?;
+                        f.sync_all()?;
+                        Ok(())
+                    })
+                    .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().map_err(|_| "a raw writer panicked".to_owned())?)
+            .collect::<Result<Vec<_>, String>>()
+    })?;
+    fs::remove_file(path)?;
+    Ok(Sample::merge(samples))
+}
+
+/// Group commit: [`CONCURRENT`] threads share the journal (as the worker's
+/// parallel attempts do), each walking its own task through
+/// [`checkpoint_appends`]; the rate is the total.
+fn concurrent_appends(
+    journal: &CheckpointJournal,
+    tag: &str,
+    window: Duration,
+) -> BenchResult<Sample> {
+    let samples = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..CONCURRENT)
+            .map(|t| {
+                scope.spawn(move || {
+                    checkpoint_appends(journal, &format!("{tag}-t{t}"), window)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().map_err(|_| "an appender panicked".to_owned())?)
+            .collect::<Result<Vec<_>, String>>()
+    })?;
+    Ok(Sample::merge(samples))
+}
 
 /// Claim→result cycles/s of the task store at `path`: submit a task, claim
 /// it, submit a passed result with `auto_accept` (so it goes straight to
 /// SUCCEEDED); repeat for `window`. One cycle is three write transactions,
 /// each with its audit event, so it is bounded by about a third of the raw
 /// fsync rate.
-fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult<Option<Sample>> {
+fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult<Sample> {
     let mut store = SqliteStore::open(path)?;
     let planner = Actor::planner(None, "bench-planner");
     let worker = Actor::worker(None, "bench-worker");
-    let sample = Sample::measure(window, |i| {
+    Sample::measure(window, |i| {
         let task_id = format!("bench-r{round}-{i:08}");
         store.submit(&submission(&task_id)?, &planner)?;
         let grant = store
@@ -383,8 +514,7 @@ fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult
             return Err(format!("{task_id} ended {:?}, not SUCCEEDED", receipt.task.state).into());
         }
         Ok(())
-    })?;
-    Ok(Some(sample))
+    })
 }
 
 /// A deterministic one-command task for the cycle benchmark.

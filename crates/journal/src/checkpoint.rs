@@ -27,7 +27,14 @@
 //! # Durability and tamper resistance
 //!
 //! The file is opened by [`db::open`]: WAL, `synchronous=FULL`, so an
-//! `append` that returned is on disk. The `checkpoints` table is
+//! `append` that returned is on disk: the order is make durable (the
+//! commit's fsync of the WAL), then record (the commit is visible), then
+//! acknowledge (`append` returns). Concurrent appends share commits
+//! (group commit, [`CheckpointJournal::append`]) without changing that
+//! order: each returns only after the fsync of the commit holding it, and
+//! a batch is one transaction, found whole or not at all after a crash
+//! (SQLite's WAL recovery drops a torn tail up to the last commit frame).
+//! The `checkpoints` table is
 //! append-only: triggers abort any `UPDATE` or `DELETE`, and a
 //! `BEFORE INSERT` trigger re-checks the sequence, attempt and phase rules
 //! in SQL, so even a buggy or hand-written insert (including
@@ -47,7 +54,7 @@
 //! use serde_json::json;
 //!
 //! let dir = tempfile::tempdir()?;
-//! let mut journal = CheckpointJournal::open(&dir.path().join("checkpoints.sqlite3"))?;
+//! let journal = CheckpointJournal::open(&dir.path().join("checkpoints.sqlite3"))?;
 //! let binding = CheckpointBinding {
 //!     task_id: "task-1".into(),
 //!     attempt: 1,
@@ -88,7 +95,9 @@ use airlock_sqlite::db::{self, Kind, Migration};
 use airlock_sqlite::error::{SqliteError, SqliteResult};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 /// Largest checkpoint payload, in canonical JSON bytes. Payloads carry
 /// hashes, keys and small evidence, never file contents.
@@ -240,12 +249,57 @@ impl Checkpoint {
 
 /// The append-only, phase-monotonic journal of one worker.
 ///
-/// One value holds one SQLite connection; several journals may open the
-/// same file (writers serialise on `BEGIN IMMEDIATE`).
+/// One value holds one SQLite connection and is shared by every attempt
+/// the worker runs (`&self` throughout; it is `Sync`). Appends that arrive
+/// while another append's commit is in flight wait for it and then go
+/// together into the next commit (group commit, see
+/// [`CheckpointJournal::append`]). Several journals may also open the same
+/// file: their writers serialise on `BEGIN IMMEDIATE`.
 #[derive(Debug)]
 pub struct CheckpointJournal {
-    conn: Connection,
+    conn: Mutex<Connection>,
+    queue: Mutex<Queue>,
+    /// Signalled when a batch's results are in `Queue::results`.
+    batch_done: Condvar,
     path: PathBuf,
+}
+
+/// Appends waiting for a commit, and what the commits did.
+#[derive(Debug, Default)]
+struct Queue {
+    /// Appends not yet taken by a committing append, in arrival order.
+    pending: Vec<(u64, Prepared)>,
+    /// An append is running a batch (holds the connection) right now.
+    committing: bool,
+    /// Outcomes of committed batches, until their appends pick them up.
+    results: HashMap<u64, SqliteResult<Checkpoint>>,
+    next_id: u64,
+    stats: CommitStats,
+}
+
+/// What the journal's group commit has done since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Appends that went through a batch (stored, replayed or refused).
+    pub appends: u64,
+    /// Batches run: one write transaction, so one commit and one fsync of
+    /// the WAL, each.
+    pub batches: u64,
+    /// The largest batch so far.
+    pub largest_batch: u64,
+    /// Appends waiting for the next batch right now.
+    pub waiting: u64,
+}
+
+/// An append checked and digested, ready for a batch.
+#[derive(Debug)]
+struct Prepared {
+    binding: CheckpointBinding,
+    phase: Phase,
+    payload: Value,
+    payload_json: String,
+    payload_sha256: String,
+    binding_sha256: String,
 }
 
 impl CheckpointJournal {
@@ -254,7 +308,9 @@ impl CheckpointJournal {
     pub fn open(path: &Path) -> SqliteResult<Self> {
         let conn = db::open(path, Kind::Checkpoints, MIGRATIONS)?;
         Ok(CheckpointJournal {
-            conn,
+            conn: Mutex::new(conn),
+            queue: Mutex::new(Queue::default()),
+            batch_done: Condvar::new(),
             path: path.to_path_buf(),
         })
     }
@@ -264,6 +320,15 @@ impl CheckpointJournal {
         &self.path
     }
 
+    /// What group commit has done since the journal was opened.
+    pub fn commit_stats(&self) -> CommitStats {
+        let q = lock(&self.queue);
+        CommitStats {
+            waiting: q.pending.len() as u64,
+            ..q.stats
+        }
+    }
+
     /// Records that `binding`'s attempt reached the phase of `payload`,
     /// with that typed payload ([`Payload`]: one type per phase, so a
     /// field cannot go missing on the way in). Read it back with
@@ -271,9 +336,25 @@ impl CheckpointJournal {
     ///
     /// Returns the stored checkpoint: the new one, or on an exact replay the
     /// one already recorded. Refusals (see the [module docs](self)) change
-    /// nothing. When this returns `Ok`, the checkpoint is durable.
+    /// nothing.
+    ///
+    /// # Durability and group commit
+    ///
+    /// When this returns `Ok`, the checkpoint is durable: its commit (and
+    /// so the fsync of the WAL, `synchronous=FULL`) finished before any
+    /// caller is told. Appends from other threads that arrive while a
+    /// commit is in flight queue up; when it ends, one of them takes every
+    /// queued append into a single write transaction — each in its own
+    /// savepoint, judged by the same rules in arrival order, so a refused
+    /// one changes nothing and does not disturb the others — and commits
+    /// them with one fsync. If that commit fails (an fsync error, a full
+    /// disk), every append of the batch fails with that error, and none of
+    /// them was acknowledged; a batch is one transaction, so after a crash
+    /// it is found whole or not at all. A failed append may still be found
+    /// after a restart (the bytes may have reached the disk although the
+    /// fsync reported an error); a retry of it is an exact replay.
     pub fn append(
-        &mut self,
+        &self,
         binding: &CheckpointBinding,
         payload: &Payload,
     ) -> SqliteResult<Checkpoint> {
@@ -282,12 +363,12 @@ impl CheckpointJournal {
 
     /// The untyped store beneath [`CheckpointJournal::append`]: records
     /// `phase` with any JSON object of at most [`MAX_PAYLOAD_BYTES`]
-    /// canonical bytes. The journal's own tests use it to exercise the
-    /// ordering rules on arbitrary objects, and the worker's tests to write
-    /// what an older release (or a damaged file) holds; the worker itself
-    /// writes only through `append`.
+    /// canonical bytes, with the same group commit. The journal's own tests
+    /// use it to exercise the ordering rules on arbitrary objects, and the
+    /// worker's tests to write what an older release (or a damaged file)
+    /// holds; the worker itself writes only through `append`.
     pub fn append_value(
-        &mut self,
+        &self,
         binding: &CheckpointBinding,
         phase: Phase,
         payload: &Value,
@@ -299,185 +380,129 @@ impl CheckpointJournal {
             ));
         }
         let payload_json = canonical_payload(payload)?;
-        let payload_sha256 = sha256_hex(payload_json.as_bytes());
-        let binding_sha256 = binding.binding_sha256();
-
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| SqliteError::sqlite("starting checkpoint append", e))?;
-
-        // 1. Exact replay: the row is already there; add nothing.
-        let replay = tx
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM checkpoints c
-                  WHERE c.task_id = ?1 AND c.attempt = ?2 AND c.phase = ?3
-                    AND c.payload_sha256 = ?4"
-            ))
-            .and_then(|mut s| {
-                s.query_row(
-                    params![
-                        binding.task_id,
-                        binding.attempt,
-                        phase.as_str(),
-                        payload_sha256
-                    ],
-                    RawRow::read,
-                )
-                .optional()
-            })
-            .map_err(|e| SqliteError::sqlite("looking up a checkpoint replay", e))?;
-        if let Some(raw) = replay {
-            let existing = raw.verify()?;
-            if existing.binding_sha256 != binding_sha256 {
-                // Same task, attempt, phase and payload under other
-                // coordinates: not a replay, and never a silent success.
-                return Err(binding_differs(&existing.binding, binding));
-            }
-            tx.commit()
-                .map_err(|e| SqliteError::sqlite("ending checkpoint replay", e))?;
-            return Ok(existing);
-        }
-
-        // 2.–4. Judge against the head.
-        let head = tx
-            .prepare_cached(
-                "SELECT attempt, sequence, phase_order, execution_digest, binding_sha256
-                   FROM checkpoint_heads WHERE task_id = ?1",
-            )
-            .and_then(|mut s| {
-                s.query_row([&binding.task_id], |r| {
-                    Ok(Head {
-                        attempt: r.get(0)?,
-                        sequence: r.get(1)?,
-                        phase_order: r.get(2)?,
-                        execution_digest: r.get(3)?,
-                        binding_sha256: r.get(4)?,
-                    })
-                })
-                .optional()
-            })
-            .map_err(|e| SqliteError::sqlite("reading the checkpoint head", e))?;
-        let sequence = match head {
-            None => 1,
-            Some(h) if binding.attempt < h.attempt => {
-                return Err(refused(
-                    Code::CHECKPOINT_ATTEMPT_REGRESSION,
-                    format!(
-                        "task {} is at attempt {}, not {}",
-                        binding.task_id, h.attempt, binding.attempt
-                    ),
-                ));
-            }
-            Some(h) if binding.attempt == h.attempt => {
-                if h.execution_digest != binding.execution_digest {
-                    return Err(refused(
-                        Code::CHECKPOINT_EXECUTION_DIGEST_CONFLICT,
-                        format!(
-                            "attempt {} of task {} runs execution {}",
-                            h.attempt, binding.task_id, h.execution_digest
-                        ),
-                    ));
-                }
-                if h.binding_sha256 != binding_sha256 {
-                    return Err(refused(
-                        Code::CHECKPOINT_SCOPE_MISMATCH_DENY,
-                        format!(
-                            "attempt {} of task {} is bound to other coordinates",
-                            h.attempt, binding.task_id
-                        ),
-                    ));
-                }
-                if phase != Phase::ReconciliationRequired && phase.order() < h.phase_order {
-                    return Err(refused(
-                        Code::CHECKPOINT_PHASE_REGRESSION,
-                        format!(
-                            "{} (rank {}) after rank {} in attempt {} of task {}",
-                            phase.as_str(),
-                            phase.order(),
-                            h.phase_order,
-                            h.attempt,
-                            binding.task_id
-                        ),
-                    ));
-                }
-                h.sequence + 1
-            }
-            Some(_) => 1,
+        let prepared = Prepared {
+            payload_sha256: sha256_hex(payload_json.as_bytes()),
+            binding_sha256: binding.binding_sha256(),
+            binding: binding.clone(),
+            phase,
+            payload: payload.clone(),
+            payload_json,
         };
 
-        let created_at_ms = SystemClock.now_ms();
-        tx.prepare_cached(
-            "INSERT INTO checkpoints(
-               task_id, attempt, sequence, phase, phase_order, execution_digest, job_id,
-               repository, base_oid, expected_branch_oid, target_branch, generation,
-               binding_sha256, payload_json, payload_sha256, created_at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                binding.task_id,
-                binding.attempt,
-                sequence,
-                phase.as_str(),
-                phase.order(),
-                binding.execution_digest,
-                binding.job_id,
-                binding.repository,
-                binding.base_oid,
-                binding.expected_branch_oid,
-                binding.target_branch,
-                binding.generation,
-                binding_sha256,
-                payload_json,
-                payload_sha256,
-                created_at_ms,
-            ])
-        })
-        .map_err(|e| SqliteError::sqlite("appending a checkpoint", e))?;
-        tx.prepare_cached(
-            "INSERT INTO checkpoint_heads(
-               task_id, attempt, sequence, phase, phase_order, execution_digest,
-               binding_sha256, payload_sha256, updated_at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-             ON CONFLICT(task_id) DO UPDATE SET
-               attempt = excluded.attempt,
-               sequence = excluded.sequence,
-               phase = excluded.phase,
-               phase_order = excluded.phase_order,
-               execution_digest = excluded.execution_digest,
-               binding_sha256 = excluded.binding_sha256,
-               payload_sha256 = excluded.payload_sha256,
-               updated_at_ms = excluded.updated_at_ms",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                binding.task_id,
-                binding.attempt,
-                sequence,
-                phase.as_str(),
-                phase.order(),
-                binding.execution_digest,
-                binding_sha256,
-                payload_sha256,
-                created_at_ms,
-            ])
-        })
-        .map_err(|e| SqliteError::sqlite("moving the checkpoint head", e))?;
-        tx.commit()
-            .map_err(|e| SqliteError::sqlite("committing a checkpoint", e))?;
+        let mut q = lock(&self.queue);
+        let id = q.next_id;
+        q.next_id += 1;
+        q.pending.push((id, prepared));
+        loop {
+            if let Some(outcome) = q.results.remove(&id) {
+                return outcome;
+            }
+            if q.committing {
+                q = self
+                    .batch_done
+                    .wait(q)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            // Nobody is committing: this append runs the next batch, which
+            // holds its own append and every one queued behind it.
+            q.committing = true;
+            let batch = std::mem::take(&mut q.pending);
+            drop(q);
+            let mut leader = Leader {
+                journal: self,
+                ids: batch.iter().map(|(id, _)| *id).collect(),
+            };
+            let outcomes = self.run_batch(batch);
+            q = lock(&self.queue);
+            leader.ids.clear();
+            q.committing = false;
+            q.stats.batches += 1;
+            q.stats.appends += outcomes.len() as u64;
+            q.stats.largest_batch = q.stats.largest_batch.max(outcomes.len() as u64);
+            q.results.extend(outcomes);
+            self.batch_done.notify_all();
+        }
+    }
 
-        Ok(Checkpoint {
-            task_id: binding.task_id.clone(),
-            attempt: binding.attempt,
-            sequence,
-            phase,
-            binding: binding.clone(),
-            binding_sha256,
-            payload: payload.clone(),
-            payload_sha256,
-            created_at_ms,
-        })
+    /// One write transaction for `batch`: each append in its own savepoint,
+    /// then one commit. Every append gets its outcome; a failed commit is
+    /// every stored append's failure.
+    fn run_batch(&self, batch: Vec<(u64, Prepared)>) -> Vec<(u64, SqliteResult<Checkpoint>)> {
+        let n = batch.len();
+        let mut conn = lock(&self.conn);
+        let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => tx,
+            Err(e) => {
+                return batch
+                    .into_iter()
+                    .map(|(id, _)| (id, Err(batch_failure("starting checkpoint append", &e))))
+                    .collect();
+            }
+        };
+        let mut outcomes = Vec::with_capacity(n);
+        let mut broken = None;
+        for (id, req) in batch {
+            if let Some(e) = &broken {
+                outcomes.push((id, Err(batch_failure("appending a checkpoint", e))));
+                continue;
+            }
+            let outcome = if n == 1 {
+                // Alone in its batch: a refusal drops the transaction below.
+                apply(&tx, &req)
+            } else {
+                match tx.savepoint() {
+                    Ok(mut sp) => {
+                        let outcome = apply(&sp, &req);
+                        let ended = if outcome.is_ok() {
+                            sp.commit()
+                        } else {
+                            sp.rollback().and_then(|()| sp.commit())
+                        };
+                        if let Err(e) = ended {
+                            broken = Some(e);
+                        }
+                        outcome
+                    }
+                    Err(e) => {
+                        let outcome = Err(batch_failure("starting checkpoint append", &e));
+                        broken = Some(e);
+                        outcome
+                    }
+                }
+            };
+            outcomes.push((id, outcome));
+        }
+        if let Some(e) = broken {
+            // The transaction is in an unknown state: keep nothing of it.
+            drop(tx);
+            return outcomes
+                .into_iter()
+                .map(|(id, o)| {
+                    let o = match o {
+                        Ok(_) => Err(batch_failure("appending a checkpoint", &e)),
+                        refused => refused,
+                    };
+                    (id, o)
+                })
+                .collect();
+        }
+        if n == 1 && outcomes[0].1.is_err() {
+            return outcomes; // dropping `tx` rolls the refusal back
+        }
+        match tx.commit() {
+            Ok(()) => outcomes,
+            Err(e) => outcomes
+                .into_iter()
+                .map(|(id, o)| {
+                    let o = match o {
+                        Ok(_) => Err(batch_failure("committing a checkpoint", &e)),
+                        refused => refused,
+                    };
+                    (id, o)
+                })
+                .collect(),
+        }
     }
 
     /// The task's latest checkpoint (highest attempt, then highest
@@ -582,7 +607,8 @@ impl CheckpointJournal {
     /// phase ranks as [`Phase::order`] says, and one head per task equal to
     /// its latest checkpoint. Any failure is `STORE_CORRUPT`.
     pub fn integrity_check(&self) -> SqliteResult<()> {
-        db::integrity_check(&self.conn)?;
+        let conn = lock(&self.conn);
+        db::integrity_check(&conn)?;
         let ranks = Phase::ALL
             .iter()
             .map(|p| format!("('{}', {})", p.as_str(), p.order()))
@@ -649,8 +675,7 @@ impl CheckpointJournal {
         ];
         let mut problems = Vec::new();
         for (what, sql) in &checks {
-            let bad: i64 = self
-                .conn
+            let bad: i64 = conn
                 .query_row(sql, [], |r| r.get(0))
                 .map_err(|e| SqliteError::sqlite("checking journal invariants", e))?;
             if bad != 0 {
@@ -669,8 +694,7 @@ impl CheckpointJournal {
         sql: &str,
         params: impl rusqlite::Params,
     ) -> SqliteResult<Option<Checkpoint>> {
-        let raw = self
-            .conn
+        let raw = lock(&self.conn)
             .prepare_cached(sql)
             .and_then(|mut s| s.query_row(params, RawRow::read).optional())
             .map_err(|e| SqliteError::sqlite("reading checkpoints", e))?;
@@ -678,8 +702,7 @@ impl CheckpointJournal {
     }
 
     fn query_all(&self, sql: &str, params: impl rusqlite::Params) -> SqliteResult<Vec<Checkpoint>> {
-        let raws = self
-            .conn
+        let raws = lock(&self.conn)
             .prepare_cached(sql)
             .and_then(|mut s| {
                 s.query_map(params, RawRow::read)?
@@ -688,6 +711,233 @@ impl CheckpointJournal {
             .map_err(|e| SqliteError::sqlite("reading checkpoints", e))?;
         raws.into_iter().map(RawRow::verify).collect()
     }
+}
+
+/// One append inside the batch's transaction (or its savepoint): the
+/// rules of the [module docs](self), then the row and the head.
+fn apply(conn: &Connection, req: &Prepared) -> SqliteResult<Checkpoint> {
+    let binding = &req.binding;
+    let phase = req.phase;
+    let payload_json = &req.payload_json;
+    let payload_sha256 = &req.payload_sha256;
+    let binding_sha256 = &req.binding_sha256;
+
+    // 1. Exact replay: the row is already there; add nothing.
+    let replay = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM checkpoints c
+              WHERE c.task_id = ?1 AND c.attempt = ?2 AND c.phase = ?3
+                AND c.payload_sha256 = ?4"
+        ))
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    binding.task_id,
+                    binding.attempt,
+                    phase.as_str(),
+                    payload_sha256
+                ],
+                RawRow::read,
+            )
+            .optional()
+        })
+        .map_err(|e| SqliteError::sqlite("looking up a checkpoint replay", e))?;
+    if let Some(raw) = replay {
+        let existing = raw.verify()?;
+        if existing.binding_sha256 != *binding_sha256 {
+            // Same task, attempt, phase and payload under other
+            // coordinates: not a replay, and never a silent success.
+            return Err(binding_differs(&existing.binding, binding));
+        }
+        return Ok(existing);
+    }
+
+    // 2.–4. Judge against the head.
+    let head = conn
+        .prepare_cached(
+            "SELECT attempt, sequence, phase_order, execution_digest, binding_sha256
+               FROM checkpoint_heads WHERE task_id = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row([&binding.task_id], |r| {
+                Ok(Head {
+                    attempt: r.get(0)?,
+                    sequence: r.get(1)?,
+                    phase_order: r.get(2)?,
+                    execution_digest: r.get(3)?,
+                    binding_sha256: r.get(4)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(|e| SqliteError::sqlite("reading the checkpoint head", e))?;
+    let sequence = match head {
+        None => 1,
+        Some(h) if binding.attempt < h.attempt => {
+            return Err(refused(
+                Code::CHECKPOINT_ATTEMPT_REGRESSION,
+                format!(
+                    "task {} is at attempt {}, not {}",
+                    binding.task_id, h.attempt, binding.attempt
+                ),
+            ));
+        }
+        Some(h) if binding.attempt == h.attempt => {
+            if h.execution_digest != binding.execution_digest {
+                return Err(refused(
+                    Code::CHECKPOINT_EXECUTION_DIGEST_CONFLICT,
+                    format!(
+                        "attempt {} of task {} runs execution {}",
+                        h.attempt, binding.task_id, h.execution_digest
+                    ),
+                ));
+            }
+            if h.binding_sha256 != *binding_sha256 {
+                return Err(refused(
+                    Code::CHECKPOINT_SCOPE_MISMATCH_DENY,
+                    format!(
+                        "attempt {} of task {} is bound to other coordinates",
+                        h.attempt, binding.task_id
+                    ),
+                ));
+            }
+            if phase != Phase::ReconciliationRequired && phase.order() < h.phase_order {
+                return Err(refused(
+                    Code::CHECKPOINT_PHASE_REGRESSION,
+                    format!(
+                        "{} (rank {}) after rank {} in attempt {} of task {}",
+                        phase.as_str(),
+                        phase.order(),
+                        h.phase_order,
+                        h.attempt,
+                        binding.task_id
+                    ),
+                ));
+            }
+            h.sequence + 1
+        }
+        Some(_) => 1,
+    };
+
+    let created_at_ms = SystemClock.now_ms();
+    conn.prepare_cached(
+        "INSERT INTO checkpoints(
+           task_id, attempt, sequence, phase, phase_order, execution_digest, job_id,
+           repository, base_oid, expected_branch_oid, target_branch, generation,
+           binding_sha256, payload_json, payload_sha256, created_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            binding.task_id,
+            binding.attempt,
+            sequence,
+            phase.as_str(),
+            phase.order(),
+            binding.execution_digest,
+            binding.job_id,
+            binding.repository,
+            binding.base_oid,
+            binding.expected_branch_oid,
+            binding.target_branch,
+            binding.generation,
+            binding_sha256,
+            payload_json,
+            payload_sha256,
+            created_at_ms,
+        ])
+    })
+    .map_err(|e| SqliteError::sqlite("appending a checkpoint", e))?;
+    conn.prepare_cached(
+        "INSERT INTO checkpoint_heads(
+           task_id, attempt, sequence, phase, phase_order, execution_digest,
+           binding_sha256, payload_sha256, updated_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+         ON CONFLICT(task_id) DO UPDATE SET
+           attempt = excluded.attempt,
+           sequence = excluded.sequence,
+           phase = excluded.phase,
+           phase_order = excluded.phase_order,
+           execution_digest = excluded.execution_digest,
+           binding_sha256 = excluded.binding_sha256,
+           payload_sha256 = excluded.payload_sha256,
+           updated_at_ms = excluded.updated_at_ms",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            binding.task_id,
+            binding.attempt,
+            sequence,
+            phase.as_str(),
+            phase.order(),
+            binding.execution_digest,
+            binding_sha256,
+            payload_sha256,
+            created_at_ms,
+        ])
+    })
+    .map_err(|e| SqliteError::sqlite("moving the checkpoint head", e))?;
+
+    Ok(Checkpoint {
+        task_id: binding.task_id.clone(),
+        attempt: binding.attempt,
+        sequence,
+        phase,
+        binding: binding.clone(),
+        binding_sha256: req.binding_sha256.clone(),
+        payload: req.payload.clone(),
+        payload_sha256: req.payload_sha256.clone(),
+        created_at_ms,
+    })
+}
+
+/// Hands out the batch's failure when the committing append unwinds
+/// (a panic inside SQLite or the rules), so that no append waits forever.
+struct Leader<'a> {
+    journal: &'a CheckpointJournal,
+    /// The batch's appends, until their outcomes are published.
+    ids: Vec<u64>,
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        let mut q = lock(&self.journal.queue);
+        q.committing = false;
+        for id in self.ids.drain(..) {
+            q.results.insert(
+                id,
+                Err(refused(
+                    Code::INTERNAL,
+                    "the append running this batch panicked",
+                )),
+            );
+        }
+        self.journal.batch_done.notify_all();
+    }
+}
+
+/// Locks `m`; a panic elsewhere leaves the queue and the connection
+/// consistent (every change to them is complete before it unlocks), so a
+/// poisoned lock is used as it is.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The error of a failed batch, once for each append it fails.
+fn batch_failure(context: &str, e: &rusqlite::Error) -> SqliteError {
+    let source = match e {
+        rusqlite::Error::SqliteFailure(code, message) => {
+            rusqlite::Error::SqliteFailure(*code, message.clone())
+        }
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
+    };
+    SqliteError::sqlite(context, source)
 }
 
 /// The head of a task as `append` needs it.

@@ -108,7 +108,7 @@ fn crash_child_writer() {
     };
     let seed: u64 = std::env::var(SEED_ENV).unwrap().parse().unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut journal = CheckpointJournal::open(Path::new(&path)).unwrap();
+    let journal = CheckpointJournal::open(Path::new(&path)).unwrap();
     // On a line of its own: the test harness has just printed
     // "test crash_child_writer ... " without a newline.
     println!("\nREADY");

@@ -60,7 +60,7 @@ fn CHECKPOINT_DURABLE_WRITE_survives_reopen_in_a_new_connection() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     let first = journal
         .append_value(
@@ -123,7 +123,7 @@ fn CHECKPOINT_SCOPE_ISOLATION_each_coordinate() {
         let Fixture {
             _dir,
             path,
-            mut journal,
+            journal,
         } = journal();
         journal
             .append_value(&binding(1), Phase::Claimed, &json!({"phase": "claimed"}))
@@ -169,7 +169,7 @@ fn CHECKPOINT_SCOPE_ISOLATION_each_coordinate() {
 #[test]
 #[allow(non_snake_case)]
 fn RESUME_FROM_CHECKPOINT_across_attempts_with_the_same_binding() {
-    let Fixture { mut journal, .. } = journal();
+    let Fixture { journal, .. } = journal();
     journal
         .append_value(
             &binding(1),
@@ -194,7 +194,7 @@ fn RESUME_FROM_CHECKPOINT_across_attempts_with_the_same_binding() {
 
 #[test]
 fn verify_latest_binding_is_none_for_an_empty_journal_or_another_digest() {
-    let Fixture { mut journal, .. } = journal();
+    let Fixture { journal, .. } = journal();
     assert_eq!(journal.verify_latest_binding(&binding(1)).unwrap(), None);
     journal
         .append_value(
@@ -213,7 +213,7 @@ fn verify_latest_binding_is_none_for_an_empty_journal_or_another_digest() {
 #[test]
 #[allow(non_snake_case)]
 fn CHECKPOINT_FUTURE_ATTEMPT_when_the_journal_is_ahead_of_the_caller() {
-    let Fixture { mut journal, .. } = journal();
+    let Fixture { journal, .. } = journal();
     journal
         .append_value(&binding(3), Phase::Claimed, &json!({}))
         .unwrap();
@@ -231,7 +231,7 @@ fn CHECKPOINT_FUTURE_ATTEMPT_when_the_journal_is_ahead_of_the_caller() {
 
 #[test]
 fn new_attempt_restarts_at_sequence_1() {
-    let Fixture { mut journal, .. } = journal();
+    let Fixture { journal, .. } = journal();
     for (i, phase) in [
         Phase::Claimed,
         Phase::WorkspacePrepared,
@@ -284,7 +284,7 @@ fn CHECKPOINT_PHASE_REGRESSION_within_an_attempt() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     let b = binding(1);
     journal
@@ -321,7 +321,7 @@ fn CHECKPOINT_ATTEMPT_REGRESSION_for_an_older_attempt() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     journal
         .append_value(&binding(2), Phase::Claimed, &json!({}))
@@ -339,7 +339,7 @@ fn CHECKPOINT_EXECUTION_DIGEST_CONFLICT_within_an_attempt() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     journal
         .append_value(&binding(1), Phase::Claimed, &json!({}))
@@ -363,7 +363,7 @@ fn exact_replay_returns_the_same_row_and_adds_none() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     let b = binding(1);
     let first = journal
@@ -409,7 +409,7 @@ fn exact_replay_returns_the_same_row_and_adds_none() {
 
 #[test]
 fn reconciliation_required_is_allowed_after_a_later_phase() {
-    let Fixture { mut journal, .. } = journal();
+    let Fixture { journal, .. } = journal();
     let b = binding(1);
     journal
         .append_value(&b, Phase::CommitDone, &json!({}))
@@ -467,7 +467,7 @@ fn unknown_phase_names_are_checkpoint_phase_invalid() {
 
 #[test]
 fn unfinished_lists_every_head_short_of_result_submitted() {
-    let Fixture { mut journal, .. } = journal();
+    let Fixture { journal, .. } = journal();
     let task = |id: &str, attempt: u32| CheckpointBinding {
         task_id: id.into(),
         target_branch: format!("agent/{id}"),
@@ -517,7 +517,7 @@ fn payloads_are_bounded_objects_and_refusals_write_nothing() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     let b = binding(1);
     let big = json!({"blob": "x".repeat(MAX_PAYLOAD_BYTES)});
@@ -548,7 +548,7 @@ fn the_journal_is_append_only_at_the_sql_level() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     let b = binding(1);
     journal
@@ -628,7 +628,7 @@ fn rows_edited_behind_the_journals_back_are_store_corrupt() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     journal
         .append_value(&binding(1), Phase::Claimed, &json!({"n": 1}))
@@ -654,7 +654,7 @@ fn integrity_check_reports_a_broken_sequence() {
     let Fixture {
         _dir,
         path,
-        mut journal,
+        journal,
     } = journal();
     let b = binding(1);
     journal
@@ -683,7 +683,7 @@ fn concurrent_writers_on_one_file_keep_sequences_contiguous() {
         .map(|t| {
             let path = path.clone();
             std::thread::spawn(move || {
-                let mut j = CheckpointJournal::open(&path).unwrap();
+                let j = CheckpointJournal::open(&path).unwrap();
                 for n in 0..per_thread {
                     // reconciliation_required is always allowed, so both
                     // writers race on one attempt without refusals.
@@ -735,9 +735,7 @@ fn a_task_store_file_is_not_opened_as_a_journal() {
 #[test]
 fn typed_payloads_round_trip_and_one_that_does_not_decode_is_store_corrupt() {
     use airlock_proto::checkpoint::{ClaimedPayload, Payload, WorkspacePreparedPayload};
-    let Fixture {
-        _dir, mut journal, ..
-    } = journal();
+    let Fixture { _dir, journal, .. } = journal();
     let claimed = Payload::Claimed(ClaimedPayload {
         lease_epoch: 1,
         lease_token: "t".repeat(43),

@@ -64,7 +64,9 @@ pub struct Worker {
     /// each step, so one removed meanwhile fails with
     /// REPOSITORY_NOT_REGISTERED.
     registry: std::sync::RwLock<BTreeMap<String, Repository>>,
-    journal: Mutex<CheckpointJournal>,
+    /// Shared by every attempt; appends group-commit (see
+    /// [`CheckpointJournal::append`]).
+    journal: CheckpointJournal,
     pub(super) spool: Spool,
     pub(super) bus: Supervisor,
     pub(crate) stopping: Arc<AtomicBool>,
@@ -85,7 +87,7 @@ impl Worker {
         Worker {
             registry: std::sync::RwLock::new(settings.repositories.clone()),
             settings,
-            journal: Mutex::new(journal),
+            journal,
             spool,
             bus,
             stopping,
@@ -173,13 +175,9 @@ impl Worker {
     /// Runs `f` on the journal.
     pub fn with_journal<T>(
         &self,
-        f: impl FnOnce(&mut CheckpointJournal) -> Result<T, airlock_journal::SqliteError>,
+        f: impl FnOnce(&CheckpointJournal) -> Result<T, airlock_journal::SqliteError>,
     ) -> Step<T> {
-        let mut j = self
-            .journal
-            .lock()
-            .map_err(|_| Error::with(Code::INTERNAL, "journal lock poisoned"))?;
-        f(&mut j).map_err(refused)
+        f(&self.journal).map_err(refused)
     }
 
     /// Keeps the envelope of a claimed attempt where a restarted worker finds
