@@ -269,10 +269,20 @@ impl Matrix {
             if name != "supervisor" {
                 return;
             }
-            let up = airlock_local::demo::wait_for_name(
-                self.suite.bus.address(),
-                Duration::from_secs(30),
-            );
+            // Up once it holds its name; given up on at once when it exits.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let up = loop {
+                let up = airlock_local::demo::wait_for_name(
+                    self.suite.bus.address(),
+                    Duration::from_secs(1),
+                );
+                if up.is_ok()
+                    || Instant::now() >= deadline
+                    || self.suite.fleet.wait_exit(name, Duration::ZERO).is_some()
+                {
+                    break up;
+                }
+            };
             let text = log_since(&self.log(name), offset);
             match up {
                 Ok(()) => return,
