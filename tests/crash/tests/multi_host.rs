@@ -734,13 +734,24 @@ fn hosts_cut_off_from_postgresql_lose_nothing_and_their_late_results_are_refused
         // holding none is healed at once and tried again).
         let held = loop {
             submit(&stacks, &mut tasks, &base, BATCH);
-            let deadline = Instant::now() + Duration::from_secs(30);
+            // On a loaded machine the other hosts can take a whole batch
+            // first: more work every 15 s, for up to 90 s.
+            let deadline = Instant::now() + Duration::from_secs(90);
+            let mut more = Instant::now() + Duration::from_secs(15);
             while claimed_in(&log_since(&log, 0))
                 .intersection(&running(&cluster))
                 .next()
                 .is_none()
             {
-                assert!(Instant::now() < deadline, "host {h} never held a lease");
+                assert!(
+                    Instant::now() < deadline,
+                    "host {h} never held a lease in 90 s; its worker's log ends:\n{}",
+                    airlock_local::fleet::tail(&log, 20)
+                );
+                if Instant::now() >= more {
+                    submit(&stacks, &mut tasks, &base, BATCH);
+                    more = Instant::now() + Duration::from_secs(15);
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
             net.cut(h).unwrap();
