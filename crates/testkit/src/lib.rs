@@ -696,3 +696,17 @@ pub fn verify_commit(
         .output()
         .expect("git runs")
 }
+
+/// The length of a file now (0 when it does not exist).
+pub fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The text appended to a log since `offset` (a length from [`file_len`]).
+pub fn log_since(path: &Path, offset: u64) -> String {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    String::from_utf8_lossy(&bytes[start..]).into_owned()
+}

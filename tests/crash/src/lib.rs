@@ -16,7 +16,7 @@ use airlock_testkit::poll;
 use airlock_worker::fault::{Attempt, FaultPoint};
 use serde_json::Value;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The fault points an attempt of this kind passes, in order, from the
@@ -205,16 +205,6 @@ impl Drop for Stack {
 /// ([`airlock_testkit::git_dir_or_empty`]).
 pub use airlock_testkit::git_dir_or_empty as git;
 
-/// The length of a file now (0 when it does not exist).
-pub fn file_len(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-/// The text appended to a log since `offset`.
-pub fn log_since(path: &Path, offset: u64) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    String::from_utf8_lossy(&bytes[start..]).into_owned()
-}
+/// A log's length and what was appended since (shared with the power-loss
+/// matrix: [`airlock_testkit::file_len`], [`airlock_testkit::log_since`]).
+pub use airlock_testkit::{file_len, log_since};

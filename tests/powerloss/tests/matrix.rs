@@ -50,6 +50,7 @@ use airlock_local::{Suite, Tuning, start_with};
 use airlock_powerloss::LazyFs;
 use airlock_proto::task::TaskState;
 use airlock_taskdb::tasks::{EventOutcome, SqliteStore};
+use airlock_testkit::{self as testkit, file_len, git_dir_or_empty, log_since};
 use airlock_worker::fault::{Attempt, FaultPoint};
 use rand::Rng;
 use serde_json::json;
@@ -90,21 +91,16 @@ fn worker_points() -> Vec<&'static str> {
         .collect()
 }
 
-fn git(repo: &Path, args: &[&str]) -> std::process::Output {
+/// `git fsck --full` of a bare repository any uid owns.
+fn fsck(repo: &Path) -> std::process::Output {
     Command::new("git")
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .args(["-c", "safe.directory=*", "--git-dir"])
         .arg(repo)
-        .args(args)
+        .args(["fsck", "--full", "--no-dangling"])
         .output()
         .expect("git runs")
-}
-
-fn git_out(repo: &Path, args: &[&str]) -> String {
-    String::from_utf8_lossy(&git(repo, args).stdout)
-        .trim()
-        .to_owned()
 }
 
 /// A source repository of `files` small files (on an ordinary file system).
@@ -115,24 +111,9 @@ fn bulk_source(dir: &Path, files: usize) {
         std::fs::create_dir_all(&sub).unwrap();
         std::fs::write(sub.join(format!("f{i:04}.txt")), format!("file {i}\n")).unwrap();
     }
-    let run = |args: &[&str]| {
-        let out = Command::new("git")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-    };
-    run(&["init", "-q", "-b", "main"]);
-    run(&["add", "-A"]);
-    run(&["commit", "-q", "-m", "bulk"]);
+    testkit::git(dir, &["init", "-q", "-b", "main"]);
+    testkit::git(dir, &["add", "-A"]);
+    testkit::git(dir, &["commit", "-q", "-m", "bulk"]);
 }
 
 fn submission(task: &str, base: &str) -> serde_json::Value {
@@ -145,18 +126,6 @@ fn submission(task: &str, base: &str) -> serde_json::Value {
     );
     s["binding"]["repository"] = json!("bulk");
     s
-}
-
-fn file_len(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-fn log_since(path: &Path, offset: u64) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    String::from_utf8_lossy(&bytes[start..]).into_owned()
 }
 
 /// `open` retried for up to ten seconds (see [`Matrix::kill_all`]).
@@ -442,7 +411,7 @@ impl Matrix {
             });
         }
         for repo in [&self.repo, &self.suite.layout.repos().join("demo.git")] {
-            let out = git(repo, &["fsck", "--full", "--no-dangling"]);
+            let out = fsck(repo);
             if !out.status.success() || !out.stderr.is_empty() {
                 f.fsck.push(format!(
                     "{}: {}{}",
@@ -480,7 +449,7 @@ impl Matrix {
                 }
             };
             let branch = format!("refs/heads/agent/{task}");
-            let head = git_out(&self.repo, &["rev-parse", "--verify", "--quiet", &branch]);
+            let head = git_dir_or_empty(&self.repo, &["rev-parse", "--verify", "--quiet", &branch]);
             if v.state != TaskState::Succeeded {
                 continue;
             }
@@ -497,7 +466,7 @@ impl Matrix {
                 ));
                 continue;
             }
-            let count = git_out(
+            let count = git_dir_or_empty(
                 &self.repo,
                 &["rev-list", "--count", &format!("{}..{head}", self.base)],
             );
@@ -505,7 +474,8 @@ impl Matrix {
                 f.commits
                     .push(format!("{task}: {count:?} commits on top of the base"));
             }
-            let content = git_out(&self.repo, &["show", &format!("{head}:power/{task}.txt")]);
+            let content =
+                git_dir_or_empty(&self.repo, &["show", &format!("{head}:power/{task}.txt")]);
             if content != *task {
                 f.commits
                     .push(format!("{task}: its commit holds {content:?}"));
@@ -541,7 +511,7 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
     )
     .unwrap_or_else(|e| panic!("starting the suite on LazyFS: {e}"));
     let repo = suite.layout.repos().join("bulk.git");
-    let base = git_out(&repo, &["rev-parse", "refs/heads/main"]);
+    let base = git_dir_or_empty(&repo, &["rev-parse", "refs/heads/main"]);
     assert_eq!(base.len(), 40, "bulk.git has a main branch");
     let client = Supervisor::connect(Some(suite.bus.address())).expect("bus connection");
     let mut m = Matrix {
