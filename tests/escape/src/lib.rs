@@ -889,7 +889,7 @@ impl Suite {
             0o600,
             Some(uid),
         )?;
-        let marker = self.marker(uid, &dir)?;
+        let mut marker = self.marker(uid, &dir)?;
         let marker_info = wait_json(&dir.join("marker").join("info.json"), "marker")?;
         let marker_pid = u32::try_from(marker_info["pid"].as_u64().ok_or("marker pid")?)
             .map_err(io("marker pid"))?;
@@ -994,10 +994,8 @@ impl Suite {
                 tracer.unwrap_or_default()
             ));
         }
-        let signals =
-            fs::read_to_string(dir.join("marker").join("signals.log")).unwrap_or_default();
-        if !signals.trim().is_empty() {
-            problems.push(format!("the marker received {}", signals.trim()));
+        if let Some(seen) = marker_evidence(&mut marker, marker_pid, &dir)? {
+            problems.push(seen);
         }
         // Nothing of the probe's uid left but the marker (give the kernel a moment).
         let mut left: Vec<u32> = Vec::new();
@@ -1188,7 +1186,7 @@ impl Suite {
             .arg(&secret)
             .arg(m.join("signals.log"))
             .arg(m.join("info.json"))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
             .map_err(io("marker"))?;
@@ -1622,7 +1620,7 @@ exec \"$@\"
         probe: &Probe,
         uid: u32,
         dir: &Path,
-        marker: Guarded,
+        mut marker: Guarded,
         marker_pid: u32,
         own: &Path,
         own_content: &str,
@@ -1641,10 +1639,8 @@ exec \"$@\"
         if tracer.as_deref().is_some_and(|t| t != "0") {
             seen.push("the marker is traced".into());
         }
-        let signals =
-            fs::read_to_string(dir.join("marker").join("signals.log")).unwrap_or_default();
-        if !signals.trim().is_empty() {
-            seen.push(format!("the marker received {}", signals.trim()));
+        if let Some(marker_saw) = marker_evidence(&mut marker, marker_pid, dir)? {
+            seen.push(marker_saw);
         }
         let left = kill_all_of(uid, marker_pid);
         if !left.is_empty() && ran.outlived.is_empty() {
@@ -1739,6 +1735,69 @@ exec \"$@\"
 }
 
 /// The marker's pid from its info file, if it started.
+/// What the marker went through, as evidence: the signals it received, as
+/// its log names them, or that it was stopped or is gone; `None` when
+/// nothing reached it. The command's signals may still be on their way to
+/// the marker's handler when the command has exited, so the marker is first
+/// asked to answer a line of its stdin: it logs the answer only after
+/// handling every signal already sent, and only the harness knows the line.
+fn marker_evidence(marker: &mut Guarded, pid: u32, dir: &Path) -> Res<Option<String>> {
+    let log = dir.join("marker").join("signals.log");
+    let read_log = || {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.starts_with("sync "))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let with_log = |what: &str| {
+        let signals = read_log();
+        if signals.is_empty() {
+            Some(what.to_owned())
+        } else {
+            Some(format!("{what}; it received {signals}"))
+        }
+    };
+    let nonce = random_hex(8);
+    let stdin = marker.0.stdin.as_mut().ok_or("the marker has no stdin")?;
+    if writeln!(stdin, "{nonce}")
+        .and_then(|()| stdin.flush())
+        .is_err()
+    {
+        return Ok(with_log("the marker no longer reads its stdin"));
+    }
+    let answer = format!("sync {nonce}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        if let Some(at) = text.lines().position(|l| l == answer) {
+            let signals: Vec<&str> = text
+                .lines()
+                .take(at)
+                .filter(|l| !l.starts_with("sync "))
+                .collect();
+            return Ok((!signals.is_empty())
+                .then(|| format!("the marker received {}", signals.join(", "))));
+        }
+        match status_field(pid, "State:") {
+            None => return Ok(with_log("the marker is gone")),
+            Some(s) if s.starts_with('Z') => return Ok(with_log("the marker died")),
+            // Stopped (a ptrace attach, SIGSTOP): it cannot answer.
+            Some(s) if s.starts_with('T') || s.starts_with('t') => {
+                return Ok(with_log("the marker was stopped"));
+            }
+            Some(_) => {}
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the marker did not answer in 30 s; its log: {:?}",
+                text.trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn marker_pid_of(dir: &Path) -> Option<u32> {
     let info = fs::read(dir.join("marker").join("info.json")).ok()?;
     let v: Value = serde_json::from_slice(&info).ok()?;
