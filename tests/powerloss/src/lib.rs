@@ -57,8 +57,13 @@ impl LazyFs {
     /// Mounts a new, empty LazyFS (as root: other users may use it, with
     /// the kernel checking modes).
     pub fn mount() -> LazyFs {
+        // LazyFS takes `--config-path P` only when P has no "-o" in it,
+        // case-blind (it reads such a P as a mount option and falls back to
+        // config/default.toml): after "airlock-lazyfs-", one random name in
+        // thirty-one began with an o. No '-' in the prefix, none in the
+        // random part, so none before any letter.
         let dir = tempfile::Builder::new()
-            .prefix("airlock-lazyfs-")
+            .prefix("airlock_lazyfs_")
             .tempdir_in("/var/tmp")
             .unwrap();
         let root = dir.path().join("root");
@@ -68,6 +73,11 @@ impl LazyFs {
         std::fs::create_dir(&mount).unwrap();
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         let config = dir.path().join("lazyfs.toml");
+        assert!(
+            !config.to_string_lossy().to_lowercase().contains("-o"),
+            "LazyFS would not take {} as its configuration",
+            config.display()
+        );
         std::fs::write(
             &config,
             format!(
