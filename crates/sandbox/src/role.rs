@@ -72,6 +72,9 @@ pub enum Slot {
     LocalUpstreams,
     /// The worker's own executable, which git starts as its ssh.
     SshLauncher,
+    /// `supervisor.metrics_directory` (the node exporter's textfile
+    /// collector directory).
+    MetricsDir,
 }
 
 impl Slot {
@@ -94,6 +97,7 @@ impl Slot {
             Slot::Credentials => "`$CREDENTIALS_DIRECTORY`",
             Slot::LocalUpstreams => "each local-path `upstream.url`",
             Slot::SshLauncher => "the worker's own executable",
+            Slot::MetricsDir => "`supervisor.metrics_directory`",
         }
     }
 }
@@ -412,6 +416,14 @@ const SUPERVISOR: RolePolicy = RolePolicy {
                     "re-reads airlock.toml's `[[agent]]` tables on SIGHUP (systemctl reload: agents added, removed, narrowed or changed without a restart); its other sections are read once, before lockdown",
                 )
             },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::MetricsDir,
+                    Access::All,
+                    "writes airlock.prom there (a temporary file renamed over the last); only when the directory exists at start, so a node exporter installed later takes a restart",
+                )
+            },
         ],
     ],
     lifted: &[],
@@ -445,7 +457,11 @@ const SUPERVISOR: RolePolicy = RolePolicy {
 const WORKER: RolePolicy = RolePolicy {
     grants: &[
         SYSTEM_EXEC,
-        ETC_READ,
+        &[fixed(
+            "/etc",
+            Access::Read,
+            "user and group lookups by git and ssh (NSS reads /etc/passwd and /etc/group, which useradd and usermod replace with new files, so a grant on the files themselves goes stale on the first new user: a running worker's ssh then fails with 'No user exists for uid'); ssh's /etc/ssh/ssh_config; the secrets in /etc stay behind their modes (/etc/shadow 0640 root:shadow, the retry token 0600 root) for the airlock-worker user",
+        )],
         DEVICES,
         &[
             config(
