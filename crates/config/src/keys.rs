@@ -403,6 +403,18 @@ pub const KEYS: &[KeySpec] = &[
         "\"systemd\"",
         "What runs the [[agent]]s: \"systemd\" (instances of airlock-agent@.service, which the supervisor starts and stops over org.freedesktop.systemd1 as polkit/50-airlock-supervisor.rules allows), or \"local-host\" (airlock-local's org.airlock.AgentHost1 on the suite's bus, which starts each agent as airlock-agent in its own process group; airlock-local sets it). Without agents it changes nothing.",
     ),
+    key(
+        "supervisor.metrics_directory",
+        Kind::Path,
+        "\"/var/lib/prometheus/node-exporter\"",
+        "Where the supervisor writes airlock.prom, its metrics in the node exporter's textfile-collector format (docs/metrics.md): the directory the collector reads (Debian's prometheus-node-exporter reads this one). Written whole or not at all (a temporary file renamed over the last), mode 0644: counts, durations, state and code names and agent names, no task content. A directory that does not exist is not an error: the file is written once it does.",
+    ),
+    key(
+        "supervisor.metrics_interval_seconds",
+        int(0, 3_600),
+        "15",
+        "How often airlock.prom is written; 0 writes no metrics.",
+    ),
     // ---- [worker] ----------------------------------------------------------
     section(
         "worker",

@@ -144,6 +144,11 @@ pub struct Supervisor {
     pub local_planners: Vec<String>,
     /// What runs the `[[agent]]`s.
     pub agent_driver: AgentDriver,
+    /// The directory the node exporter's textfile collector reads, where
+    /// the supervisor writes `airlock.prom` (docs/metrics.md).
+    pub metrics_directory: PathBuf,
+    /// How often `airlock.prom` is written, in seconds; 0: never.
+    pub metrics_interval_seconds: u32,
 }
 
 /// What runs the planner agents.
@@ -171,6 +176,8 @@ impl Default for Supervisor {
             local_users: Vec::new(),
             local_planners: Vec::new(),
             agent_driver: AgentDriver::Systemd,
+            metrics_directory: PathBuf::from("/var/lib/prometheus/node-exporter"),
+            metrics_interval_seconds: 15,
         }
     }
 }

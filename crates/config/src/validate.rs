@@ -64,7 +64,12 @@ impl Check<'_, '_> {
         )?;
         self.user("supervisor.worker_user", &s.worker_user)?;
         self.list("supervisor.local_users", &s.local_users)?;
-        self.list("supervisor.local_planners", &s.local_planners)
+        self.list("supervisor.local_planners", &s.local_planners)?;
+        self.path("supervisor.metrics_directory", &s.metrics_directory)?;
+        self.int(
+            "supervisor.metrics_interval_seconds",
+            s.metrics_interval_seconds,
+        )
     }
 
     fn worker(&self, w: &Worker) -> Result {

@@ -26,6 +26,7 @@ pub struct Builder {
     auto_accept: bool,
     agents: Vec<airlock_config::Agent>,
     agent_options: airlock_agents::Options,
+    metrics: Option<airlock_supervisor::metrics::MetricsSettings>,
 }
 
 /// Where the daemon runs: a task on the caller's tokio runtime, or a
@@ -83,6 +84,7 @@ impl InProcess {
             auto_accept: false,
             agents: Vec::new(),
             agent_options: airlock_agents::Options::default(),
+            metrics: None,
         }
     }
 
@@ -176,6 +178,15 @@ impl Builder {
         self
     }
 
+    /// `airlock.prom` written into `directory` every `every`.
+    pub fn metrics(mut self, directory: &std::path::Path, every: Duration) -> Builder {
+        self.metrics = Some(airlock_supervisor::metrics::MetricsSettings {
+            directory: directory.to_owned(),
+            interval: every,
+        });
+        self
+    }
+
     fn settings(self, bus: &PrivateBus, dir: &std::path::Path) -> Settings {
         Settings {
             database: Location::Sqlite(dir.join("tasks.sqlite3")),
@@ -193,6 +204,7 @@ impl Builder {
             agents: self.agents,
             agent_driver: airlock_config::AgentDriver::LocalHost,
             agent_options: self.agent_options,
+            metrics: self.metrics,
         }
     }
 

@@ -327,6 +327,16 @@ impl Agents {
         }
     }
 
+    /// Every agent's view, for the metrics file (states, failure counts
+    /// and names only are written; no authorisation, as for the queue
+    /// summary).
+    pub fn views(&self) -> Vec<AgentView> {
+        self.snapshot()
+            .values()
+            .map(|(a, h)| view(a, &h.record()))
+            .collect()
+    }
+
     /// Whether the agent `name` runs or is about to (it is neither
     /// STOPPED nor HELD); a name not configured does not run.
     pub fn running(&self, name: &str) -> bool {

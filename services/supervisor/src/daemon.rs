@@ -78,6 +78,8 @@ pub struct Settings {
     pub agent_driver: airlock_config::AgentDriver,
     /// How the agent runners call their driver.
     pub agent_options: airlock_agents::Options,
+    /// Where and how often `airlock.prom` is written; `None`: never.
+    pub metrics: Option<crate::metrics::MetricsSettings>,
 }
 
 /// How long the journal export's last pass may take at shutdown.
@@ -532,6 +534,20 @@ pub async fn run_with_reload(
             }
         })
     });
+    let metrics = settings.metrics.clone().map(|m| {
+        tracing::info!(
+            "metrics: {}/{} every {} s",
+            m.directory.display(),
+            crate::metrics::FILE_NAME,
+            m.interval.as_secs()
+        );
+        tokio::spawn(crate::metrics::run(
+            Arc::clone(&shared),
+            Arc::clone(&agents),
+            m,
+            stop_rx.clone(),
+        ))
+    });
     let sweeper = tokio::spawn(sweeper::run(
         Arc::clone(&shared),
         emitter.clone(),
@@ -565,6 +581,9 @@ pub async fn run_with_reload(
         );
     }
     let _ = sweeper.await;
+    if let Some(m) = metrics {
+        let _ = m.await;
+    }
     // Drain: every agent stopped (bounded by the driver's call timeout),
     // nothing recorded as an operator's stop.
     agents.drain().await;

@@ -31,6 +31,8 @@
 //!   `TaskChanged` on this bus;
 //! - [`journal`]: the audit trail in the journal, one `MESSAGE_ID` per
 //!   action with its catalogue entry;
+//! - [`metrics`]: `airlock.prom` for the node exporter's textfile
+//!   collector, from the queue summary and the event log;
 //! - [`notify`]: READY, STATUS, STOPPING, WATCHDOG;
 //! - [`daemon`]: start-up and orderly shutdown.
 
@@ -40,6 +42,7 @@ pub mod bus;
 pub mod daemon;
 pub mod follow;
 pub mod journal;
+pub mod metrics;
 pub mod notify;
 pub mod ops;
 pub mod store;

@@ -237,6 +237,12 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
         agents: config.agents.clone(),
         agent_driver: sup.agent_driver,
         agent_options: airlock_agents::Options::default(),
+        metrics: (sup.metrics_interval_seconds > 0).then(|| {
+            airlock_supervisor::metrics::MetricsSettings {
+                directory: sup.metrics_directory.clone(),
+                interval: Duration::from_secs(u64::from(sup.metrics_interval_seconds)),
+            }
+        }),
     };
     Ok((settings, config))
 }
@@ -286,6 +292,10 @@ fn confine(
     }
     .with(Slot::DropInDir, drop_ins.to_path_buf())
     .with(Slot::ConfigFile, config.to_path_buf());
+    let paths = match &settings.metrics {
+        Some(m) => paths.with(Slot::MetricsDir, m.directory.clone()),
+        None => paths,
+    };
     let report = lockdown(Role::Supervisor, &paths)
         .map_err(|e| Error::with(e.code(), format!("lockdown: {e}")))?;
     tracing::info!("{report}");
