@@ -421,10 +421,38 @@ pub fn debian_root(cache: &Path, mirror: &str, report: &Report) -> Result<PathBu
     report.say(&format!(
         "no cached root: debootstrap --variant=minbase --include={ROOT_INCLUDE} {ROOT_SUITE} (a few minutes, once)"
     ));
+    // A mirror that fails a download once (a fresh machine has no cached
+    // root, so every CI run depends on it) is tried once more from scratch.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match debootstrap(&tmp, mirror, report) {
+            Ok(()) => break,
+            Err(e) if tries < 2 => {
+                report.say(&format!("{e}\ntrying debootstrap once more"));
+                fs::remove_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // Nothing is installed on top: what the package needs must already be in
+    // the root, as on a fresh minimal system.
+    let _ = Command::new("chroot")
+        .arg(&tmp)
+        .args(["apt-get", "clean"])
+        .status();
+    fs::write(tmp.join(".airlock-testbed-ready"), format!("{key}\n")).map_err(|e| e.to_string())?;
+    fs::rename(&tmp, &root).map_err(|e| format!("{} -> {}: {e}", tmp.display(), root.display()))?;
+    report.say(&format!("root ready: {}", root.display()));
+    Ok(root)
+}
+
+/// One run of debootstrap into `tmp`.
+fn debootstrap(tmp: &Path, mirror: &str, report: &Report) -> Result<(), String> {
     let mut child = Command::new("debootstrap")
         .args(["--variant=minbase", &format!("--include={ROOT_INCLUDE}")])
         .arg(ROOT_SUITE)
-        .arg(&tmp)
+        .arg(tmp)
         .arg(mirror)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -454,23 +482,14 @@ pub fn debian_root(cache: &Path, mirror: &str, report: &Report) -> Result<PathBu
     let (status, _) = wait_until(&mut child, Instant::now() + Duration::from_secs(1200));
     let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
     report.log(&stderr);
-    if !status.is_some_and(|s| s.success()) {
-        return Err(format!(
-            "debootstrap failed ({status:?}); see {}\n{}",
-            report.log_path().display(),
-            tail(&stderr, 20)
-        ));
+    if status.is_some_and(|s| s.success()) {
+        return Ok(());
     }
-    // Nothing is installed on top: what the package needs must already be in
-    // the root, as on a fresh minimal system.
-    let _ = Command::new("chroot")
-        .arg(&tmp)
-        .args(["apt-get", "clean"])
-        .status();
-    fs::write(tmp.join(".airlock-testbed-ready"), format!("{key}\n")).map_err(|e| e.to_string())?;
-    fs::rename(&tmp, &root).map_err(|e| format!("{} -> {}: {e}", tmp.display(), root.display()))?;
-    report.say(&format!("root ready: {}", root.display()));
-    Ok(root)
+    Err(format!(
+        "debootstrap failed ({status:?}); see {}\n{}",
+        report.log_path().display(),
+        tail(&stderr, 20)
+    ))
 }
 
 // ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 //! AIRLOCK_DEBIAN_PACKAGES (scripts/deps.sh); a missing tool is a failure.
 
 use airlock_systemd_tests::scenario::{Settings, run_all};
-use airlock_systemd_tests::{DEFAULT_CACHE, DEFAULT_MIRROR, is_root};
+use airlock_systemd_tests::{DEFAULT_CACHE, DEFAULT_MIRROR, Outcome, is_root};
 use std::path::PathBuf;
 
 #[test]
@@ -33,9 +33,24 @@ fn package_installs_and_runs_under_systemd() {
     let report = run_all(&settings);
     let summary = report.summary();
     report.say(&summary);
+    // The failed checks also on standard output, first and short: a CI
+    // excerpt of a long run may show little else.
+    let failed: Vec<String> = report
+        .checks
+        .iter()
+        .filter(|c| c.outcome == Outcome::Fail)
+        .map(|c| {
+            let detail: Vec<&str> = c.detail.lines().take(6).collect();
+            format!("FAILED {}: {}", c.name, detail.join(" | "))
+        })
+        .collect();
+    for f in &failed {
+        println!("{f}");
+    }
     assert!(
         report.all_passed(),
-        "the systemd testbed found problems: see the summary above and {}",
+        "the systemd testbed found problems:\n{}\nsee the summary above and {}",
+        failed.join("\n"),
         report.log_path().display()
     );
 }
