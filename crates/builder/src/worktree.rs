@@ -2,8 +2,14 @@
 //!
 //! In a git work tree the files are those git would commit (tracked, and
 //! untracked but not ignored: `git ls-files --cached --others
-//! --exclude-standard`), so build output and `__pycache__` stay out. In a
-//! plain directory every file counts. Symbolic links are never followed.
+//! --exclude-standard`), so build output and `__pycache__` stay out, and
+//! git's own index says which tracked files are as it recorded them: a
+//! file `git diff-files` does not name (its stat cache, with git's own
+//! content check for a racily clean entry) has the blob id its index entry
+//! holds, so one whose entry matches the base's is not read, hashed or even
+//! looked at here. The cost is git's stat of each file and the work on the
+//! files that differ, not a hash of every file. In a plain directory every
+//! file is compared. Symbolic links are never followed.
 
 use super::source::{Kind, SourceRepo};
 use super::{Edit, is_text, refuse};
@@ -139,6 +145,77 @@ fn walk(root: &Path, prefix: &str, found: &mut BTreeSet<String>) -> Result<(), E
     Ok(())
 }
 
+/// The tracked files of the git work tree `dir` whose content is what its
+/// index entry records (mode and blob id), by path: every stage-0 entry
+/// that `git diff-files` does not name. An entry of a path in conflict
+/// (stages 1-3) is left out, as is every entry git names as changed,
+/// deleted or of another type.
+fn unchanged_in_index(dir: &Path) -> Result<BTreeMap<String, (String, String)>, Error> {
+    let repo = airlock_git::ForeignRepo::open(dir)
+        .map_err(|e| Error::with(Code::REPOSITORY_SOURCE_INVALID, e.to_string()))?;
+    let run = |args: &[&str]| -> Result<Vec<u8>, Error> {
+        let out = repo
+            .command(args)
+            .output()
+            .map_err(|e| Error::with(Code::GIT_FAILED, format!("cannot run git: {e}")))?;
+        if !out.status.success() {
+            return Err(Error::with(
+                Code::GIT_FAILED,
+                format!(
+                    "git {} in {}: {}",
+                    args.join(" "),
+                    dir.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
+        }
+        Ok(out.stdout)
+    };
+    let changed: BTreeSet<Vec<u8>> = run(&["diff-files", "-z", "--name-only", "--no-renames"])?
+        .split(|b| *b == 0)
+        .filter(|r| !r.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    let mut entries = BTreeMap::new();
+    let mut conflicted = BTreeSet::new();
+    for record in run(&["ls-files", "-z", "--stage"])?.split(|b| *b == 0) {
+        // "<mode> <oid> <stage>\t<path>"
+        let Some(tab) = record.iter().position(|b| *b == b'\t') else {
+            continue;
+        };
+        let (meta, path) = (&record[..tab], &record[tab + 1..]);
+        let Ok(path) = std::str::from_utf8(path) else {
+            continue;
+        };
+        let mut fields = std::str::from_utf8(meta).unwrap_or("").split(' ');
+        let (Some(mode), Some(oid), Some(stage)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if stage != "0" {
+            conflicted.insert(path.to_owned());
+            continue;
+        }
+        if !changed.contains(path.as_bytes()) {
+            entries.insert(path.to_owned(), (mode.to_owned(), oid.to_owned()));
+        }
+    }
+    for path in conflicted {
+        entries.remove(&path);
+    }
+    Ok(entries)
+}
+
+/// The git mode of a tree entry's kind.
+fn mode_of(kind: Kind) -> &'static str {
+    match kind {
+        Kind::File => "100644",
+        Kind::Executable => "100755",
+        Kind::Symlink => "120000",
+        Kind::Submodule => "160000",
+    }
+}
+
 /// Every difference between `dir` and the commit `head` of `repo`.
 pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Error> {
     if !dir.is_dir() {
@@ -166,6 +243,11 @@ pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Err
     }
     let tree = repo.tree(head)?;
     let listed = listing(dir)?;
+    let unchanged = if dir.join(".git").exists() {
+        unchanged_in_index(dir)?
+    } else {
+        BTreeMap::new()
+    };
     let paths: BTreeSet<&str> = tree
         .keys()
         .map(String::as_str)
@@ -179,6 +261,13 @@ pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Err
     let mut need_base: BTreeMap<&str, &str> = BTreeMap::new();
     for path in &paths {
         let base = tree.get(*path);
+        // As the index records it, and the index as the base has it.
+        if let (Some(b), Some((mode, oid))) = (base, unchanged.get(*path))
+            && *oid == b.oid
+            && mode == mode_of(b.kind)
+        {
+            continue;
+        }
         let now = here(dir, path)?;
         match (base.map(|e| e.kind), now) {
             (None, Here::Missing) => {}

@@ -324,3 +324,67 @@ fn verification_commands_are_split_like_a_shell_and_resolved_against_the_allowli
         ["/opt/x/run"]
     );
 }
+
+/// git's index decides which tracked files are read: a change committed in
+/// the clone (clean in its index, not in the base) is proposed; a file
+/// only touched (its stat changed, its content not) is compared and left
+/// out; a file edited behind the index's back after a commit is proposed
+/// with what the file holds now, not what the index recorded.
+#[test]
+fn a_worktree_is_read_through_its_index_and_its_stat_cache() {
+    let f = fixture();
+    // Committed in the clone: clean in the index, ahead of the base.
+    std::fs::write(f.clone.join("calc.py"), CALC.replace("a - b", "a + b")).unwrap();
+    git(&f.clone, &["commit", "-q", "-am", "fix"]);
+    // Touched only: stat differs from the index, content does not.
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .append(true)
+        .open(f.clone.join("test_calc.py"))
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    // Committed, then changed again without telling git.
+    std::fs::write(f.clone.join("NOTES.md"), "one\n").unwrap();
+    git(&f.clone, &["add", "NOTES.md"]);
+    git(&f.clone, &["commit", "-q", "-m", "notes"]);
+    std::fs::write(f.clone.join("NOTES.md"), "two\n").unwrap();
+
+    let repo = SourceRepo::open(&f.bare).unwrap();
+    let built = proposal()
+        .build(&repo, Changes::Worktree(&f.clone))
+        .unwrap();
+    assert_eq!(
+        changes(&built.task),
+        pairs(&[("write_file", "NOTES.md"), ("write_file", "calc.py")])
+    );
+    let set = built.task["plan"]["execution"]["change_set"]
+        .as_array()
+        .unwrap();
+    assert_eq!(set[0]["content"], "two\n");
+    assert_eq!(set[1]["content"], CALC.replace("a - b", "a + b"));
+
+    // A path in conflict is not taken from the index either.
+    git(&f.clone, &["checkout", "-q", "-f", "-b", "side", "HEAD~2"]);
+    std::fs::write(f.clone.join("calc.py"), "side\n").unwrap();
+    git(&f.clone, &["commit", "-q", "-am", "side"]);
+    let merge = Command::new("git")
+        .args(["-C"])
+        .arg(&f.clone)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t.invalid", "merge", "-q", "main"])
+        .output()
+        .unwrap();
+    assert!(!merge.status.success(), "the merge conflicts");
+    std::fs::write(f.clone.join("calc.py"), "resolved\n").unwrap();
+    let built = proposal()
+        .build(&repo, Changes::Worktree(&f.clone))
+        .unwrap();
+    let calc = built.task["plan"]["execution"]["change_set"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == "calc.py")
+        .cloned()
+        .expect("calc.py proposed");
+    assert_eq!(calc["content"], "resolved\n");
+}
