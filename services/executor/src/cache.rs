@@ -11,9 +11,23 @@
 //!   archive whose recomputed git tree id is the key ([`crate::extract`]);
 //!   a request names its tree, so a cached entry serves every later request
 //!   of the same source without an archive crossing the spool.
-//! - **Self-verifying.** At start every entry is hashed again — each file
-//!   as a git blob, plus the seal's non-file entries — and removed unless
-//!   the result is its key; so is a half-filled one.
+//! - **Verified once, when sealed; checked on first use.** A fill hashes
+//!   every file as it extracts it, and the entry is sealed only when the
+//!   recomputed tree id is its key. The seal also records a stamp: a
+//!   SHA-256 over every path of the entry with its inode, size, mode and
+//!   change time (ctime, which the kernel sets on any write, chmod, chown,
+//!   link or rename, and which no process without root can set back).
+//!   Start-up reads no file of any entry (a half-filled one is removed), so
+//!   it costs the same with an empty cache or a full one. The first use of
+//!   an entry in a process compares the entry with its stamp (a stat of
+//!   each path, no read): an entry changed behind the executor's back is
+//!   removed and its source asked for again, as for any miss. An entry
+//!   sealed before the machine last booted (a power loss can take unsynced
+//!   data and leave metadata), or by an earlier release without a stamp,
+//!   is hashed in full on its first use instead, and stamped. What the
+//!   stamp cannot see is a change that leaves every inode's metadata as it
+//!   was: root writing the disk underneath the file system, or the disk
+//!   itself decaying (both found only after the next boot).
 //! - **Never writable by commands.** It lives in the executor's work root:
 //!   in the minimal root it is only ever the read-only lower layer of a
 //!   workspace overlay (overlayfs copies a file up before any change) and
@@ -34,7 +48,11 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 /// Schema of a seal.
-pub const SEAL_SCHEMA: &str = "airlock.tree-cache-seal.v1";
+pub const SEAL_SCHEMA: &str = "airlock.tree-cache-seal.v2";
+
+/// The schema of seals written before the stamp (hashed in full on first
+/// use, then stamped).
+const SEAL_SCHEMA_V1: &str = "airlock.tree-cache-seal.v1";
 
 /// Bounds on the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +74,30 @@ struct Seal {
     bytes: u64,
     /// `(mode, id, path)` of the tree's entries that are not files here.
     extras: Vec<(u32, String, String)>,
+    /// [`stamp`] of `tree/` when sealed; absent in a v1 seal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stamp: Option<String>,
+    /// The kernel's boot id when stamped: after a reboot (a power loss
+    /// among them) the entry is hashed in full once, since unsynced data
+    /// may be gone while its metadata stayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    boot: Option<String>,
+}
+
+static BOOT_ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`), read once:
+/// call it before the lockdown, which leaves /proc out of reach; `None`
+/// when it cannot be read (every entry is then hashed on first use).
+pub fn boot_id() -> Option<String> {
+    BOOT_ID
+        .get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        })
+        .clone()
 }
 
 /// A usable entry.
@@ -76,7 +118,7 @@ pub struct Cached {
 /// What [`TreeCache::open`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verified {
-    /// Entries whose content is their key.
+    /// Sealed entries, each checked against its seal on first use.
     pub kept: Vec<String>,
     /// Entries removed, and why.
     pub removed: Vec<(String, String)>,
@@ -88,6 +130,8 @@ pub struct TreeCache {
     dir: PathBuf,
     limits: CacheLimits,
     owner: Option<(u32, u32)>,
+    /// Entries checked against their seal (or filled) by this process.
+    checked: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 fn setup(e: impl std::fmt::Display, p: &Path) -> Error {
@@ -102,8 +146,9 @@ fn is_tree_id(s: &str) -> bool {
 }
 
 impl TreeCache {
-    /// Opens (creating) `<work_root>/trees` and verifies every entry,
-    /// removing those that do not hash to their key. `owner`: run as root,
+    /// Opens (creating) `<work_root>/trees`, removing what is not a sealed
+    /// entry (an interrupted fill); no entry's files are read (each is
+    /// checked on its first use, [`TreeCache::get`]). `owner`: run as root,
     /// the commands' uid and gid, which must own entries (overlayfs copies
     /// a file up as its owner, in the spawner's user namespace).
     pub fn open(
@@ -120,7 +165,12 @@ impl TreeCache {
         }
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| setup(e, &dir))?;
-        let cache = TreeCache { dir, limits, owner };
+        let cache = TreeCache {
+            dir,
+            limits,
+            owner,
+            checked: std::sync::Mutex::default(),
+        };
         let mut verified = Verified::default();
         for entry in std::fs::read_dir(&cache.dir).map_err(|e| setup(e, &cache.dir))? {
             let entry = entry.map_err(|e| setup(e, &cache.dir))?;
@@ -128,7 +178,7 @@ impl TreeCache {
             let why = if !is_tree_id(&name) {
                 Some("not an entry (an interrupted fill)".to_owned())
             } else {
-                cache.verify(&name).err().map(|e| e.to_string())
+                cache.read_seal(&name).err().map(|e| e.to_string())
             };
             match why {
                 None => verified.kept.push(name),
@@ -158,10 +208,60 @@ impl TreeCache {
         )
         .map_err(|e| setup(e, &path))?;
         let seal: Seal = serde_json::from_slice(&bytes).map_err(|e| setup(e, &path))?;
-        if seal.schema != SEAL_SCHEMA || seal.tree != tree {
+        let stamped = seal.schema == SEAL_SCHEMA && seal.stamp.is_some();
+        let v1 = seal.schema == SEAL_SCHEMA_V1 && seal.stamp.is_none();
+        if !(stamped || v1) || seal.tree != tree {
             return Err(setup("a seal of another entry", &path));
         }
         Ok(seal)
+    }
+
+    /// Writes `seal` for `tree` whole (a temporary file renamed over it).
+    fn write_seal(&self, dir: &Path, seal: &Seal) -> Result<()> {
+        let bytes = serde_json::to_vec(seal).map_err(|e| setup(e, dir))?;
+        let tmp = dir.join(".seal.json.tmp");
+        std::fs::write(&tmp, bytes).map_err(|e| setup(e, &tmp))?;
+        std::fs::rename(&tmp, dir.join("seal.json")).map_err(|e| setup(e, dir))
+    }
+
+    /// Checks an entry on its first use in this process: against its
+    /// stamp, or (a seal without one) by hashing it in full, then stamping
+    /// it. Removes an entry that fails.
+    fn check(&self, tree: &str, seal: &mut Seal) -> std::result::Result<(), String> {
+        let root = self.entry(tree).join("tree");
+        let boot = boot_id();
+        let outcome = match &seal.stamp {
+            Some(sealed) if boot.is_some() && seal.boot == boot => match stamp(&root) {
+                Ok(now) if now == *sealed => Ok(()),
+                Ok(_) => Err("changed since it was sealed (its stamp differs)".to_owned()),
+                Err(e) => Err(e.to_string()),
+            },
+            // Sealed before stamps, or before this boot: hashed in full,
+            // then stamped for this boot.
+            _ => self.verify(tree).map_err(|e| e.to_string()).and_then(|()| {
+                seal.schema = SEAL_SCHEMA.into();
+                seal.stamp = Some(stamp(&root).map_err(|e| e.to_string())?);
+                seal.boot = boot;
+                self.write_seal(&self.entry(tree), seal)
+                    .map_err(|e| e.to_string())
+            }),
+        };
+        match outcome {
+            Ok(()) => {
+                self.checked_set().insert(tree.to_owned());
+                Ok(())
+            }
+            Err(why) => {
+                remove_tree(&self.entry(tree));
+                Err(why)
+            }
+        }
+    }
+
+    fn checked_set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.checked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Hashes an entry again: every file as a git blob, the seal's other
@@ -192,12 +292,22 @@ impl TreeCache {
         Ok(())
     }
 
-    /// The entry for `tree`, if cached; marks it used.
+    /// The entry for `tree`, if cached and intact; marks it used. Its
+    /// first use in this process checks it against its seal; an entry that
+    /// fails is removed (and said on standard error) and this is a miss.
     pub fn get(&self, tree: &str) -> Option<Cached> {
         if !is_tree_id(tree) {
             return None;
         }
-        let seal = self.read_seal(tree).ok()?;
+        let mut seal = self.read_seal(tree).ok()?;
+        if !self.checked_set().contains(tree)
+            && let Err(why) = self.check(tree, &mut seal)
+        {
+            eprintln!(
+                "airlock-executor: tree cache: removed {tree}: {why}; its source is asked for again"
+            );
+            return None;
+        }
         let seal_path = self.entry(tree).join("seal.json");
         let _ = std::fs::File::options()
             .append(true)
@@ -251,6 +361,10 @@ impl TreeCache {
                     ex.tree
                 )));
             }
+            if let Some((uid, gid)) = self.owner {
+                crate::run::chown_tree(&files, uid, gid).map_err(|e| setup(e, &files))?;
+            }
+            // Stamped last: a chown changes every ctime.
             let seal = Seal {
                 schema: SEAL_SCHEMA.into(),
                 tree: tree.to_owned(),
@@ -261,12 +375,10 @@ impl TreeCache {
                     .iter()
                     .map(|e| (e.mode, e.oid.clone(), e.path.clone()))
                     .collect(),
+                stamp: Some(stamp(&files)?),
+                boot: boot_id(),
             };
-            let seal_bytes = serde_json::to_vec(&seal).map_err(|e| setup(e, &tmp))?;
-            std::fs::write(tmp.join("seal.json"), seal_bytes).map_err(|e| setup(e, &tmp))?;
-            if let Some((uid, gid)) = self.owner {
-                crate::run::chown_tree(&files, uid, gid).map_err(|e| setup(e, &files))?;
-            }
+            self.write_seal(&tmp, &seal)?;
             Ok(seal)
         })();
         let seal = match result {
@@ -277,8 +389,11 @@ impl TreeCache {
             }
         };
         let entry = self.entry(tree);
-        if std::fs::rename(&tmp, &entry).is_err() {
-            // Filled meanwhile (or left from before): keep the one there.
+        if std::fs::rename(&tmp, &entry).is_ok() {
+            self.checked_set().insert(tree.to_owned());
+        } else {
+            // Filled meanwhile (or left from before): keep the one there,
+            // checked on its first use like any other.
             remove_tree(&tmp);
         }
         self.evict(tree);
@@ -320,10 +435,59 @@ impl TreeCache {
                 continue;
             }
             remove_tree(&self.entry(&name));
+            self.checked_set().remove(&name);
             count -= 1;
             bytes = bytes.saturating_sub(size);
         }
     }
+}
+
+/// The stamp of an entry's `tree/`: SHA-256 over every path beneath it
+/// (itself included), in order, each with its type, inode, size, mode,
+/// owner and change time. Reads no file.
+pub fn stamp(root: &Path) -> Result<String> {
+    use sha2::Digest;
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) -> Result<()> {
+        for entry in std::fs::read_dir(dir).map_err(|e| setup(e, dir))? {
+            let path = entry.map_err(|e| setup(e, dir))?.path();
+            let meta = std::fs::symlink_metadata(&path).map_err(|e| setup(e, &path))?;
+            let rel = path
+                .strip_prefix(root)
+                .ok()
+                .and_then(Path::to_str)
+                .ok_or_else(|| setup("not a UTF-8 path", &path))?
+                .to_owned();
+            out.push((rel, line(&meta)));
+            if meta.is_dir() {
+                walk(root, &path, out)?;
+            }
+        }
+        Ok(())
+    }
+    fn line(m: &std::fs::Metadata) -> String {
+        format!(
+            "{:o} {} {} {} {} {}.{:09}",
+            m.mode(),
+            m.ino(),
+            m.len(),
+            m.uid(),
+            m.gid(),
+            m.ctime(),
+            m.ctime_nsec()
+        )
+    }
+    let top = std::fs::symlink_metadata(root).map_err(|e| setup(e, root))?;
+    let mut all = vec![(String::new(), line(&top))];
+    walk(root, root, &mut all)?;
+    all.sort();
+    let mut h = sha2::Sha256::new();
+    for (path, meta) in &all {
+        h.update(path.as_bytes());
+        h.update([0]);
+        h.update(meta.as_bytes());
+        h.update([b'\n']);
+    }
+    Ok(hex::encode(h.finalize()))
 }
 
 /// Hashes every regular file beneath `dir` into `builder` (paths relative

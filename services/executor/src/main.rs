@@ -375,6 +375,8 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
         .with(Slot::SpoolWants, spool.dir_path(Kind::Wants))
         .with(Slot::WorkRoot, work_root.clone());
     paths.allow_degraded = config.executor.allow_degraded_landlock;
+    // Read now: the lockdown leaves /proc out of reach.
+    let _ = airlock_executor::cache::boot_id();
     let own = lockdown::apply(&paths)?;
     eprintln!(
         "airlock-executor: serving {} (interfaces: {}; landlock {} ABI {}; worker uid {})",
@@ -570,7 +572,7 @@ fn open_cache(
         owner,
     )?;
     eprintln!(
-        "airlock-executor: tree cache: {} entries verified{}",
+        "airlock-executor: tree cache: {} sealed entries, each checked against its seal on first use{}",
         verified.kept.len(),
         verified
             .removed
@@ -624,6 +626,7 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
         .with(Slot::WorkRoot, work_root.clone())
         .with(Slot::OutputDir, out_dir);
     paths.allow_degraded = config.executor.allow_degraded_landlock;
+    let _ = airlock_executor::cache::boot_id();
     let own = lockdown::apply(&paths)?;
     settings.own = Some(own);
     let cache = open_cache(&config, &work_root, settings.runner.as_ref())?;
