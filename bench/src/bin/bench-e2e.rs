@@ -10,7 +10,10 @@
 //! files (`--sizes`), one suite each: the first task's latency (the
 //! executor asks for the source and fills its tree cache) and the median
 //! of the next `--size-tasks` (warm cache), with the ratio of each warm
-//! median to the smallest repository's (target: 20,000 files within 1.5×).
+//! median to the smallest repository's (target: 20,000 files within 1.5×);
+//! and, per size, how long `airlockctl propose --worktree --dry-run` takes
+//! to find one changed file in a git clone (through git's index) beside
+//! the same tree as a plain directory (every file compared).
 //!
 //! With `--environments`, the environment axis: a Node package with a
 //! registry dependency whose environment's setup is `npm ci` through
@@ -230,6 +233,7 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
         "files", "in tree", "first ms", "warm p50 ms", "warm p90 ms", "warm ÷ smallest"
     );
     let mut smallest = None;
+    let mut finding = Vec::new();
     for &files in sizes {
         let state = base.join(format!("size-{files}"));
         let suite = start_with(
@@ -268,8 +272,87 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
             first.as_secs_f64() * 1000.0,
             pct(&lat, 0.9),
         );
+        finding.push((files, find_changes(&suite, &repo)));
         drop(suite);
     }
+    println!();
+    println!(
+        "finding the changes: airlockctl propose --worktree --dry-run, one file changed, median of 5 (target: 0.5 s at 100,000 files)"
+    );
+    println!(
+        "{:>8} {:>22} {:>24} {:>8}",
+        "files", "git work tree ms", "plain directory ms", "ratio"
+    );
+    for (files, (index, full)) in finding {
+        let mark = if files >= 100_000 {
+            if index <= 500.0 {
+                "  [<= 0.5 s] met"
+            } else {
+                "  [<= 0.5 s] MISSED"
+            }
+        } else {
+            ""
+        };
+        println!(
+            "{files:>8} {index:>22.1} {full:>24.1} {:>8.2}{mark}",
+            index / full
+        );
+    }
+}
+
+/// Medians (ms) of `airlockctl propose --worktree --dry-run` with one file
+/// changed: in a git clone of `repo` (read through its index) and in the
+/// same tree as a plain directory (every file compared), side by side.
+fn find_changes(suite: &Suite, repo: &Path) -> (f64, f64) {
+    let ctl = airlock_local::sibling("airlockctl").expect("airlockctl");
+    let dir = tempfile::tempdir().expect("a directory");
+    let clone = dir.path().join("clone");
+    let plain = dir.path().join("plain");
+    let status = Command::new("git")
+        .args(["-c", "safe.directory=*", "clone", "-q"])
+        .arg(repo)
+        .arg(&clone)
+        .status()
+        .expect("git clone");
+    assert!(status.success(), "git clone");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(&clone)
+        .arg(&plain)
+        .status()
+        .expect("cp");
+    assert!(status.success(), "cp -a");
+    std::fs::remove_dir_all(plain.join(".git")).expect("plain copy");
+    for tree in [&clone, &plain] {
+        std::fs::write(tree.join("bench-changed.txt"), "one file changed\n").expect("the change");
+    }
+    let config = suite.layout.config();
+    let time = |tree: &Path| {
+        let mut runs: Vec<Duration> = (0..5)
+            .map(|_| {
+                let start = Instant::now();
+                let out = Command::new(&ctl)
+                    .arg("propose")
+                    .arg("--config")
+                    .arg(&config)
+                    .args(["--repo", "demo", "--base", "main", "--worktree"])
+                    .arg(tree)
+                    .args(["--verify", "/bin/true", "--dry-run"])
+                    .output()
+                    .expect("airlockctl");
+                let took = start.elapsed();
+                assert!(
+                    out.status.success(),
+                    "propose --dry-run: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                took
+            })
+            .collect();
+        runs.sort();
+        pct(&runs, 0.5)
+    };
+    (time(&clone), time(&plain))
 }
 
 /// Runs one `airlockctl propose --wait` of `patch`; its wall time and the
