@@ -50,58 +50,102 @@ fn here(dir: &Path, path: &str) -> Result<Here, Error> {
     }
 }
 
-/// The paths the directory holds (see the module docs).
-fn listing(dir: &Path) -> Result<BTreeSet<String>, Error> {
-    if dir.join(".git").exists() {
-        // The planner's own checkout, read through crates/git's command
-        // for a repository owned by someone else (hooks, fsmonitor and
-        // helpers off, this directory alone trusted).
-        let repo = airlock_git::ForeignRepo::open(dir)
-            .map_err(|e| Error::with(Code::REPOSITORY_SOURCE_INVALID, e.to_string()))?;
-        let mut ls = repo.command(&[
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-        ]);
-        // git's own configuration is not read, so the user's global
-        // ignore file (git's default location for it) is named here.
-        let xdg = std::env::var_os("XDG_CONFIG_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
-        if let Some(ignore) = xdg.map(|d| d.join("git/ignore")).filter(|f| f.is_file()) {
-            let mut arg = std::ffi::OsString::from("--exclude-from=");
-            arg.push(ignore);
-            ls.arg(arg);
+/// What git says of its work tree `dir`, its commands run side by side:
+/// `git ls-files --stage`, `git diff-files --name-only` and `git ls-files
+/// --others --exclude-standard`, as they printed it (NUL-separated).
+struct GitTree {
+    staged: String,
+    changed: String,
+    others: String,
+}
+
+/// A work tree's paths and what its index vouches for, borrowed from
+/// [`GitTree`] (or the paths of a plain directory, with no index).
+struct Seen<'a> {
+    /// Every path git would commit (tracked, and untracked but not
+    /// ignored), or every file of a plain directory.
+    listed: Vec<&'a str>,
+    /// The tracked files whose content is what their index entry records:
+    /// path to (mode, blob id).
+    unchanged: std::collections::HashMap<&'a str, (&'a str, &'a str)>,
+}
+
+impl GitTree {
+    fn seen(&self) -> Seen<'_> {
+        fn split(text: &str) -> Vec<&str> {
+            text.split('\0').filter(|r| !r.is_empty()).collect()
         }
-        let out = ls
-            .output()
-            .map_err(|e| Error::with(Code::GIT_FAILED, format!("cannot run git: {e}")))?;
-        if !out.status.success() {
+        let changed: std::collections::HashSet<&str> = split(&self.changed).into_iter().collect();
+        let (mut listed, unchanged) = unchanged_in_index(split(&self.staged), &changed);
+        listed.extend(split(&self.others));
+        Seen { listed, unchanged }
+    }
+}
+
+fn git_tree(dir: &Path) -> Result<GitTree, Error> {
+    // The planner's own checkout, read through crates/git's command for a
+    // repository owned by someone else (hooks, fsmonitor and helpers off,
+    // this directory alone trusted).
+    let repo = airlock_git::ForeignRepo::open(dir)
+        .map_err(|e| Error::with(Code::REPOSITORY_SOURCE_INVALID, e.to_string()))?;
+    let mut others = repo.command(&["ls-files", "-z", "--others", "--exclude-standard"]);
+    // git's own configuration is not read, so the user's global ignore
+    // file (git's default location for it) is named here.
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
+    if let Some(ignore) = xdg.map(|d| d.join("git/ignore")).filter(|f| f.is_file()) {
+        let mut arg = std::ffi::OsString::from("--exclude-from=");
+        arg.push(ignore);
+        others.arg(arg);
+    }
+    let mut commands = [
+        repo.command(&["ls-files", "-z", "--stage"]),
+        repo.command(&["diff-files", "-z", "--name-only", "--no-renames"]),
+        others,
+    ];
+    let outputs: Vec<std::io::Result<std::process::Output>> = std::thread::scope(|s| {
+        let running: Vec<_> = commands
+            .iter_mut()
+            .map(|c| s.spawn(move || c.output()))
+            .collect();
+        running
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("panicked")))
+            })
+            .collect()
+    });
+    let mut out = Vec::new();
+    for (o, what) in
+        outputs
+            .into_iter()
+            .zip(["ls-files --stage", "diff-files", "ls-files --others"])
+    {
+        let o = o.map_err(|e| Error::with(Code::GIT_FAILED, format!("cannot run git: {e}")))?;
+        if !o.status.success() {
             return Err(Error::with(
                 Code::GIT_FAILED,
                 format!(
-                    "git ls-files in {}: {}",
+                    "git {what} in {}: {}",
                     dir.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
+                    String::from_utf8_lossy(&o.stderr).trim()
                 ),
             ));
         }
-        return out
-            .stdout
-            .split(|b| *b == 0)
-            .filter(|r| !r.is_empty())
-            .map(|r| {
-                String::from_utf8(r.to_vec()).map_err(|_| {
-                    Error::with(Code::PATH_INVALID, "a path in the work tree is not UTF-8")
-                })
-            })
-            .collect();
+        out.push(o.stdout);
     }
-    let mut found = BTreeSet::new();
-    walk(dir, "", &mut found)?;
-    Ok(found)
+    let mut text = out.into_iter().map(|bytes| {
+        String::from_utf8(bytes)
+            .map_err(|_| Error::with(Code::PATH_INVALID, "a path in the work tree is not UTF-8"))
+    });
+    let mut next = || text.next().unwrap_or_else(|| Ok(String::new()));
+    Ok(GitTree {
+        staged: next()?,
+        changed: next()?,
+        others: next()?,
+    })
 }
 
 fn walk(root: &Path, prefix: &str, found: &mut BTreeSet<String>) -> Result<(), Error> {
@@ -145,65 +189,43 @@ fn walk(root: &Path, prefix: &str, found: &mut BTreeSet<String>) -> Result<(), E
     Ok(())
 }
 
-/// The tracked files of the git work tree `dir` whose content is what its
-/// index entry records (mode and blob id), by path: every stage-0 entry
-/// that `git diff-files` does not name. An entry of a path in conflict
-/// (stages 1-3) is left out, as is every entry git names as changed,
-/// deleted or of another type.
-fn unchanged_in_index(dir: &Path) -> Result<BTreeMap<String, (String, String)>, Error> {
-    let repo = airlock_git::ForeignRepo::open(dir)
-        .map_err(|e| Error::with(Code::REPOSITORY_SOURCE_INVALID, e.to_string()))?;
-    let run = |args: &[&str]| -> Result<Vec<u8>, Error> {
-        let out = repo
-            .command(args)
-            .output()
-            .map_err(|e| Error::with(Code::GIT_FAILED, format!("cannot run git: {e}")))?;
-        if !out.status.success() {
-            return Err(Error::with(
-                Code::GIT_FAILED,
-                format!(
-                    "git {} in {}: {}",
-                    args.join(" "),
-                    dir.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
-        }
-        Ok(out.stdout)
-    };
-    let changed: BTreeSet<Vec<u8>> = run(&["diff-files", "-z", "--name-only", "--no-renames"])?
-        .split(|b| *b == 0)
-        .filter(|r| !r.is_empty())
-        .map(<[u8]>::to_vec)
-        .collect();
-    let mut entries = BTreeMap::new();
-    let mut conflicted = BTreeSet::new();
-    for record in run(&["ls-files", "-z", "--stage"])?.split(|b| *b == 0) {
+/// From `git ls-files --stage` records and the paths `git diff-files`
+/// names: every tracked path, and the tracked files whose content is what
+/// their index entry records (mode and blob id), by path — every stage-0
+/// entry git does not name. An entry of a path in conflict (stages 1-3)
+/// is left out, as is every entry git names as changed, deleted or of
+/// another type.
+fn unchanged_in_index<'a>(
+    staged: Vec<&'a str>,
+    changed: &std::collections::HashSet<&str>,
+) -> (
+    Vec<&'a str>,
+    std::collections::HashMap<&'a str, (&'a str, &'a str)>,
+) {
+    let mut tracked = Vec::with_capacity(staged.len());
+    let mut entries = std::collections::HashMap::with_capacity(staged.len());
+    let mut conflicted = Vec::new();
+    for record in staged {
         // "<mode> <oid> <stage>\t<path>"
-        let Some(tab) = record.iter().position(|b| *b == b'\t') else {
+        let Some((meta, path)) = record.split_once('\t') else {
             continue;
         };
-        let (meta, path) = (&record[..tab], &record[tab + 1..]);
-        let Ok(path) = std::str::from_utf8(path) else {
-            continue;
-        };
-        let mut fields = std::str::from_utf8(meta).unwrap_or("").split(' ');
+        let mut fields = meta.split(' ');
         let (Some(mode), Some(oid), Some(stage)) = (fields.next(), fields.next(), fields.next())
         else {
             continue;
         };
+        tracked.push(path);
         if stage != "0" {
-            conflicted.insert(path.to_owned());
-            continue;
-        }
-        if !changed.contains(path.as_bytes()) {
-            entries.insert(path.to_owned(), (mode.to_owned(), oid.to_owned()));
+            conflicted.push(path);
+        } else if !changed.contains(path) {
+            entries.insert(path, (mode, oid));
         }
     }
     for path in conflicted {
-        entries.remove(&path);
+        entries.remove(path);
     }
-    Ok(entries)
+    (tracked, entries)
 }
 
 /// The git mode of a tree entry's kind.
@@ -241,18 +263,50 @@ pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Err
             ));
         }
     }
-    let tree = repo.tree(head)?;
-    let listed = listing(dir)?;
-    let unchanged = if dir.join(".git").exists() {
-        unchanged_in_index(dir)?
-    } else {
-        BTreeMap::new()
+    // The base's tree is read while git looks at the work tree.
+    let (tree, found) = std::thread::scope(|s| {
+        let git = dir.join(".git").exists().then(|| s.spawn(|| git_tree(dir)));
+        let tree = repo.tree(head);
+        let found = git.map(|t| {
+            t.join().unwrap_or_else(|_| {
+                Err(Error::with(
+                    Code::GIT_FAILED,
+                    "reading the work tree panicked",
+                ))
+            })
+        });
+        (tree, found)
+    });
+    let tree = tree?;
+    let git = found.transpose()?;
+    let mut plain = BTreeSet::new();
+    let seen = match &git {
+        Some(g) => g.seen(),
+        None => {
+            walk(dir, "", &mut plain)?;
+            Seen {
+                listed: plain.iter().map(String::as_str).collect(),
+                unchanged: std::collections::HashMap::new(),
+            }
+        }
     };
-    let paths: BTreeSet<&str> = tree
-        .keys()
-        .map(String::as_str)
-        .chain(listed.iter().map(|p| p.trim_end_matches('/')))
-        .collect();
+    // The paths to look at: the base's, but for those the index vouches
+    // for as the base has them, and the work tree's the base lacks.
+    let mut paths: BTreeSet<&str> = BTreeSet::new();
+    for (path, b) in &tree {
+        match seen.unchanged.get(path.as_str()) {
+            Some((mode, oid)) if *oid == b.oid && *mode == mode_of(b.kind) => {}
+            _ => {
+                paths.insert(path);
+            }
+        }
+    }
+    for path in &seen.listed {
+        let path = path.trim_end_matches('/');
+        if !tree.contains_key(path) {
+            paths.insert(path);
+        }
+    }
 
     // Regular files on both sides: compare blob ids first (hash-object
     // writes nothing), read contents only where they differ.
@@ -261,13 +315,6 @@ pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Err
     let mut need_base: BTreeMap<&str, &str> = BTreeMap::new();
     for path in &paths {
         let base = tree.get(*path);
-        // As the index records it, and the index as the base has it.
-        if let (Some(b), Some((mode, oid))) = (base, unchanged.get(*path))
-            && *oid == b.oid
-            && mode == mode_of(b.kind)
-        {
-            continue;
-        }
         let now = here(dir, path)?;
         match (base.map(|e| e.kind), now) {
             (None, Here::Missing) => {}

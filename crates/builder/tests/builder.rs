@@ -371,7 +371,15 @@ fn a_worktree_is_read_through_its_index_and_its_stat_cache() {
     let merge = Command::new("git")
         .args(["-C"])
         .arg(&f.clone)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t.invalid", "merge", "-q", "main"])
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t.invalid",
+            "merge",
+            "-q",
+            "main",
+        ])
         .output()
         .unwrap();
     assert!(!merge.status.success(), "the merge conflicts");
