@@ -175,10 +175,24 @@ impl Git {
         String::from_utf8(out.stdout).map_err(|e| std::io::Error::other(e.to_string()).into())
     }
 
-    /// Syncs the loose object `oid` and its directory, when it is loose.
-    /// `git mktree` never reads the configuration, so `core.fsync` does
-    /// not reach it (git 2.39 to 2.47, measured on LazyFS): the tree it
-    /// writes is synced here before anything records it.
+    /// Removes the loose object file of `oid`, if there is one, and syncs
+    /// its directory (an object file that does not hold its object).
+    pub fn remove_loose_object(&self, oid: &str) -> GitResult<()> {
+        if oid.len() < 4 || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(());
+        }
+        let dir = self.repo.join("objects").join(&oid[..2]);
+        match std::fs::remove_file(dir.join(&oid[2..])) {
+            Ok(()) => std::fs::File::open(&dir)?.sync_all()?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Syncs the loose object `oid` and its directory, when it is loose:
+    /// `core.fsync` syncs the file, this also syncs the directory's entry
+    /// for it before anything records it.
     pub fn sync_loose_object(&self, oid: &str) -> GitResult<()> {
         if oid.len() < 4 || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Ok(());

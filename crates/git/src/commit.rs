@@ -59,7 +59,8 @@ fn escape() -> impl Fn(&str, &str) -> GitError {
     }
 }
 
-/// A tree entry's mode in `git ls-tree` / `git mktree` form.
+/// A tree entry's mode in `git ls-tree` form (a tree object writes it
+/// without the leading zero).
 const TREE_MODE: &str = "040000";
 
 /// One row of a tree.
@@ -138,16 +139,72 @@ impl AuthorityRepo {
         if edit.entries.is_empty() {
             return Ok(None);
         }
-        let mut input = Vec::new();
-        for (name, row) in &edit.entries {
-            input.extend_from_slice(
-                format!("{} {} {}\t{name}\0", row.mode, row.kind, row.oid).as_bytes(),
-            );
+        let mut rows: Vec<(&String, &TreeEntryRow)> = edit.entries.iter().collect();
+        // git's tree order: a directory's name sorts as if it ended in '/'.
+        let key = |name: &str, row: &TreeEntryRow| {
+            let mut k = name.as_bytes().to_vec();
+            if row.mode == TREE_MODE {
+                k.push(b'/');
+            }
+            k
+        };
+        rows.sort_by_key(|(name, row)| key(name, row));
+        let mut content = Vec::new();
+        for (name, row) in rows {
+            content.extend_from_slice(row.mode.trim_start_matches('0').as_bytes());
+            content.push(b' ');
+            content.extend_from_slice(name.as_bytes());
+            content.push(0);
+            content.extend_from_slice(&hex_bytes(&row.oid)?);
         }
-        let oid = self.git.output_with(&["mktree", "-z"], Some(&input), &[])?;
-        let oid = oid.trim().to_owned();
-        self.git.sync_loose_object(&oid)?;
-        Ok(Some(oid))
+        Ok(Some(self.write_object("tree", &content)?))
+    }
+
+    /// Writes an object durably and returns its id. `git hash-object -w`
+    /// reads the configuration, so `core.fsync` syncs it before it gets its
+    /// name (`git mktree` reads none: what it wrote could be left, after a
+    /// power loss, as an empty file under the object's name). git trusts a
+    /// loose object that exists and only freshens it, so an object file of
+    /// that name that does not hold the object (such an empty file) is
+    /// removed and the object written again.
+    fn write_object(&self, kind: &str, content: &[u8]) -> GitResult<String> {
+        self.written(
+            kind,
+            &["hash-object", "-t", kind, "-w", "--stdin"],
+            content,
+            &[],
+        )
+    }
+
+    /// Runs the git command `args` (with `input` and `env`) that writes
+    /// one object of `kind` and prints its id; syncs it, and checks that
+    /// the object under that name is readable as `kind`. If not (an
+    /// object file git only freshened), removes the file and runs the
+    /// command once more.
+    fn written(
+        &self,
+        kind: &str,
+        args: &[&str],
+        input: &[u8],
+        env: &[(&str, &str)],
+    ) -> GitResult<String> {
+        for _ in 0..2 {
+            let oid = self
+                .git
+                .output_with(args, Some(input), env)?
+                .trim()
+                .to_owned();
+            self.git.sync_loose_object(&oid)?;
+            if self.git.optional(&["cat-file", "-t", &oid])?.as_deref() == Some(kind) {
+                return Ok(oid);
+            }
+            self.git.remove_loose_object(&oid)?;
+        }
+        Err(GitError::Failed {
+            args: args.join(" "),
+            status: "written twice".to_owned(),
+            stderr: format!("the {kind} git names is still not readable"),
+        })
     }
 
     /// The committer timestamp of `commit`, read from the raw object.
@@ -248,9 +305,10 @@ impl AuthorityRepo {
             }
             match &change.content {
                 Some(content) => {
-                    let oid = self.git.output_with(
+                    let oid = self.written(
+                        "blob",
                         &["hash-object", "-w", "--no-filters", "--stdin"],
-                        Some(content),
+                        content,
                         &[],
                     )?;
                     let mode = if change.executable {
@@ -277,12 +335,7 @@ impl AuthorityRepo {
         let tree = match self.write_tree(&mut root)? {
             Some(oid) => oid,
             // Every file deleted: git's empty tree, written as such.
-            None => {
-                let oid = self.git.output_with(&["mktree", "-z"], Some(b""), &[])?;
-                let oid = oid.trim().to_owned();
-                self.git.sync_loose_object(&oid)?;
-                oid
-            }
+            None => self.write_object("tree", b"")?,
         };
         let date = format!("{} +0000", self.committer_time(&spec.parent)? + 1);
         let identity = [
@@ -304,20 +357,28 @@ impl AuthorityRepo {
             let object = signer.sign_commit(&payload).map_err(|e| {
                 GitError::Refused(Error::with(Code::SIGNING_KEY_INVALID, e.to_string()))
             })?;
-            let oid = self.git.output_with(
-                &["hash-object", "-t", "commit", "-w", "--stdin"],
-                Some(object.as_bytes()),
-                &[],
-            )?;
-            let oid = oid.trim().to_owned();
-            self.git.sync_loose_object(&oid)?;
-            return Ok(oid);
+            return self.write_object("commit", object.as_bytes());
         }
-        let oid = self.git.output_with(
+        self.written(
+            "commit",
             &["commit-tree", &tree, "-p", &spec.parent, "-F", "-"],
-            Some(message.as_bytes()),
+            message.as_bytes(),
             &identity,
-        )?;
-        Ok(oid.trim().to_owned())
+        )
     }
+}
+
+/// The bytes of a hexadecimal object id.
+fn hex_bytes(oid: &str) -> GitResult<Vec<u8>> {
+    if oid.len() % 2 != 0 || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(GitError::Failed {
+            args: "hash-object -t tree".to_owned(),
+            status: "refused".to_owned(),
+            stderr: format!("{oid:?} is not an object id"),
+        });
+    }
+    Ok((0..oid.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&oid[i..i + 2], 16).unwrap_or(0))
+        .collect())
 }

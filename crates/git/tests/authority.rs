@@ -251,6 +251,11 @@ fn governed_trees_are_what_gits_index_would_write() {
             FileChange::delete("src/deep/x.txt"),
             FileChange::delete("not/there.txt"),
             FileChange::write("README.md", b"hello\n".to_vec(), true),
+            // git's order: a directory sorts as if its name ended in '/'.
+            FileChange::write("order/a.txt", b"1\n".to_vec(), false),
+            FileChange::write("order/a/b.txt", b"2\n".to_vec(), false),
+            FileChange::write("order/a-b.txt", b"3\n".to_vec(), false),
+            FileChange::write("order/a0", b"4\n".to_vec(), false),
         ],
         message: "m".into(),
     };
@@ -281,12 +286,20 @@ fn governed_trees_are_what_gits_index_would_write() {
     with_index(&["read-tree", &format!("{}^{{tree}}", f.main)], None);
     let blob = |content: &[u8]| with_index(&["hash-object", "-w", "--stdin"], Some(content));
     let zero = "0".repeat(40);
-    let info = format!(
+    let mut info = format!(
         "100644 {} 0\tsrc/lib.py\0100755 {} 0\ta/b/c/new.txt\00 {zero}\tsrc/deep/x.txt\0100755 {} 0\tREADME.md\0",
         blob(b"VALUE = 9\n"),
         blob(b"new\n"),
         blob(b"hello\n"),
     );
+    for (path, content) in [
+        ("order/a.txt", "1\n"),
+        ("order/a/b.txt", "2\n"),
+        ("order/a-b.txt", "3\n"),
+        ("order/a0", "4\n"),
+    ] {
+        info.push_str(&format!("100644 {} 0\t{path}\0", blob(content.as_bytes())));
+    }
     with_index(
         &["update-index", "-z", "--index-info"],
         Some(info.as_bytes()),
@@ -483,5 +496,63 @@ fn hooks_and_repository_configured_programs_never_run() {
         std::fs::read_to_string(&marker)
             .unwrap_or_default()
             .contains("reference-transaction")
+    );
+}
+
+/// A power loss can leave an object's name with no content (an empty
+/// file), and git trusts a loose object that exists: the governed commit
+/// writes its trees and commit so that such a file is replaced, and the
+/// repository it leaves passes `git fsck --full`.
+#[test]
+fn an_empty_object_file_under_an_objects_name_is_written_again() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let spec = CommitSpec {
+        parent: f.main.clone(),
+        changes: vec![FileChange::write(
+            "src/lib.py",
+            b"VALUE = 5\n".to_vec(),
+            false,
+        )],
+        message: "m".into(),
+    };
+    // The objects this commit writes, found in a copy of the repository.
+    let copy = f.dir.path().join("copy.git");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(&f.bare)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let probe = AuthorityRepo::open(&copy)
+        .unwrap()
+        .governed_commit(&spec)
+        .unwrap();
+    let root = git(&copy, &["rev-parse", &format!("{probe}^{{tree}}")]);
+    let src = git(&copy, &["rev-parse", &format!("{probe}:src")]);
+    let blob = git(&copy, &["rev-parse", &format!("{probe}:src/lib.py")]);
+    // Left empty under their names, as after a power loss.
+    for oid in [&probe, &root, &src, &blob] {
+        let dir = f.bare.join("objects").join(&oid[..2]);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(&oid[2..]), b"").unwrap();
+    }
+    let commit = repo.governed_commit(&spec).unwrap();
+    assert_eq!(commit, probe);
+    let fsck = Command::new("git")
+        .arg("--git-dir")
+        .arg(&f.bare)
+        .args(["fsck", "--full", "--no-dangling"])
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "git fsck: {}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    assert_eq!(
+        git(&f.bare, &["show", &format!("{commit}:src/lib.py")]),
+        "VALUE = 5"
     );
 }
