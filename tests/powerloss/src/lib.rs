@@ -90,7 +90,20 @@ impl LazyFs {
         // In the foreground (`-f`): the child is LazyFS itself, so its exit
         // is a failure and dropping this value can stop it. (Without `-f`
         // it forks away once mounted, and the exit of the process started
-        // here said nothing.)
+        // here said nothing.) LazyFS hands libfuse at most ten arguments of
+        // its own command line, its name and the mount point among them,
+        // and drops the rest without a word (main.cpp, MAX_ARGS): with one
+        // `-o` per option, `-f` was the eleventh and LazyFS forked away
+        // after all. The options go in one `-o`, so every one is passed.
+        let options = format!(
+            "allow_other,default_permissions,modules=subdir,subdir={}",
+            root.display()
+        );
+        assert!(
+            root.to_str().is_some_and(|r| !r.contains(',')),
+            "a comma in {} would split the mount options",
+            root.display()
+        );
         let spawn = || {
             let err = std::fs::OpenOptions::new()
                 .create(true)
@@ -101,9 +114,16 @@ impl LazyFs {
                 .arg(&mount)
                 .arg("--config-path")
                 .arg(&config)
-                .args(["-o", "allow_other", "-o", "default_permissions"])
-                .args(["-o", "modules=subdir", "-o"])
-                .arg(format!("subdir={}", root.display()))
+                .arg("-o")
+                .arg(&options)
+                // One request at a time (libfuse's -s). Multi-threaded, LazyFS
+                // deadlocked under the power-loss matrix: a write held a
+                // cached file's item lock and waited for the cache's lock
+                // while an fsync of the same file held the cache's lock and
+                // waited for the item (gdb, every FUSE thread in
+                // Cache::get_original_inode or Cache::lockItem; every
+                // process on the mount in request_wait_answer for 18 min).
+                .arg("-s")
                 .arg("-f")
                 .stdout(Stdio::null())
                 .stderr(err)
