@@ -59,8 +59,7 @@ fn escape() -> impl Fn(&str, &str) -> GitError {
     }
 }
 
-/// A tree entry's mode in `git ls-tree` form (a tree object writes it
-/// without the leading zero).
+/// A tree entry's mode in `git ls-tree` form.
 const TREE_MODE: &str = "040000";
 
 /// One row of a tree.
@@ -139,24 +138,18 @@ impl AuthorityRepo {
         if edit.entries.is_empty() {
             return Ok(None);
         }
-        let mut rows: Vec<(&String, &TreeEntryRow)> = edit.entries.iter().collect();
-        // git's tree order: a directory's name sorts as if it ended in '/'.
-        let key = |name: &str, row: &TreeEntryRow| {
-            let mut k = name.as_bytes().to_vec();
-            if row.mode == TREE_MODE {
-                k.push(b'/');
-            }
-            k
-        };
-        rows.sort_by_key(|(name, row)| key(name, row));
-        let mut content = Vec::new();
-        for (name, row) in rows {
-            content.extend_from_slice(row.mode.trim_start_matches('0').as_bytes());
-            content.push(b' ');
-            content.extend_from_slice(name.as_bytes());
-            content.push(0);
-            content.extend_from_slice(&hex_bytes(&row.oid)?);
+        let mut entries = Vec::with_capacity(edit.entries.len());
+        for (name, row) in &edit.entries {
+            let bad = |what: &str| GitError::Failed {
+                args: "hash-object -t tree".to_owned(),
+                status: "refused".to_owned(),
+                stderr: format!("{name}: {what} in the tree git listed"),
+            };
+            let mode = u32::from_str_radix(&row.mode, 8).map_err(|_| bad("a mode not octal"))?;
+            let oid = hex::decode(&row.oid).map_err(|_| bad("an object id not hex"))?;
+            entries.push((name.as_bytes().to_vec(), mode, oid));
         }
+        let content = airlock_proto::tree::tree_object(entries);
         Ok(Some(self.write_object("tree", &content)?))
     }
 
@@ -195,7 +188,12 @@ impl AuthorityRepo {
                 .trim()
                 .to_owned();
             self.git.sync_loose_object(&oid)?;
-            if self.git.optional(&["cat-file", "-t", &oid])?.as_deref() == Some(kind) {
+            if self
+                .git
+                .run(&["cat-file", kind, &oid], None, &[])?
+                .status
+                .success()
+            {
                 return Ok(oid);
             }
             self.git.remove_loose_object(&oid)?;
@@ -366,19 +364,4 @@ impl AuthorityRepo {
             &identity,
         )
     }
-}
-
-/// The bytes of a hexadecimal object id.
-fn hex_bytes(oid: &str) -> GitResult<Vec<u8>> {
-    if oid.len() % 2 != 0 || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(GitError::Failed {
-            args: "hash-object -t tree".to_owned(),
-            status: "refused".to_owned(),
-            stderr: format!("{oid:?} is not an object id"),
-        });
-    }
-    Ok((0..oid.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&oid[i..i + 2], 16).unwrap_or(0))
-        .collect())
 }

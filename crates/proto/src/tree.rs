@@ -210,16 +210,11 @@ impl TreeBuilder {
     }
 }
 
-fn write_tree(format: ObjectFormat, dir: &Dir) -> Vec<u8> {
-    // Git orders entries by name, a directory's name compared as if it
-    // ended in '/'.
-    let mut entries: Vec<(Vec<u8>, u32, Vec<u8>)> = Vec::new();
-    for (name, (mode, oid)) in &dir.files {
-        entries.push((name.clone(), *mode, oid.clone()));
-    }
-    for (name, sub) in &dir.dirs {
-        entries.push((name.clone(), 0o40000, write_tree(format, sub)));
-    }
+/// The content of one tree object (what follows its `tree <size>\0`
+/// header) from its entries, `(name, mode, raw id)`, in any order: git's
+/// order is by name, a directory's (mode 040000) compared as if it ended
+/// in '/', and a mode is written in octal without leading zeros.
+pub fn tree_object(mut entries: Vec<(Vec<u8>, u32, Vec<u8>)>) -> Vec<u8> {
     let key = |(name, mode, _): &(Vec<u8>, u32, Vec<u8>)| {
         let mut k = name.clone();
         if *mode == 0o40000 {
@@ -235,6 +230,18 @@ fn write_tree(format: ObjectFormat, dir: &Dir) -> Vec<u8> {
         body.push(0);
         body.extend_from_slice(oid);
     }
+    body
+}
+
+fn write_tree(format: ObjectFormat, dir: &Dir) -> Vec<u8> {
+    let mut entries: Vec<(Vec<u8>, u32, Vec<u8>)> = Vec::new();
+    for (name, (mode, oid)) in &dir.files {
+        entries.push((name.clone(), *mode, oid.clone()));
+    }
+    for (name, sub) in &dir.dirs {
+        entries.push((name.clone(), 0o40000, write_tree(format, sub)));
+    }
+    let body = tree_object(entries);
     let mut h = format.hasher();
     h.update(format!("tree {}\0", body.len()).as_bytes());
     h.update(&body);
