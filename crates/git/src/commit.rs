@@ -170,8 +170,9 @@ impl AuthorityRepo {
     }
 
     /// Runs the git command `args` (with `input` and `env`) that writes
-    /// one object of `kind` and prints its id; syncs it, and checks that
-    /// the object under that name is readable as `kind`. If not (an
+    /// one object of `kind` and prints its id; syncs it, and reads the
+    /// whole object back as `kind` (`git cat-file <kind>` inflates all of
+    /// it, so an empty or cut-short object file fails). If that fails (an
     /// object file git only freshened), removes the file and runs the
     /// command once more.
     fn written(

@@ -499,10 +499,10 @@ fn hooks_and_repository_configured_programs_never_run() {
     );
 }
 
-/// A power loss can leave an object's name with no content (an empty
-/// file), and git trusts a loose object that exists: the governed commit
-/// writes its trees and commit so that such a file is replaced, and the
-/// repository it leaves passes `git fsck --full`.
+/// A power loss can leave an object's name with no content, or with part
+/// of it, and git trusts a loose object that exists: the governed commit
+/// replaces such a file for each object it writes (its blob, trees and
+/// commit), and the repository it leaves passes `git fsck --full`.
 #[test]
 fn an_empty_object_file_under_an_objects_name_is_written_again() {
     let f = fixture();
@@ -532,11 +532,19 @@ fn an_empty_object_file_under_an_objects_name_is_written_again() {
     let root = git(&copy, &["rev-parse", &format!("{probe}^{{tree}}")]);
     let src = git(&copy, &["rev-parse", &format!("{probe}:src")]);
     let blob = git(&copy, &["rev-parse", &format!("{probe}:src/lib.py")]);
-    // Left empty under their names, as after a power loss.
+    // Left empty under their names, as after a power loss; the blob cut
+    // short instead (its first half: a header git can read, then nothing).
+    let loose = |repo: &Path, oid: &str| repo.join("objects").join(&oid[..2]).join(&oid[2..]);
     for oid in [&probe, &root, &src, &blob] {
-        let dir = f.bare.join("objects").join(&oid[..2]);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(&oid[2..]), b"").unwrap();
+        let path = loose(&f.bare, oid);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let content = if oid == &blob {
+            let whole = std::fs::read(loose(&copy, oid)).unwrap();
+            whole[..whole.len() / 2].to_vec()
+        } else {
+            Vec::new()
+        };
+        std::fs::write(&path, content).unwrap();
     }
     let commit = repo.governed_commit(&spec).unwrap();
     assert_eq!(commit, probe);
