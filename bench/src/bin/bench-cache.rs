@@ -22,7 +22,7 @@ use airlock_executor::extract::ArchiveLimits;
 use airlock_testkit::git_dir_or_empty as git;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn median(mut runs: Vec<Duration>) -> f64 {
@@ -40,17 +40,7 @@ fn sources(dir: &Path, files: usize, entries: usize) -> Vec<(String, Vec<u8>)> {
         .status()
         .expect("git init");
     assert!(status.success());
-    let mut stream = Vec::new();
-    for i in 0..files {
-        let content = format!("file {i}\n");
-        write!(
-            stream,
-            "blob\nmark :{}\ndata {}\n{content}\n",
-            i + 1,
-            content.len()
-        )
-        .unwrap();
-    }
+    let mut stream = airlock_testkit::numbered_blobs(files);
     for c in 0..entries {
         let message = format!("commit {c}\n");
         write!(
@@ -61,24 +51,14 @@ fn sources(dir: &Path, files: usize, entries: usize) -> Vec<(String, Vec<u8>)> {
         )
         .unwrap();
         if c == 0 {
-            for i in 0..files {
-                writeln!(stream, "M 100644 :{} d{:04}/f{i:06}.txt", i + 1, i / 100).unwrap();
-            }
+            airlock_testkit::numbered_paths(&mut stream, files, "");
         } else {
             let content = format!("changed in commit {c}\n");
             writeln!(stream, "M 100644 inline d0000/f000000.txt").unwrap();
             write!(stream, "data {}\n{content}\n", content.len()).unwrap();
         }
     }
-    let mut child = Command::new("git")
-        .arg("--git-dir")
-        .arg(&repo)
-        .args(["fast-import", "--quiet"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("git fast-import");
-    child.stdin.take().unwrap().write_all(&stream).unwrap();
-    assert!(child.wait().unwrap().success(), "fast-import");
+    airlock_testkit::fast_import(&repo, &stream);
     (0..entries)
         .rev()
         .map(|back| {

@@ -167,18 +167,8 @@ fn grow_repository(repo: &Path, files: usize) {
     let present = git(repo, &["ls-tree", "-r", "--name-only", &base])
         .lines()
         .count();
-    let mut stream = Vec::new();
     let add = files.saturating_sub(present);
-    for i in 0..add {
-        let content = format!("file {i}\n");
-        write!(
-            stream,
-            "blob\nmark :{}\ndata {}\n{content}\n",
-            i + 1,
-            content.len()
-        )
-        .unwrap();
-    }
+    let mut stream = airlock_testkit::numbered_blobs(add);
     let message = "grow for the size axis\n";
     write!(
         stream,
@@ -186,29 +176,8 @@ fn grow_repository(repo: &Path, files: usize) {
         message.len()
     )
     .unwrap();
-    for i in 0..add {
-        writeln!(
-            stream,
-            "M 100644 :{} tree/d{:04}/f{i:06}.txt",
-            i + 1,
-            i / 100
-        )
-        .unwrap();
-    }
-    let mut child = Command::new("git")
-        .args(["-c", "safe.directory=*", "--git-dir"])
-        .arg(repo)
-        .args(["fast-import", "--quiet"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("git fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("fast-import stream");
-    assert!(child.wait().expect("fast-import").success(), "fast-import");
+    airlock_testkit::numbered_paths(&mut stream, add, "tree/");
+    airlock_testkit::fast_import(repo, &stream);
     let meta = std::fs::metadata(repo).expect("repository");
     let status = Command::new("chown")
         .arg("-R")

@@ -1,8 +1,9 @@
 //! A directory compared with the base: every file that differs.
 //!
-//! In a git work tree the files are those git would commit (tracked, and
-//! untracked but not ignored: `git ls-files --cached --others
-//! --exclude-standard`), so build output and `__pycache__` stay out, and
+//! In a git work tree the files are those git would commit (tracked:
+//! `git ls-files --stage`; untracked but not ignored: `git ls-files
+//! --others --exclude-standard`), so build output and `__pycache__` stay
+//! out, and
 //! git's own index says which tracked files are as it recorded them: a
 //! file `git diff-files` does not name (its stat cache, with git's own
 //! content check for a racily clean entry) has the blob id its index entry

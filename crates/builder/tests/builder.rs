@@ -325,11 +325,13 @@ fn verification_commands_are_split_like_a_shell_and_resolved_against_the_allowli
     );
 }
 
-/// git's index decides which tracked files are read: a change committed in
-/// the clone (clean in its index, not in the base) is proposed; a file
-/// only touched (its stat changed, its content not) is compared and left
-/// out; a file edited behind the index's back after a commit is proposed
-/// with what the file holds now, not what the index recorded.
+/// Read through git's index, a work tree still proposes exactly what
+/// differs: a change committed in the clone (clean in its index, not in
+/// the base) is proposed; a file only touched (its stat changed, its
+/// content not) is compared and left out; a file edited after its commit
+/// is proposed with what it holds now, not what the index recorded; a
+/// path in conflict is not taken from the index. (That unchanged files
+/// are then not read is shown by its cost, in bench-e2e, not here.)
 #[test]
 fn a_worktree_is_read_through_its_index_and_its_stat_cache() {
     let f = fixture();

@@ -421,7 +421,7 @@ const SUPERVISOR: RolePolicy = RolePolicy {
                 ..config(
                     Slot::MetricsDir,
                     Access::All,
-                    "writes airlock.prom there (a temporary file renamed over the last); only when the directory exists at start, so a node exporter installed later takes a restart",
+                    "writes airlock.prom there (a temporary file renamed over the last, which needs the right to remove files of the directory: the modes of the other collectors' files are what keep them); only when the directory exists at start, so a node exporter installed later takes a restart",
                 )
             },
         ],

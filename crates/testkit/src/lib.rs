@@ -182,6 +182,61 @@ pub fn git_dir_or_empty(repo: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// The start of a `git fast-import` stream for a generated repository of
+/// `n` small files: blob `i` (mark `i + 1`) holds `file {i}\n`. With
+/// [`numbered_paths`] and [`fast_import`], what the benchmarks grow their
+/// repositories from.
+pub fn numbered_blobs(n: usize) -> Vec<u8> {
+    let mut stream = Vec::new();
+    for i in 0..n {
+        let content = format!("file {i}\n");
+        write!(
+            stream,
+            "blob\nmark :{}\ndata {}\n{content}\n",
+            i + 1,
+            content.len()
+        )
+        .expect("writing to memory");
+    }
+    stream
+}
+
+/// The `M` lines of a fast-import commit placing blob `i` of
+/// [`numbered_blobs`] at `{prefix}d{i / 100:04}/f{i:06}.txt` (100 files per
+/// directory).
+pub fn numbered_paths(stream: &mut Vec<u8>, n: usize, prefix: &str) {
+    for i in 0..n {
+        writeln!(
+            stream,
+            "M 100644 :{} {prefix}d{:04}/f{i:06}.txt",
+            i + 1,
+            i / 100
+        )
+        .expect("writing to memory");
+    }
+}
+
+/// Runs `git fast-import --quiet` on the repository `git_dir` with
+/// `stream`; panics when git fails.
+pub fn fast_import(git_dir: &Path, stream: &[u8]) {
+    let mut child = Command::new("git")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args(["-c", "safe.directory=*", "--git-dir"])
+        .arg(git_dir)
+        .args(["fast-import", "--quiet"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("git fast-import");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stream)
+        .expect("fast-import stream");
+    assert!(child.wait().expect("fast-import").success(), "fast-import");
+}
+
 /// Calls `check` every `every` until it answers `Ok`, and returns that;
 /// panics with its last `Err` once `within` has passed.
 pub fn poll<T>(

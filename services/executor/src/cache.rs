@@ -442,51 +442,35 @@ impl TreeCache {
     }
 }
 
-/// The stamp of an entry's `tree/`: SHA-256 over every path beneath it
-/// (itself included), in order, each with its type, inode, size, mode,
-/// owner and change time. Reads no file.
+/// The stamp of an entry's `tree/`: SHA-256 over it and every path
+/// beneath it, in the layer cache's walk order, each with its mode (type
+/// included), inode, size, owner and change time. Reads no file.
 pub fn stamp(root: &Path) -> Result<String> {
     use sha2::Digest;
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) -> Result<()> {
-        for entry in std::fs::read_dir(dir).map_err(|e| setup(e, dir))? {
-            let path = entry.map_err(|e| setup(e, dir))?.path();
-            let meta = std::fs::symlink_metadata(&path).map_err(|e| setup(e, &path))?;
-            let rel = path
-                .strip_prefix(root)
-                .ok()
-                .and_then(Path::to_str)
-                .ok_or_else(|| setup("not a UTF-8 path", &path))?
-                .to_owned();
-            out.push((rel, line(&meta)));
-            if meta.is_dir() {
-                walk(root, &path, out)?;
-            }
-        }
-        Ok(())
+    fn line(h: &mut sha2::Sha256, rel: &Path, m: &std::fs::Metadata) {
+        h.update(rel.as_os_str().as_encoded_bytes());
+        h.update(
+            format!(
+                "\0{:o} {} {} {} {} {}.{:09}\n",
+                m.mode(),
+                m.ino(),
+                m.len(),
+                m.uid(),
+                m.gid(),
+                m.ctime(),
+                m.ctime_nsec()
+            )
+            .as_bytes(),
+        );
     }
-    fn line(m: &std::fs::Metadata) -> String {
-        format!(
-            "{:o} {} {} {} {} {}.{:09}",
-            m.mode(),
-            m.ino(),
-            m.len(),
-            m.uid(),
-            m.gid(),
-            m.ctime(),
-            m.ctime_nsec()
-        )
-    }
-    let top = std::fs::symlink_metadata(root).map_err(|e| setup(e, root))?;
-    let mut all = vec![(String::new(), line(&top))];
-    walk(root, root, &mut all)?;
-    all.sort();
     let mut h = sha2::Sha256::new();
-    for (path, meta) in &all {
-        h.update(path.as_bytes());
-        h.update([0]);
-        h.update(meta.as_bytes());
-        h.update([b'\n']);
-    }
+    h.update(b"airlock.tree-cache-stamp.v1\n");
+    let top = std::fs::symlink_metadata(root).map_err(|e| setup(e, root))?;
+    line(&mut h, Path::new(""), &top);
+    crate::layer::walk(root, &mut |path, meta| {
+        line(&mut h, path.strip_prefix(root).unwrap_or(path), meta);
+        Ok(())
+    })?;
     Ok(hex::encode(h.finalize()))
 }
 

@@ -295,7 +295,13 @@ fn lock_down(root: &Path) -> Result<()> {
     })
 }
 
-fn walk(dir: &Path, f: &mut dyn FnMut(&Path, &std::fs::Metadata) -> Result<()>) -> Result<()> {
+/// Calls `f` with every path beneath `dir` and its metadata (links not
+/// followed), each directory's entries in name order, a directory after
+/// what it holds. The layer digest and the tree cache's stamp walk so.
+pub(crate) fn walk(
+    dir: &Path,
+    f: &mut dyn FnMut(&Path, &std::fs::Metadata) -> Result<()>,
+) -> Result<()> {
     let mut names: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| setup(e, dir))?
         .map(|e| e.map(|e| e.file_name()))

@@ -27,8 +27,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 use std::collections::{BTreeSet, HashMap};
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -84,6 +83,9 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registr
 impl Series {
     fn new() -> Series {
         let r = Registry::new();
+        let gauge = |name: &str, help: &str| {
+            register(&r, IntGauge::with_opts(Opts::new(name, help)).expect(name))
+        };
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
             register(
                 &r,
@@ -96,6 +98,12 @@ impl Series {
                 IntCounter::with_opts(Opts::new(name, help)).expect(name),
             )
         };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            register(
+                &r,
+                IntCounterVec::new(Opts::new(name, help), labels).expect(name),
+            )
+        };
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
             register(
                 &r,
@@ -105,28 +113,18 @@ impl Series {
         };
         Series {
             tasks: gauge_vec("airlock_tasks", "Tasks in the store, by state.", &["state"]),
-            oldest_queued: register(
-                &r,
-                IntGauge::with_opts(Opts::new(
-                    "airlock_queue_oldest_task_age_seconds",
-                    "Age of the oldest queued task since its submission; 0 when none is queued.",
-                ))
-                .expect("oldest"),
+            oldest_queued: gauge(
+                "airlock_queue_oldest_task_age_seconds",
+                "Age of the oldest queued task since its submission; 0 when none is queued.",
             ),
             submitted: counter(
                 "airlock_tasks_submitted_total",
                 "Tasks submitted since the supervisor started (replays of a submission not counted).",
             ),
-            finished: register(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "airlock_tasks_finished_total",
-                        "Tasks that reached SUCCEEDED, FAILED or CANCELLED since the supervisor started, by state and code (empty when none applies).",
-                    ),
-                    &["state", "code"],
-                )
-                .expect("finished"),
+            finished: counter_vec(
+                "airlock_tasks_finished_total",
+                "Tasks that reached SUCCEEDED, FAILED or CANCELLED since the supervisor started, by state and code (empty when none applies).",
+                &["state", "code"],
             ),
             lease_expiries: counter(
                 "airlock_lease_expiries_total",
@@ -152,24 +150,14 @@ impl Series {
                 "Each planner agent's failed runs since its last good one.",
                 &["agent"],
             ),
-            agent_starts: register(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "airlock_agent_starts_total",
-                        "Planner agent starts since the supervisor started, restarts included.",
-                    ),
-                    &["agent"],
-                )
-                .expect("agent starts"),
+            agent_starts: counter_vec(
+                "airlock_agent_starts_total",
+                "Planner agent starts since the supervisor started, restarts included.",
+                &["agent"],
             ),
-            last_pass: register(
-                &r,
-                IntGauge::with_opts(Opts::new(
-                    "airlock_metrics_pass_timestamp_seconds",
-                    "When this file was written (store time, unix seconds).",
-                ))
-                .expect("last pass"),
+            last_pass: gauge(
+                "airlock_metrics_pass_timestamp_seconds",
+                "When this file was written (store time, unix seconds).",
             ),
             registry: r,
         }
@@ -388,11 +376,7 @@ impl Tally {
             }
         }
         for (id, t) in &reading.tasks {
-            let done = matches!(
-                t.state,
-                TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
-            );
-            if !done || t.updated_at_ms < self.started_ms {
+            if !t.state.is_terminal() || t.updated_at_ms < self.started_ms {
                 continue;
             }
             if self.counted.get(id) == Some(&(t.attempt, t.state)) {
@@ -422,20 +406,6 @@ impl Tally {
             .expect("encoding to memory");
         String::from_utf8(out).expect("the text format is UTF-8")
     }
-}
-
-/// Writes `text` as `dir/airlock.prom`, whole or not at all: a temporary
-/// file beside it, mode 0644, renamed over the last one.
-pub fn write(dir: &Path, text: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".airlock.prom.")
-        .tempfile_in(dir)?;
-    tmp.write_all(text.as_bytes())?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    tmp.persist(dir.join(FILE_NAME)).map_err(|e| e.error)?;
-    Ok(())
 }
 
 /// Every `settings.interval` until `stop`: read, apply, write. A missing
@@ -471,9 +441,11 @@ pub async fn run(
         let outcome = match store.call(move |s| read(s, cursor)).await {
             Ok(reading) => {
                 tally.apply(reading, &agents.views());
-                write(&settings.directory, &tally.render()).map_err(|e| {
-                    format!("writing {}/{FILE_NAME}: {e}", settings.directory.display())
-                })
+                // Whole or not at all; its temporary file's name does not
+                // end in .prom, so the collector never reads it.
+                let path = settings.directory.join(FILE_NAME);
+                airlock_config::write_durably(&path, tally.render().as_bytes(), 0o644, None)
+                    .map_err(|e| format!("writing {}: {e}", path.display()))
             }
             Err(e) => Err(format!("reading the task store: {e}")),
         };
