@@ -185,14 +185,20 @@ struct TaskFacts {
     result: Option<TaskResult>,
 }
 
-/// The code of how a finished task ended: its verification record's
-/// reason when that is a catalogue code (LEASE_EXPIRED, a failure code, a
-/// cancellation's code), else empty.
+/// The code of how a finished task ended: the first of its verification
+/// record's `reason`, `code` and `decision` that is a catalogue code (a
+/// failure code or LEASE_EXPIRED as the reason, RECONCILIATION_REQUIRED as
+/// the code beside an administrator's words, AGENT_REVOKED as the
+/// decision), else empty (an acceptance, an administrator's rejection or
+/// cancellation, whose reasons are words).
 fn end_code(verification: Option<&serde_json::Value>) -> String {
-    verification
-        .and_then(|v| v.get("reason").or_else(|| v.get("code")))
-        .and_then(|r| r.as_str())
-        .filter(|r| Code::from_name(r).is_some())
+    let Some(v) = verification else {
+        return String::new();
+    };
+    ["reason", "code", "decision"]
+        .iter()
+        .filter_map(|k| v[*k].as_str())
+        .find(|r| Code::from_name(r).is_some())
         .unwrap_or_default()
         .to_owned()
 }

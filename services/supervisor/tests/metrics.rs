@@ -248,3 +248,79 @@ fn an_interval_of_zero_writes_nothing() {
     assert_eq!(std::fs::read_dir(textfiles.path()).unwrap().count(), 0);
     drop(sup);
 }
+
+/// The series a supervisor with agents writes, from a real task store:
+/// a task revoked with its agent counts as CANCELLED with AGENT_REVOKED,
+/// an agent's starts are its records turning RUNNING with a new
+/// running-since (a record saved again while it runs is not a start), and
+/// the agents' states and failures are as their views say; promtool
+/// accepts the file.
+#[test]
+fn revocations_and_agent_starts_are_counted_from_the_store() {
+    use airlock_agents::{AgentRecord, Status};
+    use airlock_supervisor::metrics::{Tally, read};
+    use airlock_taskdb::tasks::Actor;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store =
+        airlock_taskdb::open(&airlock_taskdb::Location::Sqlite(dir.path().join("tasks.sqlite3")))
+            .unwrap();
+    let mut tally = Tally::new(store.last_event_id().unwrap(), store.now_ms().unwrap());
+    let alpha = Actor::planner(Some(989), "agent:alpha airlock-agent@:1.7");
+    let task = airlock_proto::task::TaskSubmission::from_value(&submission("task-alpha")).unwrap();
+    store.submit(&task, &alpha).unwrap();
+    let registry = Actor::system("agent-registry");
+    assert_eq!(
+        store
+            .cancel_agent_queued("alpha", None, "removed", &registry)
+            .unwrap(),
+        ["task-alpha"]
+    );
+    let policy = Actor::system("agent-policy");
+    let running = |since: u64| {
+        let mut r = AgentRecord::new(since);
+        r.status = Status::Running;
+        r.running_since_ms = Some(since);
+        serde_json::to_value(r).unwrap()
+    };
+    for record in [running(1000), running(1000), running(5000)] {
+        store.save_agent_record("alpha", &record, &policy).unwrap();
+    }
+    let views = [airlock_proto::bus::AgentView {
+        name: "alpha".into(),
+        state: "HELD".into(),
+        consecutive_failures: 5,
+        next_start_at_ms: None,
+        running_since_ms: None,
+        last_exit_status: Some(1),
+        last_exit_signal: None,
+        last_failure: Some("exit status 1".into()),
+        hold_reason: Some("crash loop".into()),
+        repositories: vec!["demo".into()],
+        updated_at_ms: 6000,
+    }];
+    let reading = read(store.as_ref(), tally.cursor()).unwrap();
+    tally.apply(reading, &views);
+    let text = tally.render();
+    let s = samples(&text);
+    let at = |k: &str| *s.get(k).unwrap_or_else(|| panic!("{k} missing from:\n{text}"));
+    assert_eq!(
+        at("airlock_tasks_finished_total{code=\"AGENT_REVOKED\",state=\"CANCELLED\"}"),
+        1.0
+    );
+    assert_eq!(at("airlock_tasks{state=\"CANCELLED\"}"), 1.0);
+    assert_eq!(at("airlock_tasks_submitted_total"), 1.0);
+    assert_eq!(at("airlock_agent_starts_total{agent=\"alpha\"}"), 2.0);
+    assert_eq!(at("airlock_agents{state=\"HELD\"}"), 1.0);
+    assert_eq!(at("airlock_agent_consecutive_failures{agent=\"alpha\"}"), 5.0);
+    promtool_accepts(&text);
+
+    // A second pass over no new events counts nothing again.
+    let reading = read(store.as_ref(), tally.cursor()).unwrap();
+    tally.apply(reading, &views);
+    let again = samples(&tally.render());
+    assert_eq!(
+        again.get("airlock_tasks_finished_total{code=\"AGENT_REVOKED\",state=\"CANCELLED\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(again.get("airlock_agent_starts_total{agent=\"alpha\"}"), Some(&2.0));
+}
