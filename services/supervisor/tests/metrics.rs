@@ -261,9 +261,10 @@ fn revocations_and_agent_starts_are_counted_from_the_store() {
     use airlock_supervisor::metrics::{Tally, read};
     use airlock_taskdb::tasks::Actor;
     let dir = tempfile::tempdir().unwrap();
-    let mut store =
-        airlock_taskdb::open(&airlock_taskdb::Location::Sqlite(dir.path().join("tasks.sqlite3")))
-            .unwrap();
+    let mut store = airlock_taskdb::open(&airlock_taskdb::Location::Sqlite(
+        dir.path().join("tasks.sqlite3"),
+    ))
+    .unwrap();
     let mut tally = Tally::new(store.last_event_id().unwrap(), store.now_ms().unwrap());
     let alpha = Actor::planner(Some(989), "agent:alpha airlock-agent@:1.7");
     let task = airlock_proto::task::TaskSubmission::from_value(&submission("task-alpha")).unwrap();
@@ -302,7 +303,10 @@ fn revocations_and_agent_starts_are_counted_from_the_store() {
     tally.apply(reading, &views);
     let text = tally.render();
     let s = samples(&text);
-    let at = |k: &str| *s.get(k).unwrap_or_else(|| panic!("{k} missing from:\n{text}"));
+    let at = |k: &str| {
+        *s.get(k)
+            .unwrap_or_else(|| panic!("{k} missing from:\n{text}"))
+    };
     assert_eq!(
         at("airlock_tasks_finished_total{code=\"AGENT_REVOKED\",state=\"CANCELLED\"}"),
         1.0
@@ -311,7 +315,10 @@ fn revocations_and_agent_starts_are_counted_from_the_store() {
     assert_eq!(at("airlock_tasks_submitted_total"), 1.0);
     assert_eq!(at("airlock_agent_starts_total{agent=\"alpha\"}"), 2.0);
     assert_eq!(at("airlock_agents{state=\"HELD\"}"), 1.0);
-    assert_eq!(at("airlock_agent_consecutive_failures{agent=\"alpha\"}"), 5.0);
+    assert_eq!(
+        at("airlock_agent_consecutive_failures{agent=\"alpha\"}"),
+        5.0
+    );
     promtool_accepts(&text);
 
     // A second pass over no new events counts nothing again.
@@ -322,5 +329,8 @@ fn revocations_and_agent_starts_are_counted_from_the_store() {
         again.get("airlock_tasks_finished_total{code=\"AGENT_REVOKED\",state=\"CANCELLED\"}"),
         Some(&1.0)
     );
-    assert_eq!(again.get("airlock_agent_starts_total{agent=\"alpha\"}"), Some(&2.0));
+    assert_eq!(
+        again.get("airlock_agent_starts_total{agent=\"alpha\"}"),
+        Some(&2.0)
+    );
 }
