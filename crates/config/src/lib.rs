@@ -53,6 +53,7 @@ mod durable;
 mod environment;
 mod error;
 mod keys;
+mod layers;
 mod source;
 mod validate;
 
@@ -71,6 +72,7 @@ pub use environment::{
 };
 pub use error::{ConfigError, Location};
 pub use keys::{GIT_WRITING_SUBCOMMANDS, Item, KEYS, KeySpec, Kind};
+pub use layers::{Migrated, SETTINGS_DIR_NAME, migrated_settings, settings_dir};
 pub use validate::{RULES, is_agent_name};
 
 /// Where the services look for their configuration.
@@ -536,10 +538,16 @@ impl Config {
     /// outside every registered repository
     /// ([`check_outside_repositories`]); each refusal names the file and
     /// the fix.
+    ///
+    /// Settings drop-ins in `airlock.toml.d/` beside it ([`settings_dir`])
+    /// are read in name order after it, each over the ones before (see
+    /// `layers.rs`); they are read once, like the main file, and obey the
+    /// same rules about owners, modes and repositories.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = read_config_file(path)?;
-        let mut config = Config::parse(&text, path)?;
+        let (mut config, settings) = layers::parse_layered(path, &text)?;
         config.repositories = config.repositories_now(path)?;
+        check_outside_repositories(path, &settings, &config.repositories)?;
         config.check_agent_repositories(path)?;
         Ok(config)
     }
@@ -615,11 +623,17 @@ impl Config {
     /// Parses and validates configuration text; `origin` names the file in
     /// errors and is not opened.
     pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
-        let src = source::Source::new(origin, text);
-        let config: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text))
-            .map_err(|e| src.shape_error(&e))?;
-        validate::check(&config, &src)?;
+        let config = Config::parse_shape(text, origin)?;
+        validate::check(&config, &source::Source::new(origin, text))?;
         Ok(config)
+    }
+
+    /// The first stage of [`Config::parse`] alone: syntax, unknown keys and
+    /// types, without the rules between keys.
+    fn parse_shape(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let src = source::Source::new(origin, text);
+        serde_path_to_error::deserialize(toml::Deserializer::new(text))
+            .map_err(|e| src.shape_error(&e))
     }
 
     /// The built-in defaults: every section at its documented default and no

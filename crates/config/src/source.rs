@@ -110,6 +110,12 @@ impl<'a> Source<'a> {
         self.key_error(key, at, problem)
     }
 
+    /// Where the key's value (or table) is in the file, if it is there.
+    pub(crate) fn location_of(&self, key: &str) -> Option<Location> {
+        self.span_of(key)
+            .map(|s| Location::of_offset(self.text, s.start))
+    }
+
     fn key_error(&self, key: String, at: Option<Location>, problem: String) -> ConfigError {
         ConfigError::Key {
             file: self.file.to_owned(),

@@ -1203,3 +1203,195 @@ fn an_agents_repositories_must_be_registered_when_loaded() {
         "{err}"
     );
 }
+
+// ---- airlock.toml.d settings drop-ins --------------------------------------------
+
+fn settings_fixture(main: &str, drop_ins: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, main).unwrap();
+    let d = airlock_config::settings_dir(&config);
+    std::fs::create_dir(&d).unwrap();
+    for (name, text) in drop_ins {
+        std::fs::write(d.join(name), text).unwrap();
+    }
+    (dir, config)
+}
+
+#[test]
+fn settings_drop_ins_apply_over_the_main_file_in_name_order() {
+    let (_d, config) = settings_fixture(
+        "[supervisor]\nlease_seconds = 600\n\n[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/demo.git\"\n",
+        &[
+            (
+                "20-later.toml",
+                "[supervisor]\nlease_seconds = 900\n\n[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/calc.git\"\n",
+            ),
+            (
+                "10-first.toml",
+                "[supervisor]\nauto_accept = true\nlease_seconds = 700\n\n[executor.limits]\nprocesses = 77\n",
+            ),
+            // Not a drop-in: only *.toml is read.
+            (
+                "30-ignored.toml.dpkg-old",
+                "[supervisor]\nlease_seconds = 5\n",
+            ),
+        ],
+    );
+    let c = Config::load(&config).unwrap();
+    assert_eq!(
+        c.supervisor.lease_seconds, 900,
+        "the last file that sets a key wins"
+    );
+    assert!(
+        c.supervisor.auto_accept,
+        "a key only a drop-in sets applies"
+    );
+    assert_eq!(c.executor.limits.processes, 77, "tables merge key by key");
+    let defaults = Config::embedded_default();
+    assert_eq!(
+        c.executor.limits.open_files, defaults.executor.limits.open_files,
+        "a drop-in's table keeps the keys it does not set"
+    );
+    assert_eq!(
+        c.repository_names(),
+        ["demo", "calc"],
+        "repository tables are appended"
+    );
+    // Config::parse reads the text it is given and no drop-in.
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert_eq!(
+        Config::parse(&text, &config)
+            .unwrap()
+            .supervisor
+            .lease_seconds,
+        600
+    );
+}
+
+#[test]
+fn rules_between_keys_hold_for_the_merged_settings_and_name_the_file_that_breaks_them() {
+    // Alone, the drop-in would break "renewal at most half the lease"
+    // (the default renewal is 60 s); with the main file's renewal it holds.
+    let (_d, config) = settings_fixture(
+        "[worker]\nrenew_interval_seconds = 10\n",
+        &[(
+            "50-short-lease.toml",
+            "[supervisor]\nlease_seconds = 30\nsweep_interval_seconds = 5\n",
+        )],
+    );
+    let c = Config::load(&config).unwrap();
+    assert_eq!(
+        (c.supervisor.lease_seconds, c.worker.renew_interval_seconds),
+        (30, 10)
+    );
+
+    // A drop-in that sets the renewal too long is named, at its line.
+    let (_d, config) = settings_fixture(
+        "[supervisor]\nlease_seconds = 300\n",
+        &[(
+            "50-renewal.toml",
+            "\n[worker]\nrenew_interval_seconds = 200\n",
+        )],
+    );
+    let err = Config::load(&config).unwrap_err();
+    let drop_in = airlock_config::settings_dir(&config).join("50-renewal.toml");
+    assert_eq!(err.file(), drop_in, "{err}");
+    assert_eq!(err.key(), Some("worker.renew_interval_seconds"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{}:3:", drop_in.display())),
+        "{err}"
+    );
+
+    // A repository table of a drop-in that clashes is named in that drop-in,
+    // by its own index.
+    let (_d, config) = settings_fixture(
+        "[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/demo.git\"\n",
+        &[(
+            "50-repos.toml",
+            "[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/calc.git\"\n\n[[repository]]\nname = \"demo\"\npath = \"/srv/airlock/other.git\"\n",
+        )],
+    );
+    let err = Config::load(&config).unwrap_err();
+    assert_eq!(
+        err.file(),
+        airlock_config::settings_dir(&config).join("50-repos.toml"),
+        "{err}"
+    );
+    assert_eq!(err.key(), Some("repository[1].name"), "{err}");
+}
+
+#[test]
+fn a_bad_settings_drop_in_is_refused_naming_it_and_changes_nothing() {
+    // An unknown key, at its place in the drop-in.
+    let (_d, config) = settings_fixture("", &[("50-typo.toml", "[supervisor]\nlease_secs = 30\n")]);
+    let err = Config::load(&config).unwrap_err();
+    let drop_in = airlock_config::settings_dir(&config).join("50-typo.toml");
+    assert_eq!(err.key(), Some("supervisor.lease_secs"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{}:2:1: ", drop_in.display())),
+        "{err}"
+    );
+    assert_eq!(err.code(), Code::CONFIG_INVALID);
+
+    // A drop-in others may write is refused like the main file would be.
+    let (_d, config) = settings_fixture("", &[]);
+    let drop_in = write_file(
+        &airlock_config::settings_dir(&config),
+        "50-open.toml",
+        b"[supervisor]\nauto_accept = true\n",
+        0o666,
+    );
+    let err = Config::load(&config).unwrap_err();
+    assert_eq!(err.file(), drop_in);
+    assert!(err.to_string().contains("chmod g-w,o-w"), "{err}");
+
+    // An empty (comments only) main file and an empty directory are the defaults.
+    let (_d, config) = settings_fixture("# only comments\n", &[]);
+    assert_eq!(Config::load(&config).unwrap(), Config::embedded_default());
+}
+
+#[test]
+fn an_earlier_releases_edited_file_migrates_to_its_changed_settings() {
+    // What earlier releases installed: the example with every default
+    // written out, here edited in two places and given a repository.
+    let example = std::fs::read_to_string(example_path()).unwrap();
+    let edited = example.replacen("lease_seconds = 300", "lease_seconds = 600", 1)
+        + "\n[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/calc.git\"\n";
+    let edited = edited.replacen("parallel_tasks = 2", "parallel_tasks = 3", 1);
+    let origin = Path::new("/etc/airlock/airlock.toml.dpkg-old");
+    let m = airlock_config::migrated_settings(&edited, origin).unwrap();
+    let table: toml::Table = m.text.parse().unwrap();
+    // Exactly the changes, and the example's own repository tables.
+    assert_eq!(
+        table["supervisor"].as_table().unwrap().len(),
+        1,
+        "{}",
+        m.text
+    );
+    assert_eq!(table["supervisor"]["lease_seconds"].as_integer(), Some(600));
+    assert_eq!(table["worker"].as_table().unwrap().len(), 1, "{}", m.text);
+    assert_eq!(table["worker"]["parallel_tasks"].as_integer(), Some(3));
+    assert!(!table.contains_key("executor"), "{}", m.text);
+    assert!(!table.contains_key("spool"), "{}", m.text);
+    assert!(
+        m.kept.contains(&"supervisor.lease_seconds".to_owned()),
+        "{:?}",
+        m.kept
+    );
+    assert!(m.defaults_dropped > 20, "{}", m.defaults_dropped);
+    // Over the defaults, the drop-in means what the file meant.
+    assert_eq!(
+        Config::parse(&m.text, origin).unwrap(),
+        Config::parse(&edited, origin).unwrap()
+    );
+    let names = Config::parse(&m.text, origin).unwrap();
+    assert!(names.repository("calc").is_some());
+
+    // A file this release refuses is refused naming it, and nothing is made.
+    let err = airlock_config::migrated_settings("[supervisor]\nlease = 1\n", origin).unwrap_err();
+    assert_eq!(err.file(), origin);
+    assert_eq!(err.key(), Some("supervisor.lease"));
+}

@@ -43,6 +43,17 @@ fn render() -> String {
          writes): one `[[repository]]` table named like the file and nothing else, read \
          like the main file; a name or path registered twice is refused. The supervisor \
          and the worker read them at start and again on SIGHUP (`systemctl reload`).\n\
+         - Settings go best into drop-ins in `airlock.toml.d/` beside the file \
+         (`/etc/airlock/airlock.toml.d/*.toml`), so that the file itself stays as the \
+         package installs it (comments only: every default lives in the binaries) and an \
+         upgrade never finds it edited. They are read in name order after the file, once, \
+         at start: a key a later file sets replaces the earlier value, tables merge key by \
+         key, and `[[repository]]` and `[[agent]]` tables add up (the supervisor re-reads \
+         the `[[agent]]` tables of all of them on SIGHUP). Each drop-in's keys and types \
+         are checked on its own, naming it; the rules between keys are checked on the \
+         merged whole and name the last file that sets the key. `airlockctl config \
+         migrate` turns an earlier release's edited file into such a drop-in (the \
+         package's upgrade runs it).\n\
          - Parsing opens no other file: whether a repository path is a bare repository, \
          or a user exists, is checked by the service that uses it.\n\
          - This page describes what each key is for. The services that act on most of \

@@ -50,6 +50,9 @@ pub enum Slot {
     RepositoryRoot,
     /// The drop-in directory beside the configuration file (`repositories.d/`).
     DropInDir,
+    /// The settings drop-in directory beside the configuration file
+    /// (`airlock.toml.d/`).
+    SettingsDir,
     /// The configuration file itself (`--config`).
     ConfigFile,
     /// The spool's `requests/`.
@@ -86,6 +89,7 @@ impl Slot {
             Slot::Repositories => "each `[[repository]] path`",
             Slot::RepositoryRoot => "`worker.repository_root`",
             Slot::DropInDir => "`repositories.d/` beside `--config`",
+            Slot::SettingsDir => "`airlock.toml.d/` beside `--config`",
             Slot::ConfigFile => "the `--config` file",
             Slot::SpoolRequests => "spool `requests/`",
             Slot::SpoolSources => "spool `sources/`",
@@ -406,6 +410,14 @@ const SUPERVISOR: RolePolicy = RolePolicy {
                     Slot::DropInDir,
                     Access::Read,
                     "re-reads the repository drop-ins on SIGHUP (systemctl reload)",
+                )
+            },
+            Grant {
+                required: false,
+                ..config(
+                    Slot::SettingsDir,
+                    Access::Read,
+                    "re-reads the settings drop-ins' `[[agent]]` tables on SIGHUP, with the main file's (a directory made after start needs a restart)",
                 )
             },
             Grant {

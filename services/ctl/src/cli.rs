@@ -2,8 +2,8 @@
 //! shell completions are generated from these definitions.
 
 use crate::commands::{
-    agent, cancel, capture, completions, doctor, events, list, propose, reconcile, replan, repo,
-    retry, show, status, submit, verify,
+    agent, cancel, capture, completions, config, doctor, events, list, propose, reconcile, replan,
+    repo, retry, show, status, submit, verify,
 };
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -70,6 +70,9 @@ pub enum Command {
     Retry(retry::Args),
     /// Authority repositories: add (import and register), list, remove, clone.
     Repo(repo::Args),
+    /// The configuration files: migrate an earlier release's edited
+    /// airlock.toml into a drop-in in airlock.toml.d/.
+    Config(config::Args),
     /// Planner agents the supervisor runs: list, show, start, stop, clear-hold, cancel-queued.
     Agent(agent::Args),
     /// Reconciliation cases (a branch moved behind the worker's back): list, show, resolve adopt|fail.

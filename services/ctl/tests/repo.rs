@@ -623,3 +623,107 @@ fn an_upstream_is_registered_and_its_credentials_installed_for_the_worker_alone(
             .exists()
     );
 }
+
+/// `airlockctl config migrate`, as the package's upgrade runs it: an
+/// earlier release's edited airlock.toml (every default written out)
+/// becomes a drop-in holding only what was changed, the file itself is
+/// untouched, an existing drop-in is never overwritten, and a drop-in with
+/// which the configuration would not load is removed again.
+#[test]
+fn config_migrate_moves_the_changed_settings_into_a_drop_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let etc = dir.path();
+    let config = etc.join("airlock.toml");
+    std::fs::write(&config, "# only comments, as the package ships it\n").unwrap();
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/airlock.toml"),
+    )
+    .unwrap();
+    // Earlier releases installed the example without its demo repository.
+    let example = &example[..example.find("\n[[repository]]").unwrap()];
+    let old = etc.join("airlock.toml.dpkg-old");
+    let edited = example.replacen("auto_accept = false", "auto_accept = true", 1)
+        + "\n[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/calc.git\"\n";
+    std::fs::write(&old, &edited).unwrap();
+    let to = etc.join("airlock.toml.d/50-migrated.toml");
+    let migrate = |extra: &[&str]| {
+        Command::new(ctl())
+            .args(["--json", "config", "migrate", "--from"])
+            .arg(&old)
+            .arg("--to")
+            .arg(&to)
+            .arg("--config")
+            .arg(&config)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+
+    // --dry-run prints and writes nothing.
+    let out = migrate(&["--dry-run"]);
+    let v: Value = serde_json::from_str(&run_ok(&out)).unwrap();
+    assert_eq!(v["written"], false);
+    assert!(
+        v["text"].as_str().unwrap().contains("auto_accept = true"),
+        "{v}"
+    );
+    assert!(!to.exists());
+
+    let out = migrate(&[]);
+    let v: Value = serde_json::from_str(&run_ok(&out)).unwrap();
+    assert_eq!(v["written"], true, "{v}");
+    assert_eq!(
+        v["kept"],
+        serde_json::json!(["repository", "supervisor.auto_accept"])
+    );
+    let text = std::fs::read_to_string(&to).unwrap();
+    assert!(text.contains("auto_accept = true"), "{text}");
+    assert!(
+        !text.contains("lease_seconds"),
+        "a default was carried:\n{text}"
+    );
+    assert_eq!(std::fs::metadata(&to).unwrap().mode() & 0o7777, 0o644);
+    assert_eq!(
+        std::fs::read_to_string(&old).unwrap(),
+        edited,
+        "the earlier file is kept"
+    );
+    let loaded = airlock_config::Config::load(&config).unwrap();
+    assert!(loaded.supervisor.auto_accept);
+    assert_eq!(loaded.repository_names(), ["calc"]);
+
+    // Once: a second run refuses to overwrite the drop-in.
+    let out = migrate(&[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("CONFIG_INVALID") && err.contains("exists already"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&to).unwrap(), text);
+
+    // A drop-in that would clash with what is registered already is
+    // removed again, and the configuration is as it was.
+    std::fs::remove_file(&to).unwrap();
+    std::fs::write(
+        &config,
+        "[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/other.git\"\n",
+    )
+    .unwrap();
+    let out = migrate(&[]);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("removed again"), "{err}");
+    assert!(!to.exists());
+
+    // A file this release refuses migrates to nothing.
+    std::fs::write(&old, "[supervisor]\nlease = 5\n").unwrap();
+    let out = migrate(&[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("supervisor.lease"));
+    assert!(!to.exists());
+}

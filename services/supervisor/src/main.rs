@@ -291,6 +291,7 @@ fn confine(
         Location::Postgres(_) => Paths::new(),
     }
     .with(Slot::DropInDir, drop_ins.to_path_buf())
+    .with(Slot::SettingsDir, airlock_config::settings_dir(config))
     .with(Slot::ConfigFile, config.to_path_buf());
     let paths = match &settings.metrics {
         Some(m) => paths.with(Slot::MetricsDir, m.directory.clone()),
@@ -386,9 +387,10 @@ fn main() -> ExitCode {
         let shutdown = terminated()
             .map_err(|e| Error::with(Code::INTERNAL, format!("installing signal handlers: {e}")))?;
         // SIGHUP (systemctl reload): the main file's repositories as read
-        // at start, the drop-ins as they are at the signal, and the main
-        // file's [[agent]] tables as they are at the signal (read whole and
-        // checked as at start; its other sections need a restart).
+        // at start, the drop-ins as they are at the signal, and the
+        // [[agent]] tables of the main file and its settings drop-ins as
+        // they are at the signal (read whole and checked as at start; the
+        // other sections need a restart).
         let signals = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .map_err(|e| Error::with(Code::INTERNAL, format!("installing SIGHUP: {e}")))?;
         let path = args.config.clone();

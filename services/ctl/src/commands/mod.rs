@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cancel;
 pub mod capture;
 pub mod completions;
+pub mod config;
 pub mod doctor;
 pub mod events;
 pub mod list;
@@ -37,6 +38,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Doctor(args) => return Ok(doctor::run(ctx, args).await),
         // Repositories are files and git, not the bus.
         Command::Repo(args) => return repo::run(ctx, args),
+        Command::Config(args) => return config::run(ctx, args),
         // The agent unit's entry point: the configuration, then execve.
         Command::Agent(agent::Args {
             action: agent::Action::Exec(args),
@@ -72,7 +74,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Reconcile(a) => reconcile::run(ctx, &client, a).await,
         Command::Propose(a) => propose::run(ctx, Some(&client), a).await,
         Command::Capture(a) => capture::run(ctx, Some(&client), a).await,
-        Command::Completions(_) | Command::Doctor(_) | Command::Repo(_) => {
+        Command::Completions(_) | Command::Doctor(_) | Command::Repo(_) | Command::Config(_) => {
             unreachable!("handled above")
         }
     }

@@ -1,7 +1,9 @@
 //! The package's life cycle: stop and start (by hand and by the bus),
 //! reinstall and upgrade keeping state, remove, purge, install again.
 
-use super::status::{all_active, expect_paths, main_pids, no_airlock_process, states, tasks};
+use super::status::{
+    all_active, expect_paths, main_pids, no_airlock_process, states, tasks, wait_state,
+};
 use super::{ALL_UNITS, REPO, SEC, STARTED_BY_TARGET, USERS, file_name};
 use crate::{Container, Report, tail};
 use std::collections::BTreeMap;
@@ -10,8 +12,15 @@ use std::time::{Duration, Instant};
 
 /// The package's life after installation: stopped and started (by hand
 /// and by the bus), reinstalled, upgraded, removed, purged, installed
-/// again.
-pub(super) fn checks(r: &mut Report, c: &Container, deb: &str, upgrade: Option<&Path>) {
+/// again, and upgraded to from an earlier release whose airlock.toml the
+/// administrator edited.
+pub(super) fn checks(
+    r: &mut Report,
+    c: &Container,
+    deb: &str,
+    upgrade: Option<&Path>,
+    earlier: Option<&Path>,
+) {
     r.check(
         "systemctl stop airlock.target leaves no airlock process",
         |_| stop_target(c),
@@ -44,6 +53,122 @@ pub(super) fn checks(r: &mut Report, c: &Container, deb: &str, upgrade: Option<&
     r.check("install after purge: fresh secrets, started again", |_| {
         install_after_purge(c, deb)
     });
+    match earlier {
+        Some(e) => {
+            let e = format!("/debs/{}", file_name(e));
+            r.check(
+                "upgrade from an earlier release's edited airlock.toml, without a terminal or --force-conf*: nothing prompts, its settings move into airlock.toml.d/ once and hold",
+                |_| upgrade_from_earlier(c, &e, deb),
+            );
+        }
+        None => r.skip(&["upgrade from an earlier release"], "no earlier package"),
+    }
+}
+
+/// An administrator on an earlier release (installed fresh), who
+/// registered the repository and changed a setting the way that release
+/// documented, in /etc/airlock/airlock.toml; then `dpkg -i` of this
+/// package with no terminal and no `--force-conf*`.
+fn upgrade_from_earlier(c: &Container, earlier: &str, deb: &str) -> Result<String, String> {
+    c.sh_ok(
+        &format!(
+            "apt-get purge -y airlock && apt-get install -y --no-install-recommends {earlier}"
+        ),
+        600 * SEC,
+    )?;
+    c.sh_ok(
+        r#"set -e
+sed -i 's/^auto_accept = false$/auto_accept = true/' /etc/airlock/airlock.toml
+grep -qx 'auto_accept = true' /etc/airlock/airlock.toml
+cat >> /etc/airlock/airlock.toml <<'TOML'
+
+[[repository]]
+name = "calc"
+path = "/srv/airlock/calc.git"
+description = "testbed repository"
+TOML
+systemctl restart airlock.target"#,
+        120 * SEC,
+    )?;
+    all_active(c, STARTED_BY_TARGET)?;
+    let edited = c.sh_ok("sha256sum < /etc/airlock/airlock.toml", 10 * SEC)?;
+    let out = c.sh(&format!("dpkg -i {deb} </dev/null"), 600 * SEC)?;
+    let said = out.both();
+    if !out.ok() || said.contains("conffile prompt") || said.contains("Configuration file '") {
+        return Err(format!("dpkg -i stopped or asked:\n{}", tail(&said, 20)));
+    }
+    let status = c.sh_ok("dpkg-query -W -f '${Status} ${Version}' airlock", 10 * SEC)?;
+    if !status.starts_with("install ok installed ") || status.contains("~earlier") {
+        return Err(format!("dpkg status after the upgrade: {status}"));
+    }
+    let settings = c.sh_ok(
+        "grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' /etc/airlock/airlock.toml || true",
+        10 * SEC,
+    )?;
+    if !settings.trim().is_empty() {
+        return Err(format!("the installed airlock.toml sets:\n{settings}"));
+    }
+    let kept = c.sh_ok("sha256sum < /etc/airlock/airlock.toml.dpkg-old", 10 * SEC)?;
+    if kept != edited {
+        return Err("airlock.toml.dpkg-old is not the edited file".into());
+    }
+    let drop_ins = c.sh_ok("ls /etc/airlock/airlock.toml.d", 10 * SEC)?;
+    let drop_in = c.sh_ok("cat /etc/airlock/airlock.toml.d/*.toml", 10 * SEC)?;
+    if drop_ins.lines().count() != 1
+        || !drop_in.contains("auto_accept = true")
+        || !drop_in.contains("name = \"calc\"")
+        || drop_in.contains("lease_seconds")
+    {
+        return Err(format!("airlock.toml.d/ holds {drop_ins:?}:\n{drop_in}"));
+    }
+    if c.sh("test -e /var/lib/airlock/airlock.toml.migrate", 10 * SEC)?
+        .ok()
+    {
+        return Err("the migration marker is still there".into());
+    }
+    all_active(c, STARTED_BY_TARGET)?;
+    // The settings hold: calc is registered, and a task that passes its
+    // verification succeeds without a decision (auto_accept).
+    let repos = c.sh_ok("airlockctl --json repo list", 30 * SEC)?;
+    if !repos.contains("\"calc\"") {
+        return Err(format!("repo list after the upgrade: {repos}"));
+    }
+    let supervisor = c.sh_ok("airlockctl --json status", 30 * SEC)?;
+    if !supervisor.contains("\"auto_accept\":true") {
+        return Err(format!("status after the upgrade: {supervisor}"));
+    }
+    c.sh_ok(
+        "python3 /tmp/tb/mktask.py tb-after-migration fix 2 /tmp/tb/after-migration.json && airlockctl --json submit /tmp/tb/after-migration.json",
+        60 * SEC,
+    )?;
+    let task = wait_state(
+        c,
+        "tb-after-migration",
+        &["SUCCEEDED", "FAILED", "VERIFYING"],
+        180 * SEC,
+    )?;
+    if task["state"] != "SUCCEEDED" {
+        return Err(format!(
+            "tb-after-migration ended {}: {}",
+            task["state"], task["result"]
+        ));
+    }
+    super::doctor::doctor(c)?;
+    // Once: a reinstall moves nothing again.
+    c.sh_ok(
+        &format!("apt-get install -y --reinstall {deb} </dev/null"),
+        600 * SEC,
+    )?;
+    let again = c.sh_ok("ls /etc/airlock/airlock.toml.d", 10 * SEC)?;
+    if again != drop_ins {
+        return Err(format!("after a reinstall airlock.toml.d/ holds {again:?}"));
+    }
+    all_active(c, STARTED_BY_TARGET)?;
+    Ok(format!(
+        "no prompt; {} key lines moved into airlock.toml.d/{}; edited file kept as airlock.toml.dpkg-old; a new task SUCCEEDED without a decision; doctor clean",
+        drop_in.lines().filter(|l| l.contains(" = ")).count(),
+        drop_ins.trim()
+    ))
 }
 
 /// A call on the bus starts the stopped supervisor.

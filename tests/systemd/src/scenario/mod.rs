@@ -25,7 +25,7 @@ mod status;
 mod tasks;
 
 use crate::{Container, Report, debian_root, tail};
-use package::{Packages, package_checks, rpm_scriptlets, upgrade_deb};
+use package::{Packages, earlier_deb, package_checks, rpm_scriptlets, upgrade_deb};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -144,6 +144,10 @@ pub fn run_all(s: &Settings) -> Report {
             upgrade_deb(&pkgs, &debs)
         },
     );
+    let earlier = r.check(
+        "earlier .deb: this package as version ~earlier1, with the airlock.toml earlier releases installed",
+        |_| earlier_deb(&pkgs, &debs),
+    );
     let Some(root) = r.check("minimal Debian root (debootstrap, cached)", |r| {
         debian_root(&s.cache, &s.mirror, r)
     }) else {
@@ -164,7 +168,7 @@ pub fn run_all(s: &Settings) -> Report {
         );
         return r;
     };
-    in_container(&mut r, &c, &pkgs, upgrade.as_deref());
+    in_container(&mut r, &c, &pkgs, upgrade.as_deref(), earlier.as_deref());
     if !r.all_passed() {
         if let Ok(out) = c.sh(
             "journalctl --no-pager -o short-monotonic -n 400 -u 'airlock*' -u dbus -u polkit",
@@ -192,7 +196,13 @@ pub fn run_all(s: &Settings) -> Report {
 /// Everything in the booted root, in order: the installation, the
 /// administrator's checks, the tasks (with a repository), the live
 /// confinement, then the package's life cycle.
-fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Path>) {
+fn in_container(
+    r: &mut Report,
+    c: &Container,
+    p: &Packages,
+    upgrade: Option<&Path>,
+    earlier: Option<&Path>,
+) {
     let deb = format!("/debs/{}", file_name(&p.deb));
     if !install::checks(r, c, &deb) {
         r.skip(
@@ -234,7 +244,7 @@ fn in_container(r: &mut Report, c: &Container, p: &Packages, upgrade: Option<&Pa
             |_| tasks::retry_extension(c),
         );
     }
-    lifecycle::checks(r, c, &deb, upgrade);
+    lifecycle::checks(r, c, &deb, upgrade, earlier);
 }
 
 /// The checks that need the registered repository: tasks by root, by

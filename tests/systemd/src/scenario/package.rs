@@ -345,6 +345,85 @@ pub(super) fn upgrade_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
     Ok(out)
 }
 
+/// The package as earlier releases built it, for the upgrade an
+/// administrator makes from one: version `<v>~earlier1` (older than this
+/// build), the /etc/airlock/airlock.toml those releases installed (the
+/// example with every value written out, its `[[repository]]` table
+/// commented), and no preinst (they had none). Its binaries are this
+/// build's: what it tests is the configuration's path through dpkg.
+pub(super) fn earlier_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
+    let unpacked = dir.join("earlier-root");
+    if unpacked.exists() {
+        fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
+    }
+    let limit = Duration::from_secs(120);
+    run(
+        Command::new("dpkg-deb")
+            .arg("-R")
+            .arg(&p.deb)
+            .arg(&unpacked),
+        None,
+        limit,
+    )?
+    .expect_ok("dpkg-deb -R")?;
+    let example = fs::read_to_string(workspace_root().join("packaging/airlock.toml"))
+        .map_err(|e| e.to_string())?;
+    let conf = unpacked.join("etc/airlock/airlock.toml");
+    fs::write(&conf, earlier_airlock_toml(&example)).map_err(|e| e.to_string())?;
+    fs::remove_file(unpacked.join("DEBIAN/preinst")).map_err(|e| e.to_string())?;
+    // dpkg checks no sums at installation; drop the stale line anyway.
+    let sums = unpacked.join("DEBIAN/md5sums");
+    let text = fs::read_to_string(&sums).map_err(|e| e.to_string())?;
+    let text: String = text
+        .lines()
+        .filter(|l| !l.ends_with(" etc/airlock/airlock.toml"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fs::write(&sums, text).map_err(|e| e.to_string())?;
+    let control = unpacked.join("DEBIAN/control");
+    let text = fs::read_to_string(&control).map_err(|e| e.to_string())?;
+    let version = format!("{}~earlier1", p.version);
+    let text = text.replace(
+        &format!("Version: {}\n", p.version),
+        &format!("Version: {version}\n"),
+    );
+    fs::write(&control, text).map_err(|e| e.to_string())?;
+    let out = dir.join(format!("airlock_{version}_amd64.deb"));
+    run(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zgzip", "-z1", "--build"])
+            .arg(&unpacked)
+            .arg(&out),
+        None,
+        limit,
+    )?
+    .expect_ok("dpkg-deb --build")?;
+    fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// What earlier releases installed as /etc/airlock/airlock.toml: the
+/// example as it is, but for its `[[repository]]` table, commented out.
+fn earlier_airlock_toml(example: &str) -> String {
+    let mut inside = false;
+    example
+        .split('\n')
+        .map(|line| {
+            if line.trim() == "[[repository]]" {
+                inside = true;
+            } else if line.starts_with('[') {
+                inside = false;
+            }
+            if inside && !line.trim().is_empty() && !line.starts_with('#') {
+                format!("# {line}")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The RPM's scriptlets, run by sh on a freshly booted copy of the root
 /// after its payload is unpacked there (rpm itself is not in the Debian
 /// root): %post 1 (install), %post 2 (upgrade), %preun 0 and %postun 0
