@@ -191,10 +191,12 @@ impl ProcessDriver {
         let memory = u64::from(agent.memory_max_mib) * 1024 * 1024;
         let tasks = u64::from(agent.tasks_max);
         let identity = self.identity.clone();
+        let parent = nix::unistd::getpid();
         // SAFETY: the closure runs in the forked child before exec and only
-        // makes async-signal-safe system calls (setsid, prctl, setrlimit,
-        // setgroups, setresgid, setresuid) on values computed before the
-        // fork; it allocates nothing.
+        // makes async-signal-safe system calls (setsid, setrlimit,
+        // setgroups, setresgid, setresuid, prctl, getppid) on values
+        // computed before the fork; it allocates nothing (an error return
+        // allocates only on the already failing path).
         unsafe {
             cmd.pre_exec(move || {
                 use nix::sys::resource::{Resource, setrlimit};
@@ -202,7 +204,6 @@ impl ProcessDriver {
                 // process of another agent can join its group, and the
                 // session id names the agent to the supervisor.
                 nix::unistd::setsid()?;
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 setrlimit(Resource::RLIMIT_AS, memory, memory)?;
                 setrlimit(Resource::RLIMIT_NPROC, tasks, tasks)?;
                 setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
@@ -210,6 +211,13 @@ impl ProcessDriver {
                     nix::unistd::setgroups(&id.groups)?;
                     nix::unistd::setresgid(id.gid, id.gid, id.gid)?;
                     nix::unistd::setresuid(id.uid, id.uid, id.uid)?;
+                }
+                // After the uid changes, which clears a parent-death
+                // signal set before it (prctl(2)). A parent gone before
+                // this point would never send it: then start nothing.
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                if nix::unistd::getppid() != parent {
+                    return Err(std::io::Error::other("the agent host exited"));
                 }
                 Ok(())
             });

@@ -2,7 +2,8 @@
 //! user airlock-agent (or nobody where the package's users do not exist).
 //! A crash-looping agent reaches HOLD after 5 starts whose measured waits
 //! follow the policy; stop kills the agent's descendants; an agent gets its
-//! own uid, its allowlisted environment and its credential, nothing else.
+//! own uid, its allowlisted environment and its credential, nothing else;
+//! an agent dies with the thread that started it.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -304,4 +305,51 @@ async fn a_program_that_cannot_be_started_is_a_failed_start() {
         driver.probe("missing").await.unwrap(),
         Liveness::Gone(_)
     ));
+}
+
+/// An agent dies with the thread that started it (its parent-death
+/// signal), also when it runs as its own user: a change of uid clears the
+/// signal, so it must be set after the uid changes. The driver is leaked,
+/// so only the kernel can end the agent.
+#[test]
+fn an_agent_dies_with_the_thread_that_started_it() {
+    let dir = scratch();
+    let out = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 300", out.display());
+    let a = agent("orphan", &["/bin/sh", "-c", &script], "");
+    let run = dir.path().join("run");
+    // The thread waits for the agent to run, then ends.
+    let starter = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let driver = ProcessDriver::new(identity(), run, Vec::new()).unwrap();
+        rt.block_on(driver.start(&a)).unwrap();
+        std::mem::forget(driver);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&out)
+                && text.ends_with('\n')
+            {
+                break text.trim().parse::<i32>().unwrap();
+            }
+            assert!(Instant::now() < deadline, "the agent never wrote its pid");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let pid = starter.join().unwrap();
+    assert!(pid > 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = alive(pid);
+    if survived {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(!survived, "agent {pid} outlived the thread that started it");
 }
