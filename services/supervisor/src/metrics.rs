@@ -12,7 +12,8 @@
 //! from the moment the supervisor started (Prometheus counters start at
 //! zero with their process; `rate()` and `increase()` handle the reset):
 //! tasks submitted, tasks finished by state and code, lease expiries,
-//! attempt and verification-command durations, agent starts. The file
+//! attempt and verification-command durations, dependency layers reused
+//! or built (from the results' evidence), agent starts. The file
 //! holds counts, durations, state and code names and agent names; no task
 //! content, no repository, no submitter.
 
@@ -67,6 +68,7 @@ struct Series {
     lease_expiries: IntCounter,
     attempt_seconds: Histogram,
     command_seconds: Histogram,
+    layers: IntCounterVec,
     agents: IntGaugeVec,
     agent_failures: IntGaugeVec,
     agent_starts: IntCounterVec,
@@ -139,6 +141,11 @@ impl Series {
                 "airlock_verification_command_duration_seconds",
                 "Verification commands, each as the executor timed it.",
                 COMMAND_BUCKETS,
+            ),
+            layers: counter_vec(
+                "airlock_environment_layers_total",
+                "Dependency layers the verifications of reported results read since the supervisor started, by source: reused from the executor's layer cache, or built by the environment's setup.",
+                &["source"],
             ),
             agents: gauge_vec(
                 "airlock_agents",
@@ -359,6 +366,10 @@ impl Tally {
                     {
                         for c in &r.verification {
                             s.command_seconds.observe(c.duration_ms as f64 / 1000.0);
+                        }
+                        if let Some(layer) = r.isolation.as_ref().and_then(|i| i.layer.as_ref()) {
+                            let source = if layer.reused { "reused" } else { "built" };
+                            s.layers.with_label_values(&[source]).inc();
                         }
                     }
                 }

@@ -99,7 +99,13 @@ async fn the_metrics_file_follows_the_tasks_and_promtool_accepts_it() {
     assert_eq!(submit(&conn, "task-done").await["idempotent"], true);
     let grant = worker_claim(&sup);
     assert_eq!(grant["task_id"], "task-done");
-    worker_submit(&sup, WORKER_UID, &grant, 1, &passed_result(&grant)).unwrap();
+    // Its verification read a dependency layer from the executor's cache.
+    let mut result = passed_result(&grant);
+    result["isolation"]["layer"] = json!({
+        "key": "a".repeat(64), "digest": "b".repeat(64), "bytes": 4096,
+        "reused": true, "setup": [], "egress": [],
+    });
+    worker_submit(&sup, WORKER_UID, &grant, 1, &result).unwrap();
     let view: airlock_proto::task::TaskView = serde_json::from_value(
         call_json(&conn, TASKS, "GetTask", &("task-done",))
             .await
@@ -158,6 +164,15 @@ async fn the_metrics_file_follows_the_tasks_and_promtool_accepts_it() {
     assert_eq!(
         at("airlock_verification_command_duration_seconds_bucket{le=\"0.1\"}"),
         1.0
+    );
+    // The one layer, reused; no layer was built.
+    assert_eq!(
+        at("airlock_environment_layers_total{source=\"reused\"}"),
+        1.0
+    );
+    assert!(
+        !s.contains_key("airlock_environment_layers_total{source=\"built\"}"),
+        "{text}"
     );
     assert!(
         at("airlock_queue_oldest_task_age_seconds") >= 10.0,
