@@ -26,8 +26,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Packages debootstrap adds to the minimal root (DESIGN.md §5).
-pub const ROOT_INCLUDE: &str = "systemd,systemd-sysv,dbus,libpam-systemd,polkitd,git,python3";
+/// Packages debootstrap adds to the minimal root (DESIGN.md §5): what the
+/// package depends on, and Debian's node exporter with acl for the metrics
+/// check (docs/metrics.md's ACL).
+pub const ROOT_INCLUDE: &str =
+    "systemd,systemd-sysv,dbus,libpam-systemd,polkitd,git,python3,prometheus-node-exporter,acl";
 /// The Debian release of the root.
 pub const ROOT_SUITE: &str = "bookworm";
 /// Default cache directory for the root; `AIRLOCK_TESTBED_CACHE` overrides it.

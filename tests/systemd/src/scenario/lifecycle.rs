@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 
 /// The package's life after installation: stopped and started (by hand
 /// and by the bus), reinstalled, upgraded, removed, purged, installed
-/// again, and upgraded to from an earlier release whose airlock.toml the
-/// administrator edited.
+/// again, and upgraded to from the previous release, whose airlock.toml
+/// the administrator edited.
 pub(super) fn checks(
     r: &mut Report,
     c: &Container,
     deb: &str,
     upgrade: Option<&Path>,
-    earlier: Option<&Path>,
+    previous: Option<&Path>,
 ) {
     r.check(
         "systemctl stop airlock.target leaves no airlock process",
@@ -53,26 +53,29 @@ pub(super) fn checks(
     r.check("install after purge: fresh secrets, started again", |_| {
         install_after_purge(c, deb)
     });
-    match earlier {
-        Some(e) => {
-            let e = format!("/debs/{}", file_name(e));
+    match previous {
+        Some(p) => {
+            let p = format!("/debs/{}", file_name(p));
             r.check(
-                "upgrade from an earlier release's edited airlock.toml, without a terminal or --force-conf*: nothing prompts, its settings move into airlock.toml.d/ once and hold",
-                |_| upgrade_from_earlier(c, &e, deb),
+                "upgrade from the previous release with an edited airlock.toml, without a terminal or --force-conf*: nothing prompts, tasks and secrets kept, its settings move into airlock.toml.d/ once and hold",
+                |_| upgrade_from_previous(c, &p, deb),
             );
         }
-        None => r.skip(&["upgrade from an earlier release"], "no earlier package"),
+        None => r.skip(
+            &["upgrade from the previous release"],
+            "no package of the previous release",
+        ),
     }
 }
 
-/// An administrator on an earlier release (installed fresh), who
+/// An administrator on the previous release (installed fresh), who
 /// registered the repository and changed a setting the way that release
-/// documented, in /etc/airlock/airlock.toml; then `dpkg -i` of this
-/// package with no terminal and no `--force-conf*`.
-fn upgrade_from_earlier(c: &Container, earlier: &str, deb: &str) -> Result<String, String> {
+/// documented, in /etc/airlock/airlock.toml, and ran a task; then `dpkg -i`
+/// of this package with no terminal and no `--force-conf*`.
+fn upgrade_from_previous(c: &Container, previous: &str, deb: &str) -> Result<String, String> {
     c.sh_ok(
         &format!(
-            "apt-get purge -y airlock && apt-get install -y --no-install-recommends {earlier}"
+            "apt-get purge -y airlock && apt-get install -y --no-install-recommends {previous}"
         ),
         600 * SEC,
     )?;
@@ -91,6 +94,25 @@ systemctl restart airlock.target"#,
         120 * SEC,
     )?;
     all_active(c, STARTED_BY_TARGET)?;
+    // A task under the previous release (auto_accept: no decision).
+    c.sh_ok(
+        "python3 /tmp/tb/mktask.py tb-before-upgrade fix 2 /tmp/tb/before-upgrade.json && airlockctl --json submit /tmp/tb/before-upgrade.json",
+        60 * SEC,
+    )?;
+    let before = wait_state(
+        c,
+        "tb-before-upgrade",
+        &["SUCCEEDED", "FAILED", "VERIFYING"],
+        180 * SEC,
+    )?;
+    if before["state"] != "SUCCEEDED" {
+        return Err(format!(
+            "under the previous release tb-before-upgrade ended {}: {}",
+            before["state"], before["result"]
+        ));
+    }
+    let secrets = "sha256sum /etc/airlock/retry-control.token /etc/airlock/retryd.env";
+    let secrets_before = c.sh_ok(secrets, 10 * SEC)?;
     let edited = c.sh_ok("sha256sum < /etc/airlock/airlock.toml", 10 * SEC)?;
     let out = c.sh(&format!("dpkg -i {deb} </dev/null"), 600 * SEC)?;
     let said = out.both();
@@ -98,7 +120,7 @@ systemctl restart airlock.target"#,
         return Err(format!("dpkg -i stopped or asked:\n{}", tail(&said, 20)));
     }
     let status = c.sh_ok("dpkg-query -W -f '${Status} ${Version}' airlock", 10 * SEC)?;
-    if !status.starts_with("install ok installed ") || status.contains("~earlier") {
+    if !status.starts_with("install ok installed ") || status.contains("~previous") {
         return Err(format!("dpkg status after the upgrade: {status}"));
     }
     let settings = c.sh_ok(
@@ -127,6 +149,24 @@ systemctl restart airlock.target"#,
         return Err("the migration marker is still there".into());
     }
     all_active(c, STARTED_BY_TARGET)?;
+    // What the previous release had is kept: its task, with its commit on
+    // its branch, and the secrets.
+    let after = wait_state(c, "tb-before-upgrade", &["SUCCEEDED"], 30 * SEC)?;
+    let commit = after["result"]["commit_oid"].as_str().unwrap_or_default();
+    let head = c.sh_ok(
+        &format!(
+            "git -c safe.directory='*' -C {REPO} rev-parse refs/heads/agent/tb-before-upgrade"
+        ),
+        30 * SEC,
+    )?;
+    if commit.is_empty() || head.trim() != commit || commit != before["result"]["commit_oid"] {
+        return Err(format!(
+            "tb-before-upgrade after the upgrade: {after}; branch at {head}"
+        ));
+    }
+    if c.sh_ok(secrets, 10 * SEC)? != secrets_before {
+        return Err("the secrets changed in the upgrade".into());
+    }
     // The settings hold: calc is registered, and a task that passes its
     // verification succeeds without a decision (auto_accept).
     let repos = c.sh_ok("airlockctl --json repo list", 30 * SEC)?;
@@ -153,6 +193,9 @@ systemctl restart airlock.target"#,
             task["state"], task["result"]
         ));
     }
+    // retryd is socket-activated and has had no connection since the
+    // upgrade; started, doctor checks its hardening too.
+    c.sh_ok("systemctl start airlock-retryd.service", 60 * SEC)?;
     super::doctor::doctor(c)?;
     // Once: a reinstall moves nothing again.
     c.sh_ok(
@@ -165,7 +208,7 @@ systemctl restart airlock.target"#,
     }
     all_active(c, STARTED_BY_TARGET)?;
     Ok(format!(
-        "no prompt; {} key lines moved into airlock.toml.d/{}; edited file kept as airlock.toml.dpkg-old; a new task SUCCEEDED without a decision; doctor clean",
+        "no prompt; {} key lines moved into airlock.toml.d/{}; edited file kept as airlock.toml.dpkg-old; the previous release's task and secrets kept; a new task SUCCEEDED without a decision; doctor clean",
         drop_in.lines().filter(|l| l.contains(" = ")).count(),
         drop_ins.trim()
     ))

@@ -9,8 +9,9 @@
 //! `install.rs` (the installation), `doctor.rs` (the administrator's own
 //! checks), `tasks.rs` (tasks end to end), `authz.rs` (refusals and their
 //! audit), `journal.rs`, `confinement.rs` (what the kernel shows of each
-//! sandbox), `lifecycle.rs` (stop, start, reinstall, upgrade, remove,
-//! purge) and `agents.rs`; `status.rs` reads what is running. This file
+//! sandbox), `metrics.rs` (airlock.prom through a real node exporter),
+//! `lifecycle.rs` (stop, start, reinstall, upgrade, remove, purge) and
+//! `agents.rs`; `status.rs` reads what is running. This file
 //! runs them in order.
 
 mod agents;
@@ -20,12 +21,16 @@ mod doctor;
 mod install;
 mod journal;
 mod lifecycle;
+mod metrics;
 mod package;
 mod status;
 mod tasks;
 
 use crate::{Container, Report, debian_root, tail};
-use package::{Packages, earlier_deb, package_checks, rpm_scriptlets, upgrade_deb};
+use package::{
+    PREVIOUS_RELEASE, Packages, package_checks, previous_release_deb, previous_release_reachable,
+    previous_stand_in_deb, rpm_scriptlets, upgrade_deb,
+};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -130,6 +135,21 @@ pub fn run_all(s: &Settings) -> Report {
         "airlock systemd testbed: log in {}",
         r.log_path().display()
     ));
+    // Before this build's package: the previous release's build replaces
+    // the binaries in the shared profile directory, which this build's
+    // then links again.
+    let reachable = previous_release_reachable();
+    let previous = if only_agents() || !reachable {
+        None
+    } else {
+        r.check(
+            &format!(
+                "the previous release ({}) built as a .deb from its own sources",
+                &PREVIOUS_RELEASE[..12]
+            ),
+            |_| previous_release_deb(s, &work),
+        )
+    };
     let Some(pkgs) = package_checks(&mut r, s, &work) else {
         r.skip(&["everything in the booted root"], "no package was built");
         return r;
@@ -144,10 +164,20 @@ pub fn run_all(s: &Settings) -> Report {
             upgrade_deb(&pkgs, &debs)
         },
     );
-    let earlier = r.check(
-        "earlier .deb: this package as version ~earlier1, with the airlock.toml earlier releases installed",
-        |_| earlier_deb(&pkgs, &debs),
-    );
+    let earlier = match &previous {
+        Some(p) => r.check("the previous release's .deb beside this one", |_| {
+            let to = debs.join(file_name(p));
+            fs::copy(p, &to).map_err(|e| e.to_string())?;
+            Ok(to)
+        }),
+        // A shallow clone has no previous release to build: its stand-in
+        // still takes the configuration through the upgrade's path.
+        None if !reachable && !only_agents() => r.check(
+            "a shallow clone without the previous release's commit: this package as the previous release shipped its airlock.toml, in its place",
+            |_| previous_stand_in_deb(&pkgs, &debs),
+        ),
+        None => None,
+    };
     let Some(root) = r.check("minimal Debian root (debootstrap, cached)", |r| {
         debian_root(&s.cache, &s.mirror, r)
     }) else {
@@ -242,6 +272,10 @@ fn in_container(
         r.check(
             "retryd: one more attempt for a failed task, with the owner's token",
             |_| tasks::retry_extension(c),
+        );
+        r.check(
+            "metrics: Debian's node exporter serves airlock.prom's series (ACL and ReadWritePaths= as docs/metrics.md says)",
+            |_| metrics::node_exporter_reads_airlock_prom(c),
         );
     }
     lifecycle::checks(r, c, &deb, upgrade, earlier);

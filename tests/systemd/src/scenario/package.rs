@@ -309,25 +309,27 @@ fn rpm_structure(rpm: &Path, deb: &Path) -> Result<String, String> {
 
 /// The same package with version `<version>+testbed1`, to upgrade to.
 pub(super) fn upgrade_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
-    let unpacked = dir.join("upgrade-root");
+    relabelled(&p.deb, &p.version, &format!("{}+testbed1", p.version), dir)
+}
+
+/// `deb` (of `version`) as version `new_version` in `dir`, nothing else
+/// changed.
+fn relabelled(deb: &Path, version: &str, new_version: &str, dir: &Path) -> Result<PathBuf, String> {
+    let unpacked = dir.join("relabel-root");
     if unpacked.exists() {
         fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
     }
     let limit = Duration::from_secs(120);
     run(
-        Command::new("dpkg-deb")
-            .arg("-R")
-            .arg(&p.deb)
-            .arg(&unpacked),
+        Command::new("dpkg-deb").arg("-R").arg(deb).arg(&unpacked),
         None,
         limit,
     )?
     .expect_ok("dpkg-deb -R")?;
     let control = unpacked.join("DEBIAN/control");
     let text = fs::read_to_string(&control).map_err(|e| e.to_string())?;
-    let new_version = format!("{}+testbed1", p.version);
     let text = text.replace(
-        &format!("Version: {}\n", p.version),
+        &format!("Version: {version}\n"),
         &format!("Version: {new_version}\n"),
     );
     fs::write(&control, text).map_err(|e| e.to_string())?;
@@ -345,14 +347,128 @@ pub(super) fn upgrade_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
     Ok(out)
 }
 
-/// The package as earlier releases built it, for the upgrade an
-/// administrator makes from one: version `<v>~earlier1` (older than this
-/// build), the /etc/airlock/airlock.toml those releases installed (the
-/// example with every value written out, its `[[repository]]` table
-/// commented), and no preinst (they had none). Its binaries are this
-/// build's: what it tests is the configuration's path through dpkg.
-pub(super) fn earlier_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
-    let unpacked = dir.join("earlier-root");
+/// The previous release: the head of main when it was released (the last
+/// landing before this round's work), whose package the testbed builds and
+/// upgrades from.
+pub(super) const PREVIOUS_RELEASE: &str = "c28b4b31eebfc733f476d5c1e07c2aa01a1e8795";
+
+/// Whether this clone can build the previous release: false only in a
+/// shallow clone that lacks its commit (there is nothing to build it from;
+/// a full clone that lacks it fails the check instead).
+pub(super) fn previous_release_reachable() -> bool {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(workspace_root())
+            .args(args)
+            .output()
+            .map(|o| {
+                (
+                    o.status.success(),
+                    String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+                )
+            })
+            .unwrap_or((false, String::new()))
+    };
+    let present = git(&["cat-file", "-e", &format!("{PREVIOUS_RELEASE}^{{commit}}")]).0;
+    let shallow = git(&["rev-parse", "--is-shallow-repository"]).1 == "true";
+    present || !shallow
+}
+
+/// Builds the previous release's .deb from its own sources (`git archive`
+/// of [`PREVIOUS_RELEASE`] from this clone) with its own scripts/package,
+/// in this build's target directory and profile, so that the dependencies
+/// compiled for this build are reused; the package is moved out of
+/// `packages/` into `work` at once and relabelled `<v>~previous1`, older
+/// than this build's. Run before this build's own package, which then
+/// links its binaries again.
+pub(super) fn previous_release_deb(s: &Settings, work: &Path) -> Result<PathBuf, String> {
+    let root = workspace_root();
+    let git = |args: &[&str]| {
+        run(
+            Command::new("git").arg("-C").arg(&root).args(args),
+            None,
+            Duration::from_secs(120),
+        )
+    };
+    let commit = git(&[
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        &format!("{PREVIOUS_RELEASE}^{{commit}}"),
+    ])?;
+    if !commit.ok() {
+        return Err(format!(
+            "the previous release's commit {PREVIOUS_RELEASE} is not in this clone (a shallow clone?): {}",
+            commit.both()
+        ));
+    }
+    let commit = commit.stdout.trim().to_owned();
+    let epoch = git(&["log", "-1", "--format=%ct", &commit])?.expect_ok("git log")?;
+    let src = work.join("previous-src");
+    if src.exists() {
+        fs::remove_dir_all(&src).map_err(|e| e.to_string())?;
+    }
+    fs::create_dir_all(src.join(".cargo")).map_err(|e| e.to_string())?;
+    run(
+        Command::new("sh")
+            .arg("-c")
+            .arg("git -C \"$1\" archive --format=tar \"$2\" | tar -x -C \"$3\"")
+            .arg("sh")
+            .arg(&root)
+            .arg(&commit)
+            .arg(&src),
+        None,
+        Duration::from_secs(300),
+    )?
+    .expect_ok("git archive of the previous release")?;
+    // This build's profile for the dependencies (no debug information),
+    // so that their artifacts are shared rather than compiled again.
+    fs::write(
+        src.join(".cargo/config.toml"),
+        "[profile.pkg-dev.package.\"*\"]\ndebug = false\n",
+    )
+    .map_err(|e| e.to_string())?;
+    // Nothing else in packages/: the one .deb there afterwards is the
+    // previous release's.
+    let packages = s.target_dir.join("packages");
+    let _ = fs::remove_dir_all(&packages);
+    let log = work.join("previous-package.log");
+    let out = run(
+        Command::new(src.join("scripts/package"))
+            .args(["--no-rpm", "--no-lintian"])
+            .current_dir(&src)
+            .env("AIRLOCK_PACKAGE_PROFILE", "dev")
+            .env("CARGO_TARGET_DIR", &s.target_dir)
+            .env("SOURCE_DATE_EPOCH", epoch.stdout.trim())
+            .env("CARGO_TERM_COLOR", "never"),
+        None,
+        Duration::from_secs(30 * 60),
+    )?;
+    fs::write(&log, out.both()).map_err(|e| e.to_string())?;
+    out.expect_ok("the previous release's scripts/package")?;
+    let deb = installed_deb(&packages, "_amd64.deb")?;
+    let version = file_name(&deb)
+        .trim_start_matches("airlock_")
+        .trim_end_matches("_amd64.deb")
+        .to_owned();
+    let dir = work.join("previous");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let previous = relabelled(&deb, &version, &format!("{version}~previous1"), &dir)?;
+    fs::remove_dir_all(&packages).map_err(|e| e.to_string())?;
+    let _ = fs::remove_dir_all(&src);
+    Ok(previous)
+}
+
+/// The stand-in for the previous release in a shallow clone that cannot
+/// build it: this package as version `<v>~previous1`, with the
+/// /etc/airlock/airlock.toml earlier releases installed (the example with
+/// every value written out, its `[[repository]]` table commented) and no
+/// preinst (they had none). Its binaries are this build's, so it tests the
+/// configuration's path through dpkg, not the previous binaries' state.
+pub(super) fn previous_stand_in_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
+    let unpacked = dir.join("stand-in-root");
     if unpacked.exists() {
         fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
     }
@@ -382,7 +498,7 @@ pub(super) fn earlier_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
     fs::write(&sums, text).map_err(|e| e.to_string())?;
     let control = unpacked.join("DEBIAN/control");
     let text = fs::read_to_string(&control).map_err(|e| e.to_string())?;
-    let version = format!("{}~earlier1", p.version);
+    let version = format!("{}~previous1", p.version);
     let text = text.replace(
         &format!("Version: {}\n", p.version),
         &format!("Version: {version}\n"),
