@@ -11,6 +11,10 @@
 //! executor asks for the source and fills its tree cache) and the median
 //! of the next `--size-tasks` (warm cache), with the ratio of each warm
 //! median to the smallest repository's (target: 20,000 files within 1.5×);
+//! then the moving base (`--moves` tasks, each on main advanced by one
+//! commit changing one file, then ten files), against the warm same-base
+//! median, with the source-archive bytes each task sent (from the
+//! worker's log; target: at most 1.5× warm at 20,000 and 100,000 files);
 //! and, per size, how long `airlockctl propose --worktree --dry-run` takes
 //! to find one changed file in a git clone (through git's index) beside
 //! the same tree as a plain directory (every file compared).
@@ -162,7 +166,6 @@ fn fsyncs_per_task(state: PathBuf, n: usize) -> Option<f64> {
 /// on main (git fast-import: 100 files per directory, each its own small
 /// content), then gives it back to its owner.
 fn grow_repository(repo: &Path, files: usize) {
-    use std::os::unix::fs::MetadataExt;
     let base = git(repo, &["rev-parse", "refs/heads/main"]);
     let present = git(repo, &["ls-tree", "-r", "--name-only", &base])
         .lines()
@@ -178,6 +181,57 @@ fn grow_repository(repo: &Path, files: usize) {
     .unwrap();
     airlock_testkit::numbered_paths(&mut stream, add, "tree/");
     airlock_testkit::fast_import(repo, &stream);
+    give_back(repo);
+}
+
+/// Moves main one commit ahead that changes the first `changed` files of
+/// its tree (new content each time: `round` is in it).
+fn advance_main(repo: &Path, changed: usize, round: usize) {
+    let head = git(repo, &["rev-parse", "refs/heads/main"]);
+    let paths = git(repo, &["ls-tree", "-r", "--name-only", &head]);
+    let message = format!("move the base: {changed} file(s), round {round}\n");
+    let mut stream = Vec::new();
+    write!(
+        stream,
+        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> {} +0000\ndata {}\n{message}from {head}\n",
+        1_700_000_000 + round,
+        message.len()
+    )
+    .unwrap();
+    for path in paths
+        .lines()
+        .filter(|p| p.starts_with("tree/"))
+        .take(changed)
+    {
+        let content = format!("{path} changed in round {round}\n");
+        write!(
+            stream,
+            "M 100644 inline {path}\ndata {}\n{content}\n",
+            content.len()
+        )
+        .unwrap();
+    }
+    airlock_testkit::fast_import(repo, &stream);
+    give_back(repo);
+}
+
+/// Bytes of source archives the worker has sent so far (its log's
+/// "source archive sent" lines).
+fn archive_bytes_sent(suite: &Suite) -> u64 {
+    let log = std::fs::read_to_string(suite.layout.logs().join("worker.log")).unwrap_or_default();
+    log.lines()
+        .filter(|l| l.contains("source archive sent"))
+        .filter_map(|l| {
+            let at = l.find("bytes=")? + "bytes=".len();
+            let digits: String = l[at..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// Gives the repository back to its owner after root wrote to it.
+fn give_back(repo: &Path) {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(repo).expect("repository");
     let status = Command::new("chown")
         .arg("-R")
@@ -189,7 +243,7 @@ fn grow_repository(repo: &Path, files: usize) {
 }
 
 /// The repository-size axis; see the module documentation.
-fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
+fn size_axis(base: &Path, sizes: &[usize], tasks: usize, moves: usize) {
     if sizes.is_empty() {
         return;
     }
@@ -203,6 +257,7 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
     );
     let mut smallest = None;
     let mut finding = Vec::new();
+    let mut moving = Vec::new();
     for &files in sizes {
         let state = base.join(format!("size-{files}"));
         let suite = start_with(
@@ -241,8 +296,47 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize) {
             first.as_secs_f64() * 1000.0,
             pct(&lat, 0.9),
         );
+        // The moving base: main one commit ahead (one file, then ten
+        // files changed) before each task.
+        for changed in [1usize, 10] {
+            let mut lat = Vec::new();
+            let mut bytes = Vec::new();
+            for round in 0..moves {
+                advance_main(&repo, changed, changed * 1000 + round);
+                let before = archive_bytes_sent(&suite);
+                let (t, _) = drive(&suite, &format!("move{files}x{changed}r{round}"), 1, 1);
+                lat.push(t);
+                bytes.push(archive_bytes_sent(&suite) - before);
+            }
+            lat.sort();
+            bytes.sort_unstable();
+            moving.push((files, changed, pct(&lat, 0.5), p50, bytes[bytes.len() / 2]));
+        }
         finding.push((files, find_changes(&suite, &repo)));
         drop(suite);
+    }
+    println!();
+    println!(
+        "moving base: main one commit ahead before each of {moves} tasks, median (target: at most 1.5x the warm same-base task)"
+    );
+    println!(
+        "{:>8} {:>8} {:>14} {:>14} {:>10} {:>20}",
+        "files", "changed", "moved p50 ms", "warm p50 ms", "moved/warm", "archive bytes/task"
+    );
+    for (files, changed, moved, warm, bytes) in moving {
+        let ratio = moved / warm;
+        let mark = if files >= 20_000 {
+            if ratio <= 1.5 {
+                "  [<= 1.5] met"
+            } else {
+                "  [<= 1.5] MISSED"
+            }
+        } else {
+            ""
+        };
+        println!(
+            "{files:>8} {changed:>8} {moved:>14.1} {warm:>14.1} {ratio:>10.2} {bytes:>20}{mark}"
+        );
     }
     println!();
     println!(
@@ -278,7 +372,16 @@ fn find_changes(suite: &Suite, repo: &Path) -> (f64, f64) {
     let clone = dir.path().join("clone");
     let plain = dir.path().join("plain");
     let status = Command::new("git")
-        .args(["-c", "safe.directory=*", "clone", "-q"])
+        // The repository belongs to the suite's worker: the upload-pack
+        // the clone starts in it needs the exception too.
+        .args([
+            "-c",
+            "safe.directory=*",
+            "clone",
+            "-q",
+            "--upload-pack",
+            "git -c safe.directory='*' upload-pack",
+        ])
         .arg(repo)
         .arg(&clone)
         .status()
@@ -478,6 +581,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut tasks = 30usize;
     let mut size_tasks = 10usize;
+    let mut moves = 5usize;
     let mut sizes: Vec<usize> = vec![40, 2_000, 20_000, 100_000];
     let mut throughput = true;
     let mut environments = false;
@@ -492,6 +596,7 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .expect("--size-tasks N")
             }
+            "--moves" => moves = args.next().and_then(|v| v.parse().ok()).expect("--moves N"),
             "--sizes" => {
                 sizes = args
                     .next()
@@ -512,7 +617,9 @@ fn main() {
             "--dir" => root = PathBuf::from(args.next().expect("--dir DIR")),
             "-h" | "--help" => {
                 println!(
-                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--only-sizes] [--environments] [--environment-tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies. --only-sizes skips the throughput part.\n--environments adds the environment axis (a Node package, npm ci as setup through\nairlock-egress; needs the package registry): first task, reused-layer tasks, and\nnpm test bare on a fetched checkout."
+                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--moves N] [--only-sizes] [--environments] [--environment-tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies, and --moves tasks each on a base one commit ahead
+(one file, then ten files changed) with the source archive bytes they sent.
+--only-sizes skips the throughput part.\n--environments adds the environment axis (a Node package, npm ci as setup through\nairlock-egress; needs the package registry): first task, reused-layer tasks, and\nnpm test bare on a fetched checkout."
                 );
                 return;
             }
@@ -522,7 +629,7 @@ fn main() {
     let base = root.join(format!("airlock-bench-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&base).expect("bench dir");
     if !throughput {
-        size_axis(&base, &sizes, size_tasks);
+        size_axis(&base, &sizes, size_tasks, moves);
         if environments {
             environment_axis(&base, environment_tasks);
         }
@@ -571,7 +678,7 @@ fn main() {
         None => println!("fsyncs per task: n/a (strace not installed)"),
     }
     if !sizes.is_empty() {
-        size_axis(&base, &sizes, size_tasks);
+        size_axis(&base, &sizes, size_tasks, moves);
     }
     if environments {
         environment_axis(&base, environment_tasks);
