@@ -322,3 +322,71 @@ async fn a_reload_revokes_agents_without_restarting_the_others_and_an_operator_c
         .unwrap();
     assert_eq!(again["cancelled"], serde_json::json!([]));
 }
+
+/// Agents in a settings drop-in (`airlock.toml.d/`): started with the
+/// main file's, and on `systemctl reload` (SIGHUP) read again through the
+/// supervisor's lockdown, which grants the directory: removing the
+/// drop-in stops its agent, putting it back starts it again, and the main
+/// file's agent is never restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_in_a_settings_drop_in_are_started_and_reloaded_through_the_lockdown() {
+    let dir = tempfile::Builder::new()
+        .prefix("airlock-revoke-dropin-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let d = dir.path();
+    let main = table(d, "main", "\"demo\"", "");
+    let dropped = table(d, "dropped", "\"demo\"", "");
+    // The task database elsewhere: its directory's grant must not cover
+    // the configuration's.
+    let store = tempfile::tempdir().unwrap();
+    let opts = Opts {
+        authorizer: "root-admin-for-tests".into(),
+        database: Some(store.path().join("tasks.sqlite3").display().to_string()),
+        ..Opts::default()
+    };
+    let mut s = Stack::start_with_host(opts, &main, &dropped, "").await;
+    // Started again with the drop-in directory in place, as an
+    // administrator's airlock.toml.d/ is before the service starts.
+    let settings = airlock_config::settings_dir(&s.sup.config);
+    std::fs::create_dir(&settings).unwrap();
+    let drop_in = settings.join("50-dropped.toml");
+    std::fs::write(&drop_in, &dropped).unwrap();
+    s.sup.sigterm();
+    s.sup.wait_exit(Duration::from_secs(20));
+    s.sup.spawn();
+    let sup = &s.sup;
+    let admin = sup.client().await;
+    wait_until("both agents started", || {
+        pids(d, "main").len() == 2 && pids(d, "dropped").len() == 1
+    });
+    assert_eq!(agent_names(&admin).await, ["dropped", "main"]);
+    let main_pid = *pids(d, "main").last().unwrap();
+    let dropped_pid = pids(d, "dropped")[0];
+
+    // The drop-in removed: its agent stops, the other runs on.
+    std::fs::remove_file(&drop_in).unwrap();
+    sighup(sup);
+    wait_for_log(sup, "reloaded the agents", 1);
+    assert_eq!(agent_names(&admin).await, ["main"]);
+    wait_until("dropped stopped", || !alive(dropped_pid));
+    // Back again: read through the lockdown, it starts.
+    std::fs::write(&drop_in, &dropped).unwrap();
+    sighup(sup);
+    wait_for_log(sup, "reloaded the agents", 2);
+    assert_eq!(agent_names(&admin).await, ["dropped", "main"]);
+    wait_until("dropped started again", || pids(d, "dropped").len() == 2);
+    assert_eq!(
+        *pids(d, "main").last().unwrap(),
+        main_pid,
+        "main not restarted"
+    );
+    assert!(alive(main_pid), "main still runs");
+    let log = std::fs::read_to_string(sup.log_path()).unwrap_or_default();
+    assert!(!log.contains("reload refused"), "{log}");
+}
