@@ -582,6 +582,7 @@ fn main() {
     let mut tasks = 30usize;
     let mut size_tasks = 10usize;
     let mut moves = 5usize;
+    let mut keep = false;
     let mut sizes: Vec<usize> = vec![40, 2_000, 20_000, 100_000];
     let mut throughput = true;
     let mut environments = false;
@@ -607,6 +608,7 @@ fn main() {
                     .collect()
             }
             "--only-sizes" => throughput = false,
+            "--keep" => keep = true,
             "--environments" => environments = true,
             "--environment-tasks" => {
                 environment_tasks = args
@@ -617,7 +619,7 @@ fn main() {
             "--dir" => root = PathBuf::from(args.next().expect("--dir DIR")),
             "-h" | "--help" => {
                 println!(
-                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--moves N] [--only-sizes] [--environments] [--environment-tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies, and --moves tasks each on a base one commit ahead
+                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--moves N] [--only-sizes] [--keep] [--environments] [--environment-tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies, and --moves tasks each on a base one commit ahead
 (one file, then ten files changed) with the source archive bytes they sent.
 --only-sizes skips the throughput part.\n--environments adds the environment axis (a Node package, npm ci as setup through\nairlock-egress; needs the package registry): first task, reused-layer tasks, and\nnpm test bare on a fetched checkout."
                 );
@@ -633,7 +635,7 @@ fn main() {
         if environments {
             environment_axis(&base, environment_tasks);
         }
-        let _ = std::fs::remove_dir_all(&base);
+        finish(&base, keep);
         return;
     }
     let raw = raw_fsync_rate(&base, 2.0);
@@ -683,5 +685,15 @@ fn main() {
     if environments {
         environment_axis(&base, environment_tasks);
     }
-    let _ = std::fs::remove_dir_all(&base);
+    finish(&base, keep);
+}
+
+/// Removes the suites' state, or with `--keep` says where it is (their
+/// logs time every step).
+fn finish(base: &Path, keep: bool) {
+    if keep {
+        println!("state and logs kept in {}", base.display());
+    } else {
+        let _ = std::fs::remove_dir_all(base);
+    }
 }

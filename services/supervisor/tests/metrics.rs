@@ -349,3 +349,100 @@ fn revocations_and_agent_starts_are_counted_from_the_store() {
         Some(&2.0)
     );
 }
+
+/// The two failure codes the store gives without a worker's failure code
+/// of that name: a queued task of a repository a reload removed
+/// (`REPOSITORY_NOT_REGISTERED`), and a worker's reconciliation result
+/// (`RECONCILIATION_REQUIRED`, the task failed at once and its case
+/// opened), counted once each also after the case is resolved as failed.
+#[test]
+fn orphaned_and_reconciled_failures_are_counted_by_their_codes() {
+    use airlock_proto::reconcile::{Resolution, ResolveRequest};
+    use airlock_supervisor::metrics::{Tally, read};
+    use airlock_taskdb::tasks::Actor;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = airlock_taskdb::open(&airlock_taskdb::Location::Sqlite(
+        dir.path().join("tasks.sqlite3"),
+    ))
+    .unwrap();
+    let mut tally = Tally::new(store.last_event_id().unwrap(), store.now_ms().unwrap());
+    let admin = Actor::admin(Some(0), "root");
+    let worker = Actor::worker(Some(WORKER_UID), "worker-1");
+    let submit = |store: &mut Box<dyn airlock_taskdb::tasks::TaskStore>, id: &str| {
+        let task = airlock_proto::task::TaskSubmission::from_value(&submission(id)).unwrap();
+        store.submit(&task, &admin).unwrap();
+    };
+
+    // Reconciliation: the first attempt saw its branch moved.
+    submit(&mut store, "task-moved");
+    let grant = store
+        .claim(&worker, 60_000)
+        .unwrap()
+        .expect("a task to claim");
+    let result: airlock_proto::task::TaskResult = serde_json::from_value(json!({
+        "schema": "airlock.task-result.v1",
+        "task_id": grant.task_id,
+        "attempt": grant.attempt,
+        "execution_digest": grant.envelope["execution_digest"],
+        "outcome": "failed",
+        "commit_oid": null,
+        "target_branch": grant.envelope["target_branch"],
+        "exec_result_sha256": null,
+        "failure_code": "RECONCILIATION_REQUIRED",
+        "verification": [],
+        "reconciliation": {"commit_oid": "1".repeat(40), "observed_head": "2".repeat(40)},
+    }))
+    .unwrap();
+    store
+        .submit_result(
+            &grant.task_id,
+            grant.lease_epoch,
+            &grant.lease_token,
+            "result-task-moved-1",
+            &result,
+            false,
+            &worker,
+        )
+        .unwrap();
+    // Orphaned: its repository is no longer registered.
+    submit(&mut store, "task-orphan");
+    assert_eq!(store.fail_unregistered(&[]).unwrap(), ["task-orphan"]);
+
+    let finished = |tally: &Tally| {
+        let s = samples(&tally.render());
+        s.into_iter()
+            .filter(|(k, _)| k.starts_with("airlock_tasks_finished_total"))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let reading = read(store.as_ref(), tally.cursor()).unwrap();
+    tally.apply(reading, &[]);
+    let expected: BTreeMap<String, f64> = [
+        (
+            "airlock_tasks_finished_total{code=\"RECONCILIATION_REQUIRED\",state=\"FAILED\"}"
+                .to_owned(),
+            1.0,
+        ),
+        (
+            "airlock_tasks_finished_total{code=\"REPOSITORY_NOT_REGISTERED\",state=\"FAILED\"}"
+                .to_owned(),
+            1.0,
+        ),
+    ]
+    .into();
+    assert_eq!(finished(&tally), expected, "{}", tally.render());
+
+    // The case resolved as failed: the task stays FAILED, counted once.
+    let case = store.reconciliation("task-moved").unwrap();
+    let resolve = ResolveRequest::about(
+        &case,
+        Resolution::Fail,
+        "the branch is someone else's",
+        None,
+    );
+    store
+        .resolve_reconciliation("task-moved", &resolve, &admin)
+        .unwrap();
+    let reading = read(store.as_ref(), tally.cursor()).unwrap();
+    tally.apply(reading, &[]);
+    assert_eq!(finished(&tally), expected, "{}", tally.render());
+}
