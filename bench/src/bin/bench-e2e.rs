@@ -282,15 +282,7 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize, moves: usize) {
         let p50 = pct(&lat, 0.5);
         let base_p50 = *smallest.get_or_insert(p50);
         let ratio = p50 / base_p50;
-        let mark = if (20_000..100_000).contains(&files) {
-            if ratio <= 1.5 {
-                "  [<= 1.5] met"
-            } else {
-                "  [<= 1.5] MISSED"
-            }
-        } else {
-            ""
-        };
+        let mark = target_mark((20_000..100_000).contains(&files), ratio, 1.5);
         println!(
             "{files:>8} {in_tree:>10} {:>14.1} {p50:>14.1} {:>12.1} {ratio:>16.2}{mark}",
             first.as_secs_f64() * 1000.0,
@@ -325,15 +317,7 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize, moves: usize) {
     );
     for (files, changed, moved, warm, bytes) in moving {
         let ratio = moved / warm;
-        let mark = if files >= 20_000 {
-            if ratio <= 1.5 {
-                "  [<= 1.5] met"
-            } else {
-                "  [<= 1.5] MISSED"
-            }
-        } else {
-            ""
-        };
+        let mark = target_mark(files >= 20_000, ratio, 1.5);
         println!(
             "{files:>8} {changed:>8} {moved:>14.1} {warm:>14.1} {ratio:>10.2} {bytes:>20}{mark}"
         );
@@ -360,6 +344,16 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize, moves: usize) {
             "{files:>8} {index:>22.1} {full:>24.1} {:>8.2}{mark}",
             index / full
         );
+    }
+}
+
+/// "  [<= target] met" or "MISSED" for a row the target applies to (`applies`),
+/// nothing for the others.
+fn target_mark(applies: bool, ratio: f64, target: f64) -> String {
+    match (applies, ratio <= target) {
+        (false, _) => String::new(),
+        (true, true) => format!("  [<= {target}] met"),
+        (true, false) => format!("  [<= {target}] MISSED"),
     }
 }
 

@@ -315,7 +315,19 @@ pub(super) fn upgrade_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
 /// `deb` (of `version`) as version `new_version` in `dir`, nothing else
 /// changed.
 fn relabelled(deb: &Path, version: &str, new_version: &str, dir: &Path) -> Result<PathBuf, String> {
-    let unpacked = dir.join("relabel-root");
+    repacked(deb, version, new_version, dir, |_| Ok(()))
+}
+
+/// `deb` (of `version`) unpacked, changed by `edit` (given the unpacked
+/// root), and built again as version `new_version` in `dir`.
+fn repacked(
+    deb: &Path,
+    version: &str,
+    new_version: &str,
+    dir: &Path,
+    edit: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<PathBuf, String> {
+    let unpacked = dir.join("repack-root");
     if unpacked.exists() {
         fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
     }
@@ -326,6 +338,7 @@ fn relabelled(deb: &Path, version: &str, new_version: &str, dir: &Path) -> Resul
         limit,
     )?
     .expect_ok("dpkg-deb -R")?;
+    edit(&unpacked)?;
     let control = unpacked.join("DEBIAN/control");
     let text = fs::read_to_string(&control).map_err(|e| e.to_string())?;
     let text = text.replace(
@@ -468,54 +481,26 @@ pub(super) fn previous_release_deb(s: &Settings, work: &Path) -> Result<PathBuf,
 /// preinst (they had none). Its binaries are this build's, so it tests the
 /// configuration's path through dpkg, not the previous binaries' state.
 pub(super) fn previous_stand_in_deb(p: &Packages, dir: &Path) -> Result<PathBuf, String> {
-    let unpacked = dir.join("stand-in-root");
-    if unpacked.exists() {
-        fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
-    }
-    let limit = Duration::from_secs(120);
-    run(
-        Command::new("dpkg-deb")
-            .arg("-R")
-            .arg(&p.deb)
-            .arg(&unpacked),
-        None,
-        limit,
-    )?
-    .expect_ok("dpkg-deb -R")?;
     let example = fs::read_to_string(workspace_root().join("packaging/airlock.toml"))
         .map_err(|e| e.to_string())?;
-    let conf = unpacked.join("etc/airlock/airlock.toml");
-    fs::write(&conf, earlier_airlock_toml(&example)).map_err(|e| e.to_string())?;
-    fs::remove_file(unpacked.join("DEBIAN/preinst")).map_err(|e| e.to_string())?;
-    // dpkg checks no sums at installation; drop the stale line anyway.
-    let sums = unpacked.join("DEBIAN/md5sums");
-    let text = fs::read_to_string(&sums).map_err(|e| e.to_string())?;
-    let text: String = text
-        .lines()
-        .filter(|l| !l.ends_with(" etc/airlock/airlock.toml"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    fs::write(&sums, text).map_err(|e| e.to_string())?;
-    let control = unpacked.join("DEBIAN/control");
-    let text = fs::read_to_string(&control).map_err(|e| e.to_string())?;
     let version = format!("{}~previous1", p.version);
-    let text = text.replace(
-        &format!("Version: {}\n", p.version),
-        &format!("Version: {version}\n"),
-    );
-    fs::write(&control, text).map_err(|e| e.to_string())?;
-    let out = dir.join(format!("airlock_{version}_amd64.deb"));
-    run(
-        Command::new("dpkg-deb")
-            .args(["--root-owner-group", "-Zgzip", "-z1", "--build"])
-            .arg(&unpacked)
-            .arg(&out),
-        None,
-        limit,
-    )?
-    .expect_ok("dpkg-deb --build")?;
-    fs::remove_dir_all(&unpacked).map_err(|e| e.to_string())?;
-    Ok(out)
+    repacked(&p.deb, &p.version, &version, dir, |root| {
+        fs::write(
+            root.join("etc/airlock/airlock.toml"),
+            earlier_airlock_toml(&example),
+        )
+        .map_err(|e| e.to_string())?;
+        fs::remove_file(root.join("DEBIAN/preinst")).map_err(|e| e.to_string())?;
+        // dpkg checks no sums at installation; drop the stale line anyway.
+        let sums = root.join("DEBIAN/md5sums");
+        let text = fs::read_to_string(&sums).map_err(|e| e.to_string())?;
+        let text: String = text
+            .lines()
+            .filter(|l| !l.ends_with(" etc/airlock/airlock.toml"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        fs::write(&sums, text).map_err(|e| e.to_string())
+    })
 }
 
 /// What earlier releases installed as /etc/airlock/airlock.toml: the
