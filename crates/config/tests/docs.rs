@@ -52,8 +52,9 @@ fn render() -> String {
          the `[[agent]]` tables of all of them on SIGHUP). Each drop-in's keys and types \
          are checked on its own, naming it; the rules between keys are checked on the \
          merged whole and name the last file that sets the key. `airlockctl config \
-         migrate` turns an earlier release's edited file into such a drop-in (the \
-         package's upgrade runs it).\n\
+         show` prints the merged configuration with every default and the files it \
+         came from; `airlockctl config migrate` turns an earlier release's edited file \
+         into such a drop-in (the package's upgrade runs it).\n\
          - Parsing opens no other file: whether a repository path is a bare repository, \
          or a user exists, is checked by the service that uses it.\n\
          - This page describes what each key is for. The services that act on most of \

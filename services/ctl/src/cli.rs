@@ -70,8 +70,9 @@ pub enum Command {
     Retry(retry::Args),
     /// Authority repositories: add (import and register), list, remove, clone.
     Repo(repo::Args),
-    /// The configuration files: migrate an earlier release's edited
-    /// airlock.toml into a drop-in in airlock.toml.d/.
+    /// The configuration files: show the merged configuration, or migrate
+    /// an earlier release's edited airlock.toml into a drop-in in
+    /// airlock.toml.d/.
     Config(config::Args),
     /// Planner agents the supervisor runs: list, show, start, stop, clear-hold, cancel-queued.
     Agent(agent::Args),

@@ -727,3 +727,88 @@ fn config_migrate_moves_the_changed_settings_into_a_drop_in() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("supervisor.lease"));
     assert!(!to.exists());
 }
+
+/// `airlockctl config show`: the configuration as the services read it,
+/// drop-ins merged and defaults filled in, with the files it came from;
+/// its TOML reads back as the same configuration, and a drop-in the
+/// services would refuse is refused with their message.
+#[test]
+fn config_show_prints_the_merged_configuration_and_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(&config, "[supervisor]\nlease_seconds = 600\n").unwrap();
+    let settings = airlock_config::settings_dir(&config);
+    std::fs::create_dir(&settings).unwrap();
+    std::fs::write(
+        settings.join("50-accept.toml"),
+        "[supervisor]\nauto_accept = true\n",
+    )
+    .unwrap();
+    let repos = airlock_config::drop_in_dir(&config);
+    std::fs::create_dir(&repos).unwrap();
+    let calc = airlock_config::Repository {
+        name: "calc".into(),
+        path: "/srv/airlock/calc.git".into(),
+        description: None,
+        environment: None,
+        upstream: None,
+        signing: None,
+        drop_in: None,
+    };
+    std::fs::write(repos.join("calc.toml"), airlock_config::drop_in_text(&calc)).unwrap();
+    let show = |json: bool| {
+        let mut cmd = Command::new(ctl());
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.args(["config", "show", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+
+    let v: Value = serde_json::from_str(&run_ok(&show(true))).unwrap();
+    let files: Vec<&str> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            config.display().to_string(),
+            settings.join("50-accept.toml").display().to_string(),
+            repos.join("calc.toml").display().to_string(),
+        ]
+    );
+    assert_eq!(v["config"]["supervisor"]["lease_seconds"], 600);
+    assert_eq!(v["config"]["supervisor"]["auto_accept"], true);
+    assert_eq!(
+        v["config"]["supervisor"]["sweep_interval_seconds"], 15,
+        "a default filled in"
+    );
+    assert_eq!(v["config"]["repository"][0]["name"], "calc");
+
+    // The text reads back as the configuration the services load.
+    let text = run_ok(&show(false));
+    assert!(text.starts_with("# The configuration"), "{text}");
+    let mut loaded = airlock_config::Config::load(&config).unwrap();
+    for r in &mut loaded.repositories {
+        r.drop_in = None;
+    }
+    assert_eq!(
+        airlock_config::Config::parse(&text, Path::new("shown.toml")).unwrap(),
+        loaded
+    );
+
+    // A drop-in the services would refuse.
+    std::fs::write(settings.join("60-typo.toml"), "[supervisor]\nlease = 1\n").unwrap();
+    let out = show(false);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("60-typo.toml:2:1") && err.contains("supervisor.lease"),
+        "{err}"
+    );
+}

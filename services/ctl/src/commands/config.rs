@@ -1,7 +1,9 @@
-//! `airlockctl config migrate`: an earlier release's edited airlock.toml
-//! becomes a settings drop-in in airlock.toml.d/ (what the package's
-//! upgrade runs, so that dpkg never stops at a conffile prompt; see
-//! packaging/README.md). Files, not the bus.
+//! `airlockctl config show`: the configuration the services read, with
+//! its drop-ins merged and every default filled in, and the files it came
+//! from. `airlockctl config migrate`: an earlier release's edited
+//! airlock.toml becomes a settings drop-in in airlock.toml.d/ (what the
+//! package's upgrade runs, so that dpkg never stops at a conffile prompt;
+//! see packaging/README.md). Files, not the bus.
 
 use crate::client::CtlError;
 use crate::output::Ctx;
@@ -21,6 +23,16 @@ pub struct Args {
 /// The `config` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum ConfigCommand {
+    /// Print the configuration the services read: the file with its
+    /// drop-ins (airlock.toml.d/, repositories.d/) merged and every
+    /// default filled in, as TOML (with --json: the files read and the
+    /// configuration as JSON). A configuration the services would refuse
+    /// is refused here with the same message.
+    Show {
+        /// The configuration file.
+        #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
     /// Move the settings of an earlier release's airlock.toml into a
     /// drop-in: the keys whose values differ from the built-in defaults and
     /// the [[repository]] and [[agent]] tables (comments are not carried).
@@ -51,6 +63,7 @@ pub enum ConfigCommand {
 /// Runs `config`.
 pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
     match args.command {
+        ConfigCommand::Show { config } => show(ctx, &config),
         ConfigCommand::Migrate {
             from,
             to,
@@ -58,6 +71,35 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
             dry_run,
         } => migrate(ctx, &from, &to, &config, dry_run),
     }
+}
+
+/// The files a load of `config` reads, in order.
+fn files_read(config: &Path) -> Result<Vec<PathBuf>, CtlError> {
+    let mut files = vec![config.to_path_buf()];
+    for dir in [
+        airlock_config::settings_dir(config),
+        airlock_config::drop_in_dir(config),
+    ] {
+        files.extend(airlock_config::drop_in_files(&dir).map_err(|e| invalid(e.to_string()))?);
+    }
+    Ok(files)
+}
+
+fn show(ctx: &Ctx, config: &Path) -> Result<ExitCode, CtlError> {
+    let loaded = airlock_config::Config::load(config).map_err(|e| invalid(e.to_string()))?;
+    let files = files_read(config)?;
+    if ctx.json {
+        ctx.print_json(&json!({"files": files, "config": loaded}));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let text = toml::to_string(&loaded)
+        .map_err(|e| CtlError::local(Code::INTERNAL, format!("the configuration as TOML: {e}")))?;
+    println!("# The configuration airlock's services read, defaults filled in, from:");
+    for f in &files {
+        println!("#   {}", f.display());
+    }
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn invalid(message: String) -> CtlError {
