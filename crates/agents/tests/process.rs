@@ -339,7 +339,6 @@ fn an_agent_dies_with_the_thread_that_started_it() {
         }
     });
     let pid = starter.join().unwrap();
-    assert!(pid > 0);
     let deadline = Instant::now() + Duration::from_secs(10);
     while alive(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));

@@ -48,13 +48,7 @@ impl Layer {
         // The shape on its own first: unknown keys and wrong types are
         // named in this file, at their line.
         Config::parse_shape(&text, file)?;
-        let table = text
-            .parse::<toml::Table>()
-            .map_err(|e| ConfigError::Syntax {
-                file: file.to_owned(),
-                at: e.span().map(|s| Location::of_offset(&text, s.start)),
-                message: e.message().trim().replace('\n', "; "),
-            })?;
+        let table = table_of(&text, file)?;
         Ok(Layer {
             file: file.to_owned(),
             text,
@@ -68,6 +62,26 @@ impl Layer {
             .and_then(toml::Value::as_array)
             .map_or(0, Vec::len)
     }
+}
+
+/// `text` (of `file`, already through [`Config::parse_shape`] or
+/// [`Config::parse`]) as a TOML table.
+fn table_of(text: &str, file: &Path) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>()
+        .map_err(|e| ConfigError::Syntax {
+            file: file.to_owned(),
+            at: e.span().map(|s| Location::of_offset(text, s.start)),
+            message: e.message().trim().replace('\n', "; "),
+        })
+}
+
+/// Every file a [`Config::load`] of `config` reads, in order: the file,
+/// its settings drop-ins, then its repository drop-ins.
+pub fn files_read(config: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut files = vec![config.to_path_buf()];
+    files.extend(drop_in_files(&settings_dir(config))?);
+    files.extend(drop_in_files(&crate::drop_in_dir(config))?);
+    Ok(files)
 }
 
 /// Parses the main file's `text` with the drop-ins of [`settings_dir`]
@@ -181,14 +195,8 @@ fn owner<'a>(key: &str, layers: &'a [Layer]) -> (&'a Layer, String) {
 /// header naming where it came from. The text must be a configuration
 /// this release accepts; a refusal names `origin`.
 pub fn migrated_settings(text: &str, origin: &Path) -> Result<Migrated, ConfigError> {
-    Config::parse(text, origin)?;
-    let mut table = text
-        .parse::<toml::Table>()
-        .map_err(|e| ConfigError::Syntax {
-            file: origin.to_owned(),
-            at: e.span().map(|s| Location::of_offset(text, s.start)),
-            message: e.message().trim().replace('\n', "; "),
-        })?;
+    let before = Config::parse(text, origin)?;
+    let mut table = table_of(text, origin)?;
     let defaults = toml::Table::try_from(Config::embedded_default()).unwrap_or_default();
     let mut kept = Vec::new();
     let mut dropped = 0;
@@ -199,7 +207,6 @@ pub fn migrated_settings(text: &str, origin: &Path) -> Result<Migrated, ConfigEr
     })?;
     // What the drop-in holds must mean, over the defaults, what the file
     // meant.
-    let before = Config::parse(text, origin)?;
     let after = Config::parse(&body, origin)?;
     if before != after {
         return Err(ConfigError::Unacceptable {

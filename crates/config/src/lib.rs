@@ -72,7 +72,7 @@ pub use environment::{
 };
 pub use error::{ConfigError, Location};
 pub use keys::{GIT_WRITING_SUBCOMMANDS, Item, KEYS, KeySpec, Kind};
-pub use layers::{Migrated, SETTINGS_DIR_NAME, migrated_settings, settings_dir};
+pub use layers::{Migrated, SETTINGS_DIR_NAME, files_read, migrated_settings, settings_dir};
 pub use validate::{RULES, is_agent_name};
 
 /// Where the services look for their configuration.

@@ -88,11 +88,8 @@ impl<'a> Source<'a> {
         found: impl std::fmt::Display,
     ) -> ConfigError {
         let key = key.into();
-        let span = self.span_of(&key);
-        let at = span
-            .as_ref()
-            .map(|s| Location::of_offset(self.text, s.start));
-        let default = if span.is_some() { "" } else { " (the default)" };
+        let at = self.location_of(&key);
+        let default = if at.is_some() { "" } else { " (the default)" };
         let problem = format!(
             "expected {expected}, found {}{default}",
             shorten(&found.to_string())
@@ -104,9 +101,7 @@ impl<'a> Source<'a> {
     /// found Y" (a key this crate failed to declare, say).
     pub(crate) fn refuse_with(&self, key: impl Into<String>, problem: String) -> ConfigError {
         let key = key.into();
-        let at = self
-            .span_of(&key)
-            .map(|s| Location::of_offset(self.text, s.start));
+        let at = self.location_of(&key);
         self.key_error(key, at, problem)
     }
 

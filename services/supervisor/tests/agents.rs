@@ -261,15 +261,7 @@ async fn the_agent_host_answers_the_supervisors_uid_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agents_submission_is_attributed_to_it_and_limited_to_its_repositories() {
-    let out = tempfile::Builder::new()
-        .prefix("airlock-agent-out-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        out.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-    )
-    .unwrap();
+    let out = scratch_dir("airlock-agent-out-");
     let mine = submission("agent-task-demo").to_string();
     let mut other = submission("agent-task-other");
     other["binding"]["repository"] = "other".into();
@@ -382,15 +374,7 @@ async fn stop_agent(conn: &Connection, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_replaces_only_the_plans_of_its_own_tasks_in_its_repositories() {
-    let out = tempfile::Builder::new()
-        .prefix("airlock-agent-out-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        out.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-    )
-    .unwrap();
+    let out = scratch_dir("airlock-agent-out-");
     let ours = "agent-task-demo";
     let theirs_elsewhere = "human-task-other";
     let theirs_here = "human-task-demo";

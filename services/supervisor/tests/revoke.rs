@@ -77,20 +77,6 @@ fn table(dir: &Path, name: &str, repositories: &str, extra: &str) -> String {
     )
 }
 
-/// A directory under /tmp the agents' user may write (sticky, 1777).
-fn scratch(prefix: &str) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-    )
-    .unwrap();
-    dir
-}
-
 fn task_for(id: &str, repository: &str) -> Value {
     let mut s = submission(id);
     s["binding"]["repository"] = repository.into();
@@ -143,7 +129,7 @@ async fn agent_names(conn: &zbus::Connection) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_revokes_agents_without_restarting_the_others_and_an_operator_cancels_a_stopped_agents_queue()
  {
-    let dir = scratch("airlock-revoke-");
+    let dir = scratch_dir("airlock-revoke-");
     let d = dir.path();
     let tasks: &[(&str, &str, &str)] = &[
         ("keep", "t-keep-1", "demo"),
@@ -336,7 +322,7 @@ async fn a_reload_revokes_agents_without_restarting_the_others_and_an_operator_c
 /// file's agent is never restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_in_a_settings_drop_in_are_started_and_reloaded_through_the_lockdown() {
-    let dir = scratch("airlock-revoke-dropin-");
+    let dir = scratch_dir("airlock-revoke-dropin-");
     let d = dir.path();
     let main = table(d, "main", "\"demo\"", "");
     let dropped = table(d, "dropped", "\"demo\"", "");

@@ -287,15 +287,7 @@ async fn heard(stream: &mut zbus::MessageStream, d: Duration) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
-    let dir = tempfile::Builder::new()
-        .prefix("airlock-tenancy-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-    )
-    .unwrap();
+    let dir = scratch_dir("airlock-tenancy-");
     let reads = reads();
     let calls: String = reads
         .iter()

@@ -73,21 +73,9 @@ pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
     }
 }
 
-/// The files a load of `config` reads, in order.
-fn files_read(config: &Path) -> Result<Vec<PathBuf>, CtlError> {
-    let mut files = vec![config.to_path_buf()];
-    for dir in [
-        airlock_config::settings_dir(config),
-        airlock_config::drop_in_dir(config),
-    ] {
-        files.extend(airlock_config::drop_in_files(&dir).map_err(|e| invalid(e.to_string()))?);
-    }
-    Ok(files)
-}
-
 fn show(ctx: &Ctx, config: &Path) -> Result<ExitCode, CtlError> {
     let loaded = airlock_config::Config::load(config).map_err(|e| invalid(e.to_string()))?;
-    let files = files_read(config)?;
+    let files = airlock_config::files_read(config).map_err(|e| invalid(e.to_string()))?;
     if ctx.json {
         ctx.print_json(&json!({"files": files, "config": loaded}));
         return Ok(ExitCode::SUCCESS);

@@ -649,3 +649,17 @@ impl Stack {
         }
     }
 }
+
+/// A directory under /tmp the agents' user may write (sticky, 1777).
+pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    dir
+}

@@ -314,8 +314,18 @@ fn exposure(c: &Container) -> Result<String, String> {
     }
 }
 
+/// The `[[repository]]` table that registers calc.git, as an
+/// administrator appends it to airlock.toml.
+pub(super) const CALC_TABLE: &str = r#"
+[[repository]]
+name = "calc"
+path = "/srv/airlock/calc.git"
+description = "testbed repository"
+"#;
+
 pub(super) fn setup_repository(c: &Container) -> Result<String, String> {
-    let script = r#"set -e
+    let script = format!(
+        r#"set -e
 work=$(mktemp -d)
 cd "$work"
 printf 'def add(a, b):\n    return a - b\n' > calc.py
@@ -340,16 +350,12 @@ git clone -q --bare "$work" /srv/airlock/calc.git
 chown -R airlock-worker:airlock-worker /srv/airlock/calc.git
 rm -rf "$work"
 cat >> /etc/airlock/airlock.toml <<'TOML'
-
-[[repository]]
-name = "calc"
-path = "/srv/airlock/calc.git"
-description = "testbed repository"
-TOML
+{CALC_TABLE}TOML
 systemctl restart airlock.target
 git -c safe.directory='*' -C /srv/airlock/calc.git rev-parse main
-"#;
-    let base = c.sh_ok(script, 120 * SEC)?;
+"#
+    );
+    let base = c.sh_ok(&script, 120 * SEC)?;
     all_active(c, STARTED_BY_TARGET)?;
     Ok(format!("calc.git at {}", base.trim()))
 }

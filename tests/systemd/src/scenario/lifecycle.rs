@@ -1,11 +1,13 @@
 //! The package's life cycle: stop and start (by hand and by the bus),
 //! reinstall and upgrade keeping state, remove, purge, install again.
 
+use super::install::CALC_TABLE;
 use super::status::{
     all_active, expect_paths, main_pids, no_airlock_process, states, tasks, wait_state,
 };
 use super::{ALL_UNITS, REPO, SEC, STARTED_BY_TARGET, USERS, file_name};
 use crate::{Container, Report, tail};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -57,7 +59,7 @@ pub(super) fn checks(
         Some(p) => {
             let p = format!("/debs/{}", file_name(p));
             r.check(
-                "upgrade from the previous release with an edited airlock.toml, without a terminal or --force-conf*: nothing prompts, tasks and secrets kept, its settings move into airlock.toml.d/ once and hold",
+                "upgrade from the previous release with an edited airlock.toml, without a terminal or --force-conf*: nothing prompts, tasks and secrets kept, its settings move into airlock.toml.d/ once and hold; purge takes them",
                 |_| upgrade_from_previous(c, &p, deb),
             );
         }
@@ -66,6 +68,22 @@ pub(super) fn checks(
             "no package of the previous release",
         ),
     }
+}
+
+/// A task `id` (calc fixed, its tests run) submitted and SUCCEEDED
+/// without a decision: the supervisor's `auto_accept` holds.
+fn accepted_without_a_decision(c: &Container, id: &str) -> Result<Value, String> {
+    c.sh_ok(
+        &format!(
+            "python3 /tmp/tb/mktask.py {id} fix 2 /tmp/tb/{id}.json && airlockctl --json submit /tmp/tb/{id}.json"
+        ),
+        60 * SEC,
+    )?;
+    let task = wait_state(c, id, &["SUCCEEDED", "FAILED", "VERIFYING"], 180 * SEC)?;
+    if task["state"] != "SUCCEEDED" {
+        return Err(format!("{id} ended {}: {}", task["state"], task["result"]));
+    }
+    Ok(task)
 }
 
 /// An administrator on the previous release (installed fresh), who
@@ -80,37 +98,19 @@ fn upgrade_from_previous(c: &Container, previous: &str, deb: &str) -> Result<Str
         600 * SEC,
     )?;
     c.sh_ok(
-        r#"set -e
+        &format!(
+            r#"set -e
 sed -i 's/^auto_accept = false$/auto_accept = true/' /etc/airlock/airlock.toml
 grep -qx 'auto_accept = true' /etc/airlock/airlock.toml
 cat >> /etc/airlock/airlock.toml <<'TOML'
-
-[[repository]]
-name = "calc"
-path = "/srv/airlock/calc.git"
-description = "testbed repository"
-TOML
-systemctl restart airlock.target"#,
+{CALC_TABLE}TOML
+systemctl restart airlock.target"#
+        ),
         120 * SEC,
     )?;
     all_active(c, STARTED_BY_TARGET)?;
     // A task under the previous release (auto_accept: no decision).
-    c.sh_ok(
-        "python3 /tmp/tb/mktask.py tb-before-upgrade fix 2 /tmp/tb/before-upgrade.json && airlockctl --json submit /tmp/tb/before-upgrade.json",
-        60 * SEC,
-    )?;
-    let before = wait_state(
-        c,
-        "tb-before-upgrade",
-        &["SUCCEEDED", "FAILED", "VERIFYING"],
-        180 * SEC,
-    )?;
-    if before["state"] != "SUCCEEDED" {
-        return Err(format!(
-            "under the previous release tb-before-upgrade ended {}: {}",
-            before["state"], before["result"]
-        ));
-    }
+    let before = accepted_without_a_decision(c, "tb-before-upgrade")?;
     let secrets = "sha256sum /etc/airlock/retry-control.token /etc/airlock/retryd.env";
     let secrets_before = c.sh_ok(secrets, 10 * SEC)?;
     let edited = c.sh_ok("sha256sum < /etc/airlock/airlock.toml", 10 * SEC)?;
@@ -177,22 +177,7 @@ systemctl restart airlock.target"#,
     if !supervisor.contains("\"auto_accept\":true") {
         return Err(format!("status after the upgrade: {supervisor}"));
     }
-    c.sh_ok(
-        "python3 /tmp/tb/mktask.py tb-after-migration fix 2 /tmp/tb/after-migration.json && airlockctl --json submit /tmp/tb/after-migration.json",
-        60 * SEC,
-    )?;
-    let task = wait_state(
-        c,
-        "tb-after-migration",
-        &["SUCCEEDED", "FAILED", "VERIFYING"],
-        180 * SEC,
-    )?;
-    if task["state"] != "SUCCEEDED" {
-        return Err(format!(
-            "tb-after-migration ended {}: {}",
-            task["state"], task["result"]
-        ));
-    }
+    accepted_without_a_decision(c, "tb-after-migration")?;
     // retryd is socket-activated and has had no connection since the
     // upgrade; started, doctor checks its hardening too.
     c.sh_ok("systemctl start airlock-retryd.service", 60 * SEC)?;
@@ -207,8 +192,11 @@ systemctl restart airlock.target"#,
         return Err(format!("after a reinstall airlock.toml.d/ holds {again:?}"));
     }
     all_active(c, STARTED_BY_TARGET)?;
+    // purge takes the administrator's drop-ins and the kept file with it.
+    c.sh_ok("apt-get purge -y airlock", 300 * SEC)?;
+    expect_paths(c, &[REPO], &["/etc/airlock"])?;
     Ok(format!(
-        "no prompt; {} key lines moved into airlock.toml.d/{}; edited file kept as airlock.toml.dpkg-old; the previous release's task and secrets kept; a new task SUCCEEDED without a decision; doctor clean",
+        "no prompt; {} key lines moved into airlock.toml.d/{}; edited file kept as airlock.toml.dpkg-old; the previous release's task and secrets kept; a new task SUCCEEDED without a decision; doctor clean; purge removed /etc/airlock with them",
         drop_in.lines().filter(|l| l.contains(" = ")).count(),
         drop_ins.trim()
     ))
