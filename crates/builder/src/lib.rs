@@ -65,11 +65,22 @@ pub enum Edit {
         /// SHA-256 of the file in the source head.
         base_sha256: Option<String>,
     },
-    /// The file goes.
+    /// A symbolic link made or retargeted; `base_sha256` is the digest of
+    /// the link's target in the source head (`None` for a new link).
+    Link {
+        /// Repository-relative path.
+        path: String,
+        /// The new target (inside the tree, see
+        /// [`airlock_proto::envelope::check_symlink_target`]).
+        target: String,
+        /// SHA-256 of the link's target in the source head.
+        base_sha256: Option<String>,
+    },
+    /// The file (or link) goes.
     Delete {
         /// Repository-relative path.
         path: String,
-        /// SHA-256 of the file in the source head.
+        /// SHA-256 of the file's content (a link's target) in the source head.
         base_sha256: String,
     },
 }
@@ -78,7 +89,7 @@ impl Edit {
     /// The path.
     pub fn path(&self) -> &str {
         match self {
-            Edit::Write { path, .. } | Edit::Delete { path, .. } => path,
+            Edit::Write { path, .. } | Edit::Link { path, .. } | Edit::Delete { path, .. } => path,
         }
     }
 
@@ -87,8 +98,11 @@ impl Edit {
         match self {
             Edit::Write {
                 base_sha256: None, ..
+            }
+            | Edit::Link {
+                base_sha256: None, ..
             } => "add",
-            Edit::Write { .. } => "edit",
+            Edit::Write { .. } | Edit::Link { .. } => "edit",
             Edit::Delete { .. } => "delete",
         }
     }
@@ -101,6 +115,17 @@ impl Edit {
                 base_sha256,
             } => {
                 let mut c = json!({"operation": "write_file", "path": path, "content": content});
+                if let Some(sha) = base_sha256 {
+                    c["expected_sha256"] = json!(sha);
+                }
+                c
+            }
+            Edit::Link {
+                path,
+                target,
+                base_sha256,
+            } => {
+                let mut c = json!({"operation": "write_symlink", "path": path, "target": target});
                 if let Some(sha) = base_sha256 {
                     c["expected_sha256"] = json!(sha);
                 }
@@ -121,12 +146,15 @@ pub enum Changes<'a> {
     Worktree(&'a Path),
     /// A unified diff against the source head.
     Patch(&'a str),
-    /// Whole files: each `(path, content)` written, each path in `delete`
-    /// removed (an MCP client's `propose_change`).
+    /// Whole files: each `(path, content)` written, each `(path, target)`
+    /// made a symbolic link, each path in `delete` removed (an MCP
+    /// client's `propose_change`).
     Files {
         /// Files written with their whole new content.
         write: &'a [(String, String)],
-        /// Files removed.
+        /// Symbolic links made or retargeted.
+        link: &'a [(String, String)],
+        /// Files (or links) removed.
         delete: &'a [String],
     },
 }
@@ -273,7 +301,11 @@ impl Proposal {
         let edits = match changes {
             Changes::Worktree(dir) => worktree::edits(repo, &head.source_head, dir)?,
             Changes::Patch(text) => patch_edits(repo, &head.source_head, text)?,
-            Changes::Files { write, delete } => file_edits(repo, &head.source_head, write, delete)?,
+            Changes::Files {
+                write,
+                link,
+                delete,
+            } => file_edits(repo, &head.source_head, write, link, delete)?,
         };
         if edits.is_empty() {
             return Err(Error::with(
@@ -393,33 +425,52 @@ impl Proposal {
 }
 
 /// The edits whole files make to `head`: a write of a file the head has
-/// is guarded by its digest there (and dropped when nothing changes), a
-/// deletion must name a file the head has.
+/// is guarded by its digest there (and dropped when nothing changes), as
+/// is a link's retargeting; a deletion must name a file or link the head
+/// has. A write onto a link, or a link onto a file, is refused.
 fn file_edits(
     repo: &SourceRepo,
     head: &str,
     write: &[(String, String)],
+    link: &[(String, String)],
     delete: &[String],
 ) -> Result<Vec<Edit>, Error> {
     let tree = repo.tree(head)?;
     let mut seen = std::collections::BTreeSet::new();
     let mut edits = Vec::new();
-    let base = |path: &str| -> Result<Option<(Vec<u8>, String)>, Error> {
+    // What the head has at `path`: its bytes (a link's target), their
+    // digest, and whether it is a link.
+    let base = |path: &str| -> Result<Option<(Vec<u8>, String, bool)>, Error> {
         let Some(entry) = tree.get(path) else {
             return Ok(None);
         };
-        if !matches!(entry.kind, Kind::File | Kind::Executable) {
+        if entry.kind == Kind::Submodule {
             return Err(refuse(
                 Code::PROPOSAL_SYMLINK_CHANGE,
                 path,
-                "a symbolic link or submodule in the base",
+                "a submodule in the base",
             ));
         }
         let bytes = repo.blobs(&[entry.oid.as_str()])?.remove(0);
         let sha = sha256_hex(&bytes);
-        Ok(Some((bytes, sha)))
+        Ok(Some((bytes, sha, entry.kind == Kind::Symlink)))
     };
-    let paths = write.iter().map(|(p, _)| p).chain(delete.iter());
+    let kind_changes = |path: &str, to_link: bool| {
+        refuse(
+            Code::PROPOSAL_SYMLINK_CHANGE,
+            path,
+            if to_link {
+                "a file in the base becomes a symbolic link; delete it in one task, link in another"
+            } else {
+                "a symbolic link in the base becomes a file; delete it in one task, write in another"
+            },
+        )
+    };
+    let paths = write
+        .iter()
+        .chain(link)
+        .map(|(p, _)| p)
+        .chain(delete.iter());
     for path in paths {
         check_relative_path(path)?;
         if !seen.insert(path.clone()) {
@@ -438,21 +489,29 @@ fn file_edits(
             ));
         }
         match base(path)? {
-            Some((bytes, _)) if bytes == content.as_bytes() => {}
-            Some((_, sha)) => edits.push(Edit::Write {
+            Some((.., true)) => return Err(kind_changes(path, false)),
+            Some((bytes, ..)) if bytes == content.as_bytes() => {}
+            found => edits.push(Edit::Write {
                 path: path.clone(),
                 content: content.clone(),
-                base_sha256: Some(sha),
+                base_sha256: found.map(|(_, sha, _)| sha),
             }),
-            None => edits.push(Edit::Write {
+        }
+    }
+    for (path, target) in link {
+        airlock_proto::envelope::check_symlink_target(path, target)?;
+        match base(path)? {
+            Some((.., false)) => return Err(kind_changes(path, true)),
+            Some((bytes, ..)) if bytes == target.as_bytes() => {}
+            found => edits.push(Edit::Link {
                 path: path.clone(),
-                content: content.clone(),
-                base_sha256: None,
+                target: target.clone(),
+                base_sha256: found.map(|(_, sha, _)| sha),
             }),
         }
     }
     for path in delete {
-        let (_, sha) = base(path)?.ok_or_else(|| {
+        let (_, sha, _) = base(path)?.ok_or_else(|| {
             refuse(
                 Code::PATCH_HUNK_FAILED,
                 path,
@@ -474,20 +533,29 @@ fn patch_edits(repo: &SourceRepo, head: &str, text: &str) -> Result<Vec<Edit>, E
     let tree = repo.tree(head)?;
     let mut seen = std::collections::BTreeSet::new();
     let mut edits = Vec::new();
-    let base_text = |path: &str| -> Result<(String, String), Error> {
+    // The base's text at `path` and its digest; `link` says which kind the
+    // section is (a link's text is its target).
+    let base_text = |path: &str, link: bool| -> Result<(String, String), Error> {
         let entry = tree.get(path).ok_or_else(|| {
             Error::with(
                 Code::PATCH_HUNK_FAILED,
                 format!("{path}: the patch changes a file the base does not have"),
             )
         })?;
-        match entry.kind {
-            Kind::File | Kind::Executable => {}
+        match (entry.kind, link) {
+            (Kind::File | Kind::Executable, false) | (Kind::Symlink, true) => {}
+            (Kind::Submodule, _) => {
+                return Err(refuse(
+                    Code::PROPOSAL_SYMLINK_CHANGE,
+                    path,
+                    "a submodule in the base",
+                ));
+            }
             _ => {
                 return Err(refuse(
                     Code::PROPOSAL_SYMLINK_CHANGE,
                     path,
-                    "a symbolic link or submodule in the base",
+                    "the base and the patch disagree on whether this is a symbolic link (git diff marks a link's section with mode 120000; a file cannot become a link or back)",
                 ));
             }
         }
@@ -501,6 +569,22 @@ fn patch_edits(repo: &SourceRepo, head: &str, text: &str) -> Result<Vec<Edit>, E
             ));
         }
         Ok((String::from_utf8(bytes).unwrap_or_default(), sha))
+    };
+    // What a section leaves at `path`: a file's content, or a link.
+    let written = |file: &patch::FilePatch, path: &String, content: String, base_sha256| {
+        if file.symlink {
+            Edit::Link {
+                path: path.clone(),
+                target: content,
+                base_sha256,
+            }
+        } else {
+            Edit::Write {
+                path: path.clone(),
+                content,
+                base_sha256,
+            }
+        }
     };
     for file in &files {
         for p in [&file.old_path, &file.new_path].into_iter().flatten() {
@@ -533,14 +617,10 @@ fn patch_edits(repo: &SourceRepo, head: &str, text: &str) -> Result<Vec<Edit>, E
                         ),
                     ));
                 }
-                edits.push(Edit::Write {
-                    path: new.clone(),
-                    content: patch::apply(file, "")?,
-                    base_sha256: None,
-                });
+                edits.push(written(file, new, patch::apply(file, "")?, None));
             }
             (Some(old), None) => {
-                let (content, sha) = base_text(old)?;
+                let (content, sha) = base_text(old, file.symlink)?;
                 // The removal must match the base, like any hunk.
                 if !patch::apply(file, &content)?.is_empty() {
                     return Err(Error::with(
@@ -554,7 +634,7 @@ fn patch_edits(repo: &SourceRepo, head: &str, text: &str) -> Result<Vec<Edit>, E
                 });
             }
             (Some(old), Some(new)) => {
-                let (content, sha) = base_text(old)?;
+                let (content, sha) = base_text(old, file.symlink)?;
                 let after = patch::apply(file, &content)?;
                 if old != new {
                     if tree.contains_key(new) {
@@ -569,17 +649,9 @@ fn patch_edits(repo: &SourceRepo, head: &str, text: &str) -> Result<Vec<Edit>, E
                             base_sha256: sha,
                         });
                     }
-                    edits.push(Edit::Write {
-                        path: new.clone(),
-                        content: after,
-                        base_sha256: None,
-                    });
+                    edits.push(written(file, new, after, None));
                 } else if after != content {
-                    edits.push(Edit::Write {
-                        path: new.clone(),
-                        content: after,
-                        base_sha256: Some(sha),
-                    });
+                    edits.push(written(file, new, after, Some(sha)));
                 }
             }
             (None, None) => unreachable!("the parser refuses a section without paths"),

@@ -6,8 +6,10 @@
 //! before the first section (a commit message, `git format-patch`'s mail
 //! headers) is skipped. Each hunk must match the base exactly (no fuzz); like
 //! `git apply`, a hunk may apply a few lines away from where its header
-//! says, as long as its context is identical. Refused with their own
-//! codes: binary patches, mode changes, symbolic links and submodules.
+//! says, as long as its context is identical. A symbolic link (mode
+//! 120000) is a one-line file whose content is its target, as git writes
+//! it. Refused with their own codes: binary patches, mode changes, a file
+//! turned into a link or back, and submodules.
 
 use airlock_proto::{Code, Error};
 
@@ -38,6 +40,8 @@ pub struct FilePatch {
     pub new_path: Option<String>,
     /// True for a copy (the old path stays).
     pub copy: bool,
+    /// True when the section is a symbolic link's (mode 120000).
+    pub symlink: bool,
     /// Its hunks, in order.
     pub hunks: Vec<Hunk>,
     /// Where the section starts in the patch (1-based).
@@ -121,6 +125,9 @@ fn parse_range(s: &str, line: usize) -> Result<(usize, usize), Error> {
     Ok((p(start)?, p(len)?))
 }
 
+/// A symbolic link's git mode.
+const SYMLINK_MODE: &str = "120000";
+
 fn mode_refusal(mode: &str, path: &str, line: usize) -> Option<Error> {
     match mode.trim() {
         "100644" | "100664" => None,
@@ -128,9 +135,10 @@ fn mode_refusal(mode: &str, path: &str, line: usize) -> Option<Error> {
             Code::PROPOSAL_MODE_CHANGE,
             format!("{path}: the patch makes an executable file (patch line {line})"),
         )),
-        "120000" | "160000" => Some(Error::with(
+        SYMLINK_MODE => None,
+        "160000" => Some(Error::with(
             Code::PROPOSAL_SYMLINK_CHANGE,
-            format!("{path}: the patch touches a symbolic link or submodule (patch line {line})"),
+            format!("{path}: the patch touches a submodule (patch line {line})"),
         )),
         other => Some(invalid(line, format!("unknown file mode {other:?}"))),
     }
@@ -156,6 +164,7 @@ pub fn parse(text: &str) -> Result<Vec<FilePatch>, Error> {
                 old_path: old,
                 new_path: new,
                 copy: false,
+                symlink: false,
                 hunks: Vec::new(),
                 patch_line: n,
             };
@@ -194,6 +203,7 @@ fn git_section(
         old_path: guess.as_ref().map(|g| g.0.clone()),
         new_path: guess.as_ref().map(|g| g.1.clone()),
         copy: false,
+        symlink: false,
         hunks: Vec::new(),
         patch_line: n,
     };
@@ -211,6 +221,16 @@ fn git_section(
             if let Some(e) = mode_refusal(m, &path, ln) {
                 return Err(e);
             }
+            let old = old_mode.as_deref().map(str::trim);
+            if old != Some(m.trim()) && (old == Some(SYMLINK_MODE) || m.trim() == SYMLINK_MODE) {
+                return Err(Error::with(
+                    Code::PROPOSAL_SYMLINK_CHANGE,
+                    format!(
+                        "{path}: the patch turns a file into a symbolic link or back (patch line {ln})"
+                    ),
+                ));
+            }
+            file.symlink |= m.trim() == SYMLINK_MODE;
             if old_mode.as_deref().map(str::trim) != Some(m.trim()) {
                 if let Some(e) = old_mode.as_deref().and_then(|o| mode_refusal(o, &path, ln)) {
                     return Err(e);
@@ -224,6 +244,7 @@ fn git_section(
             if let Some(e) = mode_refusal(m, &path, ln) {
                 return Err(e);
             }
+            file.symlink |= m.trim() == SYMLINK_MODE;
             file.old_path = None;
         } else if let Some(m) = line.strip_prefix("deleted file mode ") {
             if let Some(e) = mode_refusal(m, &path, ln) {
@@ -231,6 +252,7 @@ fn git_section(
                     return Err(e);
                 }
             }
+            file.symlink |= m.trim() == SYMLINK_MODE;
             file.new_path = None;
         } else if let Some(p) = line.strip_prefix("index ") {
             if let Some(m) = p.split(' ').nth(1) {
@@ -239,6 +261,7 @@ fn git_section(
                         return Err(e);
                     }
                 }
+                file.symlink |= m.trim() == SYMLINK_MODE;
             }
         } else if let Some(p) = line
             .strip_prefix("rename from ")
@@ -488,6 +511,15 @@ mod tests {
     }
 
     #[test]
+    fn a_links_section_is_its_target_as_one_line() {
+        let patch = "diff --git a/l b/l\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+docs/README\n\\ No newline at end of file\ndiff --git a/m b/m\nindex 1111111..2222222 120000\n--- a/m\n+++ b/m\n@@ -1 +1 @@\n-old\n\\ No newline at end of file\n+new\n\\ No newline at end of file\n";
+        let files = parse(patch).unwrap();
+        assert!(files[0].symlink && files[1].symlink);
+        assert_eq!(apply(&files[0], "").unwrap(), "docs/README");
+        assert_eq!(apply(&files[1], "old").unwrap(), "new");
+    }
+
+    #[test]
     fn modes_links_and_binaries_are_refused_with_their_codes() {
         let code = |p: &str| parse(p).unwrap_err().code;
         assert_eq!(
@@ -501,9 +533,11 @@ mod tests {
             Code::PROPOSAL_MODE_CHANGE
         );
         assert_eq!(
-            code(
-                "diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+target\n"
-            ),
+            code("diff --git a/l b/l\nold mode 100644\nnew mode 120000\n"),
+            Code::PROPOSAL_SYMLINK_CHANGE
+        );
+        assert_eq!(
+            code("diff --git a/s b/s\nnew file mode 160000\nindex 0000000..1111111\n"),
             Code::PROPOSAL_SYMLINK_CHANGE
         );
         assert_eq!(

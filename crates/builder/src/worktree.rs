@@ -10,7 +10,8 @@
 //! holds, so one whose entry matches the base's is not read, hashed or even
 //! looked at here. The cost is git's stat of each file and the work on the
 //! files that differ, not a hash of every file. In a plain directory every
-//! file is compared. Symbolic links are never followed.
+//! file is compared. Symbolic links are never followed: a link is compared
+//! by its target, and a new or retargeted one must point inside the tree.
 
 use super::source::{Kind, SourceRepo};
 use super::{Edit, is_text, refuse};
@@ -349,15 +350,29 @@ pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Err
             (Some(Kind::File | Kind::Executable), Here::Missing) => {
                 need_base.insert(path, &tree[*path].oid);
             }
+            (None, Here::Symlink(target)) => {
+                edits.push(Edit::Link {
+                    path: (*path).to_owned(),
+                    target: link_target(path, &target)?,
+                    base_sha256: None,
+                });
+            }
             (Some(Kind::Symlink), Here::Symlink(target)) => {
-                let old = repo.blobs(&[tree[*path].oid.as_str()])?;
-                if old.first().map(Vec::as_slice) != Some(target.as_os_str().as_encoded_bytes()) {
-                    return Err(refuse(
-                        Code::PROPOSAL_SYMLINK_CHANGE,
-                        path,
-                        "a symbolic link changed target",
-                    ));
+                let old = repo.blobs(&[tree[*path].oid.as_str()])?.remove(0);
+                if old != target.as_os_str().as_encoded_bytes() {
+                    edits.push(Edit::Link {
+                        path: (*path).to_owned(),
+                        target: link_target(path, &target)?,
+                        base_sha256: Some(sha256_hex(&old)),
+                    });
                 }
+            }
+            (Some(Kind::Symlink), Here::Missing) => {
+                let old = repo.blobs(&[tree[*path].oid.as_str()])?.remove(0);
+                edits.push(Edit::Delete {
+                    path: (*path).to_owned(),
+                    base_sha256: sha256_hex(&old),
+                });
             }
             (_, Here::Directory) => {
                 return Err(refuse(
@@ -370,7 +385,7 @@ pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Err
                 return Err(refuse(
                     Code::PROPOSAL_SYMLINK_CHANGE,
                     path,
-                    "a symbolic link or submodule was added, removed or replaced",
+                    "a file became a symbolic link or back, or a submodule was added, removed or replaced",
                 ));
             }
         }
@@ -407,6 +422,20 @@ pub fn edits(repo: &SourceRepo, head: &str, dir: &Path) -> Result<Vec<Edit>, Err
     }
     edits.sort_by(|a, b| a.path().cmp(b.path()));
     Ok(edits)
+}
+
+/// A work tree link's target as a change carries it: UTF-8, inside the
+/// tree (SYMLINK_TARGET_INVALID otherwise).
+fn link_target(path: &str, target: &Path) -> Result<String, Error> {
+    check_relative_path(path)?;
+    let target = target.to_str().ok_or_else(|| {
+        Error::with(
+            Code::SYMLINK_TARGET_INVALID,
+            format!("{path}: the link's target is not UTF-8"),
+        )
+    })?;
+    airlock_proto::envelope::check_symlink_target(path, target)?;
+    Ok(target.to_owned())
 }
 
 fn read(dir: &Path, path: &str) -> Result<Vec<u8>, Error> {

@@ -164,7 +164,7 @@ fn refusal(edit: &dyn Fn(&Path)) -> Code {
 }
 
 #[test]
-fn modes_symlinks_and_binaries_in_a_worktree_are_refused_with_their_codes() {
+fn modes_type_changes_and_binaries_in_a_worktree_are_refused_with_their_codes() {
     assert_eq!(
         refusal(&|d| chmod(d.join("calc.py"), 0o755)),
         Code::PROPOSAL_MODE_CHANGE
@@ -181,18 +181,25 @@ fn modes_symlinks_and_binaries_in_a_worktree_are_refused_with_their_codes() {
         Code::PROPOSAL_MODE_CHANGE
     );
     assert_eq!(
+        refusal(&|d| std::os::unix::fs::symlink("/etc/passwd", d.join("leak")).unwrap()),
+        Code::SYMLINK_TARGET_INVALID
+    );
+    assert_eq!(
+        refusal(&|d| std::os::unix::fs::symlink("../../outside", d.join("leak")).unwrap()),
+        Code::SYMLINK_TARGET_INVALID
+    );
+    assert_eq!(
         refusal(&|d| {
             std::fs::remove_file(d.join("link")).unwrap();
-            std::os::unix::fs::symlink("run.sh", d.join("link")).unwrap()
+            std::fs::write(d.join("link"), "a file now\n").unwrap()
         }),
         Code::PROPOSAL_SYMLINK_CHANGE
     );
     assert_eq!(
-        refusal(&|d| std::os::unix::fs::symlink("/etc/passwd", d.join("leak")).unwrap()),
-        Code::PROPOSAL_SYMLINK_CHANGE
-    );
-    assert_eq!(
-        refusal(&|d| std::fs::remove_file(d.join("link")).unwrap()),
+        refusal(&|d| {
+            std::fs::remove_file(d.join("calc.py")).unwrap();
+            std::os::unix::fs::symlink("run.sh", d.join("calc.py")).unwrap()
+        }),
         Code::PROPOSAL_SYMLINK_CHANGE
     );
     assert_eq!(
@@ -228,6 +235,50 @@ fn a_git_diff_becomes_the_same_task_as_the_worktree_it_came_from() {
     let from_patch = proposal().build(&repo, Changes::Patch(&diff)).unwrap();
     assert_eq!(from_patch.task, from_tree.task);
     assert_eq!(from_patch.edits.len(), 3);
+}
+
+/// Symbolic links travel as themselves: a new one, a retargeted one and a
+/// deleted one, from a work tree and from the git diff of the same work
+/// tree (the same task), each guarded by the base's target.
+#[test]
+fn symlinks_are_added_retargeted_and_deleted_from_a_worktree_and_a_diff() {
+    let f = fixture();
+    let repo = SourceRepo::open(&f.bare).unwrap();
+    std::fs::remove_file(f.clone.join("link")).unwrap();
+    std::os::unix::fs::symlink("run.sh", f.clone.join("link")).unwrap();
+    std::fs::create_dir(f.clone.join("docs")).unwrap();
+    std::os::unix::fs::symlink("../calc.py", f.clone.join("docs/calc")).unwrap();
+    let from_tree = proposal()
+        .build(&repo, Changes::Worktree(&f.clone))
+        .unwrap();
+    let set = &from_tree.task["plan"]["execution"]["change_set"];
+    assert_eq!(
+        changes(&from_tree.task),
+        pairs(&[("write_symlink", "docs/calc"), ("write_symlink", "link")])
+    );
+    assert_eq!(set[0]["target"], "../calc.py");
+    assert!(set[0].get("expected_sha256").is_none(), "a new link");
+    assert_eq!(set[1]["target"], "run.sh");
+    assert_eq!(set[1]["expected_sha256"], sha256_hex(b"calc.py"));
+    git(&f.clone, &["add", "-A"]);
+    let diff = git(&f.clone, &["diff", "--cached"]) + "\n";
+    let from_patch = proposal().build(&repo, Changes::Patch(&diff)).unwrap();
+    assert_eq!(from_patch.task, from_tree.task);
+
+    std::fs::remove_file(f.clone.join("link")).unwrap();
+    std::fs::remove_file(f.clone.join("docs/calc")).unwrap();
+    git(&f.clone, &["add", "-A"]);
+    let deleted = proposal()
+        .build(&repo, Changes::Worktree(&f.clone))
+        .unwrap();
+    assert_eq!(changes(&deleted.task), pairs(&[("delete_file", "link")]));
+    assert_eq!(
+        deleted.task["plan"]["execution"]["change_set"][0]["expected_sha256"],
+        sha256_hex(b"calc.py")
+    );
+    let diff = git(&f.clone, &["diff", "--cached"]) + "\n";
+    let from_patch = proposal().build(&repo, Changes::Patch(&diff)).unwrap();
+    assert_eq!(from_patch.task, deleted.task);
 }
 
 #[test]

@@ -5,6 +5,7 @@ use crate::error::{GitError, GitResult};
 use airlock_proto::path::check_relative_path;
 use airlock_proto::tree::{PAX_KEY_PREFIX, TreeEntry};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::process::Stdio;
 
 /// Bounds on what an archive may contain.
@@ -33,13 +34,16 @@ impl Default for ArchiveLimits {
 pub struct ArchiveStats {
     /// Regular files written.
     pub files: usize,
-    /// Sum of their sizes.
+    /// Symbolic links written (as tar symlink members, their targets the
+    /// link blobs' content).
+    pub symlinks: usize,
+    /// Sum of the files' sizes and the links' target lengths.
     pub bytes: u64,
-    /// Entries left out because they are not regular files (symlinks,
-    /// submodules); the commit keeps them, the executor never sees them as
-    /// files. Their modes and ids travel in the archive's pax global
-    /// header (see [`airlock_proto::tree`]), so that the executor can
-    /// recompute the tree id.
+    /// Entries left out because they are neither files nor links
+    /// (submodules); the commit keeps them, the executor never sees them.
+    /// Their modes and ids travel in the archive's pax global header (see
+    /// [`airlock_proto::tree`]), so that the executor can recompute the
+    /// tree id.
     pub skipped: Vec<String>,
 }
 
@@ -49,6 +53,9 @@ struct Entry {
     size: u64,
     path: String,
 }
+
+/// The git mode of a symbolic link.
+const SYMLINK_MODE: u32 = 0o120000;
 
 /// The pax records (`<length> <key>=<value>\n`, the length counting
 /// itself) of the entries an archive carries as metadata only.
@@ -109,7 +116,7 @@ impl AuthorityRepo {
             };
             let mode =
                 u32::from_str_radix(mode, 8).map_err(|e| std::io::Error::other(e.to_string()))?;
-            if mode != 0o100644 && mode != 0o100755 {
+            if mode != 0o100644 && mode != 0o100755 && mode != SYMLINK_MODE {
                 stats.skipped.push(path.to_owned());
                 skipped.push(TreeEntry {
                     mode,
@@ -151,9 +158,10 @@ impl AuthorityRepo {
         Ok(entries)
     }
 
-    /// Writes a tar of `commit`'s tree to `out`: regular files only, in
-    /// path order, owner 0:0, mtime 0, mode 0644 or 0755, so the same commit
-    /// always gives the same bytes. Content comes from `git cat-file
+    /// Writes a tar of `commit`'s tree to `out`: regular files (mode 0644
+    /// or 0755) and symbolic links (their targets as the tree has them,
+    /// whatever they point to), in path order, owner 0:0, mtime 0, so the
+    /// same commit always gives the same bytes. Content comes from `git cat-file
     /// --batch`: no filter, no textconv and no attribute is applied.
     pub fn source_archive(
         &self,
@@ -221,16 +229,33 @@ impl AuthorityRepo {
                 .into());
             }
             let mut header = tar::Header::new_gnu();
-            header.set_size(entry.size);
-            header.set_mode(if entry.mode == 0o100755 { 0o755 } else { 0o644 });
             header.set_uid(0);
             header.set_gid(0);
             header.set_mtime(0);
-            header.set_entry_type(tar::EntryType::Regular);
-            builder.append_data(&mut header, &entry.path, (&mut reader).take(entry.size))?;
+            if entry.mode == SYMLINK_MODE {
+                let mut target = Vec::new();
+                (&mut reader).take(entry.size).read_to_end(&mut target)?;
+                if target.is_empty() || target.contains(&0) {
+                    return Err(GitError::Refused(airlock_proto::Error::with(
+                        airlock_proto::Code::SOURCE_ARCHIVE_INVALID,
+                        format!("{}: a symbolic link with an unusable target", entry.path),
+                    )));
+                }
+                header.set_size(0);
+                header.set_mode(0o777);
+                header.set_entry_type(tar::EntryType::Symlink);
+                let target = std::ffi::OsStr::from_bytes(&target);
+                builder.append_link(&mut header, &entry.path, target)?;
+                stats.symlinks += 1;
+            } else {
+                header.set_size(entry.size);
+                header.set_mode(if entry.mode == 0o100755 { 0o755 } else { 0o644 });
+                header.set_entry_type(tar::EntryType::Regular);
+                builder.append_data(&mut header, &entry.path, (&mut reader).take(entry.size))?;
+                stats.files += 1;
+            }
             let mut newline = [0u8; 1];
             reader.read_exact(&mut newline)?;
-            stats.files += 1;
         }
         builder.into_inner()?.flush()?;
         feeder

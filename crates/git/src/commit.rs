@@ -15,6 +15,8 @@ pub struct FileChange {
     pub content: Option<Vec<u8>>,
     /// Executable bit of the new content.
     pub executable: bool,
+    /// True when the content is a symbolic link's target (mode 120000).
+    pub symlink: bool,
 }
 
 impl FileChange {
@@ -24,6 +26,17 @@ impl FileChange {
             path: path.to_owned(),
             content: Some(content),
             executable,
+            symlink: false,
+        }
+    }
+
+    /// A symbolic link to `target` (created, or retargeted).
+    pub fn symlink(path: &str, target: Vec<u8>) -> Self {
+        FileChange {
+            path: path.to_owned(),
+            content: Some(target),
+            executable: false,
+            symlink: true,
         }
     }
 
@@ -33,6 +46,7 @@ impl FileChange {
             path: path.to_owned(),
             content: None,
             executable: false,
+            symlink: false,
         }
     }
 }
@@ -61,6 +75,8 @@ fn escape() -> impl Fn(&str, &str) -> GitError {
 
 /// A tree entry's mode in `git ls-tree` form.
 const TREE_MODE: &str = "040000";
+/// The git mode of a symbolic link.
+const SYMLINK_MODE: &str = "120000";
 
 /// One row of a tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,7 +312,7 @@ impl AuthorityRepo {
             }
             match dir.entries.get(name).map(|e| e.mode.as_str()) {
                 Some(TREE_MODE) => return Err(refuse(path, "is a directory")),
-                None | Some("100644") | Some("100755") => {}
+                None | Some("100644") | Some("100755") | Some(SYMLINK_MODE) => {}
                 Some(other) => return Err(refuse(path, &format!("replaces a mode {other} entry"))),
             }
             if dir.children.contains_key(name) {
@@ -310,7 +326,9 @@ impl AuthorityRepo {
                         content,
                         &[],
                     )?;
-                    let mode = if change.executable {
+                    let mode = if change.symlink {
+                        SYMLINK_MODE
+                    } else if change.executable {
                         "100755"
                     } else {
                         "100644"

@@ -65,16 +65,15 @@ fn archive(repo: &AuthorityRepo, commit: &str) -> (Vec<u8>, airlock_git::Archive
 }
 
 #[test]
-fn archive_is_deterministic_and_holds_regular_files_only() {
+fn archive_is_deterministic_and_holds_files_and_links() {
     let f = fixture();
     let repo = AuthorityRepo::open(&f.bare).unwrap();
     let (a, stats) = archive(&repo, &f.main);
     let (b, _) = archive(&repo, &f.main);
     assert_eq!(a, b, "same commit, same bytes");
     assert_eq!(stats.files, 4);
-    let mut skipped = stats.skipped.clone();
-    skipped.sort();
-    assert_eq!(skipped, vec!["link", "sub"]);
+    assert_eq!(stats.symlinks, 1);
+    assert_eq!(stats.skipped, vec!["sub"]);
     let mut names = Vec::new();
     let mut ar = tar::Archive::new(&a[..]);
     let mut globals = 0;
@@ -87,20 +86,26 @@ fn archive_is_deterministic_and_holds_regular_files_only() {
             globals += 1;
             continue;
         }
-        assert_eq!(h.entry_type(), tar::EntryType::Regular);
         assert_eq!(
             (h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap()),
             (0, 0, 0)
         );
-        names.push((
-            entry.path().unwrap().to_string_lossy().into_owned(),
-            h.mode().unwrap(),
-        ));
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        if h.entry_type() == tar::EntryType::Symlink {
+            // The link as the tree has it, target and all (an absolute
+            // one too: what it reaches is the sandbox's to govern).
+            let target = entry.link_name().unwrap().unwrap();
+            names.push((format!("{path} -> {}", target.display()), 0));
+            continue;
+        }
+        assert_eq!(h.entry_type(), tar::EntryType::Regular);
+        names.push((path, h.mode().unwrap()));
     }
     assert_eq!(
         names,
         vec![
             ("README.md".into(), 0o644),
+            ("link -> /etc/passwd".into(), 0),
             ("run.sh".into(), 0o755),
             ("src/deep/x.txt".into(), 0o644),
             ("src/lib.py".into(), 0o644)
@@ -111,7 +116,7 @@ fn archive_is_deterministic_and_holds_regular_files_only() {
 
 /// The tree id recomputed from an archive's content (what the executor's
 /// cache checks) is git's own tree id of the commit, symlink and submodule
-/// included: they travel as pax records.
+/// included: the link as a symlink member, the submodule as a pax record.
 #[test]
 fn the_archive_holds_the_commits_tree_and_names_it() {
     use airlock_proto::tree::{ObjectFormat, PAX_KEY_PREFIX, TreeBuilder, TreeEntry};
@@ -140,6 +145,12 @@ fn the_archive_holds_the_commits_tree_and_names_it() {
             continue;
         }
         let path = entry.path().unwrap().to_string_lossy().into_owned();
+        if entry.header().entry_type() == tar::EntryType::Symlink {
+            let target = entry.link_name_bytes().unwrap().into_owned();
+            t.add_symlink(&path, &target).unwrap();
+            extras.push((path, 0o120000));
+            continue;
+        }
         let exec = entry.header().mode().unwrap() & 0o111 != 0;
         let mut data = Vec::new();
         entry.read_to_end(&mut data).unwrap();
@@ -317,7 +328,6 @@ fn changes_cannot_pass_through_links_submodules_or_directories() {
     let repo = AuthorityRepo::open(&f.bare).unwrap();
     for (path, code) in [
         ("link/x", Code::PATH_ESCAPE),
-        ("link", Code::PATH_ESCAPE),
         ("sub", Code::PATH_ESCAPE),
         ("sub/file", Code::PATH_ESCAPE),
         ("src", Code::PATH_ESCAPE),
@@ -341,6 +351,45 @@ fn changes_cannot_pass_through_links_submodules_or_directories() {
         repo.governed_commit(&s).unwrap_err().code(),
         Code::GIT_OBJECT_MISSING
     );
+}
+
+/// Links are committed as links (mode 120000, the target as the blob):
+/// made, retargeted, replaced by a file and deleted.
+#[test]
+fn symlinks_are_committed_as_links() {
+    let f = fixture();
+    let repo = AuthorityRepo::open(&f.bare).unwrap();
+    let commit = |changes| {
+        repo.governed_commit(&CommitSpec {
+            parent: f.main.clone(),
+            changes,
+            message: "m".into(),
+        })
+        .unwrap()
+    };
+    let entry = |commit: &str, path: &str| {
+        let line = git(&f.bare, &["ls-tree", commit, "--", path]);
+        let mode = line.split(' ').next().unwrap_or("").to_owned();
+        let blob = git(&f.bare, &["cat-file", "-p", &format!("{commit}:{path}")]);
+        (mode, blob)
+    };
+    let c = commit(vec![
+        FileChange::symlink("docs/readme", b"../README.md".to_vec()),
+        FileChange::symlink("link", b"run.sh".to_vec()),
+    ]);
+    assert_eq!(
+        entry(&c, "docs/readme"),
+        ("120000".into(), "../README.md".into())
+    );
+    assert_eq!(entry(&c, "link"), ("120000".into(), "run.sh".into()));
+    let c = commit(vec![FileChange::write(
+        "link",
+        b"now a file\n".to_vec(),
+        false,
+    )]);
+    assert_eq!(entry(&c, "link"), ("100644".into(), "now a file".into()));
+    let c = commit(vec![FileChange::delete("link")]);
+    assert!(git(&f.bare, &["ls-tree", &c, "--", "link"]).is_empty());
 }
 
 #[test]

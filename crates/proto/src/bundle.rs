@@ -104,8 +104,12 @@ pub struct FileEntry {
     pub sha256: Option<String>,
     /// Whether the file is executable.
     pub executable: bool,
-    /// Content, base64; absent when deleted.
+    /// Content, base64; absent when deleted. A symbolic link's content is
+    /// its target.
     pub content_b64: Option<String>,
+    /// True when it is a symbolic link (never executable).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub symlink: bool,
 }
 
 /// Evidence of one verification command.

@@ -641,6 +641,7 @@ mod tests {
                             sha256: Some(crate::canonical::sha256_hex(b"A\n")),
                             executable: false,
                             content_b64: Some("QQo=".into()),
+                            symlink: false,
                         },
                         crate::task::CapturedFile {
                             path: "gone.txt".into(),
@@ -648,6 +649,7 @@ mod tests {
                             sha256: None,
                             executable: false,
                             content_b64: None,
+                            symlink: false,
                         },
                     ],
                 },

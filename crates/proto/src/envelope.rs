@@ -78,7 +78,21 @@ pub enum Change {
         #[serde(skip_serializing_if = "Option::is_none")]
         expected_sha256: Option<String>,
     },
-    /// Delete a file.
+    /// Create a symbolic link, or retarget one (replacing a file or a
+    /// link at `path`). The target must stay inside the tree: relative,
+    /// and, resolved lexically from the link's directory, never above the
+    /// root nor through `.git` ([`check_symlink_target`]).
+    WriteSymlink {
+        /// Repository-relative path of the link.
+        path: String,
+        /// The link's target, as `ln -s` takes it.
+        target: String,
+        /// When present, what is at `path` now (a file's content, a
+        /// link's target) must have this SHA-256.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        expected_sha256: Option<String>,
+    },
+    /// Delete a file or a symbolic link (never what the link points to).
     DeleteFile {
         /// Repository-relative path.
         path: String,
@@ -94,6 +108,7 @@ impl Change {
         match self {
             Change::WriteFile { path, .. }
             | Change::ReplaceText { path, .. }
+            | Change::WriteSymlink { path, .. }
             | Change::DeleteFile { path, .. } => path,
         }
     }
@@ -107,6 +122,9 @@ impl Change {
             | Change::ReplaceText {
                 expected_sha256, ..
             }
+            | Change::WriteSymlink {
+                expected_sha256, ..
+            }
             | Change::DeleteFile {
                 expected_sha256, ..
             } => expected_sha256.as_deref(),
@@ -117,6 +135,7 @@ impl Change {
         match self {
             Change::WriteFile { content, .. } => content.len(),
             Change::ReplaceText { old, new, .. } => old.len() + new.len(),
+            Change::WriteSymlink { target, .. } => target.len(),
             Change::DeleteFile { .. } => 0,
         }
     }
@@ -135,6 +154,7 @@ impl Change {
                 "count",
                 "expected_sha256",
             ],
+            "write_symlink" => &["operation", "path", "target", "expected_sha256"],
             "delete_file" => &["operation", "path", "expected_sha256"],
             other => return Err(Error::with(Code::CHANGE_OPERATION_INVALID, other)),
         };
@@ -181,6 +201,15 @@ impl Change {
                     expected_sha256,
                 }
             }
+            "write_symlink" => {
+                let target = o.str("target", Code::SYMLINK_TARGET_INVALID, MAX_PATH_LEN)?;
+                check_symlink_target(&path, target)?;
+                Change::WriteSymlink {
+                    target: target.to_owned(),
+                    path,
+                    expected_sha256,
+                }
+            }
             _ => Change::DeleteFile {
                 path,
                 expected_sha256,
@@ -188,6 +217,46 @@ impl Change {
         };
         Ok(change)
     }
+}
+
+/// Checks the target of a link at `path` that a change writes: not empty,
+/// relative, no NUL, and resolved lexically from the link's directory
+/// (`.` skipped, `..` one level up) it names a path inside the tree — never
+/// above its root, never through a `.git` component. Symbolic links the
+/// tree already holds are not checked: they are the repository's. Returns
+/// the normalised repository-relative path the target names (empty for
+/// the root itself).
+pub fn check_symlink_target(path: &str, target: &str) -> Result<String> {
+    let bad = |why: &str| {
+        Err(Error::with(
+            Code::SYMLINK_TARGET_INVALID,
+            format!("{path} -> {target:?}: {why}"),
+        ))
+    };
+    if target.is_empty() {
+        return bad("empty target");
+    }
+    if target.starts_with('/') {
+        return bad("absolute target; a link may only point inside the tree");
+    }
+    if target.chars().any(|c| c.is_control()) {
+        return bad("control character in the target");
+    }
+    let mut resolved: Vec<&str> = path.split('/').collect();
+    resolved.pop();
+    for component in target.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                if resolved.pop().is_none() {
+                    return bad("the target leaves the tree");
+                }
+            }
+            c if c.eq_ignore_ascii_case(".git") => return bad("the target names .git"),
+            c => resolved.push(c),
+        }
+    }
+    Ok(resolved.join("/"))
 }
 
 /// One verification command: an argv, never a shell string.
@@ -975,6 +1044,49 @@ pub(crate) mod tests {
             }),
             Code::COMMAND_INVALID
         );
+    }
+
+    #[test]
+    fn symlink_targets_stay_inside_the_tree() {
+        assert_eq!(check_symlink_target("a/b/l", "../c/d").unwrap(), "a/c/d");
+        assert_eq!(check_symlink_target("a/l", "./x/../y").unwrap(), "a/y");
+        assert_eq!(check_symlink_target("a/l", "..").unwrap(), "");
+        for (path, target) in [
+            ("l", ""),
+            ("l", "/etc/shadow"),
+            ("l", ".."),
+            ("a/l", "../../x"),
+            ("a/l", "b/../../../etc"),
+            ("l", ".git/config"),
+            ("a/l", "../.GIT/hooks"),
+            ("l", "x\0y"),
+        ] {
+            let err = check_symlink_target(path, target).unwrap_err();
+            assert_eq!(
+                err.code,
+                Code::SYMLINK_TARGET_INVALID,
+                "{path} -> {target:?}"
+            );
+        }
+        let parsed = Change::from_value(
+            &json!({"operation": "write_symlink", "path": "docs/l", "target": "../README"}),
+        )
+        .unwrap();
+        assert_eq!(parsed.path(), "docs/l");
+        for bad in [
+            json!({"operation": "write_symlink", "path": "l", "target": "/etc/passwd"}),
+            json!({"operation": "write_symlink", "path": "l"}),
+            json!({"operation": "write_symlink", "path": "l", "target": 7}),
+        ] {
+            assert_eq!(
+                Change::from_value(&bad).unwrap_err().code,
+                Code::SYMLINK_TARGET_INVALID,
+                "{bad}"
+            );
+        }
+        let extra =
+            json!({"operation": "write_symlink", "path": "l", "target": "a", "content": "x"});
+        assert!(Change::from_value(&extra).is_err());
     }
 
     #[test]

@@ -201,8 +201,10 @@ catalogue! {
     PATH_INVALID => Invalid, None;
     /// A path resolves outside the root it must stay under.
     PATH_ESCAPE => Denied, None;
-    /// A change operation is not write_file, replace_text or delete_file.
+    /// A change operation is not write_file, replace_text, write_symlink or delete_file.
     CHANGE_OPERATION_INVALID => Invalid, None;
+    /// A write_symlink target is empty, absolute, or leaves the tree (lexically, from the link's directory).
+    SYMLINK_TARGET_INVALID => Invalid, None;
     /// write_file content is missing or not text.
     WRITE_CONTENT_INVALID => Invalid, None;
     /// replace_text found a different number of occurrences than declared.
@@ -229,7 +231,7 @@ catalogue! {
     PROPOSAL_BINARY_CHANGE => Invalid, None;
     /// A proposal sets or clears a file's executable bit; file modes cannot be proposed.
     PROPOSAL_MODE_CHANGE => Invalid, None;
-    /// A proposal adds, edits or removes a symbolic link or a submodule.
+    /// A proposal changes a submodule, or turns a file into a symbolic link or back.
     PROPOSAL_SYMLINK_CHANGE => Invalid, None;
     /// A proposal changes nothing relative to its base.
     PROPOSAL_EMPTY => Invalid, None;
@@ -401,7 +403,7 @@ catalogue! {
     SOURCE_ARCHIVE_SHA_MISMATCH => Conflict, None;
     /// An archive member has an absolute, '..' or '.git' path.
     SOURCE_ARCHIVE_PATH_INVALID => Denied, None;
-    /// An archive member is a symlink or a hard link.
+    /// An archive member is a hard link, or a symbolic link with an empty or over-long target.
     SOURCE_ARCHIVE_LINK_DENY => Denied, None;
     /// An archive member is a device, FIFO or other special file, or has setuid/setgid bits.
     SOURCE_ARCHIVE_MEMBER_DENY => Denied, None;

@@ -299,8 +299,12 @@ pub struct CapturedFile {
     pub sha256: Option<String>,
     /// Whether the file is executable.
     pub executable: bool,
-    /// The content, base64 (present files only).
+    /// The content, base64 (present files only); a link's target.
     pub content_b64: Option<String>,
+    /// True when the path is a symbolic link (captured as itself, never
+    /// followed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub symlink: bool,
 }
 
 /// The isolation evidence of one attempt's verification commands, from

@@ -164,6 +164,13 @@ impl TreeBuilder {
         self.add(path, mode, h.finish())
     }
 
+    /// Adds a symbolic link from its target (a link's blob is its target).
+    pub fn add_symlink(&mut self, path: &str, target: &[u8]) -> Result<()> {
+        let mut h = blob_hasher(self.format, target.len() as u64);
+        h.update(target);
+        self.add(path, 0o120000, h.finish())
+    }
+
     /// Adds an entry by mode and raw id. A path that is both a file and a
     /// directory, or given twice, is refused.
     pub fn add(&mut self, path: &str, mode: u32, oid: Vec<u8>) -> Result<()> {

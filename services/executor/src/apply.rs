@@ -3,10 +3,15 @@
 //! Every access resolves beneath the workspace root with openat2
 //! (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS): a
 //! symlink anywhere on the path, planted or not, is never followed
-//! (PATH_ESCAPE), and only regular files are read, written or deleted.
+//! (PATH_ESCAPE). Regular files are read, written and deleted; a symbolic
+//! link as the last component is itself the thing a change reads (its
+//! target), replaces (write_symlink) or deletes, never what it points to,
+//! and write_file or replace_text on one is refused (PATH_ESCAPE).
 //! For each change, in order: resolve (PATH_ESCAPE), credential policy
-//! (CREDENTIAL_PATH_DENIED), the expected_sha256 guard (SOURCE_DRIFT),
-//! then the operation (REPLACE_SOURCE_MISSING, REPLACE_COUNT_INVALID).
+//! (CREDENTIAL_PATH_DENIED), the expected_sha256 guard over the file's
+//! content or the link's target (SOURCE_DRIFT), then the operation
+//! (REPLACE_SOURCE_MISSING, REPLACE_COUNT_INVALID). A write_symlink's
+//! target was checked to stay inside the tree when the change was parsed.
 
 use crate::beneath;
 use crate::error::{Error, Result};
@@ -18,6 +23,7 @@ use rustix::fd::OwnedFd;
 use rustix::fs::{AtFlags, FileType, OFlags};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Which credential-like paths are nevertheless allowed.
@@ -64,13 +70,21 @@ fn match_component(g: &[u8], s: &[u8]) -> bool {
     }
 }
 
-/// A file read out of the workspace.
+/// A file (or a symbolic link) read out of the workspace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
-    /// Its bytes.
+    /// Its bytes; a link's target.
     pub bytes: Vec<u8>,
-    /// Any execute bit set.
+    /// Any execute bit set (never for a link).
     pub executable: bool,
+    /// True for a symbolic link.
+    pub symlink: bool,
+}
+
+/// What the last component of a path is, found without following it.
+enum Found {
+    File(OwnedFd),
+    Link(Vec<u8>),
 }
 
 /// A workspace directory held open; every access goes beneath it.
@@ -163,7 +177,97 @@ impl Workspace {
                 max,
             });
         }
-        Ok(Snapshot { bytes, executable })
+        Ok(Snapshot {
+            bytes,
+            executable,
+            symlink: false,
+        })
+    }
+
+    /// The directory holding `rel`'s last component, and that name; None
+    /// when a parent is missing (or is a file).
+    fn parent_of<'p>(&self, rel: &'p str) -> Result<Option<(OwnedFd, &'p str)>> {
+        let (parent, name) = beneath::split(rel);
+        let dir = match parent {
+            Some(p) => match beneath::dir(&self.root, p, false) {
+                Ok(Some(d)) => d,
+                Ok(None) | Err(Error::PathInvalid { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            },
+            None => rustix::io::dup(&self.root).map_err(|e| beneath::classify(rel, e))?,
+        };
+        Ok(Some((dir, name)))
+    }
+
+    /// Finds `rel`: a regular file (held open), a symbolic link (its
+    /// target), or nothing; anything else, or a link on the way, is an
+    /// error.
+    fn find(&self, rel: &str) -> Result<Option<Found>> {
+        let Some((dir, name)) = self.parent_of(rel)? else {
+            return Ok(None);
+        };
+        match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                let target = rustix::fs::readlinkat(&dir, name, Vec::new())
+                    .map_err(|e| beneath::classify(rel, e))?;
+                Ok(Some(Found::Link(target.into_bytes())))
+            }
+            Ok(_) => Ok(self.open_regular(rel)?.map(Found::File)),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(beneath::classify(rel, e)),
+        }
+    }
+
+    /// Reads a regular file or a symbolic link (its target, not followed);
+    /// None when nothing is there.
+    pub fn read_node(&self, rel: &str) -> Result<Option<Snapshot>> {
+        match self.find(rel)? {
+            Some(Found::File(fd)) => self.read_fd(fd, rel).map(Some),
+            Some(Found::Link(target)) => Ok(Some(Snapshot {
+                bytes: target,
+                executable: false,
+                symlink: true,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// Makes `rel` a symbolic link to `target`, replacing a file or a link
+    /// there (creating parents).
+    pub fn link(&self, rel: &str, target: &[u8]) -> Result<()> {
+        let (parent, name) = beneath::split(rel);
+        let dir = match parent {
+            Some(p) => beneath::dir(&self.root, p, true)?.ok_or_else(|| Error::PathInvalid {
+                path: rel.to_owned(),
+                why: "parent directory missing",
+            })?,
+            None => rustix::io::dup(&self.root).map_err(|e| beneath::classify(rel, e))?,
+        };
+        self.unlink_node(&dir, name, rel)?;
+        let target = std::ffi::OsStr::from_bytes(target);
+        rustix::fs::symlinkat(target, &dir, name).map_err(|e| beneath::classify(rel, e))
+    }
+
+    /// Removes the file or link `name` in `dir` (nothing there is fine);
+    /// anything else is refused.
+    fn unlink_node(&self, dir: &OwnedFd, name: &str, rel: &str) -> Result<()> {
+        match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                let ft = FileType::from_raw_mode(st.st_mode);
+                if ft != FileType::RegularFile && ft != FileType::Symlink {
+                    return Err(Error::PathEscape {
+                        path: rel.to_owned(),
+                        why: "not a regular file or a symbolic link",
+                    });
+                }
+            }
+            Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(beneath::classify(rel, e)),
+        }
+        match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(beneath::classify(rel, e)),
+        }
     }
 
     /// Reads a regular file; None when it does not exist.
@@ -253,37 +357,9 @@ impl Workspace {
     }
 
     fn delete(&self, rel: &str) -> Result<()> {
-        let (parent, name) = beneath::split(rel);
-        let dir = match parent {
-            Some(p) => match beneath::dir(&self.root, p, false) {
-                Ok(Some(d)) => d,
-                Ok(None) | Err(Error::PathInvalid { .. }) => return Ok(()),
-                Err(e) => return Err(e),
-            },
-            None => rustix::io::dup(&self.root).map_err(|e| beneath::classify(rel, e))?,
-        };
-        match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => {
-                let ft = FileType::from_raw_mode(st.st_mode);
-                if ft == FileType::Symlink {
-                    return Err(Error::PathEscape {
-                        path: rel.to_owned(),
-                        why: "is a symbolic link",
-                    });
-                }
-                if ft != FileType::RegularFile {
-                    return Err(Error::PathEscape {
-                        path: rel.to_owned(),
-                        why: "not a regular file",
-                    });
-                }
-            }
-            Err(rustix::io::Errno::NOENT) => return Ok(()),
-            Err(e) => return Err(beneath::classify(rel, e)),
-        }
-        match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
-            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-            Err(e) => Err(beneath::classify(rel, e)),
+        match self.parent_of(rel)? {
+            Some((dir, name)) => self.unlink_node(&dir, name, rel),
+            None => Ok(()),
         }
     }
 
@@ -293,28 +369,34 @@ impl Workspace {
         let mut touched: Vec<String> = Vec::new();
         for change in changes {
             let rel = change.path();
-            // 1. Resolve: a symlink or escape fails here, before anything else.
-            let current = match self.open_regular(rel)? {
-                Some(fd) => Some(fd),
-                None => {
-                    // A missing file: still make sure its parents do not escape.
-                    if let (Some(parent), _) = beneath::split(rel) {
-                        match beneath::dir(&self.root, parent, false) {
-                            Ok(_) | Err(Error::PathInvalid { .. }) => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    None
-                }
-            };
+            // 1. Resolve: a link on the way or an escape fails here, before
+            // anything else (a link as the last component is found, not
+            // followed).
+            let found = self.find(rel)?;
             // 2. Credential policy.
             if credentials.denies(rel) {
                 return Err(Error::CredentialPath(rel.to_owned()));
             }
-            let current = match current {
-                Some(fd) => Some(self.read_fd(fd, rel)?),
+            let current = match found {
+                Some(Found::File(fd)) => Some(self.read_fd(fd, rel)?),
+                Some(Found::Link(target)) => Some(Snapshot {
+                    bytes: target,
+                    executable: false,
+                    symlink: true,
+                }),
                 None => None,
             };
+            if current.as_ref().is_some_and(|c| c.symlink)
+                && matches!(
+                    change,
+                    Change::WriteFile { .. } | Change::ReplaceText { .. }
+                )
+            {
+                return Err(Error::PathEscape {
+                    path: rel.to_owned(),
+                    why: "is a symbolic link (delete it first to write a file there)",
+                });
+            }
             // 3. Drift guard.
             if let Some(expected) = change.expected_sha256() {
                 let found = current
@@ -348,6 +430,7 @@ impl Workspace {
                     }
                     self.write(rel, text.replace(old.as_str(), new).as_bytes())?;
                 }
+                Change::WriteSymlink { target, .. } => self.link(rel, target.as_bytes())?,
                 Change::DeleteFile { .. } => self.delete(rel)?,
             }
             if !touched.iter().any(|t| t == rel) {
@@ -358,7 +441,8 @@ impl Workspace {
         Ok(touched)
     }
 
-    /// The current content of each path as result entries (deleted when absent).
+    /// The current content of each path as result entries (deleted when
+    /// absent; a symbolic link as itself, its target the content).
     pub fn entries(
         &self,
         paths: &[String],
@@ -369,7 +453,7 @@ impl Workspace {
             if credentials.denies(rel) {
                 return Err(Error::CredentialPath(rel.clone()));
             }
-            out.push(match self.read(rel)? {
+            out.push(match self.read_node(rel)? {
                 Some(snap) => FileEntry {
                     path: rel.clone(),
                     deleted: false,
@@ -378,6 +462,7 @@ impl Workspace {
                     content_b64: Some(
                         base64::engine::general_purpose::STANDARD.encode(&snap.bytes),
                     ),
+                    symlink: snap.symlink,
                 },
                 None => FileEntry {
                     path: rel.clone(),
@@ -385,6 +470,7 @@ impl Workspace {
                     sha256: None,
                     executable: false,
                     content_b64: None,
+                    symlink: false,
                 },
             });
         }

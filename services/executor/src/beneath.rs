@@ -141,7 +141,18 @@ pub fn dir(root: &OwnedFd, rel: &str, create: bool) -> Result<Option<OwnedFd>> {
         walked.push_str(component);
         let base = cur.as_ref().unwrap_or(root);
         let flags = OFlags::RDONLY | OFlags::DIRECTORY;
-        let fd = match open(base, component, flags, 0)? {
+        let opened = match open(base, component, flags, 0) {
+            // O_DIRECTORY | O_NOFOLLOW answers ENOTDIR for a symlink: say
+            // it is one, as for a link anywhere else on a path.
+            Err(Error::PathInvalid { .. })
+                if rustix::fs::statat(base, component, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink) =>
+            {
+                return Err(classify(&walked, Errno::LOOP));
+            }
+            other => other?,
+        };
+        let fd = match opened {
             Some(fd) => fd,
             None if create => {
                 match rustix::fs::mkdirat(base, component, Mode::from_raw_mode(0o755)) {

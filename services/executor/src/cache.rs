@@ -474,22 +474,30 @@ pub fn stamp(root: &Path) -> Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// Hashes every regular file beneath `dir` into `builder` (paths relative
-/// to `root`); anything but directories and regular files is an error.
+/// Hashes every regular file and symbolic link beneath `dir` into
+/// `builder` (paths relative to `root`; a link's blob is its target,
+/// never what it points to); anything else but directories is an error.
 fn hash_dir(root: &Path, dir: &Path, builder: &mut TreeBuilder, files: &mut u64) -> Result<()> {
     for entry in std::fs::read_dir(dir).map_err(|e| setup(e, dir))? {
         let entry = entry.map_err(|e| setup(e, dir))?;
         let path = entry.path();
         let meta = std::fs::symlink_metadata(&path).map_err(|e| setup(e, &path))?;
-        if meta.is_dir() {
-            hash_dir(root, &path, builder, files)?;
-        } else if meta.is_file() {
-            let rel = path
-                .strip_prefix(root)
+        let rel = || {
+            path.strip_prefix(root)
                 .ok()
                 .and_then(Path::to_str)
-                .ok_or_else(|| setup("not a UTF-8 path", &path))?
-                .to_owned();
+                .map(str::to_owned)
+                .ok_or_else(|| setup("not a UTF-8 path", &path))
+        };
+        if meta.is_dir() {
+            hash_dir(root, &path, builder, files)?;
+        } else if meta.is_symlink() {
+            let target = std::fs::read_link(&path).map_err(|e| setup(e, &path))?;
+            builder
+                .add_symlink(&rel()?, target.as_os_str().as_encoded_bytes())
+                .map_err(|e| setup(e, &path))?;
+        } else if meta.is_file() {
+            let rel = rel()?;
             let mut h = blob_hasher(builder.format(), meta.len());
             let mut f = std::fs::File::open(&path).map_err(|e| setup(e, &path))?;
             let mut buf = vec![0u8; 64 * 1024];
@@ -510,7 +518,7 @@ fn hash_dir(root: &Path, dir: &Path, builder: &mut TreeBuilder, files: &mut u64)
                 .map_err(|e| setup(e, &path))?;
             *files += 1;
         } else {
-            return Err(setup("neither a file nor a directory", &path));
+            return Err(setup("neither a file, a link nor a directory", &path));
         }
     }
     Ok(())

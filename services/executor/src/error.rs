@@ -68,12 +68,12 @@ pub enum Error {
         /// What is wrong with it.
         why: &'static str,
     },
-    /// An archive member is a symlink or a hard link.
+    /// An archive member is a hard link, or a symbolic link without a usable target.
     #[error("archive member {path:?} is a {kind}")]
     ArchiveLink {
         /// The member's path.
         path: String,
-        /// "symbolic link" or "hard link".
+        /// "hard link", or what is wrong with a symbolic link.
         kind: &'static str,
     },
     /// An archive member is a device, FIFO or other special file, or has setuid/setgid bits.

@@ -11,10 +11,17 @@
 //! |---|---|
 //! | more than `max_entries` members | SOURCE_ARCHIVE_LIMIT_EXCEEDED |
 //! | path absolute, with `..`, `.git`, `.`, empty or control characters, duplicate | SOURCE_ARCHIVE_PATH_INVALID |
-//! | symbolic link, hard link | SOURCE_ARCHIVE_LINK_DENY |
+//! | hard link; a symbolic link with an empty target or one over 4 KiB | SOURCE_ARCHIVE_LINK_DENY |
 //! | device, FIFO, sparse or other special member; setuid/setgid/sticky bits | SOURCE_ARCHIVE_MEMBER_DENY |
 //! | a member over `max_file_bytes`, the sum over `max_total_bytes` | SOURCE_ARCHIVE_LIMIT_EXCEEDED |
 //! | more decompressed bytes than `max_expansion_ratio` × archive size (1 MiB floor) | SOURCE_ARCHIVE_LIMIT_EXCEEDED |
+//!
+//! A symbolic link is made as the tree has it, whatever its target names:
+//! it is the repository's. It is created beneath the root like a file
+//! (its parent resolved with RESOLVE_NO_SYMLINKS, so no member is ever
+//! written through a link), and never followed here or later by the
+//! executor; what a command reaches through it is the sandbox's to govern
+//! (docs/privsep/workspace.md).
 //!
 //! Credential-like paths (`.env`, `.ssh/`, keys, …) are withheld: they are
 //! not written into the workspace, so no verification command can print
@@ -37,6 +44,7 @@ use rustix::fd::OwnedFd;
 use rustix::fs::OFlags;
 use std::cell::Cell;
 use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::rc::Rc;
 
 /// Bounds on what an archive may contain.
@@ -61,6 +69,8 @@ pub const EXPANSION_FLOOR: u64 = 1 << 20;
 pub struct Extracted {
     /// Regular files written.
     pub files: u64,
+    /// Symbolic links made.
+    pub symlinks: u64,
     /// Directories created.
     pub dirs: u64,
     /// Sum of file sizes.
@@ -176,10 +186,32 @@ pub fn extract(
         let path = member_path(&raw, kind.is_dir())?;
         match kind {
             tar::EntryType::Symlink => {
-                return Err(Error::ArchiveLink {
-                    path,
-                    kind: "symbolic link",
-                });
+                let target = entry
+                    .link_name_bytes()
+                    .map(|t| t.into_owned())
+                    .unwrap_or_default();
+                if target.is_empty() || target.len() > MAX_LINK_TARGET {
+                    return Err(Error::ArchiveLink {
+                        path,
+                        kind: "symbolic link with an empty or over-long target",
+                    });
+                }
+                tree.add_symlink(&path, &target)
+                    .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+                if credentials.denies(&path) {
+                    let mut h = blob_hasher(format, target.len() as u64);
+                    h.update(&target);
+                    out.extras.push(TreeEntry {
+                        mode: 0o120000,
+                        oid: hex::encode(h.finish()),
+                        path: path.clone(),
+                    });
+                    out.withheld.push(path);
+                } else {
+                    make_link(root, &path, &target)?;
+                    out.symlinks += 1;
+                }
+                continue;
             }
             tar::EntryType::Link => {
                 return Err(Error::ArchiveLink {
@@ -257,6 +289,32 @@ pub fn extract(
     }
     out.tree = tree.finish();
     Ok(out)
+}
+
+/// The longest symbolic link target an archive may carry (PATH_MAX less
+/// its NUL).
+const MAX_LINK_TARGET: usize = 4095;
+
+/// Makes the symbolic link `path` → `target` beneath `root`, its parents
+/// created as directories (never through a link).
+fn make_link(root: &OwnedFd, path: &str, target: &[u8]) -> Result<()> {
+    let (parent, name) = beneath::split(path);
+    let dir = match parent {
+        Some(p) => beneath::dir(root, p, true)?.ok_or_else(|| Error::PathInvalid {
+            path: path.to_owned(),
+            why: "parent directory missing",
+        })?,
+        None => rustix::io::dup(root).map_err(|e| beneath::classify(path, e))?,
+    };
+    let target = std::ffi::OsStr::from_bytes(target);
+    match rustix::fs::symlinkat(target, &dir, name) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::EXIST) => Err(Error::ArchivePath {
+            path: path.to_owned(),
+            why: "duplicate member",
+        }),
+        Err(e) => Err(beneath::classify(path, e)),
+    }
 }
 
 /// Passes bytes through while hashing them as a git blob.

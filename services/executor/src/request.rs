@@ -311,8 +311,8 @@ fn dir_exists(ws: &Workspace, lower: Option<&Workspace>, rel: &str) -> Result<bo
 }
 
 /// Applies `changes` to `upper`, an overlay's upper directory over `lower`:
-/// each path's file is copied up first (so a replace or a guard reads the
-/// tree's content), the change set is applied to the upper directory as to
+/// each path's file or link is copied up first (so a replace or a guard
+/// reads the tree's content), the change set is applied to the upper directory as to
 /// any workspace, the changed files are read back, and each deleted file
 /// the tree holds gets a whiteout (a character device 0/0), which hides it
 /// in the overlay. Returns the changed files.
@@ -327,19 +327,25 @@ fn apply_layered(
         // Writing beneath a parent that is a file in the tree fails in a
         // plain workspace; in the upper directory it would create the
         // directory and hide the file: refuse it the same way.
-        if let (Change::WriteFile { .. }, (Some(parent), _)) = (change, beneath::split(rel)) {
+        let creates = matches!(
+            change,
+            Change::WriteFile { .. } | Change::WriteSymlink { .. }
+        );
+        if let (true, (Some(parent), _)) = (creates, beneath::split(rel)) {
             beneath::dir(lower.root(), parent, false)?;
         }
-        if upper.read(rel)?.is_none() {
-            if let Some(snap) = lower.read(rel)? {
-                upper.put(rel, &snap.bytes, snap.executable)?;
+        if upper.read_node(rel)?.is_none() {
+            match lower.read_node(rel)? {
+                Some(snap) if snap.symlink => upper.link(rel, &snap.bytes)?,
+                Some(snap) => upper.put(rel, &snap.bytes, snap.executable)?,
+                None => {}
             }
         }
     }
     let touched = upper.apply(changes, credentials)?;
     let entries = upper.entries(&touched, credentials)?;
     for e in entries.iter().filter(|e| e.deleted) {
-        if lower.read(&e.path)?.is_some() {
+        if lower.read_node(&e.path)?.is_some() {
             upper.whiteout(&e.path)?;
         }
     }
@@ -347,7 +353,8 @@ fn apply_layered(
 }
 
 /// Copies a cached tree into a fresh workspace (the host view): each file
-/// reflinked where the file system can, else copied in the kernel.
+/// reflinked where the file system can, else copied in the kernel; each
+/// symbolic link made again with its target (never followed).
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     let err = |e: std::io::Error, p: &Path| Error::Setup {
         path: p.to_owned(),
@@ -360,6 +367,9 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         let ft = entry.file_type().map_err(|e| err(e, &src))?;
         if ft.is_dir() {
             copy_tree(&src, &dst)?;
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(&src).map_err(|e| err(e, &src))?;
+            std::os::unix::fs::symlink(&target, &dst).map_err(|e| err(e, &dst))?;
         } else if ft.is_file() {
             copy_file(&src, &dst).map_err(|e| err(e, &src))?;
         }

@@ -51,6 +51,14 @@ fn replace(path: &str, old: &str, new: &str, count: u32) -> Change {
     }
 }
 
+fn link(path: &str, target: &str) -> Change {
+    Change::WriteSymlink {
+        path: path.into(),
+        target: target.into(),
+        expected_sha256: None,
+    }
+}
+
 fn delete(path: &str) -> Change {
     Change::DeleteFile {
         path: path.into(),
@@ -181,15 +189,11 @@ fn planted_symlinks_are_never_followed() {
     for change in [
         write("link.txt", "pwned\n"),
         replace("link.txt", "precious", "pwned", 1),
-        delete("link.txt"),
         write("dirlink/outside.txt", "pwned\n"),
         write("dirlink/new.txt", "pwned\n"),
         delete("dirlink/outside.txt"),
+        link("dirlink/l", "x"),
         write("pkg/rel.txt", "pwned\n"),
-        Change::DeleteFile {
-            path: "pkg/rel.txt".into(),
-            expected_sha256: Some(sha(b"precious\n")),
-        },
     ] {
         assert_eq!(
             code(&f, std::slice::from_ref(&change)),
@@ -207,6 +211,12 @@ fn planted_symlinks_are_never_followed() {
         .code(),
         Code::PATH_ESCAPE
     );
+    // A guard is over the link's target, never what it points to.
+    let guarded = Change::DeleteFile {
+        path: "pkg/rel.txt".into(),
+        expected_sha256: Some(sha(b"precious\n")),
+    };
+    assert_eq!(code(&f, &[guarded]), Code::SOURCE_DRIFT);
     outside_intact(&f);
     assert!(
         std::fs::symlink_metadata(ws.join("link.txt"))
@@ -214,6 +224,83 @@ fn planted_symlinks_are_never_followed() {
             .file_type()
             .is_symlink()
     );
+}
+
+/// A link is itself the thing a change reads, retargets or deletes: the
+/// result carries it as a link, and what it points to is never touched.
+#[test]
+fn links_are_added_retargeted_and_deleted_as_links() {
+    let f = fixture();
+    let ws = f.ws.path().to_owned();
+    let outside = f.outer.path().join("outside.txt");
+    std::os::unix::fs::symlink(&outside, ws.join("abs")).unwrap();
+    std::os::unix::fs::symlink("hello.py", ws.join("old")).unwrap();
+    let policy = CredentialPolicy::default();
+    let touched =
+        f.ws.apply(
+            &[
+                link("docs/hello", "../hello.py"),
+                Change::WriteSymlink {
+                    path: "old".into(),
+                    target: "pkg/run.sh".into(),
+                    expected_sha256: Some(sha(b"hello.py")),
+                },
+                delete("abs"),
+                link("pkg/run.sh", "../hello.py"),
+            ],
+            &policy,
+        )
+        .unwrap();
+    assert_eq!(touched, ["abs", "docs/hello", "old", "pkg/run.sh"]);
+    assert_eq!(
+        std::fs::read_link(ws.join("docs/hello")).unwrap().to_str(),
+        Some("../hello.py")
+    );
+    assert_eq!(
+        std::fs::read_link(ws.join("old")).unwrap().to_str(),
+        Some("pkg/run.sh")
+    );
+    assert!(std::fs::symlink_metadata(ws.join("abs")).is_err());
+    outside_intact(&f);
+    let entries = f.ws.entries(&touched, &policy).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let shown: Vec<(&str, bool, bool, Vec<u8>)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e.path.as_str(),
+                e.deleted,
+                e.symlink,
+                b64.decode(e.content_b64.as_deref().unwrap_or("")).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("abs", true, false, vec![]),
+            ("docs/hello", false, true, b"../hello.py".to_vec()),
+            ("old", false, true, b"pkg/run.sh".to_vec()),
+            ("pkg/run.sh", false, true, b"../hello.py".to_vec()),
+        ]
+    );
+    assert_eq!(
+        entries[1].sha256.as_deref(),
+        Some(sha(b"../hello.py").as_str())
+    );
+    // A stale guard on a link is drift, and changes nothing.
+    let stale = Change::WriteSymlink {
+        path: "old".into(),
+        target: "hello.py".into(),
+        expected_sha256: Some(sha(b"hello.py")),
+    };
+    assert_eq!(code(&f, &[stale]), Code::SOURCE_DRIFT);
+    assert_eq!(
+        std::fs::read_link(ws.join("old")).unwrap().to_str(),
+        Some("pkg/run.sh")
+    );
+    // A directory is neither replaced by a link nor deleted.
+    assert_eq!(code(&f, &[link("pkg", "hello.py")]), Code::PATH_ESCAPE);
 }
 
 #[test]

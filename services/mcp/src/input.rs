@@ -187,6 +187,14 @@ pub struct FileContent {
     pub content: String,
 }
 
+/// One symbolic link of propose_change.
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkTarget {
+    pub path: String,
+    pub target: String,
+}
+
 /// One verification command of propose_change.
 #[derive(Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -203,6 +211,7 @@ pub struct ProposeChange {
     pub base: String,
     pub patch: Option<String>,
     pub files: Option<Vec<FileContent>>,
+    pub symlinks: Option<Vec<LinkTarget>>,
     pub delete: Option<Vec<String>>,
     pub verification: Option<Vec<Verify>>,
     pub presets: Option<Vec<String>>,
@@ -233,8 +242,9 @@ impl ProposeChange {
             total += f.content.len();
         }
         bounded("files in all", total, limits::MAX_PATCH_BYTES)?;
-        let count =
-            self.files.as_ref().map_or(0, Vec::len) + self.delete.as_ref().map_or(0, Vec::len);
+        let count = self.files.as_ref().map_or(0, Vec::len)
+            + self.symlinks.as_ref().map_or(0, Vec::len)
+            + self.delete.as_ref().map_or(0, Vec::len);
         if count > airlock_proto::limits::MAX_CHANGES {
             return Err(Error::with(
                 Code::FIELD_BOUNDS_EXCEEDED,

@@ -258,12 +258,16 @@ fn propose_change_in() -> Value {
         json!({
             "repository": repository_arg(),
             "base": revision_arg("the branch, tag or commit id the change is made against; resolved to a full commit id"),
-            "patch": {"type": "string", "description": "a unified diff (as git diff writes it) against base; give this or files/delete", "maxLength": crate::limits::MAX_PATCH_BYTES},
+            "patch": {"type": "string", "description": "a unified diff (as git diff writes it) against base, symbolic links as git writes them; give this or files/symlinks/delete", "maxLength": crate::limits::MAX_PATCH_BYTES},
             "files": {"type": "array", "description": "whole new file contents", "maxItems": 1000, "items": object(json!({
                 "path": {"type": "string", "minLength": 1, "maxLength": 4096},
                 "content": {"type": "string", "maxLength": crate::limits::MAX_FILE_BYTES}
             }), &["path", "content"])},
-            "delete": {"type": "array", "description": "paths to delete", "maxItems": 1000, "items": {"type": "string", "minLength": 1, "maxLength": 4096}},
+            "symlinks": {"type": "array", "description": "symbolic links to make or retarget; a target is relative and stays inside the repository", "maxItems": 1000, "items": object(json!({
+                "path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                "target": {"type": "string", "minLength": 1, "maxLength": 4096}
+            }), &["path", "target"])},
+            "delete": {"type": "array", "description": "paths of files or symbolic links to delete", "maxItems": 1000, "items": {"type": "string", "minLength": 1, "maxLength": 4096}},
             "verification": {"type": "array", "description": "commands run in order in the sandbox; the change lands only if each exits 0", "maxItems": 32, "items": object(json!({
                 "argv": {"type": "array", "minItems": 1, "maxItems": 256, "items": {"type": "string", "maxLength": 4096}, "description": "a program of the executor (python3, git, true, …) and its arguments; never a shell"},
                 "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": 1800, "default": 300}

@@ -896,10 +896,13 @@ impl Suite {
 
         let out_path = dir.join("out").join("result.json");
         let spool = self.spool_answers(&dir, uid)?;
+        // The source: its files and its symbolic links out of the
+        // workspace (a repository's, as the executor makes them).
+        let (archive, tree) = source_archive(&self.source_links(&dir))?;
         // The tree cache in the work root, as the executor lays it out (in
         // the sandboxed runs the executor finds no seal, removes this entry
         // and fills a real one from the archive, at the same path).
-        let cache_file = self.tree_cache_entry(&dir, uid)?;
+        let cache_file = self.tree_cache_entry(&dir, uid, &tree)?;
         // Metadata outside that the probe's uid owns: checked after every
         // probe, whatever it tried.
         let meta_targets: Vec<PathBuf> = std::iter::once(gap_file.clone())
@@ -942,7 +945,7 @@ impl Suite {
             &out_path,
             &marker_info,
         );
-        let (request, archive) = build_request(probe, index, &args)?;
+        let request = build_request(probe, index, &args, &tree)?;
         let req_path = dir.join("request.json");
         let arc_path = dir.join("source.tar");
         put(
@@ -1320,10 +1323,10 @@ pub const KEEP_XATTR: &str = "user.airlock-keep";
 impl Suite {
     /// A tree cache entry for the probes' source tree, owned by the probe's
     /// uid (the executor's): `<work>/trees/<tree>/tree/hello.py`.
-    fn tree_cache_entry(&self, dir: &Path, uid: u32) -> Res<PathBuf> {
+    fn tree_cache_entry(&self, dir: &Path, uid: u32, tree: &str) -> Res<PathBuf> {
         let trees = dir.join("work").join("trees");
         mkdir(&trees, 0o711, Some(uid))?;
-        let entry = trees.join(source_tree()?);
+        let entry = trees.join(tree);
         mkdir(&entry, 0o755, Some(uid))?;
         mkdir(&entry.join("tree"), 0o755, Some(uid))?;
         let file = entry.join("tree").join("hello.py");
@@ -1340,8 +1343,8 @@ impl Suite {
         mkdir(&spool, 0o755, None)?;
         let mut out = Vec::new();
         for (sub, name) in [
-            ("results", format!("r{}.json", "1".repeat(40))),
-            ("failed", format!("r{}.json", "2".repeat(40))),
+            ("results", spool_answer_name('1')),
+            ("failed", spool_answer_name('2')),
         ] {
             mkdir(&spool.join(sub), 0o2750, Some(uid))?;
             let f = spool.join(sub).join(name);
@@ -1351,6 +1354,50 @@ impl Suite {
         }
         Ok(out)
     }
+}
+
+impl Suite {
+    /// The symbolic links every probe's source tree holds, `(path,
+    /// target)`: each names something outside the workspace — a host
+    /// file, /etc/shadow, another request's spool answer, the tree cache —
+    /// absolutely, by a `../` chain past the root, and (the spool and the
+    /// cache) by the relative path that reaches it from the executor's
+    /// copy of the workspace (`<dir>/work/<request>/src`). A repository
+    /// may hold any of these; the `symlink_*` probes follow them.
+    fn source_links(&self, dir: &Path) -> Vec<(String, String)> {
+        let up = "../".repeat(24);
+        let outside = self.fixtures["outside_secret"].clone();
+        let spool = dir
+            .join("spool")
+            .join("results")
+            .join(spool_answer_name('1'));
+        let spool = spool.display().to_string();
+        let trees = dir.join("work").join("trees").display().to_string();
+        let rel = |p: &str| format!("{up}{}", p.trim_start_matches('/'));
+        [
+            ("outside_abs", outside.clone()),
+            ("outside_up", rel(&outside)),
+            ("shadow_abs", "/etc/shadow".to_owned()),
+            ("shadow_up", rel("/etc/shadow")),
+            ("spool_abs", spool.clone()),
+            ("spool_up", rel(&spool)),
+            (
+                "spool_rel",
+                format!("../../../../spool/results/{}", spool_answer_name('1')),
+            ),
+            ("trees_abs", trees.clone()),
+            ("trees_up", rel(&trees)),
+            ("trees_rel", "../../../trees".to_owned()),
+        ]
+        .into_iter()
+        .map(|(name, target)| (format!("links/{name}"), target))
+        .collect()
+    }
+}
+
+/// The name of a spool answer of another request (`r` and 40 of `digit`).
+fn spool_answer_name(digit: char) -> String {
+    format!("r{}.json", digit.to_string().repeat(40))
 }
 
 /// The cached `hello.py` holds what the tree holds, with its mode, a real
@@ -1487,6 +1534,11 @@ impl Suite {
             0o644,
             None,
         )?;
+        mkdir(&template.join("links"), 0o755, None)?;
+        for (path, target) in self.source_links(dir) {
+            std::os::unix::fs::symlink(&target, template.join(&path))
+                .map_err(io(format!("control link {path}")))?;
+        }
         let work = dir.join("work");
         let scratch = work.join(format!("r{}", "c".repeat(40)));
         let ws = scratch.join("src");
@@ -1495,8 +1547,8 @@ impl Suite {
         script.push_str(&format!(
             "R=\"$3\"; T=\"$4\"; REQ=\"$5\"
 mkdir -p \"$R/src\" \"$R/tmp\"
-cp \"$T/hello.py\" \"$T/escape_lib.py\" \"$R/src/\"
-chown -R {uid}:{uid} \"$R\"
+cp -a \"$T/.\" \"$R/src/\"
+chown -hR {uid}:{uid} \"$R\"
 chmod 0700 \"$R\" \"$R/src\" \"$R/tmp\"
 cd \"$R/src\"
 exec 3<\"$REQ\"
@@ -1894,26 +1946,37 @@ fn binding(task: &str) -> Res<Binding> {
     .map_err(io("binding"))
 }
 
-/// A tar of regular files.
-fn tar_of(files: &[(&str, &[u8])]) -> Res<Vec<u8>> {
+/// The probes' source as an archive — its files and `links` — and the
+/// git tree id of what it holds.
+fn source_archive(links: &[(String, String)]) -> Res<(Vec<u8>, String)> {
+    use airlock_proto::tree::{ObjectFormat, TreeBuilder};
+    let mut t = TreeBuilder::new(ObjectFormat::Sha1);
     let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
+    for (path, data) in [
+        ("hello.py", &b"VALUE = 1\n"[..]),
+        ("escape_lib.py", LIB_PY.as_bytes()),
+    ] {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
         h.set_mode(0o644);
         h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path, *data).map_err(io("tar"))?;
+        b.append_data(&mut h, path, data).map_err(io("tar"))?;
+        t.add_blob(path, false, data).map_err(io("tree"))?;
     }
-    b.into_inner().map_err(io("tar"))
+    for (path, target) in links {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(0);
+        h.set_mode(0o777);
+        h.set_entry_type(tar::EntryType::Symlink);
+        b.append_link(&mut h, path, target).map_err(io("tar"))?;
+        t.add_symlink(path, target.as_bytes()).map_err(io("tree"))?;
+    }
+    Ok((b.into_inner().map_err(io("tar"))?, t.finish()))
 }
 
-/// The request and archive for one probe: a real envelope (one change,
-/// one verification command), a real archive.
-pub fn build_request(probe: &Probe, index: usize, args: &Value) -> Res<(ExecRequest, Vec<u8>)> {
-    let archive = tar_of(&[
-        ("hello.py", b"VALUE = 1\n"),
-        ("escape_lib.py", LIB_PY.as_bytes()),
-    ])?;
+/// The request for one probe: a real envelope (one change, one
+/// verification command) over the source tree `tree`.
+pub fn build_request(probe: &Probe, index: usize, args: &Value, tree: &str) -> Res<ExecRequest> {
     let task = format!("task-escape-{index}-{}", probe.name.replace('_', "-"));
     let code = format!("from escape_lib import *\n{}\n", probe.code);
     let planner = json!({
@@ -1940,20 +2003,7 @@ pub fn build_request(probe: &Probe, index: usize, args: &Value) -> Res<(ExecRequ
         request_id: request_id_for(&envelope.binding.task_id, 1, &envelope.execution_digest),
         attempt: 1,
         envelope: envelope.to_value(),
-        source_tree: source_tree()?,
+        source_tree: tree.to_owned(),
     };
-    Ok((request, archive))
-}
-
-/// The git tree id of the probes' source (what the archive holds).
-pub fn source_tree() -> Res<String> {
-    use airlock_proto::tree::{ObjectFormat, TreeBuilder};
-    let mut t = TreeBuilder::new(ObjectFormat::Sha1);
-    for (path, content) in [
-        ("hello.py", &b"VALUE = 1\n"[..]),
-        ("escape_lib.py", LIB_PY.as_bytes()),
-    ] {
-        t.add_blob(path, false, content).map_err(io("tree"))?;
-    }
-    Ok(t.finish())
+    Ok(request)
 }

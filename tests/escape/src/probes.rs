@@ -718,4 +718,25 @@ planted("a double-forked, setsid daemon")"##)
       META_CODE_CACHE)
         .checks(&[Check::TreeCacheIntact])
         .errnos(&["EPERM", "EACCES"]),
+    // --- the repository's symbolic links (the workspace has them as the tree does) ---
+    p("symlink_outside", "read a host file through the tree's links to it (absolute, and a ../ chain past the root)",
+      r##"attempt_all([(f"read {l}", lambda l=l: read(l)) for l in links_present(("links/outside_abs", "links/outside_up"))])"##)
+        .errnos(&["EACCES"]),
+    p("symlink_shadow", "read /etc/shadow through the tree's links to it (absolute, and a ../ chain)",
+      r##"attempt_all([(f"read {l}", lambda l=l: read(l)) for l in links_present(("links/shadow_abs", "links/shadow_up"))])"##)
+        .errnos(&["EACCES"])
+        .host("/etc/shadow is root:shadow 0640: the probe's uid cannot read it either"),
+    p("symlink_spool", "read and overwrite another request's spool answer through the tree's links (absolute, ../ chain, relative)",
+      r##"ls = links_present(("links/spool_abs", "links/spool_up", "links/spool_rel"))
+attempt_all([(f"read {l}", lambda l=l: read(l)) for l in ls]
+            + [(f"write {l}", lambda l=l: write(l, b"{}")) for l in ls])"##)
+        .errnos(&["EACCES"]),
+    p("symlink_tree_cache", "write the executor's tree cache through the tree's links to it (absolute, ../ chain, relative)",
+      r##"entry = A["tree_cache_file"].split("/trees/", 1)[1]
+links_present(("links/trees_abs", "links/trees_up", "links/trees_rel"))
+attempt_all([(f"write {l}/{entry}", lambda l=l: write(f"{l}/{entry}", b"VALUE = 666\n"))
+             for l in ("links/trees_abs", "links/trees_up", "links/trees_rel")]
+            + [(f"create in {l}", lambda l=l: write(f"{l}/planted")) for l in ("links/trees_abs",)])"##)
+        .checks(&[Check::TreeCacheIntact])
+        .errnos(&["EACCES"]),
 ];

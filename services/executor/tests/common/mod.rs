@@ -57,10 +57,15 @@ pub fn tree_of(archive: &[u8]) -> String {
     };
     for entry in entries {
         let Ok(mut entry) = entry else { break };
+        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        if entry.header().entry_type() == tar::EntryType::Symlink {
+            let target = entry.link_name_bytes().unwrap_or_default().into_owned();
+            let _ = tree.add_symlink(&path, &target);
+            continue;
+        }
         if entry.header().entry_type() != tar::EntryType::Regular {
             continue;
         }
-        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let exec = entry.header().mode().unwrap_or(0) & 0o111 != 0;
         let mut data = Vec::new();
         if entry.read_to_end(&mut data).is_err() {

@@ -20,6 +20,9 @@ impl AirlockMcp {
         for f in a.files.iter().flatten() {
             input::path(&f.path)?;
         }
+        for l in a.symlinks.iter().flatten() {
+            input::path(&l.path)?;
+        }
         for p in a.delete.iter().flatten() {
             input::path(p)?;
         }
@@ -31,11 +34,12 @@ impl AirlockMcp {
             }
         }
         let has_files = a.files.as_ref().is_some_and(|f| !f.is_empty())
+            || a.symlinks.as_ref().is_some_and(|l| !l.is_empty())
             || a.delete.as_ref().is_some_and(|d| !d.is_empty());
         if a.patch.is_some() == has_files {
             return Err(Error::with(
                 Code::MESSAGE_INVALID,
-                "give either patch or files/delete",
+                "give either patch or files/symlinks/delete",
             ));
         }
         if let Some(b) = &a.branch {
@@ -46,6 +50,7 @@ impl AirlockMcp {
         // not allow; with none allowed, say so now rather than after a run.
         if config.executor.allow_credential_paths.is_empty() {
             let mut paths: Vec<String> = a.files.iter().flatten().map(|f| f.path.clone()).collect();
+            paths.extend(a.symlinks.iter().flatten().map(|l| l.path.clone()));
             paths.extend(a.delete.iter().flatten().cloned());
             if let Some(patch) = &a.patch {
                 for file in airlock_builder::patch::parse(patch)? {
@@ -124,11 +129,18 @@ impl AirlockMcp {
             .flatten()
             .map(|FileContent { path, content }| (path.clone(), content.clone()))
             .collect();
+        let link: Vec<(String, String)> = a
+            .symlinks
+            .iter()
+            .flatten()
+            .map(|l| (l.path.clone(), l.target.clone()))
+            .collect();
         let delete = a.delete.clone().unwrap_or_default();
         let changes = match &a.patch {
             Some(p) => Changes::Patch(p),
             None => Changes::Files {
                 write: &write,
+                link: &link,
                 delete: &delete,
             },
         };

@@ -124,6 +124,7 @@ impl Worker {
                     sha256: f.sha256.clone(),
                     executable: f.executable,
                     content_b64: f.content_b64.clone(),
+                    symlink: f.symlink,
                 })
                 .collect(),
             withheld: exec.withheld_paths.clone(),

@@ -178,7 +178,11 @@ impl Worker {
                         format!("{}: content digest", f.path),
                     ));
                 }
-                changes.push(FileChange::write(&f.path, content, f.executable));
+                changes.push(if f.symlink {
+                    FileChange::symlink(&f.path, content)
+                } else {
+                    FileChange::write(&f.path, content, f.executable)
+                });
             }
         }
         let b = &env.binding;

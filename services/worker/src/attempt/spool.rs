@@ -365,6 +365,7 @@ mod tests {
                     sha256: None,
                     executable: false,
                     content_b64: None,
+                    symlink: false,
                 })
                 .collect(),
             captured_files: vec![],

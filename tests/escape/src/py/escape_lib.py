@@ -107,6 +107,17 @@ def attempt_sys(what, name, *args):
     escaped(f"{what} returned {r}")
 
 
+def links_present(paths):
+    """Each path is a symbolic link of the workspace (as the tree has
+    it); a probe that follows links it does not find proves nothing."""
+    for p in paths:
+        try:
+            os.readlink(p)
+        except OSError as e:
+            inconclusive(f"{p} is not a symbolic link of the workspace: {en(e.errno)}")
+    return paths
+
+
 def read(path):
     with open(path, "rb") as f:
         return f.read()
