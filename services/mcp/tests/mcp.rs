@@ -371,6 +371,24 @@ async fn a_passing_and_a_failing_proposal_are_followed_to_the_end_with_progress(
     assert_eq!(listed, ids);
     let l = mcp.ok("list_tasks", json!({"state": "FAILED"})).await;
     assert_eq!(l["tasks"].as_array().unwrap().len(), 1);
+
+    // A link, carried as one: the envelope the worker is granted holds it.
+    let l = mcp
+        .ok(
+            "propose_change",
+            proposal(json!({"patch": null, "symlinks": [{"path": "docs/calc", "target": "../calc.py"}], "max_attempts": 1})),
+        )
+        .await;
+    assert_eq!(
+        l["changes"],
+        json!([{"path": "docs/calc", "change": "add"}])
+    );
+    let grant = w.sup.work_one(true, "").await;
+    assert_eq!(grant["task_id"], l["task_id"]);
+    assert_eq!(
+        grant["envelope"]["change_set"],
+        json!([{"operation": "write_symlink", "path": "docs/calc", "target": "../calc.py"}])
+    );
     assert!(mcp.close().await.success());
     w.sup.stop().await;
 }
@@ -731,6 +749,39 @@ async fn every_refusal_is_a_tool_error_with_its_catalogue_code_and_changes_nothi
             "propose_change",
             proposal(json!({"patch": null, "files": [{"path": ".env", "content": "KEY=1\n"}]})),
             "CREDENTIAL_PATH_DENIED",
+        ),
+        (
+            "propose_change",
+            proposal(
+                json!({"patch": null, "symlinks": [{"path": "leak", "target": "/etc/passwd"}]}),
+            ),
+            "SYMLINK_TARGET_INVALID",
+        ),
+        (
+            "propose_change",
+            proposal(
+                json!({"patch": null, "symlinks": [{"path": "src/up", "target": "../../outside"}]}),
+            ),
+            "SYMLINK_TARGET_INVALID",
+        ),
+        (
+            "propose_change",
+            proposal(
+                json!({"patch": null, "symlinks": [{"path": "calc.py", "target": "src/c.txt"}]}),
+            ),
+            "PROPOSAL_SYMLINK_CHANGE",
+        ),
+        (
+            "propose_change",
+            proposal(json!({"symlinks": [{"path": "l", "target": "calc.py"}]})),
+            "MESSAGE_INVALID",
+        ),
+        (
+            "propose_change",
+            proposal(
+                json!({"patch": null, "symlinks": [{"path": "l", "target": "calc.py", "mode": 1}]}),
+            ),
+            "MESSAGE_INVALID",
         ),
         ("task_status", json!({"task_id": "x"}), "TASK_ID_INVALID"),
         (

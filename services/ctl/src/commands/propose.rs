@@ -28,14 +28,16 @@ pub struct Args {
 
     /// A directory holding the changed tree (usually your clone): every
     /// file that differs from the base is proposed — additions, edits,
-    /// deletions. In a git work tree, ignored files are left out. File
-    /// modes, symbolic links and binary files cannot be proposed.
+    /// deletions, and symbolic links added, retargeted or deleted (a new
+    /// target must stay inside the tree). In a git work tree, ignored
+    /// files are left out. File modes, binary files and a file turned into
+    /// a link or back cannot be proposed.
     #[arg(long, value_name = "DIR")]
     pub worktree: Option<PathBuf>,
 
-    /// A unified diff (as `git diff` writes it), or - for stdin, applied to
-    /// the base in memory; a hunk that does not apply is refused with
-    /// PATCH_HUNK_FAILED naming the file and line.
+    /// A unified diff (as `git diff` writes it, symbolic links included),
+    /// or - for stdin, applied to the base in memory; a hunk that does not
+    /// apply is refused with PATCH_HUNK_FAILED naming the file and line.
     #[arg(long, value_name = "FILE")]
     pub patch: Option<PathBuf>,
 
