@@ -277,6 +277,23 @@ impl ExecResult {
     pub fn digest(&self) -> String {
         digest_of(self).expect("a result is always canonical")
     }
+
+    /// The executor may return exactly the paths of `envelope`'s change
+    /// set, each once, no more (CHANGED_PATHS_MISMATCH): a verification
+    /// command cannot smuggle another file into the commit.
+    pub fn check_changes_of(&self, envelope: &crate::envelope::Envelope) -> Result<()> {
+        let expected: std::collections::BTreeSet<&str> =
+            envelope.change_set.iter().map(|c| c.path()).collect();
+        let got: std::collections::BTreeSet<&str> =
+            self.changed_files.iter().map(|f| f.path.as_str()).collect();
+        if expected != got || got.len() != self.changed_files.len() {
+            return Err(Error::with(
+                Code::CHANGED_PATHS_MISMATCH,
+                "changed files are not exactly the change set's paths",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Executor → worker: `wants/<request_id>.json` when the executor lacks the
@@ -329,6 +346,76 @@ pub struct ExecFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn envelope() -> crate::envelope::Envelope {
+        use crate::binding::Binding;
+        use crate::envelope::{Envelope, ExecutionRequest};
+        let base = "a".repeat(40);
+        let binding = Binding::from_value(&serde_json::json!({
+            "task_id": "task-w", "job_id": "job-w", "repository": "demo", "base_oid": base,
+            "expected_branch_oid": base, "target_branch": "agent/task-w", "branch_mode": "CREATE_NEW",
+            "generation": 1, "idempotency_key": "key-task-w",
+        }))
+        .unwrap();
+        let request = ExecutionRequest::from_value(&serde_json::json!({
+            "action": "deterministic",
+            "change_set": [
+                {"operation": "write_file", "path": "a.txt", "content": "a\n"},
+                {"operation": "delete_file", "path": "b.txt"},
+            ],
+        }))
+        .unwrap();
+        Envelope::project(&binding, &request).unwrap()
+    }
+
+    fn result(paths: &[&str]) -> ExecResult {
+        ExecResult {
+            schema: EXEC_RESULT_SCHEMA.into(),
+            request_id: "r".into(),
+            request_sha256: "0".repeat(64),
+            execution_digest: "0".repeat(64),
+            source_tree: "0".repeat(40),
+            passed: true,
+            changed_files: paths
+                .iter()
+                .map(|p| FileEntry {
+                    path: (*p).into(),
+                    deleted: true,
+                    sha256: None,
+                    executable: false,
+                    content_b64: None,
+                    symlink: false,
+                })
+                .collect(),
+            captured_files: vec![],
+            withheld_paths: vec![],
+            verification: vec![],
+            confinement: ConfinementReport {
+                landlock_abi: 7,
+                landlock: "full".into(),
+                seccomp: true,
+                namespaces: vec![],
+                view: "minimal-root".into(),
+                uid: Some(992),
+                layer: None,
+            },
+        }
+    }
+
+    #[test]
+    fn only_the_change_sets_paths_are_accepted_from_the_executor() {
+        let env = envelope();
+        assert!(result(&["a.txt", "b.txt"]).check_changes_of(&env).is_ok());
+        for bad in [
+            &["a.txt", "b.txt", "extra.txt"][..],
+            &["a.txt"],
+            &["a.txt", "a.txt", "b.txt"],
+            &["a.txt", ".github/workflows/x.yml"],
+        ] {
+            let err = result(bad).check_changes_of(&env).unwrap_err();
+            assert_eq!(err.code, Code::CHANGED_PATHS_MISMATCH, "{bad:?}");
+        }
+    }
 
     #[test]
     fn request_ids_are_derived_and_safe_names() {

@@ -340,6 +340,22 @@ pub struct ResultPendingPayload {
     pub result: crate::task::TaskResult,
 }
 
+impl ResultPendingPayload {
+    /// `result` as its attempt's pending result: the attempt's result key
+    /// and the result's digest.
+    pub fn of(result: crate::task::TaskResult) -> crate::error::Result<Self> {
+        Ok(ResultPendingPayload {
+            idempotency_key: result_idempotency_key(
+                &result.task_id,
+                result.attempt,
+                &result.execution_digest,
+            ),
+            result_sha256: crate::canonical::digest_of(&result)?,
+            result,
+        })
+    }
+}
+
 /// `result_submitted`: the supervisor accepted the result.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

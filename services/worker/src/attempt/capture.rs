@@ -3,78 +3,89 @@
 //! (verification_passed → source_capture_done), and the captured result
 //! (source_capture_done → result_pending).
 
-use super::{Grant, Next, Step, Worker};
-use airlock_journal::checkpoint::Checkpoint;
+use super::report::pending;
+use super::{Next, Run, Step};
 use airlock_proto::bundle::ExecResult;
 use airlock_proto::checkpoint::{
-    CheckpointBinding, Payload, Phase, SourceCaptureDonePayload, VerificationPassedPayload,
+    Payload, Phase, SourceCaptureDonePayload, VerificationPassedPayload,
 };
 use airlock_proto::envelope::{Action, Envelope};
 use airlock_proto::task::{Capture, CapturedFile, Isolation, TaskResult};
 use airlock_proto::{Code, Error};
 use std::collections::BTreeSet;
-use std::ops::ControlFlow::{Break, Continue};
+use std::ops::ControlFlow::Continue;
 
-impl Worker {
+impl Run<'_> {
     /// claimed → source_capture_done, when an earlier attempt of the
-    /// identical execution and binding captured already: its capture is
-    /// this one's. `None`: there is none to reuse.
-    pub(super) fn reuse_capture(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-    ) -> Step<Option<Checkpoint>> {
-        let Some(done) = self.reusable_capture(cb)? else {
-            return Ok(None);
+    /// identical execution and binding captured already (its capture is
+    /// this one's); else claimed → workspace_prepared.
+    pub(super) fn reuse_capture_or_prepare(&self) -> Next {
+        let Some(done) = self.reusable_capture()? else {
+            return self.prepare();
         };
-        tracing::info!(task = %cb.task_id, attempt = grant.attempt, "reusing the capture of attempt {}", done.capture.captured_in_attempt);
-        let cp = self.append(cb, Payload::SourceCaptureDone(Box::new(done)))?;
-        Ok(Some(cp))
+        tracing::info!(task = %self.cb.task_id, attempt = self.cb.attempt, "reusing the capture of attempt {}", done.capture.captured_in_attempt);
+        Ok(Continue(Payload::SourceCaptureDone(Box::new(done))))
     }
 
-    /// verification_passed → source_capture_done, or the attempt's failure.
-    pub(super) fn capture(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        rid: &str,
-        passed: &VerificationPassedPayload,
-    ) -> Next {
-        let env = &grant.envelope;
-        match self.capture_of(env, grant.attempt, rid, &passed.exec_result_sha256) {
-            Ok(done) => Ok(Continue(
-                self.append(cb, Payload::SourceCaptureDone(Box::new(done)))?,
-            )),
-            Err(e) if e.code.fails_attempt() => self.finish_failed(cb, grant, e, None).map(Break),
+    /// verification_passed → source_capture_done, or the attempt's failure:
+    /// the capture the executor returned (its result, verified again by the
+    /// digest recorded at verification_passed), whose captured files and
+    /// withheld paths must be exactly the plan's capture paths.
+    pub(super) fn capture(&self, passed: &VerificationPassedPayload) -> Next {
+        let (env, sha) = (self.env(), passed.exec_result_sha256.as_str());
+        let captured = (|| -> Step<SourceCaptureDonePayload> {
+            let exec = self.result(sha)?;
+            check_captured_files(env, exec)?;
+            let capture = Capture {
+                source_tree: exec.source_tree.clone(),
+                captured_in_attempt: self.grant.attempt,
+                source_signals: env.source_signals.clone(),
+                files: exec
+                    .captured_files
+                    .iter()
+                    .map(|f| CapturedFile {
+                        path: f.path.clone(),
+                        present: !f.deleted,
+                        sha256: f.sha256.clone(),
+                        executable: f.executable,
+                        content_b64: f.content_b64.clone(),
+                        symlink: f.symlink,
+                    })
+                    .collect(),
+                withheld: exec.withheld_paths.clone(),
+            };
+            capture.validate()?;
+            Ok(SourceCaptureDonePayload {
+                request_id: self.rid.clone(),
+                exec_result_sha256: sha.to_owned(),
+                capture,
+                isolation: Isolation::from_report(&exec.confinement),
+            })
+        })();
+        match captured {
+            Ok(done) => Ok(Continue(Payload::SourceCaptureDone(Box::new(done)))),
+            Err(e) if e.code.fails_attempt() => Ok(Continue(self.failed(e, None)?)),
             Err(e) => Err(e),
         }
     }
 
     /// source_capture_done → result_pending: the captured result.
-    pub(super) fn report_capture(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        done: SourceCaptureDonePayload,
-    ) -> Next {
-        let env = &grant.envelope;
+    pub(super) fn report_capture(&self, done: SourceCaptureDonePayload) -> Next {
+        let env = self.env();
         if env.action != Action::SourceCapture {
-            return self
-                .reconcile(
-                    cb,
-                    Code::EXECUTION_ACTION_UNSUPPORTED,
-                    "source capture in a deterministic attempt",
-                )
-                .map(Break);
+            let why = "source capture in a deterministic attempt";
+            return Ok(Continue(
+                self.reconciliation(Code::EXECUTION_ACTION_UNSUPPORTED, why),
+            ));
         }
         let result = TaskResult::captured(
             env,
-            grant.attempt,
+            self.grant.attempt,
             done.exec_result_sha256,
             done.capture,
             done.isolation,
         );
-        Ok(Continue(self.pending(cb, grant, &result)?.0))
+        Ok(Continue(pending(result)?))
     }
 
     /// The capture of an earlier attempt this one may report as its own:
@@ -83,9 +94,10 @@ impl Worker {
     /// the attempt; seed 001's verify_latest_binding). Another execution
     /// digest (a replaced plan) or any other coordinate means a capture
     /// afresh.
-    fn reusable_capture(&self, cb: &CheckpointBinding) -> Step<Option<SourceCaptureDonePayload>> {
+    fn reusable_capture(&self) -> Step<Option<SourceCaptureDonePayload>> {
+        let cb = &self.cb;
         let scope = cb.scope_sha256();
-        let history = self.with_journal(|j| j.history(&cb.task_id))?;
+        let history = self.w.with_journal(|j| j.history(&cb.task_id))?;
         let Some(earlier) = history.iter().rev().find(|c| {
             c.attempt < cb.attempt
                 && c.phase == Phase::SourceCaptureDone
@@ -97,45 +109,6 @@ impl Worker {
             Payload::SourceCaptureDone(done) => Ok(Some(*done)),
             _ => Err(Error::new(Code::INTERNAL)),
         }
-    }
-
-    /// The capture the executor returned for `rid` (its result, verified
-    /// again by the digest recorded at verification_passed): the captured
-    /// files and withheld paths must be exactly the plan's capture paths.
-    fn capture_of(
-        &self,
-        env: &Envelope,
-        attempt: u32,
-        rid: &str,
-        exec_sha: &str,
-    ) -> Step<SourceCaptureDonePayload> {
-        let exec = self.read_result(env, rid, Some(exec_sha))?;
-        check_captured_files(env, &exec)?;
-        let capture = Capture {
-            source_tree: exec.source_tree.clone(),
-            captured_in_attempt: attempt,
-            source_signals: env.source_signals.clone(),
-            files: exec
-                .captured_files
-                .iter()
-                .map(|f| CapturedFile {
-                    path: f.path.clone(),
-                    present: !f.deleted,
-                    sha256: f.sha256.clone(),
-                    executable: f.executable,
-                    content_b64: f.content_b64.clone(),
-                    symlink: f.symlink,
-                })
-                .collect(),
-            withheld: exec.withheld_paths.clone(),
-        };
-        capture.validate()?;
-        Ok(SourceCaptureDonePayload {
-            request_id: rid.to_owned(),
-            exec_result_sha256: exec_sha.to_owned(),
-            capture,
-            isolation: Isolation::from_report(&exec.confinement),
-        })
     }
 }
 

@@ -8,33 +8,25 @@
 //! (UPSTREAM_BRANCH_MOVED). An unreachable upstream is transient and the
 //! step is tried again with backoff while the lease holds.
 
-use super::{Grant, Next, Worker, git_err};
+use super::{Next, Run, git_err};
 use airlock_proto::binding::BranchMode;
-use airlock_proto::checkpoint::{CheckpointBinding, CommitDonePayload, Payload, PublishedPayload};
+use airlock_proto::checkpoint::{CommitDonePayload, Payload, PublishedPayload};
 use airlock_proto::task::Publication;
 use airlock_proto::upstream::{UpstreamEvent, UpstreamReport};
 use airlock_proto::{Code, Error};
-use std::ops::ControlFlow::{Break, Continue};
+use std::ops::ControlFlow::Continue;
 
-impl Worker {
-    /// Whether `repository` publishes to an upstream.
-    pub(super) fn publishes(&self, repository: &str) -> bool {
-        self.repository(repository)
-            .and_then(|r| r.upstream)
-            .is_some_and(|u| u.publish)
+impl Run<'_> {
+    /// Whether the task's repository publishes to an upstream.
+    pub(super) fn publishes(&self) -> bool {
+        let upstream = self.registration.as_ref().and_then(|r| r.upstream.as_ref());
+        upstream.is_some_and(|u| u.publish)
     }
 
     /// commit_done → published, or a reconciliation case.
-    pub(super) fn publish(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        rid: &str,
-        done: CommitDonePayload,
-    ) -> Next {
-        let env = &grant.envelope;
-        let b = &env.binding;
-        let up = self
+    pub(super) fn publish(&self, done: CommitDonePayload) -> Next {
+        let (w, b) = (self.w, &self.env().binding);
+        let up = w
             .upstream_of(&b.repository)?
             .ok_or_else(|| Error::with(Code::UPSTREAM_NOT_CONFIGURED, b.repository.clone()))?;
         // A local-path upstream is written directly (no receive-pack to
@@ -42,46 +34,52 @@ impl Worker {
         let options = match up.scheme {
             airlock_proto::upstream::Scheme::Local => Vec::new(),
             _ => self
-                .repository(&b.repository)
-                .and_then(|r| r.upstream)
-                .map(|u| u.push_options)
+                .registration
+                .as_ref()
+                .and_then(|r| r.upstream.as_ref())
+                .map(|u| u.push_options.clone())
                 .unwrap_or_default(),
         };
         let expected = match b.branch_mode {
             BranchMode::CreateNew => None,
             BranchMode::ContinueExisting => Some(b.expected_branch_oid.as_str()),
         };
-        let scratch = self.scratch(rid)?;
-        let repo = self.repo(env, &scratch)?;
+        let repo = self.repo()?;
         #[cfg(feature = "fault-injection")]
         crate::fault::hit(
-            self.settings.fault,
+            w.settings.fault,
             crate::fault::FaultPoint::BeforePush,
             &b.task_id,
         );
-        let answer = repo.publish_to(&up, &b.target_branch, &done.commit_oid, expected, &options);
-        let answer = match answer {
+        let answer = match repo.publish_to(
+            &up,
+            &b.target_branch,
+            &done.commit_oid,
+            expected,
+            &options,
+        ) {
             Ok(a) => a,
             Err(e) if e.code() == Code::UPSTREAM_BRANCH_MOVED => {
                 let observed = repo.upstream_head(&up, &b.target_branch).ok().flatten();
-                let _ = std::fs::remove_dir_all(&scratch);
-                let detail = e.to_string();
-                return self
-                    .upstream_moved(cb, grant, &done.commit_oid, observed.as_deref(), &detail)
-                    .map(Break);
+                let why = e.to_string();
+                return Ok(Continue(self.upstream_moved(
+                    &done.commit_oid,
+                    observed.as_deref(),
+                    &why,
+                )));
             }
             Err(e) => {
                 let e = git_err(e);
                 if e.code.transient() {
                     tracing::warn!(task = %b.task_id, "publication pending, the upstream is unreachable: {e}");
-                    let key = format!("{}/{}", b.task_id, grant.attempt);
-                    if self.first_pending(&key) {
-                        self.report_upstream(&UpstreamReport {
+                    let key = format!("{}/{}", b.task_id, self.grant.attempt);
+                    if w.first_pending(&key) {
+                        w.report_upstream(&UpstreamReport {
                             repository: b.repository.clone(),
                             event: UpstreamEvent::PublicationPending,
                             task_id: Some(b.task_id.clone()),
                             detail: serde_json::json!({
-                                "attempt": grant.attempt,
+                                "attempt": self.grant.attempt,
                                 "code": e.code.as_str(),
                                 "detail": e.to_string(),
                             }),
@@ -91,15 +89,14 @@ impl Worker {
                 return Err(e);
             }
         };
-        let _ = std::fs::remove_dir_all(&scratch);
         tracing::info!(task = %b.task_id, commit = %done.commit_oid, remote_ref = %answer.remote_ref, pushed = answer.pushed, "published");
         #[cfg(feature = "fault-injection")]
         crate::fault::hit(
-            self.settings.fault,
+            w.settings.fault,
             crate::fault::FaultPoint::AfterPush,
             &b.task_id,
         );
-        let published = PublishedPayload {
+        Ok(Continue(Payload::Published(PublishedPayload {
             commit_oid: done.commit_oid.clone(),
             exec_result_sha256: done.exec_result_sha256,
             publication: Publication {
@@ -110,14 +107,19 @@ impl Worker {
                 answer: answer.answer,
                 push_options: options,
             },
-        };
-        let appended = self.append(cb, Payload::Published(published.clone()))?;
-        self.report_upstream(&UpstreamReport {
-            repository: b.repository.clone(),
+        })))
+    }
+
+    /// The publication recorded (published, just appended or found on a
+    /// resumed attempt) is reported to the supervisor: at least once, so a
+    /// crash between the checkpoint and the report repeats the event
+    /// rather than losing it.
+    pub(super) fn report_published(&self, published: &PublishedPayload) {
+        self.w.report_upstream(&UpstreamReport {
+            repository: self.env().binding.repository.clone(),
             event: UpstreamEvent::Published,
-            task_id: Some(b.task_id.clone()),
+            task_id: Some(self.cb.task_id.clone()),
             detail: serde_json::to_value(&published.publication).unwrap_or_default(),
         });
-        Ok(Continue(appended))
     }
 }

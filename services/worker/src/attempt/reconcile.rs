@@ -3,116 +3,64 @@
 //! recorded as such, and a moved branch is reported to the supervisor,
 //! which opens a case from it.
 
-use super::{Finish, Grant, Step, Worker};
+use super::{Finish, Run, Step};
 use crate::bus::is_transient;
 use airlock_proto::Code;
-use airlock_proto::checkpoint::{
-    CheckpointBinding, Payload, ReconciliationPayload, result_idempotency_key,
-};
+use airlock_proto::checkpoint::{Payload, ReconciliationPayload, result_idempotency_key};
 use airlock_proto::reconcile::BranchFacts;
 use airlock_proto::task::TaskResult;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-impl Worker {
-    /// Records reconciliation_required with `code`: not this worker's to settle.
-    pub(super) fn reconcile(&self, cb: &CheckpointBinding, code: Code, why: &str) -> Step<Finish> {
-        tracing::error!(task = %cb.task_id, attempt = cb.attempt, "reconciliation required: {code}: {why}");
-        self.append(
-            cb,
-            Payload::ReconciliationRequired(ReconciliationPayload {
-                code,
-                detail: why.to_owned(),
-                commit_oid: None,
-                observed_head: None,
-            }),
-        )?;
-        Ok(Finish::Reconcile(code))
+impl Run<'_> {
+    /// reconciliation_required with `code`: not this worker's to settle.
+    pub(super) fn reconciliation(&self, code: Code, why: &str) -> Payload {
+        tracing::error!(task = %self.cb.task_id, attempt = self.cb.attempt, "reconciliation required: {code}: {why}");
+        Payload::ReconciliationRequired(ReconciliationPayload {
+            code,
+            detail: why.to_owned(),
+            commit_oid: None,
+            observed_head: None,
+        })
     }
 
-    /// The branch does not hold the commit this attempt made: records
-    /// `reconciliation_required` with the head observed, then reports the
-    /// attempt failed with `RECONCILIATION_REQUIRED` (so the task does not
-    /// wait for its lease to lapse, and an administrator sees why).
-    pub(super) fn branch_moved(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        commit: &str,
-        observed: Option<&str>,
-    ) -> Step<Finish> {
-        let branch = &grant.envelope.binding.target_branch;
-        tracing::error!(task = %cb.task_id, attempt = cb.attempt, %branch, commit, ?observed, "reconciliation required: the branch moved behind the worker's back");
-        self.append(
-            cb,
-            Payload::ReconciliationRequired(ReconciliationPayload {
-                code: Code::RECONCILIATION_REQUIRED,
-                detail: format!(
-                    "{branch} is at {} instead of the attempt's commit {commit}",
-                    observed.unwrap_or("nothing")
-                ),
-                commit_oid: Some(commit.to_owned()),
-                observed_head: observed.map(str::to_owned),
-            }),
-        )?;
-        self.report_reconciliation(
-            grant,
-            BranchFacts {
-                commit_oid: commit.to_owned(),
-                observed_head: observed.map(str::to_owned),
-            },
-        )?;
-        Ok(Finish::Reconcile(Code::RECONCILIATION_REQUIRED))
+    /// The branch does not hold the commit this attempt made:
+    /// reconciliation_required with the head observed (the driver then
+    /// reports the attempt failed with RECONCILIATION_REQUIRED, so the task
+    /// does not wait for its lease to lapse, and an administrator sees why).
+    pub(super) fn branch_moved(&self, commit: &str, observed: Option<&str>) -> Payload {
+        let branch = &self.env().binding.target_branch;
+        tracing::error!(task = %self.cb.task_id, attempt = self.cb.attempt, %branch, commit, ?observed, "reconciliation required: the branch moved behind the worker's back");
+        let at = observed.unwrap_or("nothing");
+        let detail = format!("{branch} is at {at} instead of the attempt's commit {commit}");
+        moved(commit, observed, detail)
     }
 
     /// The upstream's agent branch is neither where the task expects it
-    /// nor at the attempt's commit (UPSTREAM_BRANCH_MOVED): recorded as
-    /// reconciliation_required with the upstream's head as the head
-    /// observed, and reported as a moved branch is, so a case opens. The
-    /// upstream is never forced.
+    /// nor at the attempt's commit (UPSTREAM_BRANCH_MOVED): recorded with
+    /// the upstream's head as the head observed, and reported as a moved
+    /// branch is, so a case opens. The upstream is never forced.
     pub(super) fn upstream_moved(
         &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
         commit: &str,
         observed: Option<&str>,
         why: &str,
-    ) -> Step<Finish> {
-        tracing::error!(task = %cb.task_id, attempt = cb.attempt, commit, ?observed, "reconciliation required: {}: {why}", Code::UPSTREAM_BRANCH_MOVED);
-        self.append(
-            cb,
-            Payload::ReconciliationRequired(ReconciliationPayload {
-                code: Code::RECONCILIATION_REQUIRED,
-                detail: format!("{}: {why}", Code::UPSTREAM_BRANCH_MOVED),
-                commit_oid: Some(commit.to_owned()),
-                observed_head: observed.map(str::to_owned),
-            }),
-        )?;
-        self.report_reconciliation(
-            grant,
-            BranchFacts {
-                commit_oid: commit.to_owned(),
-                observed_head: observed.map(str::to_owned),
-            },
-        )?;
-        Ok(Finish::Reconcile(Code::RECONCILIATION_REQUIRED))
+    ) -> Payload {
+        let code = Code::UPSTREAM_BRANCH_MOVED;
+        tracing::error!(task = %self.cb.task_id, attempt = self.cb.attempt, commit, ?observed, "reconciliation required: {code}: {why}");
+        moved(commit, observed, format!("{code}: {why}"))
     }
 
-    /// An attempt whose journal ends at reconciliation_required: a moved
-    /// branch is reported again (before the crash or not, the same result
-    /// under the same key is a replay).
-    pub(super) fn resume_reconciliation(
-        &self,
-        grant: &Grant,
-        recorded: ReconciliationPayload,
-    ) -> Step<Finish> {
+    /// reconciliation_required recorded: a moved branch is reported (again,
+    /// after a crash: the same result under the same key is a replay).
+    pub(super) fn resume_reconciliation(&self, recorded: ReconciliationPayload) -> Step<Finish> {
         let code = recorded.code;
         if code == Code::RECONCILIATION_REQUIRED {
             let facts = BranchFacts {
                 commit_oid: recorded.commit_oid.unwrap_or_default(),
                 observed_head: recorded.observed_head,
             };
-            self.report_reconciliation(grant, facts)?;
+            self.report_reconciliation(facts)?;
         }
         Ok(Finish::Reconcile(code))
     }
@@ -123,17 +71,17 @@ impl Worker {
     /// alone, under the attempt's result key, so a resend is an idempotent
     /// replay. A refusal (the lease is gone) is logged; the journal keeps
     /// the observed head either way.
-    fn report_reconciliation(&self, grant: &Grant, facts: BranchFacts) -> Step<()> {
-        let env = &grant.envelope;
+    fn report_reconciliation(&self, facts: BranchFacts) -> Step<()> {
+        let (w, env, attempt) = (self.w, self.env(), self.grant.attempt);
         let task = &env.binding.task_id;
-        let result = TaskResult::reconciliation_required(env, grant.attempt, facts);
-        let key = result_idempotency_key(task, grant.attempt, &env.execution_digest);
+        let result = TaskResult::reconciliation_required(env, attempt, facts);
+        let key = result_idempotency_key(task, attempt, &env.execution_digest);
         let mut backoff = Duration::from_millis(200);
         loop {
-            match self.bus.submit_result(&grant.lease, &key, &result) {
+            match w.bus.submit_result(&self.grant.lease, &key, &result) {
                 Ok(_) => return Ok(()),
-                Err(e) if is_transient(e.code) && !self.stopping.load(Ordering::SeqCst) => {
-                    self.progress.beat();
+                Err(e) if is_transient(e.code) && !w.stopping.load(Ordering::SeqCst) => {
+                    w.progress.beat();
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
@@ -145,4 +93,15 @@ impl Worker {
             }
         }
     }
+}
+
+/// reconciliation_required for a branch that moved: RECONCILIATION_REQUIRED
+/// with the commit made and the head observed.
+fn moved(commit: &str, observed: Option<&str>, detail: String) -> Payload {
+    Payload::ReconciliationRequired(ReconciliationPayload {
+        code: Code::RECONCILIATION_REQUIRED,
+        detail,
+        commit_oid: Some(commit.to_owned()),
+        observed_head: observed.map(str::to_owned),
+    })
 }

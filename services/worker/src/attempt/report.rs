@@ -3,18 +3,14 @@
 //! submitted (result_pending → result_submitted). Also what a result keeps
 //! of the executor's evidence.
 
-use super::{Finish, Grant, Step, Worker};
+use super::{Next, Run, Step};
 use crate::bus::is_transient;
-use airlock_journal::checkpoint::Checkpoint;
 use airlock_proto::Error;
 use airlock_proto::bundle::{CommandEvidence, ExecResult, request_id_for};
-use airlock_proto::canonical::digest_of;
-use airlock_proto::checkpoint::{
-    CheckpointBinding, Payload, ResultPendingPayload, ResultSubmittedPayload,
-    result_idempotency_key,
-};
+use airlock_proto::checkpoint::{Payload, ResultPendingPayload, ResultSubmittedPayload};
 use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
 use airlock_proto::task::{CommandSummary, Isolation, TaskResult, tail_of};
+use std::ops::ControlFlow::Continue;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -60,105 +56,74 @@ pub(super) fn summaries(evidence: Vec<CommandEvidence>) -> Vec<CommandSummary> {
         .collect()
 }
 
-impl Worker {
-    /// Ends the attempt with a failed result carrying `error`'s code.
-    pub(super) fn finish_failed(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        error: Error,
-        evidence: Option<Evidence>,
-    ) -> Step<Finish> {
-        tracing::warn!(task = %cb.task_id, attempt = cb.attempt, "attempt failed: {error}");
-        let mut result = TaskResult::failed(&grant.envelope, grant.attempt, error.code);
+impl Run<'_> {
+    /// The failed result carrying `error`'s code, as a pending result.
+    pub(super) fn failed(&self, error: Error, evidence: Option<Evidence>) -> Step<Payload> {
+        tracing::warn!(task = %self.cb.task_id, attempt = self.cb.attempt, "attempt failed: {error}");
+        let mut result = TaskResult::failed(self.env(), self.grant.attempt, error.code);
         if let Some(e) = evidence {
             result = result.with_evidence(e.verification, e.isolation);
         }
-        let (_, pending) = self.pending(cb, grant, &result)?;
-        self.submit(cb, grant, &pending)
+        pending(result)
     }
 
-    /// Durably records the result, its hash and its idempotency key before
-    /// anything is sent.
-    pub(super) fn pending(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        result: &TaskResult,
-    ) -> Step<(Checkpoint, ResultPendingPayload)> {
-        let pending = ResultPendingPayload {
-            idempotency_key: result_idempotency_key(
-                &cb.task_id,
-                grant.attempt,
-                &grant.envelope.execution_digest,
-            ),
-            result_sha256: digest_of(result)?,
-            result: result.clone(),
-        };
-        let cp = self.append(cb, Payload::ResultPending(Box::new(pending.clone())))?;
-        Ok((cp, pending))
-    }
-
-    /// Submits a pending result (its hash was checked when its checkpoint
-    /// was decoded, or computed just now).
-    pub(super) fn submit(
-        &self,
-        cb: &CheckpointBinding,
-        grant: &Grant,
-        pending: &ResultPendingPayload,
-    ) -> Step<Finish> {
+    /// result_pending → result_submitted: the pending result submitted (its
+    /// hash was checked when its checkpoint was decoded) under the
+    /// attempt's key, tried again with that key while the supervisor is
+    /// unreachable. A refusal (lease lost, conflicting result) is not
+    /// retried: it needs reconciliation.
+    pub(super) fn submit(&self, pending: &ResultPendingPayload) -> Next {
+        let (w, cb) = (self.w, &self.cb);
         let key = pending.idempotency_key.as_str();
         let result = &pending.result;
         let mut backoff = Duration::from_millis(200);
         loop {
-            match self.bus.submit_result(&grant.lease, key, result) {
+            match w.bus.submit_result(&self.grant.lease, key, result) {
                 Ok(receipt) => {
-                    let replay = receipt.idempotent;
                     #[cfg(feature = "fault-injection")]
                     crate::fault::hit(
-                        self.settings.fault,
+                        w.settings.fault,
                         crate::fault::FaultPoint::ResultAccepted,
                         &cb.task_id,
                     );
-                    self.append(
-                        cb,
-                        Payload::ResultSubmitted(ResultSubmittedPayload {
-                            idempotency_key: key.to_owned(),
-                            result_sha256: pending.result_sha256.clone(),
-                            outcome: result.outcome,
-                            commit_oid: result.commit_oid.clone(),
-                            replay,
-                        }),
-                    )?;
-                    let _ = self.spool.gc(
-                        airlock_spool::Side::Worker,
-                        nix::unistd::getuid().as_raw(),
-                        &airlock_spool::GcPolicy {
-                            older_than: None,
-                            finished: vec![request_id_for(
-                                &cb.task_id,
-                                cb.attempt,
-                                &cb.execution_digest,
-                            )],
-                        },
-                    );
-                    return Ok(Finish::Submitted {
+                    let finished = vec![request_id_for(
+                        &cb.task_id,
+                        cb.attempt,
+                        &cb.execution_digest,
+                    )];
+                    let policy = airlock_spool::GcPolicy {
+                        older_than: None,
+                        finished,
+                    };
+                    let me = nix::unistd::getuid().as_raw();
+                    let _ = w.spool.gc(airlock_spool::Side::Worker, me, &policy);
+                    return Ok(Continue(Payload::ResultSubmitted(ResultSubmittedPayload {
+                        idempotency_key: key.to_owned(),
+                        result_sha256: pending.result_sha256.clone(),
                         outcome: result.outcome,
                         commit_oid: result.commit_oid.clone(),
-                    });
+                        replay: receipt.idempotent,
+                    })));
                 }
-                Err(e) if is_transient(e.code) && !self.stopping.load(Ordering::SeqCst) => {
+                Err(e) if is_transient(e.code) && !w.stopping.load(Ordering::SeqCst) => {
                     tracing::warn!(task = %cb.task_id, "result submission failed, retrying with the same key: {e}");
-                    self.progress.beat();
+                    w.progress.beat();
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) if is_transient(e.code) => return Err(e),
-                // A refusal (lease lost, conflicting result) is not retried.
-                Err(e) => return self.reconcile(cb, e.code, &e.to_string()),
+                Err(e) => return Ok(Continue(self.reconciliation(e.code, &e.to_string()))),
             }
         }
     }
+}
+
+/// `result` as the attempt's pending result: its hash and idempotency key
+/// recorded before anything is sent.
+pub(super) fn pending(result: TaskResult) -> Step<Payload> {
+    Ok(Payload::ResultPending(Box::new(ResultPendingPayload::of(
+        result,
+    )?)))
 }
 
 #[cfg(test)]

@@ -1,18 +1,18 @@
 //! The worker's state: its settings, and the stores every phase reads and
 //! writes through (the registry of repositories, the checkpoint journal,
-//! the kept envelopes, the per-request scratch directories).
+//! the kept envelopes).
 
-use super::{Step, git_err, refused, spool_err};
+use super::{Step, refused, spool_err};
 use crate::bus::Supervisor;
 use airlock_config::Repository;
-use airlock_git::{ArchiveLimits, AuthorityRepo};
+use airlock_git::ArchiveLimits;
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_proto::envelope::Envelope;
 use airlock_proto::{Code, Error};
 use airlock_spool::{Expect, Spool};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -150,21 +150,26 @@ impl Worker {
 
     /// The registration of `name` now.
     pub fn repository(&self, name: &str) -> Option<Repository> {
+        self.registry().get(name).cloned()
+    }
+
+    /// Refuses a repository no longer registered (REPOSITORY_NOT_REGISTERED).
+    pub(super) fn registered(&self, name: &str) -> Step<()> {
+        let known = self.registry().contains_key(name);
+        known
+            .then_some(())
+            .ok_or_else(|| Error::with(Code::REPOSITORY_NOT_REGISTERED, name))
+    }
+
+    fn registry(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Repository>> {
         self.registry
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(name)
-            .cloned()
     }
 
     /// Every registered repository's name now.
     pub fn repository_names(&self) -> Vec<String> {
-        self.registry
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .keys()
-            .cloned()
-            .collect()
+        self.registry().keys().cloned().collect()
     }
 
     /// The spool.
@@ -222,23 +227,5 @@ impl Worker {
             return Err(Error::new(Code::EXECUTION_DIGEST_INVALID));
         }
         Ok(env)
-    }
-
-    /// The envelope's repository, looked up in the registry now.
-    pub(super) fn repo(&self, envelope: &Envelope, scratch: &Path) -> Step<AuthorityRepo> {
-        let name = &envelope.binding.repository;
-        let path = self
-            .repository_path(name)
-            .ok_or_else(|| Error::with(Code::REPOSITORY_NOT_REGISTERED, name.clone()))?;
-        Ok(AuthorityRepo::open(&path)
-            .map_err(git_err)?
-            .with_scratch(scratch.to_path_buf()))
-    }
-
-    pub(super) fn scratch(&self, rid: &str) -> Step<PathBuf> {
-        let dir = self.settings.workspace_root.join(format!("task-{rid}"));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, format!("{}: {e}", dir.display())))?;
-        Ok(dir)
     }
 }
