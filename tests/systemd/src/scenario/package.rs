@@ -426,7 +426,7 @@ pub(super) fn previous_release_deb(s: &Settings, work: &Path) -> Result<PathBuf,
     run(
         Command::new("sh")
             .arg("-c")
-            .arg("git -C \"$1\" archive --format=tar \"$2\" | tar -x -C \"$3\"")
+            .arg("git -C \"$1\" archive --format=tar \"$2\" | tar -x -m -C \"$3\"")
             .arg("sh")
             .arg(&root)
             .arg(&commit)
@@ -435,6 +435,11 @@ pub(super) fn previous_release_deb(s: &Settings, work: &Path) -> Result<PathBuf,
         Duration::from_secs(300),
     )?
     .expect_ok("git archive of the previous release")?;
+    // Extracted with the time of extraction (`tar -m`), not the commit's:
+    // the previous release's workspace crates share this build's target
+    // directory and artifact names, so sources older than an artifact this
+    // build left there would pass for built and link against this build's
+    // crates (seen: a second testbed run after a change to airlock-proto).
     // This build's profile for the dependencies (no debug information),
     // so that their artifacts are shared rather than compiled again.
     fs::write(
