@@ -235,14 +235,7 @@ impl Workspace {
     /// Makes `rel` a symbolic link to `target`, replacing a file or a link
     /// there (creating parents).
     pub fn link(&self, rel: &str, target: &[u8]) -> Result<()> {
-        let (parent, name) = beneath::split(rel);
-        let dir = match parent {
-            Some(p) => beneath::dir(&self.root, p, true)?.ok_or_else(|| Error::PathInvalid {
-                path: rel.to_owned(),
-                why: "parent directory missing",
-            })?,
-            None => rustix::io::dup(&self.root).map_err(|e| beneath::classify(rel, e))?,
-        };
+        let (dir, name) = beneath::parent_for_create(&self.root, rel)?;
         self.unlink_node(&dir, name, rel)?;
         let target = std::ffi::OsStr::from_bytes(target);
         rustix::fs::symlinkat(target, &dir, name).map_err(|e| beneath::classify(rel, e))
@@ -285,14 +278,7 @@ impl Workspace {
                 max: self.max_file_bytes,
             });
         }
-        let (parent, name) = beneath::split(rel);
-        let dir = match parent {
-            Some(p) => beneath::dir(&self.root, p, true)?.ok_or_else(|| Error::PathInvalid {
-                path: rel.to_owned(),
-                why: "parent directory missing",
-            })?,
-            None => rustix::io::dup(&self.root).map_err(|e| beneath::classify(rel, e))?,
-        };
+        let (dir, name) = beneath::parent_for_create(&self.root, rel)?;
         let fd = beneath::open(
             &dir,
             name,
@@ -338,14 +324,7 @@ impl Workspace {
     /// unprivileged process may create): in the overlay, the lower layer's
     /// file at `rel` is gone. Parents are created as needed.
     pub fn whiteout(&self, rel: &str) -> Result<()> {
-        let (parent, name) = beneath::split(rel);
-        let dir = match parent {
-            Some(p) => beneath::dir(&self.root, p, true)?.ok_or_else(|| Error::PathInvalid {
-                path: rel.to_owned(),
-                why: "parent directory missing",
-            })?,
-            None => rustix::io::dup(&self.root).map_err(|e| beneath::classify(rel, e))?,
-        };
+        let (dir, name) = beneath::parent_for_create(&self.root, rel)?;
         rustix::fs::mknodat(
             &dir,
             name,

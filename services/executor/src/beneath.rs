@@ -179,6 +179,20 @@ pub fn dir(root: &OwnedFd, rel: &str, create: bool) -> Result<Option<OwnedFd>> {
     }
 }
 
+/// The directory holding `rel`'s last component, opened beneath `root`
+/// as [`dir`] opens it (its parents created first), and that name.
+pub fn parent_for_create<'r>(root: &OwnedFd, rel: &'r str) -> Result<(OwnedFd, &'r str)> {
+    let (parent, name) = split(rel);
+    let dir = match parent {
+        Some(p) => dir(root, p, true)?.ok_or_else(|| Error::PathInvalid {
+            path: rel.to_owned(),
+            why: "parent directory missing",
+        })?,
+        None => rustix::io::dup(root).map_err(|e| classify(rel, e))?,
+    };
+    Ok((dir, name))
+}
+
 /// Splits `a/b/c` into (`Some("a/b")`, `"c"`).
 pub fn split(rel: &str) -> (Option<&str>, &str) {
     match rel.rsplit_once('/') {

@@ -298,14 +298,7 @@ const MAX_LINK_TARGET: usize = 4095;
 /// Makes the symbolic link `path` → `target` beneath `root`, its parents
 /// created as directories (never through a link).
 fn make_link(root: &OwnedFd, path: &str, target: &[u8]) -> Result<()> {
-    let (parent, name) = beneath::split(path);
-    let dir = match parent {
-        Some(p) => beneath::dir(root, p, true)?.ok_or_else(|| Error::PathInvalid {
-            path: path.to_owned(),
-            why: "parent directory missing",
-        })?,
-        None => rustix::io::dup(root).map_err(|e| beneath::classify(path, e))?,
-    };
+    let (dir, name) = beneath::parent_for_create(root, path)?;
     let target = std::ffi::OsStr::from_bytes(target);
     match rustix::fs::symlinkat(target, &dir, name) {
         Ok(()) => Ok(()),
@@ -340,14 +333,7 @@ fn write_member(
     tripped: &Cell<bool>,
     bomb: &dyn Fn() -> Error,
 ) -> Result<()> {
-    let (parent, name) = beneath::split(path);
-    let dir = match parent {
-        Some(p) => beneath::dir(root, p, true)?.ok_or_else(|| Error::PathInvalid {
-            path: path.to_owned(),
-            why: "parent directory missing",
-        })?,
-        None => rustix::io::dup(root).map_err(|e| beneath::classify(path, e))?,
-    };
+    let (dir, name) = beneath::parent_for_create(root, path)?;
     let file_mode = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
     let fd = match beneath::openat2_beneath(
         &dir,

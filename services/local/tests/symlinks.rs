@@ -86,23 +86,26 @@ fn links_are_in_the_workspace_and_a_proposal_adds_retargets_and_deletes_them() {
     let cfg = config.to_str().unwrap();
     let authority = suite.layout.repos().join("linked.git");
 
-    let work = scratch.path().join("planner");
-    let cloned = ctl(
-        &bus,
-        &[
+    // A planner's clone of the registered repository.
+    let clone = |name: &str| {
+        let dir = scratch.path().join(name);
+        let args = [
             "repo",
             "--config",
             cfg,
             "clone",
             "linked",
-            work.to_str().unwrap(),
-        ],
-    );
-    assert!(
-        cloned.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cloned.stderr)
-    );
+            dir.to_str().unwrap(),
+        ];
+        let cloned = ctl(&bus, &args);
+        assert!(
+            cloned.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cloned.stderr)
+        );
+        dir
+    };
+    let work = clone("planner");
     // Add a link in a new directory, retarget one, delete one.
     std::fs::create_dir(work.join("docs")).unwrap();
     symlink("../pkg/data.txt", work.join("docs/data")).unwrap();
@@ -173,19 +176,7 @@ fn links_are_in_the_workspace_and_a_proposal_adds_retargets_and_deletes_them() {
     assert_eq!(done["result"]["verification"][0]["exit_code"], 0, "{done}");
 
     // A link out of the tree is refused with its code; nothing is submitted.
-    let other = scratch.path().join("planner-2");
-    let cloned = ctl(
-        &bus,
-        &[
-            "repo",
-            "--config",
-            cfg,
-            "clone",
-            "linked",
-            other.to_str().unwrap(),
-        ],
-    );
-    assert!(cloned.status.success());
+    let other = clone("planner-2");
     symlink("/etc/passwd", other.join("leak")).unwrap();
     let before = git_dir(&authority, &["for-each-ref", "--format=%(refname)"]);
     let out = propose(&other);
