@@ -221,9 +221,27 @@ impl Run<'_> {
                     self.resume_reconciliation(recorded).map(Break)
                 }
             });
-            let payload = match step {
+            // The one place the journal is written: the step's payload, or
+            // what its error settles to.
+            let append = |payload: Payload| -> Step<Checkpoint> {
+                let phase = payload.phase();
+                let appended = w.with_journal(|j| j.append(&self.cb, &payload))?;
+                tracing::info!(%task, attempt = self.cb.attempt, phase = phase.as_str(), "checkpoint");
+                #[cfg(feature = "fault-injection")]
+                crate::fault::hit(
+                    w.settings.fault,
+                    crate::fault::FaultPoint::AfterPhase(phase),
+                    task,
+                );
+                Ok(appended)
+            };
+            let step = step.and_then(|next| match next {
+                Continue(payload) => append(payload).map(Continue),
+                Break(finish) => Ok(Break(finish)),
+            });
+            head = match step {
                 Ok(Break(finish)) => return Ok(finish),
-                Ok(Continue(payload)) => payload,
+                Ok(Continue(appended)) => Some(appended),
                 Err(error) if error.code.transient() => {
                     if w.stopping.load(Ordering::SeqCst) || self.lease.lost().is_some() {
                         return Err(error);
@@ -231,8 +249,7 @@ impl Run<'_> {
                     tracing::warn!(%task, attempt = self.cb.attempt, "transient failure, trying the step again: {error}");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
-                    head = w.with_journal(|j| j.latest_for_attempt(task, self.cb.attempt))?;
-                    continue;
+                    w.with_journal(|j| j.latest_for_attempt(task, self.cb.attempt))?
                 }
                 // A pending result is the one reported, unless its record
                 // no longer decodes (STORE_CORRUPT): then the attempt's
@@ -240,17 +257,8 @@ impl Run<'_> {
                 // supervisor that already holds the original answers a
                 // conflict, and the attempt needs reconciliation).
                 Err(error) if self.settled(head.as_ref()) => return Err(error),
-                Err(error) => self.settle(error)?,
+                Err(error) => Some(append(self.settle(error)?)?),
             };
-            let phase = payload.phase();
-            head = Some(w.with_journal(|j| j.append(&self.cb, &payload))?);
-            tracing::info!(%task, attempt = self.cb.attempt, phase = phase.as_str(), "checkpoint");
-            #[cfg(feature = "fault-injection")]
-            crate::fault::hit(
-                w.settings.fault,
-                crate::fault::FaultPoint::AfterPhase(phase),
-                task,
-            );
         }
     }
 
