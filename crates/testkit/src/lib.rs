@@ -523,6 +523,16 @@ pub fn toolchain_copy(parent: &Path) -> PathBuf {
     to
 }
 
+/// Runs `airlockctl` (`ctl`) on the bus at `bus` with `args`; returns
+/// what it printed and its status.
+pub fn airlockctl(ctl: &Path, bus: &str, args: &[&str]) -> std::process::Output {
+    Command::new(ctl)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
+        .args(args)
+        .output()
+        .expect("airlockctl runs")
+}
+
 /// Runs `airlockctl` (`ctl`) on the bus at `bus` with `args`, `patch` on
 /// its standard input; returns what it printed and its status.
 pub fn airlockctl_with_stdin(

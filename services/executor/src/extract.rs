@@ -196,14 +196,15 @@ pub fn extract(
                         kind: "symbolic link with an empty or over-long target",
                     });
                 }
-                tree.add_symlink(&path, &target)
+                let mut h = blob_hasher(format, target.len() as u64);
+                h.update(&target);
+                let oid = h.finish();
+                tree.add(&path, 0o120000, oid.clone())
                     .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
                 if credentials.denies(&path) {
-                    let mut h = blob_hasher(format, target.len() as u64);
-                    h.update(&target);
                     out.extras.push(TreeEntry {
                         mode: 0o120000,
-                        oid: hex::encode(h.finish()),
+                        oid: hex::encode(oid),
                         path: path.clone(),
                     });
                     out.withheld.push(path);

@@ -140,6 +140,16 @@ fn hard_links_and_unusable_symlinks_are_refused() {
         assert_eq!(code, Code::SOURCE_ARCHIVE_LINK_DENY, "{kind:?}");
         assert!(std::fs::symlink_metadata(f.ws.path().join("link")).is_err());
     }
+    // A target longer than PATH_MAX allows (a GNU long-link record).
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    b.append_link(&mut h, "link", "a/".repeat(2048)).unwrap();
+    let (code, f) = refuse(&b.into_inner().unwrap(), &limits());
+    assert_eq!(code, Code::SOURCE_ARCHIVE_LINK_DENY);
+    assert!(std::fs::symlink_metadata(f.ws.path().join("link")).is_err());
 }
 
 /// A tree's symbolic links are made as the tree has them, whatever they

@@ -45,11 +45,7 @@ fn processes_with(needle: &str) -> Vec<u32> {
 }
 
 fn ctl(bus: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(airlock_local::sibling("airlockctl").unwrap())
-        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
-        .args(args)
-        .output()
-        .unwrap()
+    airlock_testkit::airlockctl(&airlock_local::sibling("airlockctl").unwrap(), bus, args)
 }
 
 fn agent_state(bus: &str, name: &str) -> Value {

@@ -91,11 +91,8 @@ impl Stack {
 
     /// Runs airlockctl on this stack's bus.
     fn ctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new(airlock_local::sibling("airlockctl").unwrap())
-            .env("DBUS_SYSTEM_BUS_ADDRESS", self.suite.bus.address())
-            .args(args)
-            .output()
-            .unwrap()
+        let ctl = airlock_local::sibling("airlockctl").unwrap();
+        airlock_testkit::airlockctl(&ctl, self.suite.bus.address(), args)
     }
 
     fn rework(&self, v: &TaskView, key: &str) {

@@ -5,7 +5,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 fn wait_for(log: &Path, needle: &str, count: usize) {
@@ -25,11 +25,7 @@ fn wait_for(log: &Path, needle: &str, count: usize) {
 }
 
 fn ctl(bus: &str, args: &[&str]) -> Output {
-    Command::new(airlock_local::sibling("airlockctl").unwrap())
-        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
-        .args(args)
-        .output()
-        .unwrap()
+    airlock_testkit::airlockctl(&airlock_local::sibling("airlockctl").unwrap(), bus, args)
 }
 
 #[test]

@@ -11,7 +11,7 @@ use airlock_testkit::{git, git_dir, last_json};
 use serde_json::Value;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// The project's own check: each link is a link (readlink, which every
 /// view allows), with its target, and reading through it gives the file.
@@ -60,11 +60,7 @@ fn project(dir: &Path) -> std::path::PathBuf {
 }
 
 fn ctl(bus: &str, args: &[&str]) -> Output {
-    Command::new(airlock_local::sibling("airlockctl").unwrap())
-        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
-        .args(args)
-        .output()
-        .unwrap()
+    airlock_testkit::airlockctl(&airlock_local::sibling("airlockctl").unwrap(), bus, args)
 }
 
 #[test]

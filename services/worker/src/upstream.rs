@@ -277,16 +277,18 @@ impl Worker {
     /// task's repository (a planner may name a base it saw upstream
     /// before the schedule fetched it).
     pub fn ensure_commit(&self, repository: &str, commit: &str) -> Result<(), Error> {
-        let Some(path) = self.repository_path(repository) else {
+        // Without an upstream there is nothing to fetch: no git runs.
+        let Some(path) = self
+            .repository(repository)
+            .filter(|r| r.upstream.is_some())
+            .map(|r| r.path)
+        else {
             return Ok(());
         };
         let Ok(repo) = AuthorityRepo::open(&path) else {
             return Ok(());
         };
         if repo.resolve_commit(commit).ok().flatten().as_deref() == Some(commit) {
-            return Ok(());
-        }
-        if self.upstream_of(repository)?.is_none() {
             return Ok(());
         }
         tracing::info!(%repository, %commit, "the task's base is not here yet: syncing first");

@@ -290,14 +290,8 @@ impl Run<'_> {
         // fetch first. A failed sync is not this step's failure; a base
         // still missing fails where the archive is made.
         let b = &env.binding;
-        if self
-            .registration
-            .as_ref()
-            .is_some_and(|r| r.upstream.is_some())
-        {
-            if let Err(e) = w.ensure_commit(&b.repository, b.source_head()) {
-                tracing::warn!(task = %b.task_id, "could not sync for the task's base: {e}");
-            }
+        if let Err(e) = w.ensure_commit(&b.repository, b.source_head()) {
+            tracing::warn!(task = %b.task_id, "could not sync for the task's base: {e}");
         }
         Ok(Continue(Payload::Claimed(ClaimedPayload {
             lease_epoch: self.grant.lease.lease_epoch,
