@@ -215,12 +215,12 @@ fn advance_main(repo: &Path, changed: usize, round: usize) {
     give_back(repo);
 }
 
-/// Bytes of source archives the worker has sent so far (its log's
-/// "source archive sent" lines).
+/// Bytes of sources the worker has sent so far, whole archives and
+/// deltas (its log's "source archive sent" and "source delta sent" lines).
 fn archive_bytes_sent(suite: &Suite) -> u64 {
     let log = std::fs::read_to_string(suite.layout.logs().join("worker.log")).unwrap_or_default();
     log.lines()
-        .filter(|l| l.contains("source archive sent"))
+        .filter(|l| l.contains("source archive sent") || l.contains("source delta sent"))
         .filter_map(|l| {
             let at = l.find("bytes=")? + "bytes=".len();
             let digits: String = l[at..].chars().take_while(char::is_ascii_digit).collect();
@@ -313,7 +313,7 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize, moves: usize) {
     );
     println!(
         "{:>8} {:>8} {:>14} {:>14} {:>10} {:>20}",
-        "files", "changed", "moved p50 ms", "warm p50 ms", "moved/warm", "archive bytes/task"
+        "files", "changed", "moved p50 ms", "warm p50 ms", "moved/warm", "source bytes/task"
     );
     for (files, changed, moved, warm, bytes) in moving {
         let ratio = moved / warm;

@@ -554,7 +554,7 @@ pub const KEYS: &[KeySpec] = &[
         "executor.tree_cache_entries",
         int(1, 1_000),
         "8",
-        "Most source trees the executor keeps extracted (its tree cache, keyed by git tree id); the least recently used go first. A request whose tree is cached costs no archive and no extraction.",
+        "Most source trees the executor keeps extracted (its tree cache, keyed by git tree id); the least recently used go first. A request whose tree is cached costs no archive and no extraction; one whose tree is a few commits from a cached one costs only the objects that differ (a source delta).",
     ),
     key(
         "executor.tree_cache_mib",

@@ -272,3 +272,237 @@ impl AuthorityRepo {
         Ok(stats)
     }
 }
+
+/// What went into a source delta.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeltaStats {
+    /// Tree objects sent (the root's among them).
+    pub trees: usize,
+    /// Blobs sent.
+    pub blobs: usize,
+    /// Bytes of their content.
+    pub bytes: u64,
+}
+
+/// One `git diff-tree --raw -z` record: the new side's mode and id, the
+/// status and the path.
+struct Changed {
+    mode: u32,
+    oid: String,
+    deleted: bool,
+    path: String,
+}
+
+fn diff_records(raw: &str) -> GitResult<Vec<Changed>> {
+    let malformed = || GitError::from(std::io::Error::other("malformed diff-tree output"));
+    let mut out = Vec::new();
+    let mut fields = raw.split('\0').filter(|r| !r.is_empty());
+    while let Some(meta) = fields.next() {
+        let path = fields.next().ok_or_else(malformed)?;
+        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+        let [_, new_mode, _, new_oid, status] = parts.as_slice() else {
+            return Err(malformed());
+        };
+        out.push(Changed {
+            mode: u32::from_str_radix(new_mode, 8).map_err(|_| malformed())?,
+            oid: (*new_oid).to_owned(),
+            deleted: status.starts_with('D'),
+            path: path.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+impl AuthorityRepo {
+    /// Writes a source delta of `tree` (the tree of a commit the caller
+    /// resolved) against `base` (a tree the executor holds) to `out`: the
+    /// header ([`airlock_proto::bundle::SOURCE_DELTA_HEADER`]), then
+    /// `t/<id>` for the root tree object and each tree object at a path
+    /// where the two trees differ, then `b/<id>` for each blob (file or
+    /// link) at such a path, in `git diff-tree` order, deterministic like
+    /// [`AuthorityRepo::source_archive`]. Paths are checked and `limits`
+    /// enforced on what is sent. `Ok(None)`, with nothing written, when
+    /// the repository does not know `base` as a tree.
+    pub fn source_delta(
+        &self,
+        base: &str,
+        tree: &str,
+        limits: &ArchiveLimits,
+        out: impl Write,
+    ) -> GitResult<Option<DeltaStats>> {
+        use airlock_proto::bundle::{SOURCE_DELTA_HEADER, SOURCE_DELTA_SCHEMA, SourceDelta};
+        let format = airlock_proto::tree::ObjectFormat::of_id(tree);
+        if format.is_none() || airlock_proto::tree::ObjectFormat::of_id(base) != format {
+            return Ok(None);
+        }
+        // `<id>^{tree}`: an id of anything but a tree (or of nothing) is
+        // refused by git, and that is the answer.
+        let (base_tree, new_tree) = (format!("{base}^{{tree}}"), format!("{tree}^{{tree}}"));
+        let diff = self.git.run(
+            &[
+                "diff-tree",
+                "-r",
+                "-t",
+                "-z",
+                "--raw",
+                "--no-renames",
+                "--end-of-options",
+                &base_tree,
+                &new_tree,
+            ],
+            None,
+            &[],
+        )?;
+        if !diff.status.success() {
+            return Ok(None);
+        }
+        let raw = String::from_utf8(diff.stdout)
+            .map_err(|e| std::io::Error::other(format!("diff-tree output: {e}")))?;
+        let tree = tree.to_owned();
+        let mut trees = vec![tree.clone()];
+        let mut blobs = Vec::new();
+        for c in diff_records(&raw)? {
+            check_relative_path(&c.path).map_err(GitError::Refused)?;
+            if c.deleted {
+                continue;
+            }
+            match c.mode {
+                0o40000 => trees.push(c.oid),
+                0o100644 | 0o100755 | SYMLINK_MODE => blobs.push(c.oid),
+                _ => {}
+            }
+        }
+        blobs.sort();
+        blobs.dedup();
+        if trees.len() + blobs.len() > limits.max_entries {
+            return Err(GitError::Limit(format!(
+                "more than {} objects changed",
+                limits.max_entries
+            )));
+        }
+        let header = serde_json::to_vec(&SourceDelta {
+            schema: SOURCE_DELTA_SCHEMA.into(),
+            base: base.to_owned(),
+            source_tree: tree,
+        })
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut builder = tar::Builder::new(out);
+        builder.mode(tar::HeaderMode::Deterministic);
+        let mut append = |name: &str, data: &[u8]| -> std::io::Result<()> {
+            let mut h = tar::Header::new_gnu();
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            h.set_entry_type(tar::EntryType::Regular);
+            builder.append_data(&mut h, name, data)
+        };
+        append(SOURCE_DELTA_HEADER, &header)?;
+        let mut stats = DeltaStats::default();
+        let wanted: Vec<(&str, &String)> = trees
+            .iter()
+            .map(|t| ("tree", t))
+            .chain(blobs.iter().map(|b| ("blob", b)))
+            .collect();
+        self.each_object(&wanted, limits, |kind, oid, data| {
+            stats.bytes += data.len() as u64;
+            if stats.bytes > limits.max_total_bytes {
+                return Err(GitError::Limit(format!(
+                    "more than {} bytes in all",
+                    limits.max_total_bytes
+                )));
+            }
+            if kind == "tree" {
+                stats.trees += 1;
+                append(&format!("t/{oid}"), data)?;
+            } else {
+                stats.blobs += 1;
+                append(&format!("b/{oid}"), data)?;
+            }
+            Ok(())
+        })?;
+        builder.into_inner()?.flush()?;
+        Ok(Some(stats))
+    }
+
+    /// Reads each `(kind, id)` through one `git cat-file --batch`, checking
+    /// the kind and `limits.max_file_bytes`, and hands over its content.
+    fn each_object(
+        &self,
+        wanted: &[(&str, &String)],
+        limits: &ArchiveLimits,
+        mut each: impl FnMut(&str, &str, &[u8]) -> GitResult<()>,
+    ) -> GitResult<()> {
+        let mut child = self
+            .git
+            .command(&["cat-file", "--batch"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| GitError::Spawn {
+                program: "git".into(),
+                source,
+            })?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin"))?;
+        let oids: Vec<String> = wanted.iter().map(|(_, o)| (*o).clone()).collect();
+        let feeder = std::thread::spawn(move || -> std::io::Result<()> {
+            for oid in oids {
+                writeln!(stdin, "{oid}")?;
+            }
+            Ok(())
+        });
+        let mut reader = BufReader::new(
+            child
+                .stdout
+                .take()
+                .ok_or_else(|| std::io::Error::other("no stdout"))?,
+        );
+        let mut line = String::new();
+        let mut data = Vec::new();
+        for (kind, oid) in wanted {
+            line.clear();
+            reader.read_line(&mut line)?;
+            let mut parts = line.split_whitespace();
+            let size = match (parts.next(), parts.next(), parts.next()) {
+                (Some(o), Some(k), Some(size)) if o == oid.as_str() && k == *kind => size
+                    .parse::<u64>()
+                    .map_err(|_| std::io::Error::other("malformed object size"))?,
+                _ => {
+                    return Err(std::io::Error::other(format!(
+                        "unexpected cat-file header {line:?}"
+                    ))
+                    .into());
+                }
+            };
+            if size > limits.max_file_bytes {
+                return Err(GitError::Limit(format!(
+                    "object {oid} has {size} bytes, at most {}",
+                    limits.max_file_bytes
+                )));
+            }
+            data.clear();
+            (&mut reader).take(size + 1).read_to_end(&mut data)?;
+            if data.pop() != Some(b'\n') || data.len() as u64 != size {
+                return Err(std::io::Error::other("truncated cat-file output").into());
+            }
+            each(kind, oid, &data)?;
+        }
+        feeder
+            .join()
+            .map_err(|_| std::io::Error::other("cat-file feeder panicked"))??;
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(GitError::Failed {
+                args: "cat-file --batch".into(),
+                status: status.to_string(),
+                stderr: String::new(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -39,7 +39,7 @@ mod signing;
 mod upstream;
 
 pub use airlock_proto::upstream::Scheme;
-pub use archive::{ArchiveLimits, ArchiveStats};
+pub use archive::{ArchiveLimits, ArchiveStats, DeltaStats};
 pub use commit::{CommitSpec, FileChange};
 pub use error::{GitError, GitResult};
 pub use refs::RefUpdate;

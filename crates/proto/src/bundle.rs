@@ -296,8 +296,15 @@ impl ExecResult {
     }
 }
 
+/// Most trees a [`SourceWanted`] names as held.
+pub const MAX_HAVES: usize = 16;
+
 /// Executor → worker: `wants/<request_id>.json` when the executor lacks the
-/// request's tree and needs its source archive.
+/// request's tree. It names the trees it holds whole (`haves`, most
+/// recently used first, as git's fetch names what it has): the worker
+/// answers with a [`SourceDelta`] against the first of them its
+/// repository knows (only the objects the executor lacks), or, when it
+/// knows none, with the whole tree's archive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceWanted {
@@ -308,6 +315,36 @@ pub struct SourceWanted {
     /// SHA-256 of the canonical request.
     pub request_sha256: String,
     /// The tree the executor lacks (the request's `source_tree`).
+    pub source_tree: String,
+    /// Trees the executor holds whole, with every object beneath them (at
+    /// most [`MAX_HAVES`], each of the request tree's object format).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub haves: Vec<String>,
+}
+
+/// Schema tag of a source delta's header.
+pub const SOURCE_DELTA_SCHEMA: &str = "airlock.source-delta.v1";
+
+/// The first member of a source delta (a tar archive at
+/// `sources/<request_id>.tar`, like a whole source archive): a name no
+/// archive of a tree can carry, since no tree holds `.git`.
+pub const SOURCE_DELTA_HEADER: &str = ".git/airlock-source-delta.json";
+
+/// Worker → executor: the header of a source delta. The members after it
+/// are `t/<id>` (the content of a tree object of `source_tree` that
+/// `base` lacks at the same path, the root's among them) and `b/<id>`
+/// (the content of each blob at a path where `source_tree` differs from
+/// `base`). The executor hashes every member to its id and walks
+/// `source_tree` from its root object, so what it assembles is that
+/// tree or nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceDelta {
+    /// Always [`SOURCE_DELTA_SCHEMA`].
+    pub schema: String,
+    /// A tree of the want's `haves`.
+    pub base: String,
+    /// The request's `source_tree`.
     pub source_tree: String,
 }
 
@@ -322,6 +359,18 @@ impl SourceWanted {
             || self.source_tree != request.source_tree
         {
             return Err(Error::new(Code::SPOOL_DIGEST_MISMATCH));
+        }
+        let format = crate::tree::ObjectFormat::of_id(&self.source_tree);
+        if self.haves.len() > MAX_HAVES
+            || self
+                .haves
+                .iter()
+                .any(|h| crate::tree::ObjectFormat::of_id(h) != format || *h == self.source_tree)
+        {
+            return Err(Error::with(
+                Code::MESSAGE_INVALID,
+                "the source request names held trees that cannot be",
+            ));
         }
         Ok(())
     }

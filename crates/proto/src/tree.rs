@@ -213,8 +213,95 @@ impl TreeBuilder {
 
     /// The tree id, hex.
     pub fn finish(self) -> String {
-        hex::encode(write_tree(self.format, &self.root))
+        hex::encode(write_tree(self.format, &self.root, &mut |_, _| {}))
     }
+
+    /// The tree id, hex, and every tree object of the tree (the root's
+    /// last).
+    pub fn finish_with_objects(self) -> (String, Vec<RawObject>) {
+        let mut objects = Vec::new();
+        let root = write_tree(self.format, &self.root, &mut |oid, body| {
+            objects.push((oid.to_vec(), body.to_vec()))
+        });
+        (hex::encode(root), objects)
+    }
+}
+
+/// A git object as `(raw id, content)`.
+pub type RawObject = (Vec<u8>, Vec<u8>);
+
+/// The raw id of a git object of `kind` ("blob", "tree") with `content`.
+pub fn object_id(format: ObjectFormat, kind: &str, content: &[u8]) -> Vec<u8> {
+    let mut h = format.hasher();
+    h.update(format!("{kind} {}\0", content.len()).as_bytes());
+    h.update(content);
+    h.finish()
+}
+
+/// One entry of a tree object: its name, mode and raw id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectEntry {
+    /// The entry's name (one path component).
+    pub name: Vec<u8>,
+    /// Git mode: 040000, 100644, 100755, 120000 or 160000.
+    pub mode: u32,
+    /// Raw object id.
+    pub oid: Vec<u8>,
+}
+
+/// Parses a tree object's content (what follows `tree <size>\0`): each
+/// entry's mode must be one git writes and its name one path component
+/// (not empty, `.`, `..` or `.git` in any case, no `/` or NUL), in git's
+/// order without duplicates (SOURCE_ARCHIVE_INVALID otherwise).
+pub fn parse_tree_object(format: ObjectFormat, mut body: &[u8]) -> Result<Vec<ObjectEntry>> {
+    let bad = |why: &str| Error::with(Code::SOURCE_ARCHIVE_INVALID, format!("tree object: {why}"));
+    let len = match format {
+        ObjectFormat::Sha1 => 20,
+        ObjectFormat::Sha256 => 32,
+    };
+    let mut out: Vec<ObjectEntry> = Vec::new();
+    let mut last_key: Option<Vec<u8>> = None;
+    while !body.is_empty() {
+        let space = body
+            .iter()
+            .position(|&b| b == b' ')
+            .ok_or_else(|| bad("no mode"))?;
+        let mode = std::str::from_utf8(&body[..space])
+            .ok()
+            .and_then(|m| u32::from_str_radix(m, 8).ok())
+            .filter(|m| matches!(m, 0o40000 | 0o100644 | 0o100755 | 0o120000 | 0o160000))
+            .ok_or_else(|| bad("a mode git does not write"))?;
+        body = &body[space + 1..];
+        let nul = body
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or_else(|| bad("no name"))?;
+        let name = body[..nul].to_vec();
+        if name.is_empty()
+            || name == b"."
+            || name == b".."
+            || name.eq_ignore_ascii_case(b".git")
+            || name.contains(&b'/')
+        {
+            return Err(bad("a name that is not one path component"));
+        }
+        body = &body[nul + 1..];
+        if body.len() < len {
+            return Err(bad("truncated id"));
+        }
+        let oid = body[..len].to_vec();
+        body = &body[len..];
+        let mut key = name.clone();
+        if mode == 0o40000 {
+            key.push(b'/');
+        }
+        if last_key.as_ref().is_some_and(|k| *k >= key) {
+            return Err(bad("entries out of order or given twice"));
+        }
+        last_key = Some(key);
+        out.push(ObjectEntry { name, mode, oid });
+    }
+    Ok(out)
 }
 
 /// The content of one tree object (what follows its `tree <size>\0`
@@ -240,19 +327,18 @@ pub fn tree_object(mut entries: Vec<(Vec<u8>, u32, Vec<u8>)>) -> Vec<u8> {
     body
 }
 
-fn write_tree(format: ObjectFormat, dir: &Dir) -> Vec<u8> {
+fn write_tree(format: ObjectFormat, dir: &Dir, seen: &mut dyn FnMut(&[u8], &[u8])) -> Vec<u8> {
     let mut entries: Vec<(Vec<u8>, u32, Vec<u8>)> = Vec::new();
     for (name, (mode, oid)) in &dir.files {
         entries.push((name.clone(), *mode, oid.clone()));
     }
     for (name, sub) in &dir.dirs {
-        entries.push((name.clone(), 0o40000, write_tree(format, sub)));
+        entries.push((name.clone(), 0o40000, write_tree(format, sub, seen)));
     }
     let body = tree_object(entries);
-    let mut h = format.hasher();
-    h.update(format!("tree {}\0", body.len()).as_bytes());
-    h.update(&body);
-    h.finish()
+    let oid = object_id(format, "tree", &body);
+    seen(&oid, &body);
+    oid
 }
 
 #[cfg(test)]
@@ -289,6 +375,42 @@ mod tests {
         t.add_blob("a", false, b"").unwrap();
         assert!(t.add_blob("a/b", false, b"").is_err());
         assert!(t.add_blob("a", false, b"").is_err());
+    }
+
+    #[test]
+    fn tree_objects_parse_back_and_hash_to_their_ids() {
+        let mut t = TreeBuilder::new(ObjectFormat::Sha1);
+        t.add_blob("a/x", false, b"").unwrap();
+        t.add_blob("a.b", true, b"1").unwrap();
+        t.add_symlink("l", b"a/x").unwrap();
+        let (root, objects) = t.finish_with_objects();
+        assert_eq!(objects.len(), 2);
+        let (oid, body) = objects.last().unwrap();
+        assert_eq!(hex::encode(oid), root);
+        assert_eq!(object_id(ObjectFormat::Sha1, "tree", body), *oid);
+        let entries = parse_tree_object(ObjectFormat::Sha1, body).unwrap();
+        let names: Vec<_> = entries.iter().map(|e| (e.name.clone(), e.mode)).collect();
+        assert_eq!(
+            names,
+            vec![
+                (b"a.b".to_vec(), 0o100755),
+                (b"a".to_vec(), 0o40000),
+                (b"l".to_vec(), 0o120000)
+            ]
+        );
+        // A name that is not one component, an unknown mode, a truncation.
+        for bad in [
+            tree_object(vec![(b".git".to_vec(), 0o40000, vec![0; 20])]),
+            tree_object(vec![(b"a/b".to_vec(), 0o100644, vec![0; 20])]),
+            tree_object(vec![(b"a".to_vec(), 0o100600, vec![0; 20])]),
+            body[..body.len() - 1].to_vec(),
+        ] {
+            assert!(parse_tree_object(ObjectFormat::Sha1, &bad).is_err());
+        }
+        // Out of order.
+        let mut swapped = tree_object(vec![(b"b".to_vec(), 0o100644, vec![0; 20])]);
+        swapped.extend(tree_object(vec![(b"a".to_vec(), 0o100644, vec![0; 20])]));
+        assert!(parse_tree_object(ObjectFormat::Sha1, &swapped).is_err());
     }
 
     #[test]

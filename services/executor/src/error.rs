@@ -196,6 +196,9 @@ pub enum Error {
         /// The helper's message.
         message: String,
     },
+    /// A tree cache entry no longer holds what it was sealed with.
+    #[error("tree cache: {0}")]
+    CacheCorrupt(String),
     /// The result is larger than a spool message may be.
     #[error("result too large: {0} bytes")]
     ResultTooLarge(usize),
@@ -236,6 +239,7 @@ impl Error {
                 Code::from_name(code).unwrap_or(Code::SANDBOX_UNAVAILABLE)
             }
             Error::ResultTooLarge(_) => Code::FIELD_BOUNDS_EXCEEDED,
+            Error::CacheCorrupt(_) => Code::TREE_CACHE_CORRUPT,
             Error::SetupRefused { code, .. } => *code,
         }
     }

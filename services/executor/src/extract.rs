@@ -82,6 +82,8 @@ pub struct Extracted {
     pub extras: Vec<TreeEntry>,
     /// The git tree id of everything the archive holds.
     pub tree: String,
+    /// Its tree objects, `(raw id, content)`.
+    pub tree_objects: Vec<airlock_proto::tree::RawObject>,
 }
 
 /// Counts decompressed bytes and fails once `limit` is passed.
@@ -288,17 +290,17 @@ pub fn extract(
     if tripped.get() {
         return Err(bomb());
     }
-    out.tree = tree.finish();
+    (out.tree, out.tree_objects) = tree.finish_with_objects();
     Ok(out)
 }
 
 /// The longest symbolic link target an archive may carry (PATH_MAX less
 /// its NUL).
-const MAX_LINK_TARGET: usize = 4095;
+pub(crate) const MAX_LINK_TARGET: usize = 4095;
 
 /// Makes the symbolic link `path` → `target` beneath `root`, its parents
 /// created as directories (never through a link).
-fn make_link(root: &OwnedFd, path: &str, target: &[u8]) -> Result<()> {
+pub(crate) fn make_link(root: &OwnedFd, path: &str, target: &[u8]) -> Result<()> {
     let (dir, name) = beneath::parent_for_create(root, path)?;
     let target = std::ffi::OsStr::from_bytes(target);
     match rustix::fs::symlinkat(target, &dir, name) {
@@ -325,7 +327,7 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-fn write_member(
+pub(crate) fn write_member(
     root: &OwnedFd,
     path: &str,
     mode: u32,

@@ -33,6 +33,7 @@
 pub mod apply;
 pub mod beneath;
 pub mod cache;
+pub mod delta;
 pub mod environment;
 pub mod error;
 pub mod extract;

@@ -472,22 +472,25 @@ fn handle_spooled(
                             },
                         )
                         .map_err(|e| Error::ArchiveInvalid(e.to_string()))
-                        .and_then(|archive| {
-                            cache.fill(
+                        .and_then(|source| {
+                            cache.set_pins(pending_haves(spool, id));
+                            cache.receive(
                                 &req.source_tree,
-                                &archive,
+                                &source,
                                 &settings.archive,
                                 &settings.credentials,
+                                &mut assembly_fault,
                             )
                         }),
                     Ok(false) => {
-                        want_source(spool, &req);
+                        want_source(spool, cache, &req);
                         return false;
                     }
                     Err(e) => Err(Error::ArchiveInvalid(e.to_string())),
                 },
             };
             let hit = match &source {
+                Ok(c) if c.from_delta => "tree made from a held one and a source delta",
                 Ok(c) if c.filled => "tree filled from the archive",
                 Ok(_) => "tree cached",
                 Err(_) => "no tree",
@@ -524,17 +527,66 @@ fn handle_spooled(
     }
 }
 
-/// Asks the worker for a request's source archive, once.
-fn want_source(spool: &Spool, req: &airlock_proto::bundle::ExecRequest) {
+/// Where the crash tests kill the executor (`fault-injection` builds
+/// only): with `AIRLOCK_FAULT_EXECUTOR_AT=assembly` it aborts once a
+/// source delta's removals are made and nothing new is written yet, after
+/// saying so on standard error. A no-op otherwise.
+fn assembly_fault() {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var("AIRLOCK_FAULT_EXECUTOR_AT").as_deref() == Ok("assembly") {
+        eprintln!("airlock-executor: fault injection: killed at assembly");
+        std::process::abort();
+    }
+}
+
+/// The trees named as held in this executor's source requests that are
+/// still unanswered, but `except`'s: a delta may yet come against each.
+fn pending_haves(spool: &Spool, except: &str) -> std::collections::HashSet<String> {
+    let me = rustix::process::geteuid().as_raw();
+    let mut held = std::collections::HashSet::new();
+    for id in spool.list(Kind::Wants).unwrap_or_default() {
+        if id == except
+            || spool.exists(Kind::Results, &id).unwrap_or(true)
+            || spool.exists(Kind::Failed, &id).unwrap_or(true)
+        {
+            continue;
+        }
+        let expect = Expect {
+            owner_uid: me,
+            max_bytes: 64 * 1024,
+            sha256: None,
+        };
+        if let Some(want) = spool
+            .read(Kind::Wants, &id, &expect)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<SourceWanted>(&b).ok())
+        {
+            held.extend(want.haves);
+        }
+    }
+    held
+}
+
+/// How many held trees a source request names (each is checked against
+/// its seal on its first use in a process).
+const HAVES: usize = 4;
+
+/// Asks the worker for a request's source, once, naming the trees the
+/// cache holds so that only what differs from one of them need come.
+fn want_source(spool: &Spool, cache: &TreeCache, req: &airlock_proto::bundle::ExecRequest) {
     let id = &req.request_id;
     if spool.exists(Kind::Wants, id).unwrap_or(false) {
         return;
     }
+    let haves = airlock_proto::tree::ObjectFormat::of_id(&req.source_tree)
+        .map(|f| cache.haves(f, HAVES))
+        .unwrap_or_default();
     let want = SourceWanted {
         schema: SOURCE_WANTED_SCHEMA.into(),
         request_id: id.clone(),
         request_sha256: req.digest(),
         source_tree: req.source_tree.clone(),
+        haves,
     };
     let published = serde_json::to_vec(&want)
         .map_err(|e| e.to_string())
@@ -635,11 +687,12 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
             return Ok(cached);
         }
         match archive_bytes {
-            Some(bytes) => cache.fill(
+            Some(bytes) => cache.receive(
                 &req.source_tree,
                 &bytes?,
                 &settings.archive,
                 &settings.credentials,
+                &mut assembly_fault,
             ),
             None => Err(Error::ArchiveInvalid(format!(
                 "tree {} is not cached and no --archive was given",

@@ -355,7 +355,7 @@ fn apply_layered(
 /// Copies a cached tree into a fresh workspace (the host view): each file
 /// reflinked where the file system can, else copied in the kernel; each
 /// symbolic link made again with its target (never followed).
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     let err = |e: std::io::Error, p: &Path| Error::Setup {
         path: p.to_owned(),
         detail: e.to_string(),

@@ -163,7 +163,7 @@ fn an_entry_sealed_without_a_stamp_is_hashed_on_first_use_then_stamped() {
     assert_eq!(found.kept, std::slice::from_ref(&tree));
     assert!(cache.get(&tree).is_some(), "an intact v1 entry is served");
     let now = seal(work.path(), &tree);
-    assert_eq!(now["schema"], "airlock.tree-cache-seal.v2");
+    assert_eq!(now["schema"], "airlock.tree-cache-seal.v3");
     assert!(now["stamp"].is_string(), "and stamped: {now}");
     drop(cache);
     let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
@@ -207,7 +207,7 @@ fn an_entry_sealed_before_this_boot_is_hashed_in_full_on_first_use() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"\0\0\0\0\0", 0).unwrap();
     drop(f);
     let mut forged = earlier.clone();
-    forged["stamp"] = json!(stamp_of(&entry(work.path(), &tree).join("tree")));
+    forged["stamp"] = json!(stamp_of(&entry(work.path(), &tree)));
     std::fs::write(
         entry(work.path(), &tree).join("seal.json"),
         serde_json::to_vec(&forged).unwrap(),
@@ -232,9 +232,11 @@ fn an_entry_sealed_before_this_boot_is_hashed_in_full_on_first_use() {
     );
 }
 
-/// The stamp of `tree` as it is now.
-fn stamp_of(tree: &Path) -> String {
-    airlock_executor::cache::stamp(tree).unwrap()
+/// The stamp of an entry as it is now.
+fn stamp_of(entry: &Path) -> String {
+    airlock_executor::cache::Stamp::of_entry(entry)
+        .unwrap()
+        .to_hex()
 }
 
 #[test]

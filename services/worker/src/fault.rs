@@ -11,9 +11,12 @@
 //!   synced), the agent/ branch not yet moved;
 //! - `ref_updated`: after the compare-and-swap moved the agent/ branch to
 //!   the governed commit, before the `commit_done` checkpoint is appended;
-//! - `spool_staged`: inside a spool publication (a request or a source
-//!   archive), its temporary file written and synced, not yet renamed into
-//!   place;
+//! - `spool_staged`: inside the request's spool publication, its
+//!   temporary file written and synced, not yet renamed into place;
+//! - `source_staged`: likewise inside the publication of a source (a
+//!   delta or a whole archive) the executor asked for: passed only when
+//!   the executor lacks the tree, so no attempt counts on passing it
+//!   ([`FaultPoint::passed_by`]); tests/crash's source kills arm it;
 //! - `result_accepted`: after the supervisor accepted the result
 //!   (SubmitResult returned OK), before `result_submitted` is appended.
 //!
@@ -64,8 +67,11 @@ pub enum FaultPoint {
     CommitWritten,
     /// The branch ref was updated; `commit_done` is not yet appended.
     RefUpdated,
-    /// A spool file is written to its temporary name, not yet renamed.
+    /// The request is written to its temporary name, not yet renamed.
     SpoolStaged,
+    /// A source the executor asked for is written to its temporary name,
+    /// not yet renamed.
+    SourceStaged,
     /// The supervisor accepted the result; `result_submitted` is not yet
     /// appended.
     ResultAccepted,
@@ -104,6 +110,7 @@ impl FaultPoint {
                 }
                 Phase::Published => points.extend([FaultPoint::BeforePush, FaultPoint::AfterPush]),
                 Phase::ResultSubmitted => points.push(FaultPoint::ResultAccepted),
+                Phase::VerificationPassed => points.push(FaultPoint::SourceStaged),
                 _ => {}
             }
             points.push(FaultPoint::AfterPhase(phase));
@@ -131,6 +138,8 @@ impl FaultPoint {
             },
             FaultPoint::CommitWritten | FaultPoint::RefUpdated => commits,
             FaultPoint::SpoolStaged | FaultPoint::ResultAccepted => true,
+            // Only when the executor lacks the tree.
+            FaultPoint::SourceStaged => false,
             FaultPoint::BeforePush | FaultPoint::AfterPush => attempt == Attempt::Publication,
         }
     }
@@ -141,6 +150,7 @@ impl FaultPoint {
             "commit_written" => Ok(FaultPoint::CommitWritten),
             "ref_updated" => Ok(FaultPoint::RefUpdated),
             "spool_staged" => Ok(FaultPoint::SpoolStaged),
+            "source_staged" => Ok(FaultPoint::SourceStaged),
             "result_accepted" => Ok(FaultPoint::ResultAccepted),
             "before_push" => Ok(FaultPoint::BeforePush),
             "after_push" => Ok(FaultPoint::AfterPush),
@@ -148,7 +158,7 @@ impl FaultPoint {
                 Error::with(
                     Code::CONFIG_INVALID,
                     format!(
-                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, commit_written, ref_updated, spool_staged, result_accepted, before_push or after_push)"
+                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, commit_written, ref_updated, spool_staged, source_staged, result_accepted, before_push or after_push)"
                     ),
                 )
             }),
@@ -162,6 +172,7 @@ impl FaultPoint {
             FaultPoint::CommitWritten => "commit_written",
             FaultPoint::RefUpdated => "ref_updated",
             FaultPoint::SpoolStaged => "spool_staged",
+            FaultPoint::SourceStaged => "source_staged",
             FaultPoint::ResultAccepted => "result_accepted",
             FaultPoint::BeforePush => "before_push",
             FaultPoint::AfterPush => "after_push",
@@ -336,6 +347,7 @@ mod tests {
             "commit_written",
             "ref_updated",
             "spool_staged",
+            "source_staged",
             "result_accepted",
         ] {
             assert_eq!(FaultPoint::parse(name).unwrap().as_str(), name);

@@ -139,9 +139,11 @@ impl Run<'_> {
     }
 
     /// Answers the executor's `wants/<rid>.json` (it lacks the request's
-    /// tree): checks it names our request and its tree, then publishes the
-    /// deterministic archive of the source commit at `sources/<rid>.tar`,
-    /// once. The executor accepts it only if it hashes to that tree.
+    /// tree): checks it names our request and its tree, then publishes at
+    /// `sources/<rid>.tar`, once, a delta against the first tree it holds
+    /// that the repository knows, else the deterministic archive of the
+    /// source commit. The executor accepts either only if what it
+    /// assembles hashes to that tree.
     fn send_source(&self, request: &ExecRequest) -> Step<()> {
         let (w, rid) = (self.w, self.rid.as_str());
         if w.spool.exists(Kind::Sources, rid).map_err(spool_err)? {
@@ -156,13 +158,31 @@ impl Run<'_> {
         let want: SourceWanted = serde_json::from_slice(&bytes)
             .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("source request: {e}")))?;
         want.validate_against(request)?;
-        let mut archive = Vec::new();
-        let head = self.env().binding.source_head();
-        self.repo()?
-            .source_archive(head, &w.settings.archive_limits, &mut archive)
+        let (repo, head) = (self.repo()?, self.env().binding.source_head());
+        let limits = &w.settings.archive_limits;
+        let mut bytes = Vec::new();
+        // The first tree the executor holds that the repository knows:
+        // only what differs from it crosses the spool. The request's tree
+        // is the head's (read from the repository at workspace_prepared,
+        // and the want names it).
+        for base in &want.haves {
+            if let Some(stats) = repo
+                .source_delta(base, &request.source_tree, limits, &mut bytes)
+                .map_err(git_err)?
+            {
+                self.publish_once(Kind::Sources, &bytes)?;
+                tracing::info!(
+                    request = %rid, tree = %request.source_tree, base = %base,
+                    trees = stats.trees, blobs = stats.blobs, bytes = bytes.len(),
+                    "source delta sent"
+                );
+                return Ok(());
+            }
+        }
+        repo.source_archive(head, limits, &mut bytes)
             .map_err(git_err)?;
-        self.publish_once(Kind::Sources, &archive)?;
-        tracing::info!(request = %rid, tree = %request.source_tree, bytes = archive.len(), "source archive sent");
+        self.publish_once(Kind::Sources, &bytes)?;
+        tracing::info!(request = %rid, tree = %request.source_tree, bytes = bytes.len(), "source archive sent");
         Ok(())
     }
 
@@ -172,7 +192,11 @@ impl Run<'_> {
             #[cfg(feature = "fault-injection")]
             crate::fault::hit(
                 w.settings.fault,
-                crate::fault::FaultPoint::SpoolStaged,
+                if kind == Kind::Sources {
+                    crate::fault::FaultPoint::SourceStaged
+                } else {
+                    crate::fault::FaultPoint::SpoolStaged
+                },
                 &self.cb.task_id,
             );
         };
