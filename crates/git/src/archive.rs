@@ -172,34 +172,6 @@ impl AuthorityRepo {
         let mut stats = ArchiveStats::default();
         let mut skipped = Vec::new();
         let entries = self.tree_entries(commit, limits, &mut stats, &mut skipped)?;
-        let mut child = self
-            .git
-            .command(&["cat-file", "--batch"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|source| GitError::Spawn {
-                program: "git".into(),
-                source,
-            })?;
-        let mut stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| std::io::Error::other("no stdin"))?;
-        let oids: Vec<String> = entries.iter().map(|e| e.oid.clone()).collect();
-        let feeder = std::thread::spawn(move || -> std::io::Result<()> {
-            for oid in oids {
-                writeln!(stdin, "{oid}")?;
-            }
-            Ok(())
-        });
-        let mut reader = BufReader::new(
-            child
-                .stdout
-                .take()
-                .ok_or_else(|| std::io::Error::other("no stdout"))?,
-        );
         let mut builder = tar::Builder::new(out);
         builder.mode(tar::HeaderMode::Deterministic);
         if !skipped.is_empty() {
@@ -213,18 +185,18 @@ impl AuthorityRepo {
             header.set_mtime(0);
             builder.append_data(&mut header, "pax_global_header", records.as_slice())?;
         }
-        let mut header_line = String::new();
-        for entry in &entries {
-            header_line.clear();
-            reader.read_line(&mut header_line)?;
-            let mut parts = header_line.split_whitespace();
-            let (oid, kind, size) = (parts.next(), parts.next(), parts.next());
-            if oid != Some(entry.oid.as_str())
-                || kind != Some("blob")
-                || size != Some(entry.size.to_string().as_str())
-            {
+        let wanted: Vec<(&str, &String)> = entries.iter().map(|e| ("blob", &e.oid)).collect();
+        let mut next = entries.iter();
+        self.each_object(&wanted, limits, |_, _, data| {
+            let entry = next
+                .next()
+                .ok_or_else(|| std::io::Error::other("more objects than entries"))?;
+            if data.len() as u64 != entry.size {
                 return Err(std::io::Error::other(format!(
-                    "unexpected cat-file header {header_line:?}"
+                    "{}: {} bytes, ls-tree said {}",
+                    entry.path,
+                    data.len(),
+                    entry.size
                 ))
                 .into());
             }
@@ -233,9 +205,7 @@ impl AuthorityRepo {
             header.set_gid(0);
             header.set_mtime(0);
             if entry.mode == SYMLINK_MODE {
-                let mut target = Vec::new();
-                (&mut reader).take(entry.size).read_to_end(&mut target)?;
-                if target.is_empty() || target.contains(&0) {
+                if data.is_empty() || data.contains(&0) {
                     return Err(GitError::Refused(airlock_proto::Error::with(
                         airlock_proto::Code::SOURCE_ARCHIVE_INVALID,
                         format!("{}: a symbolic link with an unusable target", entry.path),
@@ -244,31 +214,19 @@ impl AuthorityRepo {
                 header.set_size(0);
                 header.set_mode(0o777);
                 header.set_entry_type(tar::EntryType::Symlink);
-                let target = std::ffi::OsStr::from_bytes(&target);
+                let target = std::ffi::OsStr::from_bytes(data);
                 builder.append_link(&mut header, &entry.path, target)?;
                 stats.symlinks += 1;
             } else {
                 header.set_size(entry.size);
                 header.set_mode(if entry.mode == 0o100755 { 0o755 } else { 0o644 });
                 header.set_entry_type(tar::EntryType::Regular);
-                builder.append_data(&mut header, &entry.path, (&mut reader).take(entry.size))?;
+                builder.append_data(&mut header, &entry.path, data)?;
                 stats.files += 1;
             }
-            let mut newline = [0u8; 1];
-            reader.read_exact(&mut newline)?;
-        }
+            Ok(())
+        })?;
         builder.into_inner()?.flush()?;
-        feeder
-            .join()
-            .map_err(|_| std::io::Error::other("cat-file feeder panicked"))??;
-        let status = child.wait()?;
-        if !status.success() {
-            return Err(GitError::Failed {
-                args: "cat-file --batch".into(),
-                status: status.to_string(),
-                stderr: String::new(),
-            });
-        }
         Ok(stats)
     }
 }

@@ -141,6 +141,39 @@ fn second(repo: &Repo) -> (String, String) {
     repo.commit()
 }
 
+/// A repository with the two trees, as commits and tree ids.
+struct Two {
+    repo: Repo,
+    c1: String,
+    t1: String,
+    c2: String,
+    t2: String,
+    authority: AuthorityRepo,
+}
+
+fn two_trees() -> Two {
+    let repo = Repo::new();
+    let (c1, t1) = first(&repo);
+    let (c2, t2) = second(&repo);
+    let authority = repo.authority();
+    Two {
+        repo,
+        c1,
+        t1,
+        c2,
+        t2,
+        authority,
+    }
+}
+
+/// A fresh cache holding `tree` (of `commit`), filled from its archive.
+fn holding(authority: &AuthorityRepo, commit: &str, tree: &str) -> (tempfile::TempDir, TreeCache) {
+    let work = tempfile::tempdir().unwrap();
+    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
+    fill(&cache, authority, commit, tree);
+    (work, cache)
+}
+
 fn entry(work: &Path, tree: &str) -> PathBuf {
     work.join("trees").join(tree)
 }
@@ -190,13 +223,15 @@ fn receive(cache: &TreeCache, tree: &str, bytes: &[u8]) -> Result<(), Code> {
 
 #[test]
 fn a_delta_makes_the_requests_tree_from_a_held_one_and_sends_only_what_differs() {
-    let repo = Repo::new();
-    let (c1, t1) = first(&repo);
-    let (c2, t2) = second(&repo);
-    let authority = repo.authority();
-    let work = tempfile::tempdir().unwrap();
-    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
-    fill(&cache, &authority, &c1, &t1);
+    let Two {
+        repo: _repo,
+        c1,
+        t1,
+        c2,
+        t2,
+        authority,
+    } = two_trees();
+    let (work, cache) = holding(&authority, &c1, &t1);
     assert_eq!(cache.haves(ObjectFormat::Sha1, 4), vec![t1.clone()]);
 
     let bytes = delta(&authority, &t1, &c2);
@@ -266,14 +301,16 @@ fn a_delta_makes_the_requests_tree_from_a_held_one_and_sends_only_what_differs()
 
 #[test]
 fn a_delta_that_lies_is_refused_with_its_code() {
-    let repo = Repo::new();
-    let (c1, t1) = first(&repo);
-    let (c2, t2) = second(&repo);
-    let authority = repo.authority();
+    let Two {
+        repo,
+        c1,
+        t1,
+        c2,
+        t2,
+        authority,
+    } = two_trees();
     let bytes = delta(&authority, &t1, &c2);
-    let work = tempfile::tempdir().unwrap();
-    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
-    fill(&cache, &authority, &c1, &t1);
+    let (work, cache) = holding(&authority, &c1, &t1);
 
     // A member whose content is not its id.
     let needle = b"V = 'changed'\n";
@@ -344,13 +381,15 @@ fn a_delta_that_lies_is_refused_with_its_code() {
 
 #[test]
 fn a_held_tree_another_request_waits_on_is_copied_not_moved() {
-    let repo = Repo::new();
-    let (c1, t1) = first(&repo);
-    let (c2, t2) = second(&repo);
-    let authority = repo.authority();
-    let work = tempfile::tempdir().unwrap();
-    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
-    fill(&cache, &authority, &c1, &t1);
+    let Two {
+        repo: _repo,
+        c1,
+        t1,
+        c2,
+        t2,
+        authority,
+    } = two_trees();
+    let (work, cache) = holding(&authority, &c1, &t1);
     cache.set_pins([t1.clone()].into_iter().collect());
     receive(&cache, &t2, &delta(&authority, &t1, &c2)).unwrap();
     cache.verify(&t1).unwrap();
@@ -362,17 +401,19 @@ fn a_held_tree_another_request_waits_on_is_copied_not_moved() {
 
 #[test]
 fn a_corrupted_object_is_refused_with_its_code_and_fetched_again() {
-    let repo = Repo::new();
-    let (c1, t1) = first(&repo);
-    let (c2, t2) = second(&repo);
-    let authority = repo.authority();
+    let Two {
+        repo,
+        c1,
+        t1,
+        c2,
+        t2,
+        authority,
+    } = two_trees();
     let bytes = delta(&authority, &t1, &c2);
 
     // A tree object of the held entry changed on disk: the delta's walk
     // reads it, refuses it, and the entry goes; the whole tree heals it.
-    let work = tempfile::tempdir().unwrap();
-    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
-    fill(&cache, &authority, &c1, &t1);
+    let (work, cache) = holding(&authority, &c1, &t1);
     let src = repo.git(&["rev-parse", &format!("{c1}:src")]);
     let object = entry(work.path(), &t1).join("objects").join(&src);
     let mut body = std::fs::read(&object).unwrap();
@@ -390,9 +431,7 @@ fn a_corrupted_object_is_refused_with_its_code_and_fetched_again() {
     // A file of the held entry changed on disk: the next process's first
     // look finds it, so the entry is not offered as held, and the source
     // comes whole again.
-    let work = tempfile::tempdir().unwrap();
-    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
-    fill(&cache, &authority, &c1, &t1);
+    let (work, cache) = holding(&authority, &c1, &t1);
     drop(cache);
     std::fs::write(entry(work.path(), &t1).join("tree/README.md"), "tampered\n").unwrap();
     let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
@@ -404,14 +443,16 @@ fn a_corrupted_object_is_refused_with_its_code_and_fetched_again() {
 
 #[test]
 fn a_delta_interrupted_mid_assembly_is_rolled_back_at_the_next_start() {
-    let repo = Repo::new();
-    let (c1, t1) = first(&repo);
-    let (c2, t2) = second(&repo);
-    let authority = repo.authority();
+    let Two {
+        repo: _repo,
+        c1,
+        t1,
+        c2,
+        t2,
+        authority,
+    } = two_trees();
     let bytes = delta(&authority, &t1, &c2);
-    let work = tempfile::tempdir().unwrap();
-    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
-    fill(&cache, &authority, &c1, &t1);
+    let (work, cache) = holding(&authority, &c1, &t1);
     // The process dies once the base's removed paths are put aside.
     let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = cache.receive(
