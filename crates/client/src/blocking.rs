@@ -9,7 +9,9 @@ use airlock_proto::reconcile::{
     ResolveRequest,
 };
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
-use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
+use airlock_proto::task::{
+    ClaimGrant, DecisionOutcome, DecisionRequest, TaskPlan, TaskResult, TaskView,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::{Handle, Runtime};
@@ -91,6 +93,11 @@ impl Supervisor {
     /// `GetTask`.
     pub fn get_task(&self, task_id: &str) -> Result<TaskView, Error> {
         self.block_on(self.inner.get_task(task_id))
+    }
+
+    /// `GetPlan`.
+    pub fn get_plan(&self, task_id: &str) -> Result<TaskPlan, Error> {
+        self.block_on(self.inner.get_plan(task_id))
     }
 
     /// `ListTasks`.

@@ -42,7 +42,9 @@ use airlock_proto::reconcile::{
     ResolveRequest,
 };
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
-use airlock_proto::task::{ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskView};
+use airlock_proto::task::{
+    ClaimGrant, DecisionOutcome, DecisionRequest, TaskPlan, TaskResult, TaskView,
+};
 use airlock_proto::{Code, Error};
 use std::future::Future;
 use std::sync::Arc;
@@ -339,6 +341,13 @@ impl Supervisor {
     /// `GetTask`.
     pub async fn get_task(&self, task_id: &str) -> Result<TaskView, Error> {
         self.call::<tasks::GetTask, _>(&(task_id,)).await
+    }
+
+    /// `GetPlan`: what the task will change and run (its digests and
+    /// stored envelope), bound to the caller as `GetTask`. A supervisor
+    /// older than protocol 9.1 does not serve it.
+    pub async fn get_plan(&self, task_id: &str) -> Result<TaskPlan, Error> {
+        self.call::<tasks::GetPlan, _>(&(task_id,)).await
     }
 
     /// `ListTasks`: `state` and `after` empty for none; `limit` 0 for the default page.

@@ -29,7 +29,7 @@
 
 use crate::reconcile::{AdoptionCheck, ReconciliationCase, ReconciliationPage, ResolveOutcome};
 use crate::retry::RetryExtensionOutcome;
-use crate::task::{ClaimGrant, DecisionOutcome, TaskView};
+use crate::task::{ClaimGrant, DecisionOutcome, TaskPlan, TaskView};
 use crate::{Code, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -40,7 +40,7 @@ pub use method::{Call, Method, Peer, Permission};
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (9, 0);
+pub const PROTOCOL_VERSION: (u32, u32) = (9, 1);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -110,7 +110,7 @@ pub mod action {
 /// have their own names so that a refused read is still on record. Every
 /// other row's event is the store's action name for its change.
 pub mod event {
-    /// GetTask.
+    /// GetTask, GetPlan.
     pub const TASK_READ: &str = "TASK_READ";
     /// ListTasks.
     pub const TASKS_LISTED: &str = "TASKS_LISTED";
@@ -333,6 +333,11 @@ rows! {
         /// Read one task: `s` task id.
         GET_TASK = GetTask("s") -> "s" TaskView,
             polkit TASKS_READ, audited TASK_READ;
+        /// What one task will change and run: `s` task id; its digests
+        /// and its stored execution envelope. Bound to the caller as
+        /// GetTask. Since 9.1; not on [`tasks_v1`].
+        GET_PLAN = GetPlan("s") -> "s" TaskPlan,
+            polkit TASKS_READ, audited TASK_READ;
         /// Page through tasks: `s` state or `""`, `s` after task id or
         /// `""`, `u` limit (0: the default page).
         LIST_TASKS = ListTasks("ssu") -> "s" TaskPage,
@@ -497,36 +502,60 @@ impl Retired {
 }
 
 /// `rows` under the name `interface`.
-const fn renamed<const N: usize>(rows: &[Method], interface: &'static str) -> [Method; N] {
-    let mut out = [rows[0]; N];
+const fn renamed<const N: usize>(mut rows: [Method; N], interface: &'static str) -> [Method; N] {
     let mut i = 0;
     while i < N {
-        out[i] = Method {
+        rows[i] = Method {
             interface,
             ..rows[i]
         };
+        i += 1;
+    }
+    rows
+}
+
+/// The names of `rows`, in their order.
+const fn names<const N: usize>(rows: [Method; N]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = rows[i].name;
         i += 1;
     }
     out
 }
 
 /// `org.airlock.Tasks1`, kept for one release beside [`tasks`]
-/// (`Tasks2`): the same methods with the signatures they had in protocol
-/// 3.0 to 6.1, served by the same handlers, its `TaskChanged` emitted as
-/// well; introspection marks it deprecated. Verify's call of before 3.0
-/// (three strings) is refused by name ([`tasks_v1::RETIRED`]). Its
-/// pre-3.0 `CancelTask (task id, reason)` has today's signature and is
-/// refused as a decision that is not JSON (`MESSAGE_INVALID`).
+/// (`Tasks2`): the methods it had in protocol 3.0 to 6.1, with the
+/// signatures they had then, served by the same handlers, its
+/// `TaskChanged` emitted as well; introspection marks it deprecated. A
+/// method `Tasks2` gained since (`GetPlan`, 9.1) is not served under the
+/// old name. Verify's call of before 3.0 (three strings) is refused by
+/// name ([`tasks_v1::RETIRED`]). Its pre-3.0 `CancelTask (task id,
+/// reason)` has today's signature and is refused as a decision that is
+/// not JSON (`MESSAGE_INVALID`).
 pub mod tasks_v1 {
     use super::*;
     /// The interface.
     pub const INTERFACE: &str = "org.airlock.Tasks1";
     /// The interface that replaces it.
     pub const SUCCESSOR: &str = tasks::INTERFACE;
-    /// Methods, in declaration order (Tasks2's).
-    pub const METHODS: &[&str] = tasks::METHODS;
-    /// Its rows: Tasks2's, under this name.
-    pub const ROWS: &[Method] = &renamed::<{ tasks::METHODS.len() }>(tasks::ROWS, INTERFACE);
+    /// The Tasks2 rows it serves under its own name: exactly the methods
+    /// it had (`crates/proto/bus.lock`), never one Tasks2 gained later.
+    const SERVED: [Method; 7] = [
+        <tasks::SubmitTask as Call>::METHOD,
+        <tasks::ReplacePlan as Call>::METHOD,
+        <tasks::GetTask as Call>::METHOD,
+        <tasks::ListTasks as Call>::METHOD,
+        <tasks::ListEvents as Call>::METHOD,
+        <tasks::CancelTask as Call>::METHOD,
+        <tasks::Verify as Call>::METHOD,
+    ];
+    /// Methods, in declaration order (Tasks2's, without those added
+    /// since 7.0).
+    pub const METHODS: &[&str] = &names(SERVED);
+    /// Its rows: those Tasks2 rows, under this name.
+    pub const ROWS: &[Method] = &renamed(SERVED, INTERFACE);
     /// The call shapes it no longer takes.
     pub const RETIRED: &[Retired] = &[Retired {
         name: tasks::VERIFY,
@@ -794,7 +823,21 @@ mod tests {
         }
         assert_eq!(row(tasks::INTERFACE, tasks::VERIFY).unwrap().input, "ss");
         assert_eq!(row(tasks_v1::INTERFACE, tasks::VERIFY).unwrap().input, "ss");
-        for (v1, v2) in tasks_v1::ROWS.iter().zip(tasks::ROWS) {
+        // Tasks1 is Tasks2's rows of 7.0 under the old name, and no more.
+        assert_eq!(
+            tasks_v1::METHODS,
+            [
+                "SubmitTask",
+                "ReplacePlan",
+                "GetTask",
+                "ListTasks",
+                "ListEvents",
+                "CancelTask",
+                "Verify"
+            ]
+        );
+        for v1 in tasks_v1::ROWS {
+            let v2 = row(tasks::INTERFACE, v1.name).unwrap();
             assert_eq!(
                 Method {
                     interface: v2.interface,
@@ -803,6 +846,8 @@ mod tests {
                 *v2
             );
         }
+        assert!(row(tasks::INTERFACE, tasks::GET_PLAN).is_some());
+        assert!(row(tasks_v1::INTERFACE, tasks::GET_PLAN).is_none());
         assert!(row(tasks::INTERFACE, "Nope").is_none());
     }
 

@@ -386,6 +386,27 @@ pub struct TaskView {
     pub submitter: Option<Submitter>,
 }
 
+/// What a task will change and run, as `GetPlan` shows it (since protocol
+/// 9.1): the digests [`TaskView`] names, and the execution envelope they
+/// bind, exactly as the store keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskPlan {
+    /// The task.
+    pub task_id: String,
+    /// Digest of the current plan (as in [`TaskView::plan_digest`]).
+    pub plan_digest: String,
+    /// Digest of the current envelope (as in
+    /// [`TaskView::execution_digest`]).
+    pub execution_digest: String,
+    /// The current `airlock.execution.v1` envelope as the store keeps it
+    /// (the canonical JSON of [`crate::envelope::Envelope::to_value`]): the
+    /// binding's fields, `schema`, `action`, `capability_scope`,
+    /// `change_set`, `verification` (the commands), `source_signals`,
+    /// `capture_paths`, `governance` and `execution_digest`.
+    pub envelope: Value,
+}
+
 /// Who submitted a task: the uid the bus daemon reported for the caller,
 /// and the planner agent's name when the supervisor recognised the caller
 /// as one of its agents. Fixed when the task is created.

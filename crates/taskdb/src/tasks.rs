@@ -100,8 +100,8 @@ pub use airlock_proto::reconcile::{
 };
 pub use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 pub use airlock_proto::task::{
-    ClaimGrant, DECISION_SCHEMA, Decision, DecisionOutcome, DecisionRequest, Submitter, TaskResult,
-    TaskState, TaskSubmission, TaskView,
+    ClaimGrant, DECISION_SCHEMA, Decision, DecisionOutcome, DecisionRequest, Submitter, TaskPlan,
+    TaskResult, TaskState, TaskSubmission, TaskView,
 };
 
 /// Longest lease a claim or renewal may ask for (one day).
@@ -595,6 +595,7 @@ task_store! {
             limit: u32,
         ) -> StoreResult<Vec<Event>>;
         fn get_as(task_id: &str, scope: &ReadScope) -> StoreResult<TaskView>;
+        fn plan_as(task_id: &str, scope: &ReadScope) -> StoreResult<TaskPlan>;
         fn list_as(
             state: Option<TaskState>,
             after_task_id: Option<&str>,
@@ -735,6 +736,28 @@ impl<B: Backend> Store<B> {
         } else {
             Err(not_found(task_id))
         }
+    }
+
+    /// What one task will change and run, if `scope` sees it: its plan and
+    /// execution digests and its envelope as stored. Bound as
+    /// [`Self::get_as`]: a task outside the scope is `TASK_NOT_FOUND`, the
+    /// same answer as a task that does not exist.
+    pub fn plan_as(&self, task_id: &str, scope: &ReadScope) -> StoreResult<TaskPlan> {
+        check_task_id(task_id)?;
+        let row = self
+            .backend
+            .get(task_id)?
+            .ok_or_else(|| not_found(task_id))?
+            .into_row()?;
+        if !scope.sees(row.submitter().as_ref()) {
+            return Err(not_found(task_id));
+        }
+        Ok(TaskPlan {
+            envelope: row.envelope()?,
+            task_id: row.task_id,
+            plan_digest: row.plan_digest,
+            execution_digest: row.execution_digest,
+        })
     }
 
     /// Tasks ordered by task id, optionally only those in `state`, starting

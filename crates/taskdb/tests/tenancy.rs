@@ -114,6 +114,38 @@ fn every_read_is_bound(store: &mut dyn TaskStore) {
                 "{who}: another's task answers as a missing one"
             );
         }
+        // GetPlan: its own task's envelope, the digests GetTask names;
+        // every other as missing, exactly as GetTask.
+        let plan = store.plan_as(mine, &scope).unwrap();
+        assert_eq!(
+            (
+                plan.task_id.as_str(),
+                &plan.plan_digest,
+                &plan.execution_digest
+            ),
+            (mine, &view.plan_digest, &view.execution_digest),
+            "{who}"
+        );
+        assert_eq!(plan.envelope["task_id"], mine, "{who}");
+        assert_eq!(
+            plan.envelope["execution_digest"],
+            view.execution_digest.as_str()
+        );
+        for other in all.iter().filter(|t| **t != mine) {
+            let err = store.plan_as(other, &scope).unwrap_err();
+            let missing = store.plan_as("task-none", &scope).unwrap_err();
+            assert_eq!(err.code(), Code::TASK_NOT_FOUND, "{who} planning {other}");
+            assert_eq!(
+                err.to_string().replace(other, "ID"),
+                missing.to_string().replace("task-none", "ID"),
+                "{who}: another's plan answers as a missing one"
+            );
+            assert_eq!(
+                err.to_string(),
+                store.get_as(other, &scope).unwrap_err().to_string(),
+                "{who}: GetPlan refuses as GetTask"
+            );
+        }
         // ListTasks: its own only, on a page of one as on a full page.
         let listed: Vec<String> = store
             .list_as(None, None, 100, &scope)
@@ -179,6 +211,17 @@ fn every_read_is_bound(store: &mut dyn TaskStore) {
             .unwrap()
             .len(),
         4
+    );
+    for (_, _, task) in cast() {
+        assert_eq!(store.plan_as(task, &ReadScope::All).unwrap().task_id, task);
+        assert_eq!(
+            store.plan_as(task, &own(4242, None)).unwrap_err().code(),
+            Code::TASK_NOT_FOUND
+        );
+    }
+    assert_eq!(
+        store.plan_as("../etc", &ReadScope::All).unwrap_err().code(),
+        Code::TASK_ID_INVALID
     );
     assert!(
         store

@@ -17,7 +17,8 @@ use airlock_proto::reconcile::{
 };
 use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
 use airlock_proto::task::{
-    ClaimGrant, DecisionOutcome, DecisionRequest, TaskResult, TaskState, TaskSubmission, TaskView,
+    ClaimGrant, DecisionOutcome, DecisionRequest, TaskPlan, TaskResult, TaskState, TaskSubmission,
+    TaskView,
 };
 use airlock_taskdb::tasks::{Actor, Event, QueueSummary, ResultReceipt, Submitted, Submitter};
 
@@ -132,6 +133,18 @@ impl Ops {
     ) -> Result<TaskView, Error> {
         let scope = scope.read_scope().clone();
         self.store.call(move |s| s.get_as(&task_id, &scope)).await
+    }
+
+    /// GetPlan: bound as [`Self::get`], a task outside `scope` is
+    /// TASK_NOT_FOUND, as one that does not exist.
+    pub async fn plan(
+        &self,
+        _auth: &Authorized<Read>,
+        scope: &Scope,
+        task_id: String,
+    ) -> Result<TaskPlan, Error> {
+        let scope = scope.read_scope().clone();
+        self.store.call(move |s| s.plan_as(&task_id, &scope)).await
     }
 
     /// ListTasks, of the tasks `scope` sees.

@@ -71,7 +71,7 @@ fn reads() -> Vec<Read> {
                     .collect::<Vec<_>>()
             };
             match (row.name, row.input) {
-                ("GetTask", "s") | ("GetReconciliation", "s") => {
+                ("GetTask", "s") | ("GetPlan", "s") | ("GetReconciliation", "s") => {
                     out.extend(per_task(|t| vec![format!("string:{t}")]));
                 }
                 ("ListEvents", "sxu") => {
@@ -93,8 +93,8 @@ fn reads() -> Vec<Read> {
             }
         }
     }
-    // Tasks2 and Tasks1: three each; Reconcile1: two.
-    assert_eq!(covered, 8, "every read row is in the matrix");
+    // Tasks2: four (GetPlan since 9.1); Tasks1: three; Reconcile1: two.
+    assert_eq!(covered, 9, "every read row is in the matrix");
     out
 }
 
@@ -485,4 +485,177 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
             .await
             .unwrap();
     }
+}
+
+/// Another planner user (`daemon`), who submits nothing.
+const OTHER_PLANNER_UID: u32 = 1;
+
+/// A submission whose plan names two changes and two commands, every
+/// field of each given (so the stored envelope shows them as sent).
+fn planned_submission(task_id: &str) -> Value {
+    let mut s = submission(task_id);
+    s["plan"]["execution"] = json!({
+        "action": "deterministic",
+        "change_set": [
+            {"path": "x.py", "operation": "write_file", "content": "x = 41\n"},
+            {"path": "lib/y.py", "operation": "write_file", "content": "y = 1\n"},
+        ],
+        "verification": [
+            {"label": "compile", "argv": ["/usr/bin/python3", "-m", "py_compile", "x.py"],
+             "cwd": ".", "timeout_seconds": 60},
+            {"label": "compile lib", "argv": ["/usr/bin/python3", "-m", "py_compile", "y.py"],
+             "cwd": "lib", "timeout_seconds": 30},
+        ],
+        "capability_scope": ["git.test", "git.read"],
+    });
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_plan_shows_what_a_task_will_change_and_run_to_its_readers_alone() {
+    let sup = Supervisor::start(Opts {
+        authorizer: "root-admin-for-tests".into(),
+        ..Opts::default()
+    });
+    // root: read-all; the planner and another planner: read and submit.
+    let admin = sup.client().await;
+    let planner = connect_as(sup.bus.address(), PLANNER_UID).await;
+    let other = connect_as(sup.bus.address(), OTHER_PLANNER_UID).await;
+    let sent = planned_submission("t-plan");
+    call_json(&planner, TASKS_IFACE, "SubmitTask", &(sent.to_string(),))
+        .await
+        .expect("the planner submits");
+    let view = call_json(&planner, TASKS_IFACE, "GetTask", &("t-plan",))
+        .await
+        .unwrap();
+    let execution = &sent["plan"]["execution"];
+    let events = |conn: &Connection| {
+        let conn = conn.clone();
+        async move {
+            call_json(&conn, TASKS_IFACE, "ListEvents", &("", 0i64, 1000u32))
+                .await
+                .unwrap()
+        }
+    };
+    let log_before = events(&admin).await;
+
+    // The submitter and a read-all administrator: the change set and the
+    // commands as submitted, under the digests GetTask names.
+    let mut shown = Vec::new();
+    for (who, conn) in [("the submitter", &planner), ("the administrator", &admin)] {
+        let text = call_s(conn, TASKS_IFACE, "GetPlan", &("t-plan",))
+            .await
+            .unwrap_or_else(|e| panic!("{who}: {e:?}"));
+        let plan: Value = serde_json::from_str(&text).unwrap();
+        let mut keys: Vec<&str> = plan
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["envelope", "execution_digest", "plan_digest", "task_id"],
+            "{who}"
+        );
+        let typed: airlock_proto::task::TaskPlan = serde_json::from_str(&text).unwrap();
+        assert_eq!(typed.task_id, "t-plan", "{who}");
+        assert_eq!(typed.plan_digest, view["plan_digest"].as_str().unwrap());
+        assert_eq!(
+            typed.execution_digest,
+            view["execution_digest"].as_str().unwrap()
+        );
+        let envelope = &plan["envelope"];
+        assert_eq!(envelope["schema"], "airlock.execution.v1", "{who}");
+        assert_eq!(envelope["task_id"], "t-plan");
+        assert_eq!(envelope["execution_digest"], view["execution_digest"]);
+        assert_eq!(envelope["action"], "deterministic");
+        assert_eq!(envelope["change_set"], execution["change_set"], "{who}");
+        assert_eq!(envelope["verification"], execution["verification"], "{who}");
+        assert_eq!(envelope["target_branch"], "agent/t-plan");
+        shown.push(plan);
+    }
+    assert_eq!(shown[0], shown[1], "both see the one stored envelope");
+
+    // Another planner: TASK_NOT_FOUND, exactly as for a task that does not
+    // exist and as its GetTask of the task.
+    let theirs = call_s(&other, TASKS_IFACE, "GetPlan", &("t-plan",))
+        .await
+        .unwrap_err();
+    assert_eq!(theirs.code(), Some(airlock_proto::Code::TASK_NOT_FOUND));
+    assert!(!theirs.message.contains("x = 41"), "{theirs:?}");
+    let missing = call_s(&other, TASKS_IFACE, "GetPlan", &(NONE,))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Some(airlock_proto::Code::TASK_NOT_FOUND));
+    assert_eq!(
+        (theirs.name.clone(), theirs.message.replace("t-plan", "ID")),
+        (missing.name.clone(), missing.message.replace(NONE, "ID")),
+        "another's task answers as one that does not exist"
+    );
+    let get = call_s(&other, TASKS_IFACE, "GetTask", &("t-plan",))
+        .await
+        .unwrap_err();
+    assert_eq!(get, theirs, "GetPlan refuses as GetTask");
+    // An unknown id, for the submitter and the administrator too.
+    for conn in [&planner, &admin] {
+        let e = call_s(conn, TASKS_IFACE, "GetPlan", &(NONE,))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(airlock_proto::Code::TASK_NOT_FOUND), "{e:?}");
+    }
+    // A malformed task id is refused with its code, whoever asks.
+    for conn in [&planner, &other, &admin] {
+        let e = call_s(conn, TASKS_IFACE, "GetPlan", &("../etc",))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(airlock_proto::Code::TASK_ID_INVALID),
+            "{e:?}"
+        );
+    }
+    // Tasks1 keeps its methods: it does not serve GetPlan.
+    let v1 = call_s(&admin, bus::tasks_v1::INTERFACE, "GetPlan", &("t-plan",))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        v1.name, "org.freedesktop.DBus.Error.UnknownMethod",
+        "{v1:?}"
+    );
+
+    // The reads changed nothing and none is an event.
+    assert_eq!(
+        call_json(&admin, TASKS_IFACE, "GetTask", &("t-plan",))
+            .await
+            .unwrap(),
+        view
+    );
+    assert_eq!(events(&admin).await, log_before, "the reads are not events");
+
+    // A replaced plan: GetPlan shows the stored one, now the new plan's.
+    let digest = view["plan_digest"].as_str().unwrap();
+    let replacement = plan("t-plan", 2, Some(digest));
+    call_json(
+        &planner,
+        TASKS_IFACE,
+        "ReplacePlan",
+        &("t-plan", replacement.to_string()),
+    )
+    .await
+    .expect("the planner replaces its plan");
+    let now = call_json(&planner, TASKS_IFACE, "GetTask", &("t-plan",))
+        .await
+        .unwrap();
+    let replanned = call_json(&planner, TASKS_IFACE, "GetPlan", &("t-plan",))
+        .await
+        .unwrap();
+    assert_ne!(replanned["plan_digest"], view["plan_digest"]);
+    assert_eq!(replanned["plan_digest"], now["plan_digest"]);
+    assert_eq!(replanned["execution_digest"], now["execution_digest"]);
+    assert_eq!(
+        replanned["envelope"]["change_set"],
+        replacement["execution"]["change_set"]
+    );
 }

@@ -310,6 +310,27 @@ impl Tasks {
         reply::<rows::GetTask>(&view)
     }
 
+    /// What one task will change and run, as JSON: `{"task_id", "plan_digest",
+    /// "execution_digest", "envelope"}`, the envelope as the store keeps it
+    /// (its `change_set` and `verification` commands among its fields).
+    /// Needs `org.airlock.tasks.read` and is bound as GetTask: another's
+    /// task is TASK_NOT_FOUND, as one that does not exist, unless the
+    /// caller holds `org.airlock.tasks.read-all`. Not served on Tasks1.
+    async fn get_plan(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        task_id: String,
+    ) -> Result<String, BusError> {
+        let call = self
+            .shared
+            .enter::<rows::GetPlan, Read>(conn, &hdr, Some(&task_id))
+            .await?;
+        let scope = self.shared.read_scope(&call).await;
+        let plan = self.shared.ops.plan(&call.auth, &scope, task_id).await?;
+        reply::<rows::GetPlan>(&plan)
+    }
+
     /// Tasks ordered by id: `state` filters (`""` = all), `after_task_id`
     /// pages (`""` = from the start), `limit` 0 means 100 (at most 1000).
     /// Returns `{"tasks": [...], "next_after": <id or null>}`; pass

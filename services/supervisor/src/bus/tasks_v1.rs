@@ -5,12 +5,16 @@
 //! got a bare signature error from the bus library. Protocol 7.0 names
 //! the current interface `Tasks2` (the D-Bus convention, systemd's and
 //! stratisd's: an incompatible change is a new interface version) and
-//! serves `Tasks1` beside it: the same methods and properties with the
-//! signatures 3.0 to 6.1 had, by the same handlers (this object forwards
-//! every call to a [`Tasks`] object), `TaskChanged` emitted on both names,
-//! and the introspection data marked deprecated. A call in a shape the
-//! interface no longer takes ([`tasks_v1::RETIRED`]) is answered with
-//! `PROTOCOL_VERSION_MISMATCH` naming the method to call instead.
+//! serves `Tasks1` beside it: the methods and properties 3.0 to 6.1 had,
+//! with their signatures, by the same handlers (this object forwards each
+//! call of one of [`tasks_v1::METHODS`] to a [`Tasks`] object),
+//! `TaskChanged` emitted on both names, and the introspection data marked
+//! deprecated. A method `Tasks2` gained since (`GetPlan`) is neither
+//! forwarded nor introspected here: the bus library answers it as an
+//! unknown method, so `Tasks1` keeps exactly its locked methods. A call in
+//! a shape the interface no longer takes ([`tasks_v1::RETIRED`]) is
+//! answered with `PROTOCOL_VERSION_MISMATCH` naming the method to call
+//! instead.
 //!
 //! zbus documents its `Interface` trait as one to implement through its
 //! macro; it is implemented by hand here because the macro dispatches by
@@ -51,14 +55,63 @@ pub fn retired(name: &str, signature: &str) -> Option<&'static airlock_proto::bu
         .find(|r| r.name == name && r.input == signature)
 }
 
-/// Tasks2's introspection data as Tasks1's: renamed and marked deprecated.
+/// Whether Tasks1 serves the method `name` (Tasks2 may have more).
+pub fn serves(name: &str) -> bool {
+    tasks_v1::METHODS.contains(&name)
+}
+
+/// Tasks2's introspection data as Tasks1's: renamed, marked deprecated,
+/// and without the methods Tasks1 does not serve.
 pub fn as_v1(introspection: &str) -> String {
     let from = format!("<interface name=\"{}\">", tasks_v1::SUCCESSOR);
     let to = format!(
         "<interface name=\"{}\">\n  <annotation name=\"org.freedesktop.DBus.Deprecated\" value=\"true\"/>",
         tasks_v1::INTERFACE
     );
-    introspection.replacen(&from, &to, 1)
+    only_served_methods(introspection).replacen(&from, &to, 1)
+}
+
+/// `xml` without each `<method>` element Tasks1 does not serve, and the
+/// comment (its doc) the bus library writes on the lines just before it.
+/// The library writes every element and comment delimiter on a line of
+/// its own.
+fn only_served_methods(xml: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    // Where the comment just before the next element began, in `out`.
+    let mut doc_at = None;
+    let mut in_comment = false;
+    let mut skipping = false;
+    for line in xml.split_inclusive('\n') {
+        let t = line.trim();
+        if skipping {
+            skipping = t != "</method>";
+            continue;
+        }
+        if in_comment {
+            out.push(line);
+            in_comment = !t.ends_with("-->");
+            continue;
+        }
+        if t.starts_with("<!--") {
+            doc_at = Some(out.len());
+            out.push(line);
+            in_comment = !t.ends_with("-->");
+            continue;
+        }
+        let method = t
+            .strip_prefix("<method name=\"")
+            .and_then(|rest| rest.split('"').next());
+        if method.is_some_and(|name| !serves(name)) {
+            if let Some(at) = doc_at.take() {
+                out.truncate(at);
+            }
+            skipping = !t.ends_with("/>");
+            continue;
+        }
+        doc_at = None;
+        out.push(line);
+    }
+    out.concat()
 }
 
 #[async_trait::async_trait]
@@ -142,6 +195,9 @@ impl Interface for TasksV1 {
                 Err::<(), BusError>(refusal.into())
             });
         }
+        if !serves(name.as_str()) {
+            return DispatchResult::NotFound;
+        }
         self.inner.call(server, connection, msg, name)
     }
 
@@ -152,6 +208,9 @@ impl Interface for TasksV1 {
         msg: &'call Message,
         name: MemberName<'call>,
     ) -> DispatchResult<'call> {
+        if !serves(name.as_str()) {
+            return DispatchResult::NotFound;
+        }
         self.inner.call_mut(server, connection, msg, name)
     }
 
@@ -180,5 +239,20 @@ mod tests {
         assert!(v1.starts_with("<interface name=\"org.airlock.Tasks1\">"));
         assert!(v1.contains("org.freedesktop.DBus.Deprecated"));
         assert!(!v1.contains("Tasks2"));
+    }
+
+    #[test]
+    fn a_method_tasks2_gained_is_not_introspected_on_tasks1() {
+        let xml = "<interface name=\"org.airlock.Tasks2\">\n  <!--\n   One task.\n   -->\n  <method name=\"GetTask\">\n    <arg name=\"task_id\" type=\"s\" direction=\"in\"/>\n  </method>\n  <!--\n   What it will change.\n   -->\n  <method name=\"GetPlan\">\n    <arg name=\"task_id\" type=\"s\" direction=\"in\"/>\n  </method>\n  <method name=\"Later\"/>\n  <!--\n   Version.\n   -->\n  <property name=\"Version\" type=\"s\" access=\"read\"/>\n</interface>\n";
+        let v1 = as_v1(xml);
+        assert!(v1.contains("<method name=\"GetTask\">") && v1.contains("One task."));
+        assert!(
+            !v1.contains("GetPlan") && !v1.contains("What it will change."),
+            "{v1}"
+        );
+        assert!(!v1.contains("Later"), "{v1}");
+        assert!(v1.contains("Version.") && v1.contains("<property name=\"Version\""));
+        assert!(v1.ends_with("</interface>\n"));
+        assert!(serves("GetTask") && !serves("GetPlan"));
     }
 }
