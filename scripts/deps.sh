@@ -37,11 +37,14 @@
 #   nftables         the partition tests (multi_host.rs, postgres_partition.rs):
 #                    a packet filter inside a host's network namespace cuts
 #                    its link to PostgreSQL
+#   chromium         the systemd testbed's browser: headless, through the
+#                    DevTools protocol, against Cockpit in the booted root
+#                    (tests/systemd/src/cockpit_browser.py)
 #   prometheus       promtool: the supervisor's metrics test checks airlock.prom
 #                    with Prometheus's own parser (services/supervisor/tests/metrics.rs)
 AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 python3-venv python3-pip systemd util-linux
   dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin postgresql
-  openssh-client openssh-server nftables prometheus)
+  openssh-client openssh-server nftables prometheus chromium)
 
 # Prints a section header.
 section() {

@@ -28,15 +28,77 @@ use std::time::{Duration, Instant};
 
 /// Packages debootstrap adds to the minimal root (DESIGN.md §5): what the
 /// package depends on, and Debian's node exporter with acl for the metrics
-/// check (docs/metrics.md's ACL).
-pub const ROOT_INCLUDE: &str =
-    "systemd,systemd-sysv,dbus,libpam-systemd,polkitd,git,python3,prometheus-node-exporter,acl";
+/// check (docs/metrics.md's ACL), and Cockpit (with dbus-user-session,
+/// which debootstrap does not pick for dconf-service's alternative) for the
+/// Cockpit page.
+pub const ROOT_INCLUDE: &str = "systemd,systemd-sysv,dbus,libpam-systemd,polkitd,git,python3,prometheus-node-exporter,acl,cockpit-ws,cockpit-system,cockpit-bridge,dbus-user-session";
 /// The Debian release of the root.
 pub const ROOT_SUITE: &str = "bookworm";
 /// Default cache directory for the root; `AIRLOCK_TESTBED_CACHE` overrides it.
 pub const DEFAULT_CACHE: &str = "/var/cache/airlock-testbed";
-/// Default Debian mirror; `AIRLOCK_TESTBED_MIRROR` overrides it.
-pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+/// The Debian mirror debootstrap fetches from: `AIRLOCK_TESTBED_MIRROR`,
+/// else the one this host's apt uses (the first `deb` source of
+/// `/etc/apt/sources.list` or a deb822 file in `sources.list.d/` that is
+/// not a security archive), so that the testbed asks apt which registry
+/// to use rather than naming one.
+pub fn debian_mirror() -> Result<String, String> {
+    if let Ok(m) = std::env::var("AIRLOCK_TESTBED_MIRROR") {
+        return Ok(m);
+    }
+    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
+    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut more: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
+        more.sort();
+        files.extend(more);
+    }
+    files
+        .iter()
+        .filter_map(|f| fs::read_to_string(f).ok().map(|t| (f, t)))
+        .flat_map(|(f, text)| mirrors_in(f, &text))
+        .find(|uri| !uri.trim_end_matches('/').ends_with("-security"))
+        .ok_or_else(|| {
+            "no Debian mirror in /etc/apt/sources.list{,.d}: set AIRLOCK_TESTBED_MIRROR".to_owned()
+        })
+}
+
+/// The `deb` source URIs of one apt sources file (one-line or deb822).
+#[must_use]
+fn mirrors_in(file: &Path, text: &str) -> Vec<String> {
+    let name = file.to_string_lossy();
+    if name.ends_with(".sources") {
+        text.split("\n\n")
+            .filter(|stanza| {
+                stanza.lines().any(|l| {
+                    l.strip_prefix("Types:")
+                        .is_some_and(|t| t.split_whitespace().any(|t| t == "deb"))
+                }) && !stanza.lines().any(|l| l.trim() == "Enabled: no")
+            })
+            .flat_map(|stanza| {
+                stanza
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("URIs:"))
+                    .flat_map(|u| u.split_whitespace().map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    } else if name.ends_with(".list") {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("deb "))
+            .filter_map(|l| {
+                // `deb [options] URI suite …`: the options may hold spaces.
+                let rest = &l[4..];
+                let rest = match rest.trim_start().strip_prefix('[') {
+                    Some(opts) => opts.split_once(']').map_or("", |(_, r)| r),
+                    None => rest,
+                };
+                rest.split_whitespace().next().map(str::to_owned)
+            })
+            .collect()
+    } else {
+        vec![]
+    }
+}
 /// Host tools the testbed needs, with the Debian package providing each.
 pub const HOST_TOOLS: &[(&str, &str)] = &[
     ("debootstrap", "debootstrap"),
@@ -710,5 +772,33 @@ impl Container {
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = self.shutdown(Duration::from_secs(20));
+    }
+}
+
+#[cfg(test)]
+mod mirror_tests {
+    use super::mirrors_in;
+    use std::path::Path;
+
+    #[test]
+    fn apt_sources_name_their_mirrors() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example.invalid/debian\nSuites: bookworm\n\n\
+                      Types: deb-src\nURIs: http://src.example.invalid/debian\n\n\
+                      Types: deb\nEnabled: no\nURIs: http://off.example.invalid/debian\n";
+        assert_eq!(
+            mirrors_in(Path::new("x.sources"), deb822),
+            vec!["http://mirror.example.invalid/debian"]
+        );
+        let list = "# comment\ndeb-src http://src.example.invalid/debian bookworm main\n\
+                    deb [arch=amd64 signed-by=/k.gpg] http://one.example.invalid/debian bookworm main\n\
+                    deb http://two.example.invalid/debian bookworm main\n";
+        assert_eq!(
+            mirrors_in(Path::new("sources.list"), list),
+            vec![
+                "http://one.example.invalid/debian",
+                "http://two.example.invalid/debian"
+            ]
+        );
+        assert!(mirrors_in(Path::new("x.disabled"), list).is_empty());
     }
 }

@@ -7,7 +7,7 @@
 //! AIRLOCK_DEBIAN_PACKAGES (scripts/deps.sh); a missing tool is a failure.
 
 use airlock_systemd_tests::scenario::{Settings, run_all};
-use airlock_systemd_tests::{DEFAULT_CACHE, DEFAULT_MIRROR, Outcome, is_root};
+use airlock_systemd_tests::{DEFAULT_CACHE, Outcome, debian_mirror, is_root};
 use std::path::PathBuf;
 
 #[test]
@@ -28,7 +28,7 @@ fn package_installs_and_runs_under_systemd() {
         cache: std::env::var_os("AIRLOCK_TESTBED_CACHE")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE)),
-        mirror: std::env::var("AIRLOCK_TESTBED_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.into()),
+        mirror: debian_mirror().expect("a Debian mirror for debootstrap"),
     };
     let report = run_all(&settings);
     let summary = report.summary();

@@ -467,8 +467,9 @@ fn remove_agents(c: &Container) -> Result<String, String> {
 }
 
 /// The agent checks (issue 12): the systemd driver, polkit, single writer
-/// and no residency.
-pub(super) fn agent_checks(r: &mut Report, c: &Container) {
+/// and no residency. `while_held` runs after them, while both agents are
+/// configured and crashy is held, before they are removed.
+pub(super) fn agent_checks(r: &mut Report, c: &Container, while_held: impl FnOnce(&mut Report)) {
     let Some(_) = r.check(
         "agents: two [[agent]]s under the systemd driver; steady RUNNING in airlock-agent@steady.service",
         |_| configure_agents(c),
@@ -501,5 +502,6 @@ pub(super) fn agent_checks(r: &mut Report, c: &Container) {
         "agents: systemctl stop airlock.target leaves no agent process (cgroup empty); a drain is no failure",
         |_| stop_target_stops_agents(c),
     );
+    while_held(r);
     r.check("agents: removed again", |_| remove_agents(c));
 }

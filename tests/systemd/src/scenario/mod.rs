@@ -16,6 +16,7 @@
 
 mod agents;
 mod authz;
+mod cockpit;
 mod confinement;
 mod doctor;
 mod install;
@@ -119,9 +120,17 @@ impl crate::Detail for Container {
 /// Runs the whole scenario.
 /// `AIRLOCK_TESTBED_ONLY=agents`: the narrow run while working on agents
 /// (the package, its installation, a repository, then only the agent
-/// checks; no lintian, no RPM scriptlets, no upgrade or removal).
+/// checks; no lintian, no RPM scriptlets, no upgrade or removal);
+/// `AIRLOCK_TESTBED_ONLY=cockpit`: the same with the Cockpit checks.
 pub fn only_agents() -> bool {
-    std::env::var("AIRLOCK_TESTBED_ONLY").as_deref() == Ok("agents")
+    matches!(
+        std::env::var("AIRLOCK_TESTBED_ONLY").as_deref(),
+        Ok("agents" | "cockpit")
+    )
+}
+
+fn only_cockpit() -> bool {
+    std::env::var("AIRLOCK_TESTBED_ONLY").as_deref() == Ok("cockpit")
 }
 
 pub fn run_all(s: &Settings) -> Report {
@@ -161,6 +170,8 @@ pub fn run_all(s: &Settings) -> Report {
             let _ = fs::remove_dir_all(&debs);
             fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
             fs::copy(&pkgs.deb, debs.join(file_name(&pkgs.deb))).map_err(|e| e.to_string())?;
+            fs::copy(&pkgs.cockpit, debs.join(file_name(&pkgs.cockpit)))
+                .map_err(|e| e.to_string())?;
             upgrade_deb(&pkgs, &debs)
         },
     );
@@ -198,7 +209,14 @@ pub fn run_all(s: &Settings) -> Report {
         );
         return r;
     };
-    in_container(&mut r, &c, &pkgs, upgrade.as_deref(), earlier.as_deref());
+    in_container(
+        &mut r,
+        &c,
+        &pkgs,
+        &work,
+        upgrade.as_deref(),
+        earlier.as_deref(),
+    );
     if !r.all_passed() {
         if let Ok(out) = c.sh(
             "journalctl --no-pager -o short-monotonic -n 400 -u 'airlock*' -u dbus -u polkit",
@@ -230,6 +248,7 @@ fn in_container(
     r: &mut Report,
     c: &Container,
     p: &Packages,
+    work: &Path,
     upgrade: Option<&Path>,
     earlier: Option<&Path>,
 ) {
@@ -247,13 +266,17 @@ fn in_container(
     );
     if only_agents() {
         if repo.is_some() {
-            agents::agent_checks(r, c);
+            agents::agent_checks(r, c, |r| {
+                if only_cockpit() {
+                    cockpit::checks(r, c, p, work);
+                }
+            });
         }
         return;
     }
     doctor::checks(r, c);
     if repo.is_some() {
-        with_repository(r, c, p);
+        with_repository(r, c, p, work);
     } else {
         r.skip(
             &[
@@ -283,8 +306,9 @@ fn in_container(
 
 /// The checks that need the registered repository: tasks by root, by
 /// airlock-agent and through MCP, the sandbox probe, the refused user, the
-/// journal, then the agents.
-fn with_repository(r: &mut Report, c: &Container, p: &Packages) {
+/// journal, then the agents (and, while they are configured, the Cockpit
+/// page).
+fn with_repository(r: &mut Report, c: &Container, p: &Packages, work: &Path) {
     r.check(
         "demo task by root with airlockctl: SUCCEEDED, commit on agent/*",
         |_| tasks::demo_task(c),
@@ -335,7 +359,8 @@ fn with_repository(r: &mut Report, c: &Container, p: &Packages) {
         "airlock-mcp as airlock-agent: an MCP client reads, proposes with a packaged preset, its commit lands on agent/*; polkit refuses its cancel",
         |_| tasks::mcp_agent(c),
     );
-    agents::agent_checks(r, c);
+    // The Cockpit page runs while the agents are there, one of them held.
+    agents::agent_checks(r, c, |r| cockpit::checks(r, c, p, work));
 }
 
 #[cfg(test)]

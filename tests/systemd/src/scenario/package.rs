@@ -41,6 +41,8 @@ fn installed_deb(dir: &Path, suffix: &str) -> Result<PathBuf, String> {
 pub(super) struct Packages {
     pub(super) deb: PathBuf,
     pub(super) rpm: PathBuf,
+    /// cockpit-airlock's .deb (architecture all), built beside them.
+    pub(super) cockpit: PathBuf,
     version: String,
 }
 
@@ -100,7 +102,23 @@ pub(super) fn package_checks(r: &mut Report, s: &Settings, work: &Path) -> Optio
                 tail(&out.both(), 20)
             ));
         }
-        Ok(Packages { deb, rpm, version })
+        let cockpit = dir.join(format!("cockpit-airlock_{version}_all.deb"));
+        let cockpit_rpm = dir.join(format!("cockpit-airlock-{version}.noarch.rpm"));
+        for p in [&cockpit, &cockpit_rpm] {
+            if !p.is_file() {
+                return Err(format!(
+                    "{} is missing\n{}",
+                    p.display(),
+                    tail(&out.both(), 20)
+                ));
+            }
+        }
+        Ok(Packages {
+            deb,
+            rpm,
+            cockpit,
+            version,
+        })
     })?;
     if !only_agents() {
         lintian(r, &pkgs);
