@@ -3,7 +3,9 @@
 
 use crate::Supervisor as Async;
 use airlock_proto::Error;
-use airlock_proto::bus::{EventPage, LeaseRef, ResultReceipt, SubmitReply, TaskPage};
+use airlock_proto::bus::{
+    EventPage, LeaseRef, RepositoryList, ResultReceipt, SubmitReply, TaskPage,
+};
 use airlock_proto::reconcile::{
     AdoptionCheck, AdoptionReport, ReconciliationCase, ReconciliationPage, ResolveOutcome,
     ResolveRequest,
@@ -108,6 +110,11 @@ impl Supervisor {
     /// `ListEvents`.
     pub fn list_events(&self, task_id: &str, after: i64, limit: u32) -> Result<EventPage, Error> {
         self.block_on(self.inner.list_events(task_id, after, limit))
+    }
+
+    /// `ListRepositories`.
+    pub fn list_repositories(&self) -> Result<RepositoryList, Error> {
+        self.block_on(self.inner.list_repositories())
     }
 
     /// `CancelTask`.

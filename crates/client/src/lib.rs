@@ -372,6 +372,13 @@ impl Supervisor {
             .await
     }
 
+    /// `ListRepositories`: the registered repositories (an agent: those it
+    /// may propose for), by name, with no credential. A supervisor older
+    /// than protocol 9.2 does not serve it.
+    pub async fn list_repositories(&self) -> Result<bus::RepositoryList, Error> {
+        self.call::<tasks::ListRepositories, _>(&()).await
+    }
+
     // ---- org.airlock.Agents1 -------------------------------------------
 
     /// `ListAgents`.

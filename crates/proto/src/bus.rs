@@ -40,7 +40,7 @@ pub use method::{Call, Method, Peer, Permission};
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (9, 1);
+pub const PROTOCOL_VERSION: (u32, u32) = (9, 2);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -122,6 +122,8 @@ pub mod event {
     pub const ADOPTION_TAKEN: &str = "ADOPTION_TAKEN";
     /// ListAgents, GetAgent.
     pub const AGENTS_READ: &str = "AGENTS_READ";
+    /// ListRepositories.
+    pub const REPOSITORIES_READ: &str = "REPOSITORIES_READ";
     /// Every read event.
     pub const READS: &[&str] = &[
         TASK_READ,
@@ -130,6 +132,7 @@ pub mod event {
         RECONCILIATIONS_READ,
         ADOPTION_TAKEN,
         AGENTS_READ,
+        REPOSITORIES_READ,
     ];
 }
 
@@ -346,6 +349,13 @@ rows! {
         /// event id, `u` limit.
         LIST_EVENTS = ListEvents("sxu") -> "s" EventPage,
             polkit TASKS_READ, audited EVENTS_READ;
+        /// The registered repositories, by name: each one's description,
+        /// environment, upstream (its URL without a password), signing
+        /// principal and newest sync event; never a credential. An agent
+        /// sees the repositories it may propose for. Since 9.2; not on
+        /// [`tasks_v1`].
+        LIST_REPOSITORIES = ListRepositories("") -> "s" RepositoryList,
+            polkit TASKS_READ, audited REPOSITORIES_READ;
         /// Cancel a task that is not terminal: `s` task id, `s` an
         /// `airlock.task-decision.v1` request (`cancel`).
         CANCEL_TASK = CancelTask("ss") -> "s" DecisionOutcome,
@@ -529,8 +539,8 @@ const fn names<const N: usize>(rows: [Method; N]) -> [&'static str; N] {
 /// (`Tasks2`): the methods it had in protocol 3.0 to 6.1, with the
 /// signatures they had then, served by the same handlers, its
 /// `TaskChanged` emitted as well; introspection marks it deprecated. A
-/// method `Tasks2` gained since (`GetPlan`, 9.1) is not served under the
-/// old name. Verify's call of before 3.0 (three strings) is refused by
+/// method `Tasks2` gained since (`GetPlan`, 9.1; `ListRepositories`, 9.2)
+/// is not served under the old name. Verify's call of before 3.0 (three strings) is refused by
 /// name ([`tasks_v1::RETIRED`]). Its pre-3.0 `CancelTask (task id,
 /// reason)` has today's signature and is refused as a decision that is
 /// not JSON (`MESSAGE_INVALID`).
@@ -751,6 +761,102 @@ pub struct EventPage {
     pub next_after: i64,
 }
 
+/// `ListRepositories`'s reply (since protocol 9.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositoryList {
+    /// The registered repositories the caller may see, by name.
+    pub repositories: Vec<RepositoryView>,
+}
+
+/// One registered repository as `ListRepositories` shows it: what
+/// `airlockctl repo show --json` says of it that is no credential, and not
+/// where it is kept on the host. Its upstream's URL is shown without a
+/// password ([`crate::upstream::without_password`]); its credential
+/// files, the upstream's user, push options and host keys are not shown
+/// at all.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositoryView {
+    /// The name tasks use (`[[repository]] name`).
+    pub name: String,
+    /// Free text for admins.
+    pub description: Option<String>,
+    /// Its verification environment; `None`: system programs only.
+    pub environment: Option<RepositoryEnvironment>,
+    /// Its upstream; `None`: none.
+    pub upstream: Option<RepositoryUpstream>,
+    /// Its commit signing; `None`: commits are not signed.
+    pub signing: Option<RepositorySigning>,
+    /// The newest sync event of its upstream in the event log
+    /// (`UPSTREAM_SYNCED`, `UPSTREAM_SYNC_FAILED`,
+    /// `UPSTREAM_REF_REWRITTEN`); `None`: none recorded.
+    pub last_upstream_event: Option<UpstreamEventView>,
+}
+
+/// A repository's environment as configured, and what the supervisor
+/// resolved it to when it last read the configuration (the resolution it
+/// checks submissions against), as `airlockctl repo show --json` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositoryEnvironment {
+    /// `[repository.environment]` as configured.
+    pub configured: Value,
+    /// Its resolution on the supervisor's host; `None` with a problem.
+    pub resolved: Option<Value>,
+    /// Why it is unusable there; `None` when it resolved.
+    pub problem: Option<EnvironmentProblem>,
+}
+
+/// Why an environment is unusable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentProblem {
+    /// The catalogue code (`ENVIRONMENT_PATH_UNSAFE`, …).
+    pub code: String,
+    /// The dotted key (`environment.paths[0]`).
+    pub key: String,
+    /// What was wrong, and what is expected.
+    pub message: String,
+}
+
+/// A repository's upstream, without anything that authenticates to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositoryUpstream {
+    /// The remote's URL, without a password in its userinfo.
+    pub url: String,
+    /// Whether agent branches are pushed to it.
+    pub publish: bool,
+    /// Seconds between scheduled fetches (0: none).
+    pub sync_interval_seconds: u32,
+}
+
+/// A repository's commit signing: its signer, never its key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositorySigning {
+    /// The signer's allowed-signers name.
+    pub principal: String,
+}
+
+/// One sync event of an upstream, from the event log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamEventView {
+    /// The event's id (as `ListEvents` pages).
+    pub id: i64,
+    /// `UPSTREAM_SYNCED`, `UPSTREAM_SYNC_FAILED` or `UPSTREAM_REF_REWRITTEN`.
+    pub action: String,
+    /// `allowed` (the worker's reports are never refused once recorded).
+    pub outcome: String,
+    /// When (store time, unix ms).
+    pub at_ms: i64,
+    /// What the worker reported (its `detail`: the refs changed, the
+    /// code and detail of a failure).
+    pub detail: Value,
+}
+
 /// Serialises a reply for the wire.
 pub fn encode<T: Serialize>(reply: &T) -> Result<String, Error> {
     serde_json::to_string(reply)
@@ -846,8 +952,10 @@ mod tests {
                 *v2
             );
         }
-        assert!(row(tasks::INTERFACE, tasks::GET_PLAN).is_some());
-        assert!(row(tasks_v1::INTERFACE, tasks::GET_PLAN).is_none());
+        for gained in [tasks::GET_PLAN, tasks::LIST_REPOSITORIES] {
+            assert!(row(tasks::INTERFACE, gained).is_some(), "{gained}");
+            assert!(row(tasks_v1::INTERFACE, gained).is_none(), "{gained}");
+        }
         assert!(row(tasks::INTERFACE, "Nope").is_none());
     }
 

@@ -75,6 +75,34 @@ impl Scheme {
     }
 }
 
+/// The password in `url`'s userinfo (`ssh://user:PASSWORD@host/…`), if
+/// it has one: a credential, never shown.
+pub fn password(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    userinfo.split_once(':').map(|(_, p)| p)
+}
+
+/// `url` without the password of its userinfo
+/// (`https://user:secret@host/x` is `https://user@host/x`; without a user
+/// name, the userinfo goes entirely): what may be shown of it. Every other
+/// URL is returned as it is.
+pub fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        None => url.to_owned(),
+        Some(("", _)) => format!("{scheme}://{host}{path}"),
+        Some((user, _)) => format!("{scheme}://{user}@{host}{path}"),
+    }
+}
+
 fn host_part(rest: &str) -> Option<&str> {
     let host = rest.split('/').next()?;
     let bare = host.rsplit('@').next().unwrap_or(host);
@@ -118,6 +146,14 @@ pub enum UpstreamEvent {
 }
 
 impl UpstreamEvent {
+    /// The kinds a sync reports, about no task (the others are a
+    /// publication's, under its task).
+    pub const SYNC: [UpstreamEvent; 3] = [
+        UpstreamEvent::Synced,
+        UpstreamEvent::SyncFailed,
+        UpstreamEvent::RefRewritten,
+    ];
+
     /// The event log's action name.
     pub fn action(self) -> &'static str {
         match self {
@@ -154,5 +190,63 @@ impl UpstreamReport {
             return Err(bad("detail is not a JSON object of at most 16 KiB"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_its_password() {
+        for (url, shown, secret) in [
+            (
+                "https://user:secret@git.example.org/team/x.git",
+                "https://user@git.example.org/team/x.git",
+                Some("secret"),
+            ),
+            (
+                "ssh://git:s3cr:et@git.example.org:2222/x.git",
+                "ssh://git@git.example.org:2222/x.git",
+                Some("s3cr:et"),
+            ),
+            (
+                "https://:token@git.example.org/x",
+                "https://git.example.org/x",
+                Some("token"),
+            ),
+            ("https://user:pw@host", "https://user@host", Some("pw")),
+            (
+                "ssh://git@git.example.org/x.git",
+                "ssh://git@git.example.org/x.git",
+                None,
+            ),
+            (
+                "https://git.example.org/a@b/x",
+                "https://git.example.org/a@b/x",
+                None,
+            ),
+            ("/srv/upstream/x.git", "/srv/upstream/x.git", None),
+            (
+                "file:///srv/upstream/x.git",
+                "file:///srv/upstream/x.git",
+                None,
+            ),
+        ] {
+            assert_eq!(without_password(url), shown, "{url}");
+            assert_eq!(password(url), secret, "{url}");
+            if let Some(secret) = secret {
+                assert!(!without_password(url).contains(secret), "{url}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_sync_kinds_are_the_ones_about_no_task() {
+        for kind in UpstreamEvent::SYNC {
+            assert!(kind.action().starts_with("UPSTREAM_"), "{kind:?}");
+        }
+        assert!(!UpstreamEvent::SYNC.contains(&UpstreamEvent::Published));
+        assert!(!UpstreamEvent::SYNC.contains(&UpstreamEvent::PublicationPending));
     }
 }

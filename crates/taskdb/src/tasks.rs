@@ -89,6 +89,7 @@ use airlock_proto::canonical::digest_of;
 use airlock_proto::{Code, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use tx::Backend;
 
 pub use postgres::{PgBackend, PgError, PgLocation, PgSecurity, TlsMode};
@@ -608,6 +609,7 @@ task_store! {
             limit: u32,
             scope: &ReadScope,
         ) -> StoreResult<Vec<Event>>;
+        fn last_repository_events(actions: &[&str]) -> StoreResult<BTreeMap<String, Event>>;
         fn integrity_check() -> StoreResult<()>;
     }
     &mut self {
@@ -824,6 +826,22 @@ impl<B: Backend> Store<B> {
             .into_iter()
             .map(row::RawEvent::into_event)
             .collect()
+    }
+
+    /// The newest event about no task among `actions`, per repository
+    /// its payload names (`{"repository": NAME, …}`, as
+    /// [`Self::record_upstream`] writes a sync's report): repository name
+    /// to event. A repository with no such event is absent. Never an
+    /// event about a task, so it tells nothing of anyone's tasks.
+    pub fn last_repository_events(&self, actions: &[&str]) -> StoreResult<BTreeMap<String, Event>> {
+        let mut out = BTreeMap::new();
+        for raw in self.backend.newest_untasked(actions, "repository")? {
+            let event = raw.into_event()?;
+            if let Some(name) = event.payload["repository"].as_str() {
+                out.insert(name.to_owned(), event);
+            }
+        }
+        Ok(out)
     }
 
     /// The id of the newest event, 0 when the log is empty: where a reader

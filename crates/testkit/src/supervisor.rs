@@ -13,6 +13,7 @@
 use airlock_localbus::PrivateBus;
 use airlock_proto::bus::BUS_NAME;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Location, Settings};
+use airlock_supervisor::repositories::Listing;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -197,7 +198,15 @@ impl Builder {
             lease_seconds: 300,
             sweep_interval: self.sweep_interval,
             auto_accept: self.auto_accept,
-            repositories: vec!["demo".into()],
+            repositories: vec![Listing::of(&airlock_config::Repository {
+                name: "demo".into(),
+                path: "/srv/git/demo.git".into(),
+                description: None,
+                environment: None,
+                upstream: None,
+                signing: None,
+                drop_in: None,
+            })],
             programs: airlock_config::ProgramTable::from_config(&airlock_config::Config::default()),
             drain_timeout: Duration::from_secs(5),
             call_delay: None,

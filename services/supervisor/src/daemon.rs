@@ -22,6 +22,7 @@ use crate::bus::tasks_v1::TasksV1;
 use crate::bus::worker::Worker;
 use crate::bus::{BUS_NAME, Info, OBJECT_PATH, Shared};
 use crate::ops::Ops;
+use crate::repositories::Listing;
 use crate::store::Store;
 use crate::{follow, journal, notify, sweeper};
 use airlock_proto::{Code, Error};
@@ -62,8 +63,9 @@ pub struct Settings {
     pub lease_seconds: u32,
     /// Sweeper period.
     pub sweep_interval: Duration,
-    /// Repository names submissions may use (`[[repository]] name`).
-    pub repositories: Vec<String>,
+    /// The registered repositories (`[[repository]]`), whose names
+    /// submissions may use.
+    pub repositories: Vec<Listing>,
     /// The programs each repository's commands may start.
     pub programs: airlock_config::ProgramTable,
     /// Accept passed results without an admin.
@@ -90,12 +92,12 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// How long stragglers are still answered after the name is released.
 const LINGER: Duration = Duration::from_millis(200);
 
-/// What a reload reads: the registered repository names, the programs
+/// What a reload reads: the registered repositories, the programs
 /// their commands may start, and the `[[agent]]` tables.
 #[derive(Clone, Debug)]
 pub struct Registered {
-    /// The registered repository names.
-    pub repositories: Vec<String>,
+    /// The registered repositories.
+    pub repositories: Vec<Listing>,
     /// The programs each repository's commands may start.
     pub programs: airlock_config::ProgramTable,
     /// The planner agents (`[[agent]]` in airlock.toml), each naming only
@@ -266,16 +268,17 @@ async fn reload(
         return;
     }
     let Registered {
-        repositories: names,
+        repositories,
         programs,
         agents: tables,
     } = now;
     shared.set_programs(programs);
     let before = shared.repositories();
+    let names: Vec<String> = repositories.iter().map(|r| r.name().to_owned()).collect();
     let added: Vec<&String> = names.iter().filter(|n| !before.contains(n)).collect();
     let removed: Vec<&String> = before.iter().filter(|n| !names.contains(n)).collect();
     tracing::info!(?added, ?removed, "reloaded the registered repositories");
-    shared.set_repositories(names.clone());
+    shared.set_repositories(repositories);
     fail_unregistered(shared, emitter).await;
     match agents.apply(tables.clone()).await {
         Ok(applied) => {

@@ -22,6 +22,8 @@
 //!   [`authz::Authorized`] tokens only it can make;
 //! - [`ops`]: what each method does to the task store, each operation
 //!   demanding the token of its permission;
+//! - [`repositories`]: the registered repositories as ListRepositories
+//!   shows them, without a credential;
 //! - [`agents`]: the planner agents' runners, their changes sent on a
 //!   channel (the domain never calls the bus);
 //! - [`store`]: the task store itself, below all of them (authz records
@@ -45,5 +47,6 @@ pub mod journal;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
+pub mod repositories;
 pub mod store;
 pub mod sweeper;

@@ -8,6 +8,7 @@ use airlock_supervisor::authz::local::LocalAuthorizer;
 #[cfg(feature = "test-authorizers")]
 use airlock_supervisor::authz::testing::TestAuthorizer;
 use airlock_supervisor::daemon::{self, AuthorizerChoice, Settings};
+use airlock_supervisor::repositories::Listing;
 use airlock_taskdb::Location;
 use clap::Parser;
 use std::path::PathBuf;
@@ -227,7 +228,7 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
         lease_seconds: sup.lease_seconds,
         sweep_interval: Duration::from_secs(u64::from(sup.sweep_interval_seconds.max(1))),
         auto_accept: sup.auto_accept,
-        repositories: config.repositories.iter().map(|r| r.name.clone()).collect(),
+        repositories: config.repositories.iter().map(Listing::of).collect(),
         programs: airlock_config::ProgramTable::from_config(&config),
         drain_timeout: Duration::from_secs(20),
         #[cfg(feature = "test-authorizers")]
@@ -407,7 +408,7 @@ fn main() -> ExitCode {
                 now.agents = fresh.agents;
                 now.check_agent_repositories(&path).map_err(invalid)?;
                 Ok(daemon::Registered {
-                    repositories: now.repositories.iter().map(|r| r.name.clone()).collect(),
+                    repositories: now.repositories.iter().map(Listing::of).collect(),
                     programs: airlock_config::ProgramTable::from_config(&now),
                     agents: now.agents,
                 })

@@ -21,6 +21,7 @@ use airlock_proto::task::{
     TaskView,
 };
 use airlock_taskdb::tasks::{Actor, Event, QueueSummary, ResultReceipt, Submitted, Submitter};
+use std::collections::BTreeMap;
 
 /// The operations behind the bus methods.
 #[derive(Clone, Debug)]
@@ -174,6 +175,19 @@ impl Ops {
         let scope = scope.read_scope().clone();
         self.store
             .call(move |s| s.events_as(task_id.as_deref(), after_event_id, limit, &scope))
+            .await
+    }
+
+    /// ListRepositories: the newest event about no task among `actions`
+    /// of each repository that has one, by name. About no task, so no
+    /// scope applies.
+    pub async fn last_repository_events(
+        &self,
+        _auth: &Authorized<Read>,
+        actions: Vec<&'static str>,
+    ) -> Result<BTreeMap<String, Event>, Error> {
+        self.store
+            .call(move |s| s.last_repository_events(&actions))
             .await
     }
 

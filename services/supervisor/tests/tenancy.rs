@@ -34,6 +34,8 @@ fn agent_uid() -> u32 {
 }
 
 const TASKS: [&str; 4] = ["t-alpha", "t-beta", "t-planner", "t-admin"];
+/// The repositories the matrix registers.
+const REPOSITORIES: [&str; 2] = ["demo", "other"];
 /// No task has this id.
 const NONE: &str = "t-nothing";
 
@@ -89,12 +91,18 @@ fn reads() -> Vec<Read> {
                     args: vec!["string:".into(), "string:".into(), "uint32:0".into()],
                     about: None,
                 }),
+                ("ListRepositories", "") => out.push(Read {
+                    method: method.clone(),
+                    args: vec![],
+                    about: None,
+                }),
                 other => panic!("{method}: a read row the matrix does not cover: {other:?}"),
             }
         }
     }
-    // Tasks2: four (GetPlan since 9.1); Tasks1: three; Reconcile1: two.
-    assert_eq!(covered, 9, "every read row is in the matrix");
+    // Tasks2: five (GetPlan since 9.1, ListRepositories since 9.2);
+    // Tasks1: three; Reconcile1: two.
+    assert_eq!(covered, 10, "every read row is in the matrix");
     out
 }
 
@@ -126,8 +134,15 @@ fn body(reply: &str) -> String {
 
 /// Checks that `reader`, seeing `visible`, got exactly what it should
 /// for each read: its tasks' content, and for every other task what a
-/// task that does not exist gets (the task id aside).
-fn check_reader(reader: &str, visible: &[&str], case_of: &str, got: &[(Read, Got)]) {
+/// task that does not exist gets (the task id aside); of the registered
+/// repositories, exactly `repositories`.
+fn check_reader(
+    reader: &str,
+    visible: &[&str],
+    repositories: &[&str],
+    case_of: &str,
+    got: &[(Read, Got)],
+) {
     let invisible: Vec<&str> = TASKS
         .iter()
         .copied()
@@ -154,6 +169,14 @@ fn check_reader(reader: &str, visible: &[&str], case_of: &str, got: &[(Read, Got
             assert!(!text.contains(t), "{what} names {t}: {text}");
         }
         match read.about {
+            None if read.method.ends_with("ListRepositories") => {
+                // Not about tasks: the repositories it may see, by name.
+                let answer = answer.as_ref().unwrap_or_else(|e| panic!("{what}: {e:?}"));
+                for r in REPOSITORIES {
+                    let named = answer.contains(&format!("\"name\":\"{r}\""));
+                    assert_eq!(named, repositories.contains(&r), "{what} and {r}: {answer}");
+                }
+            }
             None => {
                 // A listing: every visible task (with a case: the case's).
                 let expect: Vec<&str> = if read.method.ends_with("ListReconciliations") {
@@ -310,7 +333,9 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
         authorizer: "root-admin-for-tests".into(),
         ..Opts::default()
     };
-    let s = Stack::start(opts, &agents, "").await;
+    // A second repository, which neither agent may propose for.
+    let other = "\n[[repository]]\nname = \"other\"\npath = \"/srv/git/other.git\"\n";
+    let s = Stack::start(opts, &agents, other).await;
     let sup = &s.sup;
     let admin = sup.client().await;
     for name in ["alpha", "beta"] {
@@ -417,11 +442,26 @@ async fn each_caller_reads_exactly_its_own_tasks_and_hears_only_of_them() {
             .collect();
         got.insert(name, answers);
     }
-    check_reader("alpha", &["t-alpha"], case_of, &got["alpha"]);
-    check_reader("beta", &["t-beta"], case_of, &got["beta"]);
-    check_reader("planner", &["t-planner"], case_of, &got["planner"]);
-    check_reader("agents' user", &[], case_of, &got["agents' user"]);
-    check_reader("admin", &TASKS, case_of, &got["admin"]);
+    // An agent lists the repositories it may propose for; anyone else
+    // every registered one.
+    let own = ["demo"];
+    check_reader("alpha", &["t-alpha"], &own, case_of, &got["alpha"]);
+    check_reader("beta", &["t-beta"], &own, case_of, &got["beta"]);
+    check_reader(
+        "planner",
+        &["t-planner"],
+        &REPOSITORIES,
+        case_of,
+        &got["planner"],
+    );
+    check_reader(
+        "agents' user",
+        &[],
+        &REPOSITORIES,
+        case_of,
+        &got["agents' user"],
+    );
+    check_reader("admin", &TASKS, &REPOSITORIES, case_of, &got["admin"]);
     // Its own result is the agent's to read: the case's task shows its
     // failure code to its agent.
     let owner = case_of.trim_start_matches("t-");
@@ -658,4 +698,257 @@ async fn get_plan_shows_what_a_task_will_change_and_run_to_its_readers_alone() {
         replanned["envelope"]["change_set"],
         replacement["execution"]["change_set"]
     );
+}
+
+/// The password in the `demo` repository's upstream URL.
+const SECRET: &str = "hunter2secret";
+
+/// Three repositories, in this order in the file: `demo` with a
+/// description, an ssh upstream whose URL holds a password, pinned host
+/// keys, push options and signing; `zeta` with an https upstream; `alpha`
+/// with an environment this host cannot resolve.
+fn registered_repositories() -> String {
+    format!(
+        r#"description = "the demo repository"
+[repository.upstream]
+url = "ssh://git:{SECRET}@git.example.org:2222/team/demo.git"
+publish = false
+sync_interval_seconds = 60
+host_keys = ["git.example.org ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfTheTest"]
+push_options = ["ci.token=pushoption{SECRET}"]
+[repository.signing]
+principal = "agent@example.org"
+
+[[repository]]
+name = "zeta"
+path = "/srv/git/zeta.git"
+[repository.upstream]
+url = "https://git.example.org/team/zeta.git"
+
+[[repository]]
+name = "alpha"
+path = "/srv/git/alpha.git"
+[repository.environment]
+programs = ["/nonexistent/airlock-test-tool"]
+"#
+    )
+}
+
+/// The worker's report of an upstream event, as Worker1 takes it.
+fn report_upstream(sup: &Supervisor, repository: &str, event: &str, detail: Value) {
+    let report =
+        json!({"repository": repository, "event": event, "task_id": null, "detail": detail});
+    report_as_worker(sup, &report);
+}
+
+/// `Worker1.ReportUpstream` of `report`, as the worker's uid.
+fn report_as_worker(sup: &Supervisor, report: &Value) {
+    dbus_send(
+        sup,
+        WORKER_UID,
+        "org.airlock.Worker1.ReportUpstream",
+        &[&format!("string:{report}")],
+    )
+    .unwrap_or_else(|e| panic!("ReportUpstream {report}: {e:?}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_repositories_shows_each_registered_repository_and_no_credential() {
+    let sup = Supervisor::start(Opts {
+        authorizer: "root-admin-for-tests".into(),
+        config_extra: registered_repositories(),
+        ..Opts::default()
+    });
+    let admin = sup.client().await;
+    let planner = connect_as(sup.bus.address(), PLANNER_UID).await;
+    // The worker's sync reports: demo synced, then failed (naming the
+    // URL as a git error would); zeta's upstream rewrote a branch; a
+    // publication of a task is not a sync event.
+    report_upstream(&sup, "demo", "synced", json!({"changes": 3}));
+    report_upstream(
+        &sup,
+        "zeta",
+        "ref_rewritten",
+        json!({"ref": "refs/heads/main", "old": "1".repeat(40), "new": "2".repeat(40)}),
+    );
+    report_upstream(
+        &sup,
+        "demo",
+        "sync_failed",
+        json!({"code": "UPSTREAM_AUTH_FAILED",
+               "detail": format!("ssh://git:{SECRET}@git.example.org:2222/team/demo.git: denied")}),
+    );
+    submit(&admin, "t-published").await;
+    let publication = json!({"repository": "demo", "event": "published",
+                             "task_id": "t-published", "detail": {"ref": "agent/t-published"}});
+    report_as_worker(&sup, &publication);
+    let log = call_json(&admin, TASKS_IFACE, "ListEvents", &("", 0i64, 1000u32))
+        .await
+        .unwrap();
+    let event_id = |action: &str| {
+        log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["action"] == action)
+            .unwrap_or_else(|| panic!("no {action} in {log}"))["id"]
+            .clone()
+    };
+
+    let mut replies = Vec::new();
+    for (who, conn) in [("the administrator", &admin), ("a planner", &planner)] {
+        let text = call_s(conn, TASKS_IFACE, "ListRepositories", &())
+            .await
+            .unwrap_or_else(|e| panic!("{who}: {e:?}"));
+        // No secret, no credential, no credential's path or name.
+        for never in [
+            SECRET,
+            "pushoption",
+            "AAAAC3NzaC1lZDI1NTE5",
+            "upstream-demo",
+            "signing-demo",
+            "credential",
+            "/etc/airlock",
+            "/srv/git",
+            ".key",
+        ] {
+            assert!(!text.contains(never), "{who}: {never:?} in {text}");
+        }
+        let typed: bus::RepositoryList = serde_json::from_str(&text).unwrap();
+        let names: Vec<&str> = typed.repositories.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["alpha", "demo", "zeta"], "{who}: by name");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let demo = &v["repositories"][1];
+        let mut keys: Vec<&str> = demo
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "description",
+                "environment",
+                "last_upstream_event",
+                "name",
+                "signing",
+                "upstream"
+            ],
+            "{who}"
+        );
+        assert_eq!(demo["description"], "the demo repository");
+        assert_eq!(
+            demo["upstream"],
+            json!({"url": "ssh://git@git.example.org:2222/team/demo.git",
+                   "publish": false, "sync_interval_seconds": 60}),
+            "{who}: the URL without its password"
+        );
+        assert_eq!(demo["signing"], json!({"principal": "agent@example.org"}));
+        assert_eq!(demo["environment"], Value::Null);
+        // The newest sync event, its detail redacted of the password.
+        let last = &demo["last_upstream_event"];
+        assert_eq!(last["action"], "UPSTREAM_SYNC_FAILED", "{who}: {last}");
+        assert_eq!(last["outcome"], "allowed");
+        assert_eq!(last["id"], event_id("UPSTREAM_SYNC_FAILED"));
+        assert!(last["at_ms"].as_i64().unwrap() > 0);
+        assert_eq!(last["detail"]["code"], "UPSTREAM_AUTH_FAILED");
+        assert_eq!(
+            last["detail"]["detail"],
+            "ssh://git:[REDACTED:url-password]@git.example.org:2222/team/demo.git: denied"
+        );
+        let zeta = &v["repositories"][2];
+        assert_eq!(zeta["description"], Value::Null);
+        assert_eq!(
+            zeta["upstream"],
+            json!({"url": "https://git.example.org/team/zeta.git",
+                   "publish": true, "sync_interval_seconds": 300})
+        );
+        assert_eq!(zeta["signing"], Value::Null);
+        assert_eq!(
+            zeta["last_upstream_event"]["action"],
+            "UPSTREAM_REF_REWRITTEN"
+        );
+        assert_eq!(
+            zeta["last_upstream_event"]["detail"]["ref"],
+            "refs/heads/main"
+        );
+        let alpha = &v["repositories"][0];
+        assert_eq!(alpha["upstream"], Value::Null);
+        assert_eq!(alpha["last_upstream_event"], Value::Null);
+        assert_eq!(
+            alpha["environment"]["configured"],
+            json!({"programs": ["/nonexistent/airlock-test-tool"]})
+        );
+        assert_eq!(alpha["environment"]["resolved"], Value::Null);
+        assert_eq!(
+            alpha["environment"]["problem"]["code"], "ENVIRONMENT_PROGRAM_UNRESOLVED",
+            "{who}: {alpha}"
+        );
+        assert_eq!(
+            alpha["environment"]["problem"]["key"],
+            "environment.programs[0]"
+        );
+        replies.push(text);
+    }
+    assert_eq!(replies[0], replies[1], "every reader lists the same");
+
+    // Tasks1 keeps its methods: it does not serve ListRepositories.
+    let v1 = call_s(&admin, bus::tasks_v1::INTERFACE, "ListRepositories", &())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        v1.name, "org.freedesktop.DBus.Error.UnknownMethod",
+        "{v1:?}"
+    );
+    // The reads are not events.
+    assert_eq!(
+        call_json(&admin, TASKS_IFACE, "ListEvents", &("", 0i64, 1000u32))
+            .await
+            .unwrap(),
+        log,
+        "the reads are not events"
+    );
+    drop(sup);
+
+    // A caller polkit refuses gets the refusal and nothing of the
+    // repositories; the refusal is on record as REPOSITORIES_READ.
+    let denied = Supervisor::start(Opts {
+        authorizer: "deny-all-for-tests".into(),
+        config_extra: registered_repositories(),
+        ..Opts::default()
+    });
+    let conn = denied.client().await;
+    let e = call_s(&conn, TASKS_IFACE, "ListRepositories", &())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        Some(airlock_proto::Code::AUTHORIZATION_DENIED),
+        "{e:?}"
+    );
+    assert_eq!(e.name, "org.freedesktop.DBus.Error.AccessDenied");
+    let stranger = dbus_send(
+        &denied,
+        STRANGER_UID,
+        "org.airlock.Tasks2.ListRepositories",
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(stranger.name, "org.freedesktop.DBus.Error.AccessDenied");
+    for refusal in [&e, &stranger] {
+        for never in ["demo", "zeta", "alpha", "git.example.org", SECRET] {
+            assert!(!refusal.message.contains(never), "{refusal:?}");
+        }
+    }
+    let events = denied.store().events(None, 0, 1000).unwrap();
+    assert_eq!(events.len(), 2, "{events:?}");
+    for ev in &events {
+        assert_eq!(ev.action, bus::event::REPOSITORIES_READ);
+        assert_eq!(ev.outcome, airlock_taskdb::tasks::EventOutcome::Denied);
+        assert_eq!(ev.code, Some(airlock_proto::Code::AUTHORIZATION_DENIED));
+        assert_eq!(ev.task_id, None);
+    }
+    assert_eq!(events[1].actor.uid, Some(STRANGER_UID));
 }

@@ -303,7 +303,12 @@ impl TaskRow {
     }
 }
 
-/// An event row exactly as the engine returned it.
+/// The events table's columns, in [`RawEvent`]'s order.
+pub(super) const EVENT_COLUMNS: &str =
+    "id, task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, code, payload_json";
+
+/// An event row exactly as the engine returned it ([`EVENT_COLUMNS`], in
+/// order).
 #[derive(Debug)]
 pub struct RawEvent {
     pub id: i64,

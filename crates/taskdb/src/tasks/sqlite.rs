@@ -7,7 +7,7 @@
 //! rewind (this process's monotonic [`Anchor`]): see
 //! [`airlock_sqlite::clock`].
 
-use super::row::{COLUMNS, RawEvent, RawRow, TaskRow};
+use super::row::{COLUMNS, EVENT_COLUMNS, RawEvent, RawRow, TaskRow};
 use super::schema;
 use super::tx::{
     Backend, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult,
@@ -52,6 +52,21 @@ impl Store<SqliteBackend> {
             },
         })
     }
+}
+
+fn raw_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawEvent> {
+    Ok(RawEvent {
+        id: r.get(0)?,
+        task_id: r.get(1)?,
+        at_ms: r.get(2)?,
+        actor_kind: r.get(3)?,
+        actor_uid: r.get(4)?,
+        actor_name: r.get(5)?,
+        action: r.get(6)?,
+        outcome: r.get(7)?,
+        code: r.get(8)?,
+        payload_json: r.get(9)?,
+    })
 }
 
 fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -215,22 +230,30 @@ impl Backend for SqliteBackend {
             )
             .map_err(|e| StoreError::sqlite("reading events", e))?;
         let (uid, agent) = (scope.uid(), scope.agent());
-        stmt.query_map(params![task_id, after_event_id, limit, uid, agent], |r| {
-            Ok(RawEvent {
-                id: r.get(0)?,
-                task_id: r.get(1)?,
-                at_ms: r.get(2)?,
-                actor_kind: r.get(3)?,
-                actor_uid: r.get(4)?,
-                actor_name: r.get(5)?,
-                action: r.get(6)?,
-                outcome: r.get(7)?,
-                code: r.get(8)?,
-                payload_json: r.get(9)?,
-            })
-        })
+        stmt.query_map(
+            params![task_id, after_event_id, limit, uid, agent],
+            raw_event,
+        )
         .and_then(|rows| rows.collect())
         .map_err(|e| StoreError::sqlite("reading events", e))
+    }
+
+    fn newest_untasked(&self, actions: &[&str], key: &str) -> StoreResult<Vec<RawEvent>> {
+        let what = "reading the newest events about no task";
+        let actions = serde_json::to_string(actions)
+            .map_err(|e| Error::with(Code::INTERNAL, format!("{what}: {e}")))?;
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE id IN (SELECT MAX(id) FROM events \
+                 WHERE task_id IS NULL AND action IN (SELECT value FROM json_each(?1)) \
+                 AND json_type(payload_json, '$.' || ?2) = 'text' \
+                 GROUP BY json_extract(payload_json, '$.' || ?2)) ORDER BY id"
+            ))
+            .map_err(|e| StoreError::sqlite(what, e))?;
+        stmt.query_map(params![actions, key], raw_event)
+            .and_then(|rows| rows.collect())
+            .map_err(|e| StoreError::sqlite(what, e))
     }
 
     fn last_event_id(&self) -> StoreResult<i64> {

@@ -265,6 +265,10 @@ pub trait Backend: Send + std::fmt::Debug {
         limit: u32,
         scope: &ReadScope,
     ) -> StoreResult<Vec<RawEvent>>;
+    /// Of the events about no task whose action is one of `actions` and
+    /// whose payload's `key` is a string, the newest of each such string,
+    /// in id order.
+    fn newest_untasked(&self, actions: &[&str], key: &str) -> StoreResult<Vec<RawEvent>>;
     /// The id of the newest event (0 when there is none).
     fn last_event_id(&self) -> StoreResult<i64>;
     /// The engine's own consistency check.

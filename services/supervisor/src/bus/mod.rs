@@ -30,6 +30,7 @@ pub mod worker;
 
 use crate::authz::{Authorized, Caller, Gatekeeper, Permission, Read, Scope};
 use crate::ops::Ops;
+use crate::repositories::Listing;
 use airlock_proto::bus::Call;
 use airlock_proto::limits::MAX_MESSAGE_BYTES;
 use airlock_proto::{Code, Error};
@@ -65,7 +66,7 @@ pub struct Shared {
     pub(crate) info: Info,
     /// The connections `TaskChanged` is sent to ([`watchers`]).
     pub(crate) watchers: std::sync::Arc<watchers::Watchers>,
-    repositories: std::sync::RwLock<Vec<String>>,
+    repositories: std::sync::RwLock<Vec<Listing>>,
     programs: std::sync::RwLock<airlock_config::ProgramTable>,
     agents: std::sync::OnceLock<std::sync::Arc<crate::agents::Agents>>,
     resolver: CallerResolver,
@@ -73,14 +74,14 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Shared state. `repositories` are the names submissions may use.
-    /// `call_delay` slows every admitted call down (tests of
-    /// orderly shutdown only).
+    /// Shared state. `repositories` are the registered repositories,
+    /// whose names submissions may use. `call_delay` slows every admitted
+    /// call down (tests of orderly shutdown only).
     pub fn new(
         ops: Ops,
         gate: Gatekeeper,
         info: Info,
-        repositories: Vec<String>,
+        repositories: Vec<Listing>,
         call_delay: Option<Duration>,
     ) -> Self {
         Shared {
@@ -101,6 +102,14 @@ impl Shared {
 
     /// The repository names submissions may use now.
     pub fn repositories(&self) -> Vec<String> {
+        self.listings()
+            .iter()
+            .map(|l| l.name().to_owned())
+            .collect()
+    }
+
+    /// The registered repositories now, as ListRepositories lists them.
+    pub fn listings(&self) -> Vec<Listing> {
         self.repositories
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -177,12 +186,12 @@ impl Shared {
             )
     }
 
-    /// Replaces the registered names (a reload).
-    pub fn set_repositories(&self, names: Vec<String>) {
+    /// Replaces the registered repositories (a reload).
+    pub fn set_repositories(&self, repositories: Vec<Listing>) {
         *self
             .repositories
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = names;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = repositories;
     }
 
     /// The one entry of every handler: admits a call of the method `M`

@@ -11,7 +11,7 @@ use super::{DEFAULT_PAGE, Shared, non_empty, parse_json, reply};
 use crate::authz::{Manage, Read, Scope, Submit};
 use airlock_proto::bus::Call;
 use airlock_proto::bus::tasks as rows;
-use airlock_proto::bus::{EventPage, EventRecord, SubmitReply, TaskPage};
+use airlock_proto::bus::{EventPage, EventRecord, RepositoryList, SubmitReply, TaskPage};
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::task::{
     Decision, DecisionOutcome, DecisionRequest, TaskState, TaskSubmission, TaskView,
@@ -395,6 +395,39 @@ impl Tasks {
         let next_after = events.last().map_or(after_event_id, |e| e.id);
         let events: Vec<EventRecord> = events.iter().map(|e| e.to_record()).collect();
         reply::<rows::ListEvents>(&EventPage { events, next_after })
+    }
+
+    /// The registered repositories, by name, as JSON: `{"repositories":
+    /// [{"name", "description", "environment", "upstream", "signing",
+    /// "last_upstream_event"}, ...]}` — each one's environment as
+    /// configured and as resolved when the configuration was read, its
+    /// upstream's URL (without a password), publish flag and sync
+    /// interval, its signing principal, and the newest sync event of its
+    /// upstream in the event log; never a credential or a credential's
+    /// path. Needs `org.airlock.tasks.read`; an agent sees the
+    /// repositories it may propose for. Not served on Tasks1.
+    async fn list_repositories(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, BusError> {
+        let call = self
+            .shared
+            .enter::<rows::ListRepositories, Read>(conn, &hdr, None)
+            .await?;
+        let agent = self.shared.agent_of(&call.caller).await;
+        let mut listed = self.shared.listings();
+        if let Some(agent) = &agent {
+            listed.retain(|l| agent.may_propose_for(l.name()));
+        }
+        listed.sort_by(|a, b| a.name().cmp(b.name()));
+        let last = self
+            .shared
+            .ops
+            .last_repository_events(&call.auth, crate::repositories::sync_actions())
+            .await?;
+        let repositories = listed.iter().map(|l| l.shown(last.get(l.name()))).collect();
+        reply::<rows::ListRepositories>(&RepositoryList { repositories })
     }
 
     /// Cancels a task that is not terminal, exactly once: `request` is an

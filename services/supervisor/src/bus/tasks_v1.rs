@@ -9,12 +9,12 @@
 //! with their signatures, by the same handlers (this object forwards each
 //! call of one of [`tasks_v1::METHODS`] to a [`Tasks`] object),
 //! `TaskChanged` emitted on both names, and the introspection data marked
-//! deprecated. A method `Tasks2` gained since (`GetPlan`) is neither
-//! forwarded nor introspected here: the bus library answers it as an
-//! unknown method, so `Tasks1` keeps exactly its locked methods. A call in
-//! a shape the interface no longer takes ([`tasks_v1::RETIRED`]) is
-//! answered with `PROTOCOL_VERSION_MISMATCH` naming the method to call
-//! instead.
+//! deprecated. A method `Tasks2` gained since (`GetPlan`,
+//! `ListRepositories`) is neither forwarded nor introspected here: the bus
+//! library answers it as an unknown method, so `Tasks1` keeps exactly its
+//! locked methods. A call in a shape the interface no longer takes
+//! ([`tasks_v1::RETIRED`]) is answered with `PROTOCOL_VERSION_MISMATCH`
+//! naming the method to call instead.
 //!
 //! zbus documents its `Interface` trait as one to implement through its
 //! macro; it is implemented by hand here because the macro dispatches by
@@ -253,6 +253,6 @@ mod tests {
         assert!(!v1.contains("Later"), "{v1}");
         assert!(v1.contains("Version.") && v1.contains("<property name=\"Version\""));
         assert!(v1.ends_with("</interface>\n"));
-        assert!(serves("GetTask") && !serves("GetPlan"));
+        assert!(serves("GetTask") && !serves("GetPlan") && !serves("ListRepositories"));
     }
 }

@@ -67,7 +67,7 @@ mod migrate;
 mod tls;
 mod tx;
 
-use super::row::{COLUMNS, RawEvent, RawRow};
+use super::row::{COLUMNS, EVENT_COLUMNS, RawEvent, RawRow};
 use super::tx::{Backend, Tx};
 use super::{ReadScope, Store, TaskState};
 use crate::error::{StoreError, StoreResult};
@@ -220,6 +220,21 @@ fn from_row(r: &postgres::Row) -> Result<RawRow, postgres::Error> {
         updated_at_ms: r.try_get(19)?,
         submitter_uid: r.try_get(20)?,
         submitter_agent: r.try_get(21)?,
+    })
+}
+
+fn raw_event(r: &postgres::Row) -> Result<RawEvent, postgres::Error> {
+    Ok(RawEvent {
+        id: r.try_get(0)?,
+        task_id: r.try_get(1)?,
+        at_ms: r.try_get(2)?,
+        actor_kind: r.try_get(3)?,
+        actor_uid: r.try_get(4)?,
+        actor_name: r.try_get(5)?,
+        action: r.try_get(6)?,
+        outcome: r.try_get(7)?,
+        code: r.try_get(8)?,
+        payload_json: r.try_get(9)?,
     })
 }
 
@@ -385,25 +400,24 @@ impl Backend for PgBackend {
                         &scope.agent(),
                     ],
                 )
-                .and_then(|rows| {
-                    rows.iter()
-                        .map(|r| {
-                            Ok(RawEvent {
-                                id: r.try_get(0)?,
-                                task_id: r.try_get(1)?,
-                                at_ms: r.try_get(2)?,
-                                actor_kind: r.try_get(3)?,
-                                actor_uid: r.try_get(4)?,
-                                actor_name: r.try_get(5)?,
-                                action: r.try_get(6)?,
-                                outcome: r.try_get(7)?,
-                                code: r.try_get(8)?,
-                                payload_json: r.try_get(9)?,
-                            })
-                        })
-                        .collect()
-                })
+                .and_then(|rows| rows.iter().map(raw_event).collect())
                 .map_err(|e| pg_error("reading events", e))
+        })
+    }
+
+    fn newest_untasked(&self, actions: &[&str], key: &str) -> StoreResult<Vec<RawEvent>> {
+        self.with_session(|s| {
+            let sql = sql!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE id IN (SELECT MAX(id) FROM events \
+                 WHERE task_id IS NULL AND action = ANY($1::text[]) \
+                 AND jsonb_typeof(payload_json::jsonb -> $2::text) = 'string' \
+                 GROUP BY payload_json::jsonb ->> $2::text) ORDER BY id"
+            );
+            let stmt = prepared(&mut s.client, &mut s.statements, sql)?;
+            s.client
+                .query(&stmt, &[&actions, &key])
+                .and_then(|rows| rows.iter().map(raw_event).collect())
+                .map_err(|e| pg_error("reading the newest events about no task", e))
         })
     }
 
