@@ -25,7 +25,11 @@ const PENDING_KEY = "airlock:pending-decision:";
 const TERMINAL = ["SUCCEEDED", "FAILED", "CANCELLED"];
 const STATES = ["QUEUED", "RUNNING", "VERIFYING", "SUCCEEDED", "FAILED", "CANCELLED"];
 
-const bus = cockpit.dbus(BUS_NAME, { bus: "system", superuser: "try" });
+// The connection to the supervisor: through Cockpit's root bridge when the
+// user has turned on administrative access ("try"), as the user otherwise.
+// A channel keeps the bridge it was opened on, so a change of
+// administrative access opens a new one (connect()).
+let bus = null;
 const admin = cockpit.permission({ admin: true });
 
 const state = {
@@ -109,8 +113,13 @@ function refusalBox(err, what) {
     return box;
 }
 
+// Every call without D-Bus's interactive-authorization flag (flags ""):
+// polkit then answers at once — a challenge comes back as
+// INTERACTIVE_AUTHORIZATION_REQUIRED, with the hint to turn on Cockpit's
+// administrative access — instead of holding the call open for a polkit
+// agent the page cannot show.
 async function call(iface, method, args) {
-    const reply = await bus.call(OBJECT_PATH, iface, method, args);
+    const reply = await bus.call(OBJECT_PATH, iface, method, args, { flags: "" });
     return reply.length ? reply[0] : undefined;
 }
 
@@ -432,7 +441,9 @@ function decisionPanel(view) {
             out.replaceChildren();
         } catch (e) {
             state.refusals.set(view.task_id, { revision: view.revision, decision, error: e });
-            out.replaceChildren(refusalBox(e, decision));
+            // The page may have been drawn again meanwhile (a signal):
+            // the refusal goes to the panel on screen.
+            (document.getElementById("decision-outcome") || out).replaceChildren(refusalBox(e, decision));
             buttons.forEach(b => { b.disabled = false });
             return;
         }
@@ -556,41 +567,62 @@ async function renderAgents() {
 // Repositories: those the tasks this account may read name, with their
 // latest upstream facts where a result carries them.
 
+// The registered repositories (ListRepositories: each one's environment,
+// upstream, signer and newest sync), with the counts of the tasks this
+// account may read.
 async function renderRepositories() {
     const view = document.getElementById("view");
-    if (!state.listed) {
-        try {
-            await loadTasks();
-        } catch (e) {
-            view.replaceChildren(el("h2", { text: "Repositories" }), refusalBox(e, "ListTasks"));
-            return;
-        }
+    let listed;
+    try {
+        [listed] = await Promise.all([callJson(TASKS, "ListRepositories", []), state.listed ? null : loadTasks()]);
+    } catch (e) {
+        view.replaceChildren(el("h2", { text: "Repositories" }), refusalBox(e, "ListRepositories"));
+        return;
     }
-    const repos = new Map();
+    const counts = new Map();
     for (const t of state.tasks.values()) {
-        const r = repos.get(t.binding.repository) || { name: t.binding.repository, tasks: 0, open: 0, last: null, layer: null, publication: null };
-        r.tasks++;
-        if (!TERMINAL.includes(t.state)) r.open++;
-        const result = parseResult(t);
-        if (!r.last || t.updated_at_ms > r.last.updated_at_ms) {
-            r.last = t;
-            if (result && result.isolation && result.isolation.layer) r.layer = result.isolation.layer;
-            if (result && result.publication) r.publication = result.publication;
-        }
-        repos.set(r.name, r);
+        const c = counts.get(t.binding.repository) || { tasks: 0, open: 0, last: null };
+        c.tasks++;
+        if (!TERMINAL.includes(t.state)) c.open++;
+        if (!c.last || t.updated_at_ms > c.last.updated_at_ms) c.last = t;
+        counts.set(t.binding.repository, c);
     }
+    const environment = r => {
+        const e = r.environment;
+        if (!e) return el("td", { text: "system programs only" });
+        if (e.problem)
+            return el("td", { class: "al-gap" }, el("strong", { class: "al-code", text: e.problem.code }), " " + e.problem.key + ": " + e.problem.message);
+        const facts = Object.entries(e.configured || {}).map(([k, v]) => k + " " + (typeof v === "string" ? v : JSON.stringify(v)));
+        return el("td", {}, el("code", { text: facts.join("; ") || "configured" }));
+    };
+    const upstream = r => {
+        const u = r.upstream;
+        if (!u) return el("td", { text: "none" });
+        const ev = r.last_upstream_event;
+        return el("td", {},
+            el("code", { text: u.url }),
+            " (" + (u.publish ? "publishes agent branches" : "followed only") + (u.sync_interval_seconds ? ", every " + u.sync_interval_seconds + " s" : "") + ")",
+            ev ? el("div", { class: ev.action === "UPSTREAM_SYNC_FAILED" ? "al-gap" : "al-hint" },
+                   el("strong", { text: ev.action }), " " + time(ev.at_ms) + (ev.detail && ev.detail.code ? ": " + ev.detail.code : ""))
+               : el("div", { class: "al-hint", text: "no sync recorded yet" }));
+    };
     view.replaceChildren(
         el("h2", { text: "Repositories" }),
-        el("p", { class: "al-hint", text: "The repositories of the tasks this account may read; the environment and upstream columns show what the latest task's result recorded." }),
-        el("table", { class: "al-table", id: "repositories" },
-           el("thead", {}, el("tr", {}, ["Repository", "Tasks", "Open", "Latest", "Environment", "Upstream"].map(h => el("th", { scope: "col", text: h })))),
-           el("tbody", {}, Array.from(repos.values()).sort((a, b) => (a.name < b.name ? -1 : 1)).map(r => el("tr", { "data-repository": r.name },
-               el("td", { text: r.name }),
-               el("td", { text: r.tasks }),
-               el("td", { text: r.open }),
-               el("td", {}, el("a", { href: "#/task/" + encodeURIComponent(r.last.task_id), text: r.last.task_id }), " ", stateBadge(r.last.state)),
-               el("td", { text: r.layer ? r.layer.key + (r.layer.reused ? " (reused)" : " (built)") : "-" }),
-               el("td", { text: r.publication ? r.publication.url : "-" }))))));
+        listed.repositories.length
+            ? el("table", { class: "al-table", id: "repositories" },
+                 el("thead", {}, el("tr", {}, ["Repository", "Environment", "Upstream", "Signed by", "Tasks", "Open", "Latest"].map(h => el("th", { scope: "col", text: h })))),
+                 el("tbody", {}, listed.repositories.map(r => {
+                     const c = counts.get(r.name) || { tasks: 0, open: 0, last: null };
+                     return el("tr", { "data-repository": r.name },
+                         el("td", {}, el("strong", { text: r.name }), r.description ? el("div", { class: "al-hint", text: r.description }) : ""),
+                         environment(r),
+                         upstream(r),
+                         el("td", { text: r.signing ? r.signing.principal : "not signed" }),
+                         el("td", { text: c.tasks }),
+                         el("td", { text: c.open }),
+                         el("td", {}, c.last ? [el("a", { href: "#/task/" + encodeURIComponent(c.last.task_id), text: c.last.task_id }), " ", stateBadge(c.last.state)] : "-"));
+                 })))
+            : el("p", { text: "No repository is registered (airlockctl repo add)." }));
 }
 
 // ---------------------------------------------------------------------------
@@ -688,6 +720,20 @@ function applyTheme(style) {
     document.documentElement.classList.toggle("pf-theme-dark", dark);
 }
 
+function connect() {
+    if (bus) bus.close();
+    const b = cockpit.dbus(BUS_NAME, { bus: "system", superuser: "try" });
+    b.subscribe({ path: OBJECT_PATH, interface: TASKS, member: "TaskChanged" },
+                (path, iface, signal, args) => taskChanged(args[0]));
+    b.subscribe({ path: OBJECT_PATH, interface: AGENTS, member: "AgentChanged" },
+                () => { if (currentRoute()[0] === "agents") renderAgents() });
+    b.addEventListener("close", (ev, options) => {
+        if (b !== bus) return; // replaced by connect()
+        document.getElementById("connection").textContent = "Disconnected from the system bus: " + cockpit.message(options);
+    });
+    bus = b;
+}
+
 function start() {
     applyTheme();
     window.addEventListener("storage", e => { if (e.key === "shell:style") applyTheme(e.newValue) });
@@ -701,14 +747,20 @@ function start() {
         ev.preventDefault();
         cockpit.location.go(a.getAttribute("href").slice(1));
     });
-    bus.subscribe({ path: OBJECT_PATH, interface: TASKS, member: "TaskChanged" },
-                  (path, iface, signal, args) => taskChanged(args[0]));
-    bus.subscribe({ path: OBJECT_PATH, interface: AGENTS, member: "AgentChanged" },
-                  () => { if (currentRoute()[0] === "agents") renderAgents() });
-    bus.addEventListener("close", (ev, options) => {
-        document.getElementById("connection").textContent = "Disconnected from the system bus: " + cockpit.message(options);
+    connect();
+    // The permission is first unknown (null), then known; a later change
+    // of administrative access makes Cockpit reload the page, but should
+    // one come without a reload, the connection is opened again on the
+    // bridge that now applies. The first answer changes no connection.
+    let allowed = admin.allowed;
+    admin.addEventListener("changed", () => {
+        const was = allowed;
+        allowed = admin.allowed;
+        if (was === null || was === undefined || was === allowed) return;
+        connect();
+        state.listed = false;
+        route();
     });
-    admin.addEventListener("changed", () => route());
     cockpit.addEventListener("locationchanged", route);
     document.getElementById("connection").textContent = "";
     resumePending().finally(route);

@@ -26,7 +26,8 @@ OUT = sys.argv[2]
 URL = "http://127.0.0.1:9090"
 PAGE = URL + "/cockpit/@localhost/airlock/index.html"
 TASK = "tb-cockpit"
-USERS = {"alice": "alice-testbed-pw", "bob": "bob-testbed-pw"}
+USERS = {"alice": "alice-testbed-pw", "bob": "bob-testbed-pw", "carol": "carol-testbed-pw"}
+ADMIN_TASK = "tb-cockpit-admin"
 RESULTS = []
 
 
@@ -41,13 +42,13 @@ def container(script, check=True, timeout=120):
     return p.stdout
 
 
-def task_json():
-    return json.loads(container(f"airlockctl --json show {TASK}"))
+def task_json(task=TASK):
+    return json.loads(container(f"airlockctl --json show {task}"))
 
 
-def decisions(action):
+def decisions(action, task=TASK):
     """The allowed `action` events of the task, as airlockctl lists them."""
-    out = container(f"airlockctl --json events {TASK}")
+    out = container(f"airlockctl --json events {task}")
     events = [json.loads(line) for line in out.splitlines() if line.strip()]
     return [e for e in events if e.get("action") == action and e.get("outcome") == "allowed"]
 
@@ -168,9 +169,14 @@ class Tab:
     def go(self, url):
         self.cmd("Page.navigate", {"url": url})
 
-    def login(self, user):
+    def login(self, user, superuser="none"):
+        """Logs in through Cockpit's login page. `superuser` is the choice
+        Cockpit's login page sends for the user (it keeps the user's last
+        one in localStorage): "any" starts administrative access with the
+        login password (sudo), "none" is limited access."""
         self.go(URL + "/")
         self.wait("!!document.getElementById('login-user-input')", "Cockpit's login page")
+        self.js(f"localStorage.setItem({json.dumps('superuser:' + user)}, {json.dumps(superuser)})")
         self.js(f"""(() => {{
             document.getElementById('login-user-input').value = {json.dumps(user)};
             document.getElementById('login-password-input').value = {json.dumps(USERS[user])};
@@ -319,6 +325,54 @@ def main():
                 raise RuntimeError("a decision was recorded")
             return f"refused {code} ({text.strip()[:160]}); still {after['state']} at revision {after['revision']}"
 
+        @case("administrative access: limited, a sudoer is refused and pointed to it; turned on at login, the decision goes as root")
+        def _():
+            container(f"python3 /tmp/tb/mktask.py {ADMIN_TASK} fix 2 /tmp/tb/{ADMIN_TASK}.json >/dev/null && airlockctl --json submit /tmp/tb/{ADMIN_TASK}.json >/dev/null")
+            deadline = time.time() + 240
+            while task_json(ADMIN_TASK)["state"] != "VERIFYING":
+                if time.time() > deadline:
+                    raise RuntimeError(f"{ADMIN_TASK} did not reach VERIFYING: {task_json(ADMIN_TASK)['state']}")
+                time.sleep(0.5)
+            before = task_json(ADMIN_TASK)
+            limited = Tab(browser, "carol (limited access)")
+            limited.login("carol", "none")
+            limited.open("/task/" + ADMIN_TASK)
+            limited.wait("!!document.getElementById('decide-cancel')", "carol's decision panel")
+            limited.click("#decide-cancel")
+            try:
+                code = limited.wait("(() => { const r = document.querySelector('#decision-outcome .al-refusal'); return r && r.dataset.code; })()", "the refusal", 60)
+            except RuntimeError as e:
+                shown = limited.js("(() => { const o = document.getElementById('decision-outcome'); const n = document.getElementById('notice'); return [o ? o.innerText : null, n && !n.hidden ? n.innerText : null, document.getElementById('view').innerText.slice(0, 300)]; })()")
+                raise RuntimeError(f"{e}; on the page: outcome {shown[0]!r}, notice {shown[1]!r}, view {shown[2]!r}; the task is {task_json(ADMIN_TASK)['state']}")
+            hint = limited.js("document.querySelector('#decision-outcome .al-refusal').textContent")
+            if code not in ("AUTHORIZATION_DENIED", "INTERACTIVE_AUTHORIZATION_REQUIRED") or "administrative access" not in hint:
+                raise RuntimeError(f"limited: {code}: {hint}")
+            if (task_json(ADMIN_TASK)["revision"]) != before["revision"]:
+                raise RuntimeError("the limited refusal changed the task")
+            errors = limited.console_errors()
+            admin = Tab(browser, "carol (administrative access)")
+            admin.login("carol", "any")
+            admin.open("/task/" + ADMIN_TASK)
+            # Cockpit starts the root bridge (sudo, the login password) beside
+            # the session; the page reconnects when the permission changes.
+            admin.wait("""new Promise(done => { const p = cockpit.permission({ admin: true });
+                const f = () => { if (p.allowed) done(true) }; p.addEventListener('changed', f); f();
+                setTimeout(() => done(p.allowed === true), 20000) })""", "administrative access", 60)
+            admin.open("/task/" + ADMIN_TASK)
+            admin.wait("!!document.getElementById('decide-cancel')", "carol's decision panel as an administrator")
+            admin.click("#decide-cancel")
+            admin.wait("document.querySelector('#task-state .al-state').textContent === 'CANCELLED'", "CANCELLED on the page", 60)
+            made = decisions("TASK_CANCELLED", ADMIN_TASK)
+            if len(made) != 1:
+                raise RuntimeError(f"{len(made)} cancellations: {made}")
+            actor = made[0].get("actor")
+            if not isinstance(actor, dict) or actor.get("uid") != 0:
+                raise RuntimeError(f"cancelled by {actor}, not by root")
+            errors += admin.console_errors()
+            if errors:
+                raise RuntimeError("console errors: " + "; ".join(errors[:5]))
+            return f"limited: {code} with the hint; administrative access: CANCELLED once, by {actor}"
+
         @case("accept from the page decides exactly once (a double click, then a reload)")
         def _():
             alice.open("/task/" + TASK)
@@ -334,6 +388,20 @@ def main():
             if alice.js("!!document.getElementById('decide-accept')"):
                 raise RuntimeError("the page still offers a decision")
             return f"one TASK_VERIFIED (event {made[0].get('id')}), the task SUCCEEDED with commit {view['result'].get('commit_oid')}"
+
+        @case("repositories: every registered repository, as airlockctl repo list has them, with environment and upstream")
+        def _():
+            registered = sorted(r["name"] for r in json.loads(container("airlockctl --json repo list")))
+            bob.open("/repositories")
+            bob.wait("!!document.getElementById('repositories') || !!document.querySelector('#view .al-refusal')", "the repositories table")
+            rows = bob.js("""Array.from(document.querySelectorAll('#repositories tbody tr'), r =>
+                [r.dataset.repository, r.children[1].textContent, r.children[2].textContent, r.children[4].textContent])""") or []
+            if sorted(r[0] for r in rows) != registered:
+                shown = bob.js("document.getElementById('view').innerText") or ""
+                raise RuntimeError(f"the page lists {[r[0] for r in rows]}, airlockctl repo list {registered} ({shown[:300]!r})")
+            if not all(r[1] and r[2] for r in rows):
+                raise RuntimeError(f"environment or upstream missing: {rows}")
+            return "; ".join(f"{r[0]}: environment {r[1]!r}, upstream {r[2]!r}, {r[3]} tasks" for r in rows)
 
         @case("agents: the held agent shows its hold; clear hold and stop/start work from the page")
         def _():

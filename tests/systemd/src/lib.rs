@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 /// check (docs/metrics.md's ACL), and Cockpit (with dbus-user-session,
 /// which debootstrap does not pick for dconf-service's alternative) for the
 /// Cockpit page.
-pub const ROOT_INCLUDE: &str = "systemd,systemd-sysv,dbus,libpam-systemd,polkitd,git,python3,prometheus-node-exporter,acl,cockpit-ws,cockpit-system,cockpit-bridge,dbus-user-session";
+pub const ROOT_INCLUDE: &str = "systemd,systemd-sysv,dbus,libpam-systemd,polkitd,git,python3,prometheus-node-exporter,acl,cockpit-ws,cockpit-system,cockpit-bridge,dbus-user-session,sudo";
 /// The Debian release of the root.
 pub const ROOT_SUITE: &str = "bookworm";
 /// Default cache directory for the root; `AIRLOCK_TESTBED_CACHE` overrides it.

@@ -20,15 +20,19 @@ pub(super) const CASES: &[&str] = &[
     "task list follows a task submitted from airlockctl (TaskChanged, no reload)",
     "task page renders the diff, each verification command, the isolation evidence and the events",
     "a user without the right to decide sees the refusal's code, and nothing changes",
+    "administrative access: limited, a sudoer is refused and pointed to it; turned on at login, the decision goes as root",
     "accept from the page decides exactly once (a double click, then a reload)",
+    "repositories: every registered repository, as airlockctl repo list has them, with environment and upstream",
     "agents: the held agent shows its hold; clear hold and stop/start work from the page",
     "dark theme follows Cockpit's setting; every control is keyboard reachable",
     "no console errors on the page",
 ];
 
 /// The testbed's polkit rule: alice may do everything airlock asks polkit
-/// about, bob may read tasks and agents (all of them) and nothing else.
-const RULES: &str = r#"// airlock testbed: the Cockpit page's two users.
+/// about; bob and carol may read tasks and agents (all of them) and
+/// nothing else. carol is a sudoer: with Cockpit's administrative access
+/// her page's calls come from root, whom polkit lets do everything.
+const RULES: &str = r#"// airlock testbed: the Cockpit page's users.
 polkit.addRule(function(action, subject) {
     if (action.id.indexOf("org.airlock.") != 0) {
         return polkit.Result.NOT_HANDLED;
@@ -36,7 +40,7 @@ polkit.addRule(function(action, subject) {
     if (subject.user == "alice") {
         return polkit.Result.YES;
     }
-    if (subject.user == "bob" && (action.id == "org.airlock.tasks.read" ||
+    if ((subject.user == "bob" || subject.user == "carol") && (action.id == "org.airlock.tasks.read" ||
         action.id == "org.airlock.tasks.read-all" || action.id == "org.airlock.agents.read")) {
         return polkit.Result.YES;
     }
@@ -61,8 +65,9 @@ fn install(c: &Container, p: &Packages) -> Result<String, String> {
         RULES,
     )?;
     c.sh_ok(
-        "for u in alice bob; do id -u $u >/dev/null 2>&1 || useradd -m -s /bin/bash $u; done\n\
-         printf 'alice:alice-testbed-pw\\nbob:bob-testbed-pw\\n' | chpasswd\n\
+        "for u in alice bob carol; do id -u $u >/dev/null 2>&1 || useradd -m -s /bin/bash $u; done\n\
+         usermod -aG sudo carol\n\
+         printf 'alice:alice-testbed-pw\\nbob:bob-testbed-pw\\ncarol:carol-testbed-pw\\n' | chpasswd\n\
          systemctl restart cockpit.socket",
         60 * SEC,
     )?;
@@ -77,7 +82,7 @@ fn install(c: &Container, p: &Packages) -> Result<String, String> {
     }
     let version = c.sh_ok("dpkg-query -W -f '${Version}' cockpit-ws", 30 * SEC)?;
     Ok(format!(
-        "{} installed; cockpit-ws {version} on :9090 (loopback HTTP); users alice (every airlock action) and bob (reads only)",
+        "{} installed; cockpit-ws {version} on :9090 (loopback HTTP); users alice (every airlock action), bob (reads only) and carol (a sudoer, no airlock rule)",
         file_name(&p.cockpit)
     ))
 }
@@ -128,7 +133,7 @@ pub(super) fn checks(r: &mut Report, c: &Container, p: &Packages, work: &Path) {
     let names: Vec<String> = CASES.iter().map(|c| format!("cockpit: {c}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     if r.check(
-        "cockpit: cockpit-airlock installs beside Debian's cockpit-ws; two users",
+        "cockpit: cockpit-airlock installs beside Debian's cockpit-ws; three users",
         |_| install(c, p),
     )
     .is_none()
