@@ -27,8 +27,6 @@ const STATES = ["QUEUED", "RUNNING", "VERIFYING", "SUCCEEDED", "FAILED", "CANCEL
 
 // The connection to the supervisor: through Cockpit's root bridge when the
 // user has turned on administrative access ("try"), as the user otherwise.
-// A channel keeps the bridge it was opened on, so a change of
-// administrative access opens a new one (connect()).
 let bus = null;
 const admin = cockpit.permission({ admin: true });
 
@@ -377,16 +375,22 @@ async function loadEvents(taskId) {
     return events;
 }
 
+// An exactly-once request's idempotency key, as airlockctl derives it:
+// `prefix`-<the first 32 hex digits of the tag of `parts`>-r<revision>.
+async function requestKey(prefix, parts, revision) {
+    const tag = await requestTag(parts.join("\0"));
+    return prefix + "-" + tag.slice(0, 32) + "-r" + revision;
+}
+
 // The request airlockctl sends for `decision` about `view` as shown.
 async function decisionRequest(view, decision, reason) {
     reason = reason.trim();
-    const tag = await requestTag([view.task_id, view.revision, decision, reason].join("\0"));
     return {
         schema: "airlock.task-decision.v1",
         task_id: view.task_id,
         decision,
         reason,
-        idempotency_key: "decide-" + tag.slice(0, 32) + "-r" + view.revision,
+        idempotency_key: await requestKey("decide", [view.task_id, view.revision, decision, reason], view.revision),
         expected_revision: view.revision,
         expected_attempt: view.attempt,
         expected_result_sha256: view.result_sha256 === undefined ? null : view.result_sha256,
@@ -630,13 +634,12 @@ async function renderRepositories() {
 
 async function resolveRequest(c, resolution, reason) {
     reason = reason.trim();
-    const tag = await requestTag([c.task_id, c.attempt, c.revision, resolution, reason].join("\0"));
     return {
         schema: "airlock.reconciliation-resolution.v1",
         task_id: c.task_id,
         resolution,
         reason,
-        idempotency_key: "resolve-" + tag.slice(0, 32) + "-r" + c.revision,
+        idempotency_key: await requestKey("resolve", [c.task_id, c.attempt, c.revision, resolution, reason], c.revision),
         expected_attempt: c.attempt,
         expected_revision: c.revision,
         expected_observed_head: c.observed_head === undefined ? null : c.observed_head,
@@ -721,14 +724,12 @@ function applyTheme(style) {
 }
 
 function connect() {
-    if (bus) bus.close();
     const b = cockpit.dbus(BUS_NAME, { bus: "system", superuser: "try" });
     b.subscribe({ path: OBJECT_PATH, interface: TASKS, member: "TaskChanged" },
                 (path, iface, signal, args) => taskChanged(args[0]));
     b.subscribe({ path: OBJECT_PATH, interface: AGENTS, member: "AgentChanged" },
                 () => { if (currentRoute()[0] === "agents") renderAgents() });
     b.addEventListener("close", (ev, options) => {
-        if (b !== bus) return; // replaced by connect()
         document.getElementById("connection").textContent = "Disconnected from the system bus: " + cockpit.message(options);
     });
     bus = b;
@@ -747,20 +748,10 @@ function start() {
         ev.preventDefault();
         cockpit.location.go(a.getAttribute("href").slice(1));
     });
+    // A change of administrative access makes Cockpit reload the page
+    // (cockpit.permission), so the connection opened here is on the
+    // bridge that applies for the page's life.
     connect();
-    // The permission is first unknown (null), then known; a later change
-    // of administrative access makes Cockpit reload the page, but should
-    // one come without a reload, the connection is opened again on the
-    // bridge that now applies. The first answer changes no connection.
-    let allowed = admin.allowed;
-    admin.addEventListener("changed", () => {
-        const was = allowed;
-        allowed = admin.allowed;
-        if (was === null || was === undefined || was === allowed) return;
-        connect();
-        state.listed = false;
-        route();
-    });
     cockpit.addEventListener("locationchanged", route);
     document.getElementById("connection").textContent = "";
     resumePending().finally(route);

@@ -15,6 +15,7 @@ and exits 1 when any case failed. Screenshots go to OUT_DIR.
 """
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -166,6 +167,14 @@ class Tab:
             time.sleep(0.25)
         raise RuntimeError(f"{self.name}: {what} not seen in {timeout} s (last: {last!r})")
 
+    def refusal(self, context=""):
+        """Waits for the decision panel's refusal; its catalogue code."""
+        try:
+            return self.wait("(() => { const r = document.querySelector('#decision-outcome .al-refusal'); return r && r.dataset.code; })()", "the refusal", 60)
+        except RuntimeError as e:
+            shown = self.js("(() => { const o = document.getElementById('decision-outcome'); const n = document.getElementById('notice'); return [o ? o.innerText : null, n && !n.hidden ? n.innerText : null]; })()")
+            raise RuntimeError(f"{e}; on the page: outcome {shown[0]!r}, notice {shown[1]!r}{context}")
+
     def go(self, url):
         self.cmd("Page.navigate", {"url": url})
 
@@ -308,11 +317,7 @@ def main():
             bob.open("/task/" + TASK)
             bob.wait("!!document.getElementById('decide-accept')", "bob's decision panel")
             bob.click("#decide-accept")
-            try:
-                code = bob.wait("(() => { const r = document.querySelector('#decision-outcome .al-refusal'); return r && r.dataset.code; })()", "the refusal", 60)
-            except RuntimeError as e:
-                shown = bob.js("(() => { const o = document.getElementById('decision-outcome'); const n = document.getElementById('notice'); return [o ? o.innerText : null, n && !n.hidden ? n.innerText : null]; })()")
-                raise RuntimeError(f"{e}; on the page: outcome {shown[0]!r}, notice {shown[1]!r}")
+            code = bob.refusal()
             text = bob.js("document.querySelector('#decision-outcome .al-refusal').textContent")
             after = task_json()
             if (after["state"], after["revision"]) != (before["state"], before["revision"]):
@@ -339,11 +344,7 @@ def main():
             limited.open("/task/" + ADMIN_TASK)
             limited.wait("!!document.getElementById('decide-cancel')", "carol's decision panel")
             limited.click("#decide-cancel")
-            try:
-                code = limited.wait("(() => { const r = document.querySelector('#decision-outcome .al-refusal'); return r && r.dataset.code; })()", "the refusal", 60)
-            except RuntimeError as e:
-                shown = limited.js("(() => { const o = document.getElementById('decision-outcome'); const n = document.getElementById('notice'); return [o ? o.innerText : null, n && !n.hidden ? n.innerText : null, document.getElementById('view').innerText.slice(0, 300)]; })()")
-                raise RuntimeError(f"{e}; on the page: outcome {shown[0]!r}, notice {shown[1]!r}, view {shown[2]!r}; the task is {task_json(ADMIN_TASK)['state']}")
+            code = limited.refusal(f"; the task is {task_json(ADMIN_TASK)['state']}")
             hint = limited.js("document.querySelector('#decision-outcome .al-refusal').textContent")
             if code not in ("AUTHORIZATION_DENIED", "INTERACTIVE_AUTHORIZATION_REQUIRED") or "administrative access" not in hint:
                 raise RuntimeError(f"limited: {code}: {hint}")
@@ -387,7 +388,15 @@ def main():
                 raise RuntimeError(f"state {view['state']}, {len(made)} decisions: {made}")
             if alice.js("!!document.getElementById('decide-accept')"):
                 raise RuntimeError("the page still offers a decision")
-            return f"one TASK_VERIFIED (event {made[0].get('id')}), the task SUCCEEDED with commit {view['result'].get('commit_oid')}"
+            # The key is airlockctl's (DecisionRequest::about): decide-, the
+            # first 32 hex digits of SHA-256 over task, revision seen,
+            # decision and reason joined by NUL, then -r<revision seen>.
+            key = made[0]["payload"]["idempotency_key"]
+            seen = key.rsplit("-r", 1)[-1]
+            tag = hashlib.sha256("\0".join([TASK, seen, "accept", made[0]["payload"]["reason"]]).encode()).hexdigest()
+            if key != f"decide-{tag[:32]}-r{seen}":
+                raise RuntimeError(f"the page's key {key} is not airlockctl's decide-{tag[:32]}-r{seen}")
+            return f"one TASK_VERIFIED (event {made[0].get('id')}, key {key}, as airlockctl derives it), the task SUCCEEDED with commit {view['result'].get('commit_oid')}"
 
         @case("repositories: every registered repository, as airlockctl repo list has them, with environment and upstream")
         def _():
