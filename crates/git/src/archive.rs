@@ -3,7 +3,8 @@
 use crate::AuthorityRepo;
 use crate::error::{GitError, GitResult};
 use airlock_proto::path::check_relative_path;
-use airlock_proto::tree::{PAX_KEY_PREFIX, TreeEntry};
+use airlock_proto::tree::{ObjectEntry, PAX_KEY_PREFIX, TreeEntry};
+use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::process::Stdio;
@@ -56,6 +57,25 @@ struct Entry {
 
 /// The git mode of a symbolic link.
 const SYMLINK_MODE: u32 = 0o120000;
+
+/// The git mode of a tree.
+const TREE_MODE: u32 = 0o40000;
+
+/// `dir/name`, checked as every path an archive carries is.
+fn join_path(dir: &str, name: &[u8]) -> GitResult<String> {
+    let name = std::str::from_utf8(name).map_err(|_| {
+        GitError::Refused(airlock_proto::Error::with(
+            airlock_proto::Code::PATH_INVALID,
+            format!("{dir}/{}: not UTF-8", String::from_utf8_lossy(name)),
+        ))
+    })?;
+    let path = match dir {
+        "" => name.to_owned(),
+        _ => format!("{dir}/{name}"),
+    };
+    check_relative_path(&path).map_err(GitError::Refused)?;
+    Ok(path)
+}
 
 /// The pax records (`<length> <key>=<value>\n`, the length counting
 /// itself) of the entries an archive carries as metadata only.
@@ -242,45 +262,198 @@ pub struct DeltaStats {
     pub bytes: u64,
 }
 
-/// One `git diff-tree --raw -z` record: the new side's mode and id, the
-/// status and the path.
-struct Changed {
-    mode: u32,
-    oid: String,
-    deleted: bool,
-    path: String,
+/// One `git cat-file --batch` session read one object at a time (git
+/// flushes after each), for walks that choose what to read next from what
+/// they read.
+struct Batch {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
 }
 
-fn diff_records(raw: &str) -> GitResult<Vec<Changed>> {
-    let malformed = || GitError::from(std::io::Error::other("malformed diff-tree output"));
-    let mut out = Vec::new();
-    let mut fields = raw.split('\0').filter(|r| !r.is_empty());
-    while let Some(meta) = fields.next() {
-        let path = fields.next().ok_or_else(malformed)?;
-        let parts: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
-        let [_, new_mode, _, new_oid, status] = parts.as_slice() else {
-            return Err(malformed());
-        };
-        out.push(Changed {
-            mode: u32::from_str_radix(new_mode, 8).map_err(|_| malformed())?,
-            oid: (*new_oid).to_owned(),
-            deleted: status.starts_with('D'),
-            path: path.to_owned(),
-        });
+impl Batch {
+    fn start(git: &crate::command::Git) -> GitResult<Batch> {
+        let mut child = git
+            .command(&["cat-file", "--batch"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| GitError::Spawn {
+                program: "git".into(),
+                source,
+            })?;
+        let none = || std::io::Error::other("cat-file has no pipes");
+        let stdin = child.stdin.take().ok_or_else(none)?;
+        let out = BufReader::new(child.stdout.take().ok_or_else(none)?);
+        Ok(Batch { child, stdin, out })
     }
-    Ok(out)
+
+    /// The content of `oid` (hex, checked by the caller) if the repository
+    /// holds it as a `kind`; `None` if it is missing or of another kind.
+    /// More than `max` bytes is [`GitError::Limit`].
+    fn read(&mut self, oid: &str, kind: &str, max: u64) -> GitResult<Option<Vec<u8>>> {
+        writeln!(self.stdin, "{oid}")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        self.out.read_line(&mut line)?;
+        let mut parts = line.split_whitespace();
+        let (found, size) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(o), Some("missing"), None) if o == oid => return Ok(None),
+            (Some(o), Some(k), Some(size)) if o == oid => (
+                k == kind,
+                size.parse::<u64>()
+                    .map_err(|_| std::io::Error::other("malformed object size"))?,
+            ),
+            _ => {
+                return Err(
+                    std::io::Error::other(format!("unexpected cat-file header {line:?}")).into(),
+                );
+            }
+        };
+        if found && size > max {
+            return Err(GitError::Limit(format!(
+                "object {oid} has {size} bytes, at most {max}"
+            )));
+        }
+        let mut data = Vec::new();
+        (&mut self.out).take(size + 1).read_to_end(&mut data)?;
+        if data.pop() != Some(b'\n') || data.len() as u64 != size {
+            return Err(std::io::Error::other("truncated cat-file output").into());
+        }
+        Ok(found.then_some(data))
+    }
+
+    /// The entries of tree `oid` and its content, or `None` when the
+    /// repository does not hold it as a tree.
+    fn tree(&mut self, oid: &str, limits: &ArchiveLimits) -> GitResult<Option<Vec<u8>>> {
+        self.read(oid, "tree", limits.max_total_bytes)
+    }
+
+    fn finish(mut self) -> GitResult<()> {
+        drop(self.stdin);
+        let status = self.child.wait()?;
+        if !status.success() {
+            return Err(GitError::Failed {
+                args: "cat-file --batch".into(),
+                status: status.to_string(),
+                stderr: String::new(),
+            });
+        }
+        Ok(())
+    }
 }
 
+/// The walk of a source delta: from the two roots down every path where
+/// the trees differ (as the executor walks what it receives), collecting
+/// the new side's tree objects (each once) and blob ids.
+struct DeltaWalk<'a> {
+    batch: &'a mut Batch,
+    limits: &'a ArchiveLimits,
+    trees: Vec<(String, Vec<u8>)>,
+    blobs: Vec<String>,
+    seen: HashSet<String>,
+}
+
+impl DeltaWalk<'_> {
+    fn entries(&self, oid: &str, body: &[u8]) -> GitResult<Vec<ObjectEntry>> {
+        let format = airlock_proto::tree::ObjectFormat::of_id(oid)
+            .ok_or_else(|| std::io::Error::other(format!("{oid}: not an object id")))?;
+        airlock_proto::tree::parse_tree_object(format, body)
+            .map_err(|e| GitError::from(std::io::Error::other(format!("tree {oid}: {e}"))))
+    }
+
+    /// A tree object of the new side: read, kept once, and parsed.
+    fn new_tree(&mut self, oid: &str) -> GitResult<Vec<ObjectEntry>> {
+        let body = self
+            .batch
+            .tree(oid, self.limits)?
+            .ok_or_else(|| GitError::ObjectMissing(oid.to_owned()))?;
+        let entries = self.entries(oid, &body)?;
+        if self.seen.insert(oid.to_owned()) {
+            self.trees.push((oid.to_owned(), body));
+        }
+        self.check_count()?;
+        Ok(entries)
+    }
+
+    fn check_count(&self) -> GitResult<()> {
+        if self.trees.len() + self.blobs.len() > self.limits.max_entries {
+            return Err(GitError::Limit(format!(
+                "more than {} objects changed",
+                self.limits.max_entries
+            )));
+        }
+        Ok(())
+    }
+
+    /// Compares the entries of the new and old tree objects at `dir`.
+    fn diff(&mut self, dir: &str, new: Vec<ObjectEntry>, old: Vec<ObjectEntry>) -> GitResult<()> {
+        let mut names: BTreeMap<Vec<u8>, (Option<ObjectEntry>, Option<ObjectEntry>)> =
+            BTreeMap::new();
+        for e in old {
+            let name = e.name.clone();
+            names.entry(name).or_default().0 = Some(e);
+        }
+        for e in new {
+            let name = e.name.clone();
+            names.entry(name).or_default().1 = Some(e);
+        }
+        for (name, (was, is)) in names {
+            // What the new tree lacks the executor removes by itself.
+            let Some(is) = is else { continue };
+            let path = join_path(dir, &name)?;
+            match was {
+                Some(w) if w.mode == is.mode && w.oid == is.oid => {}
+                Some(w) if w.mode == TREE_MODE && is.mode == TREE_MODE => {
+                    let old_oid = hex::encode(&w.oid);
+                    let old_body = self
+                        .batch
+                        .tree(&old_oid, self.limits)?
+                        .ok_or_else(|| GitError::ObjectMissing(old_oid.clone()))?;
+                    let old = self.entries(&old_oid, &old_body)?;
+                    let new = self.new_tree(&hex::encode(&is.oid))?;
+                    self.diff(&path, new, old)?;
+                }
+                _ => self.add(&path, &is)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything at `path` on the new side (a subtree whole).
+    fn add(&mut self, path: &str, e: &ObjectEntry) -> GitResult<()> {
+        let oid = hex::encode(&e.oid);
+        match e.mode {
+            TREE_MODE => {
+                for child in self.new_tree(&oid)? {
+                    self.add(&join_path(path, &child.name)?, &child)?;
+                }
+            }
+            0o100644 | 0o100755 | SYMLINK_MODE => {
+                self.blobs.push(oid);
+                self.check_count()?;
+            }
+            // A submodule's commit is not in this repository.
+            _ => {}
+        }
+        Ok(())
+    }
+}
 impl AuthorityRepo {
     /// Writes a source delta of `tree` (the tree of a commit the caller
     /// resolved) against `base` (a tree the executor holds) to `out`: the
     /// header ([`airlock_proto::bundle::SOURCE_DELTA_HEADER`]), then
     /// `t/<id>` for the root tree object and each tree object at a path
-    /// where the two trees differ, then `b/<id>` for each blob (file or
-    /// link) at such a path, in `git diff-tree` order, deterministic like
-    /// [`AuthorityRepo::source_archive`]. Paths are checked and `limits`
-    /// enforced on what is sent. `Ok(None)`, with nothing written, when
-    /// the repository does not know `base` as a tree.
+    /// where the two trees differ (each object once, in the order the walk
+    /// meets them), then `b/<id>` for each blob (file or link) at such a
+    /// path, by id; deterministic like [`AuthorityRepo::source_archive`].
+    /// One `git cat-file --batch` reads both roots, walks down where their
+    /// ids differ, as the executor does on receipt, and reads what is
+    /// sent: the cost follows the change, not the repository. Paths are
+    /// checked and `limits` enforced on what is sent. `Ok(None)`, with
+    /// nothing written, when the repository does not hold `base` as a
+    /// tree.
     pub fn source_delta(
         &self,
         base: &str,
@@ -293,43 +466,26 @@ impl AuthorityRepo {
         if format.is_none() || airlock_proto::tree::ObjectFormat::of_id(base) != format {
             return Ok(None);
         }
-        // `<id>^{tree}`: an id of anything but a tree (or of nothing) is
-        // refused by git, and that is the answer.
-        let (base_tree, new_tree) = (format!("{base}^{{tree}}"), format!("{tree}^{{tree}}"));
-        let diff = self.git.run(
-            &[
-                "diff-tree",
-                "-r",
-                "-t",
-                "-z",
-                "--raw",
-                "--no-renames",
-                "--end-of-options",
-                &base_tree,
-                &new_tree,
-            ],
-            None,
-            &[],
-        )?;
-        if !diff.status.success() {
+        // One cat-file session reads both roots, walks down where they
+        // differ and reads what is sent: no other git runs.
+        let mut batch = Batch::start(&self.git)?;
+        let Some(old_root) = batch.tree(base, limits)? else {
+            batch.finish()?;
             return Ok(None);
-        }
-        let raw = String::from_utf8(diff.stdout)
-            .map_err(|e| std::io::Error::other(format!("diff-tree output: {e}")))?;
-        let tree = tree.to_owned();
-        let mut trees = vec![tree.clone()];
-        let mut blobs = Vec::new();
-        for c in diff_records(&raw)? {
-            check_relative_path(&c.path).map_err(GitError::Refused)?;
-            if c.deleted {
-                continue;
-            }
-            match c.mode {
-                0o40000 => trees.push(c.oid),
-                0o100644 | 0o100755 | SYMLINK_MODE => blobs.push(c.oid),
-                _ => {}
-            }
-        }
+        };
+        let mut walk = DeltaWalk {
+            batch: &mut batch,
+            limits,
+            trees: Vec::new(),
+            blobs: Vec::new(),
+            seen: HashSet::new(),
+        };
+        let old = walk.entries(base, &old_root)?;
+        let new = walk.new_tree(tree)?;
+        walk.diff("", new, old)?;
+        let DeltaWalk {
+            trees, mut blobs, ..
+        } = walk;
         blobs.sort();
         blobs.dedup();
         if trees.len() + blobs.len() > limits.max_entries {
@@ -338,6 +494,7 @@ impl AuthorityRepo {
                 limits.max_entries
             )));
         }
+        let tree = tree.to_owned();
         let header = serde_json::to_vec(&SourceDelta {
             schema: SOURCE_DELTA_SCHEMA.into(),
             base: base.to_owned(),
@@ -358,28 +515,30 @@ impl AuthorityRepo {
         };
         append(SOURCE_DELTA_HEADER, &header)?;
         let mut stats = DeltaStats::default();
-        let wanted: Vec<(&str, &String)> = trees
-            .iter()
-            .map(|t| ("tree", t))
-            .chain(blobs.iter().map(|b| ("blob", b)))
-            .collect();
-        self.each_object(&wanted, limits, |kind, oid, data| {
-            stats.bytes += data.len() as u64;
+        let mut add_bytes = |n: usize| {
+            stats.bytes += n as u64;
             if stats.bytes > limits.max_total_bytes {
                 return Err(GitError::Limit(format!(
                     "more than {} bytes in all",
                     limits.max_total_bytes
                 )));
             }
-            if kind == "tree" {
-                stats.trees += 1;
-                append(&format!("t/{oid}"), data)?;
-            } else {
-                stats.blobs += 1;
-                append(&format!("b/{oid}"), data)?;
-            }
             Ok(())
-        })?;
+        };
+        for (oid, body) in &trees {
+            add_bytes(body.len())?;
+            append(&format!("t/{oid}"), body)?;
+        }
+        for oid in &blobs {
+            let body = batch
+                .read(oid, "blob", limits.max_file_bytes)?
+                .ok_or_else(|| GitError::ObjectMissing(oid.clone()))?;
+            add_bytes(body.len())?;
+            append(&format!("b/{oid}"), &body)?;
+        }
+        batch.finish()?;
+        stats.trees = trees.len();
+        stats.blobs = blobs.len();
         builder.into_inner()?.flush()?;
         Ok(Some(stats))
     }

@@ -482,3 +482,38 @@ fn a_delta_interrupted_mid_assembly_is_rolled_back_at_the_next_start() {
     assert!(!entry(work.path(), &t2).join("undo").exists());
     assert!(!entry(work.path(), &t2).join("advance.json").exists());
 }
+
+#[test]
+fn a_subtree_repeated_at_several_paths_crosses_once_and_an_unknown_base_gets_no_delta() {
+    let repo = Repo::new();
+    let (c1, t1) = first(&repo);
+    // Three new directories with the same content: one tree object.
+    for dir in ["copy1", "copy2", "nested/copy3"] {
+        repo.write(&format!("{dir}/x/y.txt"), "same\n");
+    }
+    let (c2, t2) = repo.commit();
+    let authority = repo.authority();
+    let (work, cache) = holding(&authority, &c1, &t1);
+    let bytes = delta(&authority, &t1, &c2);
+    let mut members = Vec::new();
+    for e in tar::Archive::new(bytes.as_slice()).entries().unwrap() {
+        members.push(String::from_utf8_lossy(&e.unwrap().path_bytes()).into_owned());
+    }
+    let unique: std::collections::BTreeSet<_> = members.iter().collect();
+    assert_eq!(unique.len(), members.len(), "no member twice: {members:?}");
+    receive(&cache, &t2, &bytes).unwrap();
+    cache.verify(&t2).unwrap();
+    assert_eq!(
+        std::fs::read(entry(work.path(), &t2).join("tree/nested/copy3/x/y.txt")).unwrap(),
+        b"same\n"
+    );
+    // A base the repository lacks, or an id that is not a tree (the
+    // commit's): no delta, and nothing written.
+    for base in ["0123456789abcdef0123456789abcdef01234567", c1.as_str()] {
+        let mut out = Vec::new();
+        let got = authority
+            .source_delta(base, &t2, &git_limits(), &mut out)
+            .unwrap();
+        assert!(got.is_none() && out.is_empty(), "{base}: {got:?}");
+    }
+}
