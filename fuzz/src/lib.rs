@@ -76,6 +76,7 @@ pub fn extract(data: &[u8]) -> Result<(), String> {
         &limits(),
         &CredentialPolicy::default(),
         airlock_proto::tree::ObjectFormat::Sha1,
+        None,
     );
     drop(ws);
     check_outer(outer.path())

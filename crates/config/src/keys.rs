@@ -554,13 +554,13 @@ pub const KEYS: &[KeySpec] = &[
         "executor.tree_cache_entries",
         int(1, 1_000),
         "8",
-        "Most source trees the executor keeps extracted (its tree cache, keyed by git tree id); the least recently used go first. A request whose tree is cached costs no archive and no extraction; one whose tree is a few commits from a cached one costs only the objects that differ (a source delta).",
+        "Most source trees the executor keeps extracted (its tree cache, keyed by git tree id, whose files are hard links to one blob store keyed by object id, so a file several trees hold is on disk once); the least recently used go first. A request whose tree is cached costs no archive and no extraction; one whose tree is a few commits from a cached one costs only the objects that differ (a source delta).",
     ),
     key(
         "executor.tree_cache_mib",
         int(64, 16 * 1_048_576),
         "8192",
-        "Most MiB of files the tree cache keeps (a tree larger than this alone is kept only while it is used).",
+        "Most MiB of files the tree cache keeps, counted per tree (a blob several cached trees share counts once for each: a bound on the disk the cache uses, never below it); a tree larger than this alone is kept only while it is used.",
     ),
     key(
         "executor.layer_cache_mib",

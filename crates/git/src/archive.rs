@@ -351,8 +351,15 @@ struct DeltaWalk<'a> {
     batch: &'a mut Batch,
     limits: &'a ArchiveLimits,
     trees: Vec<(String, Vec<u8>)>,
-    blobs: Vec<String>,
+    /// The new side's blobs at changed paths, with their modes.
+    blobs: Vec<(String, u32)>,
     seen: HashSet<String>,
+    /// Whether the executor takes a blob the base holds from its blob
+    /// store, and the base's blobs (id, mode) the walk met at paths that
+    /// are not credential-like: the old side of every changed directory,
+    /// and everything beneath a path removed or replaced.
+    by_id: bool,
+    held: HashSet<(String, u32)>,
 }
 
 impl DeltaWalk<'_> {
@@ -400,6 +407,11 @@ impl DeltaWalk<'_> {
             names.entry(name).or_default().1 = Some(e);
         }
         for (name, (was, is)) in names {
+            if let Some(w) = &was {
+                let old_path = format!("{dir}/{}", String::from_utf8_lossy(&name));
+                let replaced = is.as_ref().is_none_or(|i| i.mode != TREE_MODE);
+                self.count_held(old_path.trim_start_matches('/'), w, replaced)?;
+            }
             // What the new tree lacks the executor removes by itself.
             let Some(is) = is else { continue };
             let path = join_path(dir, &name)?;
@@ -431,10 +443,39 @@ impl DeltaWalk<'_> {
                 }
             }
             0o100644 | 0o100755 | SYMLINK_MODE => {
-                self.blobs.push(oid);
+                self.blobs.push((oid, e.mode));
                 self.check_count()?;
             }
             // A submodule's commit is not in this repository.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Counts the base's entry `e` at `path` among what the executor holds
+    /// by id (when it takes blobs so): a file at a path that is not
+    /// credential-like, and, for a directory the new tree removes or
+    /// replaces (`gone`), every such file beneath it. A link's blob is its
+    /// target, made again from what is sent, never held by id.
+    fn count_held(&mut self, path: &str, e: &ObjectEntry, gone: bool) -> GitResult<()> {
+        if !self.by_id {
+            return Ok(());
+        }
+        match e.mode {
+            0o100644 | 0o100755 if !airlock_proto::path::is_credential_path(path) => {
+                self.held.insert((hex::encode(&e.oid), e.mode));
+            }
+            TREE_MODE if gone => {
+                let oid = hex::encode(&e.oid);
+                let body = self
+                    .batch
+                    .tree(&oid, self.limits)?
+                    .ok_or_else(|| GitError::ObjectMissing(oid.clone()))?;
+                for child in self.entries(&oid, &body)? {
+                    let child_path = format!("{path}/{}", String::from_utf8_lossy(&child.name));
+                    self.count_held(&child_path, &child, true)?;
+                }
+            }
             _ => {}
         }
         Ok(())
@@ -450,7 +491,11 @@ impl AuthorityRepo {
     /// path, by id; deterministic like [`AuthorityRepo::source_archive`].
     /// One `git cat-file --batch` reads both roots, walks down where their
     /// ids differ, as the executor does on receipt, and reads what is
-    /// sent: the cost follows the change, not the repository. Paths are
+    /// sent: the cost follows the change, not the repository. With
+    /// `by_id` (the executor keeps blobs by id), a blob the base holds
+    /// with the same mode at a path the walk met that is not
+    /// credential-like is left out (a file moved, renamed or copied within
+    /// the changed directories crosses as its tree entry alone). Paths are
     /// checked and `limits` enforced on what is sent. `Ok(None)`, with
     /// nothing written, when the repository does not hold `base` as a
     /// tree.
@@ -459,6 +504,7 @@ impl AuthorityRepo {
         base: &str,
         tree: &str,
         limits: &ArchiveLimits,
+        by_id: bool,
         out: impl Write,
     ) -> GitResult<Option<DeltaStats>> {
         use airlock_proto::bundle::{SOURCE_DELTA_HEADER, SOURCE_DELTA_SCHEMA, SourceDelta};
@@ -479,13 +525,20 @@ impl AuthorityRepo {
             trees: Vec::new(),
             blobs: Vec::new(),
             seen: HashSet::new(),
+            by_id,
+            held: HashSet::new(),
         };
         let old = walk.entries(base, &old_root)?;
         let new = walk.new_tree(tree)?;
         walk.diff("", new, old)?;
         let DeltaWalk {
-            trees, mut blobs, ..
+            trees, blobs, held, ..
         } = walk;
+        let mut blobs: Vec<String> = blobs
+            .into_iter()
+            .filter(|b| !held.contains(b))
+            .map(|(oid, _)| oid)
+            .collect();
         blobs.sort();
         blobs.dedup();
         if trees.len() + blobs.len() > limits.max_entries {

@@ -320,6 +320,13 @@ pub struct SourceWanted {
     /// most [`MAX_HAVES`], each of the request tree's object format).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub haves: Vec<String>,
+    /// The executor keeps every file of a tree it holds by blob id (its
+    /// blob store): a delta may leave out a blob the base holds, with the
+    /// same mode, at a path that is not credential-like
+    /// ([`crate::path::is_credential_path`]; such a path may be withheld
+    /// from the cache). Absent: every blob of a changed path comes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blobs_by_id: bool,
 }
 
 /// Schema tag of a source delta's header.

@@ -1,11 +1,13 @@
 //! The tree cache: source trees held whole, keyed by their git tree id,
-//! with the tree objects they are made of.
+//! built on the blob store ([`crate::blobs`]), with the tree objects they
+//! are made of.
 //!
 //! ```text
 //! <work>/trees/<tree id>/seal.json    what the entry holds (files, bytes, the
 //!                                      tree's entries that are not files, its stamp)
-//! <work>/trees/<tree id>/tree/        the tree's files and links, never written
-//!                                      while a request uses them
+//! <work>/trees/<tree id>/tree/        the tree's directories and links, and its
+//!                                      files as hard links to <work>/blobs/<blob id>;
+//!                                      never written while a request uses them
 //! <work>/trees/<tree id>/objects/<id> the tree's git tree objects, by id
 //! <work>/trees/.fill-<tree id>-<pid>/ an entry being made (removed at start,
 //!                                      or rolled back onto its base, below)
@@ -20,15 +22,24 @@
 //!   executor walks the request's tree from its root id, object by
 //!   object, so what it makes is that tree by construction. A delta costs
 //!   O(what changed): the held entry is moved to the new key and changed
-//!   in place (copied first when another request still waits on it,
-//!   [`TreeCache::set_pins`]), with a journal that undoes it when the
-//!   executor dies half-way ([`crate::delta::roll_back`], at the next
-//!   start).
+//!   in place (made again as hard links first when another request still
+//!   waits on it, [`TreeCache::set_pins`]), with a journal that undoes it
+//!   when the executor dies half-way ([`crate::delta::roll_back`], at the
+//!   next start).
+//! - **Each blob on disk once.** Every file written (and hashed) into an
+//!   entry is adopted by the blob store under its object id, as a hard
+//!   link: entries made from one another share every file that did not
+//!   change, and a blob leaves the store when the last entry linking it
+//!   does (the blobs a delta replaced at once, the rest by a sweep after
+//!   an eviction).
 //! - **Verified once, when made; checked on first use.** The seal records
 //!   a stamp: over every path of `tree/` and `objects/`, its inode, size,
-//!   mode, owner and change time (ctime, which the kernel sets on any
-//!   write, chmod, chown, link or rename, and which no process without
-//!   root can set back), summed path by path ([`Stamp`]) so that a delta
+//!   mode, owner and a time — for a directory, a link or a tree object its
+//!   change time (ctime, which the kernel sets on any write, chmod, chown,
+//!   link or rename, and which no process without root can set back); for
+//!   a file, whose inode other entries and the store link and unlink, its
+//!   modification time (which a write sets, and only root or the file's
+//!   owner can set back) — summed path by path ([`Stamp`]) so that a delta
 //!   updates it by the paths it changed. Start-up reads no file of any
 //!   entry (a half-made one is removed), so it costs the same with an
 //!   empty cache or a full one. The first use of an entry in a process
@@ -42,8 +53,9 @@
 //!   unsynced data and leave metadata), or by an earlier release, is
 //!   hashed in full on its first use instead, and stamped. What the stamp
 //!   cannot see is a change that leaves every inode's metadata as it was:
-//!   root writing the disk underneath the file system, or the disk itself
-//!   decaying (both found only after the next boot).
+//!   root writing the disk underneath the file system, the disk itself
+//!   decaying (both found only after the next boot), or the file's owner
+//!   writing it and setting its modification time back.
 //! - **Never writable by commands.** It lives in the executor's work root:
 //!   in the minimal root an entry's `tree/` is only ever the read-only
 //!   lower layer of a workspace overlay (overlayfs copies a file up before
@@ -51,11 +63,13 @@
 //!   commands get a copy, and Landlock grants them nothing of the work
 //!   root but that copy and their tmp.
 //! - **Bounded.** At most `max_entries` entries and `max_bytes` bytes of
-//!   files; the least recently used entries go first (use touches the
-//!   seal), never one a running request uses or a worker may still send a
-//!   delta against.
+//!   files, counted per entry (a blob shared by several entries counts
+//!   once for each: the bound is never below the disk used); the least
+//!   recently used entries go first (use touches the seal), never one a
+//!   running request uses or a worker may still send a delta against.
 
 use crate::apply::CredentialPolicy;
+use crate::blobs::BlobStore;
 use crate::error::{Error, Result};
 use crate::extract::{ArchiveLimits, extract};
 use airlock_proto::tree::{ObjectFormat, TreeBuilder, TreeEntry, blob_hasher};
@@ -66,12 +80,18 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 /// Schema of a seal.
-pub const SEAL_SCHEMA: &str = "airlock.tree-cache-seal.v3";
+pub const SEAL_SCHEMA: &str = "airlock.tree-cache-seal.v4";
 
 /// The schemas of seals written by earlier releases (v1 without a stamp,
-/// v2 with a stamp over `tree/` alone and no tree objects): hashed in
-/// full on first use, then given their tree objects and stamped.
-const SEAL_SCHEMAS_BEFORE: [&str; 2] = ["airlock.tree-cache-seal.v1", "airlock.tree-cache-seal.v2"];
+/// v2 with a stamp over `tree/` alone and no tree objects, v3 with files
+/// of their own rather than links to the blob store and a stamp over
+/// their change times): hashed in full on first use, then given their
+/// tree objects, linked to the blob store and stamped.
+const SEAL_SCHEMAS_BEFORE: [&str; 3] = [
+    "airlock.tree-cache-seal.v1",
+    "airlock.tree-cache-seal.v2",
+    "airlock.tree-cache-seal.v3",
+];
 
 /// Bounds on the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +169,7 @@ pub struct Verified {
 #[derive(Debug)]
 pub struct TreeCache {
     dir: PathBuf,
+    blobs: BlobStore,
     limits: CacheLimits,
     owner: Option<(u32, u32)>,
     /// Entries checked against their seal (or filled) by this process.
@@ -192,6 +213,7 @@ impl TreeCache {
             .map_err(|e| setup(e, &dir))?;
         let cache = TreeCache {
             dir,
+            blobs: BlobStore::open(work_root)?,
             limits,
             owner,
             checked: std::sync::Mutex::default(),
@@ -290,8 +312,11 @@ impl TreeCache {
             // Sealed by an earlier release, or before this boot: hashed in
             // full (its tree objects written again), then stamped.
             _ => self
-                .verify(tree)
-                .and_then(|objects| write_objects(&entry, &objects))
+                .rehash(tree)
+                .and_then(|(objects, files)| {
+                    write_objects(&entry, &objects)?;
+                    self.adopt_all(&files)
+                })
                 .map_err(|e| e.to_string())
                 .and_then(|()| {
                     seal.schema = SEAL_SCHEMA.into();
@@ -306,9 +331,20 @@ impl TreeCache {
                 Ok(())
             }
             Err(why) => {
-                remove_tree(&self.entry(tree));
+                self.drop_entries(&[tree]);
                 Err(why)
             }
+        }
+    }
+
+    /// Removes sealed entries, then the blobs no entry links any more.
+    fn drop_entries(&self, trees: &[&str]) {
+        for tree in trees {
+            remove_tree(&self.entry(tree));
+            self.checked_set().remove(*tree);
+        }
+        if !trees.is_empty() {
+            self.blobs.sweep();
         }
     }
 
@@ -422,8 +458,7 @@ impl TreeCache {
                     "airlock-executor: tree cache: removed {base} ({}: {e})",
                     e.code().as_str()
                 );
-                remove_tree(&base_entry);
-                self.checked_set().remove(base);
+                self.drop_entries(&[base]);
                 return Err(e);
             }
             Err(e) => return Err(e),
@@ -442,7 +477,7 @@ impl TreeCache {
         let mut stamp = if copied {
             let made = (|| {
                 std::fs::create_dir(&tmp).map_err(|e| setup(e, &tmp))?;
-                crate::request::copy_tree(&base_entry.join("tree"), &tmp.join("tree"))?;
+                link_tree(&base_entry.join("tree"), &tmp.join("tree"))?;
                 crate::request::copy_tree(&base_entry.join("objects"), &tmp.join("objects"))?;
                 if let Some((uid, gid)) = self.owner {
                     crate::run::chown_tree(&tmp.join("tree"), uid, gid)
@@ -469,8 +504,13 @@ impl TreeCache {
                 .ok_or_else(|| Error::CacheCorrupt(format!("{base}: an unreadable stamp")))?
         };
         let result = (|| {
+            let site = crate::delta::Site {
+                entry: &tmp,
+                store: &self.blobs,
+                stamp: &mut stamp,
+            };
             let applied = crate::delta::apply(
-                &tmp,
+                site,
                 delta,
                 &plan,
                 seal.extras
@@ -482,7 +522,6 @@ impl TreeCache {
                     })
                     .collect(),
                 credentials,
-                &mut stamp,
                 on_staged,
             )?;
             for rel in &applied.after {
@@ -536,6 +575,9 @@ impl TreeCache {
         } else {
             remove_tree(&tmp);
         }
+        // What the base held where the new tree differs and no other entry
+        // links (a copied base still does).
+        self.blobs.release(plan.released.iter().cloned());
         eprintln!(
             "airlock-executor: tree cache: {tree} made from {base} ({} of its base): {} removed, {} written",
             if copied { "a copy" } else { "the entry" },
@@ -557,12 +599,18 @@ impl TreeCache {
     /// entries as recorded; the tree id must be the entry's key. Returns
     /// the tree's tree objects.
     pub fn verify(&self, tree: &str) -> Result<Vec<airlock_proto::tree::RawObject>> {
+        self.rehash(tree).map(|(objects, _)| objects)
+    }
+
+    /// [`TreeCache::verify`], and each file with its blob id.
+    fn rehash(&self, tree: &str) -> Result<(Vec<airlock_proto::tree::RawObject>, Vec<Blob>)> {
         let seal = self.read_seal(tree)?;
         let format = ObjectFormat::of_id(tree).ok_or_else(|| setup("not a tree id", &self.dir))?;
         let mut builder = TreeBuilder::new(format);
         let root = self.entry(tree).join("tree");
-        let mut files = 0;
-        hash_dir(&root, &root, &mut builder, &mut files)?;
+        let mut blobs = Vec::new();
+        hash_dir(&root, &root, &mut builder, &mut blobs)?;
+        let files = blobs.len() as u64;
         for (mode, oid, path) in &seal.extras {
             builder
                 .add_entry(&TreeEntry {
@@ -579,7 +627,16 @@ impl TreeCache {
                 &root,
             ));
         }
-        Ok(objects)
+        Ok((objects, blobs))
+    }
+
+    /// Links each of `files` (written or read back, and hashed, by this
+    /// process) into the blob store.
+    fn adopt_all(&self, files: &[Blob]) -> Result<()> {
+        for (path, executable, oid) in files {
+            self.blobs.adopt(path, oid, *executable)?;
+        }
+        Ok(())
     }
 
     /// The entry for `tree`, if cached and intact; marks it used. Its
@@ -645,7 +702,14 @@ impl TreeCache {
                 rustix::fs::Mode::empty(),
             )
             .map_err(|e| setup(e, &files))?;
-            let ex = extract(archive, &root, limits, credentials, format)?;
+            let ex = extract(
+                archive,
+                &root,
+                limits,
+                credentials,
+                format,
+                Some(&self.blobs),
+            )?;
             write_objects(&tmp, &ex.tree_objects)?;
             if ex.tree != tree {
                 return Err(Error::ArchiveDigest(format!(
@@ -720,18 +784,19 @@ impl TreeCache {
         entries.sort();
         let mut count = entries.len() as u64;
         let mut bytes: u64 = entries.iter().map(|e| e.1).sum();
-        for (_, size, name) in entries {
+        let mut evicted = Vec::new();
+        for (_, size, name) in &entries {
             if count <= u64::from(self.limits.max_entries) && bytes <= self.limits.max_bytes {
                 break;
             }
-            if name == keep || self.pinned().contains(&name) {
+            if name == keep || self.pinned().contains(name) {
                 continue;
             }
-            remove_tree(&self.entry(&name));
-            self.checked_set().remove(&name);
+            evicted.push(name.as_str());
             count -= 1;
-            bytes = bytes.saturating_sub(size);
+            bytes = bytes.saturating_sub(*size);
         }
+        self.drop_entries(&evicted);
     }
 }
 
@@ -748,18 +813,25 @@ impl Stamp {
     fn line(rel: &Path, m: &std::fs::Metadata) -> [u64; 4] {
         use sha2::Digest;
         let mut h = sha2::Sha256::new();
-        h.update(b"airlock.tree-cache-stamp.v2\0");
+        h.update(b"airlock.tree-cache-stamp.v3\0");
         h.update(rel.as_os_str().as_encoded_bytes());
+        // A file's inode is the blob store's and other entries' too, and
+        // its change time moves whenever one of them links or unlinks it:
+        // a file is stamped by its modification time instead, which only
+        // a write or its owner's explicit setting moves.
+        let (time, nsec) = if m.is_file() {
+            (m.mtime(), m.mtime_nsec())
+        } else {
+            (m.ctime(), m.ctime_nsec())
+        };
         h.update(
             format!(
-                "\0{:o} {} {} {} {} {}.{:09}",
+                "\0{:o} {} {} {} {} {time}.{nsec:09}",
                 m.mode(),
                 m.ino(),
                 m.len(),
                 m.uid(),
                 m.gid(),
-                m.ctime(),
-                m.ctime_nsec()
             )
             .as_bytes(),
         );
@@ -827,6 +899,37 @@ impl Stamp {
     }
 }
 
+/// Makes `to` a copy of the entry tree `from` whose files are hard links
+/// to the same blobs (a directory made again with its mode, a link with
+/// its target, never followed); a file the file system will not link
+/// again is copied.
+fn link_tree(from: &Path, to: &Path) -> Result<()> {
+    let mode = std::fs::symlink_metadata(from)
+        .map_err(|e| setup(e, from))?
+        .mode();
+    std::fs::DirBuilder::new()
+        .mode(mode & 0o7777)
+        .create(to)
+        .map_err(|e| setup(e, to))?;
+    for entry in std::fs::read_dir(from).map_err(|e| setup(e, from))? {
+        let entry = entry.map_err(|e| setup(e, from))?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let ft = entry.file_type().map_err(|e| setup(e, &src))?;
+        if ft.is_dir() {
+            link_tree(&src, &dst)?;
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(&src).map_err(|e| setup(e, &src))?;
+            std::os::unix::fs::symlink(&target, &dst).map_err(|e| setup(e, &dst))?;
+        } else if ft.is_file() && std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst).map_err(|e| setup(e, &src))?;
+        }
+    }
+    Ok(())
+}
+
+/// A file of an entry: its path, whether it is executable, its blob id.
+type Blob = (PathBuf, bool, Vec<u8>);
+
 /// Removes what a sealed entry may still hold of the delta that made it
 /// (its journal and undo directory: the delta was complete).
 fn tidy(entry: &Path) {
@@ -859,7 +962,12 @@ fn write_objects(entry: &Path, objects: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
 /// Hashes every regular file and symbolic link beneath `dir` into
 /// `builder` (paths relative to `root`; a link's blob is its target,
 /// never what it points to); anything else but directories is an error.
-fn hash_dir(root: &Path, dir: &Path, builder: &mut TreeBuilder, files: &mut u64) -> Result<()> {
+fn hash_dir(
+    root: &Path,
+    dir: &Path,
+    builder: &mut TreeBuilder,
+    files: &mut Vec<Blob>,
+) -> Result<()> {
     for entry in std::fs::read_dir(dir).map_err(|e| setup(e, dir))? {
         let entry = entry.map_err(|e| setup(e, dir))?;
         let path = entry.path();
@@ -890,15 +998,13 @@ fn hash_dir(root: &Path, dir: &Path, builder: &mut TreeBuilder, files: &mut u64)
                 }
                 h.update(&buf[..n]);
             }
-            let mode = if meta.mode() & 0o111 != 0 {
-                0o100755
-            } else {
-                0o100644
-            };
+            let executable = meta.mode() & 0o111 != 0;
+            let mode = if executable { 0o100755 } else { 0o100644 };
+            let oid = h.finish();
             builder
-                .add(&rel, mode, h.finish())
+                .add(&rel, mode, oid.clone())
                 .map_err(|e| setup(e, &path))?;
-            *files += 1;
+            files.push((path, executable, oid));
         } else {
             return Err(setup("neither a file, a link nor a directory", &path));
         }

@@ -24,6 +24,7 @@
 
 use crate::apply::CredentialPolicy;
 use crate::beneath;
+use crate::blobs::BlobStore;
 use crate::cache::Stamp;
 use crate::error::{Error, Result};
 use crate::extract::{ArchiveLimits, MAX_LINK_TARGET, make_link, write_member};
@@ -185,6 +186,9 @@ pub struct Plan {
     pub touched: BTreeSet<String>,
     /// The new tree's objects not yet in the store, `(raw id, content)`.
     pub objects: Vec<airlock_proto::tree::RawObject>,
+    /// The base's blobs at the paths removed or replaced, `(raw id,
+    /// executable)`: the blob store lets go of those no entry links.
+    pub released: Vec<(Vec<u8>, bool)>,
 }
 
 /// Reads tree objects for [`plan`]: from the delta, else from a store
@@ -303,14 +307,30 @@ fn diff(trees: &mut Trees<'_>, plan: &mut Plan, dir: &str, new: &[u8], old: &[u8
             }
             _ => {
                 plan.touched.insert(dir.to_owned());
-                if was.is_some() {
+                if let Some(w) = &was {
                     plan.remove.push(path.clone());
+                    gone(trees, plan, w)?;
                 }
                 if let Some(i) = is {
                     add(trees, plan, &path, &i)?;
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Counts the base's blobs at or beneath a path the new tree removes or
+/// replaces into [`Plan::released`].
+fn gone(trees: &mut Trees<'_>, plan: &mut Plan, e: &ObjectEntry) -> Result<()> {
+    match e.mode {
+        DIR => {
+            for child in trees.get(&e.oid, false)? {
+                gone(trees, plan, &child)?;
+            }
+        }
+        0o100644 | 0o100755 => plan.released.push((e.oid.clone(), e.mode == 0o100755)),
+        _ => {}
     }
     Ok(())
 }
@@ -345,19 +365,35 @@ pub struct Applied {
     pub after: BTreeSet<PathBuf>,
 }
 
-/// Applies `plan` to `entry` (`tree/` the base's files, `objects/` its
-/// tree objects), which becomes the delta's tree. `extras` are the base's;
-/// `stamp` loses each path's line as it was before (the caller adds
-/// [`Applied::after`] back).
+/// The entry [`apply`] changes: its directory (`tree/` the base's files,
+/// `objects/` its tree objects), the blob store its new files join, and
+/// its stamp.
+#[derive(Debug)]
+pub struct Site<'a> {
+    /// The entry's directory.
+    pub entry: &'a Path,
+    /// The blob store.
+    pub store: &'a BlobStore,
+    /// The entry's stamp: each changed path's line as it was before is
+    /// taken out (the caller adds [`Applied::after`] back).
+    pub stamp: &'a mut Stamp,
+}
+
+/// Applies `plan` to the entry at `site`, which becomes the delta's tree.
+/// `extras` are the base's.
 pub fn apply(
-    entry: &Path,
+    site: Site<'_>,
     delta: &Delta,
     plan: &Plan,
     extras: Vec<TreeEntry>,
     credentials: &CredentialPolicy,
-    stamp: &mut Stamp,
     on_staged: &mut dyn FnMut(),
 ) -> Result<Applied> {
+    let Site {
+        entry,
+        store,
+        stamp,
+    } = site;
     let tree = entry.join("tree");
     let setup = |e: std::io::Error, p: &Path| Error::Setup {
         path: p.to_owned(),
@@ -462,8 +498,8 @@ pub fn apply(
         match *mode {
             0o160000 => out.extras.push(extra(*mode, oid, path)),
             _ if credentials.denies(path) => {
-                // Not written, but the tree holds it (its id is known).
-                blob()?;
+                // Not written, but the tree holds it (its id is known;
+                // its content, sent or not, is never needed).
                 out.extras.push(extra(*mode, oid, path));
             }
             LINK => {
@@ -477,10 +513,24 @@ pub fn apply(
                 make_link(&root, path, target)?;
                 out.after.insert(rel(path));
             }
+            _ if !delta.blobs.contains_key(oid) => {
+                // Left out by the worker: the base holds it at another
+                // path, so the blob store does (checked as it is linked).
+                let executable = *mode == 0o100755;
+                let (dir, name) = beneath::parent_for_create(&root, path)?;
+                if !store.link_at(oid, executable, &dir, name)? {
+                    blob()?;
+                }
+                let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(|e| setup(e.into(), &tree.join(path)))?;
+                out.files.0 += 1;
+                out.bytes.0 += st.st_size as u64;
+                out.after.insert(rel(path));
+            }
             _ => {
                 let content = blob()?;
                 let never = || Error::ArchiveInvalid("unreachable".into());
-                write_member(
+                let dir = write_member(
                     &root,
                     path,
                     if *mode == 0o100755 { 0o755 } else { 0o644 },
@@ -489,6 +539,7 @@ pub fn apply(
                     &std::cell::Cell::new(false),
                     &never,
                 )?;
+                store.adopt_at(&dir, beneath::split(path).1, oid, *mode == 0o100755)?;
                 out.files.0 += 1;
                 out.bytes.0 += content.len() as u64;
                 out.after.insert(rel(path));

@@ -37,6 +37,7 @@
 
 use crate::apply::CredentialPolicy;
 use crate::beneath;
+use crate::blobs::BlobStore;
 use crate::error::{Error, Result};
 use airlock_proto::path::check_relative_path;
 use airlock_proto::tree::{ObjectFormat, PAX_KEY_PREFIX, TreeBuilder, TreeEntry, blob_hasher};
@@ -107,13 +108,15 @@ impl<R: Read> Read for Counted<R> {
 }
 
 /// Extracts `archive` (in memory) beneath `root`, computing the git tree id
-/// of its content in `format`.
+/// of its content in `format`; each file written is adopted by `store`
+/// under its blob id, when there is one.
 pub fn extract(
     archive: &[u8],
     root: &OwnedFd,
     limits: &ArchiveLimits,
     credentials: &CredentialPolicy,
     format: ObjectFormat,
+    store: Option<&BlobStore>,
 ) -> Result<Extracted> {
     let mut tree = TreeBuilder::new(format);
     let tripped = Rc::new(Cell::new(false));
@@ -282,8 +285,12 @@ pub fn extract(
             inner: &mut entry,
             hasher: blob_hasher(format, size),
         };
-        write_member(root, &path, mode, size, &mut hashing, &tripped, &bomb)?;
-        tree.add(&path, git_mode, hashing.hasher.finish())
+        let dir = write_member(root, &path, mode, size, &mut hashing, &tripped, &bomb)?;
+        let oid = hashing.hasher.finish();
+        if let Some(store) = store {
+            store.adopt_at(&dir, beneath::split(&path).1, &oid, executable)?;
+        }
+        tree.add(&path, git_mode, oid)
             .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
         out.files += 1;
     }
@@ -327,6 +334,8 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
+/// Writes the file `path` beneath `root` from `entry`; returns its
+/// directory, opened.
 pub(crate) fn write_member(
     root: &OwnedFd,
     path: &str,
@@ -335,7 +344,7 @@ pub(crate) fn write_member(
     entry: &mut impl Read,
     tripped: &Cell<bool>,
     bomb: &dyn Fn() -> Error,
-) -> Result<()> {
+) -> Result<OwnedFd> {
     let (dir, name) = beneath::parent_for_create(root, path)?;
     let file_mode = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
     let fd = match beneath::openat2_beneath(
@@ -366,7 +375,7 @@ pub(crate) fn write_member(
             "{path}: truncated member ({copied} of {size} bytes)"
         )));
     }
-    Ok(())
+    Ok(dir)
 }
 
 /// Validates a member's stored path: UTF-8, relative, no `..`, no `.git`,

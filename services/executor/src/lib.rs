@@ -32,6 +32,7 @@
 
 pub mod apply;
 pub mod beneath;
+pub mod blobs;
 pub mod cache;
 pub mod delta;
 pub mod environment;

@@ -587,6 +587,7 @@ fn want_source(spool: &Spool, cache: &TreeCache, req: &airlock_proto::bundle::Ex
         request_sha256: req.digest(),
         source_tree: req.source_tree.clone(),
         haves,
+        blobs_by_id: true,
     };
     let published = serde_json::to_vec(&want)
         .map_err(|e| e.to_string())

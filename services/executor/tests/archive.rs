@@ -42,6 +42,7 @@ fn refuse(archive: &[u8], limits: &ArchiveLimits) -> (Code, Fixture) {
         limits,
         &CredentialPolicy::default(),
         ObjectFormat::Sha1,
+        None,
     )
     .unwrap_err();
     // Nothing outside the workspace, and no special file inside it.
@@ -79,6 +80,7 @@ fn a_clean_archive_is_extracted_plain_and_gzipped() {
             &limits(),
             &CredentialPolicy::default(),
             ObjectFormat::Sha1,
+            None,
         )
         .unwrap();
         assert_eq!(out.files, 3);
@@ -181,6 +183,7 @@ fn symlinks_are_made_as_the_tree_has_them_and_never_written_through() {
         &limits(),
         &CredentialPolicy::default(),
         ObjectFormat::Sha1,
+        None,
     )
     .unwrap();
     assert_eq!((ex.files, ex.symlinks), (1, 3));
@@ -215,6 +218,7 @@ fn symlinks_are_made_as_the_tree_has_them_and_never_written_through() {
         &limits(),
         &CredentialPolicy::default(),
         ObjectFormat::Sha1,
+        None,
     )
     .unwrap_err();
     assert_eq!(err.code(), Code::PATH_ESCAPE);
@@ -335,7 +339,15 @@ fn credential_paths_are_withheld_unless_allowed() {
     let policy = CredentialPolicy {
         allow: vec!["tests/fixtures/**".into()],
     };
-    let out = extract(&tar, f.ws.root(), &limits(), &policy, ObjectFormat::Sha1).unwrap();
+    let out = extract(
+        &tar,
+        f.ws.root(),
+        &limits(),
+        &policy,
+        ObjectFormat::Sha1,
+        None,
+    )
+    .unwrap();
     assert_eq!(
         out.withheld,
         vec![".env".to_owned(), "deploy/.ssh/id_ed25519".to_owned()]

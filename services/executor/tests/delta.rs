@@ -199,7 +199,7 @@ fn delta(authority: &AuthorityRepo, base: &str, commit: &str) -> Vec<u8> {
     let mut bytes = Vec::new();
     let tree = authority.tree_of(commit).unwrap();
     authority
-        .source_delta(base, &tree, &git_limits(), &mut bytes)
+        .source_delta(base, &tree, &git_limits(), true, &mut bytes)
         .unwrap()
         .expect("the repository knows the base");
     bytes
@@ -341,7 +341,7 @@ fn a_delta_that_lies_is_refused_with_its_code() {
     let authority = repo.authority();
     let mut none = Vec::new();
     let unknown = authority
-        .source_delta(&"ab".repeat(20), &t3, &git_limits(), &mut none)
+        .source_delta(&"ab".repeat(20), &t3, &git_limits(), true, &mut none)
         .unwrap();
     assert!(
         unknown.is_none() && none.is_empty(),
@@ -512,8 +512,193 @@ fn a_subtree_repeated_at_several_paths_crosses_once_and_an_unknown_base_gets_no_
     for base in ["0123456789abcdef0123456789abcdef01234567", c1.as_str()] {
         let mut out = Vec::new();
         let got = authority
-            .source_delta(base, &t2, &git_limits(), &mut out)
+            .source_delta(base, &t2, &git_limits(), true, &mut out)
             .unwrap();
         assert!(got.is_none() && out.is_empty(), "{base}: {got:?}");
     }
+}
+
+/// The blob store's copy of `content` in `work`, and its link count (0:
+/// not held).
+fn stored(work: &Path, content: &[u8]) -> (PathBuf, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let id = airlock_proto::tree::object_id(ObjectFormat::Sha1, "blob", content);
+    let path = work.join("blobs").join(hex::encode(id));
+    let links = std::fs::metadata(&path).map(|m| m.nlink()).unwrap_or(0);
+    (path, links)
+}
+
+fn ino(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).unwrap().ino()
+}
+
+#[test]
+fn every_cached_file_is_its_blob_in_the_store_and_goes_with_the_last_entry_linking_it() {
+    let Two {
+        repo,
+        c1,
+        t1,
+        c2,
+        t2,
+        authority,
+    } = two_trees();
+    let (old, new) = (b"V = 1\n".as_slice(), b"V = 'changed'\n".as_slice());
+
+    // Filled from the archive: each file is a hard link to its blob.
+    let (work, cache) = holding(&authority, &c1, &t1);
+    let at = |tree: &str, rel: &str| entry(work.path(), tree).join("tree").join(rel);
+    let (blob, links) = stored(work.path(), old);
+    assert_eq!(links, 2, "the entry's file and the store's name");
+    assert_eq!(ino(&blob), ino(&at(&t1, "src/mod1/file1.py")));
+
+    // A held tree another request waits on is copied as links: the two
+    // entries share every file that did not change.
+    cache.set_pins([t1.clone()].into_iter().collect());
+    receive(&cache, &t2, &delta(&authority, &t1, &c2)).unwrap();
+    cache.set_pins(Default::default());
+    assert_eq!(ino(&at(&t1, "README.md")), ino(&at(&t2, "README.md")));
+    assert_eq!(stored(work.path(), old).1, 2, "t1 still links the old blob");
+    assert_eq!(stored(work.path(), new).1, 2, "t2's new file is its blob");
+    // run.sh became executable: the same blob, kept once more as such.
+    let script = hex::encode(airlock_proto::tree::object_id(
+        ObjectFormat::Sha1,
+        "blob",
+        b"#!/bin/sh\n",
+    ));
+    let blobs = work.path().join("blobs");
+    assert_eq!(ino(&blobs.join(&script)), ino(&at(&t1, "run.sh")));
+    assert_eq!(
+        ino(&blobs.join(format!("{script}.x"))),
+        ino(&at(&t2, "run.sh"))
+    );
+    cache.verify(&t1).unwrap();
+    cache.verify(&t2).unwrap();
+
+    // Evicted, t1 takes with it the blobs no other entry links.
+    drop(cache);
+    let one = CacheLimits {
+        max_entries: 1,
+        max_bytes: 1 << 30,
+    };
+    let (cache, _) = TreeCache::open(work.path(), one, None).unwrap();
+    assert!(cache.get(&t2).is_some());
+    let (c3, t3) = {
+        repo.write("third.txt", "3\n");
+        repo.commit()
+    };
+    let authority = repo.authority();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    receive(&cache, &t3, &delta(&authority, &t2, &c3)).unwrap();
+    assert!(!entry(work.path(), &t1).exists(), "t1 was evicted");
+    assert_eq!(stored(work.path(), old).1, 0, "its own blob went with it");
+    assert_eq!(stored(work.path(), new).1, 2, "t3 still links the new one");
+    cache.verify(&t3).unwrap();
+
+    // Moved forward (no request waits on it), an entry lets go at once of
+    // the blobs its new tree replaced.
+    let (work, cache) = holding(&authority, &c1, &t1);
+    receive(&cache, &t2, &delta(&authority, &t1, &c2)).unwrap();
+    assert_eq!(stored(work.path(), old).1, 0);
+    assert_eq!(stored(work.path(), new).1, 2);
+}
+
+/// The `b/<id>` members of a delta.
+fn blob_members(bytes: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in tar::Archive::new(bytes).entries().unwrap() {
+        let name = String::from_utf8_lossy(&e.unwrap().path_bytes()).into_owned();
+        if let Some(id) = name.strip_prefix("b/") {
+            out.push(id.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_file_moved_renamed_or_copied_crosses_as_its_tree_entry_alone() {
+    let repo = Repo::new();
+    let (c1, t1) = first(&repo);
+    // A directory renamed, a file moved to another directory, a file
+    // copied next to where it was, a credential-like file renamed to a
+    // plain name (the cache never held it), one new file.
+    std::fs::rename(repo.work().join("src/mod2"), repo.work().join("lib")).unwrap();
+    std::fs::create_dir_all(repo.work().join("docs")).unwrap();
+    std::fs::rename(
+        repo.work().join("README.md"),
+        repo.work().join("docs/README.md"),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo.work().join("src/mod0/file0.py"),
+        repo.work().join("src/mod0/copy.py"),
+    )
+    .unwrap();
+    std::fs::rename(repo.work().join(".env"), repo.work().join("settings.txt")).unwrap();
+    repo.write("new.txt", "new\n");
+    let (c2, t2) = repo.commit();
+    let authority = repo.authority();
+    let id = |content: &[u8]| {
+        hex::encode(airlock_proto::tree::object_id(
+            ObjectFormat::Sha1,
+            "blob",
+            content,
+        ))
+    };
+
+    let (work, cache) = holding(&authority, &c1, &t1);
+    let bytes = delta(&authority, &t1, &c2);
+    let mut sent = blob_members(&bytes);
+    sent.sort();
+    let mut want = vec![id(b"new\n"), id(b"SECRET=1\n")];
+    want.sort();
+    assert_eq!(
+        sent, want,
+        "only the new file and the one the cache never held cross"
+    );
+    receive(&cache, &t2, &bytes).unwrap();
+    cache.verify(&t2).unwrap();
+    let root = entry(work.path(), &t2).join("tree");
+    assert_eq!(
+        std::fs::read(root.join("docs/README.md")).unwrap(),
+        b"hello\n"
+    );
+    assert_eq!(
+        std::fs::read(root.join("lib/file2.py")).unwrap(),
+        b"V = 2\n"
+    );
+    assert_eq!(
+        std::fs::read(root.join("settings.txt")).unwrap(),
+        b"SECRET=1\n"
+    );
+    assert_eq!(
+        ino(&root.join("src/mod0/copy.py")),
+        ino(&root.join("src/mod0/file0.py")),
+        "a copy is the same blob"
+    );
+    drop(cache);
+    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
+    assert!(cache.get(&t2).is_some(), "its stamp holds in a new process");
+
+    // An executor that does not keep blobs by id gets every blob.
+    let mut all = Vec::new();
+    authority
+        .source_delta(&t1, &t2, &git_limits(), false, &mut all)
+        .unwrap()
+        .unwrap();
+    assert!(blob_members(&all).len() > sent.len() + 5);
+
+    // A blob left out that the store no longer holds as it should (here:
+    // changed on disk) is refused with its code, and nothing is served.
+    let (work, cache) = holding(&authority, &c1, &t1);
+    let readme = work.path().join("blobs").join(id(b"hello\n"));
+    std::fs::write(&readme, b"tampered\n").unwrap();
+    assert_eq!(receive(&cache, &t2, &bytes), Err(Code::TREE_CACHE_CORRUPT));
+    assert!(cache.get(&t2).is_none());
+    // The base it shares that blob with is hashed in full on its next use
+    // and goes; the whole tree heals it.
+    assert!(cache.get(&t1).is_none());
+    assert!(cache.haves(ObjectFormat::Sha1, 4).is_empty());
+    fill(&cache, &authority, &c2, &t2);
+    cache.verify(&t2).unwrap();
 }

@@ -84,8 +84,9 @@ fn answer(request: &[u8], file_id: Option<&str>, archive: Vec<u8>) -> (String, O
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     left.sort();
-    // The caches only: the tree cache and the (empty) layer cache.
-    assert_eq!(left, ["layers", "trees"], "workspace left behind");
+    // The caches only: the blob store, the tree cache and the (empty)
+    // layer cache.
+    assert_eq!(left, ["blobs", "layers", "trees"], "workspace left behind");
     let trees = std::fs::read_dir(work.path().join("trees")).unwrap();
     for t in trees {
         let name = t.unwrap().file_name().to_string_lossy().into_owned();

@@ -225,7 +225,7 @@ fn run_once_applies_verifies_and_binds_the_result() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     left.sort();
-    assert_eq!(left, ["layers", "trees"]);
+    assert_eq!(left, ["blobs", "layers", "trees"]);
 }
 
 /// The workspace over the tree cache: the command sees the tree with the
@@ -625,7 +625,7 @@ fn serve_answers_each_spooled_request_once() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     left.sort();
-    assert_eq!(left, ["layers", "sandbox.json", "trees"]);
+    assert_eq!(left, ["blobs", "layers", "sandbox.json", "trees"]);
     let mut trees: Vec<String> = std::fs::read_dir(dir.path().join("work").join("trees"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

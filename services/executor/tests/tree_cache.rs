@@ -12,7 +12,7 @@ use airlock_executor::cache::{CacheLimits, TreeCache};
 use airlock_executor::extract::ArchiveLimits;
 use common::*;
 use serde_json::{Value, json};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 const LIMITS: CacheLimits = CacheLimits {
@@ -163,7 +163,7 @@ fn an_entry_sealed_without_a_stamp_is_hashed_on_first_use_then_stamped() {
     assert_eq!(found.kept, std::slice::from_ref(&tree));
     assert!(cache.get(&tree).is_some(), "an intact v1 entry is served");
     let now = seal(work.path(), &tree);
-    assert_eq!(now["schema"], "airlock.tree-cache-seal.v3");
+    assert_eq!(now["schema"], "airlock.tree-cache-seal.v4");
     assert!(now["stamp"].is_string(), "and stamped: {now}");
     drop(cache);
     let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
@@ -230,6 +230,56 @@ fn an_entry_sealed_before_this_boot_is_hashed_in_full_on_first_use() {
         seal(work.path(), &tree)["boot"].as_str(),
         airlock_executor::cache::boot_id().as_deref()
     );
+}
+
+#[test]
+fn an_entry_sealed_by_the_previous_release_is_hashed_once_and_linked_to_the_blob_store() {
+    let (archive, tree) = source();
+    let work = tempfile::tempdir().unwrap();
+    drop(filled(work.path(), &archive, &tree));
+    // As the previous release left it: files of its own, no blob store,
+    // a v3 seal.
+    std::fs::remove_dir_all(work.path().join("blobs")).unwrap();
+    let mut s = seal(work.path(), &tree);
+    s["schema"] = json!("airlock.tree-cache-seal.v3");
+    std::fs::write(
+        entry(work.path(), &tree).join("seal.json"),
+        serde_json::to_vec(&s).unwrap(),
+    )
+    .unwrap();
+    let hello = entry(work.path(), &tree).join("tree/hello.py");
+    assert_eq!(std::fs::metadata(&hello).unwrap().nlink(), 1);
+    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
+    assert!(cache.get(&tree).is_some(), "an intact v3 entry is served");
+    assert_eq!(
+        seal(work.path(), &tree)["schema"],
+        "airlock.tree-cache-seal.v4"
+    );
+    // Each file is now its blob in the store.
+    let mut blobs: Vec<String> = std::fs::read_dir(work.path().join("blobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    blobs.sort();
+    let mut want = vec![
+        blob_id(b"VALUE = 1\n"),
+        blob_id(b"def f():\n    return 1\n"),
+    ];
+    want.sort();
+    assert_eq!(blobs, want);
+    assert_eq!(std::fs::metadata(&hello).unwrap().nlink(), 2);
+    drop(cache);
+    let (cache, _) = TreeCache::open(work.path(), LIMITS, None).unwrap();
+    assert!(cache.get(&tree).is_some(), "then checked by its stamp");
+}
+
+/// A blob's git id (SHA-1), hex.
+fn blob_id(content: &[u8]) -> String {
+    hex::encode(airlock_proto::tree::object_id(
+        airlock_proto::tree::ObjectFormat::Sha1,
+        "blob",
+        content,
+    ))
 }
 
 /// The stamp of an entry as it is now.

@@ -167,7 +167,13 @@ impl Run<'_> {
         // and the want names it).
         for base in &want.haves {
             if let Some(stats) = repo
-                .source_delta(base, &request.source_tree, limits, &mut bytes)
+                .source_delta(
+                    base,
+                    &request.source_tree,
+                    limits,
+                    want.blobs_by_id,
+                    &mut bytes,
+                )
                 .map_err(git_err)?
             {
                 self.publish_once(Kind::Sources, &bytes)?;
