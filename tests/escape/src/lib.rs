@@ -1322,7 +1322,8 @@ pub const KEEP_XATTR: &str = "user.airlock-keep";
 
 impl Suite {
     /// A tree cache entry for the probes' source tree, owned by the probe's
-    /// uid (the executor's): `<work>/trees/<tree>/tree/hello.py`.
+    /// uid (the executor's): `<work>/trees/<tree>/tree/hello.py`, a hard
+    /// link to its blob in the store, `<work>/blobs/<blob id>`.
     fn tree_cache_entry(&self, dir: &Path, uid: u32, tree: &str) -> Res<PathBuf> {
         let trees = dir.join("work").join("trees");
         mkdir(&trees, 0o711, Some(uid))?;
@@ -1332,6 +1333,9 @@ impl Suite {
         let file = entry.join("tree").join("hello.py");
         put(&file, b"VALUE = 1\n", 0o644, Some(uid))?;
         set_keep_xattr(&file)?;
+        let blobs = dir.join("work").join("blobs");
+        mkdir(&blobs, 0o700, Some(uid))?;
+        fs::hard_link(&file, blobs.join(HELLO_BLOB)).map_err(io("blob store link"))?;
         Ok(file)
     }
 
@@ -1373,6 +1377,7 @@ impl Suite {
             .join(spool_answer_name('1'));
         let spool = spool.display().to_string();
         let trees = dir.join("work").join("trees").display().to_string();
+        let blobs = dir.join("work").join("blobs").display().to_string();
         let rel = |p: &str| format!("{up}{}", p.trim_start_matches('/'));
         [
             ("outside_abs", outside.clone()),
@@ -1388,12 +1393,19 @@ impl Suite {
             ("trees_abs", trees.clone()),
             ("trees_up", rel(&trees)),
             ("trees_rel", "../../../trees".to_owned()),
+            ("blobs_abs", blobs.clone()),
+            ("blobs_up", rel(&blobs)),
+            ("blobs_rel", "../../../blobs".to_owned()),
         ]
         .into_iter()
         .map(|(name, target)| (format!("links/{name}"), target))
         .collect()
     }
 }
+
+/// The git blob id of the probes' `hello.py` (`VALUE = 1\n`): its name in
+/// the executor's blob store.
+const HELLO_BLOB: &str = "b15b1b0797d64623135bb2d04a67bae078fa44c2";
 
 /// The name of a spool answer of another request (`r` and 40 of `digit`).
 fn spool_answer_name(digit: char) -> String {

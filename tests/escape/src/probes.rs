@@ -731,12 +731,18 @@ planted("a double-forked, setsid daemon")"##)
 attempt_all([(f"read {l}", lambda l=l: read(l)) for l in ls]
             + [(f"write {l}", lambda l=l: write(l, b"{}")) for l in ls])"##)
         .errnos(&["EACCES"]),
-    p("symlink_tree_cache", "write the executor's tree cache through the tree's links to it (absolute, ../ chain, relative)",
-      r##"entry = A["tree_cache_file"].split("/trees/", 1)[1]
-links_present(("links/trees_abs", "links/trees_up", "links/trees_rel"))
+    p("symlink_tree_cache", "write the executor's tree cache and its blob store through the tree's links to them (absolute, ../ chain, relative)",
+      r##"import hashlib
+entry = A["tree_cache_file"].split("/trees/", 1)[1]
+blob = hashlib.sha1(b"blob 10\0VALUE = 1\n").hexdigest()
+links_present(("links/trees_abs", "links/trees_up", "links/trees_rel",
+               "links/blobs_abs", "links/blobs_up", "links/blobs_rel"))
 attempt_all([(f"write {l}/{entry}", lambda l=l: write(f"{l}/{entry}", b"VALUE = 666\n"))
              for l in ("links/trees_abs", "links/trees_up", "links/trees_rel")]
-            + [(f"create in {l}", lambda l=l: write(f"{l}/planted")) for l in ("links/trees_abs",)])"##)
+            + [(f"write {l}/{blob}", lambda l=l: write(f"{l}/{blob}", b"VALUE = 666\n"))
+               for l in ("links/blobs_abs", "links/blobs_up", "links/blobs_rel")]
+            + [(f"create in {l}", lambda l=l: write(f"{l}/planted"))
+               for l in ("links/trees_abs", "links/blobs_abs")])"##)
         .checks(&[Check::TreeCacheIntact])
         .errnos(&["EACCES"]),
 ];
