@@ -409,7 +409,7 @@ catalogue! {
     SOURCE_ARCHIVE_MEMBER_DENY => Denied, None;
     /// The archive has too many entries, too many bytes, or expands like a bomb.
     SOURCE_ARCHIVE_LIMIT_EXCEEDED => TooLarge, None;
-    /// An entry of the executor's tree cache no longer holds what it was sealed with (changed on disk behind the executor's back): the entry is removed, and the next request for its tree fetches what it needs again.
+    /// An entry of the executor's tree cache, or a blob of the store it is built on, no longer holds what it was sealed with (changed on disk behind the executor's back): the entry is removed, and the next request for its tree fetches what it needs again.
     TREE_CACHE_CORRUPT => Conflict, None;
     /// A verification command exited non-zero, was killed, or timed out.
     VERIFICATION_FAILED => Conflict, None;
