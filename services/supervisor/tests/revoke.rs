@@ -335,6 +335,10 @@ async fn agents_in_a_settings_drop_in_are_started_and_reloaded_through_the_lockd
         ..Opts::default()
     };
     let mut s = Stack::start_with_host(opts, &main, &dropped, "").await;
+    // The first start's agent up before the restart below (on a loaded
+    // machine the supervisor could otherwise be stopped before it started
+    // it, and the main agent would be seen starting once, not twice).
+    wait_until("the main agent started", || pids(d, "main").len() == 1);
     // Started again with the drop-in directory in place, as an
     // administrator's airlock.toml.d/ is before the service starts.
     let settings = airlock_config::settings_dir(&s.sup.config);
