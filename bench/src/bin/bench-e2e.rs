@@ -12,9 +12,10 @@
 //! of the next `--size-tasks` (warm cache), with the ratio of each warm
 //! median to the smallest repository's (target: 20,000 files within 1.5×);
 //! then the moving base (`--moves` tasks, each on main advanced by one
-//! commit changing one file, then ten files), against the warm same-base
-//! median, with the source-archive bytes each task sent (from the
-//! worker's log; target: at most 1.5× warm at 20,000 and 100,000 files);
+//! commit changing one file, then ten files, then renaming a directory of
+//! 100 files), against the warm same-base median, with the source bytes
+//! each task sent (from the worker's log; target: at most 1.5× warm at
+//! 20,000 and 100,000 files);
 //! and, per size, how long `airlockctl propose --worktree --dry-run` takes
 //! to find one changed file in a git clone (through git's index) beside
 //! the same tree as a plain directory (every file compared).
@@ -215,6 +216,24 @@ fn advance_main(repo: &Path, changed: usize, round: usize) {
     give_back(repo);
 }
 
+/// Moves main one commit ahead that renames the `round`th directory of
+/// the grown tree (100 files) to a new name: its files cross as tree
+/// entries alone, the executor holding their blobs by id.
+fn rename_dir_on_main(repo: &Path, round: usize) {
+    let head = git(repo, &["rev-parse", "refs/heads/main"]);
+    let message = format!("move the base: a directory renamed, round {round}\n");
+    let mut stream = Vec::new();
+    write!(
+        stream,
+        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> {} +0000\ndata {}\n{message}from {head}\nR tree/d{round:04} renamed/d{round:04}\n\n",
+        1_700_100_000 + round,
+        message.len()
+    )
+    .unwrap();
+    airlock_testkit::fast_import(repo, &stream);
+    give_back(repo);
+}
+
 /// Bytes of sources the worker has sent so far, whole archives and
 /// deltas (its log's "source archive sent" and "source delta sent" lines).
 fn archive_bytes_sent(suite: &Suite) -> u64 {
@@ -289,20 +308,28 @@ fn size_axis(base: &Path, sizes: &[usize], tasks: usize, moves: usize) {
             pct(&lat, 0.9),
         );
         // The moving base: main one commit ahead (one file, then ten
-        // files changed) before each task.
-        for changed in [1usize, 10] {
+        // files changed, then a directory of 100 files renamed) before
+        // each task.
+        for change in ["1", "10", "rename"] {
             let mut lat = Vec::new();
             let mut bytes = Vec::new();
             for round in 0..moves {
-                advance_main(&repo, changed, changed * 1000 + round);
+                match change.parse::<usize>() {
+                    Ok(changed) => advance_main(&repo, changed, changed * 1000 + round),
+                    Err(_) if files >= 200 => rename_dir_on_main(&repo, round),
+                    Err(_) => continue,
+                }
                 let before = archive_bytes_sent(&suite);
-                let (t, _) = drive(&suite, &format!("move{files}x{changed}r{round}"), 1, 1);
+                let (t, _) = drive(&suite, &format!("move{files}x{change}r{round}"), 1, 1);
                 lat.push(t);
                 bytes.push(archive_bytes_sent(&suite) - before);
             }
+            if lat.is_empty() {
+                continue;
+            }
             lat.sort();
             bytes.sort_unstable();
-            moving.push((files, changed, pct(&lat, 0.5), p50, bytes[bytes.len() / 2]));
+            moving.push((files, change, pct(&lat, 0.5), p50, bytes[bytes.len() / 2]));
         }
         finding.push((files, find_changes(&suite, &repo)));
         drop(suite);
