@@ -477,7 +477,15 @@ impl TreeCache {
         let mut stamp = if copied {
             let made = (|| {
                 std::fs::create_dir(&tmp).map_err(|e| setup(e, &tmp))?;
-                link_tree(&base_entry.join("tree"), &tmp.join("tree"))?;
+                // Files as hard links to the same blobs (a file the file
+                // system will not link again, copied).
+                crate::request::clone_tree(
+                    &base_entry.join("tree"),
+                    &tmp.join("tree"),
+                    &mut |src, dst| {
+                        std::fs::hard_link(src, dst).or_else(|_| std::fs::copy(src, dst).map(drop))
+                    },
+                )?;
                 crate::request::copy_tree(&base_entry.join("objects"), &tmp.join("objects"))?;
                 if let Some((uid, gid)) = self.owner {
                     crate::run::chown_tree(&tmp.join("tree"), uid, gid)
@@ -897,34 +905,6 @@ impl Stamp {
         }
         Some(Stamp(w))
     }
-}
-
-/// Makes `to` a copy of the entry tree `from` whose files are hard links
-/// to the same blobs (a directory made again with its mode, a link with
-/// its target, never followed); a file the file system will not link
-/// again is copied.
-fn link_tree(from: &Path, to: &Path) -> Result<()> {
-    let mode = std::fs::symlink_metadata(from)
-        .map_err(|e| setup(e, from))?
-        .mode();
-    std::fs::DirBuilder::new()
-        .mode(mode & 0o7777)
-        .create(to)
-        .map_err(|e| setup(e, to))?;
-    for entry in std::fs::read_dir(from).map_err(|e| setup(e, from))? {
-        let entry = entry.map_err(|e| setup(e, from))?;
-        let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        let ft = entry.file_type().map_err(|e| setup(e, &src))?;
-        if ft.is_dir() {
-            link_tree(&src, &dst)?;
-        } else if ft.is_symlink() {
-            let target = std::fs::read_link(&src).map_err(|e| setup(e, &src))?;
-            std::os::unix::fs::symlink(&target, &dst).map_err(|e| setup(e, &dst))?;
-        } else if ft.is_file() && std::fs::hard_link(&src, &dst).is_err() {
-            std::fs::copy(&src, &dst).map_err(|e| setup(e, &src))?;
-        }
-    }
-    Ok(())
 }
 
 /// A file of an entry: its path, whether it is executable, its blob id.

@@ -356,6 +356,17 @@ fn apply_layered(
 /// reflinked where the file system can, else copied in the kernel; each
 /// symbolic link made again with its target (never followed).
 pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    clone_tree(from, to, &mut copy_file)
+}
+
+/// Makes `to` a tree of directories (mode 0755) and symbolic links (made
+/// again with their targets, never followed) as `from` has them, each
+/// regular file made by `file(source, destination)`.
+pub(crate) fn clone_tree(
+    from: &Path,
+    to: &Path,
+    file: &mut dyn FnMut(&Path, &Path) -> std::io::Result<()>,
+) -> Result<()> {
     let err = |e: std::io::Error, p: &Path| Error::Setup {
         path: p.to_owned(),
         detail: e.to_string(),
@@ -366,12 +377,12 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         let (src, dst) = (entry.path(), to.join(entry.file_name()));
         let ft = entry.file_type().map_err(|e| err(e, &src))?;
         if ft.is_dir() {
-            copy_tree(&src, &dst)?;
+            clone_tree(&src, &dst, file)?;
         } else if ft.is_symlink() {
             let target = std::fs::read_link(&src).map_err(|e| err(e, &src))?;
             std::os::unix::fs::symlink(&target, &dst).map_err(|e| err(e, &dst))?;
         } else if ft.is_file() {
-            copy_file(&src, &dst).map_err(|e| err(e, &src))?;
+            file(&src, &dst).map_err(|e| err(e, &src))?;
         }
     }
     Ok(())
