@@ -262,12 +262,13 @@ pub struct DeltaStats {
     pub bytes: u64,
 }
 
-/// One `git cat-file --batch` session read one object at a time (git
+/// One `git cat-file --batch` session: objects read one at a time (git
 /// flushes after each), for walks that choose what to read next from what
-/// they read.
+/// they read, or a list asked for at once from another thread and read in
+/// order ([`AuthorityRepo::each_object`]).
 struct Batch {
     child: std::process::Child,
-    stdin: std::process::ChildStdin,
+    stdin: Option<std::process::ChildStdin>,
     out: BufReader<std::process::ChildStdout>,
 }
 
@@ -286,15 +287,28 @@ impl Batch {
         let none = || std::io::Error::other("cat-file has no pipes");
         let stdin = child.stdin.take().ok_or_else(none)?;
         let out = BufReader::new(child.stdout.take().ok_or_else(none)?);
-        Ok(Batch { child, stdin, out })
+        Ok(Batch {
+            child,
+            stdin: Some(stdin),
+            out,
+        })
     }
 
     /// The content of `oid` (hex, checked by the caller) if the repository
     /// holds it as a `kind`; `None` if it is missing or of another kind.
     /// More than `max` bytes is [`GitError::Limit`].
     fn read(&mut self, oid: &str, kind: &str, max: u64) -> GitResult<Option<Vec<u8>>> {
-        writeln!(self.stdin, "{oid}")?;
-        self.stdin.flush()?;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("cat-file's input is closed"))?;
+        writeln!(stdin, "{oid}")?;
+        stdin.flush()?;
+        self.answer(oid, kind, max)
+    }
+
+    /// [`Batch::read`]'s answer for `oid`, asked for already.
+    fn answer(&mut self, oid: &str, kind: &str, max: u64) -> GitResult<Option<Vec<u8>>> {
         let mut line = String::new();
         self.out.read_line(&mut line)?;
         let mut parts = line.split_whitespace();
@@ -331,7 +345,7 @@ impl Batch {
     }
 
     fn finish(mut self) -> GitResult<()> {
-        drop(self.stdin);
+        drop(self.stdin.take());
         let status = self.child.wait()?;
         if !status.success() {
             return Err(GitError::Failed {
@@ -604,18 +618,8 @@ impl AuthorityRepo {
         limits: &ArchiveLimits,
         mut each: impl FnMut(&str, &str, &[u8]) -> GitResult<()>,
     ) -> GitResult<()> {
-        let mut child = self
-            .git
-            .command(&["cat-file", "--batch"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|source| GitError::Spawn {
-                program: "git".into(),
-                source,
-            })?;
-        let mut stdin = child
+        let mut batch = Batch::start(&self.git)?;
+        let mut stdin = batch
             .stdin
             .take()
             .ok_or_else(|| std::io::Error::other("no stdin"))?;
@@ -626,53 +630,15 @@ impl AuthorityRepo {
             }
             Ok(())
         });
-        let mut reader = BufReader::new(
-            child
-                .stdout
-                .take()
-                .ok_or_else(|| std::io::Error::other("no stdout"))?,
-        );
-        let mut line = String::new();
-        let mut data = Vec::new();
         for (kind, oid) in wanted {
-            line.clear();
-            reader.read_line(&mut line)?;
-            let mut parts = line.split_whitespace();
-            let size = match (parts.next(), parts.next(), parts.next()) {
-                (Some(o), Some(k), Some(size)) if o == oid.as_str() && k == *kind => size
-                    .parse::<u64>()
-                    .map_err(|_| std::io::Error::other("malformed object size"))?,
-                _ => {
-                    return Err(std::io::Error::other(format!(
-                        "unexpected cat-file header {line:?}"
-                    ))
-                    .into());
-                }
-            };
-            if size > limits.max_file_bytes {
-                return Err(GitError::Limit(format!(
-                    "object {oid} has {size} bytes, at most {}",
-                    limits.max_file_bytes
-                )));
-            }
-            data.clear();
-            (&mut reader).take(size + 1).read_to_end(&mut data)?;
-            if data.pop() != Some(b'\n') || data.len() as u64 != size {
-                return Err(std::io::Error::other("truncated cat-file output").into());
-            }
+            let data = batch
+                .answer(oid, kind, limits.max_file_bytes)?
+                .ok_or_else(|| GitError::ObjectMissing((*oid).clone()))?;
             each(kind, oid, &data)?;
         }
         feeder
             .join()
             .map_err(|_| std::io::Error::other("cat-file feeder panicked"))??;
-        let status = child.wait()?;
-        if !status.success() {
-            return Err(GitError::Failed {
-                args: "cat-file --batch".into(),
-                status: status.to_string(),
-                stderr: String::new(),
-            });
-        }
-        Ok(())
+        batch.finish()
     }
 }
