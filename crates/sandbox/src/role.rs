@@ -628,7 +628,7 @@ const EXECUTOR: RolePolicy = RolePolicy {
             config(
                 Slot::WorkRoot,
                 Access::All,
-                "the tree cache, per-request upper directories and workspaces (whiteouts are character devices 0/0)",
+                "the tree cache and its blob store, per-request upper directories and workspaces (whiteouts are character devices 0/0)",
             ),
             config(
                 Slot::OutputDir,
