@@ -185,53 +185,50 @@ fn grow_repository(repo: &Path, files: usize) {
     give_back(repo);
 }
 
+/// Moves main one commit ahead, dated `time`, with `message` and the
+/// fast-import file commands `changes` (each ending in a newline).
+fn commit_on_main(repo: &Path, time: usize, message: &str, changes: &str) {
+    let head = git(repo, &["rev-parse", "refs/heads/main"]);
+    let stream = format!(
+        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> {time} +0000\ndata {}\n{message}from {head}\n{changes}\n",
+        message.len()
+    );
+    airlock_testkit::fast_import(repo, stream.as_bytes());
+    give_back(repo);
+}
+
 /// Moves main one commit ahead that changes the first `changed` files of
 /// its tree (new content each time: `round` is in it).
 fn advance_main(repo: &Path, changed: usize, round: usize) {
     let head = git(repo, &["rev-parse", "refs/heads/main"]);
     let paths = git(repo, &["ls-tree", "-r", "--name-only", &head]);
-    let message = format!("move the base: {changed} file(s), round {round}\n");
-    let mut stream = Vec::new();
-    write!(
-        stream,
-        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> {} +0000\ndata {}\n{message}from {head}\n",
-        1_700_000_000 + round,
-        message.len()
-    )
-    .unwrap();
+    let mut changes = String::new();
     for path in paths
         .lines()
         .filter(|p| p.starts_with("tree/"))
         .take(changed)
     {
         let content = format!("{path} changed in round {round}\n");
-        write!(
-            stream,
-            "M 100644 inline {path}\ndata {}\n{content}\n",
-            content.len()
-        )
-        .unwrap();
+        changes += &format!("M 100644 inline {path}\ndata {}\n{content}", content.len());
     }
-    airlock_testkit::fast_import(repo, &stream);
-    give_back(repo);
+    commit_on_main(
+        repo,
+        1_700_000_000 + round,
+        &format!("move the base: {changed} file(s), round {round}\n"),
+        &changes,
+    );
 }
 
 /// Moves main one commit ahead that renames the `round`th directory of
 /// the grown tree (100 files) to a new name: its files cross as tree
 /// entries alone, the executor holding their blobs by id.
 fn rename_dir_on_main(repo: &Path, round: usize) {
-    let head = git(repo, &["rev-parse", "refs/heads/main"]);
-    let message = format!("move the base: a directory renamed, round {round}\n");
-    let mut stream = Vec::new();
-    write!(
-        stream,
-        "commit refs/heads/main\ncommitter bench <bench@airlock.invalid> {} +0000\ndata {}\n{message}from {head}\nR tree/d{round:04} renamed/d{round:04}\n\n",
+    commit_on_main(
+        repo,
         1_700_100_000 + round,
-        message.len()
-    )
-    .unwrap();
-    airlock_testkit::fast_import(repo, &stream);
-    give_back(repo);
+        &format!("move the base: a directory renamed, round {round}\n"),
+        &format!("R tree/d{round:04} renamed/d{round:04}\n"),
+    );
 }
 
 /// Bytes of sources the worker has sent so far, whole archives and
@@ -641,7 +638,8 @@ fn main() {
             "-h" | "--help" => {
                 println!(
                     "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--moves N] [--only-sizes] [--keep] [--environments] [--environment-tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies, and --moves tasks each on a base one commit ahead
-(one file, then ten files changed) with the source archive bytes they sent.
+(one file changed, then ten, then a directory of 100 files renamed, at 200 files and up)
+with the source bytes they sent.
 --only-sizes skips the throughput part.\n--environments adds the environment axis (a Node package, npm ci as setup through\nairlock-egress; needs the package registry): first task, reused-layer tasks, and\nnpm test bare on a fetched checkout."
                 );
                 return;

@@ -398,6 +398,16 @@ impl DeltaWalk<'_> {
         Ok(entries)
     }
 
+    /// A tree object of the base (raw id): read and parsed, never sent.
+    fn old_tree(&mut self, oid: &[u8]) -> GitResult<Vec<ObjectEntry>> {
+        let oid = hex::encode(oid);
+        let body = self
+            .batch
+            .tree(&oid, self.limits)?
+            .ok_or_else(|| GitError::ObjectMissing(oid.clone()))?;
+        self.entries(&oid, &body)
+    }
+
     fn check_count(&self) -> GitResult<()> {
         if self.trees.len() + self.blobs.len() > self.limits.max_entries {
             return Err(GitError::Limit(format!(
@@ -432,12 +442,7 @@ impl DeltaWalk<'_> {
             match was {
                 Some(w) if w.mode == is.mode && w.oid == is.oid => {}
                 Some(w) if w.mode == TREE_MODE && is.mode == TREE_MODE => {
-                    let old_oid = hex::encode(&w.oid);
-                    let old_body = self
-                        .batch
-                        .tree(&old_oid, self.limits)?
-                        .ok_or_else(|| GitError::ObjectMissing(old_oid.clone()))?;
-                    let old = self.entries(&old_oid, &old_body)?;
+                    let old = self.old_tree(&w.oid)?;
                     let new = self.new_tree(&hex::encode(&is.oid))?;
                     self.diff(&path, new, old)?;
                 }
@@ -480,12 +485,7 @@ impl DeltaWalk<'_> {
                 self.held.insert((hex::encode(&e.oid), e.mode));
             }
             TREE_MODE if gone => {
-                let oid = hex::encode(&e.oid);
-                let body = self
-                    .batch
-                    .tree(&oid, self.limits)?
-                    .ok_or_else(|| GitError::ObjectMissing(oid.clone()))?;
-                for child in self.entries(&oid, &body)? {
+                for child in self.old_tree(&e.oid)? {
                     let child_path = format!("{path}/{}", String::from_utf8_lossy(&child.name));
                     self.count_held(&child_path, &child, true)?;
                 }

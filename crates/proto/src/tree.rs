@@ -92,6 +92,23 @@ pub fn blob_hasher(format: ObjectFormat, size: u64) -> ObjectHasher {
     h
 }
 
+/// The id of a blob of `size` bytes, its content read whole from
+/// `content` (a header claiming another size gives another id).
+pub fn read_blob_id(
+    format: ObjectFormat,
+    size: u64,
+    content: &mut impl std::io::Read,
+) -> std::io::Result<Vec<u8>> {
+    let mut h = blob_hasher(format, size);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match content.read(&mut buf)? {
+            0 => return Ok(h.finish()),
+            n => h.update(&buf[..n]),
+        }
+    }
+}
+
 /// One entry of a tree that an archive does not carry as a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeEntry {

@@ -183,16 +183,7 @@ impl BlobStore {
         let Some(format) = airlock_proto::tree::ObjectFormat::of_id(&hex::encode(oid)) else {
             return false;
         };
-        let mut h = airlock_proto::tree::blob_hasher(format, meta.len());
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match std::io::Read::read(&mut file, &mut buf) {
-                Ok(0) => break,
-                Ok(n) => h.update(&buf[..n]),
-                Err(_) => return false,
-            }
-        }
-        h.finish() == oid
+        airlock_proto::tree::read_blob_id(format, meta.len(), &mut file).is_ok_and(|id| id == oid)
     }
 
     /// Links the store's copy of `oid` as `name` in the directory `dir`
@@ -310,12 +301,16 @@ fn is_blob_name(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// A blob's raw id (SHA-1).
+    fn id(content: &[u8]) -> Vec<u8> {
+        airlock_proto::tree::object_id(airlock_proto::tree::ObjectFormat::Sha1, "blob", content)
+    }
+
     #[test]
     fn a_blob_is_held_once_and_goes_when_nothing_links_it() {
         let work = tempfile::tempdir().unwrap();
         let store = BlobStore::open(work.path()).unwrap();
-        let oid =
-            airlock_proto::tree::object_id(airlock_proto::tree::ObjectFormat::Sha1, "blob", b"x");
+        let oid = id(b"x");
         let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         let (a, b, c) = (
             work.path().join("a"),
@@ -356,8 +351,7 @@ mod tests {
     fn a_copy_that_no_longer_hashes_to_its_id_is_replaced_and_never_linked() {
         let work = tempfile::tempdir().unwrap();
         let store = BlobStore::open(work.path()).unwrap();
-        let oid =
-            airlock_proto::tree::object_id(airlock_proto::tree::ObjectFormat::Sha1, "blob", b"x");
+        let oid = id(b"x");
         let a = work.path().join("a");
         std::fs::write(&a, b"x").unwrap();
         assert!(store.adopt(&a, &oid, false).unwrap());
@@ -381,8 +375,7 @@ mod tests {
         assert!(store.link_at(&oid, false, &dir, "linked").unwrap());
         assert_eq!(std::fs::read(work.path().join("linked")).unwrap(), b"x");
         // Nothing held: no link, no error.
-        let other =
-            airlock_proto::tree::object_id(airlock_proto::tree::ObjectFormat::Sha1, "blob", b"z");
+        let other = id(b"z");
         assert!(!store.link_at(&other, false, &dir, "none").unwrap());
     }
 }

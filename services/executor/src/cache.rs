@@ -72,9 +72,8 @@ use crate::apply::CredentialPolicy;
 use crate::blobs::BlobStore;
 use crate::error::{Error, Result};
 use crate::extract::{ArchiveLimits, extract};
-use airlock_proto::tree::{ObjectFormat, TreeBuilder, TreeEntry, blob_hasher};
+use airlock_proto::tree::{ObjectFormat, TreeBuilder, TreeEntry, read_blob_id};
 use serde::{Deserialize, Serialize};
-use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -968,19 +967,11 @@ fn hash_dir(
                 .map_err(|e| setup(e, &path))?;
         } else if meta.is_file() {
             let rel = rel()?;
-            let mut h = blob_hasher(builder.format(), meta.len());
             let mut f = std::fs::File::open(&path).map_err(|e| setup(e, &path))?;
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = f.read(&mut buf).map_err(|e| setup(e, &path))?;
-                if n == 0 {
-                    break;
-                }
-                h.update(&buf[..n]);
-            }
+            let oid =
+                read_blob_id(builder.format(), meta.len(), &mut f).map_err(|e| setup(e, &path))?;
             let executable = meta.mode() & 0o111 != 0;
             let mode = if executable { 0o100755 } else { 0o100644 };
-            let oid = h.finish();
             builder
                 .add(&rel, mode, oid.clone())
                 .map_err(|e| setup(e, &path))?;

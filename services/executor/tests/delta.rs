@@ -5,12 +5,15 @@
 //! rather than moved, and a corrupted entry is refused with
 //! TREE_CACHE_CORRUPT and fetched again.
 
+mod common;
+
 use airlock_executor::apply::CredentialPolicy;
 use airlock_executor::cache::{CacheLimits, TreeCache};
 use airlock_executor::extract::ArchiveLimits;
 use airlock_git::AuthorityRepo;
 use airlock_proto::Code;
 use airlock_proto::tree::ObjectFormat;
+use common::blob_id;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -360,8 +363,7 @@ fn a_delta_that_lies_is_refused_with_its_code() {
         let name = e.path().unwrap().to_string_lossy().into_owned();
         let mut data = Vec::new();
         std::io::Read::read_to_end(&mut e, &mut data).unwrap();
-        let blob = airlock_proto::tree::object_id(ObjectFormat::Sha1, "blob", needle);
-        if name == format!("b/{}", hex::encode(blob)) {
+        if name == format!("b/{}", blob_id(needle)) {
             continue;
         }
         let mut h = e.header().clone();
@@ -522,8 +524,7 @@ fn a_subtree_repeated_at_several_paths_crosses_once_and_an_unknown_base_gets_no_
 /// not held).
 fn stored(work: &Path, content: &[u8]) -> (PathBuf, u64) {
     use std::os::unix::fs::MetadataExt;
-    let id = airlock_proto::tree::object_id(ObjectFormat::Sha1, "blob", content);
-    let path = work.join("blobs").join(hex::encode(id));
+    let path = work.join("blobs").join(blob_id(content));
     let links = std::fs::metadata(&path).map(|m| m.nlink()).unwrap_or(0);
     (path, links)
 }
@@ -638,19 +639,12 @@ fn a_file_moved_renamed_or_copied_crosses_as_its_tree_entry_alone() {
     repo.write("new.txt", "new\n");
     let (c2, t2) = repo.commit();
     let authority = repo.authority();
-    let id = |content: &[u8]| {
-        hex::encode(airlock_proto::tree::object_id(
-            ObjectFormat::Sha1,
-            "blob",
-            content,
-        ))
-    };
 
     let (work, cache) = holding(&authority, &c1, &t1);
     let bytes = delta(&authority, &t1, &c2);
     let mut sent = blob_members(&bytes);
     sent.sort();
-    let mut want = vec![id(b"new\n"), id(b"SECRET=1\n")];
+    let mut want = vec![blob_id(b"new\n"), blob_id(b"SECRET=1\n")];
     want.sort();
     assert_eq!(
         sent, want,
@@ -691,7 +685,7 @@ fn a_file_moved_renamed_or_copied_crosses_as_its_tree_entry_alone() {
     // A blob left out that the store no longer holds as it should (here:
     // changed on disk) is refused with its code, and nothing is served.
     let (work, cache) = holding(&authority, &c1, &t1);
-    let readme = work.path().join("blobs").join(id(b"hello\n"));
+    let readme = work.path().join("blobs").join(blob_id(b"hello\n"));
     std::fs::write(&readme, b"tampered\n").unwrap();
     assert_eq!(receive(&cache, &t2, &bytes), Err(Code::TREE_CACHE_CORRUPT));
     assert!(cache.get(&t2).is_none());

@@ -273,15 +273,6 @@ fn an_entry_sealed_by_the_previous_release_is_hashed_once_and_linked_to_the_blob
     assert!(cache.get(&tree).is_some(), "then checked by its stamp");
 }
 
-/// A blob's git id (SHA-1), hex.
-fn blob_id(content: &[u8]) -> String {
-    hex::encode(airlock_proto::tree::object_id(
-        airlock_proto::tree::ObjectFormat::Sha1,
-        "blob",
-        content,
-    ))
-}
-
 /// The stamp of an entry as it is now.
 fn stamp_of(entry: &Path) -> String {
     airlock_executor::cache::Stamp::of_entry(entry)

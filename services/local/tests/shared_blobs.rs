@@ -54,37 +54,18 @@ fn equal_files_are_one_blob_in_the_cache_and_separate_files_in_the_workspace() {
     )
     .unwrap_or_else(|e| panic!("starting airlock-local: {e}"));
     let bus = suite.bus.address().to_owned();
-    let config = suite.layout.config();
+    let config_path = suite.layout.config();
+    let config = config_path.to_str().unwrap();
     let ctl = airlock_local::sibling("airlockctl").unwrap();
     for round in 0..2 {
-        let patch = scratch.path().join(format!("note-{round}.diff"));
-        std::fs::write(
-            &patch,
-            format!(
-                "diff --git a/note.txt b/note.txt\nnew file mode 100644\n--- /dev/null\n+++ b/note.txt\n@@ -0,0 +1 @@\n+round {round}\n"
-            ),
-        )
-        .unwrap();
-        let out = airlock_testkit::airlockctl(
+        let patch = format!(
+            "diff --git a/note.txt b/note.txt\nnew file mode 100644\n--- /dev/null\n+++ b/note.txt\n@@ -0,0 +1 @@\n+round {round}\n"
+        );
+        let out = airlock_testkit::airlockctl_with_stdin(
             &ctl,
             &bus,
-            &[
-                "--json",
-                "propose",
-                "--config",
-                config.to_str().unwrap(),
-                "--repo",
-                "equal",
-                "--base",
-                "main",
-                "--patch",
-                patch.to_str().unwrap(),
-                "--verify",
-                "python3 check.py",
-                "--max-attempts",
-                "1",
-                "--wait",
-            ],
+            &airlock_testkit::propose_args(config, "equal", "python3 check.py", "600"),
+            &patch,
         );
         let done = last_json(&out);
         assert!(

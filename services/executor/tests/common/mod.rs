@@ -12,6 +12,15 @@ pub fn sha(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// A blob's git id (SHA-1), hex.
+pub fn blob_id(content: &[u8]) -> String {
+    hex::encode(airlock_proto::tree::object_id(
+        airlock_proto::tree::ObjectFormat::Sha1,
+        "blob",
+        content,
+    ))
+}
+
 pub fn binding(task: &str) -> Binding {
     Binding::from_value(&json!({
         "task_id": task, "job_id": "job-exec-1", "repository": "demo",
