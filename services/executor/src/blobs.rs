@@ -378,4 +378,55 @@ mod tests {
         let other = id(b"z");
         assert!(!store.link_at(&other, false, &dir, "none").unwrap());
     }
+
+    #[test]
+    fn a_blob_linked_as_often_as_the_file_system_allows_is_copied_instead() {
+        let work = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(work.path()).unwrap();
+        let oid = id(b"");
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let first = work.path().join("first");
+        std::fs::write(&first, b"").unwrap();
+        assert!(store.adopt(&first, &oid, false).unwrap());
+        // Link the store's copy until the file system refuses (ext4: 65,000).
+        let many = work.path().join("many");
+        std::fs::create_dir(&many).unwrap();
+        let held = store.dir().join(name(&oid, false));
+        let mut n = 0u32;
+        let refused = loop {
+            match std::fs::hard_link(&held, many.join(n.to_string())) {
+                Ok(()) => n += 1,
+                Err(e) => break e,
+            }
+            assert!(n < 1_000_000, "this file system has no link limit to test");
+        };
+        assert_eq!(refused.raw_os_error(), Some(libc::EMLINK), "{refused}");
+
+        // A new file of that blob stays a file of its own.
+        let second = work.path().join("second");
+        std::fs::write(&second, b"").unwrap();
+        assert!(!store.adopt(&second, &oid, false).unwrap());
+        assert_ne!(ino(&second), ino(&held));
+        assert_eq!(
+            std::fs::read_dir(work.path()).unwrap().count(),
+            4,
+            "no temporary left"
+        );
+        // Linked from the store for a delta: a copy of the same content.
+        let dir = rustix::fs::open(
+            work.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        assert!(store.link_at(&oid, false, &dir, "copied").unwrap());
+        let copied = work.path().join("copied");
+        assert_ne!(ino(&copied), ino(&held));
+        assert_eq!(std::fs::read(&copied).unwrap(), b"");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&copied).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+    }
 }
