@@ -108,20 +108,3 @@ ensure_rust() {
     fi
   done
 }
-
-# Builds LazyFS (the power-loss tests' file system, tests/powerloss) from
-# ../shared/tools/lazyfs into /var/tmp/lazyfs unless it is there and
-# current; its build script installs its own Debian packages as root.
-ensure_lazyfs() {
-  section "LazyFS (power-loss tests)"
-  local build
-  build="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/../shared/tools/lazyfs/build.sh"
-  if [ -n "${AIRLOCK_LAZYFS:-}" ]; then
-    echo "AIRLOCK_LAZYFS=$AIRLOCK_LAZYFS"
-  elif [ -f "$build" ]; then
-    bash "$build" /var/tmp/lazyfs
-  else
-    echo "$build not found: tests/powerloss will fail" >&2
-    return 1
-  fi
-}

@@ -381,6 +381,7 @@ pub fn run(runs: u32, confine: Option<&Path>, bwrap: Option<&Path>) -> BenchResu
             setup: executor_setup(namespaces),
             drop_to: root.then_some((SANDBOX_UID, SANDBOX_UID)),
             work_root: dir.path().to_owned(),
+            cgroup: Vec::new(),
         })
     };
     let spawner = start(true)?;

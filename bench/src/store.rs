@@ -498,6 +498,7 @@ fn claim_result_cycles(path: &Path, round: u32, window: Duration) -> BenchResult
                 duration_ms: 1,
                 stdout_tail: None,
                 stderr_tail: None,
+                wall: None,
             }],
             captured: None,
         };

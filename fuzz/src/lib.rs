@@ -18,7 +18,7 @@
 //! built here.
 
 use airlock_executor::apply::{CredentialPolicy, Workspace};
-use airlock_executor::extract::{ArchiveLimits, extract as executor_extract};
+use airlock_executor::tree::extract::{ArchiveLimits, extract as executor_extract};
 use airlock_proto::envelope::Envelope;
 use airlock_proto::task::TaskSubmission;
 use serde_json::{Value, json};

@@ -20,8 +20,8 @@
 //! within 1 s. Prints figures; asserts nothing.
 
 use airlock_executor::apply::CredentialPolicy;
-use airlock_executor::cache::{CacheLimits, TreeCache};
-use airlock_executor::extract::ArchiveLimits;
+use airlock_executor::tree::extract::ArchiveLimits;
+use airlock_executor::tree::{CacheLimits, TreeCache};
 use airlock_testkit::git_dir_or_empty as git;
 use std::io::Write;
 use std::path::{Path, PathBuf};

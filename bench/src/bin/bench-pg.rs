@@ -158,6 +158,7 @@ fn cycle(store: &mut dyn TaskStore, task_id: &str, worker: &Actor) -> BenchResul
             duration_ms: 1,
             stdout_tail: None,
             stderr_tail: None,
+            wall: None,
         }],
         captured: None,
     };

@@ -6,7 +6,8 @@
 //! - [`driver`]: the port (start, probe, stop) every driver implements;
 //! - [`runner`]: one task per agent that races every driver call against a
 //!   timeout, feeds the policy and stores its record after every change;
-//! - [`process`]: the process driver (airlock-local, no systemd);
+//! - [`process`]: the process driver (airlock-local, no systemd), each
+//!   agent in a cgroup of its own ([`cgroup`]);
 //! - [`systemd`]: the systemd driver (`airlock-agent@NAME.service` over
 //!   `org.freedesktop.systemd1`).
 //!
@@ -34,6 +35,7 @@
 //! Never: open the task store, run git or task code, or decide a task:
 //! agents reach tasks only through the supervisor's bus interface.
 
+pub mod cgroup;
 pub mod driver;
 pub mod host;
 pub mod policy;

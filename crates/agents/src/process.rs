@@ -1,27 +1,36 @@
 //! The process driver: each agent a child process of the supervisor (under
 //! airlock-local, where there is no systemd), as the agent user when run
-//! as root, in a process group of its own, watched through a pidfd.
+//! as root, in a cgroup and a process group of its own, watched through a
+//! pidfd.
 //!
 //! - start: a clean environment (PATH, HOME, AIRLOCK_AGENT, the bus
 //!   address, the agent's allowlisted variables, CREDENTIALS_DIRECTORY when
 //!   it has a credential), stdin from /dev/null, stdout and stderr appended
-//!   to `<runtime>/<name>.log`; in the child, in order: a new session (and
-//!   process group; its id, the leader's pid, is what `start` returns), the
-//!   parent-death signal SIGKILL (an agent does not outlive its
-//!   supervisor), RLIMIT_AS and RLIMIT_NPROC from the agent's limits,
-//!   RLIMIT_CORE 0, then the agent's groups, gid and uid.
+//!   to `<runtime>/<name>.log`; in the child, in order: into the agent's
+//!   new cgroup (`airlock-agent@NAME`, [`crate::cgroup`]; with cgroups),
+//!   a new session (and process group; its id, the leader's pid, is what
+//!   `start` returns), RLIMIT_AS and RLIMIT_NPROC from the agent's limits,
+//!   RLIMIT_CORE 0, the agent's groups, gid and uid, then the parent-death
+//!   signal SIGKILL (the leader does not outlive the thread that started
+//!   it).
 //! - probe: `waitid(P_PIDFD, WNOHANG | WNOWAIT)`, so the exited leader stays
 //!   unreaped and its process group id cannot be reused before stop.
-//! - stop: SIGTERM to the group, up to `grace` for the leader to exit, then
-//!   SIGKILL to the group (descendants included) while the leader, still
-//!   unreaped, keeps the group id reserved; then the leader is reaped.
-//!   A descendant that left the group (setsid) is not reached: the systemd
-//!   driver's cgroup is what contains those.
+//! - stop: SIGTERM to the group and to every process of the cgroup, up to
+//!   `grace` for the leader to exit and the cgroup to empty, then SIGKILL
+//!   to the group (descendants included) while the leader, still unreaped,
+//!   keeps the group id reserved, and every process left in the cgroup
+//!   killed ([`crate::cgroup::Cgroup::kill_all`]: a descendant that left
+//!   the group with `setsid` cannot leave the cgroup); then the leader is
+//!   reaped and the cgroup removed. [`ProcessDriver::shutdown`] stops every
+//!   agent and removes the stack's cgroups.
+//!
+//! Without cgroups (airlock-local not run as root, where it cannot make
+//! them) a descendant that left the group is not reached.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write as _;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -34,6 +43,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::{Gid, Pid, Uid};
 
+use crate::cgroup::{Cgroup, Tree};
 use crate::driver::{Driver, DriverError, Liveness};
 use crate::policy::Exit;
 
@@ -72,6 +82,7 @@ pub struct ProcessDriver {
     runtime: PathBuf,
     base_env: Vec<(String, String)>,
     grace: Duration,
+    cgroups: Option<Tree>,
     running: Mutex<HashMap<String, Running>>,
 }
 
@@ -79,6 +90,7 @@ pub struct ProcessDriver {
 struct Running {
     child: Child,
     pidfd: OwnedFd,
+    cgroup: Option<Cgroup>,
 }
 
 impl ProcessDriver {
@@ -106,8 +118,38 @@ impl ProcessDriver {
             runtime,
             base_env,
             grace: Duration::from_secs(2),
+            cgroups: None,
             running: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Puts each agent in a cgroup of its own below `tree` (what its
+    /// processes cannot leave: module doc).
+    pub fn with_cgroups(mut self, tree: Tree) -> ProcessDriver {
+        self.cgroups = Some(tree);
+        self
+    }
+
+    /// The cgroup of the running agent `name`, if it has one.
+    pub fn cgroup_path(&self, name: &str) -> Option<PathBuf> {
+        let running = self.running.lock().ok()?;
+        Some(running.get(name)?.cgroup.as_ref()?.path().to_path_buf())
+    }
+
+    /// Stops every agent (as [`Driver::stop`] does) and removes the
+    /// stack's cgroups, killing whatever is left in them: what airlock-local
+    /// does as it stops, so no agent's process outlives the stack.
+    pub async fn shutdown(&self) {
+        let all: Vec<Running> = match self.running.lock() {
+            Ok(mut running) => running.drain().map(|(_, r)| r).collect(),
+            Err(_) => Vec::new(),
+        };
+        futures_util::future::join_all(all.into_iter().map(|r| self.terminate(r))).await;
+        if let Some(tree) = &self.cgroups {
+            if let Err(e) = tree.remove() {
+                tracing::warn!(cgroup = %tree.path().display(), "removing the agents' cgroups: {e}");
+            }
+        }
     }
 
     /// How long stop waits after SIGTERM before SIGKILL.
@@ -192,14 +234,35 @@ impl ProcessDriver {
         let tasks = u64::from(agent.tasks_max);
         let identity = self.identity.clone();
         let parent = nix::unistd::getpid();
+        // The agent's cgroup, and its cgroup.procs open for the child to
+        // join (the descriptor is closed on exec).
+        let cgroup = match &self.cgroups {
+            Some(tree) => Some(
+                tree.agent(&agent.name)
+                    .map_err(|e| DriverError(format!("the agent's cgroup: {e}")))?,
+            ),
+            None => None,
+        };
+        let procs = cgroup
+            .as_ref()
+            .map(Cgroup::procs_for_child)
+            .transpose()
+            .map_err(|e| DriverError(format!("the agent's cgroup: {e}")))?;
+        let join = procs.as_ref().map(|fd| fd.as_raw_fd());
         // SAFETY: the closure runs in the forked child before exec and only
-        // makes async-signal-safe system calls (setsid, setrlimit,
+        // makes async-signal-safe system calls (write, setsid, setrlimit,
         // setgroups, setresgid, setresuid, prctl, getppid) on values
         // computed before the fork; it allocates nothing (an error return
-        // allocates only on the already failing path).
+        // allocates only on the already failing path). `join` is a
+        // descriptor `procs` keeps open until spawn returns.
         unsafe {
             cmd.pre_exec(move || {
                 use nix::sys::resource::{Resource, setrlimit};
+                // Into the agent's cgroup first ("0": this process), as
+                // root still: everything it starts is born inside.
+                if let Some(fd) = join {
+                    nix::unistd::write(std::os::fd::BorrowedFd::borrow_raw(fd), b"0")?;
+                }
                 // A session of its own (and so a process group): no
                 // process of another agent can join its group, and the
                 // session id names the agent to the supervisor.
@@ -222,14 +285,26 @@ impl ProcessDriver {
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| DriverError(format!("{}: {e}", agent.command[0])))?;
+        let spawned = cmd.spawn();
+        drop(procs);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(c) = &cgroup {
+                    let _ = c.remove();
+                }
+                return Err(DriverError(format!("{}: {e}", agent.command[0])));
+            }
+        };
         let pid = rustix::process::Pid::from_raw(child.id() as i32)
             .ok_or_else(|| DriverError("pid 0".into()))?;
         let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
             .map_err(|e| DriverError(format!("pidfd_open: {e}")))?;
-        Ok(Running { child, pidfd })
+        Ok(Running {
+            child,
+            pidfd,
+            cgroup,
+        })
     }
 
     fn exited(running: &Running) -> Result<Option<Exit>, DriverError> {
@@ -253,16 +328,35 @@ impl ProcessDriver {
     async fn terminate(&self, mut running: Running) {
         let group = Pid::from_raw(running.child.id() as i32);
         let _ = killpg(group, Signal::SIGTERM);
+        if let Some(c) = &running.cgroup {
+            let _ = c.signal_all(rustix::process::Signal::TERM);
+        }
         let deadline = tokio::time::Instant::now() + self.grace;
         while tokio::time::Instant::now() < deadline {
-            if matches!(Self::exited(&running), Ok(Some(_)) | Err(_)) {
+            let leader_gone = matches!(Self::exited(&running), Ok(Some(_)) | Err(_));
+            let cgroup_empty = running
+                .cgroup
+                .as_ref()
+                .is_none_or(|c| c.pids().map_or(true, |p| p.is_empty()));
+            if leader_gone && cgroup_empty {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // The leader is not reaped yet, so the group id is still ours.
         let _ = killpg(group, Signal::SIGKILL);
+        if let Some(c) = &running.cgroup {
+            // Whatever left the group (setsid) is still in the cgroup.
+            if let Err(e) = c.kill_all(Duration::from_secs(10)).await {
+                tracing::error!(cgroup = %c.path().display(), "stopping an agent: {e}");
+            }
+        }
         let _ = running.child.wait();
+        if let Some(c) = &running.cgroup {
+            if let Err(e) = c.remove() {
+                tracing::warn!(cgroup = %c.path().display(), "removing an agent's cgroup: {e}");
+            }
+        }
     }
 }
 

@@ -116,7 +116,8 @@ pub type OnChange = Arc<dyn Fn(&str, &AgentRecord) + Send + Sync>;
 pub struct Options {
     /// The policy's constants.
     pub policy: Policy,
-    /// How long a driver call may take.
+    /// How long a driver call may take (the supervisor's
+    /// `supervisor.agent_call_timeout_seconds`; 10 s by default).
     pub call_timeout: Duration,
     /// How often a running agent is probed.
     pub probe_interval: Duration,

@@ -222,6 +222,96 @@ async fn stopping_an_agent_kills_its_descendants_in_its_process_group() {
     ));
 }
 
+/// Issue 41 item 6: a child that starts a session of its own (`setsid`)
+/// left the agent's process group, so the stop (a revocation) and the
+/// stack's end missed it. In a cgroup of its own, the agent's processes
+/// are all found: the child is still in the agent's cgroup (the line the
+/// supervisor compares, as the kernel reports it), and the stop and the
+/// shutdown leave no process and no cgroup behind.
+#[tokio::test]
+async fn an_agents_child_that_left_its_session_stays_in_its_cgroup_and_is_stopped_with_it() {
+    assert!(
+        Uid::effective().is_root(),
+        "an_agents_child_that_left_its_session_stays_in_its_cgroup_and_is_stopped_with_it needs root (cgroups, and the agent's own uid); CI runs the tests as root: run this one as root (sudo), it fails rather than pass without checking"
+    );
+    use airlock_agents::cgroup::Tree;
+    // cgroup v2 where it is usable, and v1's pids hierarchy where this
+    // system has one too (the fallback's own path).
+    let v1 = Tree::create_v1_pids().ok();
+    for tree in std::iter::once(Tree::create().unwrap()).chain(v1) {
+        stops_an_escaped_child_in(tree).await;
+    }
+}
+
+async fn stops_an_escaped_child_in(tree: airlock_agents::cgroup::Tree) {
+    use airlock_agents::cgroup::{agent_line, of_process};
+    eprintln!(
+        "agents' cgroups in {} (v1: {})",
+        tree.path().display(),
+        tree.is_v1()
+    );
+    let dir = scratch();
+    let out = dir.path().join("pids");
+    let stack = tree.path().to_path_buf();
+    let driver = ProcessDriver::new(identity(), dir.path().join("run"), Vec::new())
+        .unwrap()
+        .with_grace(Duration::from_millis(300))
+        .with_cgroups(tree);
+    // The child ignores SIGTERM as well: only the kill reaches it.
+    let script = format!(
+        "setsid sh -c 'trap \"\" TERM; echo $$ > {0}.escaped; exec sleep 300' & echo $$ > {0}; exec sleep 300",
+        out.display()
+    );
+    let a = agent("escaper", &["/bin/sh", "-c", &script], "");
+    for round in ["stop", "shutdown"] {
+        let _ = std::fs::remove_file(&out);
+        let _ = std::fs::remove_file(out.with_extension("escaped"));
+        let session = driver.start(&a).await.unwrap();
+        let leader: i32 = read_when_there(&out).await.trim().parse().unwrap();
+        let escaped: i32 = read_when_there(&out.with_extension("escaped"))
+            .await
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(session, Some(leader as u32));
+        assert_eq!(
+            session_of(escaped),
+            Some(escaped as u32),
+            "it left the agent's session"
+        );
+        let cgroup = driver.cgroup_path("escaper").expect("a cgroup of its own");
+        assert!(cgroup.starts_with(&stack), "{}", cgroup.display());
+        let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap();
+        for pid in [leader, escaped] {
+            assert!(
+                procs.lines().any(|l| l == pid.to_string()),
+                "{pid} in {procs}"
+            );
+        }
+        let leaders = std::fs::read_to_string(format!("/proc/{leader}/cgroup")).unwrap();
+        let line = agent_line(&leaders, "escaper").expect("the agent's line");
+        let child = of_process(escaped as u32).expect("a running process");
+        assert!(child.lines().any(|l| l == line), "{line:?} not in {child}");
+        match round {
+            "stop" => driver.stop("escaper").await.unwrap(),
+            _ => driver.shutdown().await,
+        }
+        for pid in [leader, escaped] {
+            assert!(!alive(pid), "{pid} survived the {round}");
+        }
+        assert!(
+            !cgroup.exists(),
+            "{} is left after the {round}",
+            cgroup.display()
+        );
+    }
+    assert!(
+        !stack.exists(),
+        "{} is left after the shutdown",
+        stack.display()
+    );
+}
+
 #[tokio::test]
 async fn an_agent_runs_as_its_user_with_its_environment_and_its_credential_only() {
     let dir = scratch();

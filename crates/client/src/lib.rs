@@ -5,8 +5,10 @@
 //! [`Supervisor`]: one zbus proxy per interface, built from the names in
 //! [`airlock_proto::bus`], typed replies decoded strictly (a missing field
 //! is an error, never a default), and every D-Bus error mapped back to its
-//! catalogue [`Code`]. The server handlers name the same constants, so a
-//! client call and its handler pair by name.
+//! catalogue [`Code`]. Its methods (and their blocking stubs,
+//! [`blocking`]) are made from the rows of the contract, one per row
+//! ([`airlock_proto::rows!`], `stubs.rs`), and the supervisor's handlers
+//! enter by the same rows, so a client call and its handler pair by row.
 //!
 //! Calls are bounded: each one is raced against [`Supervisor::timeout`]
 //! (30 s unless changed) and a late answer is dropped with its future.
@@ -16,8 +18,9 @@
 //! methods (the supervisor, airlock-local's agent host).
 //!
 //! Before its first call a client reads the supervisor's
-//! `ProtocolVersion` and refuses a different major version with
-//! `PROTOCOL_VERSION_MISMATCH`, naming both (`docs/protocol.md`).
+//! `ProtocolVersion` and refuses a different major version, or one more
+//! than one minor ahead of its own, with `PROTOCOL_VERSION_MISMATCH`,
+//! naming both (`docs/protocol.md`; seed 002).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), airlock_proto::Error> {
@@ -27,24 +30,15 @@
 //! # Ok(()) }
 //! ```
 
+#[macro_use]
+mod stubs;
 pub mod blocking;
 mod error;
 pub mod peer;
 
 pub use error::{from_zbus, is_unreachable};
 
-use airlock_proto::bus::{
-    self, BUS_NAME, Call, EventPage, LeaseRef, OBJECT_PATH, ResultReceipt, SubmitReply, TaskPage,
-    agents, reconcile, retry, tasks, worker,
-};
-use airlock_proto::reconcile::{
-    AdoptionCheck, AdoptionReport, ReconciliationCase, ReconciliationPage, ResolveOutcome,
-    ResolveRequest,
-};
-use airlock_proto::retry::{RetryExtensionOutcome, RetryExtensionRequest};
-use airlock_proto::task::{
-    ClaimGrant, DecisionOutcome, DecisionRequest, TaskPlan, TaskResult, TaskView,
-};
+use airlock_proto::bus::{self, BUS_NAME, Call, OBJECT_PATH};
 use airlock_proto::{Code, Error};
 use std::future::Future;
 use std::sync::Arc;
@@ -67,6 +61,43 @@ fn names_no_such_interface(e: &zbus::Error) -> bool {
         "org.freedesktop.DBus.Error.InvalidArgs",
     ]
     .contains(&name.as_str())
+}
+
+/// What the generic call reads from a row's reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplyShape {
+    /// One string: the JSON of the row's reply type.
+    Json,
+    /// Nothing: the row's reply type is `()`.
+    Nothing,
+    /// One `x`: the row's reply type is that number (`Renew`'s expiry).
+    Int64,
+}
+
+/// How the reply of `row` is read, by its output signature.
+fn reply_shape(row: &bus::Method) -> Result<ReplyShape, Error> {
+    match row.output {
+        "s" => Ok(ReplyShape::Json),
+        "" => Ok(ReplyShape::Nothing),
+        "x" => Ok(ReplyShape::Int64),
+        other => Err(Error::with(
+            Code::INTERNAL,
+            format!(
+                "{} answers ({other}), which this client does not read",
+                row.path()
+            ),
+        )),
+    }
+}
+
+/// The D-Bus signature of the arguments `body` makes (a tuple's fields,
+/// without the parentheses of the tuple).
+fn body_signature<B: DynamicType>(body: &B) -> String {
+    let whole = body.signature().to_string();
+    match whole.strip_prefix('(').and_then(|s| s.strip_suffix(')')) {
+        Some(fields) => fields.to_owned(),
+        None => whole,
+    }
 }
 
 /// How long a call may take unless [`Supervisor::with_timeout`] says otherwise.
@@ -158,7 +189,8 @@ impl Supervisor {
     }
 
     /// Reads the supervisor's `ProtocolVersion` and refuses another major
-    /// version (once; later calls reuse the answer). A supervisor older
+    /// version, or a supervisor more than one minor ahead
+    /// ([`bus::check_protocol`]; once, later calls reuse the answer). A supervisor older
     /// than 7.0 serves no `Tasks2`: its version is read from `Tasks1`, and
     /// the refusal names both.
     pub async fn check_protocol(&self) -> Result<(), Error> {
@@ -308,156 +340,43 @@ impl Supervisor {
     }
 
     /// Calls the method of row `M` with `body`, and decodes its reply
-    /// type from the JSON it answers.
+    /// type as the row's output signature says: the JSON of a reply `s`,
+    /// nothing from a reply `""` (the reply type is `()`), the number of
+    /// a reply `x`. Every method of the client is this call, made from its
+    /// row (`stubs.rs`).
     async fn call<M: Call, B>(&self, body: &B) -> Result<M::Reply, Error>
     where
         B: serde::Serialize + DynamicType,
     {
         let row = M::METHOD;
-        let text: String = self
-            .raw(self.proxy_of(row.interface)?, row.name, body)
-            .await?;
-        bus::decode(row.name, &text)
-    }
-
-    // ---- org.airlock.Tasks2 --------------------------------------------
-
-    /// `SubmitTask`: `submission` is an `airlock.task.v1` document.
-    pub async fn submit_task(&self, submission: &serde_json::Value) -> Result<SubmitReply, Error> {
-        self.call::<tasks::SubmitTask, _>(&(submission.to_string(),))
-            .await
-    }
-
-    /// `ReplacePlan`.
-    pub async fn replace_plan(
-        &self,
-        task_id: &str,
-        plan: &serde_json::Value,
-    ) -> Result<TaskView, Error> {
-        self.call::<tasks::ReplacePlan, _>(&(task_id, plan.to_string()))
-            .await
-    }
-
-    /// `GetTask`.
-    pub async fn get_task(&self, task_id: &str) -> Result<TaskView, Error> {
-        self.call::<tasks::GetTask, _>(&(task_id,)).await
-    }
-
-    /// `GetPlan`: what the task will change and run (its digests and
-    /// stored envelope), bound to the caller as `GetTask`. A supervisor
-    /// older than protocol 9.1 does not serve it.
-    pub async fn get_plan(&self, task_id: &str) -> Result<TaskPlan, Error> {
-        self.call::<tasks::GetPlan, _>(&(task_id,)).await
-    }
-
-    /// `ListTasks`: `state` and `after` empty for none; `limit` 0 for the default page.
-    pub async fn list_tasks(
-        &self,
-        state: &str,
-        after: &str,
-        limit: u32,
-    ) -> Result<TaskPage, Error> {
-        self.call::<tasks::ListTasks, _>(&(state, after, limit))
-            .await
-    }
-
-    /// `ListEvents`: `task_id` empty for every task.
-    pub async fn list_events(
-        &self,
-        task_id: &str,
-        after: i64,
-        limit: u32,
-    ) -> Result<EventPage, Error> {
-        self.call::<tasks::ListEvents, _>(&(task_id, after, limit))
-            .await
-    }
-
-    /// `ListRepositories`: the registered repositories (an agent: those it
-    /// may propose for), by name, with no credential. A supervisor older
-    /// than protocol 9.2 does not serve it.
-    pub async fn list_repositories(&self) -> Result<bus::RepositoryList, Error> {
-        self.call::<tasks::ListRepositories, _>(&()).await
-    }
-
-    // ---- org.airlock.Agents1 -------------------------------------------
-
-    /// `ListAgents`.
-    pub async fn list_agents(&self) -> Result<bus::AgentList, Error> {
-        self.call::<agents::ListAgents, _>(&()).await
-    }
-
-    /// `GetAgent`.
-    pub async fn get_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.call::<agents::GetAgent, _>(&(name,)).await
-    }
-
-    /// `StartAgent` (refused while held: `AGENTOS_CRASH_LOOP`).
-    pub async fn start_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.call::<agents::StartAgent, _>(&(name,)).await
-    }
-
-    /// `StopAgent`.
-    pub async fn stop_agent(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.call::<agents::StopAgent, _>(&(name,)).await
-    }
-
-    /// `ClearHold`.
-    pub async fn clear_hold(&self, name: &str) -> Result<bus::AgentView, Error> {
-        self.call::<agents::ClearHold, _>(&(name,)).await
-    }
-
-    /// `CancelQueued`: the stopped agent `name`'s queued tasks CANCELLED
-    /// with AGENT_REVOKED (refused while it runs: `AGENT_RUNNING`).
-    pub async fn cancel_agent_queued(
-        &self,
-        name: &str,
-        reason: &str,
-    ) -> Result<bus::AgentQueueCancelled, Error> {
-        self.call::<agents::CancelQueued, _>(&(name, reason)).await
-    }
-
-    // ---- org.airlock.Reconcile1 ----------------------------------------
-
-    /// `ListReconciliations`: `status` and `after` empty for none; `limit`
-    /// 0 for the default page.
-    pub async fn list_reconciliations(
-        &self,
-        status: &str,
-        after: &str,
-        limit: u32,
-    ) -> Result<ReconciliationPage, Error> {
-        self.call::<reconcile::ListReconciliations, _>(&(status, after, limit))
-            .await
-    }
-
-    /// `GetReconciliation`: the task's latest case.
-    pub async fn get_reconciliation(&self, task_id: &str) -> Result<ReconciliationCase, Error> {
-        self.call::<reconcile::GetReconciliation, _>(&(task_id,))
-            .await
-    }
-
-    /// `ResolveReconciliation`.
-    pub async fn resolve_reconciliation(
-        &self,
-        req: &ResolveRequest,
-    ) -> Result<ResolveOutcome, Error> {
-        let body = req.to_value().to_string();
-        self.call::<reconcile::ResolveReconciliation, _>(&(req.task_id.as_str(), body.as_str()))
-            .await
-    }
-
-    /// `CancelTask`: `req.decision` is cancel.
-    pub async fn cancel_task(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
-        let body = req.to_value().to_string();
-        self.call::<tasks::CancelTask, _>(&(req.task_id.as_str(), body.as_str()))
-            .await
-    }
-
-    /// `Verify`: `req.decision` is accept, rework or reject.
-    pub async fn verify(&self, req: &DecisionRequest) -> Result<DecisionOutcome, Error> {
-        let body = req.to_value().to_string();
-        self.call::<tasks::Verify, _>(&(req.task_id.as_str(), body.as_str()))
-            .await
+        let proxy = self.proxy_of(row.interface)?;
+        // The row's `client` part and its signature disagree: a bug of
+        // the table, answered before anything is sent.
+        let sent = body_signature(body);
+        if sent != row.input {
+            return Err(Error::with(
+                Code::INTERNAL,
+                format!(
+                    "the client's {} sends ({sent}); its row takes ({})",
+                    row.path(),
+                    row.input
+                ),
+            ));
+        }
+        match reply_shape(&row)? {
+            ReplyShape::Json => {
+                let text: String = self.raw(proxy, row.name, body).await?;
+                bus::decode(row.name, &text)
+            }
+            ReplyShape::Nothing => {
+                let () = self.raw(proxy, row.name, body).await?;
+                bus::decode(row.name, "null")
+            }
+            ReplyShape::Int64 => {
+                let n: i64 = self.raw(proxy, row.name, body).await?;
+                bus::decode(row.name, &n.to_string())
+            }
+        }
     }
 
     /// Reads a Tasks2 property.
@@ -505,83 +424,51 @@ impl Supervisor {
             m.body().deserialize::<(String, String, i64)>().ok()
         }))
     }
+}
 
-    // ---- org.airlock.Worker1 -------------------------------------------
+// Every method of a row with a `client` part: `crates/client/src/stubs.rs`.
+airlock_proto::rows!(async_methods);
 
-    /// `Claim`: the next task under a fresh lease, or `None`.
-    pub async fn claim(&self) -> Result<Option<ClaimGrant>, Error> {
-        self.call::<worker::Claim, _>(&()).await
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_proto::bus::{ROWS, worker};
+
+    #[test]
+    fn every_row_the_generic_call_serves_is_read_as_its_output_says() {
+        for row in ROWS.iter().flat_map(|r| r.iter()) {
+            match (row.output, reply_shape(row)) {
+                ("s", Ok(ReplyShape::Json))
+                | ("", Ok(ReplyShape::Nothing))
+                | ("x", Ok(ReplyShape::Int64)) => {}
+                (out, got) => panic!("{} answers ({out}): {got:?}", row.path()),
+            }
+        }
+        let report = <worker::ReportUpstream as Call>::METHOD;
+        assert_eq!(reply_shape(&report).unwrap(), ReplyShape::Nothing);
     }
 
-    /// `Renew`: the lease's new expiry (unix ms).
-    pub async fn renew(&self, lease: &LeaseRef) -> Result<i64, Error> {
-        self.raw(
-            &self.worker,
-            bus::worker::RENEW,
-            &(
-                lease.task_id.as_str(),
-                lease.lease_epoch,
-                lease.lease_token.as_str(),
-            ),
-        )
-        .await
+    #[test]
+    fn a_reply_of_nothing_decodes_as_the_unit_reply() {
+        let () = bus::decode::<<worker::ReportUpstream as Call>::Reply>("ReportUpstream", "null")
+            .unwrap();
     }
 
-    /// `SubmitResult` under `key`.
-    pub async fn submit_result(
-        &self,
-        lease: &LeaseRef,
-        key: &str,
-        result: &TaskResult,
-    ) -> Result<ResultReceipt, Error> {
-        let json = bus::encode(result)?;
-        self.call::<worker::SubmitResult, _>(&(
-            lease.task_id.as_str(),
-            lease.lease_epoch,
-            lease.lease_token.as_str(),
-            key,
-            json.as_str(),
-        ))
-        .await
+    #[test]
+    fn a_body_has_the_signature_of_its_fields() {
+        assert_eq!(body_signature(&()), "");
+        assert_eq!(body_signature(&("t",)), "s");
+        assert_eq!(body_signature(&("t", 1u64, "x")), "sts");
+        assert_eq!(body_signature(&("t", 0i64, 1u32)), "sxu");
+        assert_eq!(body_signature(&("t", String::new())), "ss");
     }
 
-    /// `TakeAdoption`: a case an administrator chose to adopt, or `None`.
-    pub async fn take_adoption(&self) -> Result<Option<AdoptionCheck>, Error> {
-        self.call::<worker::TakeAdoption, _>(&()).await
-    }
-
-    /// `ReportUpstream`: an upstream fact for the event log.
-    pub async fn report_upstream(
-        &self,
-        report: &airlock_proto::upstream::UpstreamReport,
-    ) -> Result<(), Error> {
-        let json = bus::encode(report)?;
-        self.call::<worker::ReportUpstream, _>(&(json.as_str(),))
-            .await
-    }
-
-    /// `SettleAdoption`: what the ref holds; the case as it is now.
-    pub async fn settle_adoption(
-        &self,
-        report: &AdoptionReport,
-    ) -> Result<ReconciliationCase, Error> {
-        let json = bus::encode(report)?;
-        self.call::<worker::SettleAdoption, _>(&(json.as_str(),))
-            .await
-    }
-
-    // ---- org.airlock.Retry1 --------------------------------------------
-
-    /// `ExtendRetry`: one more attempt for a FAILED, exhausted task, for
-    /// the owner `authorization_id`.
-    pub async fn extend_retry(
-        &self,
-        task_id: &str,
-        request: &RetryExtensionRequest,
-        authorization_id: &str,
-    ) -> Result<RetryExtensionOutcome, Error> {
-        let json = bus::encode(request)?;
-        self.call::<retry::ExtendRetry, _>(&(task_id, json.as_str(), authorization_id))
-            .await
+    #[test]
+    fn a_number_reply_decodes_as_the_rows_number() {
+        let n: <worker::Renew as Call>::Reply =
+            bus::decode(worker::RENEW, &i64::MIN.to_string()).unwrap();
+        assert_eq!(n, i64::MIN);
+        let agent_start = <airlock_proto::bus::agent_host::Start as Call>::METHOD;
+        assert_eq!(reply_shape(&agent_start).unwrap_err().code, Code::INTERNAL);
     }
 }

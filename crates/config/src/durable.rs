@@ -10,9 +10,51 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
+/// The write stages of [`write_durably`], each of which a test build can
+/// make fail (`fail_at`, in this crate's tests): the temporary file
+/// written, synced, renamed over the target, and the directory synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// The bytes are in the temporary file, and the write reports an error.
+    Write,
+    /// The temporary file was synced, and the sync reports an error.
+    Sync,
+    /// The rename over the target fails (nothing is moved).
+    Rename,
+    /// The rename happened, and the directory's sync reports an error.
+    SyncDir,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The stage this thread's next writes fail at.
+    static FAIL_AT: std::cell::Cell<Option<Stage>> = const { std::cell::Cell::new(None) };
+}
+
+/// Test builds only: makes this thread's writes fail at `stage` (`None`:
+/// at none).
+#[cfg(test)]
+pub(crate) fn fail_at(stage: Option<Stage>) {
+    FAIL_AT.with(|f| f.set(stage));
+}
+
+/// The failure a test asked `stage` to have; nothing in other builds.
+fn fault(stage: Stage) -> std::io::Result<()> {
+    #[cfg(test)]
+    if FAIL_AT.with(std::cell::Cell::get) == Some(stage) {
+        return Err(std::io::Error::other(format!(
+            "injected failure at {stage:?}"
+        )));
+    }
+    let _ = stage;
+    Ok(())
+}
+
 /// Replaces `path` with `bytes`, durably: mode `mode`, owned by `owner`
-/// (uid, gid) when given. On error the target is unchanged and the
-/// temporary file removed.
+/// (uid, gid) when given. On an error before the rename the target is
+/// unchanged and the temporary file removed; a failed sync of the
+/// directory after it is reported (the new file is in place, its
+/// durability unconfirmed).
 pub fn write_durably(
     path: &Path,
     bytes: &[u8],
@@ -40,6 +82,7 @@ pub fn write_durably(
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&tmp)?;
         f.write_all(bytes)?;
+        fault(Stage::Write)?;
         if let Some((uid, gid)) = owner {
             nix::unistd::fchown(
                 std::os::fd::AsRawFd::as_raw_fd(&f),
@@ -51,13 +94,16 @@ pub fn write_durably(
         // The umask may have narrowed the mode; state it exactly.
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.sync_all()?;
+        fault(Stage::Sync)?;
+        fault(Stage::Rename)?;
         std::fs::rename(&tmp, path)
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    std::fs::File::open(dir)?.sync_all()
+    std::fs::File::open(dir)?.sync_all()?;
+    fault(Stage::SyncDir)
 }
 
 #[cfg(test)]
@@ -78,6 +124,51 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("airlock.toml")]);
+    }
+
+    /// Every name in `dir` with its bytes.
+    fn contents(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_failure_at_each_write_stage_leaves_the_original_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("airlock.toml");
+        std::fs::write(&path, b"the original\n").unwrap();
+        std::fs::write(dir.path().join("other.toml"), b"untouched").unwrap();
+        for stage in [Stage::Write, Stage::Sync, Stage::Rename] {
+            let before = contents(dir.path());
+            fail_at(Some(stage));
+            let err = write_durably(&path, b"the new file\n", 0o640, None).unwrap_err();
+            fail_at(None);
+            assert!(
+                err.to_string().contains("injected failure"),
+                "{stage:?}: {err}"
+            );
+            assert_eq!(
+                contents(dir.path()),
+                before,
+                "{stage:?}: the original unchanged, no temporary left"
+            );
+        }
+        // After the rename, a failed directory sync is reported; the new
+        // file is in place whole, no temporary left.
+        fail_at(Some(Stage::SyncDir));
+        let err = write_durably(&path, b"the new file\n", 0o640, None).unwrap_err();
+        fail_at(None);
+        assert!(err.to_string().contains("SyncDir"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"the new file\n");
+        assert_eq!(contents(dir.path()).len(), 2);
     }
 
     #[test]

@@ -219,12 +219,12 @@ pub struct EnvironmentError {
     pub problem: String,
 }
 
+/// The one way an environment is refused: a value quoted in `problem` is
+/// not shown when `key` may hold a credential (`crate::secret`).
 fn refuse(code: Code, key: impl Into<String>, problem: impl Into<String>) -> EnvironmentError {
-    EnvironmentError {
-        code,
-        key: key.into(),
-        problem: problem.into(),
-    }
+    let key = key.into();
+    let problem = crate::secret::scrub(&crate::keys::normalise(&key), &problem.into()).into_owned();
+    EnvironmentError { code, key, problem }
 }
 
 /// An environment checked against the host: what the services use.
@@ -692,9 +692,11 @@ pub fn parse_environment_file(text: &str, path: &Path) -> Result<Environment, En
         refuse(
             Code::ENVIRONMENT_INVALID,
             path.display().to_string(),
+            // TOML and serde quote the value they could not take: which
+            // key it was is not known here, so none is shown.
             format!(
                 "expected one [environment] table and nothing else: {}",
-                e.message()
+                crate::secret::without_quoted(e.message())
             ),
         )
     })?;

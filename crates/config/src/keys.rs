@@ -362,6 +362,12 @@ pub const KEYS: &[KeySpec] = &[
         "How often the supervisor looks for expired leases. At most supervisor.lease_seconds.",
     ),
     key(
+        "supervisor.max_running_per_submitter",
+        int(0, 4096),
+        "0",
+        "Most tasks of one submitter that may be RUNNING at once, across every host sharing the queue: each planner agent is one submitter (whichever user it runs as), and so is each user submitting outside an agent. A claim passes over the queued tasks of a submitter at its cap, so one submitter cannot take every worker slot; its tasks wait, QUEUED, until one of its running tasks ends. An agent's own agent[].max_running, when set, replaces it for that agent. 0: no cap. Whatever the caps, claims interleave submitters: among the claimable tasks the one whose submitter has the fewest tasks RUNNING goes first, then the one whose submitter was served longest ago, then the oldest.",
+    ),
+    key(
         "supervisor.auto_accept",
         Kind::Bool,
         "false",
@@ -404,6 +410,12 @@ pub const KEYS: &[KeySpec] = &[
         "What runs the [[agent]]s: \"systemd\" (instances of airlock-agent@.service, which the supervisor starts and stops over org.freedesktop.systemd1 as polkit/50-airlock-supervisor.rules allows), or \"local-host\" (airlock-local's org.airlock.AgentHost1 on the suite's bus, which starts each agent as airlock-agent in its own process group; airlock-local sets it). Without agents it changes nothing.",
     ),
     key(
+        "supervisor.agent_call_timeout_seconds",
+        int(1, 300),
+        "10",
+        "How long one call of the agent driver may take (systemd's StartUnit, StopUnit and the unit's state; airlock-local's AgentHost1 Start, Probe and Stop). A call not answered by then counts as a failure of the agent, as a crash does: the restart policy backs off and holds the agent after 5 in a row, and the late answer is ignored (seed 000). It also bounds the supervisor's subscription to systemd at start. Raise it on a machine where starting a unit is slow; each start of a crash-looping agent may take this long.",
+    ),
+    key(
         "supervisor.metrics_directory",
         Kind::Path,
         "\"/var/lib/prometheus/node-exporter\"",
@@ -414,6 +426,12 @@ pub const KEYS: &[KeySpec] = &[
         int(0, 3_600),
         "15",
         "How often airlock.prom is written; 0 writes no metrics.",
+    ),
+    key(
+        "supervisor.bus_address",
+        Kind::Text { max_chars: 512 },
+        "\"\"",
+        "The D-Bus address of the bus the supervisor is on (e.g. \"unix:path=/run/airlock-local/bus\"), for airlockctl --config FILE: its commands reach the supervisor there unless --bus names another. Empty: the system bus (DBUS_SYSTEM_BUS_ADDRESS when set). airlock-local records its private bus here; an installed system leaves it empty. The daemons are told their bus by who starts them, not by this key.",
     ),
     // ---- [worker] ----------------------------------------------------------
     section(
@@ -435,9 +453,9 @@ pub const KEYS: &[KeySpec] = &[
     ),
     key(
         "worker.parallel_tasks",
-        int(1, 16),
-        "2",
-        "How many tasks the worker runs at once.",
+        int(0, 64),
+        "0",
+        "How many tasks the worker runs at once; 0: as many as executor.parallel_jobs resolves to, so that every task it claims has a verification job waiting for it.",
     ),
     key(
         "worker.capabilities",
@@ -551,6 +569,12 @@ pub const KEYS: &[KeySpec] = &[
         "Credential-like repository paths (such as .env or *.pem) that changes and source captures may touch anyway; any other is refused with CREDENTIAL_PATH_DENIED. Each entry must be a path the credential policy would otherwise refuse, so a typo cannot pass unnoticed.",
     ),
     key(
+        "executor.parallel_jobs",
+        int(0, 64),
+        "0",
+        "How many verification jobs the executor runs at once, each with a command spawner of its own (forked at start), its own workspace and its own evidence; the tree, blob and layer caches are shared (an entry a job uses is never evicted or moved under it, and a tree is filled once). 0: the CPUs the executor may use (its CPU affinity), at most 16.",
+    ),
+    key(
         "executor.tree_cache_entries",
         int(1, 1_000),
         "8",
@@ -645,6 +669,18 @@ pub const KEYS: &[KeySpec] = &[
         int(0, MAX_OUTPUT_TAIL_BYTES as u64),
         "4096",
         "How many trailing bytes of each command's stdout and stderr are kept as evidence.",
+    ),
+    key(
+        "executor.limits.job_memory_mib",
+        int(64, 1_048_576),
+        "4096",
+        "Each verification job's memory, in MiB: the limit of the job's own cgroup (memory.max, or v1's memory.limit_in_bytes; no swap), which holds the job's commands and its spawner and not the executor. A job that reaches it has a process killed by the job's OOM killer (on cgroup v2 the job's processes as one) and its failed command ends the task with COMMAND_MEMORY_EXCEEDED; its peak is in the command's evidence. Applies where the executor has per-job cgroups (docs/privsep/confinement.md says where).",
+    ),
+    key(
+        "executor.limits.job_processes",
+        int(8, 65_536),
+        "512",
+        "Each verification job's processes and threads: its cgroup's pids.max. A fork past it is refused, and a command that fails after that ends the task with COMMAND_PROCESS_LIMIT. Where the executor has per-job cgroups, this is the only process limit that matters: executor.limits.processes (RLIMIT_NPROC, counted per uid for every job at once) is raised to this times the jobs plus one, so no job's fork bomb starves another.",
     ),
     // ---- [retry] -----------------------------------------------------------
     section(
@@ -852,6 +888,24 @@ pub const KEYS: &[KeySpec] = &[
         int(1, 4096),
         "64",
         "Most processes and threads the agent may have (TasksMax= under systemd; RLIMIT_NPROC of the airlock-agent user under the process driver, which counts every process of that user).",
+    ),
+    key(
+        "agent[].max_running",
+        int(0, 4096),
+        "0",
+        "Most of this agent's tasks that may be RUNNING at once, across every host sharing the queue; a claim passes over its queued tasks while it is at the cap. Set here, beside the agent's quotas, it replaces supervisor.max_running_per_submitter for this agent (larger or smaller): an administrator tunes one agent without touching the others. 0: supervisor.max_running_per_submitter applies. A reload applies a change at once, without restarting the agent.",
+    ),
+    key(
+        "agent[].tasks_per_hour",
+        int(0, 1_000_000),
+        "0",
+        "Most tasks this agent may submit in any 3,600 s of the store's clock (every host's submissions to a shared queue count). A submission over it is refused with AGENT_QUOTA_EXCEEDED naming the quota and its figures, recorded as a denial, and stores nothing; an identical replay of a task already stored is not a new submission. Replacing a queued task's plan (ReplacePlan) is not a submission and is never refused for a quota. 0: no quota. A reload applies a change at once.",
+    ),
+    key(
+        "agent[].cpu_seconds_per_day",
+        int(0, 86_400_000),
+        "0",
+        "Most CPU seconds the verification of this agent's tasks may use in any 86,400 s of the store's clock, every attempt of every task counted when its result is reported. While the last day's use has reached it, the agent's submissions are refused with AGENT_QUOTA_EXCEEDED naming the quota and its figures. Until the executor reports each command's CPU time, a command's CPU seconds are its wall-clock duration (duration_ms in the result), which is at least its CPU time for a single-threaded command and may be less for a parallel one. 0: no quota. A reload applies a change at once.",
     ),
     KeySpec {
         key: "agent[].description",

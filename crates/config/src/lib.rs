@@ -54,6 +54,7 @@ mod environment;
 mod error;
 mod keys;
 mod layers;
+mod secret;
 mod source;
 mod validate;
 
@@ -73,6 +74,7 @@ pub use environment::{
 pub use error::{ConfigError, Location};
 pub use keys::{GIT_WRITING_SUBCOMMANDS, Item, KEYS, KeySpec, Kind};
 pub use layers::{Migrated, SETTINGS_DIR_NAME, files_read, migrated_settings, settings_dir};
+pub use secret::{NAMES_NO_SECRET, NOT_SHOWN, SECRET_BEARING, bears_secret};
 pub use validate::{RULES, is_agent_name};
 
 /// Where the services look for their configuration.
@@ -134,6 +136,9 @@ pub struct Supervisor {
     pub lease_seconds: u32,
     /// How often expired leases are swept, in seconds.
     pub sweep_interval_seconds: u32,
+    /// Most RUNNING tasks per submitter (an agent, or a user outside
+    /// one); 0: no cap. An agent's `max_running` replaces it.
+    pub max_running_per_submitter: u32,
     /// Accept a task whose verification passed without an admin's decision.
     pub auto_accept: bool,
     /// The unix user whose calls to the worker interface are accepted.
@@ -146,11 +151,17 @@ pub struct Supervisor {
     pub local_planners: Vec<String>,
     /// What runs the `[[agent]]`s.
     pub agent_driver: AgentDriver,
+    /// How long one call of the agent driver may take, in seconds (seed
+    /// 000's call timeout).
+    pub agent_call_timeout_seconds: u32,
     /// The directory the node exporter's textfile collector reads, where
     /// the supervisor writes `airlock.prom` (docs/metrics.md).
     pub metrics_directory: PathBuf,
     /// How often `airlock.prom` is written, in seconds; 0: never.
     pub metrics_interval_seconds: u32,
+    /// The bus the supervisor is on, for airlockctl and agents given this
+    /// configuration; empty: the system bus.
+    pub bus_address: String,
 }
 
 /// What runs the planner agents.
@@ -172,14 +183,17 @@ impl Default for Supervisor {
             database_allow_plaintext: false,
             lease_seconds: 300,
             sweep_interval_seconds: 15,
+            max_running_per_submitter: 0,
             auto_accept: false,
             worker_user: "airlock-worker".to_owned(),
             authorizer: Authorizer::Polkit,
             local_users: Vec::new(),
             local_planners: Vec::new(),
             agent_driver: AgentDriver::Systemd,
+            agent_call_timeout_seconds: 10,
             metrics_directory: PathBuf::from("/var/lib/prometheus/node-exporter"),
             metrics_interval_seconds: 15,
+            bus_address: String::new(),
         }
     }
 }
@@ -192,7 +206,8 @@ pub struct Worker {
     pub journal: PathBuf,
     /// Directory under which per-task workspaces are made and removed.
     pub workspace_root: PathBuf,
-    /// How many tasks the worker runs at once.
+    /// How many tasks the worker runs at once; 0: [`Config::parallel_tasks`]
+    /// resolves it from the executor's jobs.
     pub parallel_tasks: u32,
     /// Capabilities this worker grants; an envelope's scope must be a subset.
     pub capabilities: Vec<String>,
@@ -209,7 +224,7 @@ impl Default for Worker {
         Worker {
             journal: PathBuf::from("/var/lib/airlock-worker/checkpoints.sqlite3"),
             workspace_root: PathBuf::from("/var/lib/airlock-worker/workspaces"),
-            parallel_tasks: 2,
+            parallel_tasks: 0,
             capabilities: vec!["git.read".to_owned(), "git.test".to_owned()],
             renew_interval_seconds: 60,
             repository_root: PathBuf::from("/srv/airlock"),
@@ -258,6 +273,9 @@ pub struct Executor {
     pub git_read_only_subcommands: Vec<String>,
     /// Credential-like repository paths a change or capture may touch anyway.
     pub allow_credential_paths: Vec<String>,
+    /// How many verification jobs run at once; 0: [`Config::parallel_jobs`]
+    /// resolves it from the CPUs the executor may use.
+    pub parallel_jobs: u32,
     /// Most source trees kept extracted (the tree cache).
     pub tree_cache_entries: u32,
     /// Most MiB of files in the tree cache.
@@ -289,6 +307,7 @@ impl Default for Executor {
             python_modules: strings(&["pytest", "py_compile", "unittest", "compileall"]),
             git_read_only_subcommands: strings(keys::DEFAULT_GIT_READ_ONLY),
             allow_credential_paths: Vec::new(),
+            parallel_jobs: 0,
             tree_cache_entries: 8,
             tree_cache_mib: 8192,
             layer_cache_mib: 8192,
@@ -324,6 +343,10 @@ pub struct Limits {
     pub max_expansion_ratio: u32,
     /// How much of each command's stdout and stderr is kept as evidence, in bytes.
     pub output_tail_bytes: u32,
+    /// Each job's memory, in MiB (its cgroup's limit, no swap).
+    pub job_memory_mib: u32,
+    /// Each job's processes and threads (its cgroup's `pids.max`).
+    pub job_processes: u32,
 }
 
 impl Default for Limits {
@@ -340,6 +363,8 @@ impl Default for Limits {
             max_total_bytes: 2 * 1024 * 1024 * 1024,
             max_expansion_ratio: 100,
             output_tail_bytes: airlock_proto::limits::MAX_OUTPUT_TAIL_BYTES as u32,
+            job_memory_mib: 4096,
+            job_processes: 512,
         }
     }
 }
@@ -498,6 +523,17 @@ pub struct Agent {
     /// Process and thread limit.
     #[serde(default = "Agent::default_tasks_max")]
     pub tasks_max: u32,
+    /// Most of its tasks RUNNING at once; 0: the supervisor's
+    /// `max_running_per_submitter`.
+    #[serde(default)]
+    pub max_running: u32,
+    /// Most tasks it may submit per hour of store time; 0: no quota.
+    #[serde(default)]
+    pub tasks_per_hour: u32,
+    /// Most CPU seconds its tasks' verification may use per day of store
+    /// time; 0: no quota.
+    #[serde(default)]
+    pub cpu_seconds_per_day: u64,
     /// Free text for admins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -512,13 +548,48 @@ impl Agent {
         64
     }
 
+    /// The cap on its RUNNING tasks: its own `max_running`, else
+    /// `per_submitter` (the supervisor's); 0: none.
+    pub fn running_cap(&self, per_submitter: u32) -> u32 {
+        if self.max_running > 0 {
+            self.max_running
+        } else {
+            per_submitter
+        }
+    }
+
     /// Whether this agent may propose for `repository`.
     pub fn may_propose_for(&self, repository: &str) -> bool {
         self.repositories.iter().any(|r| r == repository)
     }
 }
 
+/// The most jobs `executor.parallel_jobs = 0` resolves to.
+pub const AUTO_JOBS_MAX: u32 = 16;
+
 impl Config {
+    /// How many verification jobs the executor runs at once:
+    /// `executor.parallel_jobs`, or for 0 the CPUs this process may run on
+    /// (its affinity, which systemd's CPUAffinity= and a cpuset narrow), at
+    /// most [`AUTO_JOBS_MAX`].
+    pub fn parallel_jobs(&self) -> u32 {
+        match self.executor.parallel_jobs {
+            0 => std::thread::available_parallelism()
+                .map_or(1, |n| u32::try_from(n.get()).unwrap_or(AUTO_JOBS_MAX))
+                .clamp(1, AUTO_JOBS_MAX),
+            n => n,
+        }
+    }
+
+    /// How many tasks the worker runs at once: `worker.parallel_tasks`,
+    /// or for 0 as many as [`Config::parallel_jobs`].
+    pub fn parallel_tasks(&self) -> u32 {
+        match self.worker.parallel_tasks {
+            0 => self.parallel_jobs(),
+            n => n,
+        }
+    }
+
     /// Reads and validates the configuration file at `path` (usually
     /// [`DEFAULT_PATH`]). The file must be a regular file (symlinks are
     /// followed), at most [`MAX_CONFIG_BYTES`], UTF-8, and not writable by

@@ -8,7 +8,7 @@ use std::path::Path;
 use toml_edit::ImDocument;
 
 use crate::error::{ConfigError, Location};
-use crate::keys;
+use crate::{keys, secret};
 
 /// Longest rendering of a found value in a message.
 const MAX_FOUND_CHARS: usize = 60;
@@ -68,19 +68,22 @@ impl<'a> Source<'a> {
         }
         let found = inner
             .span()
-            .and_then(|s| self.excerpt(s))
-            .or_else(|| self.found_in_file(&key));
+            .and_then(|s| self.raw(s))
+            .or_else(|| self.span_of(&key).and_then(|s| self.raw(s)))
+            .map(|raw| shorten(&secret::shown(&normal, raw)));
+        let message = secret::scrub(&normal, &message);
         let problem = match (keys::expectation(&normal), found) {
             (Some(expected), Some(found)) => format!("expected {expected}, found {found}"),
             (Some(expected), None) => format!("expected {expected} ({message})"),
-            (None, _) => message,
+            (None, _) => message.into_owned(),
         };
         self.key_error(key, at, problem)
     }
 
     /// A refusal of the semantic pass: `found` is the value as airlock read
     /// it; when the key is not in the file the value is its default, and the
-    /// message says so.
+    /// message says so. A value that may hold a credential is not shown,
+    /// and secret shapes in any other are redacted ([`secret`]).
     pub(crate) fn refuse(
         &self,
         key: impl Into<String>,
@@ -90,18 +93,22 @@ impl<'a> Source<'a> {
         let key = key.into();
         let at = self.location_of(&key);
         let default = if at.is_some() { "" } else { " (the default)" };
+        let found = found.to_string();
         let problem = format!(
             "expected {expected}, found {}{default}",
-            shorten(&found.to_string())
+            shorten(&secret::shown(&keys::normalise(&key), &found))
         );
         self.key_error(key, at, problem)
     }
 
     /// A refusal of the semantic pass where the problem is not "expected X,
-    /// found Y" (a key this crate failed to declare, say).
+    /// found Y" (a key this crate failed to declare, an environment's
+    /// refusal); values quoted in it are not shown for a key that may hold
+    /// a credential ([`secret::scrub`]).
     pub(crate) fn refuse_with(&self, key: impl Into<String>, problem: String) -> ConfigError {
         let key = key.into();
         let at = self.location_of(&key);
+        let problem = secret::scrub(&keys::normalise(&key), &problem).into_owned();
         self.key_error(key, at, problem)
     }
 
@@ -158,13 +165,15 @@ impl<'a> Source<'a> {
         })
     }
 
+    #[cfg(test)]
     fn found_in_file(&self, key: &str) -> Option<String> {
-        self.excerpt(self.span_of(key)?)
+        self.raw(self.span_of(key)?).map(shorten)
     }
 
-    fn excerpt(&self, span: Range<usize>) -> Option<String> {
+    /// The text at `span`, trimmed; `None` when empty.
+    fn raw(&self, span: Range<usize>) -> Option<&'a str> {
         let raw = self.text.get(span)?.trim();
-        (!raw.is_empty()).then(|| shorten(raw))
+        (!raw.is_empty()).then_some(raw)
     }
 }
 

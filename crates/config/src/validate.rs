@@ -62,14 +62,36 @@ impl Check<'_, '_> {
             "supervisor.sweep_interval_seconds",
             s.sweep_interval_seconds,
         )?;
+        self.int(
+            "supervisor.max_running_per_submitter",
+            s.max_running_per_submitter,
+        )?;
         self.user("supervisor.worker_user", &s.worker_user)?;
         self.list("supervisor.local_users", &s.local_users)?;
         self.list("supervisor.local_planners", &s.local_planners)?;
+        self.int(
+            "supervisor.agent_call_timeout_seconds",
+            s.agent_call_timeout_seconds,
+        )?;
         self.path("supervisor.metrics_directory", &s.metrics_directory)?;
         self.int(
             "supervisor.metrics_interval_seconds",
             s.metrics_interval_seconds,
-        )
+        )?;
+        self.text("supervisor.bus_address", &s.bus_address)
+    }
+
+    /// A single line of text within its key's bound.
+    fn text(&self, key: &str, text: &str) -> Result {
+        let Some(Kind::Text { max_chars }) = kind(key) else {
+            return Err(self.undeclared(key, "text"));
+        };
+        if text.chars().count() > max_chars || text.chars().any(char::is_control) {
+            return Err(self
+                .src
+                .refuse(key, describe(key), format_args!("{text:?}")));
+        }
+        Ok(())
     }
 
     fn worker(&self, w: &Worker) -> Result {
@@ -103,6 +125,7 @@ impl Check<'_, '_> {
         )?;
         self.list("executor.allow_credential_paths", &e.allow_credential_paths)?;
         self.int("executor.landlock_min_abi", e.landlock_min_abi)?;
+        self.int("executor.parallel_jobs", e.parallel_jobs)?;
         self.int("executor.tree_cache_entries", e.tree_cache_entries)?;
         self.int("executor.tree_cache_mib", e.tree_cache_mib)?;
         self.int("executor.layer_cache_mib", e.layer_cache_mib)?;
@@ -121,7 +144,9 @@ impl Check<'_, '_> {
         self.int("executor.limits.max_file_bytes", l.max_file_bytes)?;
         self.int("executor.limits.max_total_bytes", l.max_total_bytes)?;
         self.int("executor.limits.max_expansion_ratio", l.max_expansion_ratio)?;
-        self.int("executor.limits.output_tail_bytes", l.output_tail_bytes)
+        self.int("executor.limits.output_tail_bytes", l.output_tail_bytes)?;
+        self.int("executor.limits.job_memory_mib", l.job_memory_mib)?;
+        self.int("executor.limits.job_processes", l.job_processes)
     }
 
     /// The rules that tie one key to another ([`RULES`]), each refused at
@@ -293,7 +318,8 @@ impl Check<'_, '_> {
             self.src.refuse(
                 at("url"),
                 describe("repository[].upstream.url"),
-                format_args!("{:?} ({})", up.url, e.detail.unwrap_or_default()),
+                // The detail shows the URL without its password.
+                format_args!("{}", e.detail.unwrap_or_default()),
             )
         })?;
         self.list_at(
@@ -402,6 +428,21 @@ impl Check<'_, '_> {
                 &format!("agent[{i}].tasks_max"),
                 "agent[].tasks_max",
                 agent.tasks_max,
+            )?;
+            self.int_at(
+                &format!("agent[{i}].max_running"),
+                "agent[].max_running",
+                agent.max_running,
+            )?;
+            self.int_at(
+                &format!("agent[{i}].tasks_per_hour"),
+                "agent[].tasks_per_hour",
+                agent.tasks_per_hour,
+            )?;
+            self.int_at(
+                &format!("agent[{i}].cpu_seconds_per_day"),
+                "agent[].cpu_seconds_per_day",
+                agent.cpu_seconds_per_day,
             )?;
             if let Some(text) = &agent.description {
                 let key = format!("agent[{i}].description");

@@ -782,14 +782,14 @@ fn load_reads_a_file_and_names_it_in_errors() {
     let bad = write_file(
         dir.path(),
         "bad.toml",
-        b"[worker]\nparallel_tasks = 17\n",
+        b"[worker]\nparallel_tasks = 65\n",
         0o640,
     );
     let err = Config::load(&bad).expect_err("out of range");
     assert_eq!(
         err.to_string(),
         format!(
-            "{}:2:18: worker.parallel_tasks: expected an integer in 1..=16, found 17",
+            "{}:2:18: worker.parallel_tasks: expected an integer in 0..=64, found 65",
             bad.display()
         )
     );
@@ -895,9 +895,12 @@ fn a_root_owned_0644_file_is_read_and_another_owners_is_refused_naming_the_fix()
     let text = b"[[repository]]\nname = \"r\"\npath = \"/srv/r.git\"\n";
     let file = write_file(dir.path(), "airlock.toml", text, 0o644);
     if !is_root() {
-        // Not root: the reader's own file is what the test made.
+        // Not root: the reader's own file is what the test made; that
+        // another owner's is refused needs root to chown it.
         Config::load(&file).expect("the reader's own file");
-        return;
+        panic!(
+            "a_root_owned_0644_file_is_read_and_another_owners_is_refused_naming_the_fix needs root (it gives the file to another owner); CI runs the tests as root: run this one as root (sudo), it fails rather than pass without checking"
+        );
     }
     Config::load(&file).expect("a root-owned 0644 file");
     std::os::unix::fs::chown(&file, Some(65534), None).expect("chown");
@@ -1360,7 +1363,7 @@ fn an_earlier_releases_edited_file_migrates_to_its_changed_settings() {
     let example = std::fs::read_to_string(example_path()).unwrap();
     let edited = example.replacen("lease_seconds = 300", "lease_seconds = 600", 1)
         + "\n[[repository]]\nname = \"calc\"\npath = \"/srv/airlock/calc.git\"\n";
-    let edited = edited.replacen("parallel_tasks = 2", "parallel_tasks = 3", 1);
+    let edited = edited.replacen("parallel_tasks = 0", "parallel_tasks = 3", 1);
     let origin = Path::new("/etc/airlock/airlock.toml.dpkg-old");
     let m = airlock_config::migrated_settings(&edited, origin).unwrap();
     let table: toml::Table = m.text.parse().unwrap();
@@ -1394,4 +1397,55 @@ fn an_earlier_releases_edited_file_migrates_to_its_changed_settings() {
     let err = airlock_config::migrated_settings("[supervisor]\nlease = 1\n", origin).unwrap_err();
     assert_eq!(err.file(), origin);
     assert_eq!(err.key(), Some("supervisor.lease"));
+}
+
+#[test]
+fn running_caps_and_agent_quotas_are_read_and_refused_by_name_out_of_range() {
+    let text = "[supervisor]\nmax_running_per_submitter = 4\n\n[[repository]]\nname = \"r\"\npath = \"/srv/git/r.git\"\n\n[[agent]]\nname = \"a\"\ncommand = [\"/usr/bin/planner\"]\nrepositories = [\"r\"]\nmax_running = 4096\ntasks_per_hour = 1000000\ncpu_seconds_per_day = 86400000\n";
+    let c = parse(text).expect("at their bounds");
+    assert_eq!(c.supervisor.max_running_per_submitter, 4);
+    let a = &c.agents[0];
+    assert_eq!(
+        (a.max_running, a.tasks_per_hour, a.cpu_seconds_per_day),
+        (4096, 1_000_000, 86_400_000)
+    );
+    assert_eq!(a.running_cap(4), 4096);
+    let unset = parse(
+        "[[agent]]\nname = \"b\"\ncommand = [\"/usr/bin/planner\"]\nrepositories = [\"r\"]\n",
+    )
+    .expect("defaults");
+    let b = &unset.agents[0];
+    assert_eq!(
+        (b.max_running, b.tasks_per_hour, b.cpu_seconds_per_day),
+        (0, 0, 0)
+    );
+    assert_eq!(
+        b.running_cap(4),
+        4,
+        "the supervisor's cap when it sets none"
+    );
+
+    let m = refused(
+        "[supervisor]\nmax_running_per_submitter = 4097\n",
+        "supervisor.max_running_per_submitter",
+    );
+    assert!(
+        m.ends_with("expected an integer in 0..=4096, found 4097"),
+        "{m}"
+    );
+    for (key, value, range) in [
+        ("max_running", "4097", "0..=4096"),
+        ("tasks_per_hour", "1000001", "0..=1000000"),
+        ("cpu_seconds_per_day", "86400001", "0..=86400000"),
+        ("tasks_per_hour", "-1", "0..=1000000"),
+    ] {
+        let text = format!(
+            "[[agent]]\nname = \"a\"\ncommand = [\"/usr/bin/planner\"]\nrepositories = [\"r\"]\n{key} = {value}\n"
+        );
+        let m = refused(&text, &format!("agent[0].{key}"));
+        assert!(
+            m.contains(&format!("expected an integer in {range}")),
+            "{key} = {value}: {m}"
+        );
+    }
 }

@@ -192,18 +192,38 @@ impl Git {
 
     /// Syncs the loose object `oid` and its directory, when it is loose:
     /// `core.fsync` syncs the file, this also syncs the directory's entry
-    /// for it before anything records it.
+    /// for it, and `objects/`'s entry for that directory (git may just
+    /// have made it), before anything records it.
     pub fn sync_loose_object(&self, oid: &str) -> GitResult<()> {
         if oid.len() < 4 || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Ok(());
         }
-        let dir = self.repo.join("objects").join(&oid[..2]);
+        let objects = self.repo.join("objects");
+        let dir = objects.join(&oid[..2]);
         match std::fs::File::open(dir.join(&oid[2..])) {
             Ok(f) => f.sync_all()?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e.into()),
         }
         std::fs::File::open(&dir)?.sync_all()?;
+        std::fs::File::open(&objects)?.sync_all()?;
+        Ok(())
+    }
+
+    /// Syncs the directories that hold the loose reference `refname`
+    /// (`refs/heads/agent/t` → `refs/heads/agent`, `refs/heads`, `refs`):
+    /// `core.fsync` syncs the reference's file before git renames it into
+    /// place, but git syncs no directory, so the rename itself, and a
+    /// directory git made for it, are not on disk until this returns.
+    pub fn sync_ref_dirs(&self, refname: &str) -> GitResult<()> {
+        let mut dir = self.repo.join(refname);
+        while dir.pop() && dir.starts_with(self.repo.join("refs")) {
+            match std::fs::File::open(&dir) {
+                Ok(d) => d.sync_all()?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         Ok(())
     }
 

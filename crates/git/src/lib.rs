@@ -16,6 +16,8 @@
 //!   commit OID — redoing a commit after a crash converges.
 //! - [`AuthorityRepo::cas_update`] moves an `agent/…` branch from an
 //!   expected value to a new one, or reports that it is already there.
+//! - [`remove_stale_imports`] removes what an interrupted `repo add` left
+//!   in the repository root (`.NAME.git.tmp-PID` of a process gone).
 //!
 //! ```no_run
 //! use airlock_git::{AuthorityRepo, CommitSpec, FileChange};
@@ -34,6 +36,7 @@ mod command;
 mod commit;
 mod error;
 mod foreign;
+mod leftovers;
 mod refs;
 mod signing;
 mod upstream;
@@ -42,10 +45,12 @@ pub use airlock_proto::upstream::Scheme;
 pub use archive::{ArchiveLimits, ArchiveStats, DeltaStats};
 pub use commit::{CommitSpec, FileChange};
 pub use error::{GitError, GitResult};
+pub use leftovers::{Leftover, import_temp_name, parse_import_temp, remove_stale_imports};
 pub use refs::RefUpdate;
 pub use signing::{Signer, SigningError};
 pub use upstream::{
-    Credential, PushAnswer, RefChange, SSH_KEY_ENV, SyncReport, Upstream, ssh_launcher_main,
+    Credential, PushAnswer, RefChange, SSH_KEY_ENV, SyncReport, Upstream, check_local_upstream,
+    ssh_launcher_main,
 };
 
 pub use command::{Git, default_program};

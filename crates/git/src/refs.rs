@@ -33,8 +33,11 @@ impl AuthorityRepo {
         if self.resolve_commit(new)?.as_deref() != Some(new) {
             return Err(GitError::ObjectMissing(new.to_owned()));
         }
+        let refname = format!("refs/heads/{branch}");
         let current = self.branch_head(branch)?;
         if current.as_deref() == Some(new) {
+            // A redo after a crash: the rename may not be on disk yet.
+            self.git.sync_ref_dirs(&refname)?;
             return Ok(RefUpdate::AlreadyAtTarget);
         }
         let mismatch = |actual: Option<String>| GitError::CasMismatch {
@@ -47,8 +50,7 @@ impl AuthorityRepo {
         }
         let zero = "0".repeat(new.len());
         let old = expected.unwrap_or(&zero);
-        let refname = format!("refs/heads/{branch}");
-        match self.git.output(&[
+        let moved = match self.git.output(&[
             "update-ref",
             "-m",
             "airlock: governed commit",
@@ -56,17 +58,19 @@ impl AuthorityRepo {
             new,
             old,
         ]) {
-            Ok(_) => Ok(RefUpdate::Updated),
+            Ok(_) => RefUpdate::Updated,
             Err(GitError::Failed { .. }) => {
                 // Lost a race inside git's own lock: report what is there now.
                 let now = self.branch_head(branch)?;
-                if now.as_deref() == Some(new) {
-                    Ok(RefUpdate::AlreadyAtTarget)
-                } else {
-                    Err(mismatch(now))
+                if now.as_deref() != Some(new) {
+                    return Err(mismatch(now));
                 }
+                RefUpdate::AlreadyAtTarget
             }
-            Err(e) => Err(e),
-        }
+            Err(e) => return Err(e),
+        };
+        // Made durable before the caller records it (`commit_done`).
+        self.git.sync_ref_dirs(&refname)?;
+        Ok(moved)
     }
 }

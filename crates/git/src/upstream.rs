@@ -93,33 +93,10 @@ impl Upstream {
     }
 }
 
-/// One ref a sync changed.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RefChange {
-    /// The full ref name.
-    pub name: String,
-    /// Its value before (`None`: new).
-    pub old: Option<String>,
-    /// Its value after (`None`: deleted upstream, pruned here).
-    pub new: Option<String>,
-    /// The new value does not descend from the old one: the upstream was
-    /// force-pushed and the ref follows it.
-    pub forced: bool,
-}
-
-/// What a sync did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SyncReport {
-    /// Every ref that changed, in name order.
-    pub changes: Vec<RefChange>,
-}
-
-impl SyncReport {
-    /// Whether any ref followed a force-push or was pruned.
-    pub fn forced(&self) -> impl Iterator<Item = &RefChange> {
-        self.changes.iter().filter(|c| c.forced || c.new.is_none())
-    }
-}
+/// What a sync did, and each ref it changed: declared in the protocol,
+/// since the worker's record of a sync ([`airlock_proto::upstream::SyncState`])
+/// carries them to `airlockctl`.
+pub use airlock_proto::upstream::{RefChange, SyncReport};
 
 /// What the upstream answered to a push.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -416,14 +393,62 @@ impl AuthorityRepo {
 
 /// A local upstream's path, when it is one.
 fn local_path(upstream: &Upstream) -> Option<PathBuf> {
-    (upstream.scheme == Scheme::Local).then(|| {
-        PathBuf::from(
-            upstream
-                .url
-                .strip_prefix("file://")
-                .unwrap_or(&upstream.url),
-        )
-    })
+    (upstream.scheme == Scheme::Local)
+        .then(|| airlock_proto::upstream::local_path(&upstream.url).map(PathBuf::from))
+        .flatten()
+}
+
+/// Checks, before a local upstream is registered (and its path opened to
+/// the worker), that `url` names an existing bare git repository by its
+/// own path: a directory reached without a symbolic link, holding a bare
+/// repository, outside every directory in `reserved` (airlock's own
+/// configuration, state and authority repositories). Anything else —
+/// `/etc`, a missing path, a work tree, a link — is UPSTREAM_URL_INVALID.
+/// A URL of another scheme passes unchecked.
+pub fn check_local_upstream(url: &str, reserved: &[&Path]) -> GitResult<()> {
+    let Some(path) = airlock_proto::upstream::local_path(url) else {
+        return Ok(());
+    };
+    let path = Path::new(path);
+    let refuse = |why: String| {
+        GitError::Refused(Error::with(
+            Code::UPSTREAM_URL_INVALID,
+            format!("local upstream {}: {why}", path.display()),
+        ))
+    };
+    let meta = std::fs::symlink_metadata(path).map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(refuse("not a directory (a bare git repository)".into()));
+    }
+    let real = std::fs::canonicalize(path).map_err(|e| refuse(e.to_string()))?;
+    if real != path {
+        return Err(refuse(format!(
+            "reached through a symbolic link (it is {}): name it by its own path",
+            real.display()
+        )));
+    }
+    if let Some(r) = reserved
+        .iter()
+        .find(|r| path.starts_with(r) || r.starts_with(path))
+    {
+        return Err(refuse(format!("overlaps airlock's own {}", r.display())));
+    }
+    // A bare repository keeps these at its top; a system directory or a
+    // work tree does not. Checked before git runs in it at all.
+    for (entry, dir) in [("HEAD", false), ("objects", true), ("refs", true)] {
+        let ok = std::fs::symlink_metadata(path.join(entry))
+            .is_ok_and(|m| if dir { m.is_dir() } else { m.is_file() });
+        if !ok {
+            return Err(refuse(format!("not a bare git repository (no {entry})")));
+        }
+    }
+    let bare = crate::Git::new(crate::default_program(), path.to_path_buf())
+        .output(&["rev-parse", "--is-bare-repository"])
+        .map_err(|e| refuse(e.to_string()))?;
+    if bare.trim() != "true" {
+        return Err(refuse("not a bare git repository".into()));
+    }
+    Ok(())
 }
 
 /// The hardened git on a local upstream (trusted for this run by its own

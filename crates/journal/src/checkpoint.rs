@@ -303,16 +303,35 @@ struct Prepared {
 }
 
 impl CheckpointJournal {
-    /// Opens (creating if needed) the journal at `path`: WAL,
-    /// `synchronous=FULL`, checked file identity, schema migrations.
+    /// Opens the journal at `path`, creating it whole when there is none:
+    /// WAL, `synchronous=FULL`, checked file identity, schema migrations.
+    /// A journal found torn — an empty or cut database file, a log without
+    /// its database, content that fails [`Self::integrity_check`] — is
+    /// refused with `STORE_CORRUPT`; a log cut short opens as it was after
+    /// its last whole commit (what is guaranteed: `crate::file`'s docs).
     pub fn open(path: &Path) -> SqliteResult<Self> {
+        if crate::file::check_before_open(path)? {
+            crate::file::create_whole(path, MIGRATIONS)?;
+        }
         let conn = db::open(path, Kind::Checkpoints, MIGRATIONS)?;
-        Ok(CheckpointJournal {
+        let journal = CheckpointJournal {
             conn: Mutex::new(conn),
             queue: Mutex::new(Queue::default()),
             batch_done: Condvar::new(),
             path: path.to_path_buf(),
-        })
+        };
+        journal.integrity_check().map_err(|e| match e {
+            SqliteError::Refused(e) if e.code == Code::STORE_CORRUPT => refused(
+                Code::STORE_CORRUPT,
+                format!(
+                    "checkpoint journal {}: {}",
+                    path.display(),
+                    e.detail.as_deref().unwrap_or("")
+                ),
+            ),
+            other => other,
+        })?;
+        Ok(journal)
     }
 
     /// The journal's file.

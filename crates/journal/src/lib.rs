@@ -11,5 +11,6 @@
 //! commit's fsync.
 
 pub mod checkpoint;
+mod file;
 
 pub use airlock_sqlite::{SqliteError, SqliteResult, clock};

@@ -140,6 +140,46 @@ pub struct CommandEvidence {
     pub stdout_tail: String,
     /// Last bytes of stderr (lossy UTF-8).
     pub stderr_tail: String,
+    /// Its job's walls (a cgroup per job), when the executor has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<WallEvidence>,
+}
+
+/// A command's job walls: the limits its job's cgroup set and what the
+/// command did against them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WallEvidence {
+    /// The cgroup interface: `v1` or `v2`.
+    pub cgroup: String,
+    /// The job's memory limit, in bytes (no swap).
+    pub memory_limit_bytes: u64,
+    /// The job's process limit (processes and threads).
+    pub processes_limit: u64,
+    /// The highest memory use seen, in bytes: this command's when
+    /// `peak_per_command`, else the job slot's since the executor started
+    /// (a kernel that cannot reset it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak_bytes: Option<u64>,
+    /// Whether `memory_peak_bytes` is this command's alone.
+    pub peak_per_command: bool,
+    /// Processes of the job the OOM killer ended while it ran.
+    pub oom_kills: u64,
+    /// Forks the process limit refused while it ran.
+    pub fork_refusals: u64,
+}
+
+impl WallEvidence {
+    /// The code of a failed command that hit a wall, if it did.
+    pub fn code(&self) -> Option<crate::Code> {
+        if self.oom_kills > 0 {
+            Some(crate::Code::COMMAND_MEMORY_EXCEEDED)
+        } else if self.fork_refusals > 0 {
+            Some(crate::Code::COMMAND_PROCESS_LIMIT)
+        } else {
+            None
+        }
+    }
 }
 
 /// The dependency layer a verification read: made by its environment's

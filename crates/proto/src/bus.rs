@@ -1,17 +1,23 @@
 //! The D-Bus contract of `org.airlock.Supervisor1`, declared once, as rows.
 //!
 //! Every method the supervisor serves (and the one interface airlock-local
-//! serves it, [`agent_host`]) is one row of the `rows!` table below: its
-//! interface, its name, its D-Bus signature in and out, who may call it (a
-//! polkit action or one component's peer uid, [`Permission`]), the event
-//! its calls are audited under, and its reply type. The table makes, per
-//! method, a constant with its name and a type implementing [`Call`], so
+//! serves it, [`agent_host`]) is one row of the [`rows!`](crate::rows)
+//! table below: its interface, its name, its D-Bus signature in and out,
+//! who may call it (a polkit action or one component's peer uid,
+//! [`Permission`]), the event its calls are audited under, its reply type,
+//! and the client method that calls it with its arguments. The table makes,
+//! per method, a constant with its name and a type implementing [`Call`], so
 //!
 //! - the supervisor's handlers enter through one function that looks the
 //!   row up, admits the caller and authorises it by the row's permission
 //!   (a handler asking for another permission than its row's does not
-//!   compile);
-//! - the client decodes [`Call::Reply`] of the row it calls;
+//!   compile), and answer the row's reply type through the call it got;
+//! - `airlock-client`'s methods and their blocking stubs are made from the
+//!   rows (`crates/client/src/stubs.rs`), each decoding [`Call::Reply`] of
+//!   its row;
+//! - the lists of methods in `dbus/README.md`, `docs/privsep/messages.md`
+//!   and this crate's doc are rendered from the rows by
+//!   `crates/proto/tests/docs.rs`, which fails on a stale copy;
 //! - `services/supervisor/tests/contract.rs` introspects the running
 //!   supervisor and checks every exported method against its row — name,
 //!   signature, and that a caller without the row's permission is refused
@@ -25,7 +31,10 @@
 //! [`crate::reconcile::ResolveRequest`], …); a reply `s` is the JSON of the
 //! row's reply type. A refusal is a D-Bus error named by
 //! [`Code::dbus_error_name`], with the human detail as its message;
-//! [`Code::from_dbus_error_name`] maps it back.
+//! [`Code::from_dbus_error_name`] maps it back. A call whose arguments
+//! are not its row's (one missing, one too many, one of another type) is
+//! refused too, with `MESSAGE_INVALID` ([`Method::wrong_arguments`]),
+//! never with the bus library's bare signature error.
 
 use crate::reconcile::{AdoptionCheck, ReconciliationCase, ReconciliationPage, ResolveOutcome};
 use crate::retry::RetryExtensionOutcome;
@@ -40,7 +49,7 @@ pub use method::{Call, Method, Peer, Permission};
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (10, 0);
+pub const PROTOCOL_VERSION: (u32, u32) = (12, 0);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {
@@ -48,24 +57,35 @@ pub fn protocol_string(v: (u32, u32)) -> String {
 }
 
 /// Whether a client speaking `client` may talk to a supervisor speaking
-/// `server` (`"major.minor"`): the majors must be equal; any minor works
-/// (a client one minor behind uses a subset; one ahead must not use what
-/// the supervisor lacks, and the newer minor's additions are optional by
-/// the bump rules). A different major, or a version that does not parse,
-/// is `PROTOCOL_VERSION_MISMATCH` naming both.
+/// `server` (`"major.minor"`). As seed 002 puts it, a client may lag the
+/// supervisor by one minor, never a major: the majors must be equal, and
+/// the client's minor at most one behind the supervisor's (one means one:
+/// two minors of additions is more than a client was promised to live
+/// without). A client ahead works: it must not use what the supervisor
+/// lacks, and a newer minor's additions are optional by the bump rules
+/// (`crates/proto/tests/protocol.rs`). Anything else, or a version that
+/// does not parse, is `PROTOCOL_VERSION_MISMATCH` naming both.
 pub fn check_protocol(client: (u32, u32), server: &str) -> Result<(), Error> {
     let parsed = server
         .split_once('.')
         .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)));
-    match parsed {
-        Some((major, _)) if major == client.0 => Ok(()),
-        _ => Err(Error::with(
+    let refuse = |what: &str| {
+        Err(Error::with(
             Code::PROTOCOL_VERSION_MISMATCH,
             format!(
-                "this client speaks airlock bus protocol {}, the supervisor speaks {server:?}; use an airlockctl or library of the supervisor's major version",
+                "this client speaks airlock bus protocol {}, the supervisor speaks {server:?}; {what}",
                 protocol_string(client)
             ),
+        ))
+    };
+    match parsed {
+        Some((major, minor)) if major == client.0 && minor <= client.1.saturating_add(1) => Ok(()),
+        Some((major, minor)) if major == client.0 => refuse(&format!(
+            "a client may be one minor version behind the supervisor, and this one is {} behind: use an airlockctl or library of {major}.{} or later",
+            minor - client.1,
+            minor - 1
         )),
+        _ => refuse("use an airlockctl or library of the supervisor's major version"),
     }
 }
 
@@ -114,7 +134,7 @@ pub mod event {
     pub const TASK_READ: &str = "TASK_READ";
     /// ListTasks.
     pub const TASKS_LISTED: &str = "TASKS_LISTED";
-    /// ListEvents.
+    /// ListEvents, CountEvents.
     pub const EVENTS_READ: &str = "EVENTS_READ";
     /// ListReconciliations, GetReconciliation.
     pub const RECONCILIATIONS_READ: &str = "RECONCILIATIONS_READ";
@@ -228,6 +248,22 @@ pub mod method {
         pub fn path(&self) -> String {
             format!("{}.{}", self.interface, self.name)
         }
+
+        /// The refusal of a call of this method whose arguments have the
+        /// D-Bus signature `sent`, not the row's (one missing, one too
+        /// many, one of another type): `MESSAGE_INVALID`, naming both.
+        pub fn wrong_arguments(&self, sent: &str) -> crate::Error {
+            crate::Error::with(
+                crate::Code::MESSAGE_INVALID,
+                format!(
+                    "{} takes the arguments ({}) and answers ({}); this call's arguments are ({})",
+                    self.path(),
+                    self.input,
+                    self.output,
+                    crate::shown::shown(sent)
+                ),
+            )
+        }
     }
 
     /// A method as a type: its row and its reply type. Made by the table.
@@ -258,10 +294,12 @@ macro_rules! audited {
     };
 }
 
-/// The table. Per interface: a module with `INTERFACE`, its extra
-/// constants (`also`), and per method a name constant, a type
-/// implementing [`Call`], and the module's `METHODS` (names) and `ROWS`.
-macro_rules! rows {
+/// Makes the items of the table: per interface a module with
+/// `INTERFACE`, its extra constants (`also`), and per method a name
+/// constant, a type implementing [`Call`], and the module's `METHODS`
+/// (names) and `ROWS`. A row's `client` part is the client's
+/// (`crates/client/src/stubs.rs`); nothing here reads it.
+macro_rules! declare {
     ($(
         $(#[doc = $idoc:literal])+
         mod $module:ident = $iface:literal {
@@ -269,7 +307,8 @@ macro_rules! rows {
             $(
                 $(#[doc = $doc:literal])+
                 $konst:ident = $name:ident ( $input:literal ) -> $output:literal $reply:ty,
-                    $pkind:ident $pwhich:ident $(, audited $event:ident)?;
+                    $pkind:ident $pwhich:ident $(, audited $event:ident)?
+                    $(, client $fn:ident ( $($arg:ident : $aty:ty),* ) = $wire:expr)?;
             )+
         }
     )+) => {
@@ -311,170 +350,295 @@ macro_rules! rows {
     };
 }
 
-rows! {
-    /// `org.airlock.Tasks2`: admins and planners, authorised by polkit.
-    /// (Protocol 7.0 named it anew: Verify's and CancelTask's arguments had
-    /// changed under the name `Tasks1` in 3.0; [`tasks_v1`] stays for one
-    /// release.)
-    mod tasks = "org.airlock.Tasks2" {
-        also {
-            /// Signal: `s` task id, `s` state, `x` revision. Never
-            /// broadcast (protocol 8.0): sent to each connection that may
-            /// read the task, once it has made an authorised call
-            /// (docs/protocol.md, "Who hears TaskChanged").
-            pub const TASK_CHANGED: &str = "TaskChanged";
-            /// Property: the protocol the supervisor speaks, `"major.minor"`.
-            pub const PROTOCOL_VERSION: &str = "ProtocolVersion";
+/// The table: every method of the contract, one row each, handed as
+/// tokens to the macro `$then`, which makes of it what it needs —
+/// `declare` here (the modules, constants and [`Call`] types), the
+/// client's methods and their blocking stubs in `airlock-client`, the
+/// method lists of the documents in `crates/proto/tests/docs.rs`.
+///
+/// A row: `CONST = Name("in") -> "out" ReplyType, permission, audited
+/// EVENT, client method(args) = (the D-Bus arguments);` — its doc
+/// comment says what the method does and when it is allowed; the docs
+/// and the client's method show it. A row without `client` has no method
+/// in `airlock-client` (the agent host's, which the supervisor calls).
+/// Paths in a `client` part start at `$crate` (or name a crate the
+/// client depends on): they are resolved where `$then` expands.
+#[macro_export]
+macro_rules! rows {
+    ($then:ident) => {
+        $then! {
+            /// `org.airlock.Tasks2`: admins and planners, authorised by polkit.
+            /// (Protocol 7.0 named it anew: Verify's and CancelTask's arguments had
+            /// changed under the name `Tasks1` in 3.0; [`tasks_v1`] stays for one
+            /// release.)
+            mod tasks = "org.airlock.Tasks2" {
+                also {
+                    /// Signal: `s` task id, `s` state, `x` revision. Never
+                    /// broadcast (protocol 8.0): sent to each connection that may
+                    /// read the task, once it has made an authorised call
+                    /// (docs/protocol.md, "Who hears TaskChanged").
+                    pub const TASK_CHANGED: &str = "TaskChanged";
+                    /// Property: the protocol the supervisor speaks, `"major.minor"`.
+                    pub const PROTOCOL_VERSION: &str = "ProtocolVersion";
+                }
+                /// Submit a task: `s` an `airlock.task.v1` submission
+                /// (`TaskSubmission`) for a registered repository (from a
+                /// planner agent, one of its repositories). The same
+                /// submission again is an idempotent replay; by another
+                /// submitter, `TASK_IDEMPOTENCY_CONFLICT`.
+                SUBMIT_TASK = SubmitTask("s") -> "s" SubmitReply,
+                    polkit TASKS_SUBMIT, audited TASK_SUBMITTED,
+                    client submit_task(submission: &serde_json::Value) = (submission.to_string(),);
+                /// Replace a QUEUED task's plan (CAS on the previous plan's
+                /// digest): `s` task id, `s` an `airlock.plan.v1` plan
+                /// (`PlanRequest`). Only of a task the caller submitted (or
+                /// any, with `org.airlock.tasks.read-all`; never for an
+                /// agent), else `TASK_NOT_FOUND` as for no task; from a
+                /// planner agent, in one of its repositories
+                /// (`AGENT_REPOSITORY_DENIED`).
+                REPLACE_PLAN = ReplacePlan("ss") -> "s" TaskView,
+                    polkit TASKS_SUBMIT, audited TASK_PLAN_REPLACED,
+                    client replace_plan(task_id: &str, plan: &serde_json::Value) = (task_id, plan.to_string());
+                /// Read one task (its result and captured files inside): `s`
+                /// task id. The caller's own; every task with
+                /// `org.airlock.tasks.read-all` (another's is
+                /// `TASK_NOT_FOUND`, as a task that does not exist).
+                GET_TASK = GetTask("s") -> "s" TaskView,
+                    polkit TASKS_READ, audited TASK_READ,
+                    client get_task(task_id: &str) = (task_id,);
+                /// What one task will change and run: `s` task id; its digests
+                /// and its stored execution envelope. Bound to the caller as
+                /// GetTask. Since 9.1; not on Tasks1 (`tasks_v1`).
+                GET_PLAN = GetPlan("s") -> "s" TaskPlan,
+                    polkit TASKS_READ, audited TASK_READ,
+                    client get_plan(task_id: &str) = (task_id,);
+                /// Page through tasks: `s` state or `""`, `s` after task id or
+                /// `""`, `u` limit (0: the default page). The caller's own;
+                /// every task with `org.airlock.tasks.read-all`.
+                LIST_TASKS = ListTasks("ssu") -> "s" TaskPage,
+                    polkit TASKS_READ, audited TASKS_LISTED,
+                    client list_tasks(state: &str, after: &str, limit: u32) = (state, after, limit);
+                /// Page through the event log: `s` task id or `""`, `x` after
+                /// event id, `u` limit. The events of the caller's own tasks;
+                /// every event with `org.airlock.tasks.read-all`.
+                LIST_EVENTS = ListEvents("sxu") -> "s" EventPage,
+                    polkit TASKS_READ, audited EVENTS_READ,
+                    client list_events(task_id: &str, after: i64, limit: u32) = (task_id, after, limit);
+                /// How many events of one task the caller may read, allowed
+                /// and denied, and how many of each action: `s` task id.
+                /// Bound to the caller as ListEvents: another's task counts
+                /// none, as one that does not exist. Since 12.0; not on
+                /// Tasks1 (`tasks_v1`).
+                COUNT_EVENTS = CountEvents("s") -> "s" EventCount,
+                    polkit TASKS_READ, audited EVENTS_READ,
+                    client count_events(task_id: &str) = (task_id,);
+                /// The registered repositories, by name: each one's description,
+                /// environment, upstream (its URL without a password), signing
+                /// principal and newest sync event; never a credential. An agent
+                /// sees the repositories it may propose for. Since 9.2; not on
+                /// Tasks1 (`tasks_v1`).
+                LIST_REPOSITORIES = ListRepositories("") -> "s" RepositoryList,
+                    polkit TASKS_READ, audited REPOSITORIES_READ,
+                    client list_repositories() = ();
+                /// Cancel a task that is not terminal: `s` task id, `s` an
+                /// `airlock.task-decision.v1` request (`DecisionRequest`,
+                /// `cancel`). Not from the planner agent that submitted the
+                /// task (`SELF_APPROVAL_FORBIDDEN`, whatever polkit says,
+                /// checked before the request is read and recorded under
+                /// the agent's name); CAS on the revision, attempt and result SHA-256 the admin
+                /// saw; exactly once by its idempotency key (a replay answers
+                /// the stored outcome); refused while the worker holds a
+                /// fence (`TASK_COMMITTING`).
+                CANCEL_TASK = CancelTask("ss") -> "s" DecisionOutcome,
+                    polkit TASKS_MANAGE, audited TASK_CANCELLED,
+                    client cancel_task(req: &$crate::task::DecisionRequest) = (req.task_id.as_str(), req.to_value().to_string());
+                /// Decide on a VERIFYING task: `s` task id, `s` an
+                /// `airlock.task-decision.v1` request (`DecisionRequest`:
+                /// `accept`, `rework`, `reject`). Not from the planner agent
+                /// that submitted the task (`SELF_APPROVAL_FORBIDDEN`, as for
+                /// CancelTask); CAS on the revision, attempt and result
+                /// SHA-256 the admin saw; exactly once by its idempotency key.
+                VERIFY = Verify("ss") -> "s" DecisionOutcome,
+                    polkit TASKS_MANAGE, audited TASK_VERIFIED,
+                    client verify(req: &$crate::task::DecisionRequest) = (req.task_id.as_str(), req.to_value().to_string());
+            }
+
+            /// `org.airlock.Worker1`: the worker only, admitted by its peer uid.
+            mod worker = "org.airlock.Worker1" {
+                also {}
+                /// Claim the oldest QUEUED task with attempts left under a
+                /// fresh lease (`null` when none is claimable).
+                CLAIM = Claim("") -> "s" Option<ClaimGrant>,
+                    peer Worker, audited TASK_CLAIMED,
+                    client claim() = ();
+                /// Extend a lease: `LeaseRef` as `s` `t` `s`; the new expiry
+                /// (unix ms). The task RUNNING under that lease and epoch.
+                RENEW = Renew("sts") -> "x" i64,
+                    peer Worker, audited TASK_LEASE_RENEWED,
+                    client renew(lease: &$crate::bus::LeaseRef) = (lease.task_id.as_str(), lease.lease_epoch, lease.lease_token.as_str());
+                /// Submit an attempt's result: `LeaseRef` as `s` `t` `s`, `s`
+                /// idempotency key, `s` an `airlock.task-result.v1` result
+                /// (`TaskResult`). The task RUNNING under that lease, or a
+                /// byte-identical replay; a `RECONCILIATION_REQUIRED` result
+                /// carries what the worker saw of the branch (the commit
+                /// made, the head found) and opens a reconciliation case.
+                SUBMIT_RESULT = SubmitResult("stsss") -> "s" ResultReceipt,
+                    peer Worker, audited TASK_RESULT_SUBMITTED,
+                    client submit_result(lease: &$crate::bus::LeaseRef, key: &str, result: &$crate::task::TaskResult) = (
+                        lease.task_id.as_str(),
+                        lease.lease_epoch,
+                        lease.lease_token.as_str(),
+                        key,
+                        $crate::bus::encode(result)?,
+                    );
+                /// Take a reconciliation case an administrator chose to adopt, to
+                /// check the ref (`null` when none waits). Reading it
+                /// changes nothing.
+                TAKE_ADOPTION = TakeAdoption("") -> "s" Option<AdoptionCheck>,
+                    peer Worker, audited ADOPTION_TAKEN,
+                    client take_adoption() = ();
+                /// Fence a ref move (or a push) of the attempt the lease belongs
+                /// to, or release the fence: `LeaseRef` as `s` `t` `s`, `s` a
+                /// `FenceRequest` (a hold within `1..=MAX_FENCE_MS` naming
+                /// the commit; 0 for a release). The task RUNNING under that
+                /// lease and epoch. While a fence stands, the task cannot be
+                /// cancelled (`TASK_COMMITTING`) and its lease does not expire, so
+                /// no ref moves for an attempt whose task was cancelled or whose
+                /// lease was taken. Since 11.0.
+                FENCE = Fence("stss") -> "s" FenceGrant,
+                    peer Worker, audited TASK_FENCED,
+                    client fence(lease: &$crate::bus::LeaseRef, req: &$crate::bus::FenceRequest) = (
+                        lease.task_id.as_str(),
+                        lease.lease_epoch,
+                        lease.lease_token.as_str(),
+                        $crate::bus::encode(req)?,
+                    );
+                /// Report what the ref holds for an adoption taken: `s` an
+                /// `AdoptionReport`, about a case still adopting that head
+                /// (else nothing changes).
+                SETTLE_ADOPTION = SettleAdoption("s") -> "s" ReconciliationCase,
+                    peer Worker, audited TASK_RECONCILIATION_ADOPTED,
+                    client settle_adoption(report: &$crate::reconcile::AdoptionReport) = ($crate::bus::encode(report)?,);
+                /// Record what happened with an upstream: `s` an
+                /// `UpstreamReport` (recorded as the event its kind names).
+                REPORT_UPSTREAM = ReportUpstream("s") -> "" (),
+                    peer Worker, audited UPSTREAM_REPORTED,
+                    client report_upstream(report: &$crate::upstream::UpstreamReport) = ($crate::bus::encode(report)?,);
+            }
+
+            /// `org.airlock.Retry1`: airlock-retryd only, admitted by its peer uid.
+            mod retry = "org.airlock.Retry1" {
+                also {}
+                /// Grant a FAILED, exhausted task one more attempt (the store's
+                /// compare-and-swap transaction: one step, idempotent,
+                /// audited): `s` task id, `s` the owner's
+                /// `RetryExtensionRequest`, `s` the owner id.
+                EXTEND_RETRY = ExtendRetry("sss") -> "s" RetryExtensionOutcome,
+                    peer Retry, audited TASK_RETRY_EXTENSION_AUTHORIZED,
+                    client extend_retry(task_id: &str, request: &$crate::retry::RetryExtensionRequest, authorization_id: &str) = (
+                        task_id,
+                        $crate::bus::encode(request)?,
+                        authorization_id,
+                    );
+            }
+
+            /// `org.airlock.Agents1`: the planner agents the supervisor runs;
+            /// admins, authorised by polkit.
+            mod agents = "org.airlock.Agents1" {
+                also {
+                    /// Signal: `s` agent name, `s` state, `u` consecutive failures.
+                    pub const AGENT_CHANGED: &str = "AgentChanged";
+                }
+                /// Every configured agent with its state.
+                LIST_AGENTS = ListAgents("") -> "s" AgentList,
+                    polkit AGENTS_READ, audited AGENTS_READ,
+                    client list_agents() = ();
+                /// One agent with its state: `s` name.
+                GET_AGENT = GetAgent("s") -> "s" AgentView,
+                    polkit AGENTS_READ, audited AGENTS_READ,
+                    client get_agent(name: &str) = (name,);
+                /// One agent's quotas and cap on running tasks with its use
+                /// of them now (counted by the task store, on every host):
+                /// `s` name, a configured agent. Since 12.0.
+                GET_AGENT_LIMITS = GetAgentLimits("s") -> "s" AgentLimits,
+                    polkit AGENTS_READ, audited AGENTS_READ,
+                    client get_agent_limits(name: &str) = (name,);
+                /// Start a stopped agent: `s` name, a configured agent
+                /// (refused while held: `AGENTOS_CRASH_LOOP`).
+                START_AGENT = StartAgent("s") -> "s" AgentView,
+                    polkit AGENTS_MANAGE, audited AGENT_START_REQUESTED,
+                    client start_agent(name: &str) = (name,);
+                /// Stop an agent (never counted as a failure): `s` name.
+                STOP_AGENT = StopAgent("s") -> "s" AgentView,
+                    polkit AGENTS_MANAGE, audited AGENT_STOP_REQUESTED,
+                    client stop_agent(name: &str) = (name,);
+                /// Clear a hold: the count resets and the agent starts: `s` name.
+                CLEAR_HOLD = ClearHold("s") -> "s" AgentView,
+                    polkit AGENTS_MANAGE, audited AGENT_HOLD_CLEARED,
+                    client clear_hold(name: &str) = (name,);
+                /// Cancel the QUEUED tasks an agent submitted, with AGENT_REVOKED:
+                /// `s` name, `s` reason. Refused with AGENT_RUNNING unless the agent
+                /// is stopped or held (or no longer configured). Since 8.1.
+                CANCEL_QUEUED = CancelQueued("ss") -> "s" AgentQueueCancelled,
+                    polkit AGENTS_MANAGE, audited AGENT_QUEUE_CANCELLED,
+                    client cancel_agent_queued(name: &str, reason: &str) = (name, reason);
+            }
+
+            /// `org.airlock.Reconcile1`: reconciliation cases (an attempt whose
+            /// branch moved behind the worker's back); admins, authorised by polkit.
+            mod reconcile = "org.airlock.Reconcile1" {
+                also {}
+                /// Page through cases: `s` status or `""`, `s` after task id or
+                /// `""`, `u` limit. The cases of the caller's own tasks;
+                /// every case with `org.airlock.tasks.read-all`.
+                LIST_RECONCILIATIONS = ListReconciliations("ssu") -> "s" ReconciliationPage,
+                    polkit TASKS_READ, audited RECONCILIATIONS_READ,
+                    client list_reconciliations(status: &str, after: &str, limit: u32) = (status, after, limit);
+                /// A task's latest case: `s` task id (another's is
+                /// `RECONCILIATION_NOT_FOUND`, as for a task with none).
+                GET_RECONCILIATION = GetReconciliation("s") -> "s" ReconciliationCase,
+                    polkit TASKS_READ, audited RECONCILIATIONS_READ,
+                    client get_reconciliation(task_id: &str) = (task_id,);
+                /// Adopt the observed head or fail the task, exactly once: `s`
+                /// task id, `s` an `airlock.reconciliation-resolution.v1`
+                /// request (`ResolveRequest`). Not from the planner agent
+                /// that submitted the task (`SELF_APPROVAL_FORBIDDEN`); CAS on
+                /// the case's attempt, revision and observed head the admin
+                /// saw; exactly once by its idempotency key; the case open
+                /// and the task FAILED.
+                RESOLVE_RECONCILIATION = ResolveReconciliation("ss") -> "s" ResolveOutcome,
+                    polkit RECONCILE_MANAGE, audited TASK_RECONCILIATION_RESOLVED,
+                    client resolve_reconciliation(req: &$crate::reconcile::ResolveRequest) = (req.task_id.as_str(), req.to_value().to_string());
+            }
+
+            /// `org.airlock.AgentHost1`: served by airlock-local (root) for the
+            /// supervisor where there is no systemd; starts, probes and stops agent
+            /// processes by name (the process driver). Admitted by the caller's
+            /// uid: the supervisor's only. Not part of [`INTERFACES`] (another
+            /// process serves it, under its own name).
+            mod agent_host = "org.airlock.AgentHost1" {
+                also {
+                    /// The well-known name.
+                    pub const BUS_NAME: &str = "org.airlock.AgentHost1";
+                    /// The object.
+                    pub const OBJECT_PATH: &str = "/org/airlock/AgentHost1";
+                }
+                /// Start the configured agent `s` name; the session it leads (its
+                /// leader's pid; 0: none).
+                START = Start("s") -> "u" u32,
+                    peer Supervisor;
+                /// Whether the configured agent `s` name runs.
+                PROBE = Probe("s") -> "s" AgentLiveness,
+                    peer Supervisor;
+                /// Stop the configured agent `s` name and its process group.
+                STOP = Stop("s") -> "" (),
+                    peer Supervisor;
+            }
         }
-        /// Submit a task: `s` an `airlock.task.v1` submission.
-        SUBMIT_TASK = SubmitTask("s") -> "s" SubmitReply,
-            polkit TASKS_SUBMIT, audited TASK_SUBMITTED;
-        /// Replace a queued task's plan (CAS on the previous plan's
-        /// digest): `s` task id, `s` an `airlock.plan.v1` plan.
-        REPLACE_PLAN = ReplacePlan("ss") -> "s" TaskView,
-            polkit TASKS_SUBMIT, audited TASK_PLAN_REPLACED;
-        /// Read one task: `s` task id.
-        GET_TASK = GetTask("s") -> "s" TaskView,
-            polkit TASKS_READ, audited TASK_READ;
-        /// What one task will change and run: `s` task id; its digests
-        /// and its stored execution envelope. Bound to the caller as
-        /// GetTask. Since 9.1; not on [`tasks_v1`].
-        GET_PLAN = GetPlan("s") -> "s" TaskPlan,
-            polkit TASKS_READ, audited TASK_READ;
-        /// Page through tasks: `s` state or `""`, `s` after task id or
-        /// `""`, `u` limit (0: the default page).
-        LIST_TASKS = ListTasks("ssu") -> "s" TaskPage,
-            polkit TASKS_READ, audited TASKS_LISTED;
-        /// Page through the event log: `s` task id or `""`, `x` after
-        /// event id, `u` limit.
-        LIST_EVENTS = ListEvents("sxu") -> "s" EventPage,
-            polkit TASKS_READ, audited EVENTS_READ;
-        /// The registered repositories, by name: each one's description,
-        /// environment, upstream (its URL without a password), signing
-        /// principal and newest sync event; never a credential. An agent
-        /// sees the repositories it may propose for. Since 9.2; not on
-        /// [`tasks_v1`].
-        LIST_REPOSITORIES = ListRepositories("") -> "s" RepositoryList,
-            polkit TASKS_READ, audited REPOSITORIES_READ;
-        /// Cancel a task that is not terminal: `s` task id, `s` an
-        /// `airlock.task-decision.v1` request (`cancel`).
-        CANCEL_TASK = CancelTask("ss") -> "s" DecisionOutcome,
-            polkit TASKS_MANAGE, audited TASK_CANCELLED;
-        /// Decide on a VERIFYING task: `s` task id, `s` an
-        /// `airlock.task-decision.v1` request (`accept`, `rework`, `reject`).
-        VERIFY = Verify("ss") -> "s" DecisionOutcome,
-            polkit TASKS_MANAGE, audited TASK_VERIFIED;
-    }
-
-    /// `org.airlock.Worker1`: the worker only, admitted by its peer uid.
-    mod worker = "org.airlock.Worker1" {
-        also {}
-        /// Claim the next task under a fresh lease (`null` when none).
-        CLAIM = Claim("") -> "s" Option<ClaimGrant>,
-            peer Worker, audited TASK_CLAIMED;
-        /// Extend a lease: [`LeaseRef`] as `s` `t` `s`; the new expiry
-        /// (unix ms).
-        RENEW = Renew("sts") -> "x" i64,
-            peer Worker, audited TASK_LEASE_RENEWED;
-        /// Submit an attempt's result: [`LeaseRef`] as `s` `t` `s`, `s`
-        /// idempotency key, `s` an `airlock.task-result.v1` result.
-        SUBMIT_RESULT = SubmitResult("stsss") -> "s" ResultReceipt,
-            peer Worker, audited TASK_RESULT_SUBMITTED;
-        /// Take a reconciliation case an administrator chose to adopt, to
-        /// check the ref (`null` when none waits).
-        TAKE_ADOPTION = TakeAdoption("") -> "s" Option<AdoptionCheck>,
-            peer Worker, audited ADOPTION_TAKEN;
-        /// Report what the ref holds for an adoption taken: `s` an
-        /// [`crate::reconcile::AdoptionReport`].
-        SETTLE_ADOPTION = SettleAdoption("s") -> "s" ReconciliationCase,
-            peer Worker, audited TASK_RECONCILIATION_ADOPTED;
-        /// Record what happened with an upstream: `s` an
-        /// [`crate::upstream::UpstreamReport`] (recorded as the event its
-        /// kind names).
-        REPORT_UPSTREAM = ReportUpstream("s") -> "" (),
-            peer Worker, audited UPSTREAM_REPORTED;
-    }
-
-    /// `org.airlock.Retry1`: airlock-retryd only, admitted by its peer uid.
-    mod retry = "org.airlock.Retry1" {
-        also {}
-        /// Grant a FAILED, exhausted task one more attempt (the store's
-        /// compare-and-swap transaction): `s` task id, `s` the owner's
-        /// request, `s` the owner id.
-        EXTEND_RETRY = ExtendRetry("sss") -> "s" RetryExtensionOutcome,
-            peer Retry, audited TASK_RETRY_EXTENSION_AUTHORIZED;
-    }
-
-    /// `org.airlock.Agents1`: the planner agents the supervisor runs;
-    /// admins, authorised by polkit.
-    mod agents = "org.airlock.Agents1" {
-        also {
-            /// Signal: `s` agent name, `s` state, `u` consecutive failures.
-            pub const AGENT_CHANGED: &str = "AgentChanged";
-        }
-        /// Every configured agent with its state.
-        LIST_AGENTS = ListAgents("") -> "s" AgentList,
-            polkit AGENTS_READ, audited AGENTS_READ;
-        /// One agent with its state: `s` name.
-        GET_AGENT = GetAgent("s") -> "s" AgentView,
-            polkit AGENTS_READ, audited AGENTS_READ;
-        /// Start a stopped agent (refused while held: AGENTOS_CRASH_LOOP).
-        START_AGENT = StartAgent("s") -> "s" AgentView,
-            polkit AGENTS_MANAGE, audited AGENT_START_REQUESTED;
-        /// Stop an agent (never counted as a failure).
-        STOP_AGENT = StopAgent("s") -> "s" AgentView,
-            polkit AGENTS_MANAGE, audited AGENT_STOP_REQUESTED;
-        /// Clear a hold: the count resets and the agent starts.
-        CLEAR_HOLD = ClearHold("s") -> "s" AgentView,
-            polkit AGENTS_MANAGE, audited AGENT_HOLD_CLEARED;
-        /// Cancel the QUEUED tasks an agent submitted, with AGENT_REVOKED:
-        /// `s` name, `s` reason. Refused with AGENT_RUNNING unless the agent
-        /// is stopped or held (or no longer configured). Since 8.1.
-        CANCEL_QUEUED = CancelQueued("ss") -> "s" AgentQueueCancelled,
-            polkit AGENTS_MANAGE, audited AGENT_QUEUE_CANCELLED;
-    }
-
-    /// `org.airlock.Reconcile1`: reconciliation cases (an attempt whose
-    /// branch moved behind the worker's back); admins, authorised by polkit.
-    mod reconcile = "org.airlock.Reconcile1" {
-        also {}
-        /// Page through cases: `s` status or `""`, `s` after task id or
-        /// `""`, `u` limit.
-        LIST_RECONCILIATIONS = ListReconciliations("ssu") -> "s" ReconciliationPage,
-            polkit TASKS_READ, audited RECONCILIATIONS_READ;
-        /// A task's latest case: `s` task id.
-        GET_RECONCILIATION = GetReconciliation("s") -> "s" ReconciliationCase,
-            polkit TASKS_READ, audited RECONCILIATIONS_READ;
-        /// Adopt the observed head or fail the task, exactly once: `s`
-        /// task id, `s` an `airlock.reconciliation-resolution.v1` request.
-        RESOLVE_RECONCILIATION = ResolveReconciliation("ss") -> "s" ResolveOutcome,
-            polkit RECONCILE_MANAGE, audited TASK_RECONCILIATION_RESOLVED;
-    }
-
-    /// `org.airlock.AgentHost1`: served by airlock-local (root) for the
-    /// supervisor where there is no systemd; starts, probes and stops agent
-    /// processes by name (the process driver). Admitted by the caller's
-    /// uid: the supervisor's only. Not part of [`INTERFACES`] (another
-    /// process serves it, under its own name).
-    mod agent_host = "org.airlock.AgentHost1" {
-        also {
-            /// The well-known name.
-            pub const BUS_NAME: &str = "org.airlock.AgentHost1";
-            /// The object.
-            pub const OBJECT_PATH: &str = "/org/airlock/AgentHost1";
-        }
-        /// Start the configured agent `s` name; the session it leads (its
-        /// leader's pid; 0: none).
-        START = Start("s") -> "u" u32,
-            peer Supervisor;
-        /// Whether the agent `s` name runs.
-        PROBE = Probe("s") -> "s" AgentLiveness,
-            peer Supervisor;
-        /// Stop the agent `s` name and its process group.
-        STOP = Stop("s") -> "" (),
-            peer Supervisor;
-    }
+    };
 }
+
+rows!(declare);
 
 /// A call shape an interface no longer takes: answered with
 /// `PROTOCOL_VERSION_MISMATCH` naming the interface and method to call
@@ -539,8 +703,8 @@ const fn names<const N: usize>(rows: [Method; N]) -> [&'static str; N] {
 /// (`Tasks2`): the methods it had in protocol 3.0 to 6.1, with the
 /// signatures they had then, served by the same handlers, its
 /// `TaskChanged` emitted as well; introspection marks it deprecated. A
-/// method `Tasks2` gained since (`GetPlan`, 9.1; `ListRepositories`, 9.2)
-/// is not served under the old name. Verify's call of before 3.0 (three strings) is refused by
+/// method `Tasks2` gained since (`GetPlan`, 9.1; `ListRepositories`, 9.2;
+/// `CountEvents`, 12.0) is not served under the old name. Verify's call of before 3.0 (three strings) is refused by
 /// name ([`tasks_v1::RETIRED`]). Its pre-3.0 `CancelTask (task id,
 /// reason)` has today's signature and is refused as a decision that is
 /// not JSON (`MESSAGE_INVALID`).
@@ -636,6 +800,41 @@ pub struct AgentView {
     pub updated_at_ms: u64,
 }
 
+/// `GetAgentLimits`'s reply (since protocol 12.0): a planner agent's
+/// quotas and cap on running tasks (its `[[agent]]` table's, and the
+/// supervisor's `max_running_per_submitter`), and its use of them now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLimits {
+    /// The agent (`[[agent]] name`).
+    pub name: String,
+    /// `tasks_per_hour`: most tasks submitted in any 3,600 s of store
+    /// time; 0: none.
+    pub tasks_per_hour: u32,
+    /// `cpu_seconds_per_day`: most CPU seconds its tasks' verification may
+    /// use in any 86,400 s of store time; 0: none.
+    pub cpu_seconds_per_day: u64,
+    /// Most of its tasks RUNNING at once (its `max_running`, else the
+    /// supervisor's `max_running_per_submitter`); 0: none.
+    pub max_running: u32,
+    /// Its use now, counted by the task store.
+    pub usage: AgentUsage,
+}
+
+/// What a planner agent has used of its quotas, counted by the task store
+/// at one store time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentUsage {
+    /// Tasks it submitted in the last 3,600 s.
+    pub tasks_last_hour: u64,
+    /// CPU milliseconds its tasks' verification used in the last 86,400 s
+    /// (the commands' wall-clock time until results carry CPU time).
+    pub cpu_ms_last_day: u64,
+    /// Its tasks RUNNING now, on every host.
+    pub running: u64,
+}
+
 /// `CancelQueued`'s reply.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -699,6 +898,62 @@ impl std::fmt::Display for LeaseRef {
     }
 }
 
+/// What a fence is for ([`FenceRequest::step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FenceStep {
+    /// The compare-and-swap of the task's agent branch in the authority
+    /// repository.
+    Ref,
+    /// The push of the agent branch to the repository's upstream.
+    Push,
+    /// The step is over: the fence is released.
+    Release,
+}
+
+impl FenceStep {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceStep::Ref => "ref",
+            FenceStep::Push => "push",
+            FenceStep::Release => "release",
+        }
+    }
+}
+
+/// `Worker1.Fence`'s request: the side effect the lease holder is about to
+/// take, and how long the supervisor must hold off every move of the task
+/// for it (a cancel, the lease's expiry). The holder asks for the step's
+/// bound plus a start window, starts the step only within the window, by
+/// its own monotonic clock counted from before it asked, and so ends it
+/// within the hold (a push is bounded by its timeout).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceRequest {
+    /// What the fence is for.
+    pub step: FenceStep,
+    /// The commit the ref or the push will point at (`None` to release).
+    pub commit_oid: Option<String>,
+    /// How long to hold, in ms, within `1..=MAX_FENCE_MS` (0 to release).
+    pub hold_ms: u64,
+}
+
+/// `Worker1.Fence`'s reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceGrant {
+    /// The task.
+    pub task_id: String,
+    /// What the fence is for (`release`: none stands any more).
+    pub step: FenceStep,
+    /// Until when (unix ms, the store's clock) the fence stands; `None`
+    /// once released.
+    pub fenced_until_ms: Option<i64>,
+    /// The lease's expiry now (never before the fence's end).
+    pub lease_expires_at_ms: i64,
+}
+
 /// `SubmitTask`'s reply.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -759,6 +1014,21 @@ pub struct EventPage {
     pub events: Vec<EventRecord>,
     /// Pass as `after` for the next page.
     pub next_after: i64,
+}
+
+/// `CountEvents`'s reply (since protocol 12.0): the events of one task
+/// the caller may read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventCount {
+    /// The task.
+    pub task_id: String,
+    /// Its events, allowed and denied.
+    pub events: u64,
+    /// Of those, the denied ones.
+    pub denied: u64,
+    /// How many of each action, by action name.
+    pub by_action: std::collections::BTreeMap<String, u64>,
 }
 
 /// `ListRepositories`'s reply (since protocol 9.2).
@@ -952,11 +1222,25 @@ mod tests {
                 *v2
             );
         }
-        for gained in [tasks::GET_PLAN, tasks::LIST_REPOSITORIES] {
+        for gained in [
+            tasks::GET_PLAN,
+            tasks::LIST_REPOSITORIES,
+            tasks::COUNT_EVENTS,
+        ] {
             assert!(row(tasks::INTERFACE, gained).is_some(), "{gained}");
             assert!(row(tasks_v1::INTERFACE, gained).is_none(), "{gained}");
         }
         assert!(row(tasks::INTERFACE, "Nope").is_none());
+    }
+
+    #[test]
+    fn a_call_with_other_arguments_than_its_rows_is_message_invalid_naming_both() {
+        let e = <tasks::Verify as Call>::METHOD.wrong_arguments("sss");
+        assert_eq!(e.code, Code::MESSAGE_INVALID);
+        assert_eq!(
+            e.to_string(),
+            "MESSAGE_INVALID: org.airlock.Tasks2.Verify takes the arguments (ss) and answers (s); this call's arguments are (sss)"
+        );
     }
 
     #[test]
@@ -996,9 +1280,21 @@ mod tests {
     }
 
     #[test]
-    fn only_the_major_version_must_agree() {
-        assert!(check_protocol((1, 0), "1.1").is_ok());
-        assert!(check_protocol((1, 1), "1.0").is_ok());
+    fn a_client_may_lag_one_minor_and_no_major() {
+        assert!(check_protocol((1, 1), "1.1").is_ok());
+        assert!(check_protocol((1, 0), "1.1").is_ok(), "one minor behind");
+        assert!(check_protocol((1, 3), "1.0").is_ok(), "ahead");
+        for (client, server) in [((1, 0), "1.2"), ((1, 1), "1.9")] {
+            let e = check_protocol(client, server).unwrap_err();
+            assert_eq!(e.code, Code::PROTOCOL_VERSION_MISMATCH);
+            let text = e.to_string();
+            assert!(
+                text.contains(&protocol_string(client))
+                    && text.contains(server)
+                    && text.contains("one minor version behind"),
+                "{text}"
+            );
+        }
         for server in ["2.0", "0.9", "1", "x.y", ""] {
             let e = check_protocol((1, 1), server).unwrap_err();
             assert_eq!(e.code, Code::PROTOCOL_VERSION_MISMATCH);

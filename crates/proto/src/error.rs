@@ -277,6 +277,8 @@ catalogue! {
     TASK_NOT_FOUND => NotFound, None;
     /// The operation is not allowed in the task's current state.
     TASK_STATE_INVALID => Conflict, None;
+    /// The task's attempt is moving its agent branch, or pushing it, under a fence (Worker1.Fence): it cannot be cancelled until the step ends (the detail says by when); cancel it again then.
+    TASK_COMMITTING => Conflict, None;
     /// A task with this idempotency key exists with different content.
     TASK_IDEMPOTENCY_CONFLICT => Conflict, None;
     /// max_attempts is outside 1..=50.
@@ -391,6 +393,8 @@ catalogue! {
     AUTHORITY_UNAVAILABLE => Denied, None;
     /// The caller's unix uid is not the one this method is reserved for.
     PEER_UID_DENIED => Denied, None;
+    /// A planner agent may not decide on a task it submitted (Verify, CancelTask, ResolveReconciliation), whatever polkit lets its user do: what an agent proposes is decided by someone else. Nothing changes; the refusal is recorded.
+    SELF_APPROVAL_FORBIDDEN => Denied, None;
 
     // ---- executor ------------------------------------------------------------------
     /// The executor found a credential, a secret or a network it must not have.
@@ -413,6 +417,10 @@ catalogue! {
     TREE_CACHE_CORRUPT => Conflict, None;
     /// A verification command exited non-zero, was killed, or timed out.
     VERIFICATION_FAILED => Conflict, None;
+    /// A verification command failed after its job reached its memory limit (`executor.limits.job_memory_mib`, its cgroup's): the job's OOM killer ended a process of it. The command's evidence records the limit and the peak.
+    COMMAND_MEMORY_EXCEEDED => Conflict, None;
+    /// A verification command failed after its job reached its process limit (`executor.limits.job_processes`, its cgroup's `pids.max`): a fork was refused. The command's evidence records the limit and how many forks were refused.
+    COMMAND_PROCESS_LIMIT => Conflict, None;
     /// A setup command of the repository's environment exited non-zero, was killed, or timed out: the dependency layer was not made (its output tail is in the failure); the attempt ends, and a later one may fetch again.
     SETUP_FAILED => Conflict, None;
     /// This executor cannot run the environment's setup: it needs the minimal root with a network namespace per command and airlock-egress's socket (see `airlockctl doctor`).
@@ -493,6 +501,8 @@ catalogue! {
     AGENT_REVOKED => Denied, None;
     /// The agent is running (or starting, or waiting to restart): stop it first (`airlockctl agent stop NAME`), so that it queues no more while its queue is cancelled.
     AGENT_RUNNING => Conflict, None;
+    /// A planner agent's submission would take it over one of its quotas (`[[agent]] tasks_per_hour`: tasks it submitted in the last 3,600 s of the store's clock; `cpu_seconds_per_day`: what its tasks' verification used in the last 86,400 s); the detail names the quota and its figures. Nothing is stored and the refusal is recorded. Not retryable in a loop: a submission is accepted again once enough of the window's use has aged out.
+    AGENT_QUOTA_EXCEEDED => Denied, None;
     /// The agent failed 5 times in a row and is held: nothing restarts it until an operator clears the hold (retryable once cleared).
     AGENTOS_CRASH_LOOP => Unavailable, None;
 
@@ -767,6 +777,7 @@ mod tests {
         assert!(!Code::AGENT_REPOSITORY_DENIED.retryable());
         assert!(!Code::AGENT_TASK_DENIED.retryable());
         assert!(!Code::AGENT_NOT_FOUND.retryable());
+        assert!(!Code::AGENT_QUOTA_EXCEEDED.retryable());
         assert!(!Code::MESSAGE_INVALID.retryable());
     }
 

@@ -61,3 +61,8 @@ pub const MAX_OUTPUT_TAIL_BYTES: usize = 4096;
 pub const MAX_SUMMARY_TAIL_BYTES: usize = 2048;
 /// Largest task result accepted by the supervisor, canonical bytes.
 pub const MAX_RESULT_BYTES: usize = 256 * 1024;
+
+/// Longest a worker's fence may hold off a task's cancel and lease expiry
+/// (`Worker1.Fence`): a push bounded by its own timeout fits, a worker gone
+/// for good releases the task within this.
+pub const MAX_FENCE_MS: u64 = 30 * 60 * 1000;

@@ -24,6 +24,27 @@
 //! fails closed; it never panics on odd input. What was redacted is
 //! recorded by the marker itself — `[REDACTED:aws-access-key]` says a key
 //! was there, never what it was.
+//!
+//! **Known values** are what airlock itself made for the task at hand —
+//! its id and branch (and that branch's ref), the request's id, the
+//! digests and object ids it computed, the setup forwarder's URL: not
+//! secrets, and shown on purpose. A writer that knows them says so
+//! ([`Redactor::with_known`], [`Redactor::with_task`],
+//! [`Redactor::with_result`]); a redaction is then not made when what it
+//! would replace, with every occurrence of a known value taken out of it,
+//! no longer calls for it (no longer has the shape, or is empty of the
+//! literal). A secret beside or around a known value is still replaced —
+//! the known value with it, where they touch.
+//!
+//! ```
+//! use airlock_proto::redact::Redactor;
+//! let task = "p-0a1b2c3d4e5f6071";
+//! let r = Redactor::new().with_task(task, "agent/p-0a1b2c3d4e5f6071");
+//! let answer = format!("*\tf00dcafe:refs/heads/agent/{task}\t[new branch]");
+//! assert_eq!(r.text(&answer), answer);
+//! let leak = format!("{task}=Zq8vN3kP0wR7tY2uB5xM9cL4jH6gF1dS");
+//! assert_eq!(r.text(&leak), format!("{task}=[REDACTED:high-entropy]"));
+//! ```
 
 use regex::Regex;
 use serde_json::{Map, Value};
@@ -108,10 +129,55 @@ fn looks_generated(v: &str) -> bool {
     !hex && has_digit && (has_upper || has_lower) && entropy(v) >= ENTROPY_BITS
 }
 
-/// Redacts what this process holds as literal secrets, and every shape.
+/// Redacts what this process holds as literal secrets, and every shape;
+/// never the known values it was given (module doc).
 #[derive(Clone, Debug, Default)]
 pub struct Redactor {
     literals: Vec<String>,
+    known: Vec<String>,
+}
+
+/// Which bytes of a text belong to an occurrence of a known value.
+struct Coverage {
+    /// One flag per byte; empty when no known value occurs.
+    mask: Vec<bool>,
+}
+
+impl Coverage {
+    fn of(text: &str, known: &[String]) -> Coverage {
+        let mut mask = Vec::new();
+        for k in known {
+            for (at, _) in text.match_indices(k.as_str()) {
+                if mask.is_empty() {
+                    mask = vec![false; text.len()];
+                }
+                mask[at..at + k.len()].fill(true);
+            }
+        }
+        Coverage { mask }
+    }
+
+    /// Whether every byte of `text[start..end]` is a known value's.
+    fn covers(&self, start: usize, end: usize) -> bool {
+        !self.mask.is_empty() && start < end && self.mask[start..end].iter().all(|k| *k)
+    }
+
+    /// `text[start..end]` without the bytes of known values (whole
+    /// characters: a known value is a string, so it starts and ends on
+    /// character boundaries).
+    fn strip<'t>(&self, text: &'t str, start: usize, end: usize) -> Cow<'t, str> {
+        let span = &text[start..end];
+        if self.mask.is_empty() || !self.mask[start..end].iter().any(|k| *k) {
+            return Cow::Borrowed(span);
+        }
+        let kept: Vec<u8> = span
+            .bytes()
+            .zip(&self.mask[start..end])
+            .filter(|(_, known)| !**known)
+            .map(|(b, _)| b)
+            .collect();
+        Cow::Owned(String::from_utf8_lossy(&kept).into_owned())
+    }
 }
 
 impl Redactor {
@@ -129,37 +195,98 @@ impl Redactor {
         self
     }
 
-    /// `text` with every secret shape replaced.
+    /// Never redacts `value` (a value airlock made itself: module doc).
+    /// An empty value is ignored.
+    pub fn with_known(mut self, value: &str) -> Self {
+        if !value.is_empty() && !self.known.iter().any(|k| k == value) {
+            self.known.push(value.to_owned());
+        }
+        self
+    }
+
+    /// [`Redactor::with_known`] for each of `values`.
+    pub fn with_known_all<I, S>(self, values: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        values
+            .into_iter()
+            .fold(self, |r, v| r.with_known(v.as_ref()))
+    }
+
+    /// The task's id and its branch, with that branch's ref
+    /// (`refs/heads/…`), as known values.
+    pub fn with_task(self, task_id: &str, target_branch: &str) -> Self {
+        self.with_known(task_id)
+            .with_known(target_branch)
+            .with_known(&format!("refs/heads/{target_branch}"))
+    }
+
+    /// What a binding names that airlock made or checked (the task and
+    /// job ids, the branch and its ref, the commits), and the envelope's
+    /// digest, as known values. Never the idempotency key: a caller
+    /// chooses it freely.
+    pub fn with_binding(self, b: &crate::binding::Binding, execution_digest: &str) -> Self {
+        self.with_known_all(binding_values(b, execution_digest))
+    }
+
+    /// What `result` names that airlock made (the task, its branch, the
+    /// digests and commits, the published ref), as known values: the
+    /// redactor of a stored result.
+    pub fn with_result(self, r: &crate::task::TaskResult) -> Self {
+        let publication = r.publication.as_ref();
+        self.with_task(&r.task_id, &r.target_branch)
+            .with_known(&r.execution_digest)
+            .with_known_all(r.commit_oid.iter())
+            .with_known_all(r.exec_result_sha256.iter())
+            .with_known_all(publication.map(|p| p.remote_ref.as_str()))
+            .with_known_all(publication.map(|p| p.commit_oid.as_str()))
+            .with_known_all(r.signature.as_ref().map(|s| s.fingerprint.as_str()))
+    }
+
+    /// `text` with every secret shape replaced, known values spared.
     pub fn text<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);
         for lit in &self.literals {
             if out.contains(lit.as_str()) {
-                out = Cow::Owned(out.replace(lit.as_str(), "[REDACTED:literal]"));
+                // Spared only where it lies wholly inside a known value.
+                let known = Coverage::of(&out, &self.known);
+                if let Some(replaced) = replace_literal(&out, lit, &known) {
+                    out = Cow::Owned(replaced);
+                }
             }
         }
         for (kind, re) in SHAPES.iter() {
             if re.is_match(&out) {
+                let known = Coverage::of(&out, &self.known);
                 let marker = format!("[REDACTED:{kind}]");
-                let replaced = match *kind {
-                    // Keep the scheme and user, drop the password.
-                    "url-password" => re.replace_all(&out, format!("$1:{marker}@").as_str()),
-                    // Keep the name and the operator, drop the value —
-                    // unless the name is a digest's or a file's.
-                    "secret-assignment" => re.replace_all(&out, |c: &regex::Captures<'_>| {
-                        if is_digest_key(&c[1]) {
-                            c[0].to_owned()
-                        } else {
-                            format!("{}{}{marker}", &c[1], &c[4])
-                        }
-                    }),
-                    _ => re.replace_all(&out, marker.as_str()),
-                };
+                let replaced = re.replace_all(&out, |c: &regex::Captures<'_>| {
+                    let whole = c.get(0).expect("a match");
+                    // Without the known values in it, no longer a secret's shape.
+                    if !re.is_match(&known.strip(&out, whole.start(), whole.end())) {
+                        return c[0].to_owned();
+                    }
+                    match *kind {
+                        // Keep the scheme and user, drop the password.
+                        "url-password" => format!("{}:{marker}@", &c[1]),
+                        // Keep the name and the operator, drop the value —
+                        // unless the name is a digest's or a file's.
+                        "secret-assignment" if is_digest_key(&c[1]) => c[0].to_owned(),
+                        "secret-assignment" => format!("{}{}{marker}", &c[1], &c[4]),
+                        _ => marker.clone(),
+                    }
+                });
                 out = Cow::Owned(replaced.into_owned());
             }
         }
         if ASSIGNMENT.is_match(&out) {
+            let known = Coverage::of(&out, &self.known);
             let replaced = ASSIGNMENT.replace_all(&out, |c: &regex::Captures<'_>| {
-                if looks_generated(&c[3]) {
+                let value = c.get(3).expect("a value");
+                // Judged without the known values in it.
+                let rest = known.strip(&out, value.start(), value.end());
+                if rest.len() >= 20 && looks_generated(&rest) {
                     format!("{}{}[REDACTED:high-entropy]", &c[1], &c[2])
                 } else {
                     c[0].to_owned()
@@ -202,6 +329,40 @@ impl Redactor {
             other => other.clone(),
         }
     }
+}
+
+/// What [`Redactor::with_binding`] knows: the task and job ids, the
+/// branch and its ref, the base and expected commits, and
+/// `execution_digest`.
+pub fn binding_values(b: &crate::binding::Binding, execution_digest: &str) -> Vec<String> {
+    vec![
+        b.task_id.clone(),
+        b.job_id.clone(),
+        b.target_branch.clone(),
+        format!("refs/heads/{}", b.target_branch),
+        b.base_oid.clone(),
+        b.expected_branch_oid.clone(),
+        execution_digest.to_owned(),
+    ]
+}
+
+/// `text` with each occurrence of `lit` replaced, but those lying wholly
+/// inside a known value; None when none is replaced.
+fn replace_literal(text: &str, lit: &str, known: &Coverage) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for (at, _) in text.match_indices(lit) {
+        if known.covers(at, at + lit.len()) {
+            continue;
+        }
+        out.push_str(&text[last..at]);
+        out.push_str("[REDACTED:literal]");
+        last = at + lit.len();
+    }
+    (last > 0).then(|| {
+        out.push_str(&text[last..]);
+        out
+    })
 }
 
 /// Keys airlock uses for digests, ids and references to secrets, never for
@@ -358,6 +519,92 @@ mod tests {
         }
         let out = value(&v).to_string();
         assert!(out.contains("too-deep") && !out.contains("AKIA"), "{out}");
+    }
+
+    /// Issue 41 item 6: a publication's answer lost its task id, and a
+    /// setup's tails the forwarder's URL (a literal of its environment).
+    #[test]
+    fn known_values_are_never_redacted() {
+        let task = "p-0a1b2c3d4e5f6071";
+        let branch = format!("agent/{task}");
+        let answer = format!(
+            "*\ta0664778208f3b4c576dd042e260e3ab2749c5ed:refs/heads/{branch}\t[new branch]"
+        );
+        // The control: without knowing them, the redactor eats the ref.
+        assert!(
+            text(&answer).contains("[REDACTED:high-entropy]"),
+            "{}",
+            text(&answer)
+        );
+        let r = Redactor::new().with_task(task, &branch);
+        assert_eq!(r.text(&answer), answer);
+        // The task id alone spares its ref too (what is left is no secret).
+        assert_eq!(Redactor::new().with_known(task).text(&answer), answer);
+        let proxy = "http://127.0.0.1:3128";
+        let line = format!("Using proxy {proxy} for {task}");
+        let env = Redactor::new().with_literal(proxy);
+        assert_eq!(
+            env.text(&line),
+            format!("Using proxy [REDACTED:literal] for {task}")
+        );
+        assert_eq!(env.clone().with_known(proxy).text(&line), line);
+        // In JSON too, and the result's own values are known for it.
+        let v = r.value(&json!({"publication": {"answer": answer}}));
+        assert_eq!(v["publication"]["answer"], answer);
+    }
+
+    #[test]
+    fn a_secret_beside_or_around_a_known_value_is_still_redacted() {
+        let task = "p-0a1b2c3d4e5f6071";
+        let proxy = "http://127.0.0.1:3128";
+        let r = Redactor::new()
+            .with_task(task, &format!("agent/{task}"))
+            .with_known(proxy)
+            .with_literal(&format!("{proxy}/private-mirror-key"))
+            .with_literal("k".repeat(24).as_str());
+        for (kind, secret) in super::planted() {
+            let line = format!("{task} {secret} refs/heads/agent/{task} {proxy}");
+            let out = r.text(&line);
+            assert!(out.contains(&format!("[REDACTED:{kind}]")), "{kind}: {out}");
+            assert!(
+                out.starts_with(&format!("{task} "))
+                    && out.ends_with(&format!("agent/{task} {proxy}")),
+                "{kind}: {out}"
+            );
+        }
+        let seed = "Zq8vN3kP0wR7tY2uB5xM9cL4jH6gF1dS";
+        for (line, kept) in [
+            // A known name does not spare its value.
+            (
+                format!("{task}={seed}"),
+                format!("{task}=[REDACTED:high-entropy]"),
+            ),
+            (
+                format!("DEPLOY_TOKEN_{task}=hunter2hunter2"),
+                format!("DEPLOY_TOKEN_{task}=[REDACTED:secret-assignment]"),
+            ),
+            // Nor does a known value inside the secret.
+            (
+                format!("SEED={task}{seed}"),
+                "SEED=[REDACTED:high-entropy]".to_owned(),
+            ),
+            (
+                format!("Bearer {task}{seed}"),
+                "[REDACTED:http-credential]".to_owned(),
+            ),
+            // A literal holding a known value, and one beside it.
+            (
+                format!("{proxy}/private-mirror-key"),
+                "[REDACTED:literal]".to_owned(),
+            ),
+            (
+                format!("{task}{}", "k".repeat(24)),
+                format!("{task}[REDACTED:literal]"),
+            ),
+        ] {
+            assert_eq!(r.text(&line), kept);
+            assert_eq!(r.text(&kept), kept, "idempotent");
+        }
     }
 
     #[test]

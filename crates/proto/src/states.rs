@@ -32,6 +32,8 @@ pub enum Op {
     Claim,
     /// `Worker1.Renew` with the current lease.
     Renew,
+    /// `Worker1.Fence` under the current lease (setting or releasing it).
+    Fence,
     /// `Worker1.SubmitResult` of a passed attempt, under the current lease.
     SubmitPassed,
     /// `Worker1.SubmitResult` of a failed attempt, under the current lease.
@@ -50,6 +52,7 @@ impl Op {
         Op::Reject,
         Op::Claim,
         Op::Renew,
+        Op::Fence,
         Op::SubmitPassed,
         Op::SubmitFailed,
         Op::ExtendRetry,
@@ -65,6 +68,7 @@ impl Op {
             Op::Reject => "Tasks2.Verify (reject)",
             Op::Claim => "Worker1.Claim",
             Op::Renew => "Worker1.Renew",
+            Op::Fence => "Worker1.Fence",
             Op::SubmitPassed => "Worker1.SubmitResult (passed)",
             Op::SubmitFailed => "Worker1.SubmitResult (failed)",
             Op::ExtendRetry => "Retry1.ExtendRetry",
@@ -114,7 +118,7 @@ pub const TABLE: &[(Op, TaskState, Outcome)] = &{
             Running,
             To(
                 &[Cancelled],
-                "the lease is cleared; its holder is fenced off",
+                "the lease is cleared; its holder is fenced off (refused with TASK_COMMITTING while the holder's fence stands: its ref move or push is under way)",
             ),
         ),
         (Op::Cancel, Verifying, To(&[Cancelled], "")),
@@ -195,6 +199,27 @@ pub const TABLE: &[(Op, TaskState, Outcome)] = &{
         (Op::Renew, Failed, Refused(INVALID, "terminal")),
         (
             Op::Renew,
+            Cancelled,
+            Refused(INVALID, "the lease was cleared"),
+        ),
+        (Op::Fence, Queued, Refused(INVALID, "no lease")),
+        (
+            Op::Fence,
+            Running,
+            To(
+                &[Running],
+                "epoch, token and expiry checked; until it is released, the task is not cancelled and its lease does not expire",
+            ),
+        ),
+        (
+            Op::Fence,
+            Verifying,
+            Refused(INVALID, "the attempt is over"),
+        ),
+        (Op::Fence, Succeeded, Refused(INVALID, "terminal")),
+        (Op::Fence, Failed, Refused(INVALID, "terminal")),
+        (
+            Op::Fence,
             Cancelled,
             Refused(INVALID, "the lease was cleared"),
         ),
@@ -297,6 +322,9 @@ mod step {
         Claim,
         /// `Worker1.Renew`: the lease's expiry moves; the state does not.
         Renew,
+        /// `Worker1.Fence`: a fence is set (the lease's expiry moves past
+        /// its end) or released; the state does not change.
+        Fence,
         /// `Tasks2.ReplacePlan`: the plan changes; the state does not.
         ReplacePlan,
         /// `Worker1.SubmitResult` of a passed or captured attempt, left for
@@ -337,6 +365,7 @@ mod step {
         pub const ALL: &'static [Step] = &[
             Step::Claim,
             Step::Renew,
+            Step::Fence,
             Step::ReplacePlan,
             Step::SubmitPassed,
             Step::AutoAccept,
@@ -358,6 +387,7 @@ mod step {
             match self {
                 Step::Claim => "claim",
                 Step::Renew => "renew",
+                Step::Fence => "fence",
                 Step::ReplacePlan => "replace plan",
                 Step::SubmitPassed => "submit result (passed)",
                 Step::AutoAccept => "submit result (passed, auto-accepted)",
@@ -382,6 +412,7 @@ mod step {
             match self {
                 Step::Claim => Some(Op::Claim),
                 Step::Renew => Some(Op::Renew),
+                Step::Fence => Some(Op::Fence),
                 Step::ReplacePlan => Some(Op::ReplacePlan),
                 Step::SubmitPassed | Step::AutoAccept => Some(Op::SubmitPassed),
                 Step::SubmitFailed | Step::SubmitFinal => Some(Op::SubmitFailed),
@@ -482,6 +513,13 @@ pub const TRANSITIONS: &[Transition] = &{
             Any,
             Running,
             "the lease's expiry moves",
+        ),
+        t(
+            Running,
+            Step::Fence,
+            Any,
+            Running,
+            "a fence is set (the lease lasts at least until it ends) or released",
         ),
         t(
             Queued,

@@ -183,6 +183,10 @@ pub struct CommandSummary {
     /// For a command that failed: the last bytes of its stderr.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_tail: Option<String>,
+    /// Its job's walls: limits and peaks (an executor with per-job
+    /// cgroups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<crate::bundle::WallEvidence>,
 }
 
 /// Schema tag of a task result.

@@ -253,3 +253,312 @@ fn state_table_document_is_current() {
          Regenerate it with:\n\n    UPDATE_DOCS=1 cargo test -p airlock-proto --test docs\n"
     );
 }
+
+// ---- the lists of bus methods ---------------------------------------------
+//
+// Every list of the bus's methods in the documents is rendered here from
+// the rows of `crates/proto/src/bus.rs` (`airlock_proto::rows!`), between
+// two markers: `dbus/README.md`, `docs/privsep/messages.md` and the crate
+// doc of `crates/proto/src/lib.rs`. A copy that differs fails the test;
+// `UPDATE_DOCS=1` rewrites it.
+
+use airlock_proto::bus::{Call, Method, Peer, Permission, action, tasks_v1};
+
+/// One interface of the table, as the documents show it.
+struct Interface {
+    /// `org.airlock.Tasks2`.
+    name: &'static str,
+    /// Its module in `airlock_proto::bus` (`tasks`).
+    module: &'static str,
+    /// Its rows, in declaration order.
+    rows: Vec<Row>,
+}
+
+/// One row of the table.
+struct Row {
+    method: Method,
+    /// Its name constant (`GET_TASK`).
+    konst: &'static str,
+    /// Its doc comment, on one line.
+    doc: String,
+}
+
+/// The table, from `airlock_proto::rows!`.
+macro_rules! collect {
+    ($(
+        $(#[doc = $idoc:literal])+
+        mod $module:ident = $iface:literal {
+            also { $($also:item)* }
+            $(
+                $(#[doc = $doc:literal])+
+                $konst:ident = $name:ident ( $input:literal ) -> $output:literal $reply:ty,
+                    $pkind:ident $pwhich:ident $(, audited $event:ident)?
+                    $(, client $fn:ident ( $($arg:ident : $aty:ty),* ) = $wire:expr)?;
+            )+
+        }
+    )+) => {
+        vec![$(
+            Interface {
+                name: $iface,
+                module: stringify!($module),
+                rows: vec![$(
+                    Row {
+                        method: <airlock_proto::bus::$module::$name as Call>::METHOD,
+                        konst: stringify!($konst),
+                        doc: one_line(&[$($doc),+]),
+                    }
+                ),+],
+            }
+        ),+]
+    };
+}
+
+fn table() -> Vec<Interface> {
+    airlock_proto::rows!(collect)
+}
+
+/// Doc comment lines as one line of Markdown: rustdoc's links
+/// (`` [`LeaseRef`] ``) as plain code.
+fn one_line(lines: &[&str]) -> String {
+    let text = lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+    text.replace("[`", "`").replace("`]", "`")
+}
+
+/// Who may call a row, as the documents say it.
+fn caller(p: Permission) -> String {
+    match p {
+        Permission::Polkit(a) => {
+            let who = match a {
+                action::TASKS_READ => "admin, planner",
+                action::TASKS_SUBMIT => "planner, admin",
+                action::TASKS_MANAGE
+                | action::AGENTS_READ
+                | action::AGENTS_MANAGE
+                | action::RECONCILE_MANAGE => "admin",
+                other => panic!("no caller for the action {other}"),
+            };
+            format!("{who} (polkit `{a}`)")
+        }
+        Permission::PeerUid(Peer::Worker) => {
+            "the worker (peer uid `supervisor.worker_user`)".to_owned()
+        }
+        Permission::PeerUid(Peer::Retry) => "airlock-retryd (peer uid `retry.user`)".to_owned(),
+        Permission::PeerUid(Peer::Supervisor) => "the supervisor (its peer uid)".to_owned(),
+    }
+}
+
+/// A row's reply type as code (`stringify!` spaces `Option < ClaimGrant >`).
+fn reply(m: &Method) -> String {
+    format!("`{}`", m.reply.replace(' ', ""))
+}
+
+/// `(in) → out`, `-` for none.
+fn signature(m: &Method) -> String {
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("`{s}`")
+        }
+    };
+    format!("{} → {}", dash(m.input), dash(m.output))
+}
+
+/// What Tasks1 is, from its own declaration.
+fn tasks_v1_line() -> String {
+    let retired: Vec<String> = tasks_v1::RETIRED
+        .iter()
+        .map(|r| {
+            format!(
+                "`{}({})` of {} is refused with `PROTOCOL_VERSION_MISMATCH` naming `{}`",
+                r.name,
+                r.input,
+                r.was,
+                r.instead.path()
+            )
+        })
+        .collect();
+    format!(
+        "`{}`'s methods {} under the old name, deprecated, kept for one release; {}",
+        tasks_v1::SUCCESSOR,
+        tasks_v1::METHODS
+            .iter()
+            .map(|m| format!("`{m}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        retired.join("; ")
+    )
+}
+
+/// dbus/README.md: every method with its signature, reply, caller and
+/// audited event.
+fn render_dbus_readme() -> String {
+    let mut out = String::from(
+        "| interface | method | in → out | reply | who may call | audited as |\n|---|---|---|---|---|---|\n",
+    );
+    for iface in table() {
+        for r in &iface.rows {
+            let m = &r.method;
+            let _ = writeln!(
+                out,
+                "| `{}` | `{}` | {} | {} | {} | {} |",
+                m.interface,
+                m.name,
+                signature(m),
+                reply(m),
+                caller(m.permission),
+                m.event
+                    .map_or("the journal".to_owned(), |e| format!("`{e}`"))
+            );
+        }
+        if iface.name == tasks_v1::SUCCESSOR {
+            let _ = writeln!(
+                out,
+                "| `{}` | | | | | {} |",
+                tasks_v1::INTERFACE,
+                cell(&tasks_v1_line())
+            );
+        }
+    }
+    out
+}
+
+/// docs/privsep/messages.md: every method with who may call it and when.
+fn render_messages() -> String {
+    let mut out = String::from(
+        "| method | who may call | in → out (reply) | allowed when | audited as |\n|---|---|---|---|---|\n",
+    );
+    for iface in table() {
+        let short = iface.name.trim_start_matches("org.airlock.");
+        for r in &iface.rows {
+            let m = &r.method;
+            let _ = writeln!(
+                out,
+                "| `{short}.{}` | {} | {} ({}) | {} | {} |",
+                m.name,
+                caller(m.permission),
+                signature(m),
+                reply(m),
+                cell(&r.doc),
+                m.event
+                    .map_or("the journal".to_owned(), |e| format!("`{e}`"))
+            );
+        }
+        if iface.name == tasks_v1::SUCCESSOR {
+            let _ = writeln!(
+                out,
+                "| `Tasks1.*` | as on `Tasks2` | as on `Tasks2` | {} | as on `Tasks2` |",
+                cell(&tasks_v1_line())
+            );
+        }
+    }
+    out
+}
+
+/// crates/proto/src/lib.rs: every method, linked to its row.
+fn render_crate_doc() -> String {
+    let mut out = String::from("| method | who may call | in → out (reply) |\n|---|---|---|\n");
+    for iface in table() {
+        let short = iface.name.trim_start_matches("org.airlock.");
+        for r in &iface.rows {
+            let m = &r.method;
+            let _ = writeln!(
+                out,
+                "| [`{short}.{}`](bus::{}::{}) | {} | {} ({}) |",
+                m.name,
+                iface.module,
+                r.konst,
+                caller(m.permission),
+                signature(m),
+                reply(m)
+            );
+        }
+        if iface.name == tasks_v1::SUCCESSOR {
+            let _ = writeln!(
+                out,
+                "| [`Tasks1.*`](bus::tasks_v1) | as on `Tasks2` | {} |",
+                cell(&tasks_v1_line())
+            );
+        }
+    }
+    out
+}
+
+const METHODS_BEGIN: &str = "<!-- bus-methods:begin (generated from crates/proto/src/bus.rs: UPDATE_DOCS=1 cargo test -p airlock-proto --test docs) -->";
+const METHODS_END: &str = "<!-- bus-methods:end -->";
+
+/// `path` (from the workspace root) with the lines between its markers
+/// (each line starting with `prefix`) replaced by `generated`; rewritten
+/// with `UPDATE_DOCS=1`, else a difference fails.
+fn section_is_current(path: &str, prefix: &str, generated: &str) {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path);
+    let actual = std::fs::read_to_string(&file).unwrap();
+    let begin = format!("{prefix}{METHODS_BEGIN}\n");
+    let end = format!("{prefix}{METHODS_END}\n");
+    let (Some(b), Some(e)) = (actual.find(&begin), actual.find(&end)) else {
+        panic!("{path} lacks the bus-methods markers");
+    };
+    let body: String = generated
+        .lines()
+        .map(|l| format!("{prefix}{l}").trim_end().to_owned() + "\n")
+        .collect();
+    let wanted = format!("{}{begin}{body}{}", &actual[..b], &actual[e..]);
+    if std::env::var_os("UPDATE_DOCS").is_some_and(|v| v == "1") {
+        std::fs::write(&file, &wanted).unwrap();
+        return;
+    }
+    assert!(
+        actual == wanted,
+        "{path}'s list of bus methods is out of date with crates/proto/src/bus.rs.\n\
+         Regenerate it with:\n\n    UPDATE_DOCS=1 cargo test -p airlock-proto --test docs\n"
+    );
+}
+
+#[test]
+fn dbus_readme_lists_every_method() {
+    section_is_current("dbus/README.md", "", &render_dbus_readme());
+}
+
+#[test]
+fn the_message_table_lists_every_method() {
+    section_is_current("docs/privsep/messages.md", "", &render_messages());
+}
+
+#[test]
+fn the_crate_doc_lists_every_method() {
+    section_is_current("crates/proto/src/lib.rs", "//! ", &render_crate_doc());
+}
+
+#[test]
+fn the_lists_have_every_row_and_only_the_rows() {
+    let rows: Vec<String> = airlock_proto::bus::every_row()
+        .filter(|m| m.interface != tasks_v1::INTERFACE)
+        .map(|m| m.path())
+        .collect();
+    let listed: Vec<String> = table()
+        .iter()
+        .flat_map(|i| i.rows.iter().map(|r| r.method.path()))
+        .collect();
+    assert_eq!(rows, listed);
+    let readme = render_dbus_readme();
+    let messages = render_messages();
+    for m in airlock_proto::bus::every_row() {
+        if m.interface == tasks_v1::INTERFACE {
+            assert!(readme.contains(&format!("`{}`", m.name)), "{}", m.path());
+            continue;
+        }
+        assert!(
+            readme.contains(&format!("| `{}` | `{}` |", m.interface, m.name)),
+            "{}",
+            m.path()
+        );
+        let short = m.interface.trim_start_matches("org.airlock.");
+        assert!(
+            messages.contains(&format!("`{short}.{}`", m.name)),
+            "{}",
+            m.path()
+        );
+    }
+}

@@ -191,6 +191,10 @@ pub enum Error {
     #[error("spawner: {0}")]
     Spawner(String),
 
+    /// A job's cgroup could not be made, joined, limited or read.
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+
     /// A setup's loopback network could not be set up or handed over.
     #[error("setup network: {0}")]
     Network(String),
@@ -233,6 +237,7 @@ impl Error {
             Error::Report(_) => "report",
             Error::Mount { .. } => "minimal_root",
             Error::Spawner(_) => "spawner",
+            Error::Cgroup(_) => "cgroup",
             Error::Network(_) => "network",
         }
     }

@@ -88,6 +88,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod caps;
+pub mod cgroup;
 pub mod env;
 mod error;
 pub mod exec;

@@ -395,7 +395,7 @@ const SUPERVISOR: RolePolicy = RolePolicy {
         &[fixed(
             "/proc",
             Access::Read,
-            "the session of a caller's process (/proc/PID/stat), which names the planner agent a submission comes from; other users' processes show the supervisor (user airlock) only what /proc shows every user",
+            "the cgroup of a caller's process and of each agent's leader (/proc/PID/cgroup; under airlock-local, the session in /proc/PID/stat for an agent without a cgroup), which name the planner agent a submission comes from; other users' processes show the supervisor (user airlock) only what /proc shows every user",
         )],
         DEVICES,
         &[

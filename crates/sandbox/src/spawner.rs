@@ -6,7 +6,8 @@
 //! forbids mounting to a process it restricts, and the minimal root is
 //! built by mounting). The spawner then
 //! 1. closes every descriptor but its socket and the standard streams,
-//!    and dies with the executor (`PR_SET_PDEATHSIG`);
+//!    dies with the executor (`PR_SET_PDEATHSIG`), and moves into its
+//!    job's cgroups ([`crate::cgroup`]) when the executor made walls;
 //! 2. run as root, drops to the commands' uid and gid for good;
 //! 3. prepares the sandbox: its own user and mount namespaces, the
 //!    template, after which its view holds only the template and the
@@ -74,6 +75,10 @@ pub struct Options {
     pub drop_to: Option<(u32, u32)>,
     /// The executor's work root: the only host path the spawner keeps.
     pub work_root: PathBuf,
+    /// The `cgroup.procs` files of its job's cgroups ([`crate::cgroup`]):
+    /// it moves itself in first, so every command it starts is inside its
+    /// job's walls. Empty: no walls.
+    pub cgroup: Vec<PathBuf>,
 }
 
 /// The executor's handle on its spawner.
@@ -239,6 +244,11 @@ fn serve(stream: UnixStream, options: Options) -> ! {
         crate::exit_now(125);
     }
     if let Err(e) = crate::fds::close_inherited(&[stream.as_raw_fd()]) {
+        hello_err(&stream, e.to_string());
+    }
+    // Into its job's walls, before it drops its ids (the executor made
+    // them) and before it starts anything.
+    if let Err(e) = crate::cgroup::enter(&options.cgroup) {
         hello_err(&stream, e.to_string());
     }
     // 2. Root drops to the commands' ids for good.

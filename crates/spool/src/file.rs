@@ -50,10 +50,53 @@ fn temp_name() -> String {
     format!("{TEMP_PREFIX}{}", hex::encode(bytes))
 }
 
+/// The write stages of a publication, each of which a test build can make
+/// fail ([`fail_at`]): the temporary file written, synced, renamed into
+/// place, and the directory synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// The bytes are in the temporary file, and the write reports an error.
+    Write,
+    /// The temporary file was synced, and the sync reports an error.
+    Sync,
+    /// The rename into place fails (nothing is moved).
+    Rename,
+    /// The rename happened, and the directory's sync reports an error.
+    SyncDir,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The stage this thread's next publications fail at.
+    static FAIL_AT: std::cell::Cell<Option<Stage>> = const { std::cell::Cell::new(None) };
+}
+
+/// Test builds only: makes this thread's publications fail at `stage`
+/// (`None`: at none).
+#[cfg(test)]
+pub(crate) fn fail_at(stage: Option<Stage>) {
+    FAIL_AT.with(|f| f.set(stage));
+}
+
+/// The failure a test asked `stage` to have; nothing in other builds.
+fn fault(stage: Stage) -> std::io::Result<()> {
+    #[cfg(test)]
+    if FAIL_AT.with(std::cell::Cell::get) == Some(stage) {
+        return Err(std::io::Error::other(format!(
+            "injected failure at {stage:?}"
+        )));
+    }
+    let _ = stage;
+    Ok(())
+}
+
 /// Publishes `bytes` as `name` in the directory `dir` (shown as `dir_path`):
 /// a fresh temporary file (O_EXCL, O_NOFOLLOW, mode 0640) is written and
 /// fsynced, renamed into place without replacing anything, and the
 /// directory is fsynced. A reader therefore sees the whole file or nothing.
+/// A failure before the rename removes the temporary file and leaves the
+/// directory as it was; a failed directory sync after it is reported
+/// (the file is in place, its durability unconfirmed).
 pub(crate) fn publish_at(
     dir: BorrowedFd<'_>,
     dir_path: &Path,
@@ -86,20 +129,30 @@ pub(crate) fn publish_at(
         })
     })?;
     let mut file = File::from(fd);
-    file.write_all(bytes).map_err(|e| {
-        cleanup(Error::Write {
-            path: temp_path.clone(),
-            source: e,
-        })
-    })?;
-    file.sync_all().map_err(|e| {
-        cleanup(Error::Sync {
-            path: temp_path.clone(),
-            source: e,
-        })
-    })?;
+    file.write_all(bytes)
+        .and_then(|()| fault(Stage::Write))
+        .map_err(|e| {
+            cleanup(Error::Write {
+                path: temp_path.clone(),
+                source: e,
+            })
+        })?;
+    file.sync_all()
+        .and_then(|()| fault(Stage::Sync))
+        .map_err(|e| {
+            cleanup(Error::Sync {
+                path: temp_path.clone(),
+                source: e,
+            })
+        })?;
     drop(file);
     staged();
+    if let Err(e) = fault(Stage::Rename) {
+        return Err(cleanup(Error::Rename {
+            path: final_path,
+            source: e,
+        }));
+    }
     match rustix::fs::renameat_with(dir, temp.as_str(), dir, name, RenameFlags::NOREPLACE) {
         Ok(()) => {}
         Err(Errno::EXIST) => {
@@ -112,10 +165,13 @@ pub(crate) fn publish_at(
             }));
         }
     }
-    rustix::fs::fsync(dir).map_err(|e| Error::SyncDir {
-        path: dir_path.to_owned(),
-        source: io(e),
-    })?;
+    rustix::fs::fsync(dir)
+        .map_err(io)
+        .and_then(|()| fault(Stage::SyncDir))
+        .map_err(|e| Error::SyncDir {
+            path: dir_path.to_owned(),
+            source: e,
+        })?;
     Ok(final_path)
 }
 
@@ -249,4 +305,71 @@ pub fn read_path(path: &Path, expect: &Expect) -> Result<Vec<u8>> {
     let (parent, name) = split(path)?;
     let dir = open_dir(parent)?;
     read_at(dir.as_fd(), parent, name, expect)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Every name in `dir` with its bytes.
+    fn contents(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_failure_at_each_write_stage_leaves_the_directory_byte_for_byte() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path();
+        let dir = open_dir(path).unwrap();
+        publish_at(dir.as_fd(), path, "req-1.json", b"the original", &mut || {}).unwrap();
+        for stage in [Stage::Write, Stage::Sync, Stage::Rename] {
+            // A new name, and the name already published.
+            for name in ["req-2.json", "req-1.json"] {
+                let before = contents(path);
+                fail_at(Some(stage));
+                let err =
+                    publish_at(dir.as_fd(), path, name, b"the new bytes", &mut || {}).unwrap_err();
+                fail_at(None);
+                assert!(
+                    err.to_string().contains("injected failure"),
+                    "{stage:?}: {err}"
+                );
+                assert_eq!(
+                    contents(path),
+                    before,
+                    "{stage:?} {name}: unchanged, no temporary"
+                );
+            }
+        }
+        // After the rename, a failed directory sync is reported; the file
+        // is in place whole, and nothing else changed.
+        let before = contents(path);
+        fail_at(Some(Stage::SyncDir));
+        let err = publish_at(
+            dir.as_fd(),
+            path,
+            "req-3.json",
+            b"the new bytes",
+            &mut || {},
+        )
+        .unwrap_err();
+        fail_at(None);
+        assert!(matches!(err, Error::SyncDir { .. }), "{err}");
+        let mut after = before;
+        after.insert("req-3.json".into(), b"the new bytes".to_vec());
+        assert_eq!(contents(path), after);
+        // Without a fault it publishes.
+        publish_at(dir.as_fd(), path, "req-4.json", b"four", &mut || {}).unwrap();
+        assert_eq!(contents(path)["req-4.json"], b"four");
+    }
 }

@@ -36,6 +36,10 @@
 //! - A lease is a 256-bit random token handed out once in the
 //!   [`ClaimGrant`]; only its SHA-256 is stored. A lease epoch fences stale
 //!   holders.
+//! - A claim is fair between submitters and keeps the caps on running
+//!   tasks it is given ([`fair`]); a planner agent's submission fits its
+//!   quotas ([`quota`]). Both count in the transaction that claims or
+//!   inserts, from the store, so they hold on every host sharing it.
 //!
 //! # States
 //!
@@ -71,11 +75,23 @@
 //! assert_eq!(store.summary().unwrap().total(), 0);
 //! ```
 
+/// Builds a `&'static str` SQL statement once, for the engines'
+/// statements that splice in shared fragments (`row::COLUMNS`,
+/// `fair::CLASS_SQL`).
+macro_rules! sql {
+    ($($arg:tt)*) => {{
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| format!($($arg)*));
+        SQL.as_str()
+    }};
+}
+
 mod audit;
+pub mod fair;
 mod lease;
 mod lifecycle;
 pub mod moves;
 pub mod postgres;
+pub mod quota;
 mod reconcile;
 mod retry;
 mod row;
@@ -85,6 +101,7 @@ mod tx;
 
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_task_id;
+use airlock_proto::bus::{FenceGrant, FenceRequest};
 use airlock_proto::canonical::digest_of;
 use airlock_proto::{Code, Error};
 use serde::{Deserialize, Serialize};
@@ -92,7 +109,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use tx::Backend;
 
+pub use fair::RunningCaps;
 pub use postgres::{PgBackend, PgError, PgLocation, PgSecurity, TlsMode};
+pub use quota::AgentQuota;
 pub use sqlite::SqliteBackend;
 
 pub use airlock_proto::plan::{PlanRecord, PlanRequest};
@@ -137,6 +156,9 @@ pub mod action {
     pub const TASK_CLAIMED: &str = "TASK_CLAIMED";
     /// A worker renewed its lease.
     pub const TASK_LEASE_RENEWED: &str = "TASK_LEASE_RENEWED";
+    /// A worker set or released the fence of its attempt (a ref move or a
+    /// push under way: no cancel, no expiry until it ends).
+    pub const TASK_FENCED: &str = "TASK_FENCED";
     /// The sweeper found a lease expired and requeued or failed the task.
     pub const TASK_LEASE_EXPIRED: &str = "TASK_LEASE_EXPIRED";
     /// A worker submitted the result of its attempt.
@@ -179,6 +201,7 @@ pub mod action {
         TASK_PLAN_REPLACED,
         TASK_CLAIMED,
         TASK_LEASE_RENEWED,
+        TASK_FENCED,
         TASK_LEASE_EXPIRED,
         TASK_RESULT_SUBMITTED,
         TASK_VERIFIED,
@@ -621,6 +644,11 @@ task_store! {
             detail: &str,
         ) -> StoreResult<()>;
         fn submit(s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted>;
+        fn submit_within(
+            s: &TaskSubmission,
+            actor: &Actor,
+            quota: &AgentQuota,
+        ) -> StoreResult<Submitted>;
         fn replace_plan(task_id: &str, plan: &PlanRequest, actor: &Actor) -> StoreResult<TaskView>;
         fn decide(
             task_id: &str,
@@ -633,6 +661,12 @@ task_store! {
             lease_ms: i64,
             repositories: Option<&[String]>,
         ) -> StoreResult<Option<ClaimGrant>>;
+        fn claim_within(
+            worker: &Actor,
+            lease_ms: i64,
+            repositories: Option<&[String]>,
+            caps: &RunningCaps,
+        ) -> StoreResult<Option<ClaimGrant>>;
         fn renew(
             task_id: &str,
             lease_epoch: u64,
@@ -640,6 +674,13 @@ task_store! {
             lease_ms: i64,
             worker: &Actor,
         ) -> StoreResult<i64>;
+        fn fence(
+            task_id: &str,
+            lease_epoch: u64,
+            lease_token: &str,
+            req: &FenceRequest,
+            worker: &Actor,
+        ) -> StoreResult<FenceGrant>;
         fn sweep_expired() -> StoreResult<Vec<(String, TaskState)>>;
         fn fail_unregistered(registered: &[String]) -> StoreResult<Vec<String>>;
         fn cancel_agent_queued(
@@ -664,6 +705,7 @@ task_store! {
             configured_authorization_id: &str,
         ) -> StoreResult<RetryExtensionOutcome>;
         fn agent_record(name: &str) -> StoreResult<Option<Value>>;
+        fn agent_usage(agent: &str) -> StoreResult<airlock_proto::bus::AgentUsage>;
         fn save_agent_record(name: &str, record: &Value, actor: &Actor) -> StoreResult<()>;
         fn record_allowed(actor: &Actor, action: &str, payload: &Value) -> StoreResult<()>;
         fn record_upstream(
@@ -872,6 +914,16 @@ impl<B: Backend> Store<B> {
     /// Anything wrong is `STORE_CORRUPT`.
     pub fn integrity_check(&self) -> StoreResult<()> {
         self.backend.integrity_check()
+    }
+
+    /// What the planner agent `agent` has used of its quotas now (see
+    /// [`quota`]): the tasks it submitted in the last hour of store time,
+    /// the CPU its tasks' verification used in the last day, and its
+    /// tasks RUNNING now (on every host), read in one transaction.
+    pub fn agent_usage(&mut self, agent: &str) -> StoreResult<airlock_proto::bus::AgentUsage> {
+        self.write("reading an agent's usage", &mut |tx| {
+            quota::usage(tx, agent)
+        })
     }
 
     /// The stored restart-policy record of the planner agent `name`

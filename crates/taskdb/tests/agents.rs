@@ -83,14 +83,14 @@ fn upgrading_a_store_without_the_agents_table_keeps_its_tasks(backend: Backend) 
     let before = fx.store.get("task-a").unwrap();
     match backend {
         Backend::Sqlite => {
-            fx.drop_submitter_columns();
+            fx.drop_task_columns_since_submitters();
             fx.exec("DROP TABLE reconciliation_resolutions").unwrap();
             fx.exec("DROP TABLE reconciliations").unwrap();
             fx.exec("DROP TABLE agents").unwrap();
             fx.exec("PRAGMA user_version = 3").unwrap();
         }
         Backend::Postgres => {
-            fx.drop_submitter_columns();
+            fx.drop_task_columns_since_submitters();
             fx.exec("DROP TABLE reconciliation_resolutions").unwrap();
             fx.exec("DROP TABLE reconciliations").unwrap();
             fx.exec("DROP TABLE agents").unwrap();

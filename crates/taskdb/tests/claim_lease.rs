@@ -5,7 +5,9 @@
 mod common;
 
 use airlock_proto::Code;
+use airlock_proto::bus::{FenceRequest, FenceStep};
 use airlock_proto::canonical::sha256_hex;
+use airlock_proto::limits::MAX_FENCE_MS;
 use airlock_proto::task::{Outcome, TaskState};
 use airlock_taskdb::tasks::{ActorKind, EventOutcome, MAX_LEASE_MS, action};
 use common::*;
@@ -401,6 +403,179 @@ fn wall_clock_steps_of_hours_between_events_leave_lease_expiry_bounded(backend: 
     assert!(e.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
 }
 
+fn fence(step: FenceStep, hold_ms: u64) -> FenceRequest {
+    FenceRequest {
+        step,
+        commit_oid: (step != FenceStep::Release).then(|| "c".repeat(40)),
+        hold_ms,
+    }
+}
+
+fn a_fence_holds_off_the_cancel_and_the_expiry_until_it_ends(backend: Backend) {
+    let mut fx = Fixture::new(backend);
+    fx.submit("task-a", 2);
+    let g = fx.claim();
+    let hold = 3 * LEASE;
+    let grant = fx
+        .store
+        .fence(
+            "task-a",
+            g.lease_epoch,
+            &g.lease_token,
+            &fence(FenceStep::Ref, hold as u64),
+            &worker(),
+        )
+        .unwrap();
+    assert_eq!(grant.fenced_until_ms, Some(T0 + hold));
+    assert_eq!(
+        grant.lease_expires_at_ms,
+        T0 + hold,
+        "the lease lasts the fence"
+    );
+    let e = fx.store.events(Some("task-a"), 0, 10).unwrap();
+    let last = e.last().unwrap();
+    assert_eq!(
+        (last.action.as_str(), last.outcome),
+        (action::TASK_FENCED, EventOutcome::Allowed)
+    );
+    assert_eq!(last.payload["step"], json!("ref"));
+
+    // A cancel while it stands is refused and changes nothing.
+    fx.refused(
+        "task-a",
+        Code::TASK_COMMITTING,
+        action::TASK_CANCELLED,
+        Some("task-a"),
+        |s| s.cancel("task-a", "stop", &admin()).map(|_| ()),
+    );
+    // A renewal keeps the lease at least until the fence ends.
+    let renewed = fx
+        .store
+        .renew("task-a", g.lease_epoch, &g.lease_token, LEASE, &worker())
+        .unwrap();
+    assert_eq!(renewed, T0 + hold);
+    // Past the lease the fence alone keeps the task its holder's.
+    fx.clock.advance(2 * LEASE);
+    assert!(fx.store.sweep_expired().unwrap().is_empty());
+    assert_eq!(fx.store.get("task-a").unwrap().state, TaskState::Running);
+
+    // Released, the task may be cancelled at once; the holder is fenced off.
+    let released = fx
+        .store
+        .fence(
+            "task-a",
+            g.lease_epoch,
+            &g.lease_token,
+            &fence(FenceStep::Release, 0),
+            &worker(),
+        )
+        .unwrap();
+    assert_eq!(released.fenced_until_ms, None);
+    let v = fx.store.cancel("task-a", "stop", &admin()).unwrap();
+    assert_eq!(v.state, TaskState::Cancelled);
+    fx.refused(
+        "task-a",
+        Code::TASK_STATE_INVALID,
+        action::TASK_FENCED,
+        Some("task-a"),
+        |s| {
+            s.fence(
+                "task-a",
+                g.lease_epoch,
+                &g.lease_token,
+                &fence(FenceStep::Ref, 1000),
+                &worker(),
+            )
+        },
+    );
+}
+
+fn a_fence_that_ends_by_itself_lets_the_lease_expire(backend: Backend) {
+    let mut fx = Fixture::new(backend);
+    fx.submit("task-a", 2);
+    let g = fx.claim();
+    fx.store
+        .fence(
+            "task-a",
+            g.lease_epoch,
+            &g.lease_token,
+            &fence(FenceStep::Push, 2 * LEASE as u64),
+            &worker(),
+        )
+        .unwrap();
+    fx.clock.advance(LEASE);
+    assert!(fx.store.sweep_expired().unwrap().is_empty());
+    fx.clock.advance(LEASE);
+    let swept = fx.store.sweep_expired().unwrap();
+    assert_eq!(swept, vec![("task-a".to_owned(), TaskState::Queued)]);
+    // Requeued, the task holds no fence: a cancel goes through.
+    let v = fx.store.cancel("task-a", "stop", &admin()).unwrap();
+    assert_eq!(v.state, TaskState::Cancelled);
+}
+
+fn fence_refusals(backend: Backend) {
+    let mut fx = Fixture::new(backend);
+    fx.submit("task-a", 2);
+    let g = fx.claim();
+    let cases: [(FenceRequest, u64, &str, Code); 5] = [
+        (
+            fence(FenceStep::Ref, 0),
+            g.lease_epoch,
+            &g.lease_token,
+            Code::FIELD_BOUNDS_EXCEEDED,
+        ),
+        (
+            fence(FenceStep::Push, MAX_FENCE_MS + 1),
+            g.lease_epoch,
+            &g.lease_token,
+            Code::FIELD_BOUNDS_EXCEEDED,
+        ),
+        (
+            FenceRequest {
+                commit_oid: Some("not-an-oid".into()),
+                ..fence(FenceStep::Ref, 1000)
+            },
+            g.lease_epoch,
+            &g.lease_token,
+            Code::MESSAGE_INVALID,
+        ),
+        (
+            fence(FenceStep::Ref, 1000),
+            g.lease_epoch,
+            &"0".repeat(64),
+            Code::LEASE_INVALID,
+        ),
+        (
+            fence(FenceStep::Ref, 1000),
+            g.lease_epoch + 1,
+            &g.lease_token,
+            Code::LEASE_INVALID,
+        ),
+    ];
+    for (req, epoch, token, code) in cases {
+        fx.refused("task-a", code, action::TASK_FENCED, Some("task-a"), |s| {
+            s.fence("task-a", epoch, token, &req, &worker())
+        });
+    }
+    // A lease that has expired is never revived by a fence.
+    fx.clock.advance(LEASE);
+    fx.refused(
+        "task-a",
+        Code::LEASE_EXPIRED,
+        action::TASK_FENCED,
+        Some("task-a"),
+        |s| {
+            s.fence(
+                "task-a",
+                g.lease_epoch,
+                &g.lease_token,
+                &fence(FenceStep::Ref, 1000),
+                &worker(),
+            )
+        },
+    );
+}
+
 both_backends!(
     a_claim_starts_an_attempt_under_a_fresh_lease,
     tokens_differ_between_claims,
@@ -412,4 +587,7 @@ both_backends!(
     rewinding_the_wall_clock_never_extends_a_lease,
     a_successful_mutation_moves_the_high_water_mark,
     wall_clock_steps_of_hours_between_events_leave_lease_expiry_bounded,
+    a_fence_holds_off_the_cancel_and_the_expiry_until_it_ends,
+    a_fence_that_ends_by_itself_lets_the_lease_expire,
+    fence_refusals,
 );

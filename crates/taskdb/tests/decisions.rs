@@ -329,7 +329,7 @@ fn upgrading_a_store_without_the_decision_slot_keeps_its_tasks(backend: Backend)
     match backend {
         // (and none of the later tables either: the agents' records)
         Backend::Sqlite => {
-            fx.drop_submitter_columns();
+            fx.drop_task_columns_since_submitters();
             fx.exec("DROP TABLE task_decisions").unwrap();
             fx.exec("DROP TABLE reconciliation_resolutions").unwrap();
             fx.exec("DROP TABLE reconciliations").unwrap();
@@ -337,7 +337,7 @@ fn upgrading_a_store_without_the_decision_slot_keeps_its_tasks(backend: Backend)
             fx.exec("PRAGMA user_version = 2").unwrap();
         }
         Backend::Postgres => {
-            fx.drop_submitter_columns();
+            fx.drop_task_columns_since_submitters();
             fx.exec("DROP TABLE task_decisions").unwrap();
             fx.exec("DROP TABLE reconciliation_resolutions").unwrap();
             fx.exec("DROP TABLE reconciliations").unwrap();

@@ -424,7 +424,7 @@ fn upgrading_a_store_without_the_reconciliation_tables_keeps_its_tasks(backend: 
     fx.finish(&g, Outcome::Passed, false);
     let before = fx.store.get("task-a").unwrap();
     let events = fx.last_event_id();
-    fx.drop_submitter_columns();
+    fx.drop_task_columns_since_submitters();
     fx.exec("DROP TABLE reconciliation_resolutions").unwrap();
     fx.exec("DROP TABLE reconciliations").unwrap();
     match backend {

@@ -184,6 +184,7 @@ pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
             duration_ms: 12,
             stdout_tail: None,
             stderr_tail: None,
+            wall: None,
         }],
         captured: (outcome == Outcome::Captured).then(|| airlock_proto::task::Capture {
             source_tree: "b".repeat(40),
@@ -472,11 +473,23 @@ impl Fixture {
         }
     }
 
-    /// Takes the submitter columns away, as a store older than them had
-    /// it (SQLite's version 5, PostgreSQL's 4), leaving the schema version
-    /// for the caller to set.
-    pub fn drop_submitter_columns(&self) {
+    /// Takes the schema back to before fair claims and quotas (SQLite 7,
+    /// PostgreSQL 6): the version's table, indexes and column are gone.
+    pub fn drop_fairness(&self) {
         for sql in [
+            "DROP TABLE claim_classes",
+            "DROP INDEX tasks_by_agent",
+            "DROP INDEX results_by_time",
+            "ALTER TABLE results DROP COLUMN cpu_ms",
+        ] {
+            self.exec(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    }
+
+    pub fn drop_task_columns_since_submitters(&self) {
+        self.drop_fairness();
+        for sql in [
+            "ALTER TABLE tasks DROP COLUMN fenced_until_ms",
             "DROP TRIGGER tasks_submitter_fixed",
             "DROP INDEX tasks_by_submitter",
             "ALTER TABLE tasks DROP COLUMN submitter_agent",

@@ -310,7 +310,7 @@ fn upgrading_fills_each_tasks_submitter_from_its_submission_event(backend: Backe
         .iter()
         .map(|(_, _, t)| fx.store.get(t).unwrap())
         .collect();
-    fx.drop_submitter_columns();
+    fx.drop_task_columns_since_submitters();
     match backend {
         Backend::Sqlite => fx.exec("PRAGMA user_version = 5").unwrap(),
         Backend::Postgres => fx.exec("UPDATE airlock_schema SET version = 4").unwrap(),

@@ -214,6 +214,7 @@ impl Builder {
             agent_driver: airlock_config::AgentDriver::LocalHost,
             agent_options: self.agent_options,
             metrics: self.metrics,
+            max_running_per_submitter: 0,
         }
     }
 

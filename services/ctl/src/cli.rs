@@ -7,6 +7,7 @@ use crate::commands::{
 };
 use airlock_proto::Class;
 use clap::{CommandFactory, Parser, Subcommand};
+use std::path::PathBuf;
 
 /// Administer airlock: submit, inspect, verify and cancel tasks held by the
 /// airlock supervisor (org.airlock.Supervisor1 on the D-Bus system bus).
@@ -34,6 +35,19 @@ pub struct Cli {
     /// Never ask for a password: do not allow interactive authorisation.
     #[arg(long, global = true)]
     pub no_ask_password: bool,
+
+    /// The configuration file [default: /etc/airlock/airlock.toml]: the
+    /// repositories, environments and programs of the commands that read
+    /// it, and the bus (supervisor.bus_address) every command reaches the
+    /// supervisor on — airlock-local records its private bus there.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Reach the supervisor on this D-Bus address (e.g.
+    /// unix:path=/run/dbus/system_bus_socket), whatever the configuration,
+    /// DBUS_SYSTEM_BUS_ADDRESS or the system bus would give.
+    #[arg(long, global = true, value_name = "ADDRESS")]
+    pub bus: Option<String>,
 
     /// What to do.
     #[command(subcommand)]
@@ -140,7 +154,7 @@ pub fn exit_status_help() -> String {
         "\nThe supervisor's D-Bus error names map back to airlock's error codes\n\
          (org.airlock.Error.<CODE>); with --json, errors are printed on stderr as\n\
          {\"error\": {\"code\", \"dbus_error\", \"message\", \"exit_code\"}}.\n\
-         \nEnvironment:\n  DBUS_SYSTEM_BUS_ADDRESS   talk to this bus instead of the system bus\n  NO_COLOR                  never colour the output",
+         \nThe bus: --bus ADDRESS, else supervisor.bus_address in the configuration\n(--config FILE; the default file when it sets one), else\nDBUS_SYSTEM_BUS_ADDRESS, else the system bus.\n\nEnvironment:\n  DBUS_SYSTEM_BUS_ADDRESS   talk to this bus instead of the system bus\n  NO_COLOR                  never colour the output",
     );
     s
 }

@@ -43,22 +43,14 @@ impl CtlError {
     }
 
     /// Maps a D-Bus error name (and its message) back to the catalogue.
-    /// Bus-level failures to reach the supervisor count as unavailable.
+    /// Bus-level failures to reach the supervisor (no owner of its name, no
+    /// reply) are `RUNTIME_UNAVAILABLE`, as the client library says (seed
+    /// 001's 503), with the bus's name kept beside it.
     pub fn from_dbus(name: &str, message: Option<String>) -> Self {
-        let code = Code::from_dbus_error_name(name);
-        let unreachable = matches!(
-            name,
-            "org.freedesktop.DBus.Error.ServiceUnknown"
-                | "org.freedesktop.DBus.Error.NameHasNoOwner"
-                | "org.freedesktop.DBus.Error.NoReply"
-                | "org.freedesktop.DBus.Error.Timeout"
-                | "org.freedesktop.DBus.Error.TimedOut"
-                | "org.freedesktop.DBus.Error.Disconnected"
-                | "org.freedesktop.DBus.Error.Spawn.ChildExited"
-        );
+        let code = Code::from_dbus_error_name(name)
+            .or_else(|| airlock_client::is_unreachable(name).then_some(Code::RUNTIME_UNAVAILABLE));
         let exit_code = match code {
             Some(c) => c.exit_code(),
-            None if unreachable => Class::Unavailable.exit_code(),
             None => 1,
         };
         CtlError {
@@ -87,7 +79,9 @@ impl CtlError {
             Code::AUTHORITY_UNAVAILABLE => {
                 Some("polkit did not answer the supervisor; is polkit.service running?")
             }
-            Code::RUNTIME_UNAVAILABLE => Some("the supervisor is restarting; retry shortly"),
+            Code::RUNTIME_UNAVAILABLE => Some(
+                "the supervisor is not answering (stopped or restarting): systemctl status airlock-supervisor, then retry",
+            ),
             _ => None,
         }
     }
@@ -146,11 +140,12 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` if set).
-    pub async fn connect(interactive: bool) -> Result<Client, CtlError> {
+    /// Connects to the bus at `address`, or to the system bus
+    /// (`DBUS_SYSTEM_BUS_ADDRESS` if set).
+    pub async fn connect(interactive: bool, address: Option<&str>) -> Result<Client, CtlError> {
         // A human answering polkit's password prompt needs more time than
         // the default bound on a call.
-        let sup = airlock_client::Supervisor::connect(None)
+        let sup = airlock_client::Supervisor::connect(address)
             .await?
             .interactive(interactive)
             .with_timeout(std::time::Duration::from_secs(if interactive {
@@ -210,8 +205,17 @@ mod tests {
         );
         assert_eq!(e.exit_code, 11);
         assert!(e.hint().is_some());
-        let e = CtlError::from_dbus("org.freedesktop.DBus.Error.ServiceUnknown", None);
-        assert_eq!(e.exit_code, 9);
+        for name in [
+            "org.freedesktop.DBus.Error.ServiceUnknown",
+            "org.freedesktop.DBus.Error.NameHasNoOwner",
+            "org.freedesktop.DBus.Error.NoReply",
+        ] {
+            let e = CtlError::from_dbus(name, None);
+            assert_eq!(e.code, Some(Code::RUNTIME_UNAVAILABLE), "{name}");
+            assert_eq!(e.exit_code, 9);
+            assert_eq!(e.label(), "RUNTIME_UNAVAILABLE");
+            assert_eq!(e.dbus_error.as_deref(), Some(name));
+        }
         let e = CtlError::from_dbus("com.example.Weird", None);
         assert_eq!(e.exit_code, 1);
         assert_eq!(e.label(), "com.example.Weird");

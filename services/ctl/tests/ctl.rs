@@ -432,6 +432,37 @@ async fn admin_commands_end_to_end_with_tables_and_json() {
     assert_eq!(later.lines().count(), 0, "{later}");
     let o = sup.ctl(&["events", "--since", "yesterday-ish"]).await;
     assert_eq!(code(&o), 2, "a bad --since is a usage error");
+    // events --count: the task's events by action, as the log lists them.
+    let listed: Vec<Value> = stdout(&sup.ctl(&["events", "task-cli", "--json"]).await)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let denied = listed.iter().filter(|e| e["outcome"] == "denied").count();
+    assert!(denied > 0);
+    let o = sup.ctl(&["events", "task-cli", "--count", "--json"]).await;
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let counted: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(counted["task_id"], "task-cli");
+    assert_eq!(counted["events"], listed.len());
+    assert_eq!(counted["denied"], denied);
+    let by_action = counted["by_action"].as_object().unwrap();
+    assert_eq!(
+        by_action.values().map(|n| n.as_u64().unwrap()).sum::<u64>(),
+        listed.len() as u64
+    );
+    assert_eq!(counted["by_action"]["TASK_SUBMITTED"], 1);
+    let o = sup.ctl(&["events", "task-cli", "--count"]).await;
+    let text = stdout(&o);
+    assert!(
+        text.starts_with(&format!(
+            "task-cli: {} event(s), {denied} denied\nACTION",
+            listed.len()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("TASK_VERIFIED"), "{text}");
+    let o = sup.ctl(&["events", "--count"]).await;
+    assert_eq!(code(&o), 2, "--count needs a task");
 
     // status
     let o = sup.ctl(&["status"]).await;
@@ -614,6 +645,7 @@ async fn denied_caller_gets_access_denied_and_its_exit_code() {
         vec!["cancel", "task-no", "--reason", "x"],
         vec!["verify", "task-no", "accept", "--reason", "x"],
         vec!["events"],
+        vec!["events", "task-no", "--count"],
     ] {
         let o = sup.ctl(&args).await;
         assert_eq!(code(&o), exit_of(Code::AUTHORIZATION_DENIED), "{args:?}");

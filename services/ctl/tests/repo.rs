@@ -17,6 +17,15 @@ fn is_root() -> bool {
     nix::unistd::Uid::effective().is_root()
 }
 
+/// Fails `test` when not root: it gives files to the package's distinct
+/// uids, and must not pass without checking.
+fn require_root(test: &str) {
+    assert!(
+        is_root(),
+        "{test} needs root (the package's distinct uids); CI runs the tests as root: run this one as root (sudo), it fails rather than pass without checking"
+    );
+}
+
 /// The package's users and groups, made as the package makes them.
 fn users() -> (nix::unistd::User, nix::unistd::User, u32) {
     let sysusers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sysusers/airlock.conf");
@@ -126,10 +135,7 @@ fn run_ok(out: &Output) -> String {
 
 #[test]
 fn a_reader_clones_and_reads_an_added_repository_but_cannot_write_it() {
-    if !is_root() {
-        eprintln!("skipped: needs root (distinct uids)");
-        return;
-    }
+    require_root("a_reader_clones_and_reads_an_added_repository_but_cannot_write_it");
     let (agent, worker, readers) = users();
     let s = site(&agent);
     let cfg = s.config.to_str().unwrap();
@@ -444,10 +450,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 /// nothing.
 #[test]
 fn an_upstream_is_registered_and_its_credentials_installed_for_the_worker_alone() {
-    if !is_root() {
-        eprintln!("skipped: needs root (distinct uids)");
-        return;
-    }
+    require_root("an_upstream_is_registered_and_its_credentials_installed_for_the_worker_alone");
     let (agent, _worker, _readers) = users();
     let s = site(&agent);
     let cfg = s.config.to_str().unwrap();
@@ -621,6 +624,101 @@ fn an_upstream_is_registered_and_its_credentials_installed_for_the_worker_alone(
         !units
             .join("airlock-worker.service.d/upstream-calc.conf")
             .exists()
+    );
+}
+
+/// `repo add --upstream` refuses, with UPSTREAM_URL_INVALID and before
+/// anything is made, an upstream the worker must not be opened to or one
+/// that would store a password: a system directory, a missing path, a work
+/// tree, a path through a symbolic link, airlock's own repository root, an
+/// ssh URL with a password, an https URL with a token. No refusal shows the
+/// password. A bare repository by its own path is accepted, opened to the
+/// worker with a `-` (a path removed later never stops the worker).
+#[test]
+fn upstreams_that_open_a_system_path_or_store_a_password_are_refused_and_change_nothing() {
+    require_root(
+        "upstreams_that_open_a_system_path_or_store_a_password_are_refused_and_change_nothing",
+    );
+    let (agent, _worker, _readers) = users();
+    let s = site(&agent);
+    let cfg = s.config.to_str().unwrap();
+    let units = s.root.join("units");
+    let key = s.root.join("deploy");
+    airlock_testkit::ssh_keygen(&key);
+    let host_key = "forge.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
+    let bare = s.root.join("up/team.git");
+    std::fs::create_dir_all(bare.parent().unwrap()).unwrap();
+    git(&s.root, &["init", "-q", "--bare", bare.to_str().unwrap()]);
+    let link = s.root.join("up/link.git");
+    std::os::unix::fs::symlink(&bare, &link).unwrap();
+    let inside = s.root.join("srv/own.git");
+    std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
+    git(&s.root, &["init", "-q", "--bare", inside.to_str().unwrap()]);
+    let add = |args: &[&str]| {
+        Command::new(ctl())
+            .env("AIRLOCK_SYSTEMD_UNIT_DIR", &units)
+            .args(["--json", "repo", "--config", cfg, "add", "r"])
+            .args(args)
+            .arg("--no-reload")
+            .output()
+            .unwrap()
+    };
+    let src = s.source.to_str().unwrap().to_owned();
+    let file_etc = "file:///etc".to_owned();
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--upstream".into(), file_etc],
+        vec!["--upstream".into(), "/etc".into()],
+        vec![
+            "--upstream".into(),
+            s.root.join("up/none.git").display().to_string(),
+        ],
+        vec!["--upstream".into(), src.clone()],
+        vec!["--upstream".into(), link.display().to_string()],
+        vec!["--upstream".into(), inside.display().to_string()],
+        vec![
+            "--upstream".into(),
+            "ssh://git:hunter2@forge.example/team/r.git".into(),
+            "--credential".into(),
+            key.display().to_string(),
+            "--host-key".into(),
+            host_key.into(),
+        ],
+        vec![
+            "--upstream".into(),
+            "https://user:hunter2@forge.example/team/r.git".into(),
+        ],
+        vec![
+            "--upstream".into(),
+            "https://hunter2@forge.example/team/r.git".into(),
+        ],
+    ];
+    for args in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = add(&args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?} accepted: {text}");
+        assert!(text.contains("UPSTREAM_URL_INVALID"), "{args:?}: {text}");
+        assert!(
+            !text.contains("hunter2"),
+            "{args:?} shows the password: {text}"
+        );
+        assert!(!s.root.join("srv/r.git").exists(), "{args:?}");
+        assert!(!s.root.join("etc/repositories.d").exists(), "{args:?}");
+        assert!(!units.exists(), "{args:?} wrote a unit drop-in");
+    }
+    // A bare repository by its own path is registered, opened to the
+    // worker with `-`.
+    let url = bare.display().to_string();
+    run_ok(&add(&["--upstream", &url, "--from", &src]));
+    let drop_in =
+        std::fs::read_to_string(units.join("airlock-worker.service.d/upstream-r.conf")).unwrap();
+    assert!(
+        drop_in.contains(&format!("ReadWritePaths=-{url}\n")),
+        "{drop_in}"
     );
 }
 
@@ -811,4 +909,115 @@ fn config_show_prints_the_merged_configuration_and_its_files() {
         err.contains("60-typo.toml:2:1") && err.contains("supervisor.lease"),
         "{err}"
     );
+}
+
+/// The worker's record of a sync (`<worker state>/upstream/NAME.json`) as
+/// the release of protocol 11.0 wrote it — no schema tag, the
+/// optional fields left out — is shown by this `repo show`, as text and
+/// as JSON (where it gains the tag it is read as), after an upgrade.
+#[test]
+fn repo_show_reads_the_sync_record_the_previous_release_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let state = root.join("worker");
+    std::fs::create_dir_all(state.join("upstream")).unwrap();
+    let config = root.join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[worker]\nrepository_root = \"{root}/srv\"\njournal = \"{journal}\"\n\n\
+             [[repository]]\nname = \"calc\"\npath = \"{root}/srv/calc.git\"\n\
+             [repository.upstream]\nurl = \"{root}/up/calc.git\"\n",
+            root = root.display(),
+            journal = state.join("checkpoints.sqlite3").display(),
+        ),
+    )
+    .unwrap();
+    let show = |json: bool| {
+        let mut cmd = Command::new(ctl());
+        if json {
+            cmd.arg("--json");
+        }
+        run_ok(
+            &cmd.args(["repo", "--config", config.to_str().unwrap(), "show", "calc"])
+                .output()
+                .unwrap(),
+        )
+    };
+    let record = state.join("upstream/calc.json");
+    // A sync that moved main by a force-push and found a new tag.
+    std::fs::write(
+        &record,
+        r#"{
+  "repository": "calc",
+  "url": "/srv/upstream/calc.git",
+  "finished_at_ms": 1764979200000,
+  "request": "00112233aabbccdd",
+  "report": {
+    "changes": [
+      {
+        "name": "refs/heads/main",
+        "old": "1111111111111111111111111111111111111111",
+        "new": "2222222222222222222222222222222222222222",
+        "forced": true
+      },
+      {
+        "name": "refs/tags/v1",
+        "old": null,
+        "new": "3333333333333333333333333333333333333333",
+        "forced": false
+      }
+    ]
+  },
+  "last_success_ms": 1764979200000
+}"#,
+    )
+    .unwrap();
+    let text = show(false);
+    assert!(text.contains("last sync: ok, 2 ref(s) changed"), "{text}");
+    assert!(
+        text.contains(
+            "refs/heads/main 2222222222222222222222222222222222222222 (FORCE-PUSHED upstream, followed)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("refs/tags/v1 3333333333333333333333333333333333333333 (new)"),
+        "{text}"
+    );
+    let shown: Value = serde_json::from_str(&show(true)).unwrap();
+    let last = &shown["last_sync"];
+    assert_eq!(last["schema"], "airlock.upstream-sync.v1", "{shown}");
+    assert_eq!(last["request"], "00112233aabbccdd");
+    assert_eq!(last["report"]["changes"][0]["forced"], true);
+    assert_eq!(last["last_success_ms"], 1764979200000u64);
+    // A failed sync.
+    std::fs::write(
+        &record,
+        r#"{
+  "repository": "calc",
+  "url": "/srv/upstream/calc.git",
+  "finished_at_ms": 1764979260000,
+  "code": "UPSTREAM_UNREACHABLE",
+  "detail": "UPSTREAM_UNREACHABLE: connection refused",
+  "report": {
+    "changes": []
+  }
+}"#,
+    )
+    .unwrap();
+    let text = show(false);
+    assert!(
+        text.contains(
+            "last sync: FAILED [UPSTREAM_UNREACHABLE] UPSTREAM_UNREACHABLE: connection refused"
+        ),
+        "{text}"
+    );
+    let shown: Value = serde_json::from_str(&show(true)).unwrap();
+    assert_eq!(shown["last_sync"]["code"], "UPSTREAM_UNREACHABLE");
+    // A record this release cannot read is shown as none, as before.
+    std::fs::write(&record, r#"{"schema": "airlock.upstream-sync.v9"}"#).unwrap();
+    assert!(show(false).contains("last sync: none yet"));
+    let shown: Value = serde_json::from_str(&show(true)).unwrap();
+    assert!(shown["last_sync"].is_null(), "{shown}");
 }

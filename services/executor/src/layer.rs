@@ -24,11 +24,12 @@
 //! - **Bounded.** At most `max_bytes` of files; the least recently used
 //!   layers go first (use touches the seal).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::tree::fs::{file_sha256, remove_tree, setup_error, walk};
+use crate::tree::hold::{Hold, Holds, Makers, Making};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -36,13 +37,6 @@ use std::time::SystemTime;
 
 /// Schema of a layer's seal.
 pub const LAYER_SEAL_SCHEMA: &str = "airlock.layer-seal.v1";
-
-fn setup(e: impl std::fmt::Display, p: &Path) -> Error {
-    Error::Setup {
-        path: p.to_owned(),
-        detail: e.to_string(),
-    }
-}
 
 fn is_key(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -73,7 +67,8 @@ struct Seal {
     bytes: u64,
 }
 
-/// A sealed layer.
+/// A sealed layer, held for the job that has it: never evicted while
+/// this value (or a clone) lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layer {
     /// Its key.
@@ -84,6 +79,8 @@ pub struct Layer {
     pub bytes: u64,
     /// `…/layer`: `ws/` and `home/` beneath it.
     pub path: PathBuf,
+    /// The job's hold on it.
+    hold: Hold,
 }
 
 impl Layer {
@@ -110,6 +107,10 @@ pub struct LayerCache {
     dir: PathBuf,
     max_bytes: u64,
     verified: Mutex<BTreeSet<String>>,
+    /// The layers jobs use now: never evicted.
+    holds: Holds,
+    /// The layers a job's setup is making now: made once.
+    makers: Makers,
 }
 
 impl LayerCache {
@@ -123,21 +124,23 @@ impl LayerCache {
                 .recursive(true)
                 .mode(0o755)
                 .create(&dir)
-                .map_err(|e| setup(e, &dir))?;
+                .map_err(|e| setup_error(e, &dir))?;
         }
         for entry in std::fs::read_dir(&dir)
-            .map_err(|e| setup(e, &dir))?
+            .map_err(|e| setup_error(e, &dir))?
             .flatten()
         {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !is_key(&name) {
-                crate::cache::remove_tree(&entry.path());
+                remove_tree(&entry.path());
             }
         }
         Ok(LayerCache {
             dir,
             max_bytes,
             verified: Mutex::new(BTreeSet::new()),
+            holds: Holds::default(),
+            makers: Makers::default(),
         })
     }
 
@@ -169,6 +172,7 @@ impl LayerCache {
             digest: seal.digest.clone(),
             bytes: seal.bytes,
             path: entry.join("layer"),
+            hold: self.holds.hold(key),
         };
         let mut verified = self.verified.lock().ok()?;
         if !verified.contains(key) {
@@ -180,7 +184,7 @@ impl LayerCache {
                     eprintln!(
                         "airlock-executor: dependency layer {key} does not match its seal; removed"
                     );
-                    crate::cache::remove_tree(&entry);
+                    remove_tree(&entry);
                     return None;
                 }
             }
@@ -192,13 +196,20 @@ impl LayerCache {
         Some(layer)
     }
 
+    /// The claim on making the layer for `key`: waits while another job's
+    /// setup makes it (the caller then finds it with [`LayerCache::get`]),
+    /// so two jobs on one lockfile run its setup once.
+    pub fn claim(&self, key: &str) -> Making<'_> {
+        self.makers.claim(key)
+    }
+
     /// A fresh directory to make the layer for `key` in (`ws/` and `home/`
     /// beneath it), on the cache's file system.
     pub fn staging(&self, key: &str) -> Result<PathBuf> {
         let path = self.dir.join(format!(".fill-{key}-{}", std::process::id()));
-        crate::cache::remove_tree(&path);
+        remove_tree(&path);
         for d in [path.join("layer/ws"), path.join("layer/home")] {
-            std::fs::create_dir_all(&d).map_err(|e| setup(e, &d))?;
+            std::fs::create_dir_all(&d).map_err(|e| setup_error(e, &d))?;
         }
         Ok(path)
     }
@@ -218,25 +229,28 @@ impl LayerCache {
         let seal_path = staging.join("seal.json");
         std::fs::write(
             &seal_path,
-            serde_json::to_vec(&seal).map_err(|e| setup(e, &seal_path))?,
+            serde_json::to_vec(&seal).map_err(|e| setup_error(e, &seal_path))?,
         )
-        .map_err(|e| setup(e, &seal_path))?;
+        .map_err(|e| setup_error(e, &seal_path))?;
         let entry = self.dir.join(key);
-        crate::cache::remove_tree(&entry);
-        std::fs::rename(staging, &entry).map_err(|e| setup(e, &entry))?;
+        remove_tree(&entry);
+        std::fs::rename(staging, &entry).map_err(|e| setup_error(e, &entry))?;
         if let Ok(mut v) = self.verified.lock() {
             v.insert(key.to_owned());
         }
+        let hold = self.holds.hold(key);
         self.evict(key);
         Ok(Layer {
             key: key.to_owned(),
             digest,
             bytes,
             path: entry.join("layer"),
+            hold,
         })
     }
 
-    /// Removes least recently used layers (never `keep`) until the bound holds.
+    /// Removes least recently used layers (never `keep`, nor one a job
+    /// holds) until the bound holds.
     fn evict(&self, keep: &str) {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
             return;
@@ -257,10 +271,10 @@ impl LayerCache {
             if bytes <= self.max_bytes {
                 break;
             }
-            if name == keep {
+            if name == keep || self.holds.is_held(&name) {
                 continue;
             }
-            crate::cache::remove_tree(&self.dir.join(&name));
+            remove_tree(&self.dir.join(&name));
             if let Ok(mut v) = self.verified.lock() {
                 v.remove(&name);
             }
@@ -277,7 +291,7 @@ fn lock_down(root: &Path) -> Result<()> {
     let root_owned = rustix::process::geteuid().is_root();
     walk(root, &mut |path, meta| {
         if root_owned {
-            std::os::unix::fs::lchown(path, Some(0), Some(0)).map_err(|e| setup(e, path))?;
+            std::os::unix::fs::lchown(path, Some(0), Some(0)).map_err(|e| setup_error(e, path))?;
         }
         if !meta.file_type().is_symlink() {
             // Readable by everyone (the commands' uid sees root's files as
@@ -289,34 +303,10 @@ fn lock_down(root: &Path) -> Result<()> {
                 0o644
             };
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| setup(e, path))?;
+                .map_err(|e| setup_error(e, path))?;
         }
         Ok(())
     })
-}
-
-/// Calls `f` with every path beneath `dir` and its metadata (links not
-/// followed), each directory's entries in name order, a directory after
-/// what it holds. The layer digest and the tree cache's stamp walk so.
-pub(crate) fn walk(
-    dir: &Path,
-    f: &mut dyn FnMut(&Path, &std::fs::Metadata) -> Result<()>,
-) -> Result<()> {
-    let mut names: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| setup(e, dir))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<std::io::Result<_>>()
-        .map_err(|e| setup(e, dir))?;
-    names.sort();
-    for name in names {
-        let path = dir.join(name);
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| setup(e, &path))?;
-        if meta.is_dir() {
-            walk(&path, f)?;
-        }
-        f(&path, &meta)?;
-    }
-    Ok(())
 }
 
 /// SHA-256 over everything beneath `root` in path order — each entry's
@@ -335,7 +325,7 @@ pub fn digest(root: &Path) -> Result<(String, u64)> {
         if ft.is_dir() {
             h.update(b"d\n");
         } else if ft.is_symlink() {
-            let target = std::fs::read_link(path).map_err(|e| setup(e, path))?;
+            let target = std::fs::read_link(path).map_err(|e| setup_error(e, path))?;
             h.update(b"l\0");
             h.update(target.as_os_str().as_encoded_bytes());
             h.update(b"\n");
@@ -349,51 +339,14 @@ pub fn digest(root: &Path) -> Result<(String, u64)> {
             h.update(b"\n");
             bytes += meta.len();
         } else {
-            return Err(setup("neither a file, a directory nor a symlink", path));
+            return Err(setup_error(
+                "neither a file, a directory nor a symlink",
+                path,
+            ));
         }
         Ok(())
     })?;
     Ok((hex::encode(h.finalize()), bytes))
-}
-
-/// SHA-256 of a file's content, hex.
-pub fn file_sha256(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|e| setup(e, path))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| setup(e, path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
-}
-
-/// Copies `from` into `to` (merging into what is there), symlinks as
-/// symlinks: a layer for commands that cannot have it as an overlay.
-pub fn copy_into(from: &Path, to: &Path) -> Result<()> {
-    std::fs::create_dir_all(to).map_err(|e| setup(e, to))?;
-    for entry in std::fs::read_dir(from).map_err(|e| setup(e, from))? {
-        let entry = entry.map_err(|e| setup(e, from))?;
-        let src = entry.path();
-        let dst = to.join(entry.file_name());
-        let meta = std::fs::symlink_metadata(&src).map_err(|e| setup(e, &src))?;
-        if meta.is_dir() {
-            copy_into(&src, &dst)?;
-        } else if meta.file_type().is_symlink() {
-            let target = std::fs::read_link(&src).map_err(|e| setup(e, &src))?;
-            let _ = std::fs::remove_file(&dst);
-            std::os::unix::fs::symlink(&target, &dst).map_err(|e| setup(e, &dst))?;
-        } else {
-            let _ = std::fs::remove_file(&dst);
-            std::fs::copy(&src, &dst).map_err(|e| setup(e, &dst))?;
-            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(meta.mode() | 0o200))
-                .map_err(|e| setup(e, &dst))?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //!         ◀──results/<id>.json | failed/<id>.json──
 //!
 //!  request: parse ─▶ validate ─▶ program policy ─▶ archive digest
-//!           ─▶ extract (extract.rs) ─▶ apply change set (apply.rs)
+//!           ─▶ extract (tree/extract.rs) ─▶ apply change set (apply.rs)
 //!           ─▶ read changed files back ─▶ for each command:
 //!              spawner: init (own pid ns, minimal root) ─▶ argv   (run.rs)
 //!           ─▶ ExecResult | ExecFailure   (result.rs)
@@ -32,12 +32,8 @@
 
 pub mod apply;
 pub mod beneath;
-pub mod blobs;
-pub mod cache;
-pub mod delta;
 pub mod environment;
 pub mod error;
-pub mod extract;
 pub mod forward;
 pub mod layer;
 pub mod lockdown;
@@ -47,5 +43,6 @@ pub mod result;
 pub mod run;
 pub mod selfcheck;
 pub mod setup;
+pub mod tree;
 
 pub use error::{Error, Result};

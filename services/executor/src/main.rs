@@ -13,24 +13,27 @@
 //! 6. then, and only then, requests are read.
 
 use airlock_executor::apply::CredentialPolicy;
-use airlock_executor::cache::{CacheLimits, TreeCache};
 use airlock_executor::environment::Environments;
 use airlock_executor::error::{Error, Result};
-use airlock_executor::extract::ArchiveLimits;
 use airlock_executor::lockdown::{self, Paths, Slot};
 use airlock_executor::policy::ProgramPolicy;
 use airlock_executor::request::{self, Settings};
 use airlock_executor::result::Answer;
 use airlock_executor::run::{self as run, Runner};
 use airlock_executor::selfcheck;
+use airlock_executor::tree::extract::ArchiveLimits;
+use airlock_executor::tree::{CacheLimits, TreeCache};
 use airlock_proto::bundle::{SOURCE_WANTED_SCHEMA, SourceWanted};
 use airlock_proto::limits::MAX_MESSAGE_BYTES;
+use airlock_sandbox::cgroup::{Limits as WallLimits, Tree, Walls};
 use airlock_sandbox::spawner::{Options, Spawner};
 use airlock_spool::{Expect, GcPolicy, Kind, Side, Spool};
 use clap::{Args, Parser, Subcommand};
+use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Uid and gid commands run as when the executor runs as root and
@@ -249,26 +252,42 @@ fn command_ids(user: &str) -> Option<(u32, u32)> {
     }
 }
 
-/// Forks the spawner (before the lockdown: it builds each command's
-/// minimal root by mounting, which Landlock would forbid).
-fn spawner(
+/// Forks one spawner per job that may run at once
+/// ([`airlock_config::Config::parallel_jobs`]; one for `run-once`), before
+/// the lockdown: each builds its commands' minimal root by mounting, which
+/// Landlock would forbid, and none can be forked later.
+fn spawners(
     config: &airlock_config::Config,
     environments: &Environments,
     work_root: &Path,
+    jobs: u32,
+    walls: Option<(Walls, WallLimits)>,
 ) -> Result<Runner> {
     let ex = &config.executor;
-    let spawner = Spawner::start(Options {
-        setup: run::setup(
-            &ex.limits,
-            ex.allow_degraded_landlock,
-            ex.landlock_min_abi,
-            environments.paths(),
-        ),
-        drop_to: command_ids(&ex.user),
-        work_root: work_root.to_owned(),
-    })
-    .map_err(|e| Error::ConfineSpawn(e.to_string()))?;
-    let hello = spawner.hello();
+    let mut setup = run::setup(
+        &ex.limits,
+        ex.allow_degraded_landlock,
+        ex.landlock_min_abi,
+        environments.paths(),
+    );
+    if walls.is_some() {
+        // Each job's pids.max bounds its processes; RLIMIT_NPROC, counted
+        // per uid for every job at once, must not couple them: it only
+        // backs the walls up, above what every job together may have.
+        setup.limits.nproc = Some(u64::from(ex.limits.job_processes) * (u64::from(jobs) + 1));
+    }
+    let spawners = (0..jobs.max(1) as usize)
+        .map(|k| {
+            Spawner::start(Options {
+                setup: setup.clone(),
+                drop_to: command_ids(&ex.user),
+                work_root: work_root.to_owned(),
+                cgroup: walls.as_ref().map(|(w, _)| w.procs(k)).unwrap_or_default(),
+            })
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::ConfineSpawn(e.to_string()))?;
+    let hello = spawners[0].hello();
     let workspace = match (&hello.view, &hello.overlay) {
         (airlock_sandbox::ViewMode::MinimalRoot, Ok(())) => {
             "workspaces: an overlay of the cached tree".to_owned()
@@ -279,7 +298,7 @@ fn spawner(
         _ => "workspaces: a copy of the cached tree".to_owned(),
     };
     eprintln!(
-        "airlock-executor: commands get the {} view{} (ids {}:{}); {workspace}; spawner {}",
+        "airlock-executor: commands get the {} view{} (ids {}:{}); {workspace}; {} spawner(s), {}",
         hello.view.as_str(),
         hello
             .reason
@@ -288,10 +307,42 @@ fn spawner(
             .unwrap_or_default(),
         hello.ids.0,
         hello.ids.1,
+        spawners.len(),
         hello.lockdown
     );
     let tail = usize::try_from(ex.limits.output_tail_bytes).unwrap_or(4096);
-    Ok(Runner::new(spawner, tail))
+    Runner::new(spawners, tail, walls)
+}
+
+/// The walls between jobs: a cgroup per job slot, each limited as
+/// configured, where a cgroup was delegated to the executor
+/// (`AIRLOCK_EXECUTOR_CGROUP`, or its own v2 cgroup under systemd's
+/// `Delegate=yes`); none elsewhere, said at start. Made before the
+/// spawners, which move into their slots as they start.
+fn job_walls(config: &airlock_config::Config, jobs: u32) -> Result<Option<(Walls, WallLimits)>> {
+    let cgroup = |e: airlock_sandbox::Error| Error::ConfineSpawn(e.to_string());
+    let Some(tree) = Tree::find().map_err(cgroup)? else {
+        eprintln!(
+            "airlock-executor: no cgroup delegated to the executor: its {jobs} job(s) run without walls between them"
+        );
+        return Ok(None);
+    };
+    let l = &config.executor.limits;
+    let limits = WallLimits {
+        memory: u64::from(l.job_memory_mib) << 20,
+        processes: u64::from(l.job_processes),
+    };
+    let walls = Walls::create(&tree, jobs.max(1) as usize).map_err(cgroup)?;
+    for k in 0..walls.slots() {
+        walls.set_limits(k, &limits).map_err(cgroup)?;
+    }
+    eprintln!(
+        "airlock-executor: walls: a cgroup ({}) per job, {} MiB and {} processes each",
+        tree.version(),
+        l.job_memory_mib,
+        l.job_processes
+    );
+    Ok(Some((walls, limits)))
 }
 
 /// The view commands get, for `airlockctl doctor`: `<work>/sandbox.json`
@@ -363,7 +414,9 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     for line in environments.summary() {
         eprintln!("airlock-executor: environment {line}");
     }
-    let runner = spawner(&config, &environments, &work_root)?;
+    let jobs = config.parallel_jobs();
+    let walls = job_walls(&config, jobs)?;
+    let runner = spawners(&config, &environments, &work_root, jobs, walls)?;
     let mut settings = settings(&config, environments, runner, work_root.clone())?;
     let mut watcher = spool.watch(&[Kind::Requests, Kind::Sources])?;
     // 5. Confinement: bounding set, no_new_privs, rlimits, Landlock, seccomp.
@@ -376,7 +429,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
         .with(Slot::WorkRoot, work_root.clone());
     paths.allow_degraded = config.executor.allow_degraded_landlock;
     // Read now: the lockdown leaves /proc out of reach.
-    let _ = airlock_executor::cache::boot_id();
+    let _ = airlock_executor::tree::boot_id();
     let own = lockdown::apply(&paths)?;
     eprintln!(
         "airlock-executor: serving {} (interfaces: {}; landlock {} ABI {}; worker uid {})",
@@ -393,56 +446,141 @@ fn serve(args: ServeArgs) -> Result<ExitCode> {
     let me = rustix::process::geteuid().as_raw();
     let retain = Duration::from_secs(args.retain_hours.saturating_mul(3600));
     let mut last_gc: Option<Instant> = None;
-    // 6. The loop: scan, handle each unanswered request once, wait.
-    loop {
-        // Until a pass answers nothing: a request left waiting for its
-        // source may be served by a tree another one just filled.
+    // 6. The loop: this thread reads each unanswered request and finds its
+    // source (filling the cache, one entry at a time, never twice); up to
+    // one job per spawner runs side by side, each on a thread of its own
+    // holding its tree until it has published its answer.
+    let slots = settings.runner.as_ref().map_or(1, Runner::slots);
+    let running: Mutex<HashSet<String>> = Mutex::default();
+    let running = &running;
+    let (settings, spool, cache) = (&settings, &spool, &cache);
+    std::thread::scope(|scope| -> Result<ExitCode> {
         loop {
-            let mut answered = false;
-            for id in spool.list(Kind::Requests)? {
-                if spool.exists(Kind::Results, &id)? || spool.exists(Kind::Failed, &id)? {
-                    continue;
-                }
-                answered |= handle_spooled(&spool, &settings, &cache, &id, worker_uid, max_spool);
-            }
-            if !answered {
-                break;
-            }
-        }
-        if last_gc.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
-            match spool.gc(
-                Side::Executor,
-                me,
-                &GcPolicy {
-                    older_than: Some(retain),
-                    finished: Vec::new(),
-                },
-            ) {
-                Ok(r) => {
-                    for (path, why) in r.refused {
-                        eprintln!("airlock-executor: gc left {}: {why}", path.display());
+            // Until a pass starts nothing: a request left waiting for its
+            // source may be served by a tree another one just filled.
+            loop {
+                let mut progressed = false;
+                for id in spool.list(Kind::Requests)? {
+                    if locked(running).len() >= slots {
+                        break;
+                    }
+                    if locked(running).contains(&id) || answered(spool, &id) {
+                        continue;
+                    }
+                    match prepare(spool, settings, cache, &id, worker_uid, max_spool) {
+                        Next::Answered => progressed = true,
+                        Next::Waiting => {}
+                        Next::Ready(job) => {
+                            locked(running).insert(id.clone());
+                            scope.spawn(move || {
+                                job.run(spool, settings);
+                                locked(running).remove(&id);
+                            });
+                            progressed = true;
+                        }
                     }
                 }
-                Err(e) => eprintln!("airlock-executor: gc: {e}"),
+                if !progressed {
+                    break;
+                }
             }
-            last_gc = Some(Instant::now());
+            if last_gc.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
+                gc(spool, me, retain);
+                last_gc = Some(Instant::now());
+            }
+            // The spool changing wakes this thread; a job ending frees a
+            // slot, seen within the short wait while any runs.
+            let idle = locked(running).is_empty();
+            watcher.wait(if idle {
+                Duration::from_secs(300)
+            } else {
+                Duration::from_millis(200)
+            })?;
         }
-        watcher.wait(Duration::from_secs(300))?;
+    })
+}
+
+/// The set of requests running, whatever a panicked job left it as.
+fn locked(running: &Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    running
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether `id` has its answer (a result or a failure) in the spool.
+fn answered(spool: &Spool, id: &str) -> bool {
+    // Unreadable counts as answered: it is not run on a guess.
+    spool.exists(Kind::Results, id).unwrap_or(true)
+        || spool.exists(Kind::Failed, id).unwrap_or(true)
+}
+
+/// The executor's side of the spool, collected: answers older than
+/// `retain`, and what is left of requests long answered.
+fn gc(spool: &Spool, me: u32, retain: Duration) {
+    match spool.gc(
+        Side::Executor,
+        me,
+        &GcPolicy {
+            older_than: Some(retain),
+            finished: Vec::new(),
+        },
+    ) {
+        Ok(r) => {
+            for (path, why) in r.refused {
+                eprintln!("airlock-executor: gc left {}: {why}", path.display());
+            }
+        }
+        Err(e) => eprintln!("airlock-executor: gc: {e}"),
     }
 }
 
-/// Handles one spooled request if its source is at hand: its tree cached,
-/// or its archive published (which then fills the cache). Otherwise asks
-/// the worker for the archive (`wants/<id>.json`) and leaves the request
-/// for a later pass.
-fn handle_spooled(
+/// What the serve loop does next with an unanswered request.
+enum Next {
+    /// Refused before anything ran: its failure is published.
+    Answered,
+    /// Its source is not at hand: asked for, left for a later pass.
+    Waiting,
+    /// Ready to run on a job thread.
+    Ready(Box<Job>),
+}
+
+/// A request ready to run: its tree found (or the reason it was not),
+/// held until the job ends.
+struct Job {
+    id: String,
+    request: airlock_proto::bundle::ExecRequest,
+    source: Result<airlock_executor::tree::Cached>,
+    _hold: Option<airlock_executor::tree::hold::Hold>,
+    started: Instant,
+}
+
+impl Job {
+    /// Runs the request's commands and publishes its answer.
+    fn run(self, spool: &Spool, settings: &Settings) {
+        let Job {
+            id,
+            request,
+            source,
+            _hold,
+            started,
+        } = self;
+        let answer = request::handle_parsed(settings, &request, |_| source);
+        publish(spool, &id, &answer, started);
+    }
+}
+
+/// Reads a spooled request and finds its source: its tree cached, or its
+/// archive or delta published (which then fills the cache). Otherwise asks
+/// the worker for it (`wants/<id>.json`) and leaves the request for a
+/// later pass. A request that cannot be read is answered here.
+fn prepare(
     spool: &Spool,
     settings: &Settings,
     cache: &TreeCache,
     id: &str,
     worker_uid: u32,
     max_spool: u64,
-) -> bool {
+) -> Next {
     let started = Instant::now();
     let bytes = spool
         .read(
@@ -455,55 +593,69 @@ fn handle_spooled(
             },
         )
         .map_err(Error::from);
-    let answer = match bytes.and_then(|b| request::parse(&b, Some(id))) {
-        Err(e) => Answer::Failure(airlock_executor::result::failure(id, None, &e)),
-        Ok(req) => {
-            let source = match cache.get(&req.source_tree) {
-                Some(cached) => Ok(cached),
-                None => match spool.exists(Kind::Sources, id) {
-                    Ok(true) => spool
-                        .read(
-                            Kind::Sources,
-                            id,
-                            &Expect {
-                                owner_uid: worker_uid,
-                                max_bytes: settings.max_archive_bytes.min(max_spool),
-                                sha256: None,
-                            },
-                        )
-                        .map_err(|e| Error::ArchiveInvalid(e.to_string()))
-                        .and_then(|source| {
-                            cache.set_pins(pending_haves(spool, id));
-                            cache.receive(
-                                &req.source_tree,
-                                &source,
-                                &settings.archive,
-                                &settings.credentials,
-                                &mut assembly_fault,
-                            )
-                        }),
-                    Ok(false) => {
-                        want_source(spool, cache, &req);
-                        return false;
-                    }
-                    Err(e) => Err(Error::ArchiveInvalid(e.to_string())),
-                },
-            };
-            let hit = match &source {
-                Ok(c) if c.from_delta => "tree made from a held one and a source delta",
-                Ok(c) if c.filled => "tree filled from the archive",
-                Ok(_) => "tree cached",
-                Err(_) => "no tree",
-            };
-            eprintln!("airlock-executor: {id}: {hit} ({})", req.source_tree);
-            request::handle_parsed(settings, &req, |_| source)
+    let req = match bytes.and_then(|b| request::parse(&b, Some(id))) {
+        Ok(req) => req,
+        Err(e) => {
+            let answer = Answer::Failure(airlock_executor::result::failure(id, None, &e));
+            publish(spool, id, &answer, started);
+            return Next::Answered;
         }
     };
-    let (kind, summary) = match &answer {
+    let source = match cache.get(&req.source_tree) {
+        Some(cached) => Ok(cached),
+        None => match spool.exists(Kind::Sources, id) {
+            Ok(true) => spool
+                .read(
+                    Kind::Sources,
+                    id,
+                    &Expect {
+                        owner_uid: worker_uid,
+                        max_bytes: settings.max_archive_bytes.min(max_spool),
+                        sha256: None,
+                    },
+                )
+                .map_err(|e| Error::ArchiveInvalid(e.to_string()))
+                .and_then(|source| {
+                    cache.set_pins(pending_haves(spool, id));
+                    cache.receive(
+                        &req.source_tree,
+                        &source,
+                        &settings.archive,
+                        &settings.credentials,
+                        &mut assembly_fault,
+                    )
+                }),
+            Ok(false) => {
+                want_source(spool, cache, &req);
+                return Next::Waiting;
+            }
+            Err(e) => Err(Error::ArchiveInvalid(e.to_string())),
+        },
+    };
+    let hit = match &source {
+        Ok(c) if c.from_delta => "tree made from a held one and a source delta",
+        Ok(c) if c.filled => "tree filled from the archive",
+        Ok(_) => "tree cached",
+        Err(_) => "no tree",
+    };
+    eprintln!("airlock-executor: {id}: {hit} ({})", req.source_tree);
+    let hold = source.as_ref().ok().map(|c| cache.hold(&c.tree));
+    Next::Ready(Box::new(Job {
+        id: id.to_owned(),
+        request: req,
+        source,
+        _hold: hold,
+        started,
+    }))
+}
+
+/// Publishes a request's answer (a failure when the answer cannot be
+/// rendered, being too large); says what happened on standard error.
+fn publish(spool: &Spool, id: &str, answer: &Answer, started: Instant) {
+    let (kind, summary) = match answer {
         Answer::Result(r) => (Kind::Results, format!("passed={}", r.passed)),
         Answer::Failure(f) => (Kind::Failed, format!("{}: {}", f.code, f.detail)),
     };
-    // An answer that cannot be rendered (too large) becomes a failure.
     let rendered = answer.to_bytes().map(|b| (b, kind)).or_else(|e| {
         let f = airlock_executor::result::failure(id, None, &e);
         Answer::Failure(f).to_bytes().map(|b| (b, Kind::Failed))
@@ -512,18 +664,12 @@ fn handle_spooled(
         .map_err(|e| e.to_string())
         .and_then(|(b, kind)| spool.publish(kind, id, &b).map_err(|e| e.to_string()));
     match published {
-        Ok(path) => {
-            eprintln!(
-                "airlock-executor: {id}: {summary} -> {} ({} ms)",
-                path.display(),
-                started.elapsed().as_millis()
-            );
-            true
-        }
-        Err(e) => {
-            eprintln!("airlock-executor: {id}: {summary}; not published: {e}");
-            false
-        }
+        Ok(path) => eprintln!(
+            "airlock-executor: {id}: {summary} -> {} ({} ms)",
+            path.display(),
+            started.elapsed().as_millis()
+        ),
+        Err(e) => eprintln!("airlock-executor: {id}: {summary}; not published: {e}"),
     }
 }
 
@@ -647,7 +793,7 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
     for line in environments.summary() {
         eprintln!("airlock-executor: environment {line}");
     }
-    let runner = spawner(&config, &environments, &work_root)?;
+    let runner = spawners(&config, &environments, &work_root, 1, None)?;
     let mut settings = settings(&config, environments, runner, work_root.clone())?;
     // Both inputs are read before the lockdown; the archive, when the tree
     // is not cached, must hold the request's tree.
@@ -679,7 +825,7 @@ fn run_once(args: RunOnceArgs) -> Result<ExitCode> {
         .with(Slot::WorkRoot, work_root.clone())
         .with(Slot::OutputDir, out_dir);
     paths.allow_degraded = config.executor.allow_degraded_landlock;
-    let _ = airlock_executor::cache::boot_id();
+    let _ = airlock_executor::tree::boot_id();
     let own = lockdown::apply(&paths)?;
     settings.own = Some(own);
     let cache = open_cache(&config, &work_root, settings.runner.as_ref())?;

@@ -25,13 +25,14 @@
 
 use crate::apply::{CredentialPolicy, Workspace};
 use crate::beneath;
-use crate::cache::{Cached, remove_tree};
 use crate::error::{Error, Result};
-use crate::extract::ArchiveLimits;
 use crate::lockdown::SelfConfinement;
 use crate::policy::ProgramPolicy;
 use crate::result::{self, Answer, Outcome};
-use crate::run::{Runner, WorkspaceSource, chown_tree};
+use crate::run::{Runner, WorkspaceSource};
+use crate::tree::Cached;
+use crate::tree::extract::ArchiveLimits;
+use crate::tree::fs::{chown_tree, copy_into, copy_tree, mkdir, remove_tree};
 use airlock_proto::bundle::ExecRequest;
 use airlock_proto::envelope::{Action, Change, Envelope};
 use airlock_sandbox::ViewMode;
@@ -236,7 +237,7 @@ fn in_workspace(
                     };
                     let (made, evidence) = crate::setup::layer(&ctx, setup, &applied)?;
                     if let (WorkspaceSource::Dir(d), Some(ws_part)) = (&source, made.workspace()) {
-                        crate::layer::copy_into(&ws_part, d)?;
+                        copy_into(&ws_part, d)?;
                     }
                     let home = setup
                         .outputs
@@ -278,6 +279,7 @@ fn in_workspace(
                         _ => Vec::new(),
                     },
                     home: layer.as_ref().map(|l| l.2.clone()).unwrap_or_default(),
+                    known: crate::run::known_values(&request.request_id, envelope),
                     ..Default::default()
                 };
                 let (evidence, confinement) = runner.run(cmd, &source, dir, i, extras)?;
@@ -350,70 +352,6 @@ fn apply_layered(
         }
     }
     Ok(entries)
-}
-
-/// Copies a cached tree into a fresh workspace (the host view): each file
-/// reflinked where the file system can, else copied in the kernel; each
-/// symbolic link made again with its target (never followed).
-pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    clone_tree(from, to, &mut copy_file)
-}
-
-/// Makes `to` a tree of directories (mode 0755) and symbolic links (made
-/// again with their targets, never followed) as `from` has them, each
-/// regular file made by `file(source, destination)`.
-pub(crate) fn clone_tree(
-    from: &Path,
-    to: &Path,
-    file: &mut dyn FnMut(&Path, &Path) -> std::io::Result<()>,
-) -> Result<()> {
-    let err = |e: std::io::Error, p: &Path| Error::Setup {
-        path: p.to_owned(),
-        detail: e.to_string(),
-    };
-    mkdir(to, 0o755)?;
-    for entry in std::fs::read_dir(from).map_err(|e| err(e, from))? {
-        let entry = entry.map_err(|e| err(e, from))?;
-        let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        let ft = entry.file_type().map_err(|e| err(e, &src))?;
-        if ft.is_dir() {
-            clone_tree(&src, &dst, file)?;
-        } else if ft.is_symlink() {
-            let target = std::fs::read_link(&src).map_err(|e| err(e, &src))?;
-            std::os::unix::fs::symlink(&target, &dst).map_err(|e| err(e, &dst))?;
-        } else if ft.is_file() {
-            file(&src, &dst).map_err(|e| err(e, &src))?;
-        }
-    }
-    Ok(())
-}
-
-fn copy_file(src: &Path, dst: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let from = std::fs::File::open(src)?;
-    let mode = from.metadata()?.permissions().mode() & 0o777;
-    let to = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(dst)?;
-    if rustix::fs::ioctl_ficlone(&to, &from).is_ok() {
-        return Ok(());
-    }
-    let mut from = from;
-    let mut to = to;
-    std::io::copy(&mut from, &mut to).map(drop)
-}
-
-fn mkdir(path: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .mode(mode)
-        .create(path)
-        .map_err(|e| Error::Setup {
-            path: path.to_owned(),
-            detail: e.to_string(),
-        })
 }
 
 /// `work_root/<request_id>`, made fresh and removed on drop.

@@ -24,7 +24,10 @@
 //! database hold only redacted text and every digest over the result binds
 //! what is stored. [`tail_redactor`] is the redactor: every shape of
 //! [`airlock_proto::redact`], plus the literal values of the command's own
-//! environment by the rule [`environment_literal`] states. The redaction
+//! environment by the rule [`environment_literal`] states, never the
+//! values airlock made for the request ([`Extras::known`]: the task's ids,
+//! branch and commits, the digests, the request's id, a setup's forwarder
+//! URL, which is in its environment as HTTPS_PROXY). The redaction
 //! runs over a wider window than the tail ([`REDACT_MARGIN`] bytes more,
 //! its first partial line dropped), so a secret cut by the tail's start is
 //! still whole when it is matched. The `stdout_sha256`/`stderr_sha256`
@@ -32,11 +35,13 @@
 //! and they are what a rerun can be compared with.
 
 use crate::error::{Error, Result};
-use airlock_proto::bundle::CommandEvidence;
+use crate::tree::fs::{chown_tree, copy_into};
+use airlock_proto::bundle::{CommandEvidence, WallEvidence};
 use airlock_proto::canonical::digest_of;
 use airlock_proto::envelope::Command;
 use airlock_proto::redact::Redactor;
 use airlock_proto::task::tail_of;
+use airlock_sandbox::cgroup::{Limits as WallLimits, Measure, Walls};
 use airlock_sandbox::spawner::{Hello, Spawner};
 use airlock_sandbox::{
     Bind, Job, Limits, Outcome, Overlay, REPORT_SCHEMA, Report, Stdio, ViewMode,
@@ -46,7 +51,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 /// Extra time the spawner gets past the command's timeout before the
@@ -60,10 +65,16 @@ pub const VIEW_STATUS_FILE: &str = "sandbox.json";
 /// Where the workspace appears in the minimal root.
 pub const VIEW_WORKSPACE: &str = airlock_sandbox::root::WORKSPACE;
 
-/// How every command is confined: the spawner and what it reported.
+/// How every command is confined: the spawners (one per job that may run
+/// at once, all forked at start, all prepared alike) and what the first
+/// reported. A command takes whichever spawner is free, so jobs running
+/// side by side never wait for each other's commands.
 #[derive(Debug)]
 pub struct Runner {
-    spawner: Mutex<Spawner>,
+    spawners: Vec<Mutex<Spawner>>,
+    /// The job slots' cgroups (spawner `k` lives in slot `k`) and the
+    /// limits set on each, when the executor has them.
+    walls: Option<(Walls, WallLimits)>,
     hello: Hello,
     /// Bytes of stdout/stderr kept as tails.
     pub tail_bytes: usize,
@@ -117,6 +128,20 @@ pub struct Extras<'a> {
     /// path under HOME) appears there, as the lower layer of an overlay
     /// where one can be mounted, else as a copy.
     pub home: Vec<(PathBuf, String)>,
+    /// Values airlock made for the request, never redacted from its
+    /// tails ([`known_values`]; a setup adds its forwarder's URL).
+    pub known: Vec<String>,
+}
+
+/// What airlock made for `request_id` and its `envelope`, for
+/// [`Extras::known`]: the binding's ids, branch and commits, the
+/// envelope's digest ([`airlock_proto::redact::binding_values`]) and the
+/// request's id.
+pub fn known_values(request_id: &str, envelope: &airlock_proto::envelope::Envelope) -> Vec<String> {
+    let mut known =
+        airlock_proto::redact::binding_values(&envelope.binding, &envelope.execution_digest);
+    known.push(request_id.to_owned());
+    known
 }
 
 /// The sandbox settings of the executor, from `[executor.limits]`.
@@ -191,11 +216,13 @@ pub fn environment_literal(name: &str, value: &str) -> bool {
 
 /// The redactor of one command's output tails: every shape, and the
 /// literal values of `env` (the command's whole environment) that
-/// [`environment_literal`] picks.
-pub fn tail_redactor(env: &[(String, String)]) -> Redactor {
+/// [`environment_literal`] picks, but never the `known` values (a literal
+/// that is one of them is no secret).
+pub fn tail_redactor(env: &[(String, String)], known: &[String]) -> Redactor {
     env.iter()
         .filter(|(k, v)| environment_literal(k, v))
         .fold(Redactor::new(), |r, (_, v)| r.with_literal(v))
+        .with_known_all(known)
 }
 
 /// `raw` (the last bytes read, `keep` + [`REDACT_MARGIN`] at most)
@@ -247,28 +274,51 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
         .map_err(|e| Error::ConfineSpawn(format!("pipe: {e}")))
 }
 
-/// Recursively hands a freshly made tree to `uid:gid`, never following a
-/// symlink (the tree was just written by the executor itself).
-pub fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    let meta = std::fs::symlink_metadata(path)?;
-    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            chown_tree(&entry?.path(), uid, gid)?;
-        }
-    }
-    Ok(())
-}
-
 impl Runner {
-    /// Wraps a started spawner.
-    pub fn new(spawner: Spawner, tail_bytes: usize) -> Runner {
-        let hello = spawner.hello().clone();
-        Runner {
-            spawner: Mutex::new(spawner),
+    /// Wraps started spawners (at least one; all prepared from the same
+    /// options, so the first one's [`Hello`] speaks for all), spawner `k`
+    /// in slot `k` of `walls` when given.
+    pub fn new(
+        spawners: Vec<Spawner>,
+        tail_bytes: usize,
+        walls: Option<(Walls, WallLimits)>,
+    ) -> Result<Runner> {
+        let hello = spawners
+            .first()
+            .ok_or_else(|| Error::ConfineSpawn("no spawner".into()))?
+            .hello()
+            .clone();
+        Ok(Runner {
+            spawners: spawners.into_iter().map(Mutex::new).collect(),
+            walls,
             hello,
             tail_bytes,
+        })
+    }
+
+    /// How many commands may run at once.
+    pub fn slots(&self) -> usize {
+        self.spawners.len()
+    }
+
+    /// A free spawner. The serve loop runs at most [`Runner::slots`] jobs,
+    /// each one command at a time, so one is always free; were none, this
+    /// waits for the first.
+    fn free_spawner(&self) -> Result<(usize, MutexGuard<'_, Spawner>)> {
+        let poisoned = || Error::ConfineSpawn("spawner lock poisoned".into());
+        for (k, s) in self.spawners.iter().enumerate() {
+            match s.try_lock() {
+                Ok(guard) => return Ok((k, guard)),
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Poisoned(_)) => return Err(poisoned()),
+            }
         }
+        Ok((0, self.spawners[0].lock().map_err(|_| poisoned())?))
+    }
+
+    /// The walls' interface (`v1`, `v2`), when jobs have walls.
+    pub fn walls(&self) -> Option<&'static str> {
+        self.walls.as_ref().map(|(w, _)| w.tree().version())
     }
 
     /// The view commands get.
@@ -337,7 +387,7 @@ impl Runner {
                     chown_tree(&tmp, uid, gid).map_err(|e| setup(e, &tmp))?;
                 }
                 for (source, rel) in &extras.home {
-                    crate::layer::copy_into(source, &tmp.join(rel))?;
+                    copy_into(source, &tmp.join(rel))?;
                 }
                 if rustix::process::geteuid().is_root() {
                     chown_tree(&tmp, uid, gid).map_err(|e| setup(e, &tmp))?;
@@ -430,7 +480,7 @@ impl Runner {
             let copy_on_write = if self.hello.overlay.is_ok() {
                 Some((upper.clone(), work.clone()))
             } else {
-                crate::layer::copy_into(source, &upper)?;
+                copy_into(source, &upper)?;
                 None
             };
             if rustix::process::geteuid().is_root() {
@@ -463,19 +513,20 @@ impl Runner {
         // The environment the command gets: the spawner's clean one under
         // the job's entries (with or without a private /tmp only TMPDIR
         // differs, a path either way, never a literal).
-        let redactor = tail_redactor(&airlock_sandbox::env::build(&job.workdir, true, &job.env));
+        let redactor = tail_redactor(
+            &airlock_sandbox::env::build(&job.workdir, true, &job.env),
+            &extras.known,
+        );
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let keep = self.tail_bytes;
         let started = Instant::now();
         let out = capture(out_r, keep + REDACT_MARGIN);
         let err = capture(err_r, keep + REDACT_MARGIN);
-        let report = {
-            let mut spawner = self
-                .spawner
-                .lock()
-                .map_err(|_| Error::ConfineSpawn("spawner lock poisoned".into()))?;
-            spawner.run(
+        let (report, wall) = {
+            let (slot, mut spawner) = self.free_spawner()?;
+            let counters = self.walls.as_ref().map(|(w, _)| w.before(slot));
+            let report = spawner.run(
                 &job,
                 Stdio {
                     stdout: out_w,
@@ -483,7 +534,14 @@ impl Runner {
                     network: extras.network.map(|(_, fd)| fd),
                 },
                 HELPER_GRACE,
-            )
+            );
+            let wall = self
+                .walls
+                .as_ref()
+                .zip(counters)
+                .map(|((w, limits), before)| wall_evidence(w, limits, w.after(slot, before)));
+            drop(spawner);
+            (report, wall)
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let report = report.map_err(|e| Error::ConfineReport(format!("{}: {e}", cmd.label)))?;
@@ -516,8 +574,22 @@ impl Runner {
             // Redacted before anything is built over them (module doc).
             stdout_tail: redacted_tail(&redactor, &stdout.tail, stdout.truncated, keep),
             stderr_tail: redacted_tail(&redactor, &stderr.tail, stderr.truncated, keep),
+            wall,
         };
         Ok((evidence, confinement(&report)))
+    }
+}
+
+/// What a command's evidence says of its job's walls.
+fn wall_evidence(walls: &Walls, limits: &WallLimits, m: Measure) -> WallEvidence {
+    WallEvidence {
+        cgroup: walls.tree().version().to_owned(),
+        memory_limit_bytes: limits.memory,
+        processes_limit: limits.processes,
+        memory_peak_bytes: m.memory_peak,
+        peak_per_command: walls.peak_per_command(),
+        oom_kills: m.oom_kills,
+        fork_refusals: m.fork_refusals,
     }
 }
 
@@ -599,7 +671,7 @@ mod tests {
             ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
             ("REGION_SEED".to_owned(), "plainword-no-shape".to_owned()),
         ];
-        let r = tail_redactor(&env);
+        let r = tail_redactor(&env, &[]);
         let mut raw = String::from("searched /usr/bin for plainword-no-shape\n");
         for (_, secret) in airlock_proto::redact::planted() {
             raw.push_str(&format!("canary {secret}\n"));
@@ -611,6 +683,43 @@ mod tests {
         );
         for (kind, _) in airlock_proto::redact::planted() {
             assert!(out.contains(&format!("[REDACTED:{kind}]")), "{kind}: {out}");
+        }
+        assert!(!out.contains("IOSFODNN7EXAMPLE") && !out.contains("hunter2hunter2"));
+    }
+
+    /// Issue 41 item 6: a setup's tails lost the forwarder's URL, a
+    /// literal of its environment (HTTPS_PROXY and kin).
+    #[test]
+    fn the_known_values_stay_in_tails_and_the_secrets_beside_them_do_not() {
+        let mut env = crate::setup::proxy_variables();
+        env.push(("MIRROR_SEED".to_owned(), "plainword-no-shape".to_owned()));
+        let url = env[0].1.clone();
+        let task = "p-0a1b2c3d4e5f6071";
+        let mut raw = format!("Using proxy {url} for {task} (refs/heads/agent/{task})\n");
+        raw.push_str("seed plainword-no-shape\n");
+        for (_, secret) in airlock_proto::redact::planted() {
+            raw.push_str(&format!("{task} {secret} {url}\n"));
+        }
+        // Without the known values, the forwarder's URL is a literal.
+        let out = redacted_tail(&tail_redactor(&env, &[]), &raw, false, 1 << 20);
+        assert!(!out.contains(&url), "{out}");
+        let known = vec![url.clone(), task.to_owned()];
+        let out = redacted_tail(&tail_redactor(&env, &known), &raw, false, 1 << 20);
+        assert!(
+            out.starts_with(&format!(
+                "Using proxy {url} for {task} (refs/heads/agent/{task})\n"
+            )),
+            "{out}"
+        );
+        assert!(out.contains("seed [REDACTED:literal]\n"), "{out}");
+        for (kind, _) in airlock_proto::redact::planted() {
+            assert!(out.contains(&format!("[REDACTED:{kind}]")), "{kind}: {out}");
+        }
+        for line in out.lines().skip(2) {
+            assert!(
+                line.starts_with(&format!("{task} ")) && line.ends_with(&format!(" {url}")),
+                "{line}"
+            );
         }
         assert!(!out.contains("IOSFODNN7EXAMPLE") && !out.contains("hunter2hunter2"));
     }

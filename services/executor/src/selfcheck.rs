@@ -6,7 +6,9 @@
 //!    APIKEY, ACCESS_KEY, COOKIE) or value (`Bearer …`, `password=…`,
 //!    `token: …`, `api_key=…`, a URL with a password, a PEM private key);
 //! 2. `credentials`: `/run/credentials` and `$CREDENTIALS_DIRECTORY` are
-//!    absent or unreadable (listing one is already a failure);
+//!    absent or unreadable (listing one is already a failure), and neither
+//!    is a symbolic link, whatever it points at (seed 001's
+//!    `CREDENTIAL_MOUNT_SYMLINK`);
 //! 3. `network`: the process's network namespace has no interface but `lo`
 //!    (asked of the kernel over netlink with `if_nameindex`, which sees the
 //!    current namespace; `/sys/class/net` shows the namespace sysfs was
@@ -133,9 +135,24 @@ pub fn secret_value(value: &OsStr) -> bool {
     lower.contains("private key-----")
 }
 
-/// Check 2: each credential directory must be absent or unreadable.
+/// Check 2: each credential directory must be absent or unreadable, and
+/// never a symbolic link. A link is refused before anything is read
+/// through it: one whose target the executor cannot read today (or that
+/// points nowhere yet) is one a mount, a chmod or a new file opens
+/// tomorrow, and systemd makes these directories, never links.
 pub fn check_credentials(dirs: &[PathBuf]) -> Result<()> {
     for dir in dirs {
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            let target = std::fs::read_link(dir)
+                .map_or_else(|e| format!("unreadable: {e}"), |t| t.display().to_string());
+            return Err(Error::NotIsolated {
+                check: "credentials",
+                detail: format!(
+                    "{} is a symbolic link (to {target}); a credentials directory must not be one",
+                    dir.display()
+                ),
+            });
+        }
         match std::fs::read_dir(dir) {
             Ok(_) => {
                 return Err(Error::NotIsolated {
@@ -322,6 +339,33 @@ mod tests {
             "{err}"
         );
         assert!(check_credentials(&[dir.path().join("absent")]).is_ok());
+    }
+
+    #[test]
+    fn a_symlinked_credential_directory_is_refused_wherever_it_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        for (name, target) in [
+            ("to-a-directory", real.clone()),
+            ("dangling", dir.path().join("nowhere")),
+            ("to-a-file", dir.path().join("file")),
+        ] {
+            std::fs::write(dir.path().join("file"), b"x").unwrap();
+            let link = dir.path().join(name);
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            match check_credentials(std::slice::from_ref(&link)) {
+                Err(Error::NotIsolated {
+                    check: "credentials",
+                    detail,
+                }) => assert!(
+                    detail.contains("is a symbolic link")
+                        && detail.contains(&target.display().to_string()),
+                    "{name}: {detail}"
+                ),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -22,8 +22,9 @@
 
 use crate::error::{Error, Result};
 use crate::forward::Forwarder;
-use crate::layer::{Layer, LayerCache, file_sha256};
+use crate::layer::{Layer, LayerCache};
 use crate::run::{Runner, WorkspaceSource};
+use crate::tree::fs::{chown_tree, file_sha256, remove_tree};
 use airlock_config::ResolvedSetup;
 use airlock_proto::Code;
 use airlock_proto::bundle::{CommandEvidence, EgressDecision, LayerEvidence};
@@ -43,10 +44,15 @@ pub const SESSION_LIMITS: Limits = Limits {
     max_connections: 4096,
 };
 
+/// The forwarder's URL, as the setup's proxy variables name it.
+pub fn proxy_url() -> String {
+    format!("http://127.0.0.1:{PROXY_PORT}")
+}
+
 /// What the setup's package clients are told: the forwarder is their proxy
 /// for every scheme, and no host bypasses it.
 pub fn proxy_variables() -> Vec<(String, String)> {
-    let url = format!("http://127.0.0.1:{PROXY_PORT}");
+    let url = proxy_url();
     let mut v = Vec::new();
     for name in ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"] {
         v.push((name.to_owned(), url.clone()));
@@ -182,6 +188,8 @@ pub fn layer(
         .map(|(rel, _, sha)| (rel.clone(), sha.clone()))
         .collect();
     let key = crate::layer::key(ctx.environment_digest, &keyed);
+    // Made once: a job whose layer another job is making waits for it.
+    let _making = ctx.layers.claim(&key);
     if let Some(layer) = ctx.layers.get(&key) {
         let evidence = LayerEvidence {
             key: layer.key.clone(),
@@ -212,7 +220,7 @@ pub fn layer(
     let (commands, egress) = match made {
         Ok(done) => done,
         Err(e) => {
-            crate::cache::remove_tree(&staging);
+            remove_tree(&staging);
             return Err(e);
         }
     };
@@ -265,7 +273,7 @@ fn make(
     if rustix::process::geteuid().is_root() {
         let (uid, gid) = ctx.runner.hello().ids;
         for d in [&ws, &staging.to_path_buf()] {
-            crate::run::chown_tree(d, uid, gid).map_err(|e| io(e, d))?;
+            chown_tree(d, uid, gid).map_err(|e| io(e, d))?;
         }
     }
     let allow = setup
@@ -290,6 +298,15 @@ fn make(
             variables.insert(k, v);
         }
     }
+    // What airlock made for the setup, never redacted from its tails: the
+    // forwarder's URL (in its environment, so a literal otherwise), the
+    // task's id (and so its refs), the request's id, the environment's digest.
+    let known = vec![
+        proxy_url(),
+        ctx.task_id.to_owned(),
+        ctx.request_id.to_owned(),
+        ctx.environment_digest.to_owned(),
+    ];
     let mut evidence = Vec::new();
     let mut decisions = Vec::new();
     for (i, argv) in setup.commands.iter().enumerate() {
@@ -332,6 +349,7 @@ fn make(
                 layers: Vec::new(),
                 network: handoff.map(|h| (PROXY_PORT, h)),
                 home: Vec::new(),
+                known: known.clone(),
             },
         );
         if let Some(f) = forwarder {

@@ -7,7 +7,7 @@ mod common;
 use airlock_proto::tree::ObjectFormat;
 
 use airlock_executor::apply::{CredentialPolicy, Workspace};
-use airlock_executor::extract::{ArchiveLimits, extract};
+use airlock_executor::tree::extract::{ArchiveLimits, extract};
 use airlock_proto::Code;
 use common::*;
 use std::time::Instant;

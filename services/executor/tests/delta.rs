@@ -8,8 +8,8 @@
 mod common;
 
 use airlock_executor::apply::CredentialPolicy;
-use airlock_executor::cache::{CacheLimits, TreeCache};
-use airlock_executor::extract::ArchiveLimits;
+use airlock_executor::tree::extract::ArchiveLimits;
+use airlock_executor::tree::{CacheLimits, TreeCache};
 use airlock_git::AuthorityRepo;
 use airlock_proto::Code;
 use airlock_proto::tree::ObjectFormat;

@@ -6,11 +6,11 @@
 mod common;
 
 use airlock_executor::apply::CredentialPolicy;
-use airlock_executor::cache::{CacheLimits, Cached, TreeCache};
-use airlock_executor::extract::ArchiveLimits;
 use airlock_executor::policy::ProgramPolicy;
 use airlock_executor::request::{Settings, handle};
 use airlock_executor::result::Answer;
+use airlock_executor::tree::extract::ArchiveLimits;
+use airlock_executor::tree::{CacheLimits, Cached, TreeCache};
 use airlock_proto::bundle::ExecRequest;
 use common::*;
 use serde_json::json;

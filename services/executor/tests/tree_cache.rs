@@ -8,8 +8,8 @@
 mod common;
 
 use airlock_executor::apply::CredentialPolicy;
-use airlock_executor::cache::{CacheLimits, TreeCache};
-use airlock_executor::extract::ArchiveLimits;
+use airlock_executor::tree::extract::ArchiveLimits;
+use airlock_executor::tree::{CacheLimits, TreeCache};
 use common::*;
 use serde_json::{Value, json};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -191,7 +191,7 @@ fn an_entry_sealed_before_this_boot_is_hashed_in_full_on_first_use() {
     let sealed = seal(work.path(), &tree);
     assert_eq!(
         sealed["boot"].as_str(),
-        airlock_executor::cache::boot_id().as_deref()
+        airlock_executor::tree::boot_id().as_deref()
     );
     // As if sealed in an earlier boot, with a power loss that took a
     // file's data and left its metadata (the stamp would not see it).
@@ -228,7 +228,7 @@ fn an_entry_sealed_before_this_boot_is_hashed_in_full_on_first_use() {
     assert!(cache.get(&tree).is_some());
     assert_eq!(
         seal(work.path(), &tree)["boot"].as_str(),
-        airlock_executor::cache::boot_id().as_deref()
+        airlock_executor::tree::boot_id().as_deref()
     );
 }
 
@@ -275,7 +275,7 @@ fn an_entry_sealed_by_the_previous_release_is_hashed_once_and_linked_to_the_blob
 
 /// The stamp of an entry as it is now.
 fn stamp_of(entry: &Path) -> String {
-    airlock_executor::cache::Stamp::of_entry(entry)
+    airlock_executor::tree::Stamp::of_entry(entry)
         .unwrap()
         .to_hex()
 }

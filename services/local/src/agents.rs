@@ -3,8 +3,12 @@
 //! right to become another user or to execute programs — drives the
 //! process driver exactly as it drives systemd on an installed system.
 //! Agents run as `airlock-agent` (when airlock-local runs as root and
-//! that user exists; else as `nobody`), each in its own process group,
-//! with the bus address in its environment.
+//! that user exists; else as `nobody`), each in a cgroup of its own that
+//! airlock-local makes ([`airlock_agents::cgroup`]: what its processes
+//! cannot leave, by which the supervisor recognises them and the host
+//! stops them all) and its own process group, with the bus address in its
+//! environment. As root a cgroup is required (no agent starts without
+//! one); otherwise one is used when the system lets the caller make it.
 
 use crate::layout::Ids;
 use airlock_agents::host::{AgentHost, serve};
@@ -52,9 +56,11 @@ pub fn share_repositories(repos: &std::path::Path, ids: &Ids) -> Result<(), Stri
         .map_err(|e| format!("{}: {e}", repos.display()))
 }
 
-/// The host's thread, with its own runtime; stopped when dropped (after
-/// the supervisor drained the agents, whatever is left is killed with the
-/// thread: each agent's parent-death signal is SIGKILL).
+/// The host's thread, with its own runtime; stopped when dropped: after
+/// the supervisor drained the agents, every agent left is stopped and
+/// every process left in the agents' cgroups killed, then the cgroups are
+/// removed (each leader's parent-death signal, SIGKILL with the thread, is
+/// the last resort).
 #[derive(Debug)]
 pub struct HostThread {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -76,7 +82,16 @@ impl HostThread {
             None
         };
         let env = vec![("DBUS_SYSTEM_BUS_ADDRESS".to_owned(), address.to_owned())];
-        let driver = ProcessDriver::new(identity, runtime, env).map_err(|e| e.to_string())?;
+        let mut driver = ProcessDriver::new(identity, runtime, env).map_err(|e| e.to_string())?;
+        match airlock_agents::cgroup::Tree::create() {
+            Ok(tree) => driver = driver.with_cgroups(tree),
+            Err(e) if ids.separated => return Err(format!("agents: {e}")),
+            Err(e) => eprintln!(
+                "airlock-local: WARNING: agents run without a cgroup of their own ({e}): a process an agent starts in a session of its own is not recognised or stopped as the agent's."
+            ),
+        }
+        let driver = Arc::new(driver);
+        let on_stop = Arc::clone(&driver);
         let supervisor_uid = ids.supervisor.uid;
         let address = address.to_owned();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -108,13 +123,14 @@ impl HostThread {
                             return;
                         }
                     };
-                    let host = AgentHost::new(Arc::new(driver), agents, supervisor_uid);
+                    let host = AgentHost::new(driver, agents, supervisor_uid);
                     if let Err(e) = serve(&conn, host).await {
                         let _ = ready_tx.send(Err(format!("agent host: {e}")));
                         return;
                     }
                     let _ = ready_tx.send(Ok(()));
                     let _ = stop_rx.await;
+                    on_stop.shutdown().await;
                 });
             })
             .map_err(|e| e.to_string())?;

@@ -9,6 +9,9 @@
 //! crates/git's [`airlock_git::mirror`] of a repository owned by someone
 //! else: nothing runs in the source's context but hardened read-only
 //! plumbing, and no part of the path reaches a shell.
+//!
+//! At start, [`sweep`] removes what an interrupted `airlockctl repo add`
+//! (on this state directory's configuration) left in `repos/`.
 
 use crate::layout::{self, Ids, Layout};
 use std::path::Path;
@@ -39,4 +42,31 @@ pub fn empty(layout: &Layout, ids: &Ids, name: &str) -> Result<(), String> {
         .map_err(|e| format!("making {}: {e} [{}]", target.display(), e.code().as_str()))?;
     layout::chown_tree(&target, ids.worker, ids)
         .map_err(|e| format!("giving {} to the worker: {e}", target.display()))
+}
+
+/// Removes what an interrupted `airlockctl repo add` left in `repos`
+/// (`.NAME.git.tmp-PID` of a process gone,
+/// [`airlock_git::remove_stale_imports`]), saying so on stderr.
+pub fn sweep(repos: &Path) {
+    match airlock_git::remove_stale_imports(repos) {
+        Ok(found) => {
+            for f in found {
+                match f.removed {
+                    Ok(()) => eprintln!(
+                        "airlock-local: removed {}, left by an interrupted import (process {} is gone)",
+                        f.path.display(),
+                        f.pid
+                    ),
+                    Err(e) => eprintln!(
+                        "airlock-local: cannot remove {}, left by an interrupted import: {e}",
+                        f.path.display()
+                    ),
+                }
+            }
+        }
+        Err(e) => eprintln!(
+            "airlock-local: cannot look for interrupted imports in {}: {e}",
+            repos.display()
+        ),
+    }
 }

@@ -172,7 +172,9 @@ fn dir(path: &Path, mode: u32, uid: u32, gid: u32, ids: &Ids) -> std::io::Result
             .map_err(std::io::Error::from)?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    // The new entry is on disk only once its parent directory is synced.
+    // Its owner and mode are on disk once it is synced, the new entry once
+    // its parent directory is.
+    std::fs::File::open(path)?.sync_all()?;
     match path.parent() {
         Some(parent) => std::fs::File::open(parent)?.sync_all(),
         None => Ok(()),
@@ -232,10 +234,17 @@ pub fn file(path: &Path, content: &[u8], mode: u32, who: Id, ids: &Ids) -> std::
     airlock_config::write_durably(path, content, mode, owner)
 }
 
-/// Gives a whole tree to `who` (the demo repository to the worker).
+/// Gives a whole tree to `who` (the demo repository to the worker), each
+/// path synced after its owner changed: a power loss must not hand the
+/// tree back to root.
 pub fn chown_tree(path: &Path, who: Id, ids: &Ids) -> std::io::Result<()> {
     if !ids.separated {
         return Ok(());
+    }
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        // Its own owner (lchown): a link is never followed, nor synced.
+        return std::os::unix::fs::lchown(path, Some(who.uid), Some(who.gid));
     }
     chown(
         path,
@@ -243,16 +252,17 @@ pub fn chown_tree(path: &Path, who: Id, ids: &Ids) -> std::io::Result<()> {
         Some(Gid::from_raw(who.gid)),
     )
     .map_err(std::io::Error::from)?;
-    if std::fs::symlink_metadata(path)?.is_dir() {
+    if meta.is_dir() {
         for entry in std::fs::read_dir(path)? {
             chown_tree(&entry?.path(), who, ids)?;
         }
     }
-    Ok(())
+    std::fs::File::open(path)?.sync_all()
 }
 
-/// The configuration every component reads.
-pub fn config_text(layout: &Layout, ids: &Ids, tuning: &crate::Tuning) -> String {
+/// The configuration every component reads; `bus` is the suite's private
+/// bus, recorded for airlockctl.
+pub fn config_text(layout: &Layout, ids: &Ids, tuning: &crate::Tuning, bus: &str) -> String {
     let p = |rel: &str| layout.path(rel).display().to_string();
     let db = match &tuning.shared_store {
         Some(store) => store.url.clone(),
@@ -275,6 +285,8 @@ local_users = ["{admin}"]
 local_planners = [{planners}]
 # airlock-local runs the [[agent]]s itself (org.airlock.AgentHost1).
 agent_driver = "local-host"
+# airlockctl --config THIS_FILE reaches the suite on its private bus.
+bus_address = "{bus}"
 
 [retry]
 user = "{retry_user}"
@@ -297,6 +309,7 @@ path = "{repo}"
 description = "sample repository made by airlock-local demo"
 {extra}{agents}"#,
         db = db,
+        bus = bus,
         plaintext = match &tuning.shared_store {
             Some(store) if store.allow_plaintext => "\ndatabase_allow_plaintext = true",
             _ => "",
@@ -363,12 +376,18 @@ description = "sample repository made by airlock-local demo"
 /// settings when a test asks for them.
 fn executor_text(layout: &Layout, tuning: &crate::Tuning) -> String {
     let mut text = format!(
-        "\n[executor]\negress_socket = \"{}\"\n",
-        layout.egress_socket().display()
+        "\n[executor]\negress_socket = \"{}\"\nparallel_jobs = {}\n",
+        layout.egress_socket().display(),
+        tuning.parallel_jobs
     );
     if let Some((abi, degraded)) = tuning.executor_landlock {
         text.push_str(&format!(
             "landlock_min_abi = {abi}\nallow_degraded_landlock = {degraded}\n"
+        ));
+    }
+    if let Some((memory, processes)) = tuning.job_walls {
+        text.push_str(&format!(
+            "\n[executor.limits]\njob_memory_mib = {memory}\njob_processes = {processes}\n"
         ));
     }
     text

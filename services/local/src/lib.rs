@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod import;
 pub mod layout;
 pub mod preflight;
+pub mod walls;
 
 use airlock_localbus::PrivateBus;
 use fleet::{Fleet, Spec, wait_for_log};
@@ -31,6 +32,9 @@ pub struct Suite {
     /// The agent host (dropped after the fleet: the supervisor drains the
     /// agents through it as it stops).
     pub agent_host: Option<agents::HostThread>,
+    /// The cgroups delegated to the executor for the walls between jobs
+    /// (removed after the fleet stopped).
+    pub walls: Option<walls::Delegated>,
 }
 
 impl Drop for Suite {
@@ -70,6 +74,11 @@ pub struct Tuning {
     pub lease_seconds: u32,
     /// Worker threads.
     pub parallel_tasks: u32,
+    /// `[executor] parallel_jobs`: verification jobs at once (0: the CPUs
+    /// the executor may use).
+    pub parallel_jobs: u32,
+    /// `[executor.limits] job_memory_mib` and `job_processes`, when set.
+    pub job_walls: Option<(u32, u32)>,
     /// The caller's repositories to serve next to the demo one: (name,
     /// path of a git repository, bare or not). Each is imported into the
     /// state directory, where the worker is its only writer.
@@ -146,6 +155,8 @@ impl Default for Tuning {
         Tuning {
             lease_seconds: 60,
             parallel_tasks: 2,
+            parallel_jobs: 0,
+            job_walls: None,
             repositories: Vec::new(),
             shared_store: None,
             repos: None,
@@ -197,10 +208,26 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
         None
     };
 
+    // The bus first: the configuration records its address, so that
+    // `airlockctl --config STATE/airlock.toml` reaches this stack.
+    let host_policy = layout.path("agent-host.conf");
+    let extra_policies: Vec<&std::path::Path> = if tuning.agents.is_empty() {
+        Vec::new()
+    } else {
+        let text =
+            airlock_agents::host::bus_policy(&ids.name(ids.admin), &ids.name(ids.supervisor));
+        std::fs::write(&host_policy, text)
+            .map_err(|e| format!("{}: {e}", host_policy.display()))?;
+        vec![host_policy.as_path()]
+    };
+    let bus = PrivateBus::start_with(&ids.name(ids.supervisor), &extra_policies)
+        .map_err(|e| format!("starting dbus-daemon: {e}"))?;
+    let address = bus.address().to_owned();
+
     // Readable by every component user, whatever the caller's umask.
     layout::file(
         &layout.config(),
-        layout::config_text(&layout, &ids, tuning).as_bytes(),
+        layout::config_text(&layout, &ids, tuning, &address).as_bytes(),
         0o644,
         layout::Id { uid: 0, gid: 0 },
         &layout::Ids {
@@ -242,6 +269,9 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     )
     .map_err(|e| e.to_string())?;
     let repos = tuning.repos.clone().unwrap_or_else(|| layout.repos());
+    // What an interrupted `airlockctl repo add` left there (its process
+    // gone), before anything is made beside it.
+    import::sweep(&repos);
     demo::create_repository_at(&repos, &ids)?;
     if !tuning.agents.is_empty() {
         agents::share_repositories(&repos, &ids)?;
@@ -288,19 +318,6 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
     }
     preflight::check_config(&layout, &ids)?;
 
-    let host_policy = layout.path("agent-host.conf");
-    let extra_policies: Vec<&std::path::Path> = if tuning.agents.is_empty() {
-        Vec::new()
-    } else {
-        let text =
-            airlock_agents::host::bus_policy(&ids.name(ids.admin), &ids.name(ids.supervisor));
-        std::fs::write(&host_policy, text)
-            .map_err(|e| format!("{}: {e}", host_policy.display()))?;
-        vec![host_policy.as_path()]
-    };
-    let bus = PrivateBus::start_with(&ids.name(ids.supervisor), &extra_policies)
-        .map_err(|e| format!("starting dbus-daemon: {e}"))?;
-    let address = bus.address().to_owned();
     // The host is on the bus before the supervisor starts any agent.
     let agent_host = if tuning.agents.is_empty() {
         None
@@ -376,6 +393,8 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
             )
         })?;
     }
+    // The executor's job walls: cgroups given to it, as Delegate=yes would.
+    let delegated = walls::Delegated::make(&ids);
     fleet
         .start(
             Spec {
@@ -392,7 +411,7 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                     s("--work"),
                     layout.path("exec/work").display().to_string(),
                 ],
-                env: vec![],
+                env: delegated.iter().map(walls::Delegated::env).collect(),
                 id: ids.executor,
                 new_netns: true,
                 netns: tuning.netns.clone(),
@@ -465,5 +484,6 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
         fleet,
         retry_url: format!("http://{retry_addr}"),
         agent_host,
+        walls: delegated,
     })
 }

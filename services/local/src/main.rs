@@ -151,8 +151,11 @@ fn local_upstreams(
     }
     let mut out = Vec::new();
     for (name, url) in upstreams {
+        // The refusal never shows the URL's password.
         airlock_proto::upstream::Scheme::of(&url)
-            .map_err(|e| format!("--upstream {name}={url}: {e}"))?;
+            .map_err(|e| format!("--upstream {name}=…: {e}"))?;
+        airlock_git::check_local_upstream(&url, &[])
+            .map_err(|e| format!("--upstream {name}=…: {e}"))?;
         let mut upstream = airlock_config::Upstream::at(&url);
         upstream.host_keys = host_keys
             .iter()
@@ -271,13 +274,15 @@ fn up(
         "airlock is running (state in {}).",
         suite.layout.root.display()
     );
+    let config = suite.layout.config();
     println!(
-        "  bus:        DBUS_SYSTEM_BUS_ADDRESS='{}'",
-        suite.bus.address()
+        "  bus:        {} (recorded in {} as supervisor.bus_address)",
+        suite.bus.address(),
+        config.display()
     );
     println!(
-        "  admin CLI:  DBUS_SYSTEM_BUS_ADDRESS='{}' airlockctl status",
-        suite.bus.address()
+        "  admin CLI:  airlockctl --config {} status",
+        config.display()
     );
     println!(
         "  retry API:  {} (token in {})",
@@ -287,13 +292,11 @@ fn up(
     println!("  logs:       {}", suite.layout.logs().display());
     if suite.agent_host.is_some() {
         println!(
-            "  agents:     DBUS_SYSTEM_BUS_ADDRESS='{}' airlockctl agent list   (their output in {})",
-            suite.bus.address(),
+            "  agents:     airlockctl --config {} agent list   (their output in {})",
+            config.display(),
             suite.layout.path("agents").display()
         );
     }
-    let config = suite.layout.config();
-    let bus = suite.bus.address().to_owned();
     for (name, from) in std::iter::once(("demo".to_owned(), None))
         .chain(repos.iter().map(|(n, p)| (n.clone(), Some(p))))
     {
@@ -301,12 +304,12 @@ fn up(
         println!("  repository: {name} at {}", at.display());
         if let Some(from) = from {
             println!(
-                "    propose:  DBUS_SYSTEM_BUS_ADDRESS='{bus}' airlockctl propose --config {} --repo {name} --base main --worktree {} --verify '…' --wait",
+                "    propose:  airlockctl --config {} propose --repo {name} --base main --worktree {} --verify '…' --wait",
                 config.display(),
                 from.display()
             );
             println!(
-                "    results:  airlockctl repo --config {} clone {name} DIR   (then git -C DIR fetch origin 'refs/heads/agent/*:refs/remotes/origin/agent/*')",
+                "    results:  airlockctl --config {} repo clone {name} DIR   (then git -C DIR fetch origin 'refs/heads/agent/*:refs/remotes/origin/agent/*')",
                 config.display(),
             );
         }

@@ -135,11 +135,13 @@ fn bare_suite(src: &Path, scratch: &Path) -> Duration {
     median(runs)
 }
 
-fn propose(bus: &str, args: &[&str]) -> (Output, Duration) {
+/// airlockctl with nothing exported: `--config` names the stack, whose
+/// bus airlock-local recorded in it (`supervisor.bus_address`).
+fn airlockctl(args: &[&str]) -> (Output, Duration) {
     let ctl = airlock_local::sibling("airlockctl").unwrap();
     let t = Instant::now();
     let out = Command::new(ctl)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", bus)
+        .env_remove("DBUS_SYSTEM_BUS_ADDRESS")
         .args(args)
         .output()
         .unwrap();
@@ -180,7 +182,6 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
         },
     )
     .unwrap_or_else(|e| panic!("starting airlock-local: {e}"));
-    let bus = suite.bus.address().to_owned();
     let config = suite.layout.config();
     let cfg = config.to_str().unwrap();
     let authority = suite.layout.repos().join("moreit.git");
@@ -240,28 +241,25 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
         ),
     )
     .unwrap();
-    let (out, good_time) = propose(
-        &bus,
-        &[
-            "--json",
-            "propose",
-            "--config",
-            cfg,
-            "--repo",
-            "moreit",
-            "--base",
-            "main",
-            "--worktree",
-            work.to_str().unwrap(),
-            "--verify",
-            SUITE,
-            "--timeout",
-            "600",
-            "--max-attempts",
-            "1",
-            "--wait",
-        ],
-    );
+    let (out, good_time) = airlockctl(&[
+        "--json",
+        "propose",
+        "--config",
+        cfg,
+        "--repo",
+        "moreit",
+        "--base",
+        "main",
+        "--worktree",
+        work.to_str().unwrap(),
+        "--verify",
+        SUITE,
+        "--timeout",
+        "600",
+        "--max-attempts",
+        "1",
+        "--wait",
+    ]);
     let good = last_json(&out);
     assert!(
         out.status.success(),
@@ -274,6 +272,14 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
         .expect("a commit")
         .to_owned();
     let good_id = good["task_id"].as_str().unwrap();
+    // Every command reaches the stack the same way.
+    let (shown, _) = airlockctl(&["--config", cfg, "--json", "show", good_id]);
+    assert!(
+        shown.status.success(),
+        "show --config: {}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert_eq!(last_json(&shown)["state"], "SUCCEEDED");
     assert_eq!(
         branch_head(&format!("agent/{good_id}")).as_deref(),
         Some(commit.as_str())
@@ -314,28 +320,25 @@ fn a_real_project_proposed_from_a_worktree_succeeds_and_a_breaking_patch_fails_n
     std::fs::write(&more, broken).unwrap();
     let patch = scratch.path().join("break.patch");
     std::fs::write(&patch, git(&other, &["diff"]) + "\n").unwrap();
-    let (out, bad_time) = propose(
-        &bus,
-        &[
-            "--json",
-            "propose",
-            "--config",
-            cfg,
-            "--repo",
-            "moreit",
-            "--base",
-            "main",
-            "--patch",
-            patch.to_str().unwrap(),
-            "--verify",
-            SUITE,
-            "--timeout",
-            "600",
-            "--max-attempts",
-            "1",
-            "--wait",
-        ],
-    );
+    let (out, bad_time) = airlockctl(&[
+        "--json",
+        "propose",
+        "--config",
+        cfg,
+        "--repo",
+        "moreit",
+        "--base",
+        "main",
+        "--patch",
+        patch.to_str().unwrap(),
+        "--verify",
+        SUITE,
+        "--timeout",
+        "600",
+        "--max-attempts",
+        "1",
+        "--wait",
+    ]);
     let bad = last_json(&out);
     assert_eq!(out.status.code(), Some(1), "a FAILED task exits 1: {bad}");
     assert_eq!(bad["state"], "FAILED", "{bad}");

@@ -171,3 +171,112 @@ fn secrets_a_command_prints_are_in_no_file_of_the_state_directory_but_the_canary
         "nothing under the executor's work root was scanned"
     );
 }
+
+/// Issue 41 item 6: values airlock generated are known, not secrets. A
+/// repository whose environment has a setup (so airlock-egress runs and
+/// the setup's environment holds the forwarder's URL as HTTPS_PROXY and
+/// kin): the setup prints that URL and a generated-looking secret; the
+/// verification command prints the task's id as a git ref names it
+/// (`TASK:refs/heads/agent/TASK`, the shape of a publication's answer)
+/// and the same secret, then fails. In the task database's result the
+/// URL and the ref stay whole, the secret beside each is redacted.
+#[test]
+fn airlocks_own_values_stay_in_stored_tails_and_a_secret_beside_them_does_not() {
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = scratch.path().join("envd");
+    std::fs::create_dir(&src).unwrap();
+    airlock_testkit::git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(src.join("requirements.txt"), "nothing\n").unwrap();
+    airlock_testkit::git(&src, &["add", "-A"]);
+    airlock_testkit::git(&src, &["commit", "-q", "-m", "base"]);
+    let (kind, secret) = planted()
+        .into_iter()
+        .find(|(k, _)| *k == "high-entropy")
+        .unwrap();
+    let part = secret_part(kind, &secret);
+    // Carried hex-encoded: only the commands' output holds it.
+    let decode = format!("bytes.fromhex('{}').decode()", hex::encode(&secret));
+    let setup = format!(
+        "import os; print('proxy', os.environ['HTTPS_PROXY']); print({decode}); os.makedirs('deps', exist_ok=True); open('deps/ok', 'w').write('ok')"
+    );
+    // A loopback entry the setup never connects to: it only makes the
+    // setup's network (and so its proxy variables) exist.
+    let idle = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let entry = format!("127.0.0.1:{}", idle.local_addr().unwrap().port());
+    let environment = airlock_config::Environment {
+        paths: Vec::new(),
+        programs: vec!["python3".into()],
+        variables: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
+        setup: Some(airlock_config::Setup {
+            commands: vec![vec!["python3".into(), "-c".into(), setup]],
+            inputs: vec!["requirements.txt".into()],
+            outputs: vec!["deps".into()],
+            egress: vec![entry],
+            timeout_seconds: 120,
+        }),
+    };
+    let suite = airlock_local::start_with(
+        scratch.path().join("state"),
+        true,
+        &airlock_local::Tuning {
+            repositories: vec![("envd".into(), src.clone())],
+            environments: vec![("envd".into(), environment)],
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting airlock-local: {e}"));
+    let base = airlock_testkit::git(&src, &["rev-parse", "HEAD"]);
+    let task_id = "p-5e1f0a9b3c7d2e64";
+    let verify = format!(
+        "import sys; t = '{task_id}'; print(t + ':refs/heads/agent/' + t); print({decode}); sys.exit(1)"
+    );
+    let mut task = task_on_demo(
+        task_id,
+        &base,
+        1,
+        json!({"operation": "write_file", "path": "note.txt", "content": "x\n"}),
+        json!([{"label": "ids", "argv": ["/usr/bin/python3", "-c", verify],
+                "timeout_seconds": 120}]),
+    );
+    task["binding"]["repository"] = json!("envd");
+    let client = Supervisor::connect(Some(suite.bus.address())).unwrap();
+    client.submit_task(&task).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let view = loop {
+        let v = client.get_task(task_id).unwrap();
+        if !matches!(v.state.as_str(), "QUEUED" | "RUNNING") {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {}; the worker's log ends:\n{}",
+            v.state.as_str(),
+            airlock_local::fleet::tail(&suite.layout.logs().join("worker.log"), 30)
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    };
+    let result = view.result.clone().unwrap_or_default();
+    assert_eq!(result["failure_code"], "VERIFICATION_FAILED", "{result}");
+    let setup_tail = result["isolation"]["layer"]["setup"][0]["stdout_tail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        setup_tail.contains("proxy http://127.0.0.1:3128\n"),
+        "the forwarder's URL is known: {setup_tail:?}"
+    );
+    let verify_tail = result["verification"][0]["stdout_tail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        verify_tail.contains(&format!("{task_id}:refs/heads/agent/{task_id}\n")),
+        "the task's ref is known: {verify_tail:?}"
+    );
+    for tail in [setup_tail, verify_tail] {
+        assert!(
+            tail.contains("[REDACTED:high-entropy]") && !tail.contains(&part),
+            "the secret beside them is not known: {tail:?}"
+        );
+    }
+    assert!(!result.to_string().contains(&part), "{result}");
+}

@@ -19,7 +19,8 @@ const AUTH_ID: &str = "owner-scheme-a-20260817";
 
 struct Server {
     child: Child,
-    _supervisor: SupervisorProcess,
+    /// Dropping it kills the supervisor.
+    supervisor: Option<SupervisorProcess>,
     _bus: PrivateBus,
     addr: SocketAddr,
     db: PathBuf,
@@ -175,7 +176,7 @@ fn start_with(
     });
     Ok(Server {
         child,
-        _supervisor: supervisor,
+        supervisor: Some(supervisor),
         _bus: bus,
         addr,
         db,
@@ -351,6 +352,42 @@ fn extension_is_applied_under_cas_and_audited() {
         !s.log.lock().unwrap().contains(&s.token),
         "the token must never be logged"
     );
+}
+
+#[test]
+fn a_request_while_the_supervisor_is_down_is_503_runtime_unavailable() {
+    let mut s = start();
+    let body = request(&s, "task-a", "retry-task-a-down-01");
+    let before = SqliteStore::open(&s.db).unwrap().get("task-a").unwrap();
+    drop(s.supervisor.take()); // killed and reaped: nobody owns its name
+    for _ in 0..2 {
+        let started = std::time::Instant::now();
+        let (status, out) = extend(&s, "task-a", &body);
+        assert_eq!(
+            (status, out.clone()),
+            (503, json!({"error": "RUNTIME_UNAVAILABLE"})),
+            "seed 001 answers 503 RUNTIME_UNAVAILABLE"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "at once");
+    }
+    assert_eq!(
+        SqliteStore::open(&s.db).unwrap().get("task-a").unwrap(),
+        before
+    );
+    assert!(extension_events(&s, "task-a").is_empty());
+    let logged = || {
+        s.log
+            .lock()
+            .unwrap()
+            .contains("the supervisor did not answer")
+    };
+    for _ in 0..50 {
+        if logged() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(logged(), "{}", s.log.lock().unwrap());
 }
 
 #[test]

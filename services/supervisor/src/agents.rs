@@ -117,11 +117,16 @@ pub struct Applied {
 }
 
 /// Whether `old` and `new` run the same way: everything but the
-/// repositories (applied at once to submissions) and the description.
+/// repositories (applied at once to submissions), the cap on running tasks
+/// and the quotas (applied at once to claims and submissions:
+/// [`crate::ops::Limits`]) and the description.
 fn same_run(old: &Agent, new: &Agent) -> bool {
     let strip = |a: &Agent| Agent {
         repositories: Vec::new(),
         description: None,
+        max_running: 0,
+        tasks_per_hour: 0,
+        cpu_seconds_per_day: 0,
         ..a.clone()
     };
     strip(old) == strip(new)
@@ -378,10 +383,23 @@ impl Agents {
 
     /// The configured agent the process `pid` belongs to: under systemd,
     /// the agent whose unit `GetUnitByPID` names (whatever its record says:
-    /// every process of an agent's unit is that agent); otherwise the
-    /// running agent whose session the process is in, once no start is
-    /// awaiting its session (so a process of an agent that calls before
-    /// its start was answered is still recognised).
+    /// every process of an agent's unit is that agent); otherwise (the
+    /// process driver under airlock-local) the running agent whose cgroup
+    /// the process is in, else whose session it is in (an agent without a
+    /// cgroup: airlock-local not run as root), once no start is awaiting
+    /// its session (so a process of an agent that calls before its start
+    /// was answered is still recognised).
+    ///
+    /// The cgroup is the kernel's `/proc/PID/cgroup`, read while a pidfd
+    /// holds the process and trusted only if it still runs after the read
+    /// ([`airlock_agents::cgroup::of_process`]), during the call (so while
+    /// the caller's connection is up). It must hold the very line that
+    /// puts the agent's first process (the session leader the host
+    /// answered with, kept unreaped by the host while the agent runs) in
+    /// `airlock-agent@NAME`: a cgroup of that name made elsewhere is not
+    /// the agent's. A process cannot leave its cgroup, and only root moves
+    /// one into another, so an agent's child that left its session
+    /// (`setsid`) is still the agent, and no other process passes for it.
     pub async fn attribute(&self, pid: u32) -> Option<Agent> {
         match &self.units {
             Some(units) => {
@@ -389,8 +407,9 @@ impl Agents {
                 self.config(&name)
             }
             None => {
-                let session = session_of(pid)?;
-                if let Some(agent) = self.by_session(session) {
+                let cgroup = airlock_agents::cgroup::of_process(pid);
+                let session = session_of(pid);
+                if let Some(agent) = self.by_process(cgroup.as_deref(), session) {
                     return Some(agent);
                 }
                 // The caller may be a process of an agent whose start has
@@ -400,16 +419,36 @@ impl Agents {
                 let handles: Vec<Arc<AgentHandle>> =
                     self.snapshot().into_values().map(|(_, h)| h).collect();
                 futures_util::future::join_all(handles.iter().map(|h| h.start_settled())).await;
-                self.by_session(session)
+                self.by_process(cgroup.as_deref(), session)
             }
         }
     }
 
-    /// The running agent whose session is `session`, if any.
-    pub fn by_session(&self, session: u32) -> Option<Agent> {
-        self.snapshot()
+    /// The running agent a process is of: the one whose cgroup holds it
+    /// (`cgroup`: its `/proc/PID/cgroup`), else the one whose session is
+    /// `session`, if any.
+    pub fn by_process(&self, cgroup: Option<&str>, session: Option<u32>) -> Option<Agent> {
+        let running: Vec<(Agent, u32)> = self
+            .snapshot()
             .into_values()
-            .find(|(_, h)| h.session() == Some(session))
+            .filter_map(|(a, h)| Some((a, h.session()?)))
+            .collect();
+        if let Some(cgroup) = cgroup {
+            for (agent, leader) in &running {
+                let Ok(text) = std::fs::read_to_string(format!("/proc/{leader}/cgroup")) else {
+                    continue;
+                };
+                if let Some(line) = airlock_agents::cgroup::agent_line(&text, &agent.name) {
+                    if cgroup.lines().any(|l| l == line) {
+                        return Some(agent.clone());
+                    }
+                }
+            }
+        }
+        let session = session?;
+        running
+            .into_iter()
+            .find(|(_, leader)| *leader == session)
             .map(|(a, _)| a)
     }
 

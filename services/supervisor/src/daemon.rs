@@ -17,6 +17,7 @@ use crate::authz::{Authorizer, Gatekeeper, PeerUids};
 use crate::bus::agents::AgentsIface;
 use crate::bus::reconcile::Reconcile;
 use crate::bus::retry::Retry;
+use crate::bus::strict::Strict;
 use crate::bus::tasks::Tasks;
 use crate::bus::tasks_v1::TasksV1;
 use crate::bus::worker::Worker;
@@ -82,6 +83,9 @@ pub struct Settings {
     pub agent_options: airlock_agents::Options,
     /// Where and how often `airlock.prom` is written; `None`: never.
     pub metrics: Option<crate::metrics::MetricsSettings>,
+    /// `supervisor.max_running_per_submitter` (0: no cap); each agent's
+    /// `max_running` and quotas come with its table in `agents`.
+    pub max_running_per_submitter: u32,
 }
 
 /// How long the journal export's last pass may take at shutdown.
@@ -282,6 +286,12 @@ async fn reload(
     fail_unregistered(shared, emitter).await;
     match agents.apply(tables.clone()).await {
         Ok(applied) => {
+            // The agents' caps and quotas apply to the next claim and
+            // submission; the supervisor-wide cap is read at start only.
+            let per_submitter = shared.ops.limits().caps.per_submitter;
+            shared
+                .ops
+                .set_limits(crate::ops::Limits::of(per_submitter, &tables));
             tracing::info!(
                 added = ?applied.added,
                 removed = ?applied.removed,
@@ -345,6 +355,10 @@ pub async fn run_with_reload(
     };
     let ops = Ops::new(store.clone(), settings.lease_seconds, settings.auto_accept)
         .with_shared_queue(matches!(settings.database, Location::Postgres(_)));
+    ops.set_limits(crate::ops::Limits::of(
+        settings.max_running_per_submitter,
+        &settings.agents,
+    ));
     let peers = PeerUids {
         worker: settings.worker_uid,
         retry: settings.retry_uid,
@@ -361,25 +375,45 @@ pub async fn run_with_reload(
     tracing::info!(programs = ?settings.programs, "the programs each repository's commands may start");
     shared.set_programs(settings.programs.clone());
 
+    // Every interface object checks each call's arguments against its
+    // row before its handler runs (bus::strict).
     let server = conn.object_server();
     server
-        .at(OBJECT_PATH, Tasks::new(Arc::clone(&shared)))
+        .at(
+            OBJECT_PATH,
+            Strict::new(Tasks::new(Arc::clone(&shared)), Arc::clone(&shared)),
+        )
         .await
         .map_err(|e| unavailable("exporting Tasks2", e))?;
     server
-        .at(OBJECT_PATH, TasksV1::new(Tasks::new(Arc::clone(&shared))))
+        .at(
+            OBJECT_PATH,
+            Strict::new(
+                TasksV1::new(Tasks::new(Arc::clone(&shared))),
+                Arc::clone(&shared),
+            ),
+        )
         .await
         .map_err(|e| unavailable("exporting Tasks1", e))?;
     server
-        .at(OBJECT_PATH, Worker::new(Arc::clone(&shared)))
+        .at(
+            OBJECT_PATH,
+            Strict::new(Worker::new(Arc::clone(&shared)), Arc::clone(&shared)),
+        )
         .await
         .map_err(|e| unavailable("exporting Worker1", e))?;
     server
-        .at(OBJECT_PATH, Retry::new(Arc::clone(&shared)))
+        .at(
+            OBJECT_PATH,
+            Strict::new(Retry::new(Arc::clone(&shared)), Arc::clone(&shared)),
+        )
         .await
         .map_err(|e| unavailable("exporting Retry1", e))?;
     server
-        .at(OBJECT_PATH, Reconcile::new(Arc::clone(&shared)))
+        .at(
+            OBJECT_PATH,
+            Strict::new(Reconcile::new(Arc::clone(&shared)), Arc::clone(&shared)),
+        )
         .await
         .map_err(|e| unavailable("exporting Reconcile1", e))?;
     let emitter = SignalEmitter::new(&conn, OBJECT_PATH)
@@ -502,7 +536,10 @@ pub async fn run_with_reload(
     server
         .at(
             OBJECT_PATH,
-            AgentsIface::new(Arc::clone(&shared), Arc::clone(&agents)),
+            Strict::new(
+                AgentsIface::new(Arc::clone(&shared), Arc::clone(&agents)),
+                Arc::clone(&shared),
+            ),
         )
         .await
         .map_err(|e| unavailable("exporting Agents1", e))?;
@@ -620,12 +657,12 @@ pub async fn run_with_reload(
     }
     tokio::time::sleep(LINGER).await;
     for removed in [
-        server.remove::<Tasks, _>(OBJECT_PATH).await,
-        server.remove::<TasksV1, _>(OBJECT_PATH).await,
-        server.remove::<Worker, _>(OBJECT_PATH).await,
-        server.remove::<Retry, _>(OBJECT_PATH).await,
-        server.remove::<Reconcile, _>(OBJECT_PATH).await,
-        server.remove::<AgentsIface, _>(OBJECT_PATH).await,
+        server.remove::<Strict<Tasks>, _>(OBJECT_PATH).await,
+        server.remove::<Strict<TasksV1>, _>(OBJECT_PATH).await,
+        server.remove::<Strict<Worker>, _>(OBJECT_PATH).await,
+        server.remove::<Strict<Retry>, _>(OBJECT_PATH).await,
+        server.remove::<Strict<Reconcile>, _>(OBJECT_PATH).await,
+        server.remove::<Strict<AgentsIface>, _>(OBJECT_PATH).await,
     ] {
         if let Err(e) = removed {
             tracing::warn!("unexporting an interface: {e}");

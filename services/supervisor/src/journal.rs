@@ -107,6 +107,12 @@ task or, when its attempts are used up, fails it with LEASE_EXPIRED.",
         body: "The worker holding the task renewed its lease while its attempt is still running.",
     },
     CatalogEntry {
+        action: action::TASK_FENCED,
+        id: "c0b815bf64164fa0ba880c31fd02ff3c",
+        subject: "airlock task @AIRLOCK_TASK_ID@: fence set or released",
+        body: "The worker holding the task fenced its attempt before moving the agent branch or pushing it (until the fence ends the task cannot be cancelled and its lease does not expire), or released the fence when the step was over.",
+    },
+    CatalogEntry {
         action: action::TASK_LEASE_EXPIRED,
         id: "d7451f5f7d06413ca43dce60c498710e",
         subject: "airlock task @AIRLOCK_TASK_ID@: lease expired",
@@ -262,29 +268,14 @@ pub fn catalog_text() -> String {
     out
 }
 
-/// `s` cut to at most `max` bytes on a character boundary, and whether it was cut.
-fn bounded(s: &str, max: usize) -> (&str, bool) {
-    if s.len() <= max {
-        return (s, false);
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    (&s[..end], true)
-}
-
 /// Writes `event` to the journal (see the module docs for its fields).
 pub fn emit(event: &Event) {
     let entry = entry_for(event);
     let payload = airlock_proto::canonical::to_canonical_string(&event.payload)
         .unwrap_or_else(|_| event.payload.to_string());
-    let (payload, cut) = bounded(&payload, MAX_PAYLOAD);
-    let payload = if cut {
-        format!("{payload}… (cut at {MAX_PAYLOAD} bytes)")
-    } else {
-        payload.to_owned()
-    };
+    // Canonical JSON escapes every control character already: cut only,
+    // saying how much was cut.
+    let payload = airlock_proto::shown::cut(&payload, MAX_PAYLOAD).into_owned();
     let code = event.code.map(|c| c.as_str());
     let task = event.task_id.as_deref();
     let message = format!(
@@ -542,7 +533,11 @@ mod tests {
             code: None,
             payload: serde_json::json!({}),
         };
-        assert_eq!(entry_for(&ev).id, CATALOG[6].id);
+        let verified = CATALOG
+            .iter()
+            .find(|e| e.action == action::TASK_VERIFIED)
+            .unwrap();
+        assert_eq!(entry_for(&ev).id, verified.id);
         ev.outcome = EventOutcome::Denied;
         assert_eq!(entry_for(&ev).id, REFUSED.id);
         ev.outcome = EventOutcome::Allowed;
@@ -553,10 +548,8 @@ mod tests {
     #[test]
     fn payloads_are_bounded_on_a_character_boundary() {
         let s = "é".repeat(10);
-        let (cut, was) = bounded(&s, 5);
-        assert!(was);
-        assert_eq!(cut, "éé");
-        assert_eq!(bounded("abc", 5), ("abc", false));
+        assert_eq!(airlock_proto::shown::cut(&s, 5), "éé…[16 bytes cut]");
+        assert_eq!(airlock_proto::shown::cut("abc", 5), "abc");
     }
 
     #[test]

@@ -237,7 +237,11 @@ fn settings(args: &Args) -> Result<(Settings, airlock_config::Config), Error> {
         call_delay: None,
         agents: config.agents.clone(),
         agent_driver: sup.agent_driver,
-        agent_options: airlock_agents::Options::default(),
+        agent_options: airlock_agents::Options {
+            call_timeout: Duration::from_secs(u64::from(sup.agent_call_timeout_seconds)),
+            ..airlock_agents::Options::default()
+        },
+        max_running_per_submitter: sup.max_running_per_submitter,
         metrics: (sup.metrics_interval_seconds > 0).then(|| {
             airlock_supervisor::metrics::MetricsSettings {
                 directory: sup.metrics_directory.clone(),

@@ -13,7 +13,8 @@
 //! zero with their process; `rate()` and `increase()` handle the reset):
 //! tasks submitted, tasks finished by state and code, lease expiries,
 //! attempt and verification-command durations, dependency layers reused
-//! or built (from the results' evidence), agent starts. The file
+//! or built (from the results' evidence), agent starts, agents'
+//! submissions refused for a quota. The file
 //! holds counts, durations, state and code names and agent names; no task
 //! content, no repository, no submitter.
 
@@ -72,6 +73,7 @@ struct Series {
     agents: IntGaugeVec,
     agent_failures: IntGaugeVec,
     agent_starts: IntCounterVec,
+    quota_refusals: IntCounterVec,
     last_pass: IntGauge,
 }
 
@@ -161,6 +163,11 @@ impl Series {
                 "airlock_agent_starts_total",
                 "Planner agent starts since the supervisor started, restarts included.",
                 &["agent"],
+            ),
+            quota_refusals: counter_vec(
+                "airlock_agent_quota_refusals_total",
+                "Planner agents' submissions refused with AGENT_QUOTA_EXCEEDED since the supervisor started, by agent and quota (tasks_per_hour, cpu_seconds_per_day).",
+                &["agent", "quota"],
             ),
             last_pass: gauge(
                 "airlock_metrics_pass_timestamp_seconds",
@@ -341,6 +348,14 @@ impl Tally {
         for e in &reading.events {
             self.cursor = self.cursor.max(e.id);
             if e.outcome != EventOutcome::Allowed {
+                // A quota refusal names its agent and quota in its payload
+                // (the store writes it: tasks::quota).
+                if e.code == Some(Code::AGENT_QUOTA_EXCEEDED)
+                    && let (Some(agent), Some(quota)) =
+                        (e.payload["agent"].as_str(), e.payload["quota"].as_str())
+                {
+                    s.quota_refusals.with_label_values(&[agent, quota]).inc();
+                }
                 continue;
             }
             let task = e.task_id.clone().unwrap_or_default();

@@ -7,10 +7,12 @@
 //! is committed (SQLite `synchronous=FULL`; PostgreSQL's commit).
 
 use crate::authz::{
-    AgentsManage, Authorized, Manage, Read, ReconcileManage, Retry, Scope, Submit, Worker,
+    AgentsManage, AgentsRead, Authorized, Manage, Read, ReconcileManage, Retry, Scope, Submit,
+    Worker,
 };
 pub use crate::store::{Store, store_error};
 use airlock_proto::Error;
+use airlock_proto::bus::{AgentLimits, EventCount, FenceGrant, FenceRequest};
 use airlock_proto::plan::PlanRequest;
 use airlock_proto::reconcile::{
     AdoptionCheck, AdoptionReport, CaseStatus, ReconciliationCase, ResolveOutcome, ResolveRequest,
@@ -20,8 +22,11 @@ use airlock_proto::task::{
     ClaimGrant, DecisionOutcome, DecisionRequest, TaskPlan, TaskResult, TaskState, TaskSubmission,
     TaskView,
 };
-use airlock_taskdb::tasks::{Actor, Event, QueueSummary, ResultReceipt, Submitted, Submitter};
+use airlock_taskdb::tasks::{
+    Actor, AgentQuota, Event, QueueSummary, ResultReceipt, RunningCaps, Submitted, Submitter,
+};
 use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// The operations behind the bus methods.
 #[derive(Clone, Debug)]
@@ -30,6 +35,56 @@ pub struct Ops {
     lease_ms: i64,
     auto_accept: bool,
     shared_queue: bool,
+    /// The caps on running tasks and the agents' quotas, from the
+    /// configuration (set at start and on every reload).
+    limits: Arc<RwLock<Limits>>,
+}
+
+/// What the configuration limits: the caps a claim passes over and each
+/// agent's quotas, which a submission must fit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// `supervisor.max_running_per_submitter` and each agent's `max_running`.
+    pub caps: RunningCaps,
+    /// Each configured agent's `tasks_per_hour` and `cpu_seconds_per_day`.
+    pub quotas: BTreeMap<String, AgentQuota>,
+}
+
+impl Limits {
+    /// The limits `max_running_per_submitter` and the `[[agent]]` tables
+    /// set.
+    pub fn of(max_running_per_submitter: u32, agents: &[airlock_config::Agent]) -> Limits {
+        Limits {
+            caps: RunningCaps {
+                per_submitter: max_running_per_submitter,
+                per_agent: agents
+                    .iter()
+                    .filter(|a| a.max_running > 0)
+                    .map(|a| (a.name.clone(), a.max_running))
+                    .collect(),
+            },
+            quotas: agents
+                .iter()
+                .map(|a| {
+                    let quota = AgentQuota {
+                        tasks_per_hour: a.tasks_per_hour,
+                        cpu_seconds_per_day: a.cpu_seconds_per_day,
+                    };
+                    (a.name.clone(), quota)
+                })
+                .filter(|(_, q)| !q.is_none())
+                .collect(),
+        }
+    }
+
+    /// The quota of the agent `agent` (none for a caller that is no agent,
+    /// or an agent no longer configured).
+    pub fn quota_of(&self, agent: Option<&str>) -> AgentQuota {
+        agent
+            .and_then(|a| self.quotas.get(a))
+            .copied()
+            .unwrap_or(AgentQuota::NONE)
+    }
 }
 
 impl Ops {
@@ -41,7 +96,44 @@ impl Ops {
             lease_ms: i64::from(lease_seconds) * 1000,
             auto_accept,
             shared_queue: false,
+            limits: Arc::default(),
         }
+    }
+
+    /// Replaces the caps and quotas (at start, and on a reload): the next
+    /// claim and submission see them.
+    pub fn set_limits(&self, limits: Limits) {
+        *self.limits.write().unwrap_or_else(PoisonError::into_inner) = limits;
+    }
+
+    /// The caps and quotas now.
+    pub fn limits(&self) -> Limits {
+        self.limits
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// GetAgentLimits: the quotas and cap of the configured agent `agent`
+    /// (the caller checked that it is one), and its use of them counted by
+    /// the store now.
+    pub async fn agent_limits(
+        &self,
+        _auth: &Authorized<AgentsRead>,
+        agent: String,
+    ) -> Result<AgentLimits, Error> {
+        let limits = self.limits();
+        let quota = limits.quota_of(Some(&agent));
+        let max_running = limits.caps.of_agent(&agent);
+        let name = agent.clone();
+        let usage = self.store.call(move |s| s.agent_usage(&name)).await?;
+        Ok(AgentLimits {
+            name: agent,
+            tasks_per_hour: quota.tasks_per_hour,
+            cpu_seconds_per_day: quota.cpu_seconds_per_day,
+            max_running,
+            usage,
+        })
     }
 
     /// Marks the store as a queue other hosts share (PostgreSQL): a
@@ -73,15 +165,18 @@ impl Ops {
         self.store.call(|s| s.last_event_id()).await
     }
 
-    /// SubmitTask.
+    /// SubmitTask: a planner agent's submission must fit its quotas
+    /// (`AGENT_QUOTA_EXCEEDED`, counted by the store in the submission's
+    /// transaction and recorded there as a denial).
     pub async fn submit(
         &self,
         auth: &Authorized<Submit>,
         submission: TaskSubmission,
     ) -> Result<Submitted, Error> {
         let actor = auth.actor().clone();
+        let quota = self.limits().quota_of(actor.agent());
         self.store
-            .call(move |s| s.submit(&submission, &actor))
+            .call(move |s| s.submit_within(&submission, &actor, &quota))
             .await
     }
 
@@ -178,6 +273,42 @@ impl Ops {
             .await
     }
 
+    /// CountEvents: the events of `task_id` that `scope` sees, counted
+    /// page by page in one store call (as ListEvents pages them: another's
+    /// task counts none).
+    pub async fn count_events(
+        &self,
+        _auth: &Authorized<Read>,
+        scope: &Scope,
+        task_id: String,
+    ) -> Result<EventCount, Error> {
+        use airlock_taskdb::tasks::{EventOutcome, MAX_PAGE};
+        let scope = scope.read_scope().clone();
+        self.store
+            .call(move |s| {
+                let mut count = EventCount {
+                    task_id: task_id.clone(),
+                    events: 0,
+                    denied: 0,
+                    by_action: BTreeMap::new(),
+                };
+                let mut after = 0;
+                loop {
+                    let page = s.events_as(Some(&task_id), after, MAX_PAGE, &scope)?;
+                    for e in &page {
+                        count.events += 1;
+                        count.denied += u64::from(e.outcome == EventOutcome::Denied);
+                        *count.by_action.entry(e.action.clone()).or_default() += 1;
+                    }
+                    match page.last() {
+                        Some(last) if page.len() >= MAX_PAGE as usize => after = last.id,
+                        _ => return Ok(count),
+                    }
+                }
+            })
+            .await
+    }
+
     /// ListRepositories: the newest event about no task among `actions`
     /// of each repository that has one, by name. About no task, so no
     /// scope applies.
@@ -204,9 +335,11 @@ impl Ops {
             .await
     }
 
-    /// Claim: the oldest claimable task of `repositories` (the ones this
-    /// host serves now: on a queue shared with other hosts, another host's
-    /// repositories are not ours to claim).
+    /// Claim: a claimable task of `repositories` (the ones this host
+    /// serves now: on a queue shared with other hosts, another host's
+    /// repositories are not ours to claim), fairly between submitters and
+    /// within the configured caps on running tasks (the store's
+    /// `claim_within`).
     pub async fn claim(
         &self,
         auth: &Authorized<Worker>,
@@ -214,8 +347,9 @@ impl Ops {
     ) -> Result<Option<ClaimGrant>, Error> {
         let actor = auth.actor().clone();
         let lease_ms = self.lease_ms;
+        let caps = self.limits().caps;
         self.store
-            .call(move |s| s.claim_in(&actor, lease_ms, Some(&repositories)))
+            .call(move |s| s.claim_within(&actor, lease_ms, Some(&repositories), &caps))
             .await
     }
 
@@ -231,6 +365,21 @@ impl Ops {
         let lease_ms = self.lease_ms;
         self.store
             .call(move |s| s.renew(&task_id, lease_epoch, &lease_token, lease_ms, &actor))
+            .await
+    }
+
+    /// Fence.
+    pub async fn fence(
+        &self,
+        auth: &Authorized<Worker>,
+        task_id: String,
+        lease_epoch: u64,
+        lease_token: String,
+        req: FenceRequest,
+    ) -> Result<FenceGrant, Error> {
+        let actor = auth.actor().clone();
+        self.store
+            .call(move |s| s.fence(&task_id, lease_epoch, &lease_token, &req, &actor))
             .await
     }
 

@@ -26,6 +26,8 @@ pub async fn sweep_once(shared: &Shared, emitter: &SignalEmitter<'_>) {
         }
         Err(e) => tracing::error!("lease sweep failed: {e}"),
     }
+    // Callers whose refusals were not all logged, their window over.
+    shared.gate.log_refusals_not_logged();
     if let Ok(s) = shared.ops.summary().await {
         notify::status(&status_line(
             s.queued,

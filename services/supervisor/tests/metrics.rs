@@ -268,8 +268,9 @@ fn an_interval_of_zero_writes_nothing() {
 /// a task revoked with its agent counts as CANCELLED with AGENT_REVOKED,
 /// an agent's starts are its records turning RUNNING with a new
 /// running-since (a record saved again while it runs is not a start), and
-/// the agents' states and failures are as their views say; promtool
-/// accepts the file.
+/// the agents' states and failures are as their views say, a submission
+/// refused for a quota counts by agent and quota; promtool accepts the
+/// file.
 #[test]
 fn revocations_and_agent_starts_are_counted_from_the_store() {
     use airlock_agents::{AgentRecord, Status};
@@ -284,6 +285,14 @@ fn revocations_and_agent_starts_are_counted_from_the_store() {
     let alpha = Actor::planner(Some(989), "agent:alpha airlock-agent@:1.7");
     let task = airlock_proto::task::TaskSubmission::from_value(&submission("task-alpha")).unwrap();
     store.submit(&task, &alpha).unwrap();
+    // Its next submission is over its quota of one task an hour.
+    let quota = airlock_taskdb::tasks::AgentQuota {
+        tasks_per_hour: 1,
+        cpu_seconds_per_day: 0,
+    };
+    let more = airlock_proto::task::TaskSubmission::from_value(&submission("task-more")).unwrap();
+    let refused = store.submit_within(&more, &alpha, &quota).unwrap_err();
+    assert_eq!(refused.code(), airlock_proto::Code::AGENT_QUOTA_EXCEEDED);
     let registry = Actor::system("agent-registry");
     assert_eq!(
         store
@@ -329,6 +338,10 @@ fn revocations_and_agent_starts_are_counted_from_the_store() {
     assert_eq!(at("airlock_tasks{state=\"CANCELLED\"}"), 1.0);
     assert_eq!(at("airlock_tasks_submitted_total"), 1.0);
     assert_eq!(at("airlock_agent_starts_total{agent=\"alpha\"}"), 2.0);
+    assert_eq!(
+        at("airlock_agent_quota_refusals_total{agent=\"alpha\",quota=\"tasks_per_hour\"}"),
+        1.0
+    );
     assert_eq!(at("airlock_agents{state=\"HELD\"}"), 1.0);
     assert_eq!(
         at("airlock_agent_consecutive_failures{agent=\"alpha\"}"),

@@ -32,12 +32,13 @@ polkit.addRule(function(action, subject) {
 });
 "#;
 
-fn polkit_available() -> bool {
-    let ok = Path::new(POLKITD).exists() && Path::new(POLKIT_BUS_POLICY).exists();
-    if !ok {
-        eprintln!("SKIPPED: polkitd is not installed (apt-get install polkitd)");
-    }
-    ok
+/// Fails the test when polkitd is not installed: a test of the real
+/// authority must not pass without it.
+fn require_polkit() {
+    assert!(
+        Path::new(POLKITD).exists() && Path::new(POLKIT_BUS_POLICY).exists(),
+        "this test needs polkitd ({POLKITD}, {POLKIT_BUS_POLICY}; apt-get install polkitd): it fails rather than pass without checking"
+    );
 }
 
 struct Polkitd {
@@ -109,9 +110,7 @@ fn actions_owned_by_test_user() -> String {
 
 #[test]
 fn real_polkit_decides_per_caller_and_action() {
-    if !polkit_available() {
-        return;
-    }
+    require_polkit();
     let sup = start_supervisor();
     let _pk = Polkitd::start(&sup, &actions_owned_by_test_user());
 
@@ -208,9 +207,7 @@ fn real_polkit_decides_per_caller_and_action() {
 
 #[test]
 fn without_the_owner_annotation_polkit_refuses_to_answer_and_airlock_denies() {
-    if !polkit_available() {
-        return;
-    }
+    require_polkit();
     let sup = start_supervisor();
     let unowned: String = SHIPPED_ACTIONS
         .lines()
@@ -234,9 +231,7 @@ const PLANNER: u32 = 2;
 
 #[test]
 fn under_real_polkit_a_planner_reads_its_own_tasks_and_root_every_task() {
-    if !polkit_available() {
-        return;
-    }
+    require_polkit();
     let sup = start_supervisor();
     let _pk = Polkitd::start(&sup, &actions_owned_by_test_user());
     for (uid, task) in [(0, "t-root"), (PLANNER, "t-bin")] {

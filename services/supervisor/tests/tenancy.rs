@@ -19,8 +19,7 @@ use airlock_proto::bus::{self, Permission, action};
 use common::*;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use zbus::Connection;
 
 /// The planner user (`bin`).
@@ -73,7 +72,10 @@ fn reads() -> Vec<Read> {
                     .collect::<Vec<_>>()
             };
             match (row.name, row.input) {
-                ("GetTask", "s") | ("GetPlan", "s") | ("GetReconciliation", "s") => {
+                ("GetTask", "s")
+                | ("GetPlan", "s")
+                | ("CountEvents", "s")
+                | ("GetReconciliation", "s") => {
                     out.extend(per_task(|t| vec![format!("string:{t}")]));
                 }
                 ("ListEvents", "sxu") => {
@@ -100,9 +102,9 @@ fn reads() -> Vec<Read> {
             }
         }
     }
-    // Tasks2: five (GetPlan since 9.1, ListRepositories since 9.2);
-    // Tasks1: three; Reconcile1: two.
-    assert_eq!(covered, 10, "every read row is in the matrix");
+    // Tasks2: six (GetPlan since 9.1, ListRepositories since 9.2,
+    // CountEvents since 12.0); Tasks1: three; Reconcile1: two.
+    assert_eq!(covered, 11, "every read row is in the matrix");
     out
 }
 
@@ -233,50 +235,6 @@ fn agent_script(dir: &std::path::Path, name: &str) -> String {
          done < $d/calls; touch $d/{name}.done; exec sleep 600",
         dir = dir.display()
     )
-}
-
-async fn wait_file(path: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "never written: {path:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A bus connection authenticated as `uid`: the socket is connected by a
-/// thread whose effective uid alone was switched, so the bus daemon
-/// records `uid` as its peer (the kernel's, not a claim).
-async fn connect_as(address: &str, uid: u32) -> Connection {
-    let path = address
-        .strip_prefix("unix:path=")
-        .and_then(|a| a.split(',').next())
-        .expect("a unix:path address")
-        .to_owned();
-    let stream = std::thread::spawn(move || {
-        // SAFETY: the raw system call (unlike glibc's setresuid, which
-        // changes every thread) sets the effective uid of this thread
-        // alone; it only connects one socket and ends, and no other
-        // thread's credentials change.
-        let rc = unsafe {
-            nix::libc::syscall(
-                nix::libc::SYS_setresuid,
-                u32::MAX, // -1: keep
-                uid,
-                u32::MAX,
-            )
-        };
-        assert_eq!(rc, 0, "setresuid for this thread");
-        UnixStream::connect(&path).expect("connect to the bus as another uid")
-    })
-    .join()
-    .unwrap();
-    stream.set_nonblocking(true).unwrap();
-    let stream = tokio::net::UnixStream::from_std(stream).unwrap();
-    zbus::connection::Builder::unix_stream(stream)
-        .user_id(uid)
-        .build()
-        .await
-        .expect("a bus connection as another uid")
 }
 
 /// TaskChanged signals as `conn` receives them.
@@ -674,9 +632,32 @@ async fn get_plan_shows_what_a_task_will_change_and_run_to_its_readers_alone() {
     );
     assert_eq!(events(&admin).await, log_before, "the reads are not events");
 
-    // A replaced plan: GetPlan shows the stored one, now the new plan's.
+    // Another planner, no agent, may not replace its plan either, with
+    // the very plan its submitter will: TASK_NOT_FOUND, as for a task that
+    // does not exist, and nothing changes.
     let digest = view["plan_digest"].as_str().unwrap();
     let replacement = plan("t-plan", 2, Some(digest));
+    let refused = call_s(
+        &other,
+        TASKS_IFACE,
+        "ReplacePlan",
+        &("t-plan", replacement.to_string()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(airlock_proto::Code::TASK_NOT_FOUND),
+        "{refused:?}"
+    );
+    assert_eq!(
+        call_json(&admin, TASKS_IFACE, "GetTask", &("t-plan",))
+            .await
+            .unwrap(),
+        view
+    );
+
+    // A replaced plan: GetPlan shows the stored one, now the new plan's.
     call_json(
         &planner,
         TASKS_IFACE,
@@ -700,18 +681,20 @@ async fn get_plan_shows_what_a_task_will_change_and_run_to_its_readers_alone() {
     );
 }
 
-/// The password in the `demo` repository's upstream URL.
+/// A secret of the `demo` repository's upstream: in a push option, and in
+/// the URL a failed sync's report quotes (the configuration refuses a URL
+/// holding a password, `UPSTREAM_URL_INVALID`).
 const SECRET: &str = "hunter2secret";
 
 /// Three repositories, in this order in the file: `demo` with a
-/// description, an ssh upstream whose URL holds a password, pinned host
-/// keys, push options and signing; `zeta` with an https upstream; `alpha`
+/// description, an ssh upstream, pinned host keys, push options (one
+/// holding a secret) and signing; `zeta` with an https upstream; `alpha`
 /// with an environment this host cannot resolve.
 fn registered_repositories() -> String {
     format!(
         r#"description = "the demo repository"
 [repository.upstream]
-url = "ssh://git:{SECRET}@git.example.org:2222/team/demo.git"
+url = "ssh://git@git.example.org:2222/team/demo.git"
 publish = false
 sync_interval_seconds = 60
 host_keys = ["git.example.org ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfTheTest"]
@@ -843,7 +826,7 @@ async fn list_repositories_shows_each_registered_repository_and_no_credential() 
             demo["upstream"],
             json!({"url": "ssh://git@git.example.org:2222/team/demo.git",
                    "publish": false, "sync_interval_seconds": 60}),
-            "{who}: the URL without its password"
+            "{who}: the URL, no credential"
         );
         assert_eq!(demo["signing"], json!({"principal": "agent@example.org"}));
         assert_eq!(demo["environment"], Value::Null);

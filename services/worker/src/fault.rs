@@ -9,6 +9,9 @@
 //!   after that checkpoint was durably appended;
 //! - `commit_written`: the governed commit's objects are written (and
 //!   synced), the agent/ branch not yet moved;
+//! - `ref_fenced`: the supervisor fenced the attempt for the branch's
+//!   compare-and-swap (no cancel, no lease expiry until the fence ends),
+//!   the branch not yet moved;
 //! - `ref_updated`: after the compare-and-swap moved the agent/ branch to
 //!   the governed commit, before the `commit_done` checkpoint is appended;
 //! - `spool_staged`: inside the request's spool publication, its
@@ -65,6 +68,9 @@ pub enum FaultPoint {
     /// The governed commit's objects are written; the branch is not yet
     /// moved.
     CommitWritten,
+    /// The supervisor fenced the attempt for the branch's compare-and-swap;
+    /// the branch is not yet moved.
+    RefFenced,
     /// The branch ref was updated; `commit_done` is not yet appended.
     RefUpdated,
     /// The request is written to its temporary name, not yet renamed.
@@ -77,6 +83,9 @@ pub enum FaultPoint {
     ResultAccepted,
     /// The publication is about to push (the upstream not yet asked).
     BeforePush,
+    /// The supervisor fenced the attempt for the push; the upstream not yet
+    /// asked.
+    PushFenced,
     /// The upstream took the push; `published` is not yet appended.
     AfterPush,
 }
@@ -105,10 +114,16 @@ impl FaultPoint {
         for &phase in Phase::ALL {
             match phase {
                 Phase::WorkspacePrepared => points.push(FaultPoint::SpoolStaged),
-                Phase::CommitDone => {
-                    points.extend([FaultPoint::CommitWritten, FaultPoint::RefUpdated])
-                }
-                Phase::Published => points.extend([FaultPoint::BeforePush, FaultPoint::AfterPush]),
+                Phase::CommitDone => points.extend([
+                    FaultPoint::CommitWritten,
+                    FaultPoint::RefFenced,
+                    FaultPoint::RefUpdated,
+                ]),
+                Phase::Published => points.extend([
+                    FaultPoint::BeforePush,
+                    FaultPoint::PushFenced,
+                    FaultPoint::AfterPush,
+                ]),
                 Phase::ResultSubmitted => points.push(FaultPoint::ResultAccepted),
                 Phase::VerificationPassed => points.push(FaultPoint::SourceStaged),
                 _ => {}
@@ -136,11 +151,13 @@ impl FaultPoint {
                 Phase::Published => attempt == Attempt::Publication,
                 Phase::ReconciliationRequired => false,
             },
-            FaultPoint::CommitWritten | FaultPoint::RefUpdated => commits,
+            FaultPoint::CommitWritten | FaultPoint::RefFenced | FaultPoint::RefUpdated => commits,
             FaultPoint::SpoolStaged | FaultPoint::ResultAccepted => true,
             // Only when the executor lacks the tree.
             FaultPoint::SourceStaged => false,
-            FaultPoint::BeforePush | FaultPoint::AfterPush => attempt == Attempt::Publication,
+            FaultPoint::BeforePush | FaultPoint::PushFenced | FaultPoint::AfterPush => {
+                attempt == Attempt::Publication
+            }
         }
     }
 
@@ -148,17 +165,19 @@ impl FaultPoint {
     pub fn parse(name: &str) -> Result<Self, Error> {
         match name {
             "commit_written" => Ok(FaultPoint::CommitWritten),
+            "ref_fenced" => Ok(FaultPoint::RefFenced),
             "ref_updated" => Ok(FaultPoint::RefUpdated),
             "spool_staged" => Ok(FaultPoint::SpoolStaged),
             "source_staged" => Ok(FaultPoint::SourceStaged),
             "result_accepted" => Ok(FaultPoint::ResultAccepted),
             "before_push" => Ok(FaultPoint::BeforePush),
+            "push_fenced" => Ok(FaultPoint::PushFenced),
             "after_push" => Ok(FaultPoint::AfterPush),
             other => Phase::parse(other).map(FaultPoint::AfterPhase).map_err(|_| {
                 Error::with(
                     Code::CONFIG_INVALID,
                     format!(
-                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, commit_written, ref_updated, spool_staged, source_staged, result_accepted, before_push or after_push)"
+                        "{ENV}: unknown fault point {other:?} (a checkpoint phase, commit_written, ref_fenced, ref_updated, spool_staged, source_staged, result_accepted, before_push, push_fenced or after_push)"
                     ),
                 )
             }),
@@ -170,11 +189,13 @@ impl FaultPoint {
         match self {
             FaultPoint::AfterPhase(p) => p.as_str(),
             FaultPoint::CommitWritten => "commit_written",
+            FaultPoint::RefFenced => "ref_fenced",
             FaultPoint::RefUpdated => "ref_updated",
             FaultPoint::SpoolStaged => "spool_staged",
             FaultPoint::SourceStaged => "source_staged",
             FaultPoint::ResultAccepted => "result_accepted",
             FaultPoint::BeforePush => "before_push",
+            FaultPoint::PushFenced => "push_fenced",
             FaultPoint::AfterPush => "after_push",
         }
     }
@@ -381,6 +402,7 @@ mod tests {
                 "workspace_prepared",
                 "verification_passed",
                 "commit_written",
+                "ref_fenced",
                 "ref_updated",
                 "commit_done",
                 "result_pending",
@@ -396,9 +418,11 @@ mod tests {
                 "workspace_prepared",
                 "verification_passed",
                 "commit_written",
+                "ref_fenced",
                 "ref_updated",
                 "commit_done",
                 "before_push",
+                "push_fenced",
                 "after_push",
                 "published",
                 "result_pending",

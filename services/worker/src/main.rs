@@ -24,7 +24,8 @@ use std::time::Duration;
 /// executor's result against the request, commits it to the task's agent/
 /// branch with a deterministic commit and a compare-and-swap, and submits
 /// the result. Every phase is checkpointed in the journal; on start the
-/// worker removes stale workspaces and resumes unfinished attempts.
+/// worker removes stale workspaces and what an interrupted `repo add` left
+/// in the repository root, and resumes unfinished attempts.
 #[derive(Debug, Parser)]
 #[command(name = "airlock-worker", version, about, long_about)]
 struct Args {
@@ -117,6 +118,7 @@ fn run(args: Args) -> Result<(), Error> {
     std::fs::create_dir_all(&settings.envelope_dir)
         .map_err(|e| Error::with(Code::STORE_UNAVAILABLE, e.to_string()))?;
     let removed = recover::clean_workspaces(&settings.workspace_root)?;
+    recover::clean_imports(&config.worker.repository_root);
     let journal = CheckpointJournal::open(&config.worker.journal)
         .map_err(|e| Error::with(e.code(), e.to_string()))?;
     let spool = Spool::open(&config.spool.root).map_err(|e| e.to_proto())?;
@@ -206,7 +208,7 @@ fn run(args: Args) -> Result<(), Error> {
     if let Err(e) = follow_queued(worker.bus(), Arc::clone(&wakeup)) {
         tracing::warn!("not following TaskChanged signals, polling only: {e}");
     }
-    for i in 0..config.worker.parallel_tasks.max(1) {
+    for i in 0..config.parallel_tasks().max(1) {
         let worker = Arc::clone(&worker);
         let stopping = Arc::clone(&stopping);
         let wakeup = Arc::clone(&wakeup);
@@ -301,9 +303,16 @@ fn confine(
         .filter_map(|r| r.upstream.as_ref())
     {
         match airlock_proto::upstream::Scheme::of(&up.url) {
-            Ok(airlock_proto::upstream::Scheme::Local) => local_upstreams.push(PathBuf::from(
-                up.url.strip_prefix("file://").unwrap_or(&up.url),
-            )),
+            Ok(airlock_proto::upstream::Scheme::Local) => {
+                // A local upstream removed since it was registered stops
+                // its own syncs (they fail with its path), not the worker.
+                match airlock_proto::upstream::local_path(&up.url).map(PathBuf::from) {
+                    Some(path) if path.is_dir() => local_upstreams.push(path),
+                    _ => {
+                        tracing::warn!(url = %up.url, "a local upstream that is not a directory: not opened to the worker")
+                    }
+                }
+            }
             Ok(scheme) => {
                 ssh |= scheme == airlock_proto::upstream::Scheme::Ssh;
                 ports.extend(scheme.port(&up.url));

@@ -1,4 +1,5 @@
-//! Start-up recovery: stale workspaces, and attempts to resume.
+//! Start-up recovery: stale workspaces, what an interrupted import left in
+//! the repository root, and attempts to resume.
 
 use crate::attempt::{Grant, Worker};
 use airlock_proto::checkpoint::{Payload, Phase, ReconciliationPayload};
@@ -46,6 +47,41 @@ pub fn clean_workspaces(root: &Path) -> Result<usize, Error> {
         removed += 1;
     }
     Ok(removed)
+}
+
+/// Removes what an interrupted `airlockctl repo add` left in the
+/// repository root (`.NAME.git.tmp-PID` of a process gone,
+/// [`airlock_git::remove_stale_imports`]), logging each; returns how many
+/// were removed. One the worker may not remove (the import was cut before
+/// it was given to the worker, so root's files) is logged and left for
+/// the next `repo add`, which runs as root and removes it; it never stops
+/// the start.
+pub fn clean_imports(root: &Path) -> usize {
+    let found = match airlock_git::remove_stale_imports(root) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(
+                "cannot look for interrupted imports in {}: {e}",
+                root.display()
+            );
+            return 0;
+        }
+    };
+    let mut removed = 0;
+    for f in found {
+        match f.removed {
+            Ok(()) => {
+                removed += 1;
+                tracing::info!(path = %f.path.display(), pid = f.pid, "removed the leftover of an interrupted import");
+            }
+            Err(e) => tracing::warn!(
+                path = %f.path.display(),
+                pid = f.pid,
+                "cannot remove the leftover of an interrupted import ({e}); the next `airlockctl repo add` removes it"
+            ),
+        }
+    }
+    removed
 }
 
 /// The attempts the journal left unfinished, with what is needed to resume

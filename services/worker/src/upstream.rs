@@ -2,54 +2,25 @@
 //! URL, the deploy key or token from the worker's credentials, the pinned
 //! host keys), the sync (on a jittered schedule, on request, and when a
 //! task's base is not here yet), and what each sync left for
-//! `airlockctl repo show` (`<state>/upstream/NAME.json`).
+//! `airlockctl repo show` (`<state>/upstream/NAME.json`, a
+//! [`SyncState`]).
 //!
 //! `airlockctl repo sync NAME` asks for a sync by writing
-//! `<state>/upstream/NAME.request` (root writes there); the sync loop
-//! sees it within a second, syncs, and records the answer with the
-//! request's id, which the command waits for.
+//! `<state>/upstream/NAME.request` (a [`SyncRequest`]; root writes there);
+//! the sync loop sees it within a second, syncs, and records the answer
+//! with the request's id, which the command waits for. Both files are
+//! declared in `airlock_proto::upstream`.
 
 use crate::attempt::Worker;
-use airlock_git::{AuthorityRepo, Credential, SyncReport, Upstream};
-use airlock_proto::upstream::{Scheme, UpstreamEvent, UpstreamReport};
+use airlock_git::{AuthorityRepo, Credential, Upstream};
+use airlock_proto::upstream::{
+    SYNC_STATE_SCHEMA, Scheme, SyncReport, SyncRequest, SyncState, UpstreamEvent, UpstreamReport,
+};
 use airlock_proto::{Code, Error};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-/// What the last sync of a repository did, as `repo show` reads it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SyncState {
-    /// The repository.
-    pub repository: String,
-    /// The upstream's URL.
-    pub url: String,
-    /// When the sync finished (unix ms).
-    pub finished_at_ms: u64,
-    /// The request it answered (`repo sync`), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request: Option<String>,
-    /// Its refusal code, when it failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-    /// What failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    /// What changed (empty on failure).
-    pub report: SyncReport,
-    /// The last sync that succeeded (unix ms), this one or earlier.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_success_ms: Option<u64>,
-}
-
-/// A `repo sync` request file: its id.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SyncRequest {
-    /// Chosen by the requester; echoed in [`SyncState::request`].
-    pub id: String,
-}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -147,6 +118,7 @@ impl Worker {
         let finished = now_ms();
         let state = match &outcome {
             Ok(report) => SyncState {
+                schema: SYNC_STATE_SCHEMA.to_owned(),
                 repository: repository.to_owned(),
                 url,
                 finished_at_ms: finished,
@@ -157,6 +129,7 @@ impl Worker {
                 last_success_ms: Some(finished),
             },
             Err(e) => SyncState {
+                schema: SYNC_STATE_SCHEMA.to_owned(),
                 repository: repository.to_owned(),
                 url,
                 finished_at_ms: finished,
@@ -185,8 +158,7 @@ impl Worker {
             }
             Err(e) => tracing::warn!(%repository, "sync from the upstream failed: {e}"),
         }
-        let bytes = serde_json::to_vec_pretty(&state)
-            .map_err(|e| Error::with(Code::INTERNAL, e.to_string()))?;
+        let bytes = state.to_json()?;
         let path = self
             .settings
             .upstream_state
@@ -264,13 +236,14 @@ impl Worker {
             .map_err(|e| Error::with(e.code(), e.to_string()))
     }
 
-    /// The last recorded sync of `repository`.
+    /// The last recorded sync of `repository` (one the previous release
+    /// wrote too); `None` when there is none or it does not read.
     pub fn sync_state(&self, repository: &str) -> Option<SyncState> {
         let path = self
             .settings
             .upstream_state
             .join(format!("{repository}.json"));
-        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+        SyncState::from_json(&std::fs::read(path).ok()?).ok()
     }
 
     /// Makes `commit` known locally when it is not, by a sync of the

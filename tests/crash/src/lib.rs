@@ -185,6 +185,81 @@ impl Stack {
     }
 }
 
+/// A stack whose repository `pub` follows a local bare upstream that
+/// publishes (`agent/*` pushed there after each commit), made in `dir`:
+/// one commit on the upstream's main, every ref update logged, owned by the
+/// worker; `signing`, when given, the repository's signer. Returns the
+/// stack once the first sync brought main into the authority repository.
+pub fn publishing_stack(dir: &std::path::Path, signing: Option<PathBuf>) -> Publishing {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ids = airlock_local::layout::Ids::for_caller().unwrap();
+    let upstream = dir.join("upstream.git");
+    let work = dir.join("work");
+    airlock_testkit::git(dir, &["init", "-q", "--bare", "-b", "main", "upstream.git"]);
+    airlock_testkit::git(dir, &["init", "-q", "-b", "main", "work"]);
+    std::fs::write(work.join("README.md"), "hello\n").unwrap();
+    airlock_testkit::git(&work, &["add", "-A"]);
+    airlock_testkit::git(&work, &["commit", "-q", "-m", "base"]);
+    airlock_testkit::git(&work, &["push", "-q", upstream.to_str().unwrap(), "main"]);
+    git(&upstream, &["config", "core.logAllRefUpdates", "always"]);
+    let st = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{}:{}", ids.worker.uid, ids.worker.gid))
+        .arg(&upstream)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let stack = Stack::at(
+        dir.join("state"),
+        &Tuning {
+            lease_seconds: 30,
+            parallel_tasks: 1,
+            upstreams: vec![airlock_local::LocalUpstream {
+                name: "pub".into(),
+                upstream: airlock_config::Upstream {
+                    sync_interval_seconds: 0,
+                    ..airlock_config::Upstream::at(upstream.to_str().unwrap())
+                },
+                credential: None,
+                signing: signing.map(|key| ("agent@example.org".into(), key)),
+            }],
+            ..Default::default()
+        },
+    );
+    let authority = stack.suite.layout.repos().join("pub.git");
+    let base = poll(Duration::from_secs(30), Duration::from_millis(100), || {
+        let b = git(
+            &authority,
+            &["rev-parse", "--verify", "--quiet", "refs/heads/main"],
+        );
+        if b.is_empty() {
+            Err("the first sync never came".to_owned())
+        } else {
+            Ok(b)
+        }
+    });
+    Publishing {
+        stack,
+        upstream,
+        authority,
+        base,
+    }
+}
+
+/// What [`publishing_stack`] makes.
+#[derive(Debug)]
+pub struct Publishing {
+    /// The stack.
+    pub stack: Stack,
+    /// The upstream (a bare repository on this host).
+    pub upstream: PathBuf,
+    /// The authority repository of `pub`.
+    pub authority: PathBuf,
+    /// main, as the first sync brought it.
+    pub base: String,
+}
+
 impl std::fmt::Debug for Stack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stack")

@@ -18,14 +18,10 @@
 //! the commit there and sends nothing); each task's result records
 //! `pushed: false` exactly when its push happened before a kill.
 
-use airlock_crash_matrix::{Stack, fault_points, git};
+use airlock_crash_matrix::{Publishing, fault_points, git, publishing_stack};
 use airlock_local::client::task_on_demo;
-use airlock_local::{LocalUpstream, Tuning};
 use airlock_proto::task::TaskState;
-use airlock_testkit::poll;
 use airlock_worker::fault::Attempt;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 /// Where the worker is killed, in the order an attempt passes them: the
@@ -46,67 +42,14 @@ const PATIENCE: Duration = Duration::from_secs(20);
 #[test]
 fn publications_happen_exactly_once_across_kills_around_the_push() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let ids = airlock_local::layout::Ids::for_caller().unwrap();
-    // The team's upstream: one commit on main, every ref update logged.
-    let upstream = dir.path().join("upstream.git");
-    let work = dir.path().join("work");
-    let run = |cwd: &Path, args: &[&str]| {
-        airlock_testkit::git(cwd, args);
-    };
-    run(
-        dir.path(),
-        &["init", "-q", "--bare", "-b", "main", "upstream.git"],
-    );
-    run(dir.path(), &["init", "-q", "-b", "main", "work"]);
-    std::fs::write(work.join("README.md"), "hello\n").unwrap();
-    run(&work, &["add", "-A"]);
-    run(&work, &["commit", "-q", "-m", "base"]);
-    run(&work, &["push", "-q", upstream.to_str().unwrap(), "main"]);
-    git(&upstream, &["config", "core.logAllRefUpdates", "always"]);
-    let st = Command::new("chown")
-        .arg("-R")
-        .arg(format!("{}:{}", ids.worker.uid, ids.worker.gid))
-        .arg(&upstream)
-        .status()
-        .unwrap();
-    assert!(st.success());
     let signing = dir.path().join("signing");
     airlock_testkit::ssh_keygen(&signing);
-
-    let mut s = Stack::at(
-        dir.path().join("state"),
-        &Tuning {
-            lease_seconds: 30,
-            parallel_tasks: 1,
-            upstreams: vec![LocalUpstream {
-                name: "pub".into(),
-                upstream: airlock_config::Upstream {
-                    sync_interval_seconds: 0,
-                    ..airlock_config::Upstream::at(upstream.to_str().unwrap())
-                },
-                credential: None,
-                signing: Some(("agent@example.org".into(), signing.clone())),
-            }],
-            ..Default::default()
-        },
-    );
-    let authority = s.suite.layout.repos().join("pub.git");
-    let base = poll(Duration::from_secs(30), Duration::from_millis(100), || {
-        let b = git(
-            &authority,
-            &["rev-parse", "--verify", "--quiet", "refs/heads/main"],
-        );
-        if b.is_empty() {
-            Err("the first sync never came".to_owned())
-        } else {
-            Ok(b)
-        }
-    });
+    let Publishing {
+        stack: mut s,
+        upstream,
+        authority,
+        base,
+    } = publishing_stack(dir.path(), Some(signing.clone()));
 
     let mut kills = std::collections::BTreeMap::<&str, usize>::new();
     let mut pushed_before_kill = Vec::new();

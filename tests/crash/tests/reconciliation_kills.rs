@@ -197,6 +197,7 @@ fn verifying(client: &Supervisor, task: &str) -> TaskView {
             duration_ms: 1,
             stdout_tail: None,
             stderr_tail: None,
+            wall: None,
         }],
         isolation: Some(Isolation::unmeasured()),
         captured: None,

@@ -13,7 +13,7 @@
 //! probe not run). Run with `-- --nocapture` to see one line per probe.
 
 use airlock_escape_suite::probes::{Evidence, Judge, PROBES};
-use airlock_escape_suite::{Bins, Mode, Suite, Summary, Verdict, is_root, unavailable};
+use airlock_escape_suite::{Bins, Mode, Suite, Summary, Verdict, unavailable};
 use std::path::PathBuf;
 
 /// The probe table is consistent: names unique, errnos named wherever the
@@ -49,10 +49,12 @@ fn the_probe_table_is_consistent() {
     }
 }
 
+/// Whether the suite may skip what it cannot run: on another
+/// architecture, or when asked to by name. Not for want of root: the suite
+/// needs root (distinct uids, network namespaces), and a run without it
+/// fails, naming that, rather than pass without checking.
 fn may_skip() -> bool {
-    !is_root()
-        || !cfg!(target_arch = "x86_64")
-        || std::env::var_os("AIRLOCK_ESCAPE_ALLOW_SKIP").is_some()
+    !cfg!(target_arch = "x86_64") || std::env::var_os("AIRLOCK_ESCAPE_ALLOW_SKIP").is_some()
 }
 
 #[test]

@@ -1,13 +1,15 @@
-//! git's writes across a power loss (LazyFS drops what was not synced).
+//! git's writes across a power loss, on airlock's power-loss file system in
+//! its strictest mode (unsynced data dropped, directory operations whose
+//! directory was not synced dropped, unsynced writes torn at 4 KiB).
 //!
 //! The worker's governed commit and its compare-and-swap, and an import,
-//! made through crates/git on LazyFS, survive: `git fsck --full` is clean
-//! and the branch names the commit. The control makes the same commit
-//! with git's default settings, which sync neither loose objects nor
-//! refs, and loses it — so the first test's LazyFS does drop data.
+//! made through crates/git, survive: `git fsck --full` is clean and the
+//! branch names the commit. The control makes the same commit with git's
+//! default settings, which sync neither loose objects nor refs, and loses
+//! it — so the first test's file system does drop what it claims.
 
 use airlock_git::{AuthorityRepo, CommitSpec, FileChange, ForeignRepo};
-use airlock_powerloss::LazyFs;
+use airlock_powerloss::PowerFs;
 use std::path::Path;
 use std::process::Command;
 
@@ -46,8 +48,9 @@ fn source(dir: &Path) -> String {
     ok(&["-C", d, "rev-parse", "HEAD"])
 }
 
-/// The authority repository on LazyFS, imported as `repo add` imports.
-fn authority(fs: &LazyFs, src: &Path) -> std::path::PathBuf {
+/// The authority repository on the power-loss file system, imported as
+/// `repo add` imports.
+fn authority(fs: &PowerFs, src: &Path) -> std::path::PathBuf {
     let path = fs.path().join("calc.git");
     airlock_git::mirror(&ForeignRepo::open(src).unwrap(), &path).unwrap();
     path
@@ -61,7 +64,7 @@ fn fsck(repo: &Path) -> std::process::Output {
 fn an_import_then_a_governed_commit_and_its_ref_survive_a_power_loss() {
     let tmp = tempfile::tempdir().unwrap();
     let base = source(&tmp.path().join("src"));
-    let fs = LazyFs::mount();
+    let fs = airlock_powerloss::mount();
     let repo_path = authority(&fs, &tmp.path().join("src"));
     let repo = AuthorityRepo::open(&repo_path).unwrap();
     let commit = repo
@@ -100,7 +103,7 @@ fn an_import_then_a_governed_commit_and_its_ref_survive_a_power_loss() {
 fn control_the_same_commit_with_gits_defaults_is_lost() {
     let tmp = tempfile::tempdir().unwrap();
     let base = source(&tmp.path().join("src"));
-    let fs = LazyFs::mount();
+    let fs = airlock_powerloss::mount();
     let repo_path = authority(&fs, &tmp.path().join("src"));
     let at = format!("--git-dir={}", repo_path.display());
     // What the worker does, with git's default settings (no core.fsync).
@@ -165,7 +168,7 @@ fn control_the_same_commit_with_gits_defaults_is_lost() {
         && git(&[&at, "cat-file", "-e", &commit]).status.success();
     assert!(
         !intact,
-        "the unsynced commit survived: LazyFS dropped nothing, so the other tests prove nothing"
+        "the unsynced commit survived: the file system dropped nothing, so the other tests prove nothing"
     );
     // The import itself, synced, is still whole.
     assert_eq!(ok(&[&at, "rev-parse", "refs/heads/main"]), base);

@@ -1,11 +1,14 @@
-//! The power-loss matrix (issue 24): the whole suite on airlock-local
-//! with every piece of its state on LazyFS — the authority repositories,
+//! The power-loss matrix: the whole suite on airlock-local with every
+//! piece of its state on airlock's power-loss file system
+//! ([`airlock_powerloss::PowerFs`], in its strictest mode unless
+//! `AIRLOCK_POWERFS_MODE` names another) — the authority repositories,
 //! the worker's journal and workspaces, the spool, the executor's work
 //! root and tree cache, the supervisor's task database and event log, the
 //! logs — cut off again and again: every airlock process SIGKILLed at a
-//! chosen point, then LazyFS drops every write not yet synced (a power
-//! loss: what SIGKILL alone never does), then the suite starts again from
-//! what the disk kept.
+//! chosen point, then the file system drops every write not yet synced,
+//! every directory operation whose directory was not synced after it, and
+//! tears unsynced writes at 4 KiB (a power loss: what SIGKILL alone never
+//! does), then the suite starts again from what the disk kept.
 //!
 //! The points, each counted only when it is shown to have been reached:
 //!
@@ -27,6 +30,18 @@
 //!   `.fill-*` directory exists, before and still after the kill) — the
 //!   tasks run on a repository of [`BULK_FILES`] files so a fill takes a
 //!   while;
+//! - **mid-layer-fill**: the repository's environment has a setup (no
+//!   network) that writes `vendor/` from the task's `power/*.txt`, so
+//!   every task fills a dependency layer of its own, and every task's
+//!   verification needs it; the power goes while a layer's `.fill-*`
+//!   directory exists;
+//! - **right after `airlockctl repo add` returned**: the repository it
+//!   imported and registered must be whole after the cut;
+//! - **during concurrent submissions**: three clients submit at once and
+//!   the power goes among their calls;
+//! - **right after an acknowledged decision**: a task submitted and then
+//!   cancelled (`CancelTask` answered), the power gone at once: it must be
+//!   CANCELLED after the cut, with its decision audited;
 //! - **at random instants**.
 //!
 //! The rest of the suite is killed right after the point was reached;
@@ -37,9 +52,11 @@
 //! journal pass their integrity checks; every submission acknowledged to
 //! a client exists; every authority repository passes `git fsck --full`;
 //! every SUCCEEDED task's commit exists, its agent/ branch points at it,
-//! one commit on top of the base, with the file its plan wrote; no result
-//! was accepted twice (the store's allowed `TASK_RESULT_SUBMITTED`
-//! events). At the end the suite runs unharmed until every acknowledged
+//! one commit on top of the base, with the file its plan wrote; no task
+//! seen SUCCEEDED after an earlier cut has gone back (to RUNNING, to
+//! another commit); every repository `repo add` acknowledged is registered
+//! and whole; no result was accepted twice (the store's allowed
+//! `TASK_RESULT_SUBMITTED` events). At the end the suite runs unharmed until every acknowledged
 //! task is SUCCEEDED, FAILED or CANCELLED — a FAILED or CANCELLED task
 //! with its code — and the same checks hold. The summary is printed from
 //! the values asserted, before the assertions.
@@ -47,8 +64,9 @@
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
-use airlock_powerloss::LazyFs;
-use airlock_proto::task::TaskState;
+use airlock_powerloss::PowerFs;
+use airlock_proto::Code;
+use airlock_proto::task::{Decision, DecisionRequest, TaskState};
 use airlock_taskdb::tasks::{EventOutcome, SqliteStore};
 use airlock_testkit::{self as testkit, file_len, git_dir_or_empty, log_since};
 use airlock_worker::fault::{Attempt, FaultPoint};
@@ -70,14 +88,58 @@ const MIN_AFTER_SUBMIT: usize = 8;
 const MIN_CACHE_FILL: usize = 4;
 /// Power losses at random instants, at least.
 const MIN_RANDOM: usize = 10;
+/// Power losses right after an acknowledged `repo add`, at least.
+const MIN_REPO_ADD: usize = 4;
+/// Power losses among concurrent submissions, at least.
+const MIN_CONCURRENT: usize = 4;
+/// Power losses right after an acknowledged decision, at least.
+const MIN_DECISION: usize = 4;
+/// Clients submitting at once in a concurrent round, and how many tasks
+/// each submits at most.
+const CONCURRENT_CLIENTS: usize = 3;
+const CONCURRENT_EACH: usize = 3;
 /// Files in the repository the tasks change.
 const BULK_FILES: usize = 150;
 const MAX_ATTEMPTS: u32 = 8;
 /// How long a worker armed with a point gets to reach it.
 const PATIENCE: Duration = Duration::from_secs(15);
 /// Every process of the suite, in the order they are started again.
-const MEMBERS: &[&str] = &["supervisor", "executor", "worker", "retryd"];
-/// How long LazyFS gets, after the kills, to release what they held.
+const MEMBERS: &[&str] = &["supervisor", "egress", "executor", "worker", "retryd"];
+/// Power losses proven mid-layer-fill, at least.
+const MIN_LAYER_FILL: usize = 4;
+/// Files a setup writes into its layer.
+const LAYER_FILES: usize = 80;
+
+/// The setup of the bulk repository's environment: `vendor/` made from
+/// the task's `power/*.txt` (its inputs), so each task's layer differs.
+/// One line: an argv's arguments are single lines.
+fn layer_setup() -> String {
+    format!(
+        "import glob, os; os.makedirs('vendor', exist_ok=True); \
+         names = repr(sorted(glob.glob('power/*.txt'))) * 40; \
+         [open(f'vendor/dep{{i:03}}.txt', 'w').write(names) for i in range({LAYER_FILES})]; \
+         open('vendor/marker', 'w').write('ok')"
+    )
+}
+
+/// The bulk repository's environment: the setup above and nothing from
+/// the network.
+fn environment() -> airlock_config::Environment {
+    airlock_config::Environment {
+        paths: Vec::new(),
+        programs: vec!["/usr/bin/python3".into()],
+        variables: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        setup: Some(airlock_config::Setup {
+            commands: vec![vec!["/usr/bin/python3".into(), "-c".into(), layer_setup()]],
+            inputs: vec!["power/*.txt".into()],
+            outputs: vec!["vendor".into()],
+            egress: Vec::new(),
+            timeout_seconds: 120,
+        }),
+    }
+}
+/// How long the file system gets, after the kills, to release what they
+/// held.
 const SETTLE: Duration = Duration::from_millis(150);
 
 /// The worker points an attempt that commits passes, from the worker's
@@ -122,7 +184,8 @@ fn submission(task: &str, base: &str) -> serde_json::Value {
         base,
         MAX_ATTEMPTS,
         json!({"operation": "write_file", "path": format!("power/{task}.txt"), "content": format!("{task}\n")}),
-        json!([{"label": "check", "argv": ["/bin/true"], "timeout_seconds": 30}]),
+        // The task's layer must be in its view.
+        json!([{"label": "check", "argv": ["/usr/bin/python3", "-c", "import os, sys; sys.exit(0 if os.path.isfile('vendor/marker') else 3)"], "timeout_seconds": 30}]),
     );
     s["binding"]["repository"] = json!("bulk");
     s
@@ -140,9 +203,10 @@ fn patiently<T, E: std::fmt::Display>(what: &str, mut open: impl FnMut() -> Resu
     }
 }
 
-/// Tree-cache fills in progress (their `.fill-*` directories).
-fn fills(work: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(work.join("trees"))
+/// Fills in progress (their `.fill-*` directories) in the executor's
+/// cache `cache` (`trees` or `layers`).
+fn fills(work: &Path, cache: &str) -> BTreeSet<String> {
+    std::fs::read_dir(work.join(cache))
         .map(|d| {
             d.filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -162,6 +226,12 @@ struct Losses {
     cache_fill: usize,
     /// Cache-fill rounds where no fill was seen in flight.
     cache_fill_missed: usize,
+    layer_fill: usize,
+    /// Layer-fill rounds where no fill was seen in flight.
+    layer_fill_missed: usize,
+    after_repo_add: usize,
+    concurrent: usize,
+    after_decision: usize,
     random: usize,
 }
 
@@ -172,6 +242,11 @@ impl Losses {
             + self.after_submit
             + self.cache_fill
             + self.cache_fill_missed
+            + self.layer_fill
+            + self.layer_fill_missed
+            + self.after_repo_add
+            + self.concurrent
+            + self.after_decision
             + self.random
     }
 
@@ -183,7 +258,11 @@ impl Losses {
         points.iter().all(|p| self.at(p) >= MIN_PER_POINT)
             && self.after_submit >= MIN_AFTER_SUBMIT
             && self.cache_fill >= MIN_CACHE_FILL
+            && self.layer_fill >= MIN_LAYER_FILL
             && self.random >= MIN_RANDOM
+            && self.after_repo_add >= MIN_REPO_ADD
+            && self.concurrent >= MIN_CONCURRENT
+            && self.after_decision >= MIN_DECISION
             && self.total() >= MIN_LOSSES
     }
 }
@@ -195,6 +274,13 @@ struct Findings {
     fsck: Vec<String>,
     commits: Vec<String>,
     accepted_twice: Vec<String>,
+    /// Tasks seen SUCCEEDED after an earlier cut that are no longer, or
+    /// hold another commit.
+    went_back: Vec<String>,
+    /// Repositories `repo add` acknowledged that are not whole.
+    repositories: Vec<String>,
+    /// Acknowledged cancels not CANCELLED after the cut, or not audited.
+    decisions: Vec<String>,
     succeeded: usize,
 }
 
@@ -204,16 +290,29 @@ impl Findings {
             && self.fsck.is_empty()
             && self.commits.is_empty()
             && self.accepted_twice.is_empty()
+            && self.went_back.is_empty()
+            && self.repositories.is_empty()
+            && self.decisions.is_empty()
     }
 }
 
 struct Matrix {
-    fs: LazyFs,
+    fs: PowerFs,
     suite: Suite,
     client: Supervisor,
+    /// The source the bulk repository was imported from (an ordinary file
+    /// system), imported again by the `repo add` rounds.
+    source: PathBuf,
     repo: PathBuf,
     base: String,
     acknowledged: Vec<String>,
+    /// Tasks the disk held SUCCEEDED at a check, with their commit: a
+    /// later cut must not take one back.
+    succeeded: BTreeMap<String, String>,
+    /// Repositories `repo add` acknowledged.
+    added: Vec<String>,
+    /// Tasks whose cancel was acknowledged.
+    cancelled: Vec<String>,
     next: usize,
     losses: Losses,
     rounds_checked: usize,
@@ -323,7 +422,7 @@ impl Matrix {
     /// SIGKILL to every process. A closed file is released to FUSE
     /// asynchronously, and SQLite opening its database meanwhile has been
     /// seen to fail (`disk I/O error` opening the `-shm`, gone a moment
-    /// later), so the harness lets LazyFS settle after the kills and after
+    /// later), so the harness lets the file system settle after the kills and after
     /// its own reads; a real power loss has no such survivors.
     fn kill_all(&mut self) {
         for name in MEMBERS {
@@ -406,27 +505,147 @@ impl Matrix {
         self.losses.after_submit += 1;
     }
 
-    /// The power goes while the executor fills its tree cache.
-    fn cache_fill_round(&mut self) {
+    /// The power goes while the executor fills its cache `cache` (`trees`
+    /// or `layers`); true when a fill was seen before and after the kill.
+    fn fill_round(&mut self, cache: &str) -> bool {
         let work = self.suite.layout.path("exec/work");
         self.power_on(&[]);
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut before = fills(&work);
+        let mut before = fills(&work, cache);
         while before.is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
-            before = fills(&work);
+            before = fills(&work, cache);
         }
         for name in MEMBERS {
             self.suite.fleet.kill(name);
         }
-        let after = fills(&work);
+        let after = fills(&work, cache);
         std::thread::sleep(SETTLE);
-        if !before.is_empty() && before.iter().any(|f| after.contains(f)) {
+        self.fs.power_loss();
+        !before.is_empty() && before.iter().any(|f| after.contains(f))
+    }
+
+    /// The power goes while the executor fills its tree cache.
+    fn cache_fill_round(&mut self) {
+        if self.fill_round("trees") {
             self.losses.cache_fill += 1;
         } else {
             self.losses.cache_fill_missed += 1;
         }
+    }
+
+    /// The power goes while the executor fills a dependency layer.
+    fn layer_fill_round(&mut self) {
+        if self.fill_round("layers") {
+            self.losses.layer_fill += 1;
+        } else {
+            self.losses.layer_fill_missed += 1;
+        }
+    }
+
+    /// `airlockctl repo add` imports and registers a repository while the
+    /// suite runs; the power goes as soon as it returned.
+    fn repo_add_round(&mut self) {
+        let name = format!("added{:02}", self.added.len());
+        self.power_on(&[]);
+        let ctl = airlock_local::sibling("airlockctl").expect("airlockctl beside the test");
+        let out = Command::new(ctl)
+            .arg("repo")
+            .arg("--config")
+            .arg(self.suite.layout.config())
+            .args(["add", &name, "--from"])
+            .arg(&self.source)
+            .arg("--no-reload")
+            .output()
+            .expect("airlockctl runs");
+        assert!(
+            out.status.success(),
+            "repo add {name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.added.push(name);
+        self.power_off();
+        self.losses.after_repo_add += 1;
+    }
+
+    /// Three clients submit at once; the power goes among their calls.
+    /// What a client was told was accepted must survive; a call cut off
+    /// unanswered promises nothing.
+    fn concurrent_round(&mut self, rng: &mut impl Rng) {
+        self.power_on(&[]);
+        let address = self.suite.bus.address().to_owned();
+        let first = self.next;
+        self.next += CONCURRENT_CLIENTS * CONCURRENT_EACH;
+        let clients: Vec<_> = (0..CONCURRENT_CLIENTS)
+            .map(|c| {
+                let address = address.clone();
+                let base = self.base.clone();
+                std::thread::spawn(move || {
+                    let Ok(client) = Supervisor::connect(Some(&address)) else {
+                        return Vec::new();
+                    };
+                    let mut acknowledged = Vec::new();
+                    for i in 0..CONCURRENT_EACH {
+                        let task = format!("power-{:03}", first + c * CONCURRENT_EACH + i);
+                        match client.submit_task(&submission(&task, &base)) {
+                            Ok(_) => acknowledged.push(task),
+                            Err(_) => break,
+                        }
+                    }
+                    acknowledged
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(rng.gen_range(5..150)));
+        self.kill_all();
+        for c in clients {
+            self.acknowledged
+                .extend(c.join().expect("a submitting client"));
+        }
         self.fs.power_loss();
+        self.losses.concurrent += 1;
+    }
+
+    /// A task submitted, then cancelled; the power goes as soon as the
+    /// supervisor answered the cancel.
+    fn decision_round(&mut self) {
+        self.power_on(&[]);
+        let task = format!("power-{:03}", self.next);
+        self.next += 1;
+        let s = submission(&task, &self.base);
+        self.client
+            .patiently(Duration::from_secs(30), |c| c.submit_task(&s))
+            .unwrap_or_else(|e| panic!("SubmitTask {task}: {e}"));
+        self.acknowledged.push(task.clone());
+        // A fenced step (the worker moving the branch) refuses a cancel
+        // for a moment, and a task that already ended cannot be
+        // cancelled: the decision is asked again, or the round counts
+        // nothing.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let cancelled = loop {
+            let view = self
+                .client
+                .patiently(Duration::from_secs(30), |c| c.get_task(&task))
+                .unwrap_or_else(|e| panic!("GetTask {task}: {e}"));
+            if view.state.is_terminal() {
+                break false;
+            }
+            let req = DecisionRequest::about(&view, Decision::Cancel, "power-loss matrix", None);
+            match self.client.cancel_task(&req) {
+                Ok(_) => break true,
+                Err(e) if e.code == Code::TASK_COMMITTING && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) if e.code == Code::TASK_STATE_INVALID => break false,
+                Err(e) => panic!("CancelTask {task}: {e}"),
+            }
+        };
+        self.power_off();
+        if cancelled {
+            self.cancelled.push(task);
+            self.losses.after_decision += 1;
+        }
     }
 
     fn random_round(&mut self, rng: &mut impl Rng) {
@@ -480,6 +699,40 @@ impl Matrix {
             .filter(|(_, n)| **n > 1)
             .map(|(t, n)| format!("{t}: accepted {n} times"))
             .collect();
+        for (task, commit) in &self.succeeded {
+            match store.get(task) {
+                Ok(v) if v.state == TaskState::Succeeded => {
+                    let now = v
+                        .result
+                        .as_ref()
+                        .and_then(|r| r["commit_oid"].as_str())
+                        .unwrap_or_default();
+                    if now != commit {
+                        f.went_back
+                            .push(format!("{task}: SUCCEEDED with {commit}, now with {now:?}"));
+                    }
+                }
+                Ok(v) => f
+                    .went_back
+                    .push(format!("{task}: was SUCCEEDED, now {}", v.state.as_str())),
+                Err(e) => f.went_back.push(format!("{task}: was SUCCEEDED, now {e}")),
+            }
+        }
+        for name in &self.added {
+            f.repositories.extend(self.added_problem(name));
+        }
+        for task in &self.cancelled {
+            let state = store.get(task).map(|v| v.state);
+            let audited =
+                store.events(Some(task), 0, 1000).unwrap().iter().any(|e| {
+                    e.action.starts_with("TASK_CANCEL") && e.outcome == EventOutcome::Allowed
+                });
+            if state.as_ref().ok() != Some(&TaskState::Cancelled) || !audited {
+                f.decisions.push(format!(
+                    "{task}: cancel acknowledged, now {state:?}, audited {audited}"
+                ));
+            }
+        }
         for task in &self.acknowledged {
             let v = match store.get(task) {
                 Ok(v) => v,
@@ -500,6 +753,9 @@ impl Matrix {
                 .and_then(|r| r["commit_oid"].as_str())
                 .unwrap_or_default()
                 .to_owned();
+            self.succeeded
+                .entry(task.clone())
+                .or_insert_with(|| reported.clone());
             if head != reported {
                 f.commits.push(format!(
                     "{task}: SUCCEEDED with commit {reported:?}, its branch at {head:?}"
@@ -525,35 +781,64 @@ impl Matrix {
         std::thread::sleep(SETTLE);
         f
     }
+
+    /// What is wrong with the repository `repo add` acknowledged as
+    /// `name`: its registration must parse and name it, its authority
+    /// repository pass `git fsck --full` with `main` at the source's head.
+    fn added_problem(&self, name: &str) -> Option<String> {
+        let config = self.suite.layout.config();
+        let registration = config
+            .parent()
+            .unwrap()
+            .join(format!("repositories.d/{name}.toml"));
+        let text = match std::fs::read_to_string(&registration) {
+            Ok(t) => t,
+            Err(e) => return Some(format!("{}: {e}", registration.display())),
+        };
+        if !text.contains(&format!("\"{name}\"")) {
+            return Some(format!("{}: {text:?}", registration.display()));
+        }
+        let repo = self.suite.layout.repos().join(format!("{name}.git"));
+        let out = fsck(&repo);
+        if !out.status.success() || !out.stderr.is_empty() {
+            return Some(format!(
+                "{}: {}{}",
+                repo.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let main = git_dir_or_empty(&repo, &["rev-parse", "refs/heads/main"]);
+        (main != self.base).then(|| format!("{}: main at {main:?}", repo.display()))
+    }
 }
 
 #[test]
 fn power_loss_matrix_keeps_every_acknowledged_fact() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "skipped: the power-loss matrix needs root (FUSE with allow_other, the suite's own uids)"
-        );
-        return;
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the power-loss matrix needs root (FUSE with allow_other, the suite's own uids): run it as root"
+    );
     let src = tempfile::tempdir().unwrap();
     bulk_source(src.path(), BULK_FILES);
     let tuning = Tuning {
         lease_seconds: 10,
         parallel_tasks: 2,
         repositories: vec![("bulk".to_owned(), src.path().to_owned())],
+        environments: vec![("bulk".to_owned(), environment())],
         ..Default::default()
     };
-    // The first start on a fresh LazyFS can meet the `disk I/O error` that
-    // `kill_all` describes (a file the import just closed is released to
-    // FUSE asynchronously; the daemon opening its database meanwhile
+    // The first start on a fresh file system can meet the `disk I/O error`
+    // that `kill_all` describes (a file the import just closed is released
+    // to FUSE asynchronously; the daemon opening its database meanwhile
     // fails). Under systemd Restart=on-failure starts it again; here the
-    // whole suite is started again on a new LazyFS, at most twice more,
+    // whole suite is started again on a new file system, at most twice more,
     // and only for that failure: no power loss has happened yet, so
     // nothing acknowledged is at stake, and each such start is counted
     // among the restarts on failure the matrix prints.
     let mut restarts_on_failure = Vec::new();
     let (fs, suite) = loop {
-        let fs = LazyFs::mount();
+        let fs = airlock_powerloss::mount();
         match start_with(fs.path().join("state"), true, &tuning) {
             Ok(suite) => break (fs, suite),
             Err(e)
@@ -561,7 +846,7 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
                     && e.contains("STORE_UNAVAILABLE")
                     && e.contains("disk I/O error") =>
             {
-                eprintln!("the first start on LazyFS failed, started again: {e}");
+                eprintln!("the first start failed, started again: {e}");
                 restarts_on_failure.push(format!(
                     "first start: {}",
                     e.lines()
@@ -571,7 +856,7 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
                 drop(fs);
                 std::thread::sleep(SETTLE);
             }
-            Err(e) => panic!("starting the suite on LazyFS: {e}"),
+            Err(e) => panic!("starting the suite on {fs:?}: {e}"),
         }
     };
     let repo = suite.layout.repos().join("bulk.git");
@@ -582,9 +867,13 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
         fs,
         suite,
         client,
+        source: src.path().to_owned(),
         repo,
         base,
         acknowledged: Vec::new(),
+        succeeded: BTreeMap::new(),
+        added: Vec::new(),
+        cancelled: Vec::new(),
         next: 0,
         losses: Losses::default(),
         rounds_checked: 0,
@@ -628,15 +917,31 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
                     .unwrap();
                 m.point_round(point);
             }
-            3 => m.after_submit_round(),
+            3 => {
+                if m.losses.after_decision < MIN_DECISION && round % 12 == 9 {
+                    m.decision_round();
+                } else {
+                    m.after_submit_round();
+                }
+            }
             4 => {
                 if m.losses.cache_fill < MIN_CACHE_FILL {
                     m.cache_fill_round();
+                } else if m.losses.layer_fill < MIN_LAYER_FILL {
+                    m.layer_fill_round();
+                } else if m.losses.after_repo_add < MIN_REPO_ADD {
+                    m.repo_add_round();
                 } else {
                     m.random_round(&mut rng);
                 }
             }
-            _ => m.random_round(&mut rng),
+            _ => {
+                if m.losses.concurrent < MIN_CONCURRENT {
+                    m.concurrent_round(&mut rng);
+                } else {
+                    m.random_round(&mut rng);
+                }
+            }
         }
         let f = m.check();
         eprintln!(
@@ -723,16 +1028,26 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
     drop(store);
     let l = &m.losses;
     println!(
-        "power-loss matrix: {} power losses in {:.0?}: worker at points {:?} (+{} armed, not reached: lost at that instant), {} right after an acknowledged submission, {} mid-cache-fill (+{} with no fill seen), {} at random instants; every one followed by the checks ({} rounds checked)",
+        "power-loss matrix ({:?} mode): {} power losses in {:.0?}: worker at points {:?} (+{} armed, not reached: lost at that instant), {} right after an acknowledged submission, {} among concurrent submissions, {} right after an acknowledged repo add, {} right after an acknowledged cancel, {} mid-cache-fill (+{} with no fill seen), {} mid-layer-fill (+{} with no fill seen), {} at random instants; every one followed by the checks ({} rounds checked)",
+        m.fs.mode(),
         l.total(),
         loss_phase,
         l.at_point,
         l.point_not_reached,
         l.after_submit,
+        l.concurrent,
+        l.after_repo_add,
+        l.after_decision,
         l.cache_fill,
         l.cache_fill_missed,
+        l.layer_fill,
+        l.layer_fill_missed,
         l.random,
         m.rounds_checked,
+    );
+    println!(
+        "power-loss matrix: what the cuts dropped: {:?}",
+        m.fs.totals()
     );
     println!(
         "power-loss matrix: starts that failed on a database not yet openable and were retried (Restart=on-failure): {} {:?}",
@@ -740,13 +1055,16 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
         m.restarts_on_failure
     );
     println!(
-        "power-loss matrix: {} acknowledged submissions, {} lost; final states {by_state:?} (reasons {reasons:?}); {} SUCCEEDED with their commit, {} commit problems, {} results accepted twice, {} fsck failures, {} rounds with a problem; integrity ok",
+        "power-loss matrix: {} acknowledged submissions, {} lost; final states {by_state:?} (reasons {reasons:?}); {} SUCCEEDED with their commit, {} commit problems, {} SUCCEEDED gone back, {} results accepted twice, {} fsck failures, {} of {} added repositories not whole, {} rounds with a problem; integrity ok",
         m.acknowledged.len(),
         last.missing_acknowledged.len(),
         last.succeeded,
         last.commits.len(),
+        last.went_back.len(),
         last.accepted_twice.len(),
         last.fsck.len(),
+        last.repositories.len(),
+        m.added.len(),
         problems.len(),
     );
     for p in &points {
@@ -763,6 +1081,19 @@ fn power_loss_matrix_keeps_every_acknowledged_fact() {
         l.cache_fill
     );
     assert!(l.random >= MIN_RANDOM);
+    assert!(
+        l.layer_fill >= MIN_LAYER_FILL,
+        "only {} power losses proven mid-layer-fill",
+        l.layer_fill
+    );
+    assert!(l.after_repo_add >= MIN_REPO_ADD);
+    assert!(l.concurrent >= MIN_CONCURRENT);
+    assert!(l.after_decision >= MIN_DECISION);
+    let totals = m.fs.totals();
+    assert!(
+        totals.files_reverted + totals.dir_ops_dropped + totals.writes_torn > 0,
+        "the cuts dropped nothing: the matrix proved nothing ({totals:?})"
+    );
     assert!(l.total() >= MIN_LOSSES);
     assert!(problems.is_empty(), "{problems:#?}");
     assert!(last.clean(), "after the last run: {last:#?}");

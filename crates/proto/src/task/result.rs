@@ -355,6 +355,7 @@ mod tests {
             duration_ms: 5,
             stdout_tail: None,
             stderr_tail: Some("FAIL: test_adds".into()),
+            wall: None,
         };
         r.verification = vec![failed.clone()];
         assert!(r.validate().is_ok(), "a failed command keeps its tail");

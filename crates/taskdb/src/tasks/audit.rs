@@ -68,6 +68,37 @@ pub(super) fn append_denial(
     )
 }
 
+/// [`append_denial`] with more facts in its payload beside the detail
+/// (`extra`, an object; a `detail` key in it is ignored).
+pub(super) fn append_denial_with(
+    tx: &mut dyn Tx,
+    task_id: Option<&str>,
+    actor: &Actor,
+    action: &str,
+    code: Code,
+    detail: &str,
+    extra: Value,
+) -> StoreResult<()> {
+    let task_id = task_id.filter(|t| is_task_id(t));
+    let mut payload = match extra {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    payload.insert(
+        "detail".to_owned(),
+        Value::String(bounded(detail, MAX_DENIAL_DETAIL_LEN).to_owned()),
+    );
+    insert(
+        tx,
+        task_id,
+        actor,
+        action,
+        EventOutcome::Denied,
+        Some(code),
+        &Value::Object(payload),
+    )
+}
+
 pub(super) fn bounded(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
@@ -89,8 +120,11 @@ fn insert(
     payload: &Value,
 ) -> StoreResult<()> {
     // Every event passes here, so every event is redacted here: reasons,
-    // denial details and anything else a caller's words reach.
-    let payload_json = to_canonical_string(&airlock_proto::redact::value(payload))?;
+    // denial details and anything else a caller's words reach — but never
+    // the task's own id (nor a ref that is that id under a prefix, such as
+    // a publication's `refs/heads/agent/…`).
+    let redactor = airlock_proto::redact::Redactor::new().with_known_all(task_id);
+    let payload_json = to_canonical_string(&redactor.value(payload))?;
     let actor = Actor {
         kind: actor.kind,
         uid: actor.uid,

@@ -1,5 +1,6 @@
 //! Claims, leases and results: everything a worker does.
 
+use super::fair::{self, RunningCaps};
 use super::row::TaskRow;
 use super::tx::{Backend, Guard, NewResult};
 use super::{
@@ -8,8 +9,9 @@ use super::{
 };
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::is_key;
+use airlock_proto::bus::{FenceGrant, FenceRequest, FenceStep};
 use airlock_proto::canonical::{canonical_of, sha256_hex, to_canonical_string};
-use airlock_proto::limits::MAX_RESULT_BYTES;
+use airlock_proto::limits::{MAX_FENCE_MS, MAX_RESULT_BYTES};
 use airlock_proto::states::Step;
 use airlock_proto::task::{ClaimGrant, Outcome, TaskResult, TaskState};
 use airlock_proto::{Code, Error};
@@ -61,6 +63,42 @@ fn check_lease(row: &TaskRow, lease_epoch: u64, lease_token: &str, now: i64) -> 
     }
 }
 
+/// A fence request's bounds: a hold of `1..=MAX_FENCE_MS` and a commit id
+/// for a ref move or a push, neither for a release.
+fn check_fence(req: &FenceRequest) -> StoreResult<()> {
+    let release = req.step == FenceStep::Release;
+    let hold_ok = if release {
+        req.hold_ms == 0
+    } else {
+        (1..=MAX_FENCE_MS).contains(&req.hold_ms)
+    };
+    if !hold_ok {
+        return Err(Error::with(
+            Code::FIELD_BOUNDS_EXCEEDED,
+            format!(
+                "hold_ms {} is outside {} for a {} fence",
+                req.hold_ms,
+                if release {
+                    "0..=0".to_owned()
+                } else {
+                    format!("1..={MAX_FENCE_MS}")
+                },
+                req.step.as_str()
+            ),
+        )
+        .into());
+    }
+    match (&req.commit_oid, release) {
+        (None, true) => Ok(()),
+        (Some(oid), false) if airlock_proto::binding::is_oid(oid) => Ok(()),
+        _ => Err(Error::with(
+            Code::MESSAGE_INVALID,
+            "a ref or push fence names its commit (an object id); a release names none",
+        )
+        .into()),
+    }
+}
+
 /// Labels of the envelope's verification commands, in order.
 fn envelope_command_labels(envelope: &Value) -> Vec<&str> {
     envelope["verification"]
@@ -93,14 +131,18 @@ pub(crate) fn lease_expired_record(
 }
 
 impl<B: Backend> Store<B> {
-    /// Claims the oldest QUEUED task (submission order) with attempts left:
-    /// a new attempt, a new lease epoch, RUNNING, `claimed_by` = the
-    /// worker's name, and a fresh 256-bit lease token that is returned here
-    /// once and stored only as its SHA-256 (of the token's hex text).
-    /// `None` when nothing is claimable. `lease_ms` must be in
-    /// `1..=MAX_LEASE_MS` (`FIELD_BOUNDS_EXCEEDED`).
+    /// Claims a QUEUED task with attempts left, fairly between submitters:
+    /// of the submitter class (its agent, else its uid; a task with neither
+    /// on record is a class of its own) that has the fewest tasks RUNNING
+    /// now, then was served longest ago, its oldest task (submission
+    /// order); see [`super::fair`]. The task gets a new attempt, a new
+    /// lease epoch, RUNNING, `claimed_by` = the worker's name, and a fresh
+    /// 256-bit lease token that is returned here once and stored only as
+    /// its SHA-256 (of the token's hex text). `None` when nothing is
+    /// claimable. `lease_ms` must be in `1..=MAX_LEASE_MS`
+    /// (`FIELD_BOUNDS_EXCEEDED`). No cap applies ([`Store::claim_within`]).
     pub fn claim(&mut self, worker: &Actor, lease_ms: i64) -> StoreResult<Option<ClaimGrant>> {
-        self.claim_in(worker, lease_ms, None)
+        self.claim_within(worker, lease_ms, None, &RunningCaps::NONE)
     }
 
     /// [`Store::claim`], only among tasks whose binding names one of
@@ -112,7 +154,21 @@ impl<B: Backend> Store<B> {
         lease_ms: i64,
         repositories: Option<&[String]>,
     ) -> StoreResult<Option<ClaimGrant>> {
-        let result = self.claim_inner(worker, lease_ms, repositories);
+        self.claim_within(worker, lease_ms, repositories, &RunningCaps::NONE)
+    }
+
+    /// [`Store::claim_in`], passing over every submitter class at its cap
+    /// in `caps`: a class with as many tasks RUNNING as its cap (on every
+    /// host: on PostgreSQL counted under the class's lock, in the statement
+    /// that locks the row) has none claimed until one of them ends.
+    pub fn claim_within(
+        &mut self,
+        worker: &Actor,
+        lease_ms: i64,
+        repositories: Option<&[String]>,
+        caps: &RunningCaps,
+    ) -> StoreResult<Option<ClaimGrant>> {
+        let result = self.claim_inner(worker, lease_ms, repositories, caps);
         self.audited(result, None, worker, action::TASK_CLAIMED)
     }
 
@@ -121,12 +177,13 @@ impl<B: Backend> Store<B> {
         worker: &Actor,
         lease_ms: i64,
         repositories: Option<&[String]>,
+        caps: &RunningCaps,
     ) -> StoreResult<Option<ClaimGrant>> {
         check_lease_ms(lease_ms)?;
         let token = new_token()?;
         let token_hash = sha256_hex(token.as_bytes());
         self.write("a claim", &mut |tx| {
-            let Some(mut row) = tx.next_claimable(repositories)? else {
+            let Some(mut row) = fair::next_claimable(tx, repositories, caps)? else {
                 return Ok(None);
             };
             row.advance(Step::Claim)?;
@@ -197,7 +254,10 @@ impl<B: Backend> Store<B> {
             let now = tx.now();
             let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
             check_lease(&row, lease_epoch, lease_token, now)?;
-            let expires = now.saturating_add(lease_ms);
+            // A standing fence keeps the lease at least until its end.
+            let expires = now
+                .saturating_add(lease_ms)
+                .max(row.fence_at(now).unwrap_or(i64::MIN));
             row.advance(Step::Renew)?;
             row.lease_expires_at = Some(expires);
             let guard = Guard::Lease {
@@ -219,6 +279,85 @@ impl<B: Backend> Store<B> {
                 }),
             )?;
             Ok(expires)
+        })
+    }
+
+    /// Sets or releases the fence of the caller's attempt
+    /// (`Worker1.Fence`), under its current lease checked as [`Store::renew`]
+    /// checks it. A fence for a ref move or a push stands until `now +
+    /// hold_ms` (the store's clock): until then the task is not cancelled
+    /// (`TASK_COMMITTING`) and its lease does not expire (its expiry is
+    /// moved to the fence's end if it was earlier), so the holder's step,
+    /// begun within its start window, ends before anyone else
+    /// may move the task. A release ends it at once. `hold_ms` is
+    /// `1..=MAX_FENCE_MS` for a fence and 0 for a release
+    /// (`FIELD_BOUNDS_EXCEEDED`); a fence names the commit its step points
+    /// the branch at (`MESSAGE_INVALID` otherwise), a release none.
+    pub fn fence(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        req: &FenceRequest,
+        worker: &Actor,
+    ) -> StoreResult<FenceGrant> {
+        let result = self.fence_inner(task_id, lease_epoch, lease_token, req, worker);
+        self.audited(result, Some(task_id), worker, action::TASK_FENCED)
+    }
+
+    fn fence_inner(
+        &mut self,
+        task_id: &str,
+        lease_epoch: u64,
+        lease_token: &str,
+        req: &FenceRequest,
+        worker: &Actor,
+    ) -> StoreResult<FenceGrant> {
+        check_task_id(task_id)?;
+        check_fence(req)?;
+        let presented = sha256_hex(lease_token.as_bytes());
+        self.write("a fence", &mut |tx| {
+            let now = tx.now();
+            let mut row = tx.load(task_id)?.ok_or_else(|| not_found(task_id))?;
+            check_lease(&row, lease_epoch, lease_token, now)?;
+            row.advance(Step::Fence)?;
+            let hold = i64::try_from(req.hold_ms).unwrap_or(i64::MAX);
+            row.fenced_until = match req.step {
+                FenceStep::Release => None,
+                FenceStep::Ref | FenceStep::Push => Some(now.saturating_add(hold)),
+            };
+            let expires = row
+                .lease_expires_at
+                .unwrap_or(now)
+                .max(row.fenced_until.unwrap_or(i64::MIN));
+            row.lease_expires_at = Some(expires);
+            let guard = Guard::Lease {
+                attempt: row.attempt,
+                lease_epoch,
+                token_hash: &presented,
+            };
+            row.save(tx, guard)?;
+            audit::append_allowed(
+                tx,
+                task_id,
+                worker,
+                action::TASK_FENCED,
+                json!({
+                    "attempt": row.attempt,
+                    "lease_epoch": row.lease_epoch,
+                    "step": req.step.as_str(),
+                    "commit_oid": req.commit_oid,
+                    "fenced_until_ms": row.fenced_until,
+                    "lease_expires_at_ms": expires,
+                    "revision": row.revision,
+                }),
+            )?;
+            Ok(FenceGrant {
+                task_id: task_id.to_owned(),
+                step: req.step,
+                fenced_until_ms: row.fenced_until,
+                lease_expires_at_ms: expires,
+            })
         })
     }
 
@@ -459,12 +598,14 @@ impl<B: Backend> Store<B> {
             .into());
         }
         // The digest binds the bytes the worker sent (its durable record
-        // names it); what is kept and shown is the redacted form.
+        // names it); what is kept and shown is the redacted form, with the
+        // values airlock made for the task (its id, branch, digests,
+        // commits, published ref) never taken for secrets.
         let result_sha256 = sha256_hex(canonical.as_bytes());
-        let canonical = to_canonical_string(&airlock_proto::redact::value(
-            &serde_json::to_value(result)
-                .map_err(|e| Error::with(Code::INTERNAL, format!("a result: {e}")))?,
-        ))?;
+        let redactor = airlock_proto::redact::Redactor::new().with_result(result);
+        let value = serde_json::to_value(result)
+            .map_err(|e| Error::with(Code::INTERNAL, format!("a result: {e}")))?;
+        let canonical = to_canonical_string(&redactor.value(&value))?;
         let presented = sha256_hex(lease_token.as_bytes());
         self.write("a result submission", &mut |tx| {
             let now = tx.now();
@@ -522,6 +663,8 @@ impl<B: Backend> Store<B> {
                 lease_epoch: row.lease_epoch_i64()?,
                 result_sha256: &result_sha256,
                 result_json: &canonical,
+                cpu_ms: i64::try_from(super::quota::verification_cpu_ms(result))
+                    .unwrap_or(i64::MAX),
             })?;
 
             let mut automatic = false;

@@ -1,8 +1,9 @@
 //! Submitting tasks, replacing plans, verification decisions, cancellation.
 
+use super::quota::{self, AgentQuota, QuotaExceeded};
 use super::tx::{Backend, Guard, NewDecision, NewTask};
 use super::{Actor, Store, Submitted, action, audit, check_task_id, not_found};
-use crate::error::StoreResult;
+use crate::error::{StoreError, StoreResult};
 use airlock_proto::binding::Binding;
 use airlock_proto::canonical::{digest_of, to_canonical_string};
 use airlock_proto::limits::MAX_ATTEMPTS_CAP;
@@ -48,18 +49,57 @@ impl<B: Backend> Store<B> {
     /// submitter, or the same task id under another key, is
     /// `TASK_IDEMPOTENCY_CONFLICT`. The task records its submitter.
     /// Validation runs before any lookup, so an invalid submission is
-    /// refused with its own code whatever is stored.
+    /// refused with its own code whatever is stored. No quota applies
+    /// ([`Store::submit_within`]).
     pub fn submit(&mut self, s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted> {
-        let result = self.submit_inner(s, actor);
-        self.audited(
-            result,
-            Some(&s.binding.task_id),
-            actor,
-            action::TASK_SUBMITTED,
-        )
+        self.submit_within(s, actor, &AgentQuota::NONE)
     }
 
-    fn submit_inner(&mut self, s: &TaskSubmission, actor: &Actor) -> StoreResult<Submitted> {
+    /// [`Store::submit`] of a submission that `quota` must allow when
+    /// `actor` is a planner agent ([`Actor::agent`]; an actor that is no
+    /// agent has no quota): counted in the submission's own transaction
+    /// (see [`super::quota`]), after an identical replay was answered (a
+    /// replay stores nothing, so it is never refused for a quota). A
+    /// submission over a quota is refused with `AGENT_QUOTA_EXCEEDED`
+    /// naming the quota and its figures, nothing stored, and recorded as
+    /// a denied `TASK_SUBMITTED` whose payload names the agent, the quota,
+    /// its limit and the use.
+    pub fn submit_within(
+        &mut self,
+        s: &TaskSubmission,
+        actor: &Actor,
+        quota: &AgentQuota,
+    ) -> StoreResult<Submitted> {
+        let mut over = None;
+        let result = self.submit_inner(s, actor, quota, &mut over);
+        let task_id = Some(s.binding.task_id.as_str());
+        match (&result, over) {
+            (Err(StoreError::Refused(e)), Some(over)) if e.code == Code::AGENT_QUOTA_EXCEEDED => {
+                let detail = e.detail.clone().unwrap_or_default();
+                let _ = self.write("a denial record", &mut |tx| {
+                    audit::append_denial_with(
+                        tx,
+                        task_id,
+                        actor,
+                        action::TASK_SUBMITTED,
+                        e.code,
+                        &detail,
+                        over.payload(),
+                    )
+                });
+                result
+            }
+            _ => self.audited(result, task_id, actor, action::TASK_SUBMITTED),
+        }
+    }
+
+    fn submit_inner(
+        &mut self,
+        s: &TaskSubmission,
+        actor: &Actor,
+        quota: &AgentQuota,
+        over: &mut Option<QuotaExceeded>,
+    ) -> StoreResult<Submitted> {
         if !(1..=MAX_ATTEMPTS_CAP).contains(&s.max_attempts) {
             return Err(Error::with(
                 Code::MAX_ATTEMPTS_INVALID,
@@ -106,6 +146,11 @@ impl<B: Backend> Store<B> {
                     "the task id exists under another idempotency key",
                 )
                 .into());
+            }
+            if let Err(refused) = quota::check(tx, actor, quota)? {
+                let e = refused.error();
+                *over = Some(refused);
+                return Err(e.into());
             }
             tx.insert_task(&NewTask {
                 task_id: &binding.task_id,
@@ -300,6 +345,20 @@ impl<B: Backend> Store<B> {
                     "the task's result is not the one the decision names",
                 )
                 .into());
+            }
+            // The holder's ref move or push is under way: the cancel would
+            // be acknowledged while the branch still moves.
+            if let (Decision::Cancel, Some(until)) = (req.decision, row.fence_at(tx.now())) {
+                if row.status() == TaskState::Running {
+                    return Err(Error::with(
+                        Code::TASK_COMMITTING,
+                        format!(
+                            "attempt {} is moving its agent branch under a fence that stands until {until} (unix ms) at the latest; cancel it again once it ends",
+                            row.attempt
+                        ),
+                    )
+                    .into());
+                }
             }
             let step = match req.decision {
                 Decision::Accept => Step::Accept,

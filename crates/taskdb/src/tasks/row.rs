@@ -16,7 +16,8 @@ use serde_json::Value;
 pub(super) const COLUMNS: &str = "task_id, status, attempt, max_attempts, revision, lease_epoch, \
      claimed_by, lease_token_hash, lease_expires_at, verification_json, result_json, \
      binding_json, plan_json, envelope_json, execution_digest, plan_digest, idempotency_key, \
-     submission_sha256, created_at_ms, updated_at_ms, submitter_uid, submitter_agent";
+     submission_sha256, created_at_ms, updated_at_ms, submitter_uid, submitter_agent, \
+     fenced_until_ms";
 
 /// A row exactly as the engine returned it ([`COLUMNS`], in order).
 #[derive(Debug)]
@@ -43,6 +44,7 @@ pub struct RawRow {
     pub updated_at_ms: i64,
     pub submitter_uid: Option<i64>,
     pub submitter_agent: Option<String>,
+    pub fenced_until_ms: Option<i64>,
 }
 
 impl RawRow {
@@ -59,6 +61,7 @@ impl RawRow {
             claimed_by: self.claimed_by,
             lease_token_hash: self.lease_token_hash,
             lease_expires_at: self.lease_expires_at,
+            fenced_until: self.fenced_until_ms,
             verification_json: self.verification_json,
             result_json: self.result_json,
             binding_json: self.binding_json,
@@ -100,6 +103,9 @@ pub struct TaskRow {
     pub claimed_by: Option<String>,
     pub lease_token_hash: Option<String>,
     pub lease_expires_at: Option<i64>,
+    /// Until when the lease holder's fence stands (`Worker1.Fence`): no
+    /// cancel, no expiry before it.
+    pub fenced_until: Option<i64>,
     pub verification_json: Option<String>,
     pub result_json: Option<String>,
     pub binding_json: String,
@@ -260,11 +266,17 @@ impl TaskRow {
         self.attempt < self.max_attempts
     }
 
-    /// Drops the lease (token hash and expiry). `claimed_by` is kept as
-    /// history of who held the last attempt.
+    /// Drops the lease (token hash, expiry and fence). `claimed_by` is
+    /// kept as history of who held the last attempt.
     pub fn clear_lease(&mut self) {
         self.lease_token_hash = None;
         self.lease_expires_at = None;
+        self.fenced_until = None;
+    }
+
+    /// The end of the holder's fence, when one stands at `now`.
+    pub fn fence_at(&self, now: i64) -> Option<i64> {
+        self.fenced_until.filter(|&until| until > now)
     }
 
     /// The lease epoch as the engines store it.

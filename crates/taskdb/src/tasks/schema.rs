@@ -29,7 +29,49 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 6,
         sql: V6,
     },
+    Migration {
+        version: 7,
+        sql: V7,
+    },
+    Migration {
+        version: 8,
+        sql: V8,
+    },
 ];
+
+/// Version 8: fair claims and agents' quotas (`tasks::fair`,
+/// `tasks::quota`). `claim_classes` remembers when a claim last served
+/// each submitter class (an agent, or a uid: `fair::CLASS_SQL`), so a
+/// class served longest ago goes first among equals; empty at first, so
+/// every class starts unserved. `results.cpu_ms` is what a result's
+/// verification used (`quota::verification_cpu_ms`: the commands'
+/// wall-clock `duration_ms`, summed), filled here in the same way for
+/// existing results, with the append-only trigger lifted for that one
+/// statement; no other column of a result changes. Indexes for the
+/// quotas' windows.
+const V8: &str = r#"
+CREATE TABLE claim_classes (
+    class           TEXT    PRIMARY KEY,
+    last_claimed_ms INTEGER NOT NULL
+);
+ALTER TABLE results ADD COLUMN cpu_ms INTEGER;
+DROP TRIGGER results_no_update;
+UPDATE results SET cpu_ms = (
+    SELECT COALESCE(SUM(json_extract(c.value, '$.duration_ms')), 0)
+    FROM json_each(results.result_json, '$.verification') c);
+CREATE TRIGGER results_no_update BEFORE UPDATE ON results
+BEGIN SELECT RAISE(ABORT, 'results are append-only'); END;
+CREATE INDEX tasks_by_agent ON tasks (submitter_agent, created_at_ms);
+CREATE INDEX results_by_time ON results (received_at_ms);
+"#;
+
+/// Version 7: the worker's fence on its attempt (`Worker1.Fence`): until
+/// `fenced_until_ms` the task is not cancelled and its lease does not
+/// expire, while the holder moves its agent branch or pushes it. Existing
+/// rows hold no fence.
+const V7: &str = r#"
+ALTER TABLE tasks ADD COLUMN fenced_until_ms INTEGER;
+"#;
 
 /// Version 6: each task's submitter as columns — the uid the bus reported
 /// for the caller that submitted it, and the planner agent's name when

@@ -7,6 +7,7 @@
 //! rewind (this process's monotonic [`Anchor`]): see
 //! [`airlock_sqlite::clock`].
 
+use super::fair::{CLASS_SQL, ClassHead};
 use super::row::{COLUMNS, EVENT_COLUMNS, RawEvent, RawRow, TaskRow};
 use super::schema;
 use super::tx::{
@@ -15,6 +16,7 @@ use super::tx::{
 };
 use super::{ReadScope, Store, TaskState};
 use crate::error::{StoreError, StoreResult};
+use airlock_proto::bus::AgentUsage;
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
 use airlock_sqlite::db::{self, Kind};
@@ -93,6 +95,7 @@ fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         updated_at_ms: r.get(19)?,
         submitter_uid: r.get(20)?,
         submitter_agent: r.get(21)?,
+        fenced_until_ms: r.get(22)?,
     })
 }
 
@@ -319,8 +322,8 @@ impl Tx for SqliteTx<'_> {
         const SET: &str = "UPDATE tasks SET status = ?1, attempt = ?2, max_attempts = ?3, \
              revision = ?4, lease_epoch = ?5, claimed_by = ?6, lease_token_hash = ?7, \
              lease_expires_at = ?8, verification_json = ?9, result_json = ?10, plan_json = ?11, \
-             envelope_json = ?12, execution_digest = ?13, plan_digest = ?14, updated_at_ms = ?15 \
-             WHERE task_id = ?16 AND revision = ?17";
+             envelope_json = ?12, execution_digest = ?13, plan_digest = ?14, updated_at_ms = ?15, \
+             fenced_until_ms = ?16 WHERE task_id = ?17 AND revision = ?18";
         let lease_epoch = row.lease_epoch_i64()?;
         let mut values: Vec<Box<dyn rusqlite::ToSql + '_>> = vec![
             Box::new(row.status().as_str()),
@@ -338,6 +341,7 @@ impl Tx for SqliteTx<'_> {
             Box::new(row.execution_digest.as_str()),
             Box::new(row.plan_digest.as_str()),
             Box::new(row.updated_at_ms),
+            Box::new(row.fenced_until),
             Box::new(row.task_id.as_str()),
             Box::new(read_revision),
         ];
@@ -352,8 +356,8 @@ impl Tx for SqliteTx<'_> {
                 values.push(Box::new(epoch_i64(lease_epoch)?));
                 values.push(Box::new(token_hash));
                 values.push(Box::new(self.now));
-                " AND status = 'RUNNING' AND attempt = ?18 AND lease_epoch = ?19 \
-                 AND lease_token_hash = ?20 AND lease_expires_at > ?21"
+                " AND status = 'RUNNING' AND attempt = ?19 AND lease_epoch = ?20 \
+                 AND lease_token_hash = ?21 AND lease_expires_at > ?22"
             }
             Guard::Attempt {
                 state,
@@ -363,7 +367,7 @@ impl Tx for SqliteTx<'_> {
                 values.push(Box::new(state.as_str()));
                 values.push(Box::new(attempt));
                 values.push(Box::new(epoch_i64(lease_epoch)?));
-                " AND status = ?18 AND attempt = ?19 AND lease_epoch = ?20"
+                " AND status = ?19 AND attempt = ?20 AND lease_epoch = ?21"
             }
         };
         let refs: Vec<&dyn rusqlite::ToSql> = values.iter().map(|v| v.as_ref()).collect();
@@ -374,28 +378,110 @@ impl Tx for SqliteTx<'_> {
         Ok(changed == 1)
     }
 
-    fn next_claimable(&mut self, repositories: Option<&[String]>) -> StoreResult<Option<TaskRow>> {
-        let repositories = match repositories {
-            None => None,
-            Some(r) => Some(
-                serde_json::to_string(r)
-                    .map_err(|e| Error::with(Code::INTERNAL, format!("repository filter: {e}")))?,
-            ),
-        };
+    fn claimable_classes(
+        &mut self,
+        repositories: Option<&[String]>,
+    ) -> StoreResult<Vec<ClassHead>> {
+        let what = "finding the claimable submitters";
+        let sql = sql!(
+            "SELECT q.class, q.first_seq, COALESCE(r.n, 0), s.last_claimed_ms FROM \
+             (SELECT {CLASS_SQL} AS class, MIN(seq) AS first_seq FROM tasks \
+              WHERE status = 'QUEUED' AND attempt < max_attempts \
+              AND (?1 IS NULL OR repository IN (SELECT value FROM json_each(?1))) \
+              GROUP BY 1) q \
+             LEFT JOIN (SELECT {CLASS_SQL} AS class, COUNT(*) AS n FROM tasks \
+              WHERE status = 'RUNNING' GROUP BY 1) r ON r.class = q.class \
+             LEFT JOIN claim_classes s ON s.class = q.class"
+        );
+        let mut stmt = self
+            .conn
+            .prepare_cached(sql)
+            .map_err(|e| StoreError::sqlite(what, e))?;
+        stmt.query_map([repository_filter(repositories)?], |r| {
+            Ok(ClassHead {
+                key: r.get(0)?,
+                first_seq: r.get(1)?,
+                running: r.get(2)?,
+                last_claim_ms: r.get(3)?,
+            })
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(|e| StoreError::sqlite(what, e))
+    }
+
+    fn try_lock_class(&mut self, _class: &str) -> StoreResult<bool> {
+        // BEGIN IMMEDIATE: no other writer runs until this one ends.
+        Ok(true)
+    }
+
+    fn oldest_of_class(
+        &mut self,
+        class: &str,
+        repositories: Option<&[String]>,
+        cap: u32,
+    ) -> StoreResult<Option<TaskRow>> {
+        let sql = sql!(
+            "SELECT {COLUMNS} FROM tasks WHERE status = 'QUEUED' AND attempt < max_attempts \
+             AND (?1 IS NULL OR repository IN (SELECT value FROM json_each(?1))) \
+             AND {CLASS_SQL} = ?2 \
+             AND (?3 = 0 OR (SELECT COUNT(*) FROM tasks WHERE status = 'RUNNING' \
+                  AND {CLASS_SQL} = ?2) < ?3) \
+             ORDER BY seq LIMIT 1"
+        );
         let next = self
             .conn
             .query_row(
-                &format!(
-                    "SELECT {COLUMNS} FROM tasks WHERE status = 'QUEUED' AND attempt < max_attempts \
-                     AND (?1 IS NULL OR repository IN (SELECT value FROM json_each(?1))) \
-                     ORDER BY seq LIMIT 1"
-                ),
-                [repositories],
+                sql,
+                params![repository_filter(repositories)?, class, cap],
                 from_sql,
             )
             .optional()
             .map_err(|e| StoreError::sqlite("finding a claimable task", e))?;
         next.map(RawRow::into_row).transpose()
+    }
+
+    fn mark_served(&mut self, class: &str) -> StoreResult<()> {
+        self.conn
+            .execute(
+                "INSERT INTO claim_classes (class, last_claimed_ms) VALUES (?1, ?2) \
+                 ON CONFLICT (class) DO UPDATE SET last_claimed_ms = excluded.last_claimed_ms",
+                params![class, self.now],
+            )
+            .map_err(|e| StoreError::sqlite("recording whom a claim served", e))?;
+        Ok(())
+    }
+
+    fn lock_agent(&mut self, _agent: &str) -> StoreResult<()> {
+        // BEGIN IMMEDIATE: no other writer runs until this one ends.
+        Ok(())
+    }
+
+    fn agent_usage(
+        &mut self,
+        agent: &str,
+        tasks_after_ms: i64,
+        cpu_after_ms: i64,
+    ) -> StoreResult<AgentUsage> {
+        let what = "counting an agent's use";
+        let (tasks, cpu_ms, running): (i64, i64, i64) = self
+            .conn
+            .query_row(
+                "SELECT \
+                 (SELECT COUNT(*) FROM tasks WHERE submitter_agent = ?1 AND created_at_ms > ?2), \
+                 (SELECT COALESCE(SUM(r.cpu_ms), 0) FROM results r \
+                  JOIN tasks t ON t.task_id = r.task_id \
+                  WHERE t.submitter_agent = ?1 AND r.received_at_ms > ?3), \
+                 (SELECT COUNT(*) FROM tasks WHERE submitter_agent = ?1 AND status = 'RUNNING')",
+                params![agent, tasks_after_ms, cpu_after_ms],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .map_err(|e| StoreError::sqlite(what, e))?;
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(AgentUsage {
+            tasks_last_hour: count(tasks),
+            cpu_ms_last_day: count(cpu_ms),
+            running: count(running),
+        })
     }
 
     fn queued(&mut self) -> StoreResult<Vec<TaskRow>> {
@@ -442,7 +528,8 @@ impl Tx for SqliteTx<'_> {
         self.conn
             .execute(
                 "INSERT INTO results (task_id, idempotency_key, attempt, lease_epoch, \
-                 result_sha256, result_json, received_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                 result_sha256, result_json, received_at_ms, cpu_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     r.task_id,
                     r.idempotency_key,
@@ -451,6 +538,7 @@ impl Tx for SqliteTx<'_> {
                     r.result_sha256,
                     r.result_json,
                     self.now,
+                    r.cpu_ms,
                 ],
             )
             .map_err(|e| StoreError::sqlite("storing a result", e))?;
@@ -708,6 +796,16 @@ impl Tx for SqliteTx<'_> {
             .map_err(|e| StoreError::sqlite("recording a decision", e))?;
         Ok(())
     }
+}
+
+/// A repository filter as SQLite's `json_each` reads it (`None`: any).
+fn repository_filter(repositories: Option<&[String]>) -> StoreResult<Option<String>> {
+    repositories
+        .map(|r| {
+            serde_json::to_string(r)
+                .map_err(|e| Error::with(Code::INTERNAL, format!("repository filter: {e}")).into())
+        })
+        .transpose()
 }
 
 fn epoch_i64(epoch: u64) -> StoreResult<i64> {

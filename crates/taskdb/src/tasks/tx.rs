@@ -8,10 +8,12 @@
 //! and nothing else, so both backends keep the same rules by construction
 //! and the same test suites check them.
 
+use super::fair::ClassHead;
 use super::row::{RawEvent, RawRow, TaskRow};
 use super::{Actor, EventOutcome, ReadScope, Submitter, TaskState};
 use crate::error::StoreResult;
 use airlock_proto::Code;
+use airlock_proto::bus::AgentUsage;
 
 /// A task to insert at attempt 0, revision 1, in `status`
 /// ([`airlock_proto::states::SUBMITTED`]).
@@ -65,6 +67,8 @@ pub struct NewResult<'a> {
     pub lease_epoch: i64,
     pub result_sha256: &'a str,
     pub result_json: &'a str,
+    /// What its verification used, as `quota::verification_cpu_ms` reads it.
+    pub cpu_ms: i64,
 }
 
 /// An event to append.
@@ -173,10 +177,41 @@ pub trait Tx {
     /// revision) where the task still is at `read_revision` and `guard`
     /// holds. False when no row matched.
     fn update(&mut self, row: &TaskRow, read_revision: i64, guard: Guard<'_>) -> StoreResult<bool>;
-    /// The oldest claimable task (QUEUED, `attempt < max_attempts`, of one
-    /// of `repositories` when given), locked where the engine locks rows
-    /// (rows another transaction holds are skipped), or `None`.
-    fn next_claimable(&mut self, repositories: Option<&[String]>) -> StoreResult<Option<TaskRow>>;
+    /// Every submitter class ([`super::fair::CLASS_SQL`]) with a claimable
+    /// task (QUEUED, `attempt < max_attempts`, of one of `repositories`
+    /// when given): its oldest such task's `seq`, its tasks RUNNING now and
+    /// its last claim ([`Tx::mark_served`]), in no particular order.
+    fn claimable_classes(&mut self, repositories: Option<&[String]>)
+    -> StoreResult<Vec<ClassHead>>;
+    /// Takes the class's lock for the rest of the transaction without
+    /// waiting; false when another transaction holds it (an engine whose
+    /// write transactions exclude each other answers true).
+    fn try_lock_class(&mut self, class: &str) -> StoreResult<bool>;
+    /// The oldest claimable task of `class` (as [`Tx::claimable_classes`]
+    /// finds them), locked where the engine locks rows (rows another
+    /// transaction holds are skipped), if the class has fewer than `cap`
+    /// tasks RUNNING (0: no cap), counted in the same statement.
+    fn oldest_of_class(
+        &mut self,
+        class: &str,
+        repositories: Option<&[String]>,
+        cap: u32,
+    ) -> StoreResult<Option<TaskRow>>;
+    /// Records that a claim took a task of `class` now.
+    fn mark_served(&mut self, class: &str) -> StoreResult<()>;
+    /// Takes the agent's submission lock for the rest of the transaction,
+    /// waiting for another transaction that holds it (an engine whose
+    /// write transactions exclude each other does nothing).
+    fn lock_agent(&mut self, agent: &str) -> StoreResult<()>;
+    /// What `agent` has used: the tasks it submitted after
+    /// `tasks_after_ms`, the CPU milliseconds of its tasks' results
+    /// received after `cpu_after_ms`, and its tasks RUNNING now.
+    fn agent_usage(
+        &mut self,
+        agent: &str,
+        tasks_after_ms: i64,
+        cpu_after_ms: i64,
+    ) -> StoreResult<AgentUsage>;
     /// Every QUEUED task, in queue order, locked where the engine locks
     /// rows (rows another transaction holds — a claim in flight — are
     /// skipped: they are no longer QUEUED when it commits).

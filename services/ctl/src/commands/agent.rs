@@ -4,7 +4,7 @@
 
 use crate::client::{Client, CtlError};
 use crate::output::{Ctx, emit, or_dash, table, time_u};
-use airlock_proto::bus::AgentView;
+use airlock_proto::bus::{AgentLimits, AgentView};
 use std::process::ExitCode;
 
 /// Arguments of `agent`.
@@ -20,7 +20,9 @@ pub struct Args {
 pub enum Action {
     /// List the configured agents with their state and failures.
     List,
-    /// Show one agent: state, consecutive failures, next start, last exit, the hold's reason.
+    /// Show one agent: state, consecutive failures, next start, last exit, the hold's reason,
+    /// and its quotas (tasks per hour, CPU seconds per day) and cap on running tasks with
+    /// their use now.
     Show(Name),
     /// Start a stopped agent (refused while held: clear the hold instead).
     Start(Name),
@@ -104,7 +106,30 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
             }
             return Ok(ExitCode::SUCCESS);
         }
-        Action::Show(n) => ("", sup.get_agent(&n.name).await?),
+        Action::Show(n) => {
+            let agent = sup.get_agent(&n.name).await?;
+            // A supervisor older than protocol 12.0 has no GetAgentLimits,
+            // and a store it cannot read has no use to count: the agent is
+            // shown without them.
+            let limits = match sup.get_agent_limits(&n.name).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    ctx.warn(&format!("{}'s quotas are not shown: {e}", n.name));
+                    None
+                }
+            };
+            if ctx.json {
+                let mut value = serde_json::to_value(&agent).unwrap_or_default();
+                value["limits"] = serde_json::to_value(&limits).unwrap_or_default();
+                ctx.print_json(&value);
+            } else {
+                emit(&render(ctx, &agent));
+                if let Some(l) = &limits {
+                    emit(&render_limits(l));
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         Action::Start(n) => ("Started", sup.start_agent(&n.name).await?),
         Action::Stop(n) => ("Stopped", sup.stop_agent(&n.name).await?),
         Action::ClearHold(n) => ("Hold cleared", sup.clear_hold(&n.name).await?),
@@ -156,6 +181,52 @@ pub fn render(ctx: &Ctx, a: &AgentView) -> String {
         ("Hold", or_dash(a.hold_reason.as_deref())),
         ("Repositories", a.repositories.join(", ")),
         ("Changed", time_u(Some(a.updated_at_ms))),
+    ];
+    let mut out = String::new();
+    for (k, v) in rows {
+        out.push_str(&format!("{:<22}{v}\n", format!("{k}:")));
+    }
+    out
+}
+
+/// The human form of an agent's quotas and cap with their use: "USE of
+/// LIMIT in WINDOW", or "USE in WINDOW (no quota)"; the running tasks with
+/// their cap.
+pub fn render_limits(l: &AgentLimits) -> String {
+    let u = &l.usage;
+    let line = |used: String, limit: u64, unit: &str, window: &str| {
+        if limit == 0 {
+            format!("{used}{unit} {window} (no quota)")
+        } else {
+            format!("{used}{unit} of {limit}{unit} {window}")
+        }
+    };
+    let rows = [
+        (
+            "Tasks per hour",
+            line(
+                u.tasks_last_hour.to_string(),
+                u64::from(l.tasks_per_hour),
+                "",
+                "in the last hour",
+            ),
+        ),
+        (
+            "CPU seconds per day",
+            line(
+                format!("{:.1}", u.cpu_ms_last_day as f64 / 1000.0),
+                l.cpu_seconds_per_day,
+                " s",
+                "in the last day (verification's wall-clock time)",
+            ),
+        ),
+        (
+            "Running",
+            match l.max_running {
+                0 => format!("{} (no cap)", u.running),
+                cap => format!("{} (cap {cap})", u.running),
+            },
+        ),
     ];
     let mut out = String::new();
     for (k, v) in rows {
@@ -216,4 +287,41 @@ pub fn exec(args: Exec) -> Result<ExitCode, CtlError> {
     limit(nix::sys::resource::Resource::RLIMIT_CORE, 0)?;
     let e = cmd.exec();
     Err(CtlError::generic(format!("{}: {e}", agent.command[0])))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_proto::bus::AgentUsage;
+
+    #[test]
+    fn show_names_each_quota_with_its_use() {
+        let limits = AgentLimits {
+            name: "planner".into(),
+            tasks_per_hour: 10,
+            cpu_seconds_per_day: 0,
+            max_running: 2,
+            usage: AgentUsage {
+                tasks_last_hour: 3,
+                cpu_ms_last_day: 12_500,
+                running: 1,
+            },
+        };
+        assert_eq!(
+            render_limits(&limits),
+            "Tasks per hour:       3 of 10 in the last hour\n\
+             CPU seconds per day:  12.5 s in the last day (verification's wall-clock time) (no quota)\n\
+             Running:              1 (cap 2)\n"
+        );
+        let none = AgentLimits {
+            tasks_per_hour: 0,
+            cpu_seconds_per_day: 3600,
+            max_running: 0,
+            ..limits
+        };
+        let out = render_limits(&none);
+        assert!(out.contains("3 in the last hour (no quota)"), "{out}");
+        assert!(out.contains("12.5 s of 3600 s in the last day"), "{out}");
+        assert!(out.contains("Running:              1 (no cap)"), "{out}");
+    }
 }

@@ -53,8 +53,9 @@ pub struct Args {
     #[arg(long)]
     pub wait: bool,
 
-    /// Configuration file: where the repository is.
-    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    /// The configuration file (airlockctl's global `--config`): where the
+    /// repository is.
+    #[arg(skip = PathBuf::from(airlock_config::DEFAULT_PATH))]
     pub config: PathBuf,
 }
 

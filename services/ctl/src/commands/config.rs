@@ -28,11 +28,7 @@ pub enum ConfigCommand {
     /// default filled in, as TOML (with --json: the files read and the
     /// configuration as JSON). A configuration the services would refuse
     /// is refused here with the same message.
-    Show {
-        /// The configuration file.
-        #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
-        config: PathBuf,
-    },
+    Show,
     /// Move the settings of an earlier release's airlock.toml into a
     /// drop-in: the keys whose values differ from the built-in defaults and
     /// the [[repository]] and [[agent]] tables (comments are not carried).
@@ -50,26 +46,19 @@ pub enum ConfigCommand {
             default_value = "/etc/airlock/airlock.toml.d/50-migrated.toml"
         )]
         to: PathBuf,
-        /// The configuration file the drop-in belongs to, loaded with it
-        /// to check the result.
-        #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
-        config: PathBuf,
         /// Print the drop-in instead of writing it.
         #[arg(long)]
         dry_run: bool,
     },
 }
 
-/// Runs `config`.
-pub fn run(ctx: &Ctx, args: Args) -> Result<ExitCode, CtlError> {
+/// Runs `config` on the configuration file `config` (airlockctl's global
+/// `--config`; for `migrate`, the file the drop-in belongs to, loaded with
+/// it to check the result).
+pub fn run(ctx: &Ctx, config: &Path, args: Args) -> Result<ExitCode, CtlError> {
     match args.command {
-        ConfigCommand::Show { config } => show(ctx, &config),
-        ConfigCommand::Migrate {
-            from,
-            to,
-            config,
-            dry_run,
-        } => migrate(ctx, &from, &to, &config, dry_run),
+        ConfigCommand::Show => show(ctx, config),
+        ConfigCommand::Migrate { from, to, dry_run } => migrate(ctx, &from, &to, config, dry_run),
     }
 }
 

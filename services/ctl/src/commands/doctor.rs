@@ -32,8 +32,8 @@ const ACTIONS: &[&str] = &[
 /// Arguments of `doctor`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Configuration file to validate.
-    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    /// The configuration file to validate (airlockctl's global `--config`).
+    #[arg(skip = PathBuf::from(airlock_config::DEFAULT_PATH))]
     pub config: PathBuf,
     /// Check a tree other than / (an image or a test root) for files, owners and modes.
     #[arg(long, value_name = "DIR", default_value = "/")]

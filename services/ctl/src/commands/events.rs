@@ -1,6 +1,7 @@
 //! `airlockctl events [ID] [--since WHEN] [--follow]`: the audit log. With
 //! `--json`, one JSON object per line (an event as the supervisor keeps it,
-//! plus `at`, its time in RFC 3339), for a log pipeline.
+//! plus `at`, its time in RFC 3339), for a log pipeline. `events ID
+//! --count`: how many of the task's events there are, by action.
 
 use super::submit::task_changes;
 use crate::client::{Client, CtlError};
@@ -34,6 +35,11 @@ pub struct Args {
     /// ago ("15m", "2h", "7days").
     #[arg(long, value_name = "WHEN", value_parser = parse_since)]
     pub since: Option<i64>,
+
+    /// Count the task's events instead of showing them: how many you may
+    /// read, how many were denied, and how many of each action.
+    #[arg(long, requires = "task_id", conflicts_with_all = ["follow", "after", "limit", "since"])]
+    pub count: bool,
 }
 
 /// `--since` as unix milliseconds.
@@ -157,9 +163,34 @@ fn print(ctx: &Ctx, events: &[EventRecord], header: bool) {
     }
 }
 
+/// `--count`: the task's events by action.
+async fn count(ctx: &Ctx, client: &Client, task: &str) -> Result<ExitCode, CtlError> {
+    let count = client.sup().count_events(task).await?;
+    if ctx.json {
+        ctx.print_json(&count);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{}: {} event(s), {} denied",
+        count.task_id, count.events, count.denied
+    );
+    let rows: Vec<Vec<String>> = count
+        .by_action
+        .iter()
+        .map(|(action, n)| vec![action.clone(), n.to_string()])
+        .collect();
+    if !rows.is_empty() {
+        emit(&table(ctx, &["ACTION", "EVENTS"], &rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Prints the log, and follows it when asked.
 pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, CtlError> {
     let task = args.task_id.clone().unwrap_or_default();
+    if args.count {
+        return count(ctx, client, &task).await;
+    }
     let mut changes = if args.follow {
         Some(task_changes(client, args.task_id.as_deref()).await?)
     } else {

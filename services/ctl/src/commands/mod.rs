@@ -26,19 +26,54 @@ use crate::cli::{Cli, Command};
 use crate::client::{Client, CtlError, wants_interaction};
 use crate::output::Ctx;
 use airlock_proto::Code;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// The bus to reach the supervisor on: `--bus`, else the configuration's
+/// `supervisor.bus_address` (a `--config` that does not load is an error;
+/// the default file counts only when it loads and names one), else `None`:
+/// DBUS_SYSTEM_BUS_ADDRESS or the system bus.
+fn bus_address(cli: &Cli) -> Result<Option<String>, CtlError> {
+    if let Some(bus) = &cli.bus {
+        return Ok(Some(bus.clone()));
+    }
+    let loaded = match &cli.config {
+        Some(path) => Some(
+            airlock_config::Config::load(path)
+                .map_err(|e| CtlError::local(Code::CONFIG_INVALID, e.to_string()))?,
+        ),
+        None => airlock_config::Config::load(Path::new(airlock_config::DEFAULT_PATH)).ok(),
+    };
+    Ok(loaded
+        .map(|c| c.supervisor.bus_address)
+        .filter(|a| !a.is_empty()))
+}
+
 /// Runs one subcommand.
-pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
+pub async fn dispatch(ctx: &Ctx, mut cli: Cli) -> Result<ExitCode, CtlError> {
     if let Command::Completions(args) = &cli.command {
         return completions::run(args);
+    }
+    // One `--config` for every command that reads the configuration.
+    let config_path = cli
+        .config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(airlock_config::DEFAULT_PATH));
+    match &mut cli.command {
+        Command::Propose(a) => a.config = config_path.clone(),
+        Command::Capture(a) => a.config = config_path.clone(),
+        Command::Retry(retry::Args {
+            action: retry::Action::Extend(a),
+        }) => a.config = config_path.clone(),
+        Command::Doctor(a) => a.config = config_path.clone(),
+        Command::Repo(a) => a.config = config_path.clone(),
+        _ => {}
     }
     let cli = match cli.command {
         Command::Doctor(args) => return Ok(doctor::run(ctx, args).await),
         // Repositories are files and git, not the bus.
         Command::Repo(args) => return repo::run(ctx, args),
-        Command::Config(args) => return config::run(ctx, args),
+        Command::Config(args) => return config::run(ctx, &config_path, args),
         // The agent unit's entry point: the configuration, then execve.
         Command::Agent(agent::Args {
             action: agent::Action::Exec(args),
@@ -53,7 +88,7 @@ pub async fn dispatch(ctx: &Ctx, cli: Cli) -> Result<ExitCode, CtlError> {
         command => Cli { command, ..cli },
     };
     let interactive = wants_interaction(cli.no_ask_password);
-    let client = Client::connect(interactive).await?;
+    let client = Client::connect(interactive, bus_address(&cli)?.as_deref()).await?;
     // A text agent lets polkit ask for a password on this terminal.
     let _agent = if interactive {
         TextAgent::start()

@@ -73,9 +73,9 @@ pub struct Args {
     #[arg(long)]
     pub wait: bool,
 
-    /// Configuration file: where the repository is, which programs the
-    /// executor runs.
-    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    /// The configuration file (airlockctl's global `--config`): where the
+    /// repository is, which programs the executor runs.
+    #[arg(skip = PathBuf::from(airlock_config::DEFAULT_PATH))]
     pub config: PathBuf,
 }
 

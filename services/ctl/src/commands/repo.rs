@@ -8,7 +8,10 @@
 //! enters), and registers it in `repositories.d/NAME.toml` beside the
 //! configuration file; then it asks systemd to reload the supervisor and
 //! the worker, which pick it up without dropping tasks. `remove` deletes
-//! the drop-in (and, with `--purge`, the repository). `clone` gives a
+//! the drop-in (and, with `--purge`, the repository). `add` builds the
+//! copy as `.NAME.git.tmp-PID` and renames it into place when complete;
+//! before it starts it removes such leftovers of an import that was cut
+//! or killed (whose process is gone). `clone` gives a
 //! reader a clone of a registered repository without trusting it in their
 //! git configuration (see docs/privsep/repositories.md).
 
@@ -29,8 +32,9 @@ pub struct Args {
     #[command(subcommand)]
     pub command: RepoCommand,
 
-    /// Configuration file; drop-ins live in repositories.d beside it.
-    #[arg(long, global = true, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    /// The configuration file (airlockctl's global `--config`); drop-ins
+    /// live in repositories.d beside it.
+    #[arg(skip = PathBuf::from(airlock_config::DEFAULT_PATH))]
     pub config: PathBuf,
 }
 
@@ -270,6 +274,26 @@ fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), CtlError> 
 }
 
 #[allow(clippy::too_many_arguments)]
+/// The directories airlock keeps its own configuration, state and
+/// repositories in: never a local upstream's.
+fn reserved_paths(config_path: &Path, c: &Config) -> Vec<PathBuf> {
+    let parent = |p: &Path| p.parent().map(Path::to_path_buf);
+    [
+        parent(config_path),
+        Some(c.worker.repository_root.clone()),
+        Some(c.worker.workspace_root.clone()),
+        parent(&c.worker.journal),
+        parent(&c.supervisor.database),
+        Some(c.spool.root.clone()),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|p| p.is_absolute() && p != Path::new("/"))
+    .collect()
+}
+
+// One argument per `repo add` option, as clap parsed them.
+#[allow(clippy::too_many_arguments)]
 fn add(
     ctx: &Ctx,
     config_path: &Path,
@@ -306,6 +330,15 @@ fn add(
         )));
     }
     let root = &c.worker.repository_root;
+    // A local upstream is opened to the worker (its unit's
+    // ReadWritePaths=, its Landlock): it must be a bare repository by its
+    // own path, never a system directory or airlock's own state.
+    if let Some(up) = &plan.upstream {
+        let reserved = reserved_paths(config_path, &c);
+        let reserved: Vec<&Path> = reserved.iter().map(PathBuf::as_path).collect();
+        airlock_git::check_local_upstream(&up.url, &reserved)
+            .map_err(|e| CtlError::local(e.code(), e.to_string()))?;
+    }
     let target = root.join(format!("{name}.git"));
     if target.exists() {
         return Err(exists(format!(
@@ -340,7 +373,10 @@ fn add(
             .and_then(|_| std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o2750)))
             .map_err(|e| CtlError::generic(format!("{}: {e}", root.display())))?;
     }
-    let tmp = root.join(format!(".{name}.git.tmp-{}", std::process::id()));
+    // What an earlier import left when it was cut or killed goes first
+    // (its process is gone); one in progress stays.
+    sweep_stale_imports(root);
+    let tmp = root.join(airlock_git::import_temp_name(name, std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     // A copy, never hard links into the caller's repository (the chown
     // below would otherwise take their files too); no remote points back.
@@ -460,6 +496,33 @@ fn add(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Removes the leftovers of interrupted imports in `root`
+/// ([`airlock_git::remove_stale_imports`]), saying what it removed on
+/// stderr (stdout may be JSON).
+fn sweep_stale_imports(root: &Path) {
+    match airlock_git::remove_stale_imports(root) {
+        Ok(found) => {
+            for f in found {
+                match f.removed {
+                    Ok(()) => eprintln!(
+                        "airlockctl: removed {}, left by an interrupted import (process {} is gone)",
+                        f.path.display(),
+                        f.pid
+                    ),
+                    Err(e) => eprintln!(
+                        "airlockctl: cannot remove {}, left by an interrupted import: {e}",
+                        f.path.display()
+                    ),
+                }
+            }
+        }
+        Err(e) => eprintln!(
+            "airlockctl: cannot look for interrupted imports in {}: {e}",
+            root.display()
+        ),
+    }
 }
 
 fn list(ctx: &Ctx, config_path: &Path) -> Result<ExitCode, CtlError> {

@@ -53,8 +53,9 @@ pub struct ExtendArgs {
     /// The idempotency key [default: derived from the task's current state].
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
-    /// Configuration file for the defaults above.
-    #[arg(long, value_name = "PATH", default_value = airlock_config::DEFAULT_PATH)]
+    /// The configuration file for the defaults above (airlockctl's global
+    /// `--config`).
+    #[arg(skip = PathBuf::from(airlock_config::DEFAULT_PATH))]
     pub config: PathBuf,
 }
 

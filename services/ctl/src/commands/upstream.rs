@@ -13,14 +13,14 @@
 //!
 //! `repo sync NAME` asks the worker for a sync by a request file in its
 //! state directory (`<worker state>/upstream/NAME.request`) and waits for
-//! the answer the worker records beside it (`NAME.json`).
+//! the answer the worker records beside it (`NAME.json`); both are
+//! declared in `airlock_proto::upstream` (`SyncRequest`, `SyncState`).
 
 use crate::client::CtlError;
 use crate::output::Ctx;
 use airlock_config::{Config, Signing, Upstream};
 use airlock_proto::Code;
-use airlock_proto::upstream::Scheme;
-use serde_json::{Value, json};
+use airlock_proto::upstream::{Scheme, SyncRequest, SyncState};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -257,8 +257,11 @@ fn unit_text(name: &str, plan: &Plan, load: &[(String, PathBuf)]) -> String {
     if let Some(up) = &plan.upstream {
         match Scheme::of(&up.url) {
             Ok(Scheme::Local) => {
-                let path = up.url.strip_prefix("file://").unwrap_or(&up.url);
-                text.push_str(&format!("ReadWritePaths={path}\n"));
+                // `-`: a path removed later only stops its syncs, never the
+                // worker's start.
+                if let Some(path) = airlock_proto::upstream::local_path(&up.url) {
+                    text.push_str(&format!("ReadWritePaths=-{path}\n"));
+                }
             }
             Ok(_) => {
                 // The worker's own Landlock rule then allows TCP connect to
@@ -327,10 +330,12 @@ pub fn state_dir(c: &Config) -> PathBuf {
         .join("upstream")
 }
 
-/// The worker's record of `name`'s last sync, if any.
-pub fn last_sync(c: &Config, name: &str) -> Option<Value> {
-    let text = std::fs::read_to_string(state_dir(c).join(format!("{name}.json"))).ok()?;
-    serde_json::from_str(&text).ok()
+/// The worker's record of `name`'s last sync, if any (one the previous
+/// release's worker wrote too); `None` when there is none or it does not
+/// read.
+pub fn last_sync(c: &Config, name: &str) -> Option<SyncState> {
+    let bytes = std::fs::read(state_dir(c).join(format!("{name}.json"))).ok()?;
+    SyncState::from_json(&bytes).ok()
 }
 
 /// `repo sync NAME`: asks the worker and waits for its answer.
@@ -362,7 +367,9 @@ pub fn sync(ctx: &Ctx, c: &Config, name: &str, wait: Duration) -> Result<ExitCod
     let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let request = dir.join(format!("{name}.request"));
     let tmp = dir.join(format!(".{name}.request.tmp"));
-    std::fs::write(&tmp, json!({ "id": id }).to_string())
+    let body = serde_json::to_vec(&SyncRequest { id: id.clone() })
+        .map_err(|e| CtlError::generic(e.to_string()))?;
+    std::fs::write(&tmp, body)
         .and_then(|_| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)))
         .and_then(|_| std::fs::rename(&tmp, &request))
         .map_err(|e| CtlError::generic(format!("{}: {e}", request.display())))?;
@@ -374,7 +381,7 @@ pub fn sync(ctx: &Ctx, c: &Config, name: &str, wait: Duration) -> Result<ExitCod
     }
     let deadline = Instant::now() + wait;
     let state = loop {
-        if let Some(s) = last_sync(c, name).filter(|s| s["request"] == id.as_str()) {
+        if let Some(s) = last_sync(c, name).filter(|s| s.request.as_deref() == Some(id.as_str())) {
             break s;
         }
         if Instant::now() >= deadline {
@@ -393,41 +400,34 @@ pub fn sync(ctx: &Ctx, c: &Config, name: &str, wait: Duration) -> Result<ExitCod
     } else {
         print_state(&state);
     }
-    match state["code"].as_str().and_then(Code::from_name) {
+    match state.code.as_deref().and_then(Code::from_name) {
         None => Ok(ExitCode::SUCCESS),
         Some(code) => Ok(ExitCode::from(code.exit_code())),
     }
 }
 
 /// The sync record as text.
-pub fn print_state(s: &Value) {
-    match s["code"].as_str() {
+pub fn print_state(s: &SyncState) {
+    match &s.code {
         None => {
-            let changes = s["report"]["changes"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
+            let changes = &s.report.changes;
             println!("  last sync: ok, {} ref(s) changed", changes.len());
             for c in changes {
-                let what = if c["new"].is_null() {
+                let what = if c.new.is_none() {
                     "deleted upstream, pruned"
-                } else if c["old"].is_null() {
+                } else if c.old.is_none() {
                     "new"
-                } else if c["forced"] == true {
+                } else if c.forced {
                     "FORCE-PUSHED upstream, followed"
                 } else {
                     "moved"
                 };
-                println!(
-                    "    {} {} ({what})",
-                    c["name"].as_str().unwrap_or(""),
-                    c["new"].as_str().unwrap_or("")
-                );
+                println!("    {} {} ({what})", c.name, c.new.as_deref().unwrap_or(""));
             }
         }
         Some(code) => println!(
             "  last sync: FAILED [{code}] {}",
-            s["detail"].as_str().unwrap_or("")
+            s.detail.as_deref().unwrap_or("")
         ),
     }
 }

@@ -94,7 +94,10 @@ pub async fn run(ctx: &Ctx, client: &Client, args: Args) -> Result<ExitCode, Ctl
 }
 
 /// Builds the request from the task as shown (overridden by `expect`),
-/// sends it, and prints the outcome.
+/// sends it, and prints the outcome. A cancel refused because the attempt
+/// is moving its branch (`TASK_COMMITTING`) is sent again, about the task
+/// as it is then, once that step has ended (at most
+/// [`COMMITTING_PATIENCE`]); with `--expect-*` it fails at once.
 pub async fn decide(
     ctx: &Ctx,
     client: &Client,
@@ -103,6 +106,82 @@ pub async fn decide(
     reason: &str,
     expect: &Expect,
 ) -> Result<ExitCode, CtlError> {
+    let mut waiting = None;
+    let (req, out) = loop {
+        let (view, req) = request(client, task_id, verdict, reason, expect).await?;
+        if waiting.is_none() {
+            say_what(ctx, task_id, verdict, &view, &req);
+        }
+        let sent = if verdict == Verdict::Cancel {
+            client.sup().cancel_task(&req).await
+        } else {
+            client.sup().verify(&req).await
+        };
+        match sent {
+            // The attempt is moving its branch under a fence: a cancel now
+            // would be acknowledged while the branch still moves. Wait for
+            // the step to end and decide again about the task as it is then
+            // (unless the admin named what the decision is about).
+            Err(e) if e.code == Code::TASK_COMMITTING && expect.is_unset() => {
+                if waiting.is_none() && !ctx.json {
+                    println!(
+                        "{task_id} (attempt {}) is moving its agent branch; waiting for that step to end",
+                        view.attempt
+                    );
+                }
+                let since = *waiting.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > COMMITTING_PATIENCE {
+                    return Err(e.into());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            sent => break (req, sent?),
+        }
+    };
+    if ctx.json {
+        ctx.print_json(&json!({"request": req.to_value(), "outcome": &out}));
+    } else {
+        let verb = match (out.idempotent, verdict) {
+            (true, _) => "Already decided",
+            (false, Verdict::Cancel) => "Cancelled",
+            (false, _) => "Decided",
+        };
+        println!(
+            "{verb} {} ({}, attempt {}, revision {}; key {})",
+            ctx.paint("1", &out.task_id),
+            ctx.state(out.state.as_str()),
+            out.attempt,
+            out.revision,
+            out.idempotency_key
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How long a cancel waits for an attempt's fenced step (its ref move or
+/// push; a push is bounded by its timeout) before it gives up with
+/// `TASK_COMMITTING`.
+const COMMITTING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+impl Expect {
+    /// True when the admin named nothing the decision is about.
+    fn is_unset(&self) -> bool {
+        self.expect_revision.is_none()
+            && self.expect_attempt.is_none()
+            && self.expect_result_sha256.is_none()
+            && self.idempotency_key.is_none()
+    }
+}
+
+/// Reads the task and builds the decision about it as shown (overridden
+/// by `expect`).
+async fn request(
+    client: &Client,
+    task_id: &str,
+    verdict: Verdict,
+    reason: &str,
+    expect: &Expect,
+) -> Result<(airlock_proto::task::TaskView, DecisionRequest), CtlError> {
     let view = client.sup().get_task(task_id).await?;
     let mut req = DecisionRequest::about(&view, verdict, reason, expect.idempotency_key.as_deref());
     if let Some(r) = expect.expect_revision {
@@ -123,6 +202,17 @@ pub async fn decide(
             }
         };
     }
+    Ok((view, req))
+}
+
+/// Prints what the decision is about.
+fn say_what(
+    ctx: &Ctx,
+    task_id: &str,
+    verdict: Verdict,
+    view: &airlock_proto::task::TaskView,
+    req: &DecisionRequest,
+) {
     if !ctx.json {
         println!(
             "Deciding {verb} on {task_id}: {state} at revision {rev}, attempt {att}, result {sha}",
@@ -133,27 +223,4 @@ pub async fn decide(
             sha = req.expected_result_sha256.as_deref().unwrap_or("none"),
         );
     }
-    let out = if verdict == Verdict::Cancel {
-        client.sup().cancel_task(&req).await?
-    } else {
-        client.sup().verify(&req).await?
-    };
-    if ctx.json {
-        ctx.print_json(&json!({"request": req.to_value(), "outcome": &out}));
-    } else {
-        let verb = match (out.idempotent, verdict) {
-            (true, _) => "Already decided",
-            (false, Verdict::Cancel) => "Cancelled",
-            (false, _) => "Decided",
-        };
-        println!(
-            "{verb} {} ({}, attempt {}, revision {}; key {})",
-            ctx.paint("1", &out.task_id),
-            ctx.state(out.state.as_str()),
-            out.attempt,
-            out.revision,
-            out.idempotency_key
-        );
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -30,15 +30,21 @@
 //! - Every decision goes to the journal; every refusal also goes to the
 //!   task event log ([`airlock_taskdb::tasks::TaskStore::record_denial`]).
 //!   Allowed mutations are recorded by the store itself, in the same
-//!   transaction as the change.
+//!   transaction as the change. What the caller sent (a task id, the
+//!   detail of a refusal that quotes an argument) reaches both only as
+//!   [`airlock_proto::shown`] shows it: bounded, escaped, redacted. The
+//!   journal line of a refusal is rate-limited per caller
+//!   ([`throttle`]); its record in the event log is not.
 
 pub mod local;
 pub mod polkit;
 #[cfg(any(test, feature = "test-authorizers"))]
 pub mod testing;
+pub mod throttle;
 
 use crate::store::Store;
 use airlock_proto::bus::{Method, Peer, Permission as BusPermission, action};
+use airlock_proto::shown::{shown, shown_within};
 use airlock_proto::{Code, Error};
 use airlock_taskdb::tasks::{Actor, ActorKind, ReadScope};
 use std::fmt;
@@ -46,28 +52,38 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
+use throttle::{Throttle, Who};
+
+/// The most bytes of a refusal's detail the journal and the event log
+/// show ([`shown_within`]).
+pub const MAX_DETAIL_SHOWN: usize = 512;
 
 /// A boxed future, for object-safe async trait methods.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The polkit actions airlock declares (`polkit/org.airlock.policy`).
+/// Which methods need which is each method's row in `airlock_proto::bus`
+/// (listed in `docs/privsep/messages.md`, rendered from the rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Action {
-    /// `org.airlock.tasks.read`: GetTask, ListTasks, ListEvents,
-    /// ListReconciliations, GetReconciliation — the caller's own tasks.
+    /// `org.airlock.tasks.read`: the reads of tasks, their plans, events
+    /// and reconciliation cases, and of the repositories — the caller's
+    /// own tasks.
     Read,
     /// `org.airlock.tasks.read-all`: those reads of every task
     /// ([`Gatekeeper::read_scope`]); no method requires it.
     ReadAll,
-    /// `org.airlock.tasks.submit`: SubmitTask, ReplacePlan.
+    /// `org.airlock.tasks.submit`: submitting a task, replacing its plan.
     Submit,
-    /// `org.airlock.tasks.manage`: CancelTask, Verify.
+    /// `org.airlock.tasks.manage`: cancelling and deciding on a task.
     Manage,
-    /// `org.airlock.agents.read`: ListAgents, GetAgent.
+    /// `org.airlock.agents.read`: reading the planner agents.
     AgentsRead,
-    /// `org.airlock.agents.manage`: StartAgent, StopAgent, ClearHold.
+    /// `org.airlock.agents.manage`: starting and stopping an agent,
+    /// clearing its hold, cancelling its queue.
     AgentsManage,
-    /// `org.airlock.reconcile.manage`: ResolveReconciliation.
+    /// `org.airlock.reconcile.manage`: resolving a reconciliation case.
     ReconcileManage,
 }
 
@@ -300,6 +316,20 @@ permission!(
     ActorKind::Owner
 );
 
+/// How the caller of a method with the rule `rule` is recorded: the
+/// [`Permission::ACTOR_KIND`] of the permission type standing for it
+/// (for a refusal made before any token: a call whose arguments are not
+/// its row's).
+pub fn actor_kind_of(rule: BusPermission) -> ActorKind {
+    match rule {
+        BusPermission::Polkit(action::TASKS_SUBMIT) => Submit::ACTOR_KIND,
+        BusPermission::Polkit(_) => Read::ACTOR_KIND,
+        BusPermission::PeerUid(Peer::Worker) => Worker::ACTOR_KIND,
+        BusPermission::PeerUid(Peer::Retry) => Retry::ACTOR_KIND,
+        BusPermission::PeerUid(Peer::Supervisor) => ActorKind::System,
+    }
+}
+
 /// The uids the component interfaces are reserved for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerUids {
@@ -343,13 +373,19 @@ impl<P: Permission> Authorized<P> {
     }
 }
 
-impl Authorized<Submit> {
+impl<P: Permission> Authorized<P> {
     /// The same permission, its actor named as the planner agent `agent`
-    /// it was recognised as (`agent:NAME uid-name@:1.42`): the submission
-    /// and its events are attributed to the agent.
+    /// it was recognised as (`agent:NAME uid-name@:1.42`): what it does
+    /// (a submission, a decision) and its refusals are attributed to the
+    /// agent.
     pub fn attributed_to_agent(mut self, agent: &str) -> Self {
-        self.actor.name = format!("agent:{agent} {}", self.actor.name);
+        self.attribute_to_agent(agent);
         self
+    }
+
+    /// [`Self::attributed_to_agent`] in place.
+    pub fn attribute_to_agent(&mut self, agent: &str) {
+        self.actor.name = format!("agent:{agent} {}", self.actor.name);
     }
 }
 
@@ -410,6 +446,7 @@ pub struct Gatekeeper {
     authorizer: Arc<dyn Authorizer>,
     peers: PeerUids,
     store: Store,
+    throttle: Arc<Throttle>,
 }
 
 impl Gatekeeper {
@@ -420,6 +457,7 @@ impl Gatekeeper {
             authorizer,
             peers,
             store,
+            throttle: Arc::default(),
         }
     }
 
@@ -494,7 +532,7 @@ impl Gatekeeper {
                     sender = caller.sender(),
                     uid = caller.uid(),
                     interactive = caller.interactive(),
-                    task_id,
+                    task_id = task_id.map(shown),
                     operation = event,
                     authorizer = %self.authorizer.name(),
                     "authorised"
@@ -502,13 +540,6 @@ impl Gatekeeper {
                 Ok(Authorized::grant(actor))
             }
             Verdict::Deny(err) => {
-                tracing::debug!(
-                    target: "airlock::authz",
-                    action = action.polkit_id(),
-                    sender = caller.sender(),
-                    interactive = caller.interactive(),
-                    "the authoriser said no"
-                );
                 self.refuse(&actor, event, task_id, &err, action.polkit_id())
                     .await;
                 Err(err)
@@ -534,7 +565,7 @@ impl Gatekeeper {
                 target: "airlock::authz",
                 sender = caller.sender(),
                 uid = caller.uid(),
-                task_id,
+                task_id = task_id.map(shown),
                 operation = event,
                 interface = row.interface,
                 "component peer admitted"
@@ -629,6 +660,41 @@ impl Gatekeeper {
             .await;
     }
 
+    /// Records the refusal of a call of the method of row `row` by
+    /// `caller` made before it was authorised: its arguments are not the
+    /// row's (nothing was read, nothing asked). Recorded as the row's
+    /// permission records its caller, under the row's event.
+    pub async fn refuse_call(
+        &self,
+        caller: &Caller,
+        row: &Method,
+        task_id: Option<&str>,
+        err: &Error,
+    ) {
+        let actor = caller.actor(actor_kind_of(row.permission));
+        let event = row.event.unwrap_or("UNAUDITED");
+        self.refuse(&actor, event, task_id, err, "arguments").await;
+    }
+
+    /// Logs, once per caller whose window of refusals is over, how many
+    /// of its refusals were not logged ([`throttle`]); called now and then
+    /// (each sweep), so that a caller that stopped is summed up too.
+    pub fn log_refusals_not_logged(&self) {
+        self.summarise(self.throttle.ended(Instant::now()));
+    }
+
+    fn summarise(&self, summaries: Vec<throttle::Summary>) {
+        for s in summaries {
+            tracing::warn!(
+                target: "airlock::authz",
+                "{} more refusals from {} not logged in the last {} s (each was answered, and recorded in the event log)",
+                s.not_logged,
+                s.who,
+                self.throttle.window().as_secs()
+            );
+        }
+    }
+
     /// Records a refusal that happened before authorisation could be asked
     /// (the bus did not report the caller's credentials).
     pub async fn refuse_unidentified(
@@ -643,6 +709,10 @@ impl Gatekeeper {
             .await;
     }
 
+    /// Logs (rate-limited per caller) and records one refusal. What the
+    /// caller sent reaches both only as [`shown`] shows it: a task id
+    /// bounded to [`airlock_proto::shown::MAX_SHOWN`] bytes, the detail to
+    /// [`MAX_DETAIL_SHOWN`], escaped and redacted.
     async fn refuse(
         &self,
         actor: &Actor,
@@ -651,20 +721,35 @@ impl Gatekeeper {
         err: &Error,
         check: &str,
     ) {
-        let detail =
-            airlock_proto::redact::text(err.detail.as_deref().unwrap_or_default()).into_owned();
-        tracing::warn!(
-            target: "airlock::authz",
-            check,
-            code = err.code.as_str(),
-            actor = %actor.name,
-            uid = actor.uid,
-            task_id,
-            operation = event,
-            authorizer = %self.authorizer.name(),
-            "refused: {detail}"
-        );
-        let (actor, task, code) = (actor.clone(), task_id.map(str::to_owned), err.code);
+        let task = task_id.map(shown);
+        let detail = shown_within(err.detail.as_deref().unwrap_or_default(), MAX_DETAIL_SHOWN);
+        let who = match actor.uid {
+            Some(uid) => Who::Uid(uid),
+            None => Who::Sender(actor.name.clone()),
+        };
+        let noted = self.throttle.note(who.clone(), Instant::now());
+        self.summarise(noted.summaries);
+        if noted.log {
+            tracing::warn!(
+                target: "airlock::authz",
+                check,
+                code = err.code.as_str(),
+                actor = %shown(&actor.name),
+                uid = actor.uid,
+                task_id = task.as_deref(),
+                operation = event,
+                authorizer = %self.authorizer.name(),
+                "refused: {detail}"
+            );
+        } else if noted.quiet_from_now {
+            tracing::warn!(
+                target: "airlock::authz",
+                "{who}: more than {} refusals within {} s; its next ones in that time are not logged (each is still answered, and recorded in the event log)",
+                throttle::BURST,
+                self.throttle.window().as_secs()
+            );
+        }
+        let (actor, code) = (actor.clone(), err.code);
         let recorded = self
             .store
             .run(move |s| s.record_denial(task.as_deref(), &actor, event, code, &detail))
@@ -811,6 +896,58 @@ mod tests {
         assert_eq!(err.code, Code::INTERNAL, "{err}");
         let events = store.run(|s| s.events(None, 0, 10)).await.unwrap().unwrap();
         assert_eq!(events.len(), 2, "each refusal is on record");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_records_a_bounded_escaped_excerpt_of_what_was_sent() {
+        let (_d, store) = store();
+        let huge = format!("task\n{}", "x".repeat(1 << 20));
+        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::deny_all()), PEERS, store.clone());
+        gate.authorize::<Submit>(&caller(1000), SUBMIT, Some(&huge))
+            .await
+            .unwrap_err();
+        let gate = Gatekeeper::new(Arc::new(TestAuthorizer::allow_all()), PEERS, store.clone());
+        let token: Authorized<Submit> = gate.authorize(&caller(1000), SUBMIT, None).await.unwrap();
+        let quoted = Error::with(Code::TASK_ID_INVALID, format!("{huge:?} is no task id"));
+        gate.record_refusal(&token, "TASK_SUBMITTED", Some(&huge), &quoted)
+            .await;
+        let events = store.run(|s| s.events(None, 0, 10)).await.unwrap().unwrap();
+        assert_eq!(events.len(), 2);
+        for e in &events {
+            assert_eq!(e.task_id, None, "an ill-formed id is not kept");
+            let detail = e.payload["detail"].as_str().unwrap();
+            assert!(detail.len() <= MAX_DETAIL_SHOWN + 32, "{}", detail.len());
+            assert!(!detail.contains('\n'), "{detail}");
+        }
+        let detail = events[1].payload["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with("\"task\\\\nxxx") && detail.ends_with(" bytes cut]"),
+            "{detail}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_before_the_token_records_the_caller_as_the_token_would() {
+        fn kind<P: Permission>() -> (BusPermission, ActorKind) {
+            (P::RULE, P::ACTOR_KIND)
+        }
+        let kinds = [
+            kind::<Read>(),
+            kind::<Submit>(),
+            kind::<Manage>(),
+            kind::<AgentsRead>(),
+            kind::<AgentsManage>(),
+            kind::<ReconcileManage>(),
+            kind::<Worker>(),
+            kind::<Retry>(),
+        ];
+        for m in airlock_proto::bus::ROWS.iter().flat_map(|r| r.iter()) {
+            let (_, k) = kinds
+                .iter()
+                .find(|(rule, _)| rule.same(m.permission))
+                .unwrap_or_else(|| panic!("{}: no permission type", m.path()));
+            assert_eq!(actor_kind_of(m.permission), *k, "{}", m.path());
+        }
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! operator's command is recorded as an event, and the policy's resulting
 //! change as another (AGENT_CHANGED), announced with `AgentChanged`.
 
+use super::Shared;
 use super::error::BusError;
-use super::{Shared, reply};
 use crate::agents::{AgentChange, Agents};
 use crate::authz::{AgentsManage, AgentsRead};
 use airlock_agents::Command;
@@ -43,14 +43,14 @@ impl AgentsIface {
             .await?;
         let known = self.agents.knows(&name);
         call.checked(known).await?;
-        let event = M::METHOD.event.unwrap_or_default();
+        let event = call.event();
         self.shared
             .ops
             .record_agent_command(&call.auth, event, name.clone())
             .await?;
         let out = self.agents.command(&call.auth, &name, command).await;
         let view = call.checked(out).await?;
-        reply::<M>(&view)
+        call.reply(&view)
     }
 }
 
@@ -67,7 +67,7 @@ impl AgentsIface {
             .shared
             .enter::<rows::ListAgents, AgentsRead>(conn, &hdr, None)
             .await?;
-        reply::<rows::ListAgents>(&self.agents.list(&call.auth))
+        call.reply(&self.agents.list(&call.auth))
     }
 
     /// One agent: its state (STOPPED, STARTING, RUNNING, BACKOFF, HELD),
@@ -85,7 +85,29 @@ impl AgentsIface {
             .await?;
         let view = self.agents.view(&call.auth, &name);
         let view = call.checked(view).await?;
-        reply::<rows::GetAgent>(&view)
+        call.reply(&view)
+    }
+
+    /// One agent's quotas (`tasks_per_hour`, `cpu_seconds_per_day`) and
+    /// cap on running tasks (its `max_running`, else
+    /// `supervisor.max_running_per_submitter`), with its use of them now
+    /// as the task store counts it (on every host sharing it). Needs
+    /// `org.airlock.agents.read`.
+    async fn get_agent_limits(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        name: String,
+    ) -> Result<String, BusError> {
+        let call = self
+            .shared
+            .enter::<rows::GetAgentLimits, AgentsRead>(conn, &hdr, None)
+            .await?;
+        let known = self.agents.knows(&name);
+        call.checked(known).await?;
+        let out = self.shared.ops.agent_limits(&call.auth, name).await;
+        let limits = call.checked(out).await?;
+        call.reply(&limits)
     }
 
     /// Starts a stopped agent (the failure count resets); refused while
@@ -175,7 +197,7 @@ impl AgentsIface {
             )
             .await;
         let cancelled = call.checked(out).await?;
-        let event = rows::CancelQueued::METHOD.event.unwrap_or_default();
+        let event = call.event();
         self.shared
             .ops
             .record_agent_queue_cancelled(
@@ -186,7 +208,7 @@ impl AgentsIface {
                 cancelled.clone(),
             )
             .await?;
-        reply::<rows::CancelQueued>(&airlock_proto::bus::AgentQueueCancelled { name, cancelled })
+        call.reply(&airlock_proto::bus::AgentQueueCancelled { name, cancelled })
     }
 
     /// An agent's state changed: its name, state and consecutive failures.

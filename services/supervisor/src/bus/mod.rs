@@ -10,12 +10,21 @@
 //! permission it needs: the call is admitted (shutdown refuses new ones),
 //! its sender identified from bus facts and authorised by the row's
 //! permission, and the handler gets an [`Entered`] call — the caller and
-//! its `Authorized<P>` token — or the refusal goes back on record. Then it
-//! parses its arguments strictly, acts through [`crate::ops`], and
-//! answers the row's reply type ([`reply`]).
+//! its `Authorized<P>` token, bound to the row — or the refusal goes back
+//! on record. Then it parses its arguments strictly, acts through
+//! [`crate::ops`], and answers the row's reply type through the call
+//! ([`Entered::reply`]): a handler names its row once.
 //!
 //! Every refusal is a D-Bus error named by the code's `dbus_error_name()`
-//! with the human detail as its message ([`error::BusError`]).
+//! with the human detail as its message ([`error::BusError`]). A call
+//! whose arguments are not its row's never reaches its handler: every
+//! interface object is exported wrapped in [`strict::Strict`], which
+//! refuses it with `MESSAGE_INVALID` first.
+//!
+//! A planner agent never decides on a task it submitted:
+//! `Shared::not_own_decision` refuses its `Verify`, `CancelTask` and
+//! `ResolveReconciliation` of such a task with `SELF_APPROVAL_FORBIDDEN`,
+//! whatever polkit lets its user do.
 
 pub mod agents;
 pub mod caller;
@@ -23,6 +32,7 @@ pub mod error;
 pub mod inflight;
 pub mod reconcile;
 pub mod retry;
+pub mod strict;
 pub mod tasks;
 pub mod tasks_v1;
 pub mod watchers;
@@ -31,7 +41,7 @@ pub mod worker;
 use crate::authz::{Authorized, Caller, Gatekeeper, Permission, Read, Scope};
 use crate::ops::Ops;
 use crate::repositories::Listing;
-use airlock_proto::bus::Call;
+use airlock_proto::bus::{Call, Method};
 use airlock_proto::limits::MAX_MESSAGE_BYTES;
 use airlock_proto::{Code, Error};
 use caller::CallerResolver;
@@ -130,11 +140,10 @@ impl Shared {
     /// as the bus daemon reported it. Under systemd: the agent whose unit
     /// (`airlock-agent@NAME.service`) systemd says the process runs in; a
     /// process cannot leave its unit's cgroup, and only root can move it
-    /// into one. Under airlock-local: the running agent whose session the
-    /// process is in; a session cannot be joined from outside it, so
-    /// another process of the same user cannot pass for the agent, and an
-    /// agent's process that left its session (`setsid`) is no longer
-    /// recognised as the agent.
+    /// into one. Under airlock-local: the running agent whose cgroup
+    /// (`airlock-agent@NAME`, made by airlock-local) the process is in, by
+    /// the same rule, so an agent's process that left its session
+    /// (`setsid`) is still the agent ([`crate::agents::Agents::attribute`]).
     pub async fn agent_of(&self, caller: &crate::authz::Caller) -> Option<airlock_config::Agent> {
         let agents = self.agents.get()?;
         agents.attribute(caller.pid()?).await
@@ -144,7 +153,7 @@ impl Shared {
     /// every task with `org.airlock.tasks.read-all`, else the caller's
     /// own, an agent's own always); the caller is remembered with it, to
     /// hear `TaskChanged` of those tasks ([`watchers`]).
-    pub(crate) async fn read_scope(&self, call: &Entered<'_, Read>) -> Scope {
+    pub(crate) async fn read_scope<M: Call>(&self, call: &Entered<'_, M, Read>) -> Scope {
         let agent = self.agent_of(&call.caller).await;
         let scope = self
             .gate
@@ -205,7 +214,7 @@ impl Shared {
         conn: &Connection,
         hdr: &Header<'_>,
         task_id: Option<&str>,
-    ) -> Result<Entered<'_, P>, BusError> {
+    ) -> Result<Entered<'_, M, P>, BusError> {
         const {
             assert!(
                 M::METHOD.permission.same(P::RULE),
@@ -237,15 +246,86 @@ impl Shared {
             event,
             task_id: task_id.map(str::to_owned),
             _guard: guard,
+            _row: std::marker::PhantomData,
         })
     }
 }
 
-/// One admitted and authorised call, as [`Shared::enter`] hands it to its
-/// handler: who called, and the token of the row's permission. In flight
-/// until dropped.
+impl Shared {
+    /// Records the refusal of a call of row `row` whose arguments are not
+    /// the row's ([`strict`]): its sender identified from bus facts as any
+    /// caller's is, nothing asked of the authoriser, nothing read. Counted
+    /// in flight while it records; once shutdown began, the refusal is
+    /// answered and not recorded.
+    pub(crate) async fn refuse_misshapen(
+        &self,
+        conn: &Connection,
+        hdr: &Header<'_>,
+        row: &Method,
+        err: &Error,
+    ) {
+        let Ok(_guard) = self.inflight.enter() else {
+            return;
+        };
+        match self.resolver.resolve(conn, hdr).await {
+            Ok(caller) => self.gate.refuse_call(&caller, row, None, err).await,
+            Err(_) => {
+                let sender = caller::sender_of(hdr).unwrap_or_default();
+                let event = row.event.unwrap_or("UNAUDITED");
+                self.gate
+                    .refuse_unidentified(&sender, event, None, err)
+                    .await;
+            }
+        }
+    }
+
+    /// Refuses a decision on task `task_id` (Verify, CancelTask,
+    /// ResolveReconciliation) by the planner agent that submitted it, with
+    /// `SELF_APPROVAL_FORBIDDEN`, whatever the authoriser said: what an
+    /// agent proposes is decided by someone else. The caller is an agent
+    /// when the supervisor recognises its process as one (as for a
+    /// submission, [`Shared::agent_of`]); its decisions are attributed to
+    /// the agent from here on, so this refusal is recorded under the
+    /// agent's name, as the submission was. The task's submitter is fixed
+    /// when the task is created, so the answer cannot go stale before the
+    /// decision. A task that does not exist is left to the decision to
+    /// refuse.
+    pub(crate) async fn not_own_decision<M: Call, P: Permission>(
+        &self,
+        call: &mut Entered<'_, M, P>,
+        task_id: &str,
+    ) -> Result<(), Error> {
+        let Some(agent) = self.agent_of(&call.caller).await else {
+            return Ok(());
+        };
+        call.auth.attribute_to_agent(&agent.name);
+        let own = call.auth.actor().submitter();
+        let submitter = self
+            .ops
+            .submitter_of(task_id.to_owned())
+            .await
+            .ok()
+            .flatten();
+        let r = if submitter.as_ref() == Some(&own) {
+            Err(Error::with(
+                Code::SELF_APPROVAL_FORBIDDEN,
+                format!(
+                    "agent {:?} submitted task {task_id}: another must decide on it",
+                    agent.name
+                ),
+            ))
+        } else {
+            Ok(())
+        };
+        call.checked(r).await
+    }
+}
+
+/// One admitted and authorised call of the method of row `M`, as
+/// [`Shared::enter`] hands it to its handler: who called, and the token of
+/// the row's permission. In flight until dropped.
 #[derive(Debug)]
-pub(crate) struct Entered<'a, P: Permission> {
+pub(crate) struct Entered<'a, M: Call, P: Permission> {
     /// The sender, from bus facts.
     pub caller: Caller,
     /// The token of the row's permission.
@@ -254,9 +334,20 @@ pub(crate) struct Entered<'a, P: Permission> {
     event: &'static str,
     task_id: Option<String>,
     _guard: CallGuard<'a>,
+    _row: std::marker::PhantomData<fn() -> M>,
 }
 
-impl<P: Permission> Entered<'_, P> {
+impl<M: Call, P: Permission> Entered<'_, M, P> {
+    /// The event the row's calls are audited under.
+    pub(crate) fn event(&self) -> &'static str {
+        self.event
+    }
+
+    /// The reply of the call: the JSON of the row's reply type.
+    pub(crate) fn reply(&self, v: &M::Reply) -> Result<String, BusError> {
+        Ok(airlock_proto::bus::encode(v)?)
+    }
+
     /// Passes `r` through, recording a refusal (a malformed argument, an
     /// unregistered repository) under the row's event first.
     pub(crate) async fn checked<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
@@ -268,11 +359,6 @@ impl<P: Permission> Entered<'_, P> {
         }
         r
     }
-}
-
-/// The reply of a method of row `M`: the JSON of its reply type.
-pub(crate) fn reply<M: Call>(v: &M::Reply) -> Result<String, BusError> {
-    Ok(airlock_proto::bus::encode(v)?)
 }
 
 /// Parses a JSON argument, refusing anything that is not JSON.

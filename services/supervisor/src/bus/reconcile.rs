@@ -8,7 +8,7 @@
 
 use super::error::BusError;
 use super::tasks::announce;
-use super::{DEFAULT_PAGE, Shared, non_empty, parse_json, reply};
+use super::{DEFAULT_PAGE, Shared, non_empty, parse_json};
 use crate::authz::{Read, ReconcileManage};
 use airlock_proto::bus::reconcile as rows;
 use airlock_proto::reconcile::{CaseStatus, ReconciliationPage, ResolveRequest};
@@ -74,7 +74,7 @@ impl Reconcile {
             } else {
                 None
             };
-        reply::<rows::ListReconciliations>(&ReconciliationPage { cases, next_after })
+        call.reply(&ReconciliationPage { cases, next_after })
     }
 
     /// The task's latest case as JSON (RECONCILIATION_NOT_FOUND when it has
@@ -95,7 +95,7 @@ impl Reconcile {
             .ops
             .reconciliation(&call.auth, &scope, task_id)
             .await?;
-        reply::<rows::GetReconciliation>(&case)
+        call.reply(&case)
     }
 
     /// Resolves the task's latest case, exactly once: `request` is an
@@ -114,10 +114,12 @@ impl Reconcile {
         task_id: String,
         request: String,
     ) -> Result<String, BusError> {
-        let call = self
+        let mut call = self
             .shared
             .enter::<rows::ResolveReconciliation, ReconcileManage>(conn, &hdr, Some(&task_id))
             .await?;
+        // Whatever polkit said: an agent's task is decided by another.
+        self.shared.not_own_decision(&mut call, &task_id).await?;
         let parsed =
             parse_json(&request, "the resolution").and_then(|v| ResolveRequest::from_value(&v));
         let req = call.checked(parsed).await?;
@@ -127,6 +129,6 @@ impl Reconcile {
                 announce(&self.shared, &emitter, &out.task_id, state, revision).await;
             }
         }
-        reply::<rows::ResolveReconciliation>(&out)
+        call.reply(&out)
     }
 }

@@ -7,7 +7,7 @@
 
 use super::error::BusError;
 use super::tasks::announce;
-use super::{Shared, parse_json, reply};
+use super::{Shared, parse_json};
 use crate::authz::Retry as RetryPermission;
 use airlock_proto::bus::retry as rows;
 use airlock_proto::retry::RetryExtensionRequest;
@@ -64,6 +64,6 @@ impl Retry {
                 announce(&self.shared, &emitter, &outcome.task_id, state, revision).await;
             }
         }
-        reply::<rows::ExtendRetry>(&outcome)
+        call.reply(&outcome)
     }
 }

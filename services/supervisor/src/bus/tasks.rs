@@ -7,7 +7,7 @@
 //! change with `TaskChanged`.
 
 use super::error::BusError;
-use super::{DEFAULT_PAGE, Shared, non_empty, parse_json, reply};
+use super::{DEFAULT_PAGE, Shared, non_empty, parse_json};
 use crate::authz::{Manage, Read, Scope, Submit};
 use airlock_proto::bus::Call;
 use airlock_proto::bus::tasks as rows;
@@ -141,10 +141,12 @@ impl Tasks {
         task_id: String,
         request: String,
     ) -> Result<String, BusError> {
-        let call = self
+        let mut call = self
             .shared
             .enter::<M, Manage>(conn, hdr, Some(&task_id))
             .await?;
+        // Whatever polkit said: an agent's task is decided by another.
+        self.shared.not_own_decision(&mut call, &task_id).await?;
         let cancel = M::METHOD.name == rows::CANCEL_TASK;
         let parsed = parse_json(&request, "the decision").and_then(|v| {
             let req = DecisionRequest::from_value(&v)?;
@@ -165,7 +167,7 @@ impl Tasks {
         if !out.idempotent {
             announce(&self.shared, emitter, &out.task_id, out.state, out.revision).await;
         }
-        reply::<M>(&out)
+        call.reply(&out)
     }
 }
 
@@ -223,7 +225,7 @@ impl Tasks {
         if !out.idempotent {
             announce_view(&self.shared, &emitter, &out.task).await;
         }
-        reply::<rows::SubmitTask>(&SubmitReply {
+        call.reply(&SubmitReply {
             task: out.task,
             idempotent: out.idempotent,
         })
@@ -288,7 +290,7 @@ impl Tasks {
             .replace_plan(&call.auth, task_id, plan)
             .await?;
         announce_view(&self.shared, &emitter, &before).await;
-        reply::<rows::ReplacePlan>(&before)
+        call.reply(&before)
     }
 
     /// One task as JSON. Needs `org.airlock.tasks.read`, and sees only a
@@ -307,7 +309,7 @@ impl Tasks {
             .await?;
         let scope = self.shared.read_scope(&call).await;
         let view = self.shared.ops.get(&call.auth, &scope, task_id).await?;
-        reply::<rows::GetTask>(&view)
+        call.reply(&view)
     }
 
     /// What one task will change and run, as JSON: `{"task_id", "plan_digest",
@@ -328,7 +330,7 @@ impl Tasks {
             .await?;
         let scope = self.shared.read_scope(&call).await;
         let plan = self.shared.ops.plan(&call.auth, &scope, task_id).await?;
-        reply::<rows::GetPlan>(&plan)
+        call.reply(&plan)
     }
 
     /// Tasks ordered by id: `state` filters (`""` = all), `after_task_id`
@@ -364,7 +366,7 @@ impl Tasks {
             } else {
                 None
             };
-        reply::<rows::ListTasks>(&TaskPage { tasks, next_after })
+        call.reply(&TaskPage { tasks, next_after })
     }
 
     /// The event log in id order, allowed and denied alike: `task_id`
@@ -394,7 +396,38 @@ impl Tasks {
             .await?;
         let next_after = events.last().map_or(after_event_id, |e| e.id);
         let events: Vec<EventRecord> = events.iter().map(|e| e.to_record()).collect();
-        reply::<rows::ListEvents>(&EventPage { events, next_after })
+        call.reply(&EventPage { events, next_after })
+    }
+
+    /// How many events of one task the caller may read, as JSON:
+    /// `{"task_id", "events", "denied", "by_action": {ACTION: n}}`. Needs
+    /// `org.airlock.tasks.read` and is bound as ListEvents: another's task
+    /// counts none, as a task that does not exist; a malformed id is
+    /// TASK_ID_INVALID. Not served on Tasks1.
+    async fn count_events(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        task_id: String,
+    ) -> Result<String, BusError> {
+        let call = self
+            .shared
+            .enter::<rows::CountEvents, Read>(conn, &hdr, Some(&task_id))
+            .await?;
+        let id = if airlock_proto::binding::is_task_id(&task_id) {
+            Ok(task_id)
+        } else {
+            let shown = airlock_proto::shown::shown(&task_id);
+            Err(Error::with(Code::TASK_ID_INVALID, shown))
+        };
+        let task_id = call.checked(id).await?;
+        let scope = self.shared.read_scope(&call).await;
+        let count = self
+            .shared
+            .ops
+            .count_events(&call.auth, &scope, task_id)
+            .await?;
+        call.reply(&count)
     }
 
     /// The registered repositories, by name, as JSON: `{"repositories":
@@ -427,7 +460,7 @@ impl Tasks {
             .last_repository_events(&call.auth, crate::repositories::sync_actions())
             .await?;
         let repositories = listed.iter().map(|l| l.shown(last.get(l.name()))).collect();
-        reply::<rows::ListRepositories>(&RepositoryList { repositories })
+        call.reply(&RepositoryList { repositories })
     }
 
     /// Cancels a task that is not terminal, exactly once: `request` is an

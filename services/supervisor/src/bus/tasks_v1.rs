@@ -14,16 +14,16 @@
 //! library answers it as an unknown method, so `Tasks1` keeps exactly its
 //! locked methods. A call in a shape the interface no longer takes
 //! ([`tasks_v1::RETIRED`]) is answered with `PROTOCOL_VERSION_MISMATCH`
-//! naming the method to call instead.
+//! naming the method to call instead, by the [`super::strict::Strict`]
+//! wrapper every interface object is exported in ([`retired`]), as every
+//! other call whose arguments are not its row's is answered there.
 //!
 //! zbus documents its `Interface` trait as one to implement through its
-//! macro; it is implemented by hand here because the macro dispatches by
-//! name and replies to a signature it did not expect with its own error
-//! before any code of ours runs. The forwarding is to the macro's own
+//! macro; it is implemented by hand here to serve another object's
+//! methods under this name. The forwarding is to the macro's own
 //! implementation for `Tasks`; `Cargo.lock` pins the zbus it was written
 //! against.
 
-use super::error::BusError;
 use super::tasks::Tasks;
 use airlock_proto::bus::tasks_v1;
 use std::collections::HashMap;
@@ -183,18 +183,6 @@ impl Interface for TasksV1 {
         msg: &'call Message,
         name: MemberName<'call>,
     ) -> DispatchResult<'call> {
-        let signature = msg.body().signature().to_string_no_parens();
-        if let Some(r) = retired(name.as_str(), &signature) {
-            let refusal = r.refusal(tasks_v1::INTERFACE);
-            tracing::info!(
-                target: "airlock::bus",
-                sender = msg.header().sender().map(|s| s.to_string()),
-                "a retired call: {refusal}"
-            );
-            return DispatchResult::new_async(connection, msg, async move {
-                Err::<(), BusError>(refusal.into())
-            });
-        }
         if !serves(name.as_str()) {
             return DispatchResult::NotFound;
         }

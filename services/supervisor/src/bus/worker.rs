@@ -7,11 +7,11 @@
 
 use super::error::BusError;
 use super::tasks::announce;
-use super::{Shared, parse_json, reply};
+use super::{Shared, parse_json};
 use crate::authz::Scope;
 use crate::authz::Worker as WorkerPermission;
-use airlock_proto::bus::ResultReceipt;
 use airlock_proto::bus::worker as rows;
+use airlock_proto::bus::{FenceRequest, ResultReceipt};
 use airlock_proto::reconcile::AdoptionReport;
 use airlock_proto::task::TaskResult;
 use airlock_proto::upstream::UpstreamReport;
@@ -64,7 +64,7 @@ impl Worker {
                 announce(&self.shared, &emitter, &g.task_id, state, revision).await;
             }
         }
-        reply::<rows::Claim>(&grant)
+        call.reply(&grant)
     }
 
     /// Extends the caller's lease; returns the new expiry (unix ms). An
@@ -87,6 +87,36 @@ impl Worker {
             .ops
             .renew(&call.auth, task_id, lease_epoch, lease_token)
             .await?)
+    }
+
+    /// Sets or releases the fence of the caller's attempt (a
+    /// [`airlock_proto::bus::FenceRequest`] as JSON) under its current
+    /// lease: while it stands the task is not cancelled and its lease does
+    /// not expire. Returns the [`airlock_proto::bus::FenceGrant`] as JSON.
+    async fn fence(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        task_id: String,
+        lease_epoch: u64,
+        lease_token: String,
+        request: String,
+    ) -> Result<String, BusError> {
+        let call = self
+            .shared
+            .enter::<rows::Fence, WorkerPermission>(conn, &hdr, Some(&task_id))
+            .await?;
+        let parsed = parse_json(&request, "the fence request").and_then(|v| {
+            serde_json::from_value::<FenceRequest>(v)
+                .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("the fence request: {e}")))
+        });
+        let req = call.checked(parsed).await?;
+        let grant = self
+            .shared
+            .ops
+            .fence(&call.auth, task_id, lease_epoch, lease_token, req)
+            .await?;
+        call.reply(&grant)
     }
 
     /// Submits the result (`airlock.task-result.v1` JSON) of the attempt
@@ -137,7 +167,7 @@ impl Worker {
             )
             .await;
         }
-        reply::<rows::SubmitResult>(&ResultReceipt {
+        call.reply(&ResultReceipt {
             task: receipt.task,
             idempotent: receipt.idempotent,
         })
@@ -157,7 +187,7 @@ impl Worker {
             .enter::<rows::TakeAdoption, WorkerPermission>(conn, &hdr, None)
             .await?;
         let check = self.shared.ops.take_adoption(&call.auth).await?;
-        reply::<rows::TakeAdoption>(&check)
+        call.reply(&check)
     }
 
     /// What the worker found on the ref for an adoption it took
@@ -191,7 +221,7 @@ impl Worker {
                 announce(&self.shared, &emitter, &case.task_id, state, revision).await;
             }
         }
-        reply::<rows::SettleAdoption>(&case)
+        call.reply(&case)
     }
 
     /// What happened with an upstream (`airlock_proto::upstream::

@@ -8,7 +8,7 @@
 use airlock_localbus::PrivateBus;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixDatagram;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -662,4 +662,94 @@ pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
     )
     .unwrap();
     dir
+}
+
+/// A bus connection authenticated as `uid`: the socket is connected by a
+/// thread whose effective uid alone was switched, so the bus daemon
+/// records `uid` as its peer (the kernel's, not a claim).
+pub async fn connect_as(address: &str, uid: u32) -> Connection {
+    let path = address
+        .strip_prefix("unix:path=")
+        .and_then(|a| a.split(',').next())
+        .expect("a unix:path address")
+        .to_owned();
+    let stream = std::thread::spawn(move || {
+        // SAFETY: the raw system call (unlike glibc's setresuid, which
+        // changes every thread) sets the effective uid of this thread
+        // alone; it only connects one socket and ends, and no other
+        // thread's credentials change.
+        let rc = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_setresuid,
+                u32::MAX, // -1: keep
+                uid,
+                u32::MAX,
+            )
+        };
+        assert_eq!(rc, 0, "setresuid for this thread");
+        UnixStream::connect(&path).expect("connect to the bus as another uid")
+    })
+    .join()
+    .unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let stream = tokio::net::UnixStream::from_std(stream).unwrap();
+    zbus::connection::Builder::unix_stream(stream)
+        .user_id(uid)
+        .build()
+        .await
+        .expect("a bus connection as another uid")
+}
+
+/// The arguments of a call of D-Bus signature `signature` (of the
+/// contract's basic types), every string `text` and every number the
+/// largest of its type; `None` for no arguments.
+pub fn arguments(signature: &str, text: &str) -> Option<zbus::zvariant::Structure<'static>> {
+    if signature.is_empty() {
+        return None;
+    }
+    let mut b = zbus::zvariant::StructureBuilder::new();
+    for c in signature.chars() {
+        b = match c {
+            's' => b.add_field(text.to_owned()),
+            'u' => b.add_field(u32::MAX),
+            'i' => b.add_field(i32::MIN),
+            'x' => b.add_field(i64::MIN),
+            't' => b.add_field(u64::MAX),
+            'b' => b.add_field(true),
+            other => panic!("no argument of D-Bus type {other:?}"),
+        };
+    }
+    Some(b.build().expect("a structure of basic types"))
+}
+
+/// Calls `interface.method` with arguments of `signature` ([`arguments`]);
+/// the reply's signature, or the error as the caller saw it.
+pub async fn call_with_signature(
+    conn: &Connection,
+    interface: &str,
+    method: &str,
+    signature: &str,
+    text: &str,
+) -> Result<String, BusErr> {
+    let reply = match arguments(signature, text) {
+        None => {
+            conn.call_method(Some(NAME), PATH, Some(interface), method, &())
+                .await
+        }
+        Some(args) => {
+            conn.call_method(Some(NAME), PATH, Some(interface), method, &args)
+                .await
+        }
+    }
+    .map_err(to_bus_err)?;
+    Ok(reply.body().signature().to_string_no_parens())
+}
+
+/// Waits (a minute at most) until `path` exists.
+pub async fn wait_file(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "never written: {path:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

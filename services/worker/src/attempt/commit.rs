@@ -2,10 +2,12 @@
 //! from the verified result, the branch moved by CAS), then commit_done →
 //! result_pending while the branch still holds it.
 
+use super::fence::REF_HOLD;
 use super::report::{evidence_of, pending, summaries};
 use super::{Next, Run, Step, git_err};
 use airlock_git::{CommitSpec, FileChange, GitError, Signer};
 use airlock_proto::binding::BranchMode;
+use airlock_proto::bus::FenceStep;
 use airlock_proto::canonical::sha256_hex;
 use airlock_proto::checkpoint::{CommitDonePayload, Payload, VerificationPassedPayload};
 use airlock_proto::task::{Isolation, Publication, Signature, TaskResult};
@@ -34,7 +36,10 @@ impl Run<'_> {
         }
         let result = self.result(&sha)?;
         // Whatever fails the attempt from here keeps the verified evidence.
-        let failed = |error: Error| Ok(Continue(self.failed(error, Some(evidence_of(result)))?));
+        let failed = |error: Error| {
+            let evidence = evidence_of(result, &self.redactor());
+            Ok(Continue(self.failed(error, Some(evidence))?))
+        };
         let commit = || -> Next {
             let b64 = base64::engine::general_purpose::STANDARD;
             let mut changes = Vec::new();
@@ -82,7 +87,12 @@ impl Run<'_> {
                 BranchMode::CreateNew => None,
                 BranchMode::ContinueExisting => Some(b.expected_branch_oid.as_str()),
             };
-            match repo.cas_update(&b.target_branch, &oid, expected) {
+            // The branch moves only under a fence: never for an attempt
+            // whose task was cancelled or whose lease was taken.
+            let update = self.fenced(FenceStep::Ref, &oid, REF_HOLD, || {
+                Ok(repo.cas_update(&b.target_branch, &oid, expected))
+            })?;
+            match update {
                 Ok(update) => {
                     tracing::info!(task = %b.task_id, commit = %oid, branch = %b.target_branch, ?update, "governed commit");
                     #[cfg(feature = "fault-injection")]
@@ -146,7 +156,7 @@ impl Run<'_> {
             self.grant.attempt,
             done.commit_oid,
             done.exec_result_sha256,
-            summaries(exec.verification.clone()),
+            summaries(exec.verification.clone(), &self.redactor()),
             Isolation::from_report(&exec.confinement),
         );
         result.publication = publication;

@@ -23,10 +23,14 @@
 //! (report.rs). What several phases read — the repository, our request,
 //! the executor's verified result, the signer — is read once per run and
 //! kept in the [`Run`]. lease.rs renews the lease while the attempt is
-//! driven; worker.rs holds the settings and the stores every step uses.
+//! driven; fence.rs fences every move of the branch (the compare-and-swap,
+//! the push) with the supervisor, so none happens for an attempt whose task
+//! was cancelled or whose lease was taken; worker.rs holds the settings and
+//! the stores every step uses.
 
 mod capture;
 mod commit;
+mod fence;
 mod lease;
 mod publish;
 mod reconcile;

@@ -8,8 +8,10 @@
 //! (UPSTREAM_BRANCH_MOVED). An unreachable upstream is transient and the
 //! step is tried again with backoff while the lease holds.
 
+use super::fence::hold_for;
 use super::{Next, Run, git_err};
 use airlock_proto::binding::BranchMode;
+use airlock_proto::bus::FenceStep;
 use airlock_proto::checkpoint::{CommitDonePayload, Payload, PublishedPayload};
 use airlock_proto::task::Publication;
 use airlock_proto::upstream::{UpstreamEvent, UpstreamReport};
@@ -51,13 +53,14 @@ impl Run<'_> {
             crate::fault::FaultPoint::BeforePush,
             &b.task_id,
         );
-        let answer = match repo.publish_to(
-            &up,
-            &b.target_branch,
+        // The push happens only under a fence, as the local ref move does.
+        let pushed = self.fenced(
+            FenceStep::Push,
             &done.commit_oid,
-            expected,
-            &options,
-        ) {
+            hold_for(up.timeout),
+            || Ok(repo.publish_to(&up, &b.target_branch, &done.commit_oid, expected, &options)),
+        )?;
+        let answer = match pushed {
             Ok(a) => a,
             Err(e) if e.code() == Code::UPSTREAM_BRANCH_MOVED => {
                 let observed = repo.upstream_head(&up, &b.target_branch).ok().flatten();

@@ -9,6 +9,7 @@ use airlock_proto::Error;
 use airlock_proto::bundle::{CommandEvidence, ExecResult, request_id_for};
 use airlock_proto::checkpoint::{Payload, ResultPendingPayload, ResultSubmittedPayload};
 use airlock_proto::limits::MAX_SUMMARY_TAIL_BYTES;
+use airlock_proto::redact::Redactor;
 use airlock_proto::task::{CommandSummary, Isolation, TaskResult, tail_of};
 use std::ops::ControlFlow::Continue;
 use std::sync::atomic::Ordering;
@@ -21,14 +22,19 @@ pub(super) struct Evidence {
     isolation: Isolation,
 }
 
-pub(super) fn evidence_of(exec: &ExecResult) -> Evidence {
+pub(super) fn evidence_of(exec: &ExecResult, redactor: &Redactor) -> Evidence {
     Evidence {
-        verification: summaries(exec.verification.clone()),
+        verification: summaries(exec.verification.clone(), redactor),
         isolation: Isolation::from_report(&exec.confinement),
     }
 }
 
-pub(super) fn summaries(evidence: Vec<CommandEvidence>) -> Vec<CommandSummary> {
+/// Each command's summary, its kept tails and label passed through
+/// `redactor` ([`Run::redactor`]: the attempt's own values known).
+pub(super) fn summaries(
+    evidence: Vec<CommandEvidence>,
+    redactor: &Redactor,
+) -> Vec<CommandSummary> {
     evidence
         .into_iter()
         .map(|c| {
@@ -40,14 +46,14 @@ pub(super) fn summaries(evidence: Vec<CommandEvidence>) -> Vec<CommandSummary> {
             // even from an executor that did not, and the result's hash
             // then binds what the task database stores.
             let tail = |t: &str| {
-                (!passed && !t.is_empty()).then(|| {
-                    tail_of(&airlock_proto::redact::text(t), MAX_SUMMARY_TAIL_BYTES).to_owned()
-                })
+                (!passed && !t.is_empty())
+                    .then(|| tail_of(&redactor.text(t), MAX_SUMMARY_TAIL_BYTES).to_owned())
             };
             CommandSummary {
                 stdout_tail: tail(&c.stdout_tail),
                 stderr_tail: tail(&c.stderr_tail),
-                label: airlock_proto::redact::text(&c.label).into_owned(),
+                wall: c.wall.clone(),
+                label: redactor.text(&c.label).into_owned(),
                 exit_code: c.exit_code,
                 timed_out: c.timed_out,
                 duration_ms: c.duration_ms,
@@ -57,6 +63,17 @@ pub(super) fn summaries(evidence: Vec<CommandEvidence>) -> Vec<CommandSummary> {
 }
 
 impl Run<'_> {
+    /// The redactor of what this attempt keeps of the executor's output:
+    /// every shape, but never the values airlock made for the attempt
+    /// (the task and job ids, its branch and ref, the commits, the
+    /// envelope's digest, the request's id).
+    pub(super) fn redactor(&self) -> Redactor {
+        let env = self.env();
+        Redactor::new()
+            .with_binding(&env.binding, &env.execution_digest)
+            .with_known(&self.rid)
+    }
+
     /// The failed result carrying `error`'s code, as a pending result.
     pub(super) fn failed(&self, error: Error, evidence: Option<Evidence>) -> Step<Payload> {
         tracing::warn!(task = %self.cb.task_id, attempt = self.cb.attempt, "attempt failed: {error}");
@@ -144,17 +161,21 @@ mod tests {
             stderr_sha256: "0".repeat(64),
             stdout_tail: tail.to_owned(),
             stderr_tail: tail.to_owned(),
+            wall: None,
         }
     }
 
     #[test]
     fn a_summary_keeps_no_secret_shape_even_from_an_executor_that_left_one() {
         for (kind, secret) in airlock_proto::redact::planted() {
-            let s = summaries(vec![evidence(
-                1,
-                &format!("run {secret}"),
-                &format!("FAIL {secret}\n"),
-            )]);
+            let s = summaries(
+                vec![evidence(
+                    1,
+                    &format!("run {secret}"),
+                    &format!("FAIL {secret}\n"),
+                )],
+                &Redactor::new(),
+            );
             let marker = format!("[REDACTED:{kind}]");
             let kept = [s[0].stdout_tail.as_deref(), s[0].stderr_tail.as_deref()];
             for t in kept {
@@ -163,8 +184,25 @@ mod tests {
             }
             assert!(s[0].label.contains(&marker), "{kind}: {}", s[0].label);
         }
+        // The attempt's own values stay (issue 41 item 6); a secret beside
+        // them does not, and without them the task's ref was eaten.
+        let task = "p-0a1b2c3d4e5f6071";
+        let line = format!(
+            "ok {task}:refs/heads/agent/{task}\nSIGNING_SEED=Zq8vN3kP0wR7tY2uB5xM9cL4jH6gF1dS\n"
+        );
+        let known = Redactor::new().with_task(task, &format!("agent/{task}"));
+        let s = summaries(vec![evidence(1, "push", &line)], &known);
+        let t = s[0].stdout_tail.as_deref().unwrap();
+        assert!(
+            t.starts_with(&format!("ok {task}:refs/heads/agent/{task}\n")),
+            "{t}"
+        );
+        assert!(t.contains("SIGNING_SEED=[REDACTED:high-entropy]"), "{t}");
+        let s = summaries(vec![evidence(1, "push", &line)], &Redactor::new());
+        let t = s[0].stdout_tail.as_deref().unwrap();
+        assert!(!t.contains(&format!("refs/heads/agent/{task}")), "{t}");
         // A passing command keeps no tail at all.
-        let s = summaries(vec![evidence(0, "ok", "all good\n")]);
+        let s = summaries(vec![evidence(0, "ok", "all good\n")], &Redactor::new());
         assert_eq!(
             (s[0].stdout_tail.as_deref(), s[0].stderr_tail.as_deref()),
             (None, None)

@@ -85,9 +85,8 @@ impl Run<'_> {
                     Err(e) => return failed(e, None),
                 };
                 if !result.passed {
-                    let error =
-                        Error::with(Code::VERIFICATION_FAILED, "a verification command failed");
-                    return failed(error, Some(evidence_of(&result)));
+                    let error = verification_failure(&result);
+                    return failed(error, Some(evidence_of(&result, &self.redactor())));
                 }
                 let passed = VerificationPassedPayload {
                     request_id: rid.to_owned(),
@@ -286,5 +285,23 @@ impl Run<'_> {
         result.validate_against(request)?;
         result.check_changes_of(self.env())?;
         Ok((result, digest))
+    }
+}
+
+/// Why a result that did not pass failed: the wall its failed command hit
+/// (its job's memory or process limit), else VERIFICATION_FAILED.
+fn verification_failure(result: &airlock_proto::bundle::ExecResult) -> Error {
+    let hit = result
+        .verification
+        .iter()
+        .rev()
+        .find(|c| c.exit_code != Some(0) || c.timed_out)
+        .and_then(|c| Some((c.label.as_str(), c.wall.as_ref()?.code()?)));
+    match hit {
+        Some((label, code)) => Error::with(
+            code,
+            format!("verification command {label:?} failed at its job's limit"),
+        ),
+        None => Error::with(Code::VERIFICATION_FAILED, "a verification command failed"),
     }
 }

@@ -47,7 +47,51 @@ pub const MIGRATIONS: &[PgMigration] = &[
         version: 5,
         sql: V5,
     },
+    PgMigration {
+        version: 6,
+        sql: V6,
+    },
+    PgMigration {
+        version: 7,
+        sql: V7,
+    },
 ];
+
+/// Version 7: fair claims and agents' quotas (the SQLite store's version
+/// 8): `claim_classes`, when a claim last served each submitter class;
+/// `results.cpu_ms`, what a result's verification used, filled for
+/// existing results from their commands' `duration_ms` with the
+/// append-only trigger disabled for that one statement (nothing else of a
+/// result changes, and `tasks_notify` is not involved); indexes for the
+/// quotas' windows. The supervisor's role may read, insert and update
+/// `claim_classes`; its grants on `results` cover the new column.
+const V7: &str = r#"
+CREATE TABLE claim_classes (
+    class           text   PRIMARY KEY,
+    last_claimed_ms bigint NOT NULL
+);
+REVOKE ALL ON claim_classes FROM PUBLIC;
+GRANT SELECT, INSERT, UPDATE ON claim_classes TO airlock_supervisor;
+ALTER TABLE results ADD COLUMN cpu_ms bigint;
+ALTER TABLE results DISABLE TRIGGER results_append_only;
+UPDATE results SET cpu_ms = COALESCE((
+    SELECT SUM((c ->> 'duration_ms')::bigint)
+    FROM jsonb_array_elements(CASE
+        WHEN jsonb_typeof(result_json::jsonb -> 'verification') = 'array'
+        THEN result_json::jsonb -> 'verification' ELSE '[]'::jsonb END) c), 0);
+ALTER TABLE results ENABLE TRIGGER results_append_only;
+CREATE INDEX tasks_by_agent ON tasks (submitter_agent, created_at_ms)
+    WHERE submitter_agent IS NOT NULL;
+CREATE INDEX results_by_time ON results (received_at_ms);
+"#;
+
+/// Version 6: the worker's fence on its attempt (the SQLite store's
+/// version 7): until `fenced_until_ms` the task is not cancelled and its
+/// lease does not expire. The supervisor's role keeps its grants on
+/// `tasks`, which cover the new column.
+const V6: &str = r#"
+ALTER TABLE tasks ADD COLUMN fenced_until_ms bigint;
+"#;
 
 /// Version 5: each task's submitter as columns (the SQLite store's
 /// version 6), filled for existing tasks from each task's first allowed

@@ -12,10 +12,14 @@
 //!   a lease. A forward step of the server's clock is taken as it is:
 //!   leases end early by at most the step (see [`airlock_sqlite::clock`]).
 //! - **Claims lock their row.** `SELECT … FOR UPDATE SKIP LOCKED` finds the
-//!   oldest claimable task and locks it; the rules move it and write it
-//!   back fenced by its revision, in the same transaction. Concurrent
-//!   claimers on any host skip each other's rows instead of waiting, and a
-//!   row is claimed by exactly one.
+//!   claimable task the fair rule picks (`tasks::fair`) and locks it; the
+//!   rules move it and write it back fenced by its revision, in the same
+//!   transaction. Concurrent claimers on any host skip each other's rows
+//!   instead of waiting, and a row is claimed by exactly one. A claim
+//!   first takes its submitter class's advisory lock ([`CLASS_LOCK`])
+//!   without waiting, passing over a class another claim holds, and counts
+//!   the class's RUNNING tasks in the statement that locks the row, so a
+//!   cap on running tasks holds across hosts.
 //! - **Fenced writes.** Every write after a claim names in its `WHERE` the
 //!   revision it read and, for renewals and results, the attempt, lease
 //!   epoch, token hash and an unexpired lease; for decisions the attempt,
@@ -52,14 +56,6 @@
 //! the writes of one transaction, `migrate.rs` the schema and
 //! `listen.rs` the notifications.
 
-/// Builds a `&'static str` SQL statement once.
-macro_rules! sql {
-    ($($arg:tt)*) => {{
-        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| format!($($arg)*));
-        SQL.as_str()
-    }};
-}
-
 mod error;
 mod listen;
 mod location;
@@ -84,6 +80,7 @@ pub use error::PgError;
 pub use listen::{CHANNEL, PgListener, TaskChange};
 pub use location::{PgLocation, PgSecurity, TlsMode, is_url};
 pub use migrate::{MIGRATIONS, PgMigration, SUPERVISOR_ROLE, latest_version, migrate, migrate_at};
+pub use tx::{AGENT_LOCK, CLASS_LOCK};
 
 /// How often a transaction that lost a race to another writer is run again.
 pub const MAX_TRIES: u32 = 5;
@@ -220,6 +217,7 @@ fn from_row(r: &postgres::Row) -> Result<RawRow, postgres::Error> {
         updated_at_ms: r.try_get(19)?,
         submitter_uid: r.try_get(20)?,
         submitter_agent: r.try_get(21)?,
+        fenced_until_ms: r.try_get(22)?,
     })
 }
 

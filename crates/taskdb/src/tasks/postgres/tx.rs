@@ -5,11 +5,13 @@ use super::prepared;
 use super::rows_of;
 use crate::error::StoreResult;
 use crate::tasks::ReadScope;
+use crate::tasks::fair::{CLASS_SQL, ClassHead};
 use crate::tasks::row::{COLUMNS, RawRow, TaskRow};
 use crate::tasks::tx::{
     ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult, NewTask,
     StoredDecision, StoredExtension, Tx,
 };
+use airlock_proto::bus::AgentUsage;
 use airlock_proto::{Code, Error};
 use postgres::Statement;
 use postgres::types::ToSql;
@@ -60,6 +62,22 @@ impl PgTx<'_, '_> {
     }
 }
 
+/// The first key of the advisory locks a claim takes per submitter class
+/// ("AIRC"); the second is the class's `hashtext`. Two-key advisory locks
+/// are a space of their own, apart from the migration's one-key lock. Two
+/// classes whose hashes collide share a lock: while one is being claimed
+/// the other is passed over too, until the next claim.
+pub const CLASS_LOCK: i32 = 0x4149_5243;
+
+/// The first key of the advisory lock a submission under a quota takes
+/// per agent ("AIRQ").
+pub const AGENT_LOCK: i32 = 0x4149_5251;
+
+/// A repository filter as a text array parameter (`None`: any).
+fn repository_filter(repositories: Option<&[String]>) -> Option<Vec<&str>> {
+    repositories.map(|r| r.iter().map(String::as_str).collect())
+}
+
 fn epoch_i64(epoch: u64) -> StoreResult<i64> {
     i64::try_from(epoch).map_err(|_| Error::with(Code::INTERNAL, "lease epoch overflow").into())
 }
@@ -67,8 +85,8 @@ fn epoch_i64(epoch: u64) -> StoreResult<i64> {
 const UPDATE_SET: &str = "UPDATE tasks SET status = $1, attempt = $2, max_attempts = $3, \
      revision = $4, lease_epoch = $5, claimed_by = $6, lease_token_hash = $7, \
      lease_expires_at = $8, verification_json = $9, result_json = $10, plan_json = $11, \
-     envelope_json = $12, execution_digest = $13, plan_digest = $14, updated_at_ms = $15 \
-     WHERE task_id = $16 AND revision = $17";
+     envelope_json = $12, execution_digest = $13, plan_digest = $14, updated_at_ms = $15, \
+     fenced_until_ms = $16 WHERE task_id = $17 AND revision = $18";
 
 impl Tx for PgTx<'_, '_> {
     fn now(&self) -> i64 {
@@ -136,6 +154,7 @@ impl Tx for PgTx<'_, '_> {
             &row.execution_digest,
             &row.plan_digest,
             &row.updated_at_ms,
+            &row.fenced_until,
             &row.task_id,
             &read_revision,
         ];
@@ -157,8 +176,8 @@ impl Tx for PgTx<'_, '_> {
                     &now,
                 ]);
                 sql!(
-                    "{UPDATE_SET} AND status = 'RUNNING' AND attempt = $18 AND lease_epoch = $19 \
-                     AND lease_token_hash = $20 AND lease_expires_at > $21"
+                    "{UPDATE_SET} AND status = 'RUNNING' AND attempt = $19 AND lease_epoch = $20 \
+                     AND lease_token_hash = $21 AND lease_expires_at > $22"
                 )
             }
             Guard::Attempt {
@@ -174,27 +193,132 @@ impl Tx for PgTx<'_, '_> {
                     &guard_attempt,
                     &guard_epoch,
                 ]);
-                sql!("{UPDATE_SET} AND status = $18 AND attempt = $19 AND lease_epoch = $20")
+                sql!("{UPDATE_SET} AND status = $19 AND attempt = $20 AND lease_epoch = $21")
             }
         };
         let changed = self.execute("updating a task", sql, &params)?;
         Ok(changed == 1)
     }
 
-    fn next_claimable(&mut self, repositories: Option<&[String]>) -> StoreResult<Option<TaskRow>> {
-        let repositories: Option<Vec<&str>> =
-            repositories.map(|r| r.iter().map(String::as_str).collect());
+    fn claimable_classes(
+        &mut self,
+        repositories: Option<&[String]>,
+    ) -> StoreResult<Vec<ClassHead>> {
+        let what = "finding the claimable submitters";
+        let repositories = repository_filter(repositories);
+        let sql = sql!(
+            "SELECT q.class, q.first_seq, COALESCE(r.n, 0)::bigint, s.last_claimed_ms FROM \
+             (SELECT {CLASS_SQL} AS class, MIN(seq) AS first_seq FROM tasks \
+              WHERE status = 'QUEUED' AND attempt < max_attempts \
+              AND ($1::text[] IS NULL OR repository = ANY ($1::text[])) \
+              GROUP BY 1) q \
+             LEFT JOIN (SELECT {CLASS_SQL} AS class, COUNT(*) AS n FROM tasks \
+              WHERE status = 'RUNNING' GROUP BY 1) r ON r.class = q.class \
+             LEFT JOIN claim_classes s ON s.class = q.class"
+        );
+        let rows = self.query(what, sql, &[&repositories])?;
+        rows.iter()
+            .map(|r| {
+                Ok(ClassHead {
+                    key: r.try_get(0)?,
+                    first_seq: r.try_get(1)?,
+                    running: r.try_get(2)?,
+                    last_claim_ms: r.try_get(3)?,
+                })
+            })
+            .collect::<Result<Vec<_>, postgres::Error>>()
+            .map_err(|e| pg_error(what, e))
+    }
+
+    fn try_lock_class(&mut self, class: &str) -> StoreResult<bool> {
+        let what = "locking a submitter's claims";
+        let rows = self.query(
+            what,
+            "SELECT pg_try_advisory_xact_lock($1::int4, hashtext($2::text))",
+            &[&CLASS_LOCK, &class],
+        )?;
+        rows.first()
+            .map(|r| r.try_get(0))
+            .transpose()
+            .map_err(|e| pg_error(what, e))
+            .map(|taken| taken.unwrap_or(false))
+    }
+
+    fn oldest_of_class(
+        &mut self,
+        class: &str,
+        repositories: Option<&[String]>,
+        cap: u32,
+    ) -> StoreResult<Option<TaskRow>> {
+        let what = "finding a claimable task";
+        let repositories = repository_filter(repositories);
+        // The count is this statement's: its snapshot is taken after the
+        // class's lock, so it sees every claim of the class committed before.
         let sql = sql!(
             "SELECT {COLUMNS} FROM tasks WHERE status = 'QUEUED' AND attempt < max_attempts \
              AND ($1::text[] IS NULL OR repository = ANY ($1::text[])) \
+             AND {CLASS_SQL} = $2::text \
+             AND ($3::bigint = 0 OR (SELECT COUNT(*) FROM tasks WHERE status = 'RUNNING' \
+                  AND {CLASS_SQL} = $2::text) < $3::bigint) \
              ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED"
         );
-        let rows = self.query("finding a claimable task", sql, &[&repositories])?;
-        rows_of("finding a claimable task", rows)?
+        let rows = self.query(what, sql, &[&repositories, &class, &i64::from(cap)])?;
+        rows_of(what, rows)?
             .into_iter()
             .next()
             .map(RawRow::into_row)
             .transpose()
+    }
+
+    fn mark_served(&mut self, class: &str) -> StoreResult<()> {
+        let now = self.now;
+        self.execute(
+            "recording whom a claim served",
+            "INSERT INTO claim_classes (class, last_claimed_ms) VALUES ($1, $2) \
+             ON CONFLICT (class) DO UPDATE SET last_claimed_ms = excluded.last_claimed_ms",
+            &[&class, &now],
+        )?;
+        Ok(())
+    }
+
+    fn lock_agent(&mut self, agent: &str) -> StoreResult<()> {
+        self.query(
+            "locking an agent's submissions",
+            "SELECT pg_advisory_xact_lock($1::int4, hashtext($2::text))",
+            &[&AGENT_LOCK, &agent],
+        )?;
+        Ok(())
+    }
+
+    fn agent_usage(
+        &mut self,
+        agent: &str,
+        tasks_after_ms: i64,
+        cpu_after_ms: i64,
+    ) -> StoreResult<AgentUsage> {
+        let what = "counting an agent's use";
+        let rows = self.query(
+            what,
+            "SELECT \
+             (SELECT COUNT(*) FROM tasks WHERE submitter_agent = $1 AND created_at_ms > $2)::bigint, \
+             (SELECT COALESCE(SUM(r.cpu_ms), 0) FROM results r \
+              JOIN tasks t ON t.task_id = r.task_id \
+              WHERE t.submitter_agent = $1 AND r.received_at_ms > $3)::bigint, \
+             (SELECT COUNT(*) FROM tasks WHERE submitter_agent = $1 AND status = 'RUNNING')::bigint",
+            &[&agent, &tasks_after_ms, &cpu_after_ms],
+        )?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::with(Code::INTERNAL, format!("{what}: no row")))?;
+        let get = |i: usize| -> StoreResult<u64> {
+            let n: i64 = row.try_get(i).map_err(|e| pg_error(what, e))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        Ok(AgentUsage {
+            tasks_last_hour: get(0)?,
+            cpu_ms_last_day: get(1)?,
+            running: get(2)?,
+        })
     }
 
     fn queued(&mut self) -> StoreResult<Vec<TaskRow>> {
@@ -240,7 +364,8 @@ impl Tx for PgTx<'_, '_> {
         self.execute(
             "storing a result",
             "INSERT INTO results (task_id, idempotency_key, attempt, lease_epoch, \
-             result_sha256, result_json, received_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             result_sha256, result_json, received_at_ms, cpu_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             &[
                 &r.task_id,
                 &r.idempotency_key,
@@ -249,6 +374,7 @@ impl Tx for PgTx<'_, '_> {
                 &r.result_sha256,
                 &r.result_json,
                 &now,
+                &r.cpu_ms,
             ],
         )?;
         Ok(())

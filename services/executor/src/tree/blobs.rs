@@ -6,14 +6,14 @@
 //!                           the mode in the tree, a hard link carries one
 //! ```
 //!
-//! A tree-cache entry ([`crate::cache`]) is built on this store: each of
+//! A tree-cache entry ([`super::cache`]) is built on this store: each of
 //! its regular files is a hard link to the blob of that id here, so a
 //! blob is on disk once however many cached trees hold it, and a new tree
 //! made from a held one shares every file that did not change.
 //!
 //! - **Verified on write.** A blob enters the store only as a file the
 //!   executor has just written and hashed to that id itself: from an
-//!   archive ([`crate::extract`]) or a source delta ([`crate::delta`]),
+//!   archive ([`super::extract`]) or a source delta ([`super::advance`]),
 //!   or read back by a full rehash of an entry. Nothing the worker names
 //!   is linked in unread.
 //! - **Never writable by commands.** It lives in the executor's work root
@@ -27,6 +27,7 @@
 //!   ([`BlobStore::sweep`]). A blob an entry in use links is therefore
 //!   never removed.
 
+use super::fs::{open_dir, setup_error};
 use crate::error::{Error, Result};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -39,13 +40,6 @@ use std::path::{Path, PathBuf};
 pub struct BlobStore {
     dir: PathBuf,
     fd: OwnedFd,
-}
-
-fn setup(e: impl std::fmt::Display, p: &Path) -> Error {
-    Error::Setup {
-        path: p.to_owned(),
-        detail: e.to_string(),
-    }
 }
 
 /// A blob's name in the store: its hex id, `.x` for the executable copy.
@@ -65,16 +59,11 @@ impl BlobStore {
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(setup(e, &dir)),
+            Err(e) => return Err(setup_error(e, &dir)),
         }
-        let fd = rustix::fs::open(
-            &dir,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| setup(std::io::Error::from(e), &dir))?;
+        let fd = open_dir(&dir)?;
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700))
-            .map_err(|e| setup(std::io::Error::from(e), &dir))?;
+            .map_err(|e| setup_error(std::io::Error::from(e), &dir))?;
         Ok(BlobStore { dir, fd })
     }
 
@@ -92,14 +81,9 @@ impl BlobStore {
     pub fn adopt(&self, file: &Path, oid: &[u8], executable: bool) -> Result<bool> {
         let (parent, name) = match (file.parent(), file.file_name()) {
             (Some(p), Some(n)) => (p, n.to_string_lossy().into_owned()),
-            _ => return Err(setup("not a file's path", file)),
+            _ => return Err(setup_error("not a file's path", file)),
         };
-        let dir = rustix::fs::open(
-            parent,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| setup(std::io::Error::from(e), parent))?;
+        let dir = open_dir(parent)?;
         self.adopt_at(&dir, &name, oid, executable)
     }
 
@@ -113,7 +97,7 @@ impl BlobStore {
         executable: bool,
     ) -> Result<bool> {
         let blob = self::name(oid, executable);
-        let fail = |e: Errno| setup(std::io::Error::from(e), &self.dir.join(&blob));
+        let fail = |e: Errno| setup_error(std::io::Error::from(e), &self.dir.join(&blob));
         match rustix::fs::linkat(dir, name, &self.fd, blob.as_str(), AtFlags::empty()) {
             Ok(()) => Ok(true),
             Err(Errno::EXIST) if self.same_file(dir, name, &blob) => Ok(false),
@@ -201,7 +185,7 @@ impl BlobStore {
                 ))),
             };
         }
-        let fail = |e: std::io::Error| setup(e, &self.dir.join(&blob));
+        let fail = |e: std::io::Error| setup_error(e, &self.dir.join(&blob));
         match rustix::fs::linkat(&self.fd, blob.as_str(), dir, name, AtFlags::empty()) {
             Ok(()) => Ok(true),
             Err(Errno::EXIST) => Err(Error::ArchivePath {

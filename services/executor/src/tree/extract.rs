@@ -34,10 +34,15 @@
 //! are added, so that the git tree id of what was extracted is known at
 //! the end ([`Extracted::tree`]); the tree cache accepts an archive only
 //! when it is the request's.
+//!
+//! It is the tree wing's: what it writes into is a tree-cache entry being
+//! filled ([`super::TreeCache::fill`]), each file adopted by the blob store
+//! ([`super::blobs`]); a source delta's writes ([`super::advance`]) use its
+//! member writers.
 
+use super::blobs::BlobStore;
 use crate::apply::CredentialPolicy;
 use crate::beneath;
-use crate::blobs::BlobStore;
 use crate::error::{Error, Result};
 use airlock_proto::path::check_relative_path;
 use airlock_proto::tree::{ObjectFormat, PAX_KEY_PREFIX, TreeBuilder, TreeEntry, blob_hasher};
@@ -118,11 +123,20 @@ pub fn extract(
     format: ObjectFormat,
     store: Option<&BlobStore>,
 ) -> Result<Extracted> {
-    let mut tree = TreeBuilder::new(format);
-    let tripped = Rc::new(Cell::new(false));
-    let limit = (archive.len() as u64)
-        .saturating_mul(limits.max_expansion_ratio)
-        .max(EXPANSION_FLOOR);
+    let mut x = Extraction {
+        root,
+        limits,
+        credentials,
+        format,
+        store,
+        tree: TreeBuilder::new(format),
+        out: Extracted::default(),
+        tripped: Rc::new(Cell::new(false)),
+        limit: (archive.len() as u64)
+            .saturating_mul(limits.max_expansion_ratio)
+            .max(EXPANSION_FLOOR),
+        archive_bytes: archive.len(),
+    };
     let gzip = archive.starts_with(&[0x1f, 0x8b]);
     let inner: Box<dyn Read> = if gzip {
         Box::new(flate2::read::GzDecoder::new(archive))
@@ -132,29 +146,14 @@ pub fn extract(
     let reader = Counted {
         inner,
         count: 0,
-        limit,
-        tripped: tripped.clone(),
-    };
-    let bomb = || {
-        Error::ArchiveLimit(format!(
-            "expands beyond {limit} bytes ({}x the {}-byte archive)",
-            limits.max_expansion_ratio,
-            archive.len()
-        ))
-    };
-    let malformed = |e: io::Error, tripped: &Cell<bool>| {
-        if tripped.get() {
-            bomb()
-        } else {
-            Error::ArchiveInvalid(format!("not a readable tar archive: {e}"))
-        }
+        limit: x.limit,
+        tripped: x.tripped.clone(),
     };
     let mut tar = tar::Archive::new(reader);
-    let entries = tar.entries().map_err(|e| malformed(e, &tripped))?;
-    let mut out = Extracted::default();
+    let entries = tar.entries().map_err(|e| x.malformed(e))?;
     let mut seen: u64 = 0;
     for entry in entries {
-        let mut entry = entry.map_err(|e| malformed(e, &tripped))?;
+        let entry = entry.map_err(|e| x.malformed(e))?;
         seen += 1;
         if seen > limits.max_entries {
             return Err(Error::ArchiveLimit(format!(
@@ -162,63 +161,61 @@ pub fn extract(
                 limits.max_entries
             )));
         }
+        x.member(entry)?;
+    }
+    if x.tripped.get() {
+        return Err(x.bomb());
+    }
+    let mut out = x.out;
+    (out.tree, out.tree_objects) = x.tree.finish_with_objects();
+    Ok(out)
+}
+
+/// One extraction under way: where it writes, its bounds, what it has
+/// written and hashed so far.
+struct Extraction<'a> {
+    root: &'a OwnedFd,
+    limits: &'a ArchiveLimits,
+    credentials: &'a CredentialPolicy,
+    format: ObjectFormat,
+    store: Option<&'a BlobStore>,
+    tree: TreeBuilder,
+    out: Extracted,
+    /// Set once more than `limit` bytes were decompressed.
+    tripped: Rc<Cell<bool>>,
+    limit: u64,
+    archive_bytes: usize,
+}
+
+impl Extraction<'_> {
+    /// The archive expands beyond its bound.
+    fn bomb(&self) -> Error {
+        Error::ArchiveLimit(format!(
+            "expands beyond {} bytes ({}x the {}-byte archive)",
+            self.limit, self.limits.max_expansion_ratio, self.archive_bytes
+        ))
+    }
+
+    /// A read that failed: the bound, when it tripped, else a malformed
+    /// archive.
+    fn malformed(&self, e: io::Error) -> Error {
+        if self.tripped.get() {
+            self.bomb()
+        } else {
+            Error::ArchiveInvalid(format!("not a readable tar archive: {e}"))
+        }
+    }
+
+    /// One member, checked in the order of the module's table.
+    fn member(&mut self, mut entry: tar::Entry<'_, impl Read>) -> Result<()> {
         let kind = entry.header().entry_type();
         if kind == tar::EntryType::XGlobalHeader {
-            // No file: the tree's entries that are not files (and git
-            // archive's commit id comment, ignored).
-            let records = entry
-                .pax_extensions()
-                .map_err(|e| malformed(e, &tripped))?
-                .into_iter()
-                .flatten();
-            for record in records {
-                let record = record.map_err(|e| malformed(e, &tripped))?;
-                if record.key_bytes().starts_with(PAX_KEY_PREFIX.as_bytes()) {
-                    let e = TreeEntry::from_pax(record.value_bytes())
-                        .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
-                    check_relative_path(&e.path).map_err(|_| Error::ArchivePath {
-                        path: e.path.clone(),
-                        why: "not a clean relative path",
-                    })?;
-                    tree.add_entry(&e)
-                        .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
-                    out.extras.push(e);
-                }
-            }
-            continue;
+            return self.records(&mut entry);
         }
         let raw = entry.path_bytes().into_owned();
         let path = member_path(&raw, kind.is_dir())?;
         match kind {
-            tar::EntryType::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .map(|t| t.into_owned())
-                    .unwrap_or_default();
-                if target.is_empty() || target.len() > MAX_LINK_TARGET {
-                    return Err(Error::ArchiveLink {
-                        path,
-                        kind: "symbolic link with an empty or over-long target",
-                    });
-                }
-                let mut h = blob_hasher(format, target.len() as u64);
-                h.update(&target);
-                let oid = h.finish();
-                tree.add(&path, 0o120000, oid.clone())
-                    .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
-                if credentials.denies(&path) {
-                    out.extras.push(TreeEntry {
-                        mode: 0o120000,
-                        oid: hex::encode(oid),
-                        path: path.clone(),
-                    });
-                    out.withheld.push(path);
-                } else {
-                    make_link(root, &path, &target)?;
-                    out.symlinks += 1;
-                }
-                continue;
-            }
+            tar::EntryType::Symlink => return self.symlink(&entry, path),
             tar::EntryType::Link => {
                 return Err(Error::ArchiveLink {
                     path,
@@ -233,7 +230,7 @@ pub fn extract(
                 });
             }
         }
-        let mode = entry.header().mode().map_err(|e| malformed(e, &tripped))?;
+        let mode = entry.header().mode().map_err(|e| self.malformed(e))?;
         if mode & 0o7000 != 0 {
             return Err(Error::ArchiveMember {
                 path,
@@ -241,64 +238,150 @@ pub fn extract(
             });
         }
         if kind == tar::EntryType::Directory {
-            if !credentials.denies(&path) {
-                beneath::dir(root, &path, true)?;
-                out.dirs += 1;
+            if !self.credentials.denies(&path) {
+                beneath::dir(self.root, &path, true)?;
+                self.out.dirs += 1;
             }
-            continue;
+            return Ok(());
         }
-        let size = entry.header().size().map_err(|e| malformed(e, &tripped))?;
-        let executable = mode & 0o111 != 0;
-        let git_mode = if executable { 0o100755 } else { 0o100644 };
-        if credentials.denies(&path) {
-            // Not written, but part of the tree all the same.
-            let mut hasher = Hashing {
-                inner: (&mut entry).take(size),
-                hasher: blob_hasher(format, size),
-            };
-            io::copy(&mut hasher, &mut io::sink()).map_err(|e| malformed(e, &tripped))?;
-            let oid = hasher.hasher.finish();
-            tree.add(&path, git_mode, oid.clone())
-                .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
-            out.extras.push(TreeEntry {
-                mode: git_mode,
+        let size = entry.header().size().map_err(|e| self.malformed(e))?;
+        if self.credentials.denies(&path) {
+            return self.withhold(&mut entry, path, mode, size);
+        }
+        self.file(&mut entry, &path, mode, size)
+    }
+
+    /// No file: the tree's entries that are not files (and git archive's
+    /// commit id comment, ignored).
+    fn records(&mut self, entry: &mut tar::Entry<'_, impl Read>) -> Result<()> {
+        let records = entry
+            .pax_extensions()
+            .map_err(|e| self.malformed(e))?
+            .into_iter()
+            .flatten();
+        for record in records {
+            let record = record.map_err(|e| self.malformed(e))?;
+            if record.key_bytes().starts_with(PAX_KEY_PREFIX.as_bytes()) {
+                let e = TreeEntry::from_pax(record.value_bytes())
+                    .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+                check_relative_path(&e.path).map_err(|_| Error::ArchivePath {
+                    path: e.path.clone(),
+                    why: "not a clean relative path",
+                })?;
+                self.tree
+                    .add_entry(&e)
+                    .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+                self.out.extras.push(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A symbolic link: made as the tree has it, or withheld.
+    fn symlink(&mut self, entry: &tar::Entry<'_, impl Read>, path: String) -> Result<()> {
+        let target = entry
+            .link_name_bytes()
+            .map(|t| t.into_owned())
+            .unwrap_or_default();
+        if target.is_empty() || target.len() > MAX_LINK_TARGET {
+            return Err(Error::ArchiveLink {
+                path,
+                kind: "symbolic link with an empty or over-long target",
+            });
+        }
+        let mut h = blob_hasher(self.format, target.len() as u64);
+        h.update(&target);
+        let oid = h.finish();
+        self.tree
+            .add(&path, 0o120000, oid.clone())
+            .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+        if self.credentials.denies(&path) {
+            self.out.extras.push(TreeEntry {
+                mode: 0o120000,
                 oid: hex::encode(oid),
                 path: path.clone(),
             });
-            out.withheld.push(path);
-            continue;
+            self.out.withheld.push(path);
+        } else {
+            make_link(self.root, &path, &target)?;
+            self.out.symlinks += 1;
         }
-        if size > limits.max_file_bytes {
+        Ok(())
+    }
+
+    /// A credential-like file: not written, but part of the tree all the
+    /// same.
+    fn withhold(
+        &mut self,
+        entry: &mut impl Read,
+        path: String,
+        mode: u32,
+        size: u64,
+    ) -> Result<()> {
+        let git_mode = if mode & 0o111 != 0 {
+            0o100755
+        } else {
+            0o100644
+        };
+        let mut hasher = Hashing {
+            inner: entry.take(size),
+            hasher: blob_hasher(self.format, size),
+        };
+        io::copy(&mut hasher, &mut io::sink()).map_err(|e| self.malformed(e))?;
+        let oid = hasher.hasher.finish();
+        self.tree
+            .add(&path, git_mode, oid.clone())
+            .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
+        self.out.extras.push(TreeEntry {
+            mode: git_mode,
+            oid: hex::encode(oid),
+            path: path.clone(),
+        });
+        self.out.withheld.push(path);
+        Ok(())
+    }
+
+    /// A regular file within the bounds: written beneath the root, hashed
+    /// on the way, adopted by the blob store.
+    fn file(&mut self, entry: &mut impl Read, path: &str, mode: u32, size: u64) -> Result<()> {
+        if size > self.limits.max_file_bytes {
             return Err(Error::ArchiveLimit(format!(
                 "{path}: {size} bytes, more than {}",
-                limits.max_file_bytes
+                self.limits.max_file_bytes
             )));
         }
-        out.bytes = out.bytes.saturating_add(size);
-        if out.bytes > limits.max_total_bytes {
+        self.out.bytes = self.out.bytes.saturating_add(size);
+        if self.out.bytes > self.limits.max_total_bytes {
             return Err(Error::ArchiveLimit(format!(
                 "more than {} bytes of files",
-                limits.max_total_bytes
+                self.limits.max_total_bytes
             )));
         }
+        let executable = mode & 0o111 != 0;
         let mut hashing = Hashing {
-            inner: &mut entry,
-            hasher: blob_hasher(format, size),
+            inner: entry,
+            hasher: blob_hasher(self.format, size),
         };
-        let dir = write_member(root, &path, mode, size, &mut hashing, &tripped, &bomb)?;
+        let bomb = || self.bomb();
+        let dir = write_member(
+            self.root,
+            path,
+            mode,
+            size,
+            &mut hashing,
+            &self.tripped,
+            &bomb,
+        )?;
         let oid = hashing.hasher.finish();
-        if let Some(store) = store {
-            store.adopt_at(&dir, beneath::split(&path).1, &oid, executable)?;
+        if let Some(store) = self.store {
+            store.adopt_at(&dir, beneath::split(path).1, &oid, executable)?;
         }
-        tree.add(&path, git_mode, oid)
+        self.tree
+            .add(path, if executable { 0o100755 } else { 0o100644 }, oid)
             .map_err(|e| Error::ArchiveInvalid(e.to_string()))?;
-        out.files += 1;
+        self.out.files += 1;
+        Ok(())
     }
-    if tripped.get() {
-        return Err(bomb());
-    }
-    (out.tree, out.tree_objects) = tree.finish_with_objects();
-    Ok(out)
 }
 
 /// The longest symbolic link target an archive may carry (PATH_MAX less
