@@ -3,7 +3,7 @@
 //! the worker's own table names ([`fault_points`]), git on a repository
 //! another uid owns, and the part of a log written since an offset.
 //!
-//! The stack lives here rather than in crates/testkit: it restarts the
+//! The stack lives here rather than in tests/kit: it restarts the
 //! worker armed with a fault, which needs the worker built with its
 //! `fault-injection` feature — a feature this crate turns on for the
 //! whole workspace build, and one no other suite should depend on.
