@@ -537,6 +537,11 @@ async function renderAgents() {
         return;
     }
     state.agents = new Map(agents.map(a => [a.name, a]));
+    // Each agent's quotas and use (GetAgentLimits, protocol 12.0): a
+    // supervisor that cannot answer (older, or the caller may not read
+    // them) leaves the cell "-", the rest of the page as it was.
+    const limits = new Map(await Promise.all(agents.map(a =>
+        callJson(AGENTS, "GetAgentLimits", [a.name]).then(l => [a.name, l], () => [a.name, null]))));
     const out = el("div", { id: "agent-outcome", "aria-live": "polite" });
     const act = (method, name) => async ev => {
         ev.target.disabled = true;
@@ -552,7 +557,7 @@ async function renderAgents() {
         el("h2", { text: "Agents" }),
         out,
         el("table", { class: "al-table", id: "agents" },
-           el("thead", {}, el("tr", {}, ["Agent", "State", "Failures", "Next start", "Hold reason", "Repositories", ""].map(h => el("th", { scope: "col", text: h })))),
+           el("thead", {}, el("tr", {}, ["Agent", "State", "Failures", "Next start", "Hold reason", "Repositories", "Quotas (used / limit)", ""].map(h => el("th", { scope: "col", text: h })))),
            el("tbody", {}, agents.length ? agents.map(a => el("tr", { "data-agent": a.name, "data-state": a.state },
                el("td", { text: a.name }),
                el("td", {}, stateBadge(a.state)),
@@ -560,11 +565,26 @@ async function renderAgents() {
                el("td", { text: time(a.next_start_at_ms) }),
                el("td", { class: a.hold_reason ? "al-gap" : "", text: a.hold_reason || "-" }),
                el("td", { text: (a.repositories || []).join(", ") || "all" }),
+               el("td", { class: "al-quotas", text: quotas(limits.get(a.name)) }),
                el("td", { class: "al-buttons" },
                   el("button", { class: "al-button", "data-action": "start", onclick: act("StartAgent", a.name) }, "Start"),
                   el("button", { class: "al-button", "data-action": "stop", onclick: act("StopAgent", a.name) }, "Stop"),
                   a.state === "HELD" ? el("button", { class: "al-button al-primary", "data-action": "clear-hold", onclick: act("ClearHold", a.name) }, "Clear hold") : "")))
-               : el("tr", {}, el("td", { colspan: 7, class: "al-empty", text: "No agents configured." })))));
+               : el("tr", {}, el("td", { colspan: 8, class: "al-empty", text: "No agents configured." })))));
+}
+
+// One agent's quotas as the cell shows them: each of tasks per hour, CPU
+// seconds per day and running tasks as "used / limit" ("no limit" for 0),
+// as `airlockctl agent show` prints them.
+function quotas(l) {
+    if (!l) return "-";
+    const u = l.usage || {};
+    const of = (used, limit) => used + " / " + (limit ? limit : "no limit");
+    return [
+        "tasks this hour " + of(u.tasks_last_hour || 0, l.tasks_per_hour),
+        "CPU s today " + of(Math.floor((u.cpu_ms_last_day || 0) / 1000), l.cpu_seconds_per_day),
+        "running " + of(u.running || 0, l.max_running),
+    ].join("; ");
 }
 
 // ---------------------------------------------------------------------------
