@@ -167,12 +167,17 @@ impl SystemdDriver {
             .map_err(|e| failed(method, e))
     }
 
-    async fn property(
+    /// The property `iface.name` of the object at `path`, as a `T`.
+    async fn property<T>(
         &self,
         path: &OwnedObjectPath,
         iface: &str,
         name: &str,
-    ) -> Result<OwnedValue, DriverError> {
+    ) -> Result<T, DriverError>
+    where
+        T: TryFrom<OwnedValue>,
+        T::Error: std::fmt::Display,
+    {
         let reply = self
             .conn
             .call_method(
@@ -188,27 +193,7 @@ impl SystemdDriver {
         let value: OwnedValue = body
             .deserialize()
             .map_err(|e| failed(&format!("Get {name} reply"), e))?;
-        Ok(value)
-    }
-
-    async fn string(
-        &self,
-        path: &OwnedObjectPath,
-        iface: &str,
-        name: &str,
-    ) -> Result<String, DriverError> {
-        let v = self.property(path, iface, name).await?;
-        String::try_from(v).map_err(|e| failed(name, e))
-    }
-
-    async fn int(
-        &self,
-        path: &OwnedObjectPath,
-        iface: &str,
-        name: &str,
-    ) -> Result<i32, DriverError> {
-        let v = self.property(path, iface, name).await?;
-        i32::try_from(v).map_err(|e| failed(name, e))
+        T::try_from(value).map_err(|e| failed(name, e))
     }
 
     /// The loaded unit `unit`'s object path; `None` when systemd has no
@@ -236,11 +221,13 @@ impl SystemdDriver {
 
     async fn state(&self, path: &OwnedObjectPath) -> Result<UnitState, DriverError> {
         Ok(UnitState {
-            active: self.string(path, UNIT, "ActiveState").await?,
-            sub: self.string(path, UNIT, "SubState").await?,
-            result: self.string(path, SERVICE, "Result").await?,
-            exec_main_code: self.int(path, SERVICE, "ExecMainCode").await?,
-            exec_main_status: self.int(path, SERVICE, "ExecMainStatus").await?,
+            active: self.property::<String>(path, UNIT, "ActiveState").await?,
+            sub: self.property::<String>(path, UNIT, "SubState").await?,
+            result: self.property::<String>(path, SERVICE, "Result").await?,
+            exec_main_code: self.property::<i32>(path, SERVICE, "ExecMainCode").await?,
+            exec_main_status: self
+                .property::<i32>(path, SERVICE, "ExecMainStatus")
+                .await?,
         })
     }
 
@@ -292,7 +279,7 @@ impl SystemdDriver {
                 return false;
             }
         };
-        if let Ok(active) = self.string(&own, UNIT, "ActiveState").await
+        if let Ok(active) = self.property::<String>(&own, UNIT, "ActiveState").await
             && active == "deactivating"
         {
             return true;
@@ -379,7 +366,7 @@ impl SystemdDriver {
     pub async fn agent_of_pid(&self, pid: u32) -> Option<String> {
         let reply = self.manager("GetUnitByPID", &(pid,)).await.ok()?;
         let path: OwnedObjectPath = reply.body().deserialize().ok()?;
-        let id = self.string(&path, UNIT, "Id").await.ok()?;
+        let id = self.property::<String>(&path, UNIT, "Id").await.ok()?;
         agent_of_unit(&id).map(str::to_owned)
     }
 }
@@ -450,7 +437,7 @@ impl Driver for SystemdDriver {
         }
         let result = self.job("StopUnit", &unit, "replace").await?;
         if let Some(path) = self.unit_path(&unit).await? {
-            let active = self.string(&path, UNIT, "ActiveState").await?;
+            let active = self.property::<String>(&path, UNIT, "ActiveState").await?;
             if !matches!(active.as_str(), "inactive" | "failed") {
                 return Err(DriverError(format!(
                     "{unit} is {active} after its stop job ({result})"

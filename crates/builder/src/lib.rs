@@ -255,8 +255,18 @@ pub fn verify_command(
     } else if !argv[0].starts_with('/') {
         return Err(bad("a program path must be absolute".into()));
     }
-    let label: String = text
-        .chars()
+    Ok(Command {
+        label: label_of(text),
+        argv,
+        cwd: ".".into(),
+        timeout_seconds,
+    })
+}
+
+/// A command's label from its text: every run of spaces and control or
+/// non-ASCII characters one space, at most [`MAX_LABEL_LEN`] characters.
+pub fn label_of(text: &str) -> String {
+    text.chars()
         .map(|c| if c.is_ascii_graphic() { c } else { ' ' })
         .collect::<String>()
         .split_whitespace()
@@ -264,13 +274,7 @@ pub fn verify_command(
         .join(" ")
         .chars()
         .take(MAX_LABEL_LEN)
-        .collect();
-    Ok(Command {
-        label,
-        argv,
-        cwd: ".".into(),
-        timeout_seconds,
-    })
+        .collect()
 }
 
 /// True for bytes a `write_file` can carry: UTF-8 without NUL.

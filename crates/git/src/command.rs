@@ -68,6 +68,32 @@ pub(crate) fn hardened(program: &Path, keep: impl Fn(&str) -> bool) -> Command {
     cmd
 }
 
+/// Writes `data` to `child`'s piped stdin from a thread, so that a large
+/// input cannot deadlock against a full stdout pipe; join the thread after
+/// reading the output.
+pub(crate) fn feed(
+    child: &mut std::process::Child,
+    data: &[u8],
+) -> std::io::Result<std::thread::JoinHandle<std::io::Result<()>>> {
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdin"))?;
+    let data = data.to_vec();
+    Ok(std::thread::spawn(move || stdin.write_all(&data)))
+}
+
+/// The last `n` characters of `text` (of git's stderr: where it says why).
+pub(crate) fn tail_of(text: &str, n: usize) -> String {
+    text.chars()
+        .rev()
+        .take(n)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect()
+}
+
 /// `safe.directory=PATH` as one argument: a path is an argument of its
 /// own, never part of a string a shell or git splits.
 pub(crate) fn trust(cmd: &mut Command, path: &Path) {
@@ -132,13 +158,7 @@ impl Git {
             source,
         })?;
         if let Some(data) = input {
-            let mut stdin = child
-                .stdin
-                .take()
-                .ok_or_else(|| std::io::Error::other("no stdin"))?;
-            let data = data.to_vec();
-            // Write from a thread so a large input cannot deadlock against a full stdout pipe.
-            let writer = std::thread::spawn(move || stdin.write_all(&data));
+            let writer = feed(&mut child, data)?;
             let out = child.wait_with_output()?;
             writer
                 .join()
@@ -157,15 +177,7 @@ impl Git {
     ) -> GitResult<String> {
         let out = self.run(args, input, env)?;
         if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let tail: String = stderr
-                .chars()
-                .rev()
-                .take(600)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
+            let tail = tail_of(&String::from_utf8_lossy(&out.stderr), 600);
             return Err(GitError::Failed {
                 args: args.join(" "),
                 status: out.status.to_string(),

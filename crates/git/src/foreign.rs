@@ -330,12 +330,7 @@ pub(crate) fn transfer(into: &Git, alternate: &str, revs: &[u8]) -> GitResult<()
         source: e,
     };
     let mut packer = pack.spawn().map_err(spawn)?;
-    let mut stdin = packer
-        .stdin
-        .take()
-        .ok_or_else(|| std::io::Error::other("no stdin"))?;
-    let revs = revs.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&revs));
+    let writer = command::feed(&mut packer, revs)?;
     let stdout = packer
         .stdout
         .take()

@@ -21,7 +21,7 @@
 //! grows and the group killed past the bound; no ref moves then.
 
 use crate::AuthorityRepo;
-use crate::command::{HARDENING, hardened, trust};
+use crate::command::{HARDENING, hardened, tail_of, trust};
 use crate::error::{GitError, GitResult};
 use airlock_proto::upstream::Scheme;
 use airlock_proto::{Code, Error};
@@ -108,6 +108,18 @@ pub struct PushAnswer {
     pub pushed: bool,
     /// git's porcelain line for the ref, as the upstream answered.
     pub answer: String,
+}
+
+impl PushAnswer {
+    /// The answer when the upstream's branch is at the commit already:
+    /// nothing was sent.
+    fn already(remote_ref: String) -> Self {
+        PushAnswer {
+            remote_ref,
+            pushed: false,
+            answer: "= already at the commit".into(),
+        }
+    }
 }
 
 /// The refs a sync mirrors: branches and tags, never an agent branch (the
@@ -255,11 +267,7 @@ impl AuthorityRepo {
         };
         let found = self.upstream_head(upstream, branch)?;
         if found.as_deref() == Some(oid) {
-            return Ok(PushAnswer {
-                remote_ref,
-                pushed: false,
-                answer: "= already at the commit".into(),
-            });
+            return Ok(PushAnswer::already(remote_ref));
         }
         if found.as_deref() != expected {
             return Err(moved(found.as_deref()));
@@ -295,11 +303,7 @@ impl AuthorityRepo {
                 // It may be us, in an earlier life: look again.
                 let found = self.upstream_head(upstream, branch)?;
                 if found.as_deref() == Some(oid) {
-                    return Ok(PushAnswer {
-                        remote_ref,
-                        pushed: false,
-                        answer: "= already at the commit".into(),
-                    });
+                    return Ok(PushAnswer::already(remote_ref));
                 }
                 Err(moved(found.as_deref()))
             }
@@ -356,11 +360,7 @@ impl AuthorityRepo {
             Err(GitError::Failed { .. }) => {
                 let found = head(&up)?;
                 if found.as_deref() == Some(oid) {
-                    return Ok(PushAnswer {
-                        remote_ref: remote_ref.to_owned(),
-                        pushed: false,
-                        answer: "= already at the commit".into(),
-                    });
+                    return Ok(PushAnswer::already(remote_ref.to_owned()));
                 }
                 Err(moved(found.as_deref()))
             }
@@ -610,15 +610,7 @@ fn run_bounded(
     let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
     let out = out_reader.join().unwrap_or_default();
     let err = err_reader.join().unwrap_or_default();
-    let stderr = String::from_utf8_lossy(&err);
-    let tail: String = stderr
-        .chars()
-        .rev()
-        .take(800)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
+    let tail = tail_of(&String::from_utf8_lossy(&err), 800);
     if too_large {
         let limit = watch.map(|(_, l)| l).unwrap_or(0);
         return Err(GitError::Failed {

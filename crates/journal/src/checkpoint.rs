@@ -93,7 +93,8 @@ use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Clock, SystemClock};
 use airlock_sqlite::db::{self, Kind, Migration};
 use airlock_sqlite::error::{SqliteError, SqliteResult};
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::types::ToSql;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params, params_from_iter};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -495,32 +496,14 @@ impl CheckpointJournal {
         if let Some(e) = broken {
             // The transaction is in an unknown state: keep nothing of it.
             drop(tx);
-            return outcomes
-                .into_iter()
-                .map(|(id, o)| {
-                    let o = match o {
-                        Ok(_) => Err(batch_failure("appending a checkpoint", &e)),
-                        refused => refused,
-                    };
-                    (id, o)
-                })
-                .collect();
+            return none_stored(outcomes, "appending a checkpoint", &e);
         }
         if n == 1 && outcomes[0].1.is_err() {
             return outcomes; // dropping `tx` rolls the refusal back
         }
         match tx.commit() {
             Ok(()) => outcomes,
-            Err(e) => outcomes
-                .into_iter()
-                .map(|(id, o)| {
-                    let o = match o {
-                        Ok(_) => Err(batch_failure("committing a checkpoint", &e)),
-                        refused => refused,
-                    };
-                    (id, o)
-                })
-                .collect(),
+            Err(e) => none_stored(outcomes, "committing a checkpoint", &e),
         }
     }
 
@@ -779,13 +762,9 @@ fn apply(conn: &Connection, req: &Prepared) -> SqliteResult<Checkpoint> {
         )
         .and_then(|mut s| {
             s.query_row([&binding.task_id], |r| {
-                Ok(Head {
-                    attempt: r.get(0)?,
-                    sequence: r.get(1)?,
-                    phase_order: r.get(2)?,
-                    execution_digest: r.get(3)?,
-                    binding_sha256: r.get(4)?,
-                })
+                Ok(airlock_sqlite::columns!(Head {
+                    attempt, sequence, phase_order, execution_digest, binding_sha256
+                } from r.get))
             })
             .optional()
         })
@@ -839,6 +818,16 @@ fn apply(conn: &Connection, req: &Prepared) -> SqliteResult<Checkpoint> {
     };
 
     let created_at_ms = SystemClock.now_ms();
+    // The columns both tables start with, in their order.
+    let (phase_name, phase_order) = (phase.as_str(), phase.order());
+    let head: [&dyn ToSql; 6] = [
+        &binding.task_id,
+        &binding.attempt,
+        &sequence,
+        &phase_name,
+        &phase_order,
+        &binding.execution_digest,
+    ];
     conn.prepare_cached(
         "INSERT INTO checkpoints(
            task_id, attempt, sequence, phase, phase_order, execution_digest, job_id,
@@ -847,24 +836,19 @@ fn apply(conn: &Connection, req: &Prepared) -> SqliteResult<Checkpoint> {
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )
     .and_then(|mut s| {
-        s.execute(params![
-            binding.task_id,
-            binding.attempt,
-            sequence,
-            phase.as_str(),
-            phase.order(),
-            binding.execution_digest,
-            binding.job_id,
-            binding.repository,
-            binding.base_oid,
-            binding.expected_branch_oid,
-            binding.target_branch,
-            binding.generation,
-            binding_sha256,
-            payload_json,
-            payload_sha256,
-            created_at_ms,
-        ])
+        let rest: [&dyn ToSql; 10] = [
+            &binding.job_id,
+            &binding.repository,
+            &binding.base_oid,
+            &binding.expected_branch_oid,
+            &binding.target_branch,
+            &binding.generation,
+            &binding_sha256,
+            &payload_json,
+            &payload_sha256,
+            &created_at_ms,
+        ];
+        s.execute(params_from_iter(head.into_iter().chain(rest)))
     })
     .map_err(|e| SqliteError::sqlite("appending a checkpoint", e))?;
     conn.prepare_cached(
@@ -883,17 +867,8 @@ fn apply(conn: &Connection, req: &Prepared) -> SqliteResult<Checkpoint> {
            updated_at_ms = excluded.updated_at_ms",
     )
     .and_then(|mut s| {
-        s.execute(params![
-            binding.task_id,
-            binding.attempt,
-            sequence,
-            phase.as_str(),
-            phase.order(),
-            binding.execution_digest,
-            binding_sha256,
-            payload_sha256,
-            created_at_ms,
-        ])
+        let rest: [&dyn ToSql; 3] = [&binding_sha256, &payload_sha256, &created_at_ms];
+        s.execute(params_from_iter(head.into_iter().chain(rest)))
     })
     .map_err(|e| SqliteError::sqlite("moving the checkpoint head", e))?;
 
@@ -946,6 +921,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The error of a failed batch, once for each append it fails.
+/// A batch's outcomes when its transaction is lost (`context` failed with
+/// `e`): each append that would have been stored is that failure; a
+/// refusal stays the refusal.
+fn none_stored(
+    outcomes: Vec<(u64, SqliteResult<Checkpoint>)>,
+    context: &str,
+    e: &rusqlite::Error,
+) -> Vec<(u64, SqliteResult<Checkpoint>)> {
+    outcomes
+        .into_iter()
+        .map(|(id, o)| (id, o.and_then(|_| Err(batch_failure(context, e)))))
+        .collect()
+}
+
 fn batch_failure(context: &str, e: &rusqlite::Error) -> SqliteError {
     let source = match e {
         rusqlite::Error::SqliteFailure(code, message) => {

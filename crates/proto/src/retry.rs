@@ -199,42 +199,53 @@ mod tests {
             }),
             Code::RETRY_EXTENSION_FIELDS_INVALID
         );
-        assert_eq!(
-            code(|v| v["extra"] = json!(1)),
-            Code::RETRY_EXTENSION_FIELDS_INVALID
-        );
-        assert_eq!(
-            code(|v| v["expected_status"] = json!("QUEUED")),
-            Code::EXPECTED_STATUS_INVALID
-        );
-        assert_eq!(
-            code(|v| v["expected_status"] = json!(1)),
-            Code::EXPECTED_STATUS_INVALID
-        );
-        assert_eq!(
-            code(|v| v["expected_revision"] = json!(-1)),
-            Code::RETRY_EXTENSION_INTEGER_INVALID
-        );
-        assert_eq!(
-            code(|v| v["expected_revision"] = json!(true)),
-            Code::RETRY_EXTENSION_INTEGER_INVALID
-        );
-        assert_eq!(
-            code(|v| v["expected_revision"] = json!(1.0)),
-            Code::RETRY_EXTENSION_INTEGER_INVALID
-        );
-        assert_eq!(
-            code(|v| v["expected_revision"] = json!("41")),
-            Code::RETRY_EXTENSION_INTEGER_INVALID
-        );
-        assert_eq!(
-            code(|v| v["expected_attempt"] = json!(9)),
-            Code::RETRY_EXTENSION_NOT_EXHAUSTED
-        );
-        assert_eq!(
-            code(|v| v["next_max_attempts"] = json!(12)),
-            Code::RETRY_EXTENSION_MUST_BE_BOUNDED_ONE_STEP
-        );
+        // One field set to a value it may not have, and the code that names it.
+        let wrong = [
+            ("extra", json!(1), Code::RETRY_EXTENSION_FIELDS_INVALID),
+            (
+                "expected_status",
+                json!("QUEUED"),
+                Code::EXPECTED_STATUS_INVALID,
+            ),
+            ("expected_status", json!(1), Code::EXPECTED_STATUS_INVALID),
+            (
+                "expected_revision",
+                json!(-1),
+                Code::RETRY_EXTENSION_INTEGER_INVALID,
+            ),
+            (
+                "expected_revision",
+                json!(true),
+                Code::RETRY_EXTENSION_INTEGER_INVALID,
+            ),
+            (
+                "expected_revision",
+                json!(1.0),
+                Code::RETRY_EXTENSION_INTEGER_INVALID,
+            ),
+            (
+                "expected_revision",
+                json!("41"),
+                Code::RETRY_EXTENSION_INTEGER_INVALID,
+            ),
+            (
+                "expected_attempt",
+                json!(9),
+                Code::RETRY_EXTENSION_NOT_EXHAUSTED,
+            ),
+            (
+                "next_max_attempts",
+                json!(12),
+                Code::RETRY_EXTENSION_MUST_BE_BOUNDED_ONE_STEP,
+            ),
+        ];
+        for (field, value, want) in wrong {
+            assert_eq!(
+                code(|v| v[field] = value.clone()),
+                want,
+                "{field} = {value}"
+            );
+        }
         assert_eq!(
             code(|v| {
                 v["expected_attempt"] = json!(50);

@@ -396,12 +396,6 @@ mod tests {
             "ssh://:hunter2@git.example.org/x.git",
             "https://user:hunter2@git.example.org/x.git",
             "https://hunter2@git.example.org/x.git",
-        ] {
-            let e = Scheme::of(url).unwrap_err();
-            assert_eq!(e.code, Code::UPSTREAM_URL_INVALID, "{url}");
-            assert!(!e.to_string().contains("hunter2"), "{url}: {e}");
-        }
-        for url in [
             "/",
             "file:///",
             "/srv/up/../etc",
@@ -413,6 +407,7 @@ mod tests {
         ] {
             let e = Scheme::of(url).unwrap_err();
             assert_eq!(e.code, Code::UPSTREAM_URL_INVALID, "{url}");
+            assert!(!e.to_string().contains("hunter2"), "{url}: {e}");
         }
         assert_eq!(Scheme::of("file:///srv/up/x.git").unwrap(), Scheme::Local);
         assert_eq!(local_path("file:///srv/up/x.git"), Some("/srv/up/x.git"));

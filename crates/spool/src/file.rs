@@ -26,6 +26,18 @@ pub struct Expect {
     pub sha256: Option<String>,
 }
 
+impl Expect {
+    /// A file owned by `owner_uid` of at most `max_bytes`, whatever its
+    /// digest.
+    pub fn owned_by(owner_uid: u32, max_bytes: u64) -> Self {
+        Expect {
+            owner_uid,
+            max_bytes,
+            sha256: None,
+        }
+    }
+}
+
 pub(crate) fn io(e: Errno) -> std::io::Error {
     std::io::Error::from(e)
 }

@@ -107,7 +107,7 @@ use airlock_proto::{Code, Error};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use tx::Backend;
+use tx::{Backend, Page};
 
 pub use fair::RunningCaps;
 pub use postgres::{PgBackend, PgError, PgLocation, PgSecurity, TlsMode};
@@ -825,7 +825,7 @@ impl<B: Backend> Store<B> {
         scope: &ReadScope,
     ) -> StoreResult<Vec<TaskView>> {
         self.backend
-            .list(state, after_task_id, limit.min(MAX_PAGE), scope)?
+            .list(state, Page::new(after_task_id, limit, scope))?
             .into_iter()
             .map(|raw| raw.into_row().and_then(|r| r.view()))
             .collect()
@@ -864,7 +864,7 @@ impl<B: Backend> Store<B> {
         scope: &ReadScope,
     ) -> StoreResult<Vec<Event>> {
         self.backend
-            .events(task_id, after_event_id, limit.min(MAX_PAGE), scope)?
+            .events(task_id, Page::new(after_event_id, limit, scope))?
             .into_iter()
             .map(row::RawEvent::into_event)
             .collect()
@@ -904,7 +904,7 @@ impl<B: Backend> Store<B> {
         detail: &str,
     ) -> StoreResult<()> {
         self.write("a denial record", &mut |tx| {
-            audit::append_denial(tx, task_id, actor, action, code, detail)
+            audit::append_denial(tx, task_id, actor, action, code, detail, Value::Null)
         })
     }
 

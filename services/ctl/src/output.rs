@@ -98,19 +98,24 @@ fn state_sgr(state: &str) -> &'static str {
     }
 }
 
-/// Visible width of a cell (escape sequences do not count).
-fn width(s: &str) -> usize {
-    let mut n = 0;
+/// `s` without its colour escape sequences (`ESC … m`).
+fn plain(s: &str) -> String {
+    let mut out = String::new();
     let mut in_escape = false;
     for c in s.chars() {
         match (in_escape, c) {
             (false, '\x1b') => in_escape = true,
             (true, 'm') => in_escape = false,
             (true, _) => {}
-            (false, _) => n += 1,
+            (false, c) => out.push(c),
         }
     }
-    n
+    out
+}
+
+/// Visible width of a cell (escape sequences do not count).
+fn width(s: &str) -> usize {
+    plain(s).chars().count()
 }
 
 /// Renders rows under a header, columns padded to the widest cell.
@@ -238,22 +243,7 @@ mod tests {
                 vec!["yy".into(), "z".into()],
             ],
         );
-        let plain: Vec<String> = t
-            .lines()
-            .map(|l| {
-                let mut s = String::new();
-                let mut esc = false;
-                for c in l.chars() {
-                    match (esc, c) {
-                        (false, '\x1b') => esc = true,
-                        (true, 'm') => esc = false,
-                        (true, _) => {}
-                        (false, c) => s.push(c),
-                    }
-                }
-                s
-            })
-            .collect();
-        assert_eq!(plain, ["A       B", "QUEUED  x", "yy      z"]);
+        let shown: Vec<String> = t.lines().map(plain).collect();
+        assert_eq!(shown, ["A       B", "QUEUED  x", "yy      z"]);
     }
 }

@@ -143,6 +143,12 @@ pub fn in_range(what: &str, n: u64, max: u64) -> Result<u64, Error> {
     }
 }
 
+/// A size argument: `given`, or `default` when absent, in `1..=max`
+/// ([`in_range`]).
+pub fn size(what: &str, given: Option<u64>, default: u64, max: u64) -> Result<usize, Error> {
+    Ok(in_range(what, given.unwrap_or(default), max)? as usize)
+}
+
 /// list_repositories.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

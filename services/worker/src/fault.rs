@@ -394,54 +394,27 @@ mod tests {
                 .map(|p| p.as_str())
                 .collect()
         };
+        // The stretches the attempts share, in the order they are passed.
+        let verified = [
+            "claimed",
+            "spool_staged",
+            "workspace_prepared",
+            "verification_passed",
+        ];
+        let committed = ["commit_written", "ref_fenced", "ref_updated", "commit_done"];
+        let pushed = ["before_push", "push_fenced", "after_push", "published"];
+        let answered = ["result_pending", "result_accepted", "result_submitted"];
         assert_eq!(
             passed(Attempt::Commit),
-            [
-                "claimed",
-                "spool_staged",
-                "workspace_prepared",
-                "verification_passed",
-                "commit_written",
-                "ref_fenced",
-                "ref_updated",
-                "commit_done",
-                "result_pending",
-                "result_accepted",
-                "result_submitted"
-            ]
+            [&verified[..], &committed, &answered].concat()
         );
         assert_eq!(
             passed(Attempt::Publication),
-            [
-                "claimed",
-                "spool_staged",
-                "workspace_prepared",
-                "verification_passed",
-                "commit_written",
-                "ref_fenced",
-                "ref_updated",
-                "commit_done",
-                "before_push",
-                "push_fenced",
-                "after_push",
-                "published",
-                "result_pending",
-                "result_accepted",
-                "result_submitted"
-            ]
+            [&verified[..], &committed, &pushed, &answered].concat()
         );
         assert_eq!(
             passed(Attempt::Capture),
-            [
-                "claimed",
-                "spool_staged",
-                "workspace_prepared",
-                "verification_passed",
-                "source_capture_done",
-                "result_pending",
-                "result_accepted",
-                "result_submitted"
-            ]
+            [&verified[..], &["source_capture_done"], &answered].concat()
         );
     }
 

@@ -6,7 +6,12 @@ use crate::error::StoreResult;
 use airlock_proto::Code;
 use airlock_proto::binding::is_task_id;
 use airlock_proto::canonical::to_canonical_string;
-use serde_json::{Value, json};
+use serde_json::Value;
+
+/// An event's outcome and, for a denial, its code.
+type Verdict = (EventOutcome, Option<Code>);
+
+const ALLOWED: Verdict = (EventOutcome::Allowed, None);
 
 /// Appends an `allowed` event inside the caller's transaction.
 pub(super) fn append_allowed(
@@ -16,15 +21,7 @@ pub(super) fn append_allowed(
     action: &str,
     payload: Value,
 ) -> StoreResult<()> {
-    insert(
-        tx,
-        Some(task_id),
-        actor,
-        action,
-        EventOutcome::Allowed,
-        None,
-        &payload,
-    )
+    insert(tx, Some(task_id), actor, action, ALLOWED, &payload)
 }
 
 /// Appends an `allowed` event about no task (a planner agent's change).
@@ -34,43 +31,14 @@ pub(super) fn append_allowed_untasked(
     action: &str,
     payload: Value,
 ) -> StoreResult<()> {
-    insert(
-        tx,
-        None,
-        actor,
-        action,
-        EventOutcome::Allowed,
-        None,
-        &payload,
-    )
+    insert(tx, None, actor, action, ALLOWED, &payload)
 }
 
 /// Appends a `denied` event. The task id is kept only when well formed (a
-/// refusal may be about a garbage id) and the detail is bounded.
+/// refusal may be about a garbage id) and the detail is bounded. `extra`
+/// (an object, or `Value::Null` for none) adds more facts to the payload
+/// beside the detail; a `detail` key in it is ignored.
 pub(super) fn append_denial(
-    tx: &mut dyn Tx,
-    task_id: Option<&str>,
-    actor: &Actor,
-    action: &str,
-    code: Code,
-    detail: &str,
-) -> StoreResult<()> {
-    let task_id = task_id.filter(|t| is_task_id(t));
-    let payload = json!({ "detail": bounded(detail, MAX_DENIAL_DETAIL_LEN) });
-    insert(
-        tx,
-        task_id,
-        actor,
-        action,
-        EventOutcome::Denied,
-        Some(code),
-        &payload,
-    )
-}
-
-/// [`append_denial`] with more facts in its payload beside the detail
-/// (`extra`, an object; a `detail` key in it is ignored).
-pub(super) fn append_denial_with(
     tx: &mut dyn Tx,
     task_id: Option<&str>,
     actor: &Actor,
@@ -88,15 +56,8 @@ pub(super) fn append_denial_with(
         "detail".to_owned(),
         Value::String(bounded(detail, MAX_DENIAL_DETAIL_LEN).to_owned()),
     );
-    insert(
-        tx,
-        task_id,
-        actor,
-        action,
-        EventOutcome::Denied,
-        Some(code),
-        &Value::Object(payload),
-    )
+    let denied = (EventOutcome::Denied, Some(code));
+    insert(tx, task_id, actor, action, denied, &Value::Object(payload))
 }
 
 pub(super) fn bounded(s: &str, max: usize) -> &str {
@@ -115,8 +76,7 @@ fn insert(
     task_id: Option<&str>,
     actor: &Actor,
     action: &str,
-    outcome: EventOutcome,
-    code: Option<Code>,
+    (outcome, code): Verdict,
     payload: &Value,
 ) -> StoreResult<()> {
     // Every event passes here, so every event is redacted here: reasons,

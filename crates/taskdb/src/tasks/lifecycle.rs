@@ -77,7 +77,7 @@ impl<B: Backend> Store<B> {
             (Err(StoreError::Refused(e)), Some(over)) if e.code == Code::AGENT_QUOTA_EXCEEDED => {
                 let detail = e.detail.clone().unwrap_or_default();
                 let _ = self.write("a denial record", &mut |tx| {
-                    audit::append_denial_with(
+                    audit::append_denial(
                         tx,
                         task_id,
                         actor,

@@ -3,8 +3,8 @@
 //! worker's check of the ref (`airlock_proto::reconcile`).
 
 use super::row::{TaskRow, corrupt};
-use super::tx::{Backend, Guard, NewResolution, Tx};
-use super::{Actor, MAX_PAGE, ReadScope, Store, action, audit, check_task_id, not_found};
+use super::tx::{Backend, Guard, NewCase, NewResolution, Page, Tx};
+use super::{Actor, ReadScope, Store, action, audit, check_task_id, not_found};
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::canonical::to_canonical_string;
 use airlock_proto::reconcile::{
@@ -14,7 +14,7 @@ use airlock_proto::reconcile::{
 use airlock_proto::states::Step;
 use airlock_proto::task::TaskState;
 use airlock_proto::{Code, Error};
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn parse_case(task_id: &str, text: &str) -> StoreResult<ReconciliationCase> {
     serde_json::from_str(text).map_err(|_| corrupt(task_id, "reconciliation case"))
@@ -22,7 +22,12 @@ fn parse_case(task_id: &str, text: &str) -> StoreResult<ReconciliationCase> {
 
 fn save_case(tx: &mut dyn Tx, case: &ReconciliationCase) -> StoreResult<()> {
     let json = airlock_proto::canonical::canonical_of(case)?;
-    tx.put_case(&case.task_id, case.attempt, case.status.as_str(), &json)
+    tx.put_case(&NewCase {
+        task_id: &case.task_id,
+        attempt: case.attempt,
+        status: case.status.as_str(),
+        case_json: &json,
+    })
 }
 
 fn case_not_found(task_id: &str) -> StoreError {
@@ -76,7 +81,7 @@ pub(super) fn open_case(
 impl<B: Backend> Store<B> {
     /// Reconciliation cases in `(task_id, attempt)` order, of tasks after
     /// `after_task_id`, only those in `status` when given; `limit` is
-    /// clamped to [`MAX_PAGE`].
+    /// clamped to [`super::MAX_PAGE`].
     pub fn reconciliations(
         &mut self,
         status: Option<CaseStatus>,
@@ -96,12 +101,8 @@ impl<B: Backend> Store<B> {
         scope: &ReadScope,
     ) -> StoreResult<Vec<ReconciliationCase>> {
         let texts = self.write("listing reconciliation cases", &mut |tx| {
-            tx.cases(
-                status.map(CaseStatus::as_str),
-                after_task_id,
-                limit.min(MAX_PAGE),
-                scope,
-            )
+            let page = Page::new(after_task_id, limit, scope);
+            tx.cases(status.map(CaseStatus::as_str), page)
         })?;
         texts.iter().map(|t| parse_case("a case", t)).collect()
     }
@@ -309,12 +310,8 @@ impl<B: Backend> Store<B> {
     /// report settles it.
     pub fn take_adoption(&mut self) -> StoreResult<Option<AdoptionCheck>> {
         let texts = self.write("looking for an adoption", &mut |tx| {
-            tx.cases(
-                Some(CaseStatus::Adopting.as_str()),
-                None,
-                1,
-                &ReadScope::All,
-            )
+            let first = Page::new(None, 1, &ReadScope::All);
+            tx.cases(Some(CaseStatus::Adopting.as_str()), first)
         })?;
         let Some(text) = texts.first() else {
             return Ok(None);
@@ -408,6 +405,7 @@ impl<B: Backend> Store<B> {
                     action::TASK_RECONCILIATION_ADOPTED,
                     code,
                     &detail,
+                    Value::Null,
                 )?;
                 return Ok(case);
             }

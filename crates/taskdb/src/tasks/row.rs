@@ -19,6 +19,21 @@ pub(super) const COLUMNS: &str = "task_id, status, attempt, max_attempts, revisi
      submission_sha256, created_at_ms, updated_at_ms, submitter_uid, submitter_agent, \
      fenced_until_ms";
 
+/// A [`RawRow`] read from a row of [`COLUMNS`] by the engine's reader
+/// (`raw_row!(r.get)`, `raw_row!(r.try_get)`).
+macro_rules! raw_row {
+    ($r:ident . $get:ident) => {
+        airlock_sqlite::columns!(RawRow {
+            task_id, status, attempt, max_attempts, revision, lease_epoch, claimed_by,
+            lease_token_hash, lease_expires_at, verification_json, result_json, binding_json,
+            plan_json, envelope_json, execution_digest, plan_digest, idempotency_key,
+            submission_sha256, created_at_ms, updated_at_ms, submitter_uid, submitter_agent,
+            fenced_until_ms
+        } from $r.$get)
+    };
+}
+pub(super) use raw_row;
+
 /// A row exactly as the engine returned it ([`COLUMNS`], in order).
 #[derive(Debug)]
 pub struct RawRow {
@@ -318,6 +333,18 @@ impl TaskRow {
 /// The events table's columns, in [`RawEvent`]'s order.
 pub(super) const EVENT_COLUMNS: &str =
     "id, task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, code, payload_json";
+
+/// A [`RawEvent`] read from a row of [`EVENT_COLUMNS`] by the engine's
+/// reader (`raw_event!(r.get)`, `raw_event!(r.try_get)`).
+macro_rules! raw_event {
+    ($r:ident . $get:ident) => {
+        airlock_sqlite::columns!(RawEvent {
+            id, task_id, at_ms, actor_kind, actor_uid, actor_name, action, outcome, code,
+            payload_json
+        } from $r.$get)
+    };
+}
+pub(super) use raw_event;
 
 /// An event row exactly as the engine returned it ([`EVENT_COLUMNS`], in
 /// order).

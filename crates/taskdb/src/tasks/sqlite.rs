@@ -8,13 +8,13 @@
 //! [`airlock_sqlite::clock`].
 
 use super::fair::{CLASS_SQL, ClassHead};
-use super::row::{COLUMNS, EVENT_COLUMNS, RawEvent, RawRow, TaskRow};
+use super::row::{self, COLUMNS, EVENT_COLUMNS, RawEvent, RawRow, TaskRow};
 use super::schema;
 use super::tx::{
-    Backend, ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult,
-    NewTask, StoredDecision, StoredExtension, Tx,
+    Backend, ExtensionCas, Guard, NewCase, NewDecision, NewEvent, NewExtension, NewResolution,
+    NewResult, NewTask, Page, StoredDecision, StoredExtension, Tx,
 };
-use super::{ReadScope, Store, TaskState};
+use super::{Store, TaskState};
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::bus::AgentUsage;
 use airlock_proto::{Code, Error};
@@ -57,46 +57,11 @@ impl Store<SqliteBackend> {
 }
 
 fn raw_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawEvent> {
-    Ok(RawEvent {
-        id: r.get(0)?,
-        task_id: r.get(1)?,
-        at_ms: r.get(2)?,
-        actor_kind: r.get(3)?,
-        actor_uid: r.get(4)?,
-        actor_name: r.get(5)?,
-        action: r.get(6)?,
-        outcome: r.get(7)?,
-        code: r.get(8)?,
-        payload_json: r.get(9)?,
-    })
+    Ok(row::raw_event!(r.get))
 }
 
 fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
-    Ok(RawRow {
-        task_id: r.get(0)?,
-        status: r.get(1)?,
-        attempt: r.get(2)?,
-        max_attempts: r.get(3)?,
-        revision: r.get(4)?,
-        lease_epoch: r.get(5)?,
-        claimed_by: r.get(6)?,
-        lease_token_hash: r.get(7)?,
-        lease_expires_at: r.get(8)?,
-        verification_json: r.get(9)?,
-        result_json: r.get(10)?,
-        binding_json: r.get(11)?,
-        plan_json: r.get(12)?,
-        envelope_json: r.get(13)?,
-        execution_digest: r.get(14)?,
-        plan_digest: r.get(15)?,
-        idempotency_key: r.get(16)?,
-        submission_sha256: r.get(17)?,
-        created_at_ms: r.get(18)?,
-        updated_at_ms: r.get(19)?,
-        submitter_uid: r.get(20)?,
-        submitter_agent: r.get(21)?,
-        fenced_until_ms: r.get(22)?,
-    })
+    Ok(row::raw_row!(r.get))
 }
 
 fn load_where(conn: &Connection, column: &str, value: &str) -> StoreResult<Option<TaskRow>> {
@@ -177,9 +142,7 @@ impl Backend for SqliteBackend {
     fn list(
         &self,
         state: Option<TaskState>,
-        after_task_id: Option<&str>,
-        limit: u32,
-        scope: &ReadScope,
+        page: Page<'_, Option<&str>>,
     ) -> StoreResult<Vec<RawRow>> {
         let sql = format!(
             "SELECT {COLUMNS} FROM tasks WHERE (?1 IS NULL OR status = ?1) \
@@ -194,10 +157,10 @@ impl Backend for SqliteBackend {
         stmt.query_map(
             params![
                 state.map(TaskState::as_str),
-                after_task_id,
-                limit,
-                scope.uid(),
-                scope.agent()
+                page.after,
+                page.limit,
+                page.scope.uid(),
+                page.scope.agent()
             ],
             from_sql,
         )
@@ -215,13 +178,7 @@ impl Backend for SqliteBackend {
             .map_err(|e| StoreError::sqlite("summarising tasks", e))
     }
 
-    fn events(
-        &self,
-        task_id: Option<&str>,
-        after_event_id: i64,
-        limit: u32,
-        scope: &ReadScope,
-    ) -> StoreResult<Vec<RawEvent>> {
+    fn events(&self, task_id: Option<&str>, page: Page<'_, i64>) -> StoreResult<Vec<RawEvent>> {
         let mut stmt = self
             .conn
             .prepare(
@@ -232,9 +189,9 @@ impl Backend for SqliteBackend {
                  ORDER BY id LIMIT ?3",
             )
             .map_err(|e| StoreError::sqlite("reading events", e))?;
-        let (uid, agent) = (scope.uid(), scope.agent());
+        let (uid, agent) = (page.scope.uid(), page.scope.agent());
         stmt.query_map(
-            params![task_id, after_event_id, limit, uid, agent],
+            params![task_id, page.after, page.limit, uid, agent],
             raw_event,
         )
         .and_then(|rows| rows.collect())
@@ -398,12 +355,9 @@ impl Tx for SqliteTx<'_> {
             .prepare_cached(sql)
             .map_err(|e| StoreError::sqlite(what, e))?;
         stmt.query_map([repository_filter(repositories)?], |r| {
-            Ok(ClassHead {
-                key: r.get(0)?,
-                first_seq: r.get(1)?,
-                running: r.get(2)?,
-                last_claim_ms: r.get(3)?,
-            })
+            Ok(airlock_sqlite::columns!(ClassHead {
+                key, first_seq, running, last_claim_ms
+            } from r.get))
         })
         .and_then(|rows| rows.collect())
         .map_err(|e| StoreError::sqlite(what, e))
@@ -574,13 +528,10 @@ impl Tx for SqliteTx<'_> {
                  WHERE task_id = ?1 AND idempotency_key = ?2",
                 params![task_id, key],
                 |r| {
-                    Ok(StoredExtension {
-                        request_sha256: r.get(0)?,
-                        authorization_id: r.get(1)?,
-                        previous_verification_sha256: r.get(2)?,
-                        next_max_attempts: r.get(3)?,
-                        applied_revision: r.get(4)?,
-                    })
+                    Ok(airlock_sqlite::columns!(StoredExtension {
+                        request_sha256, authorization_id, previous_verification_sha256,
+                        next_max_attempts, applied_revision
+                    } from r.get))
                 },
             )
             .optional()
@@ -668,10 +619,9 @@ impl Tx for SqliteTx<'_> {
                  WHERE task_id = ?1 AND idempotency_key = ?2",
                 params![task_id, key],
                 |r| {
-                    Ok(StoredDecision {
-                        request_sha256: r.get(0)?,
-                        outcome_json: r.get(1)?,
-                    })
+                    Ok(airlock_sqlite::columns!(StoredDecision {
+                        request_sha256, outcome_json
+                    } from r.get))
                 },
             )
             .optional()
@@ -690,20 +640,20 @@ impl Tx for SqliteTx<'_> {
             .map_err(|e| StoreError::sqlite("reading a reconciliation case", e))
     }
 
-    fn put_case(
-        &mut self,
-        task_id: &str,
-        attempt: u32,
-        status: &str,
-        case_json: &str,
-    ) -> StoreResult<()> {
+    fn put_case(&mut self, case: &NewCase<'_>) -> StoreResult<()> {
         self.conn
             .execute(
                 "INSERT INTO reconciliations (task_id, attempt, status, case_json, updated_at_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (task_id, attempt) DO UPDATE SET \
                  status = excluded.status, case_json = excluded.case_json, \
                  updated_at_ms = excluded.updated_at_ms",
-                params![task_id, attempt, status, case_json, self.now],
+                params![
+                    case.task_id,
+                    case.attempt,
+                    case.status,
+                    case.case_json,
+                    self.now
+                ],
             )
             .map_err(|e| StoreError::sqlite("storing a reconciliation case", e))?;
         Ok(())
@@ -712,9 +662,7 @@ impl Tx for SqliteTx<'_> {
     fn cases(
         &mut self,
         status: Option<&str>,
-        after_task_id: Option<&str>,
-        limit: u32,
-        scope: &ReadScope,
+        page: Page<'_, Option<&str>>,
     ) -> StoreResult<Vec<String>> {
         let mut stmt = self
             .conn
@@ -726,9 +674,9 @@ impl Tx for SqliteTx<'_> {
                  ORDER BY task_id, attempt LIMIT ?3",
             )
             .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))?;
-        let (uid, agent) = (scope.uid(), scope.agent());
+        let (uid, agent) = (page.scope.uid(), page.scope.agent());
         let rows = stmt
-            .query_map(params![status, after_task_id, limit, uid, agent], |r| {
+            .query_map(params![status, page.after, page.limit, uid, agent], |r| {
                 r.get(0)
             })
             .map_err(|e| StoreError::sqlite("listing reconciliation cases", e))?;
@@ -743,10 +691,9 @@ impl Tx for SqliteTx<'_> {
                  WHERE task_id = ?1 AND idempotency_key = ?2",
                 params![task_id, key],
                 |r| {
-                    Ok(StoredDecision {
-                        request_sha256: r.get(0)?,
-                        outcome_json: r.get(1)?,
-                    })
+                    Ok(airlock_sqlite::columns!(StoredDecision {
+                        request_sha256, outcome_json
+                    } from r.get))
                 },
             )
             .optional()

@@ -157,6 +157,36 @@ pub struct NewResolution<'a> {
     pub actor_name: &'a str,
 }
 
+/// A reconciliation case to store under `(task_id, attempt)`.
+#[derive(Debug)]
+pub struct NewCase<'a> {
+    pub task_id: &'a str,
+    pub attempt: u32,
+    pub status: &'a str,
+    pub case_json: &'a str,
+}
+
+/// One page of a listing: what comes after `after` (a task id, or an
+/// event id), at most `limit`, of what `scope` sees.
+#[derive(Clone, Copy, Debug)]
+pub struct Page<'a, After> {
+    pub after: After,
+    pub limit: u32,
+    pub scope: &'a ReadScope,
+}
+
+impl<'a, After> Page<'a, After> {
+    /// The page after `after` of what `scope` sees, `limit` clamped to
+    /// [`super::MAX_PAGE`].
+    pub fn new(after: After, limit: u32, scope: &'a ReadScope) -> Self {
+        Page {
+            after,
+            limit: limit.min(super::MAX_PAGE),
+            scope,
+        }
+    }
+}
+
 /// A transaction in progress. Everything it does commits together or not
 /// at all; `now` is the store's time, fixed when the transaction began.
 ///
@@ -240,21 +270,13 @@ pub trait Tx {
     /// task's latest case when `attempt` is `None`.
     fn case_json(&mut self, task_id: &str, attempt: Option<u32>) -> StoreResult<Option<String>>;
     /// Inserts or rewrites the case of `(task_id, attempt)`.
-    fn put_case(
-        &mut self,
-        task_id: &str,
-        attempt: u32,
-        status: &str,
-        case_json: &str,
-    ) -> StoreResult<()>;
-    /// Cases as JSON in `(task_id, attempt)` order, of tasks after
-    /// `after_task_id` that `scope` sees, only those in `status` when given.
+    fn put_case(&mut self, case: &NewCase<'_>) -> StoreResult<()>;
+    /// Cases as JSON in `(task_id, attempt)` order, of the page's tasks
+    /// (after a task id), only those in `status` when given.
     fn cases(
         &mut self,
         status: Option<&str>,
-        after_task_id: Option<&str>,
-        limit: u32,
-        scope: &ReadScope,
+        page: Page<'_, Option<&str>>,
     ) -> StoreResult<Vec<String>>;
     /// The resolution stored under `(task_id, key)`.
     fn resolution(&mut self, task_id: &str, key: &str) -> StoreResult<Option<StoredDecision>>;
@@ -281,25 +303,18 @@ pub trait Backend: Send + std::fmt::Debug {
     fn now_ms(&self) -> StoreResult<i64>;
     /// One task.
     fn get(&self, task_id: &str) -> StoreResult<Option<RawRow>>;
-    /// A page of tasks by id, of those `scope` sees.
+    /// A page of tasks by id (after a task id), only those in `state`
+    /// when given.
     fn list(
         &self,
         state: Option<TaskState>,
-        after_task_id: Option<&str>,
-        limit: u32,
-        scope: &ReadScope,
+        page: Page<'_, Option<&str>>,
     ) -> StoreResult<Vec<RawRow>>;
     /// (status, count) per state present.
     fn counts(&self) -> StoreResult<Vec<(String, i64)>>;
     /// A page of events; with a scope of one submitter, only the events
     /// of its tasks.
-    fn events(
-        &self,
-        task_id: Option<&str>,
-        after_event_id: i64,
-        limit: u32,
-        scope: &ReadScope,
-    ) -> StoreResult<Vec<RawEvent>>;
+    fn events(&self, task_id: Option<&str>, page: Page<'_, i64>) -> StoreResult<Vec<RawEvent>>;
     /// Of the events about no task whose action is one of `actions` and
     /// whose payload's `key` is a string, the newest of each such string,
     /// in id order.

@@ -8,12 +8,7 @@ use airlock_proto::bus::{AgentLimits, AgentView};
 use std::process::ExitCode;
 
 /// Arguments of `agent`.
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// What to do.
-    #[command(subcommand)]
-    pub action: Action,
-}
+pub type Args = super::Verbs<Action>;
 
 /// `agent` subcommands.
 #[derive(Debug, clap::Subcommand)]

@@ -5,12 +5,11 @@
 //! files come back in the task's result (`airlockctl show ID`, `--file`).
 //! Nothing is committed.
 
+use super::propose::Submitting;
 use crate::client::{Client, CtlError};
 use crate::output::Ctx;
 use airlock_builder::{Built, Proposal};
-use airlock_proto::limits::DEFAULT_MAX_ATTEMPTS;
 use airlock_proto::task::{Outcome, TaskState};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -40,31 +39,21 @@ pub struct Args {
     #[arg(long, value_name = "ID")]
     pub task_id: Option<String>,
 
-    /// Attempts before the task fails.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ATTEMPTS)]
-    pub max_attempts: u32,
-
-    /// Print the task JSON that would be submitted, and submit nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub submitting: Submitting,
 
     /// Wait for the capture's result and show it (exit 0 only when the
     /// files were captured).
     #[arg(long)]
     pub wait: bool,
-
-    /// The configuration file (airlockctl's global `--config`): where the
-    /// repository is.
-    #[arg(skip = PathBuf::from(airlock_config::DEFAULT_PATH))]
-    pub config: PathBuf,
 }
 
 /// Builds the task (no bus needed).
 pub fn build(args: &Args) -> Result<Built, CtlError> {
-    let (_, repo) = super::propose::registered_repo(&args.config, &args.repo)?;
+    let (_, repo) = super::propose::registered_repo(&args.submitting.config, &args.repo)?;
     let mut proposal = Proposal::new(&args.repo, &args.base);
     proposal.task_id = args.task_id.clone();
-    proposal.max_attempts = args.max_attempts;
+    proposal.max_attempts = args.submitting.max_attempts;
     Ok(proposal.capture(&repo, &args.paths, &args.signals)?)
 }
 
@@ -72,16 +61,8 @@ pub fn build(args: &Args) -> Result<Built, CtlError> {
 /// the capture once it is there).
 pub async fn run(ctx: &Ctx, client: Option<&Client>, args: Args) -> Result<ExitCode, CtlError> {
     let built = build(&args)?;
-    if args.dry_run {
-        if ctx.json {
-            ctx.print_json(&built.task);
-        } else {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&built.task).unwrap_or_default()
-            );
-        }
-        return Ok(ExitCode::SUCCESS);
+    if args.submitting.dry_run {
+        return Ok(super::propose::dry_run(ctx, &built.task));
     }
     let client = client.expect("a client unless --dry-run");
     let out = client.sup().submit_task(&built.task).await?;

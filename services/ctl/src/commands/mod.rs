@@ -29,6 +29,16 @@ use airlock_proto::Code;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// Arguments of a command that is only its subcommands (`agent`,
+/// `reconcile`, `retry`): each module names its own as
+/// `pub type Args = Verbs<Action>;`.
+#[derive(Debug, clap::Args)]
+pub struct Verbs<A: clap::Subcommand> {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: A,
+}
+
 /// The bus to reach the supervisor on: `--bus`, else the configuration's
 /// `supervisor.bus_address` (a `--config` that does not load is an error;
 /// the default file counts only when it loads and names one), else `None`:
@@ -60,8 +70,8 @@ pub async fn dispatch(ctx: &Ctx, mut cli: Cli) -> Result<ExitCode, CtlError> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(airlock_config::DEFAULT_PATH));
     match &mut cli.command {
-        Command::Propose(a) => a.config = config_path.clone(),
-        Command::Capture(a) => a.config = config_path.clone(),
+        Command::Propose(a) => a.submitting.config = config_path.clone(),
+        Command::Capture(a) => a.submitting.config = config_path.clone(),
         Command::Retry(retry::Args {
             action: retry::Action::Extend(a),
         }) => a.config = config_path.clone(),
@@ -79,10 +89,10 @@ pub async fn dispatch(ctx: &Ctx, mut cli: Cli) -> Result<ExitCode, CtlError> {
             action: agent::Action::Exec(args),
         }) => return agent::exec(args),
         // A dry run builds the task without the supervisor.
-        Command::Propose(args) if args.dry_run => {
+        Command::Propose(args) if args.submitting.dry_run => {
             return propose::run(ctx, None, args).await;
         }
-        Command::Capture(args) if args.dry_run => {
+        Command::Capture(args) if args.submitting.dry_run => {
             return capture::run(ctx, None, args).await;
         }
         command => Cli { command, ..cli },

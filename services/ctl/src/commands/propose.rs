@@ -60,6 +60,19 @@ pub struct Args {
     #[arg(long, value_name = "BRANCH")]
     pub branch: Option<String>,
 
+    #[command(flatten)]
+    pub submitting: Submitting,
+
+    /// Follow the task until it is SUCCEEDED, FAILED or CANCELLED (exit 0
+    /// only if it SUCCEEDED), then show its evidence.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// The options of every command that builds a task and submits it: its
+/// attempts, printing it instead (`--dry-run`), and the configuration.
+#[derive(Debug, clap::Args)]
+pub struct Submitting {
     /// Attempts before the task fails.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: u32,
@@ -68,15 +81,20 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Follow the task until it is SUCCEEDED, FAILED or CANCELLED (exit 0
-    /// only if it SUCCEEDED), then show its evidence.
-    #[arg(long)]
-    pub wait: bool,
-
     /// The configuration file (airlockctl's global `--config`): where the
     /// repository is, which programs the executor runs.
     #[arg(skip = PathBuf::from(airlock_config::DEFAULT_PATH))]
     pub config: PathBuf,
+}
+
+/// `--dry-run`'s answer: the task JSON that would be submitted, printed.
+pub(crate) fn dry_run(ctx: &Ctx, task: &impl serde::Serialize) -> ExitCode {
+    if ctx.json {
+        ctx.print_json(task);
+    } else {
+        println!("{}", serde_json::to_string_pretty(task).unwrap_or_default());
+    }
+    ExitCode::SUCCESS
 }
 
 /// The configuration at `config_path` and the registered repository
@@ -104,11 +122,11 @@ pub(crate) fn registered_repo(
 
 /// Builds the task (no bus needed).
 pub fn build(args: &Args) -> Result<Built, CtlError> {
-    let (config, repo) = registered_repo(&args.config, &args.repo)?;
+    let (config, repo) = registered_repo(&args.submitting.config, &args.repo)?;
     let mut proposal = Proposal::new(&args.repo, &args.base);
     proposal.task_id = args.task_id.clone();
     proposal.branch = args.branch.clone();
-    proposal.max_attempts = args.max_attempts;
+    proposal.max_attempts = args.submitting.max_attempts;
     // The repository's environment's programs first, then the executor's.
     let programs = airlock_config::ProgramTable::from_config(&config)
         .for_repository(&args.repo)
@@ -157,16 +175,8 @@ fn read_patch(file: &std::path::Path) -> Result<String, CtlError> {
 /// Builds, then prints (`--dry-run`) or submits.
 pub async fn run(ctx: &Ctx, client: Option<&Client>, args: Args) -> Result<ExitCode, CtlError> {
     let built = build(&args)?;
-    if args.dry_run {
-        if ctx.json {
-            ctx.print_json(&built.task);
-        } else {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&built.task).unwrap_or_default()
-            );
-        }
-        return Ok(ExitCode::SUCCESS);
+    if args.submitting.dry_run {
+        return Ok(dry_run(ctx, &built.task));
     }
     let client = client.expect("a client unless --dry-run");
     if !ctx.json {

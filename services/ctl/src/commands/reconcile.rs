@@ -20,12 +20,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// Arguments of `reconcile`.
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// What to do.
-    #[command(subcommand)]
-    pub action: Action,
-}
+pub type Args = super::Verbs<Action>;
 
 /// `reconcile` subcommands.
 #[derive(Debug, clap::Subcommand)]

@@ -20,12 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Arguments of `retry`.
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// What to do.
-    #[command(subcommand)]
-    pub action: Action,
-}
+pub type Args = super::Verbs<Action>;
 
 /// `retry` subcommands.
 #[derive(Debug, clap::Subcommand)]

@@ -5,7 +5,7 @@
 use super::{AirlockMcp, Answer};
 use crate::input::{self, FileContent};
 use crate::text;
-use airlock_builder::{Changes, Proposal, verify_command};
+use airlock_builder::{Changes, Proposal, label_of, verify_command};
 use airlock_proto::canonical::sha256_hex;
 use airlock_proto::envelope::Command;
 use airlock_proto::task::TaskView;
@@ -180,17 +180,7 @@ impl AirlockMcp {
             // verify_command resolves the program and checks the timeout.
             let resolved = verify_command(&shell_quote(&first), timeout, programs)?;
             argv[0] = resolved.argv[0].clone();
-            let label: String = text::clean(&argv.join(" "), 256)
-                .0
-                .chars()
-                .map(|c| if c.is_ascii_graphic() { c } else { ' ' })
-                .collect::<String>()
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .chars()
-                .take(airlock_proto::limits::MAX_LABEL_LEN)
-                .collect();
+            let label = label_of(&text::clean(&argv.join(" "), 256).0);
             commands.push(Command {
                 label: if label.is_empty() {
                     "command".into()

@@ -45,11 +45,12 @@ impl AirlockMcp {
 
     pub(super) fn list_files(&self, a: input::ListFiles) -> Answer {
         input::revision(&a.revision)?;
-        let limit = input::in_range(
+        let limit = input::size(
             "limit",
-            a.limit.unwrap_or(limits::DEFAULT_FILES_PAGE),
+            a.limit,
+            limits::DEFAULT_FILES_PAGE,
             limits::MAX_FILES_PAGE,
-        )? as usize;
+        )?;
         let prefix = match a.prefix.as_deref() {
             None | Some("") => String::new(),
             Some(p) => format!("{}/", input::path(p.trim_end_matches('/'))?),
@@ -83,11 +84,12 @@ impl AirlockMcp {
     pub(super) fn read_file(&self, a: input::ReadFile) -> Answer {
         input::revision(&a.revision)?;
         input::path(&a.path)?;
-        let length = input::in_range(
+        let length = input::size(
             "length",
-            a.length.unwrap_or(limits::DEFAULT_READ_BYTES),
+            a.length,
+            limits::DEFAULT_READ_BYTES,
             limits::MAX_READ_BYTES,
-        )? as usize;
+        )?;
         let offset = a.offset.unwrap_or(0) as usize;
         let repo = self.repository(&a.repository)?;
         let commit = repo.resolve_commit(&a.revision)?;

@@ -7,7 +7,7 @@ use super::{AirlockMcp, Answer};
 use crate::input;
 use crate::limits;
 use crate::text;
-use airlock_proto::task::{TaskResult, TaskState, TaskView};
+use airlock_proto::task::{CommandSummary, TaskResult, TaskState, TaskView};
 use rmcp::RoleServer;
 use rmcp::model::ProgressNotificationParam;
 use rmcp::service::RequestContext;
@@ -83,11 +83,12 @@ impl AirlockMcp {
     }
 
     pub(super) async fn list_tasks(&self, a: input::ListTasks) -> Answer {
-        let limit = input::in_range(
+        let limit = input::size(
             "limit",
-            a.limit.unwrap_or(limits::DEFAULT_TASKS_PAGE),
+            a.limit,
+            limits::DEFAULT_TASKS_PAGE,
             limits::MAX_TASKS_PAGE,
-        )? as usize;
+        )?;
         let state = match a.state.as_deref() {
             Some(s) => TaskState::parse(s)?.as_str(),
             None => "",
@@ -195,21 +196,28 @@ fn next_step(task: &TaskView) -> &'static str {
     }
 }
 
+/// One verification command as the task tools show it: its label, exit,
+/// time-out and duration, and the tool's own facts `more` adds.
+fn command_json(c: &CommandSummary, more: Value) -> Value {
+    let mut out = json!({
+        "label": text::clean(&c.label, 128).0,
+        "exit_code": c.exit_code,
+        "timed_out": c.timed_out,
+        "duration_ms": c.duration_ms,
+    });
+    if let (Some(out), Value::Object(more)) = (out.as_object_mut(), more) {
+        out.extend(more);
+    }
+    out
+}
+
 /// The summary every task tool returns (bounded: no plan, no output).
 pub fn summary(task: &TaskView) -> Value {
     let result = result_of(task);
     let commands: Vec<Value> = result
         .iter()
         .flat_map(|r| r.verification.iter())
-        .map(|c| {
-            json!({
-                "label": text::clean(&c.label, 128).0,
-                "exit_code": c.exit_code,
-                "timed_out": c.timed_out,
-                "duration_ms": c.duration_ms,
-                "passed": c.passed(),
-            })
-        })
+        .map(|c| command_json(c, json!({ "passed": c.passed() })))
         .collect();
     json!({
         "task_id": task.task_id,
@@ -256,14 +264,11 @@ pub fn task_log(task: &TaskView) -> Value {
         .iter()
         .flat_map(|r| r.verification.iter())
         .map(|c| {
-            json!({
-                "label": text::clean(&c.label, 128).0,
-                "exit_code": c.exit_code,
-                "timed_out": c.timed_out,
-                "duration_ms": c.duration_ms,
+            let tails = json!({
                 "stdout_tail": take(&c.stdout_tail),
                 "stderr_tail": take(&c.stderr_tail),
-            })
+            });
+            command_json(c, tails)
         })
         .collect();
     json!({

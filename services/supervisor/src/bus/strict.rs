@@ -18,22 +18,20 @@
 //! does not serve, which zbus answers as unknown).
 //!
 //! zbus documents `Interface` as a trait to implement through its macro;
-//! this implementation forwards every item to the macro's own (as
-//! [`super::tasks_v1`] does), and `Cargo.lock` pins the zbus it was
-//! written against.
+//! this implementation (`wrapper_interface!`, which [`super::tasks_v1`]
+//! uses too) forwards every item to the macro's own, and `Cargo.lock`
+//! pins the zbus it was written against.
 
 use super::Shared;
 use super::error::BusError;
 use airlock_proto::Error;
 use airlock_proto::bus::{Method, tasks_v1};
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
+use zbus::Connection;
 use zbus::message::{Header, Message};
 use zbus::names::{InterfaceName, MemberName};
-use zbus::object_server::{DispatchResult, Interface, SignalEmitter};
-use zbus::zvariant::{OwnedValue, Value};
-use zbus::{Connection, ObjectServer, fdo};
+use zbus::object_server::{DispatchResult, Interface};
 
 /// An interface object whose calls are checked against their rows.
 #[derive(Debug)]
@@ -88,95 +86,122 @@ impl<I: Interface> Strict<I> {
     }
 }
 
-#[async_trait::async_trait]
-impl<I: Interface> Interface for Strict<I> {
-    fn name() -> InterfaceName<'static> {
-        I::name()
-    }
+/// Implements zbus's `Interface` for a wrapper of another interface object
+/// (its field `inner`): the properties and `spawn_tasks_for_methods` pass to
+/// `inner` unchanged; a method call first asks the wrapper's own
+/// `refuse(connection, msg, &name)` (and `call_mut`'s `Self::refuse_mut(&name)`)
+/// whether to answer it here, and otherwise passes to `inner`. The wrapper
+/// writes `name` and `introspect_to_writer` itself, inside the braces.
+macro_rules! wrapper_interface {
+    ([$($generics:tt)*] $wrapper:ty { $($own:tt)* }) => {
+        #[async_trait::async_trait]
+        impl<$($generics)*> zbus::object_server::Interface for $wrapper {
+            $($own)*
 
-    fn spawn_tasks_for_methods(&self) -> bool {
-        self.inner.spawn_tasks_for_methods()
-    }
+            fn spawn_tasks_for_methods(&self) -> bool {
+                self.inner.spawn_tasks_for_methods()
+            }
 
-    async fn get(
-        &self,
-        property_name: &str,
-        server: &ObjectServer,
-        connection: &Connection,
-        header: Option<&Header<'_>>,
-        emitter: &SignalEmitter<'_>,
-    ) -> Option<fdo::Result<OwnedValue>> {
-        self.inner
-            .get(property_name, server, connection, header, emitter)
-            .await
-    }
+            async fn get(
+                &self,
+                property_name: &str,
+                server: &zbus::ObjectServer,
+                connection: &zbus::Connection,
+                header: Option<&zbus::message::Header<'_>>,
+                emitter: &zbus::object_server::SignalEmitter<'_>,
+            ) -> Option<zbus::fdo::Result<zbus::zvariant::OwnedValue>> {
+                self.inner
+                    .get(property_name, server, connection, header, emitter)
+                    .await
+            }
 
-    async fn get_all(
-        &self,
-        server: &ObjectServer,
-        connection: &Connection,
-        header: Option<&Header<'_>>,
-        emitter: &SignalEmitter<'_>,
-    ) -> fdo::Result<HashMap<String, OwnedValue>> {
-        self.inner
-            .get_all(server, connection, header, emitter)
-            .await
-    }
+            async fn get_all(
+                &self,
+                server: &zbus::ObjectServer,
+                connection: &zbus::Connection,
+                header: Option<&zbus::message::Header<'_>>,
+                emitter: &zbus::object_server::SignalEmitter<'_>,
+            ) -> zbus::fdo::Result<std::collections::HashMap<String, zbus::zvariant::OwnedValue>>
+            {
+                self.inner
+                    .get_all(server, connection, header, emitter)
+                    .await
+            }
 
-    fn set<'call>(
-        &'call self,
-        property_name: &'call str,
-        value: &'call Value<'_>,
-        server: &'call ObjectServer,
-        connection: &'call Connection,
-        header: Option<&'call Header<'_>>,
-        emitter: &'call SignalEmitter<'_>,
-    ) -> DispatchResult<'call> {
-        self.inner
-            .set(property_name, value, server, connection, header, emitter)
-    }
+            fn set<'call>(
+                &'call self,
+                property_name: &'call str,
+                value: &'call zbus::zvariant::Value<'_>,
+                server: &'call zbus::ObjectServer,
+                connection: &'call zbus::Connection,
+                header: Option<&'call zbus::message::Header<'_>>,
+                emitter: &'call zbus::object_server::SignalEmitter<'_>,
+            ) -> zbus::object_server::DispatchResult<'call> {
+                self.inner
+                    .set(property_name, value, server, connection, header, emitter)
+            }
 
-    async fn set_mut(
-        &mut self,
-        property_name: &str,
-        value: &Value<'_>,
-        server: &ObjectServer,
-        connection: &Connection,
-        header: Option<&Header<'_>>,
-        emitter: &SignalEmitter<'_>,
-    ) -> Option<fdo::Result<()>> {
-        self.inner
-            .set_mut(property_name, value, server, connection, header, emitter)
-            .await
-    }
+            async fn set_mut(
+                &mut self,
+                property_name: &str,
+                value: &zbus::zvariant::Value<'_>,
+                server: &zbus::ObjectServer,
+                connection: &zbus::Connection,
+                header: Option<&zbus::message::Header<'_>>,
+                emitter: &zbus::object_server::SignalEmitter<'_>,
+            ) -> Option<zbus::fdo::Result<()>> {
+                self.inner
+                    .set_mut(property_name, value, server, connection, header, emitter)
+                    .await
+            }
 
-    fn call<'call>(
-        &'call self,
-        server: &'call ObjectServer,
-        connection: &'call Connection,
-        msg: &'call Message,
-        name: MemberName<'call>,
-    ) -> DispatchResult<'call> {
-        if let Some(refused) = self.refuse(connection, msg, &name) {
-            return refused;
+            fn call<'call>(
+                &'call self,
+                server: &'call zbus::ObjectServer,
+                connection: &'call zbus::Connection,
+                msg: &'call zbus::message::Message,
+                name: zbus::names::MemberName<'call>,
+            ) -> zbus::object_server::DispatchResult<'call> {
+                if let Some(answered) = self.refuse(connection, msg, &name) {
+                    return answered;
+                }
+                self.inner.call(server, connection, msg, name)
+            }
+
+            fn call_mut<'call>(
+                &'call mut self,
+                server: &'call zbus::ObjectServer,
+                connection: &'call zbus::Connection,
+                msg: &'call zbus::message::Message,
+                name: zbus::names::MemberName<'call>,
+            ) -> zbus::object_server::DispatchResult<'call> {
+                if let Some(answered) = Self::refuse_mut(&name) {
+                    return answered;
+                }
+                self.inner.call_mut(server, connection, msg, name)
+            }
         }
-        self.inner.call(server, connection, msg, name)
-    }
+    };
+}
+pub(super) use wrapper_interface;
 
-    fn call_mut<'call>(
-        &'call mut self,
-        server: &'call ObjectServer,
-        connection: &'call Connection,
-        msg: &'call Message,
-        name: MemberName<'call>,
-    ) -> DispatchResult<'call> {
-        // `call` answered a misshapen call already; a call reaching here
-        // matched its row.
-        self.inner.call_mut(server, connection, msg, name)
+impl<I: Interface> Strict<I> {
+    /// `call_mut`'s answer: none, since `call` answered a misshapen call
+    /// already; a call reaching `call_mut` matched its row.
+    fn refuse_mut<'call>(_name: &MemberName<'_>) -> Option<DispatchResult<'call>> {
+        None
     }
+}
 
-    fn introspect_to_writer(&self, writer: &mut dyn Write, level: usize) {
-        self.inner.introspect_to_writer(writer, level);
+wrapper_interface! {
+    [I: Interface] Strict<I> {
+        fn name() -> InterfaceName<'static> {
+            I::name()
+        }
+
+        fn introspect_to_writer(&self, writer: &mut dyn Write, level: usize) {
+            self.inner.introspect_to_writer(writer, level);
+        }
     }
 }
 

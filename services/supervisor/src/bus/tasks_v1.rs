@@ -19,20 +19,18 @@
 //! other call whose arguments are not its row's is answered there.
 //!
 //! zbus documents its `Interface` trait as one to implement through its
-//! macro; it is implemented by hand here to serve another object's
-//! methods under this name. The forwarding is to the macro's own
-//! implementation for `Tasks`; `Cargo.lock` pins the zbus it was written
-//! against.
+//! macro; it is implemented by hand here (by `strict::wrapper_interface!`,
+//! as `Strict`'s is) to serve another object's methods under this name.
+//! The forwarding is to the macro's own implementation for `Tasks`;
+//! `Cargo.lock` pins the zbus it was written against.
 
 use super::tasks::Tasks;
 use airlock_proto::bus::tasks_v1;
-use std::collections::HashMap;
 use std::fmt::Write;
-use zbus::message::{Header, Message};
+use zbus::Connection;
+use zbus::message::Message;
 use zbus::names::{InterfaceName, MemberName};
-use zbus::object_server::{DispatchResult, Interface, SignalEmitter};
-use zbus::zvariant::{OwnedValue, Value};
-use zbus::{Connection, ObjectServer, fdo};
+use zbus::object_server::DispatchResult;
 
 /// The Tasks1 interface object: a [`Tasks`] under the old name.
 #[derive(Debug)]
@@ -114,98 +112,34 @@ fn only_served_methods(xml: &str) -> String {
     out.concat()
 }
 
-#[async_trait::async_trait]
-impl Interface for TasksV1 {
-    fn name() -> InterfaceName<'static> {
-        InterfaceName::from_static_str_unchecked(tasks_v1::INTERFACE)
-    }
-
-    fn spawn_tasks_for_methods(&self) -> bool {
-        self.inner.spawn_tasks_for_methods()
-    }
-
-    async fn get(
+impl TasksV1 {
+    /// A method Tasks1 does not serve is unknown here (Tasks2 may have it).
+    fn refuse<'call>(
         &self,
-        property_name: &str,
-        server: &ObjectServer,
-        connection: &Connection,
-        header: Option<&Header<'_>>,
-        emitter: &SignalEmitter<'_>,
-    ) -> Option<fdo::Result<OwnedValue>> {
-        self.inner
-            .get(property_name, server, connection, header, emitter)
-            .await
+        _connection: &Connection,
+        _msg: &Message,
+        name: &MemberName<'_>,
+    ) -> Option<DispatchResult<'call>> {
+        Self::refuse_mut(name)
     }
 
-    async fn get_all(
-        &self,
-        server: &ObjectServer,
-        connection: &Connection,
-        header: Option<&Header<'_>>,
-        emitter: &SignalEmitter<'_>,
-    ) -> fdo::Result<HashMap<String, OwnedValue>> {
-        self.inner
-            .get_all(server, connection, header, emitter)
-            .await
+    /// As [`Self::refuse`], for `call_mut`.
+    fn refuse_mut<'call>(name: &MemberName<'_>) -> Option<DispatchResult<'call>> {
+        (!serves(name.as_str())).then_some(DispatchResult::NotFound)
     }
+}
 
-    fn set<'call>(
-        &'call self,
-        property_name: &'call str,
-        value: &'call Value<'_>,
-        server: &'call ObjectServer,
-        connection: &'call Connection,
-        header: Option<&'call Header<'_>>,
-        emitter: &'call SignalEmitter<'_>,
-    ) -> DispatchResult<'call> {
-        self.inner
-            .set(property_name, value, server, connection, header, emitter)
-    }
-
-    async fn set_mut(
-        &mut self,
-        property_name: &str,
-        value: &Value<'_>,
-        server: &ObjectServer,
-        connection: &Connection,
-        header: Option<&Header<'_>>,
-        emitter: &SignalEmitter<'_>,
-    ) -> Option<fdo::Result<()>> {
-        self.inner
-            .set_mut(property_name, value, server, connection, header, emitter)
-            .await
-    }
-
-    fn call<'call>(
-        &'call self,
-        server: &'call ObjectServer,
-        connection: &'call Connection,
-        msg: &'call Message,
-        name: MemberName<'call>,
-    ) -> DispatchResult<'call> {
-        if !serves(name.as_str()) {
-            return DispatchResult::NotFound;
+super::strict::wrapper_interface! {
+    [] TasksV1 {
+        fn name() -> InterfaceName<'static> {
+            InterfaceName::from_static_str_unchecked(tasks_v1::INTERFACE)
         }
-        self.inner.call(server, connection, msg, name)
-    }
 
-    fn call_mut<'call>(
-        &'call mut self,
-        server: &'call ObjectServer,
-        connection: &'call Connection,
-        msg: &'call Message,
-        name: MemberName<'call>,
-    ) -> DispatchResult<'call> {
-        if !serves(name.as_str()) {
-            return DispatchResult::NotFound;
+        fn introspect_to_writer(&self, writer: &mut dyn Write, level: usize) {
+            let mut inner = String::new();
+            self.inner.introspect_to_writer(&mut inner, level);
+            let _ = writer.write_str(&as_v1(&inner));
         }
-        self.inner.call_mut(server, connection, msg, name)
-    }
-
-    fn introspect_to_writer(&self, writer: &mut dyn Write, level: usize) {
-        let mut inner = String::new();
-        self.inner.introspect_to_writer(&mut inner, level);
-        let _ = writer.write_str(&as_v1(&inner));
     }
 }
 

@@ -97,11 +97,7 @@ impl Run<'_> {
                 return Ok(Continue(Payload::VerificationPassed(passed)));
             }
             if w.spool.exists(Kind::Failed, rid).map_err(spool_err)? {
-                let expect = Expect {
-                    owner_uid: w.settings.executor_uid,
-                    max_bytes: 64 * 1024,
-                    sha256: None,
-                };
+                let expect = Expect::owned_by(w.settings.executor_uid, 64 * 1024);
                 let bytes = w
                     .spool
                     .read(Kind::Failed, rid, &expect)
@@ -148,11 +144,7 @@ impl Run<'_> {
         if w.spool.exists(Kind::Sources, rid).map_err(spool_err)? {
             return Ok(());
         }
-        let expect = Expect {
-            owner_uid: w.settings.executor_uid,
-            max_bytes: 64 * 1024,
-            sha256: None,
-        };
+        let expect = Expect::owned_by(w.settings.executor_uid, 64 * 1024);
         let bytes = w.spool.read(Kind::Wants, rid, &expect).map_err(spool_err)?;
         let want: SourceWanted = serde_json::from_slice(&bytes)
             .map_err(|e| Error::with(Code::MESSAGE_INVALID, format!("source request: {e}")))?;
@@ -232,11 +224,10 @@ impl Run<'_> {
     }
 
     fn load_request(&self, sha: Option<&str>) -> Step<ExecRequest> {
-        let expect = Expect {
-            owner_uid: nix::unistd::getuid().as_raw(),
-            max_bytes: airlock_proto::limits::MAX_MESSAGE_BYTES as u64,
-            sha256: None,
-        };
+        let expect = Expect::owned_by(
+            nix::unistd::getuid().as_raw(),
+            airlock_proto::limits::MAX_MESSAGE_BYTES as u64,
+        );
         let bytes = self
             .w
             .spool
@@ -263,11 +254,10 @@ impl Run<'_> {
 
     /// Reads and verifies the executor's result for our request, and its digest.
     fn read_result(&self, request: &ExecRequest, sha: Option<&str>) -> Step<(ExecResult, String)> {
-        let expect = Expect {
-            owner_uid: self.w.settings.executor_uid,
-            max_bytes: self.w.settings.max_result_bytes,
-            sha256: None,
-        };
+        let expect = Expect::owned_by(
+            self.w.settings.executor_uid,
+            self.w.settings.max_result_bytes,
+        );
         let bytes = self
             .w
             .spool

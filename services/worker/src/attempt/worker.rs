@@ -213,11 +213,7 @@ impl Worker {
         let me = nix::unistd::getuid().as_raw();
         let bytes = airlock_spool::read_path(
             &path,
-            &Expect {
-                owner_uid: me,
-                max_bytes: airlock_proto::limits::MAX_MESSAGE_BYTES as u64,
-                sha256: None,
-            },
+            &Expect::owned_by(me, airlock_proto::limits::MAX_MESSAGE_BYTES as u64),
         )
         .map_err(spool_err)?;
         let value: Value = serde_json::from_slice(&bytes)

@@ -63,9 +63,9 @@ mod migrate;
 mod tls;
 mod tx;
 
-use super::row::{COLUMNS, EVENT_COLUMNS, RawEvent, RawRow};
-use super::tx::{Backend, Tx};
-use super::{ReadScope, Store, TaskState};
+use super::row::{self, COLUMNS, EVENT_COLUMNS, RawEvent, RawRow};
+use super::tx::{Backend, Page, Tx};
+use super::{Store, TaskState};
 use crate::error::{StoreError, StoreResult};
 use airlock_proto::{Code, Error};
 use airlock_sqlite::clock::{Anchor, Clock, SystemClock};
@@ -194,46 +194,11 @@ fn prepared(
 }
 
 fn from_row(r: &postgres::Row) -> Result<RawRow, postgres::Error> {
-    Ok(RawRow {
-        task_id: r.try_get(0)?,
-        status: r.try_get(1)?,
-        attempt: r.try_get(2)?,
-        max_attempts: r.try_get(3)?,
-        revision: r.try_get(4)?,
-        lease_epoch: r.try_get(5)?,
-        claimed_by: r.try_get(6)?,
-        lease_token_hash: r.try_get(7)?,
-        lease_expires_at: r.try_get(8)?,
-        verification_json: r.try_get(9)?,
-        result_json: r.try_get(10)?,
-        binding_json: r.try_get(11)?,
-        plan_json: r.try_get(12)?,
-        envelope_json: r.try_get(13)?,
-        execution_digest: r.try_get(14)?,
-        plan_digest: r.try_get(15)?,
-        idempotency_key: r.try_get(16)?,
-        submission_sha256: r.try_get(17)?,
-        created_at_ms: r.try_get(18)?,
-        updated_at_ms: r.try_get(19)?,
-        submitter_uid: r.try_get(20)?,
-        submitter_agent: r.try_get(21)?,
-        fenced_until_ms: r.try_get(22)?,
-    })
+    Ok(row::raw_row!(r.try_get))
 }
 
 fn raw_event(r: &postgres::Row) -> Result<RawEvent, postgres::Error> {
-    Ok(RawEvent {
-        id: r.try_get(0)?,
-        task_id: r.try_get(1)?,
-        at_ms: r.try_get(2)?,
-        actor_kind: r.try_get(3)?,
-        actor_uid: r.try_get(4)?,
-        actor_name: r.try_get(5)?,
-        action: r.try_get(6)?,
-        outcome: r.try_get(7)?,
-        code: r.try_get(8)?,
-        payload_json: r.try_get(9)?,
-    })
+    Ok(row::raw_event!(r.try_get))
 }
 
 fn rows_of(what: &str, rows: Vec<postgres::Row>) -> StoreResult<Vec<RawRow>> {
@@ -320,9 +285,7 @@ impl Backend for PgBackend {
     fn list(
         &self,
         state: Option<TaskState>,
-        after_task_id: Option<&str>,
-        limit: u32,
-        scope: &ReadScope,
+        page: Page<'_, Option<&str>>,
     ) -> StoreResult<Vec<RawRow>> {
         self.with_session(|s| {
             // Byte order, as SQLite sorts, whatever the database's collation.
@@ -340,10 +303,10 @@ impl Backend for PgBackend {
                     &stmt,
                     &[
                         &state.map(TaskState::as_str),
-                        &after_task_id,
-                        &i64::from(limit),
-                        &scope.uid(),
-                        &scope.agent(),
+                        &page.after,
+                        &i64::from(page.limit),
+                        &page.scope.uid(),
+                        &page.scope.agent(),
                     ],
                 )
                 .map_err(|e| pg_error("listing tasks", e))?;
@@ -369,13 +332,7 @@ impl Backend for PgBackend {
         })
     }
 
-    fn events(
-        &self,
-        task_id: Option<&str>,
-        after_event_id: i64,
-        limit: u32,
-        scope: &ReadScope,
-    ) -> StoreResult<Vec<RawEvent>> {
+    fn events(&self, task_id: Option<&str>, page: Page<'_, i64>) -> StoreResult<Vec<RawEvent>> {
         self.with_session(|s| {
             let stmt = prepared(
                 &mut s.client,
@@ -392,10 +349,10 @@ impl Backend for PgBackend {
                     &stmt,
                     &[
                         &task_id,
-                        &after_event_id,
-                        &i64::from(limit),
-                        &scope.uid(),
-                        &scope.agent(),
+                        &page.after,
+                        &i64::from(page.limit),
+                        &page.scope.uid(),
+                        &page.scope.agent(),
                     ],
                 )
                 .and_then(|rows| rows.iter().map(raw_event).collect())

@@ -4,12 +4,11 @@ use super::error::pg_error;
 use super::prepared;
 use super::rows_of;
 use crate::error::StoreResult;
-use crate::tasks::ReadScope;
 use crate::tasks::fair::{CLASS_SQL, ClassHead};
 use crate::tasks::row::{COLUMNS, RawRow, TaskRow};
 use crate::tasks::tx::{
-    ExtensionCas, Guard, NewDecision, NewEvent, NewExtension, NewResolution, NewResult, NewTask,
-    StoredDecision, StoredExtension, Tx,
+    ExtensionCas, Guard, NewCase, NewDecision, NewEvent, NewExtension, NewResolution, NewResult,
+    NewTask, Page, StoredDecision, StoredExtension, Tx,
 };
 use airlock_proto::bus::AgentUsage;
 use airlock_proto::{Code, Error};
@@ -219,12 +218,9 @@ impl Tx for PgTx<'_, '_> {
         let rows = self.query(what, sql, &[&repositories])?;
         rows.iter()
             .map(|r| {
-                Ok(ClassHead {
-                    key: r.try_get(0)?,
-                    first_seq: r.try_get(1)?,
-                    running: r.try_get(2)?,
-                    last_claim_ms: r.try_get(3)?,
-                })
+                Ok(airlock_sqlite::columns!(ClassHead {
+                    key, first_seq, running, last_claim_ms
+                } from r.try_get))
             })
             .collect::<Result<Vec<_>, postgres::Error>>()
             .map_err(|e| pg_error(what, e))
@@ -411,13 +407,10 @@ impl Tx for PgTx<'_, '_> {
         )?;
         rows.first()
             .map(|r| {
-                Ok(StoredExtension {
-                    request_sha256: r.try_get(0)?,
-                    authorization_id: r.try_get(1)?,
-                    previous_verification_sha256: r.try_get(2)?,
-                    next_max_attempts: r.try_get(3)?,
-                    applied_revision: r.try_get(4)?,
-                })
+                Ok(airlock_sqlite::columns!(StoredExtension {
+                    request_sha256, authorization_id, previous_verification_sha256,
+                    next_max_attempts, applied_revision
+                } from r.try_get))
             })
             .transpose()
             .map_err(|e| pg_error("looking up a retry extension", e))
@@ -505,10 +498,9 @@ impl Tx for PgTx<'_, '_> {
         )?;
         rows.first()
             .map(|r| {
-                Ok(StoredDecision {
-                    request_sha256: r.try_get(0)?,
-                    outcome_json: r.try_get(1)?,
-                })
+                Ok(airlock_sqlite::columns!(StoredDecision {
+                    request_sha256, outcome_json
+                } from r.try_get))
             })
             .transpose()
             .map_err(|e| pg_error("looking up a decision", e))
@@ -528,13 +520,7 @@ impl Tx for PgTx<'_, '_> {
             .map_err(|e| pg_error("reading a reconciliation case", e))
     }
 
-    fn put_case(
-        &mut self,
-        task_id: &str,
-        attempt: u32,
-        status: &str,
-        case_json: &str,
-    ) -> StoreResult<()> {
+    fn put_case(&mut self, case: &NewCase<'_>) -> StoreResult<()> {
         let now = self.now;
         self.execute(
             "storing a reconciliation case",
@@ -542,7 +528,13 @@ impl Tx for PgTx<'_, '_> {
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (task_id, attempt) DO UPDATE SET \
              status = excluded.status, case_json = excluded.case_json, \
              updated_at_ms = excluded.updated_at_ms",
-            &[&task_id, &i64::from(attempt), &status, &case_json, &now],
+            &[
+                &case.task_id,
+                &i64::from(case.attempt),
+                &case.status,
+                &case.case_json,
+                &now,
+            ],
         )?;
         Ok(())
     }
@@ -550,9 +542,7 @@ impl Tx for PgTx<'_, '_> {
     fn cases(
         &mut self,
         status: Option<&str>,
-        after_task_id: Option<&str>,
-        limit: u32,
-        scope: &ReadScope,
+        page: Page<'_, Option<&str>>,
     ) -> StoreResult<Vec<String>> {
         let rows = self.query(
             "listing reconciliation cases",
@@ -563,10 +553,10 @@ impl Tx for PgTx<'_, '_> {
              ORDER BY task_id, attempt LIMIT $3",
             &[
                 &status,
-                &after_task_id,
-                &i64::from(limit),
-                &scope.uid(),
-                &scope.agent(),
+                &page.after,
+                &i64::from(page.limit),
+                &page.scope.uid(),
+                &page.scope.agent(),
             ],
         )?;
         rows.iter()
@@ -584,10 +574,9 @@ impl Tx for PgTx<'_, '_> {
         )?;
         rows.first()
             .map(|r| {
-                Ok(StoredDecision {
-                    request_sha256: r.try_get(0)?,
-                    outcome_json: r.try_get(1)?,
-                })
+                Ok(airlock_sqlite::columns!(StoredDecision {
+                    request_sha256, outcome_json
+                } from r.try_get))
             })
             .transpose()
             .map_err(|e| pg_error("looking up a resolution", e))
