@@ -44,7 +44,7 @@
 #                    with Prometheus's own parser (services/supervisor/tests/metrics.rs)
 AIRLOCK_DEBIAN_PACKAGES=(git pkg-config gcc libc6-dev ca-certificates dbus polkitd bubblewrap python3 python3-venv python3-pip systemd util-linux
   dpkg-dev lintian rpm help2man debootstrap systemd-container iproute2 libcap2-bin postgresql
-  openssh-client openssh-server nftables prometheus chromium)
+  openssh-client openssh-server nftables prometheus chromium tinyproxy)
 
 # Prints a section header.
 section() {

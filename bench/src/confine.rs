@@ -154,6 +154,7 @@ impl Bench {
                     stdout: self.null()?,
                     stderr: self.null()?,
                     network: None,
+                    cancel: None,
                 };
                 let spawner = if variant == Variant::Spawner {
                     &mut self.spawner

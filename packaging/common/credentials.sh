@@ -1,7 +1,8 @@
 # Shared by the Debian postinst and the RPM %post (scripts/package pastes it
 # in where the maintainer script says #CREDENTIALS#).
 #
-# Makes the two secrets airlock-retryd needs, each only when it is missing,
+# Makes the two secrets airlock-retryd needs, and airlock-egress's empty
+# parent proxy credential, each only when it is missing,
 # so that an administrator's own values survive upgrades and reinstalls
 # (conffile semantics, although dpkg and rpm do not track these files):
 #   /etc/airlock/retry-control.token  48 random characters [A-Za-z0-9], the
@@ -9,6 +10,11 @@
 #                                     unit passes it with LoadCredential=)
 #   /etc/airlock/retryd.env           AIRLOCK_RETRY_AUTHORIZATION_ID=owner-…
 #                                     (root 0600; read by systemd as root)
+#   /etc/airlock/egress-parent-proxy.credential
+#                                     empty (root 0600): airlock-egress's
+#                                     parent proxy credential, user:password,
+#                                     for a route's credential = "parent-proxy"
+#                                     (the unit's LoadCredential= needs the file)
 # Both are written to a temporary file and renamed into place, so an
 # interrupted run never leaves a short token behind.
 airlock_random() {
@@ -34,4 +40,7 @@ if [ ! -e /etc/airlock/retryd.env ]; then
         echo "# The owner authorization id every retry-extension request must carry."
         echo "AIRLOCK_RETRY_AUTHORIZATION_ID=owner-$(airlock_random 24)"
     } | airlock_make_secret /etc/airlock/retryd.env
+fi
+if [ ! -e /etc/airlock/egress-parent-proxy.credential ]; then
+    airlock_make_secret /etc/airlock/egress-parent-proxy.credential </dev/null
 fi

@@ -503,10 +503,7 @@ fn environment_axis(base: &Path, tasks: usize) {
             parallel_tasks: 1,
             repositories: vec![("web".into(), project.clone())],
             environments: vec![("web".into(), environment)],
-            egress_permit: registry
-                .iter()
-                .flat_map(|r| airlock_testkit::addresses(r))
-                .collect(),
+            egress_routes: Some(airlock_testkit::address_routes(&registry)),
             ..Default::default()
         },
     )

@@ -145,7 +145,7 @@ pub const ENVIRONMENT_KEYS: &[EnvironmentKey] = &[
         key: "environment.setup.egress",
         accepts: "a list of at most 32 `host:port` entries (a DNS name or an IP literal, port 1–65535)",
         default: "[]",
-        meaning: "The only places setup may reach, through airlock-egress. Names are resolved by the proxy, and a name resolving to a loopback, private, link-local or multicast address is refused.",
+        meaning: "The only places setup may reach, through airlock-egress. Names are resolved by the proxy, and a name resolving to a loopback, private, link-local or multicast address is refused, unless the administrator's route for that host (`/etc/airlock/egress.toml`: `addresses` of an internal mirror, or `via` a parent proxy) says otherwise; an environment cannot.",
     },
     EnvironmentKey {
         key: "environment.setup.timeout_seconds",

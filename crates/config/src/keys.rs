@@ -593,6 +593,12 @@ pub const KEYS: &[KeySpec] = &[
         "Most MiB of files the dependency layer cache keeps (the sealed outputs of environments' setups, keyed by environment and inputs); the least recently used go first.",
     ),
     key(
+        "executor.min_free_disk_mib",
+        int(0, 16 * 1_048_576),
+        "1024",
+        "The host's reserve on the executor's work file system, in MiB: while a verification job writes (its written bytes growing), the executor checks the file system's free space every quarter second and has the command killed when it is below this, and its failed command ends the task with HOST_DISK_RESERVE (distinct from COMMAND_DISK_EXCEEDED: the job may be within its own quota, and a later attempt, once space is freed, may pass). A job that writes nothing is never stopped for it. 0: no reserve. Applies where the executor has per-job cgroups.",
+    ),
+    key(
         "executor.egress_socket",
         Kind::Path,
         "\"/run/airlock-egress/egress.sock\"",
@@ -681,6 +687,18 @@ pub const KEYS: &[KeySpec] = &[
         int(8, 65_536),
         "512",
         "Each verification job's processes and threads: its cgroup's pids.max. A fork past it is refused, and a command that fails after that ends the task with COMMAND_PROCESS_LIMIT. Where the executor has per-job cgroups, this is the only process limit that matters: executor.limits.processes (RLIMIT_NPROC, counted per uid for every job at once) is raised to this times the jobs plus one, so no job's fork bomb starves another.",
+    ),
+    key(
+        "executor.limits.job_cpu_max",
+        int(0, 4096),
+        "0",
+        "Each verification job's CPU quota, in CPUs: its cgroup's cpu.max (v1: cpu.cfs_quota_us over cpu.cfs_period_us, a period of 100 ms); 0 sets none. Every job has an equal CPU weight whatever this is (cpu.weight 100, v1 cpu.shares 1024), so jobs running at once share the CPUs equally and an idle one's share goes to the others; a quota caps a job even on an idle machine. The CPU time each command's job used is in its evidence (wall.cpu_used_ms). Applies where the executor has per-job cgroups with the cpu controller; the executor refuses to start with a quota it cannot set.",
+    ),
+    key(
+        "executor.limits.job_disk_mib",
+        int(0, 16 * 1_048_576),
+        "8192",
+        "What each verification job may write, in MiB: the growth of its workspace (an overlay's upper layer, or its copy) and of its scratch directory (a host view's /tmp and HOME; the minimal root's /tmp is a tmpfs of 256 MiB in the job's memory) while a command runs, as the executor measures it every quarter second. Past it the executor has the command killed (by its spawner, through the job's cancel pipe) and the failed command ends the task with COMMAND_DISK_EXCEEDED; the peak written is in the command's evidence (wall.disk_peak_bytes). A single file stays bounded by executor.limits.file_size_mib (RLIMIT_FSIZE). 0: no quota. Applies where the executor has per-job cgroups.",
     ),
     // ---- [retry] -----------------------------------------------------------
     section(

@@ -54,6 +54,7 @@ mod environment;
 mod error;
 mod keys;
 mod layers;
+pub mod routes;
 mod secret;
 mod source;
 mod validate;
@@ -282,6 +283,8 @@ pub struct Executor {
     pub tree_cache_mib: u64,
     /// Most MiB of files in the dependency layer cache.
     pub layer_cache_mib: u64,
+    /// MiB of the work file system no job may take (0: no reserve).
+    pub min_free_disk_mib: u64,
     /// airlock-egress's socket.
     pub egress_socket: PathBuf,
     /// `[executor.limits]`.
@@ -311,6 +314,7 @@ impl Default for Executor {
             tree_cache_entries: 8,
             tree_cache_mib: 8192,
             layer_cache_mib: 8192,
+            min_free_disk_mib: 1024,
             egress_socket: PathBuf::from("/run/airlock-egress/egress.sock"),
             limits: Limits::default(),
         }
@@ -347,6 +351,11 @@ pub struct Limits {
     pub job_memory_mib: u32,
     /// Each job's processes and threads (its cgroup's `pids.max`).
     pub job_processes: u32,
+    /// Each job's CPU quota, in CPUs (0: none, only the equal share).
+    pub job_cpu_max: u32,
+    /// What each job may write to its workspace and scratch, in MiB (0:
+    /// no quota).
+    pub job_disk_mib: u32,
 }
 
 impl Default for Limits {
@@ -365,6 +374,8 @@ impl Default for Limits {
             output_tail_bytes: airlock_proto::limits::MAX_OUTPUT_TAIL_BYTES as u32,
             job_memory_mib: 4096,
             job_processes: 512,
+            job_cpu_max: 0,
+            job_disk_mib: 8192,
         }
     }
 }

@@ -129,6 +129,7 @@ impl Check<'_, '_> {
         self.int("executor.tree_cache_entries", e.tree_cache_entries)?;
         self.int("executor.tree_cache_mib", e.tree_cache_mib)?;
         self.int("executor.layer_cache_mib", e.layer_cache_mib)?;
+        self.int("executor.min_free_disk_mib", e.min_free_disk_mib)?;
         self.path("executor.egress_socket", &e.egress_socket)?;
         self.limits(&e.limits)
     }
@@ -146,7 +147,9 @@ impl Check<'_, '_> {
         self.int("executor.limits.max_expansion_ratio", l.max_expansion_ratio)?;
         self.int("executor.limits.output_tail_bytes", l.output_tail_bytes)?;
         self.int("executor.limits.job_memory_mib", l.job_memory_mib)?;
-        self.int("executor.limits.job_processes", l.job_processes)
+        self.int("executor.limits.job_processes", l.job_processes)?;
+        self.int("executor.limits.job_cpu_max", l.job_cpu_max)?;
+        self.int("executor.limits.job_disk_mib", l.job_disk_mib)
     }
 
     /// The rules that tie one key to another ([`RULES`]), each refused at

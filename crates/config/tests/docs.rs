@@ -158,7 +158,11 @@ fn render_environments() -> String {
          (`127.0.0.1:3128`, set as `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, their lower-case \
          forms and npm's own names; `NO_PROXY` empty); the forwarder's only peer is \
          airlock-egress, which opens a tunnel only to an `egress` entry, resolved by \
-         itself to public addresses only ([privsep/egress.md](privsep/egress.md)). A \
+         itself to public addresses only unless the administrator's route for that \
+         host says otherwise: `addresses` (the ranges an internal mirror's name may \
+         resolve to) or `via` a parent proxy with its credential, in \
+         `/etc/airlock/egress.toml`, never in an environment ([privsep/egress.md]\
+         (privsep/egress.md#routes-the-administrators-way-out)). A \
          setup without `egress` entries has no network at all.\n\
          - Verification reads the layer: workspace outputs (`node_modules`) as the \
          read-only lower layer of the workspace's overlay, HOME outputs \
@@ -170,8 +174,11 @@ fn render_environments() -> String {
          - A setup command that fails ends the attempt with SETUP_FAILED and its \
          redacted output tail; a connection the proxy refused because configuration \
          does not allow it (EGRESS_HOST_NOT_ALLOWED, EGRESS_PORT_NOT_ALLOWED, \
-         EGRESS_ADDRESS_FORBIDDEN, EGRESS_METHOD_NOT_ALLOWED) ends the task at once, as \
-         does SETUP_UNAVAILABLE (an executor whose commands get the host view: setups \
+         EGRESS_ADDRESS_FORBIDDEN, EGRESS_METHOD_NOT_ALLOWED; a route's parent proxy \
+         refusing the proxy's credential, EGRESS_PARENT_AUTH_FAILED, or the connection, \
+         EGRESS_PARENT_REFUSED) ends the task at once with \
+         that code, whatever the setup command's exit status (a command that ignores \
+         the refusal and exits 0 seals no layer), as does SETUP_UNAVAILABLE (an executor whose commands get the host view: setups \
          need the minimal root's network namespace).\n\n",
     );
     out.push_str("## Keys\n");

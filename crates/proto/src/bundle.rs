@@ -167,12 +167,50 @@ pub struct WallEvidence {
     pub oom_kills: u64,
     /// Forks the process limit refused while it ran.
     pub fork_refusals: u64,
+    /// The job's CPU weight, equal for every job (v2 `cpu.weight`, v1
+    /// `cpu.shares`); absent without the cpu controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_weight: Option<u64>,
+    /// The job's CPU quota, in thousandths of a CPU
+    /// (`executor.limits.job_cpu_max`); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_max_millis: Option<u64>,
+    /// CPU time the job's cgroup used while the command ran, in
+    /// milliseconds: every process of it, those no one waited for too
+    /// (`cpu_ms` counts the children the spawner reaped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_used_ms: Option<u64>,
+    /// The job's IO weight, equal for every job (v2 `io.weight`, v1
+    /// `blkio.weight`); absent where the kernel has no IO weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_weight: Option<u64>,
+    /// The job's disk quota, in bytes (`executor.limits.job_disk_mib`):
+    /// what its commands may write to its workspace and its scratch (a
+    /// host view's /tmp); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_limit_bytes: Option<u64>,
+    /// The most the command had written there at once, in bytes, as the
+    /// executor's watch saw it; absent where the disk is not watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_peak_bytes: Option<u64>,
+    /// The command was killed for writing past `disk_limit_bytes`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disk_exceeded: bool,
+    /// The command was killed because, while it wrote, the free space of
+    /// the executor's work file system fell below
+    /// `executor.min_free_disk_mib`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disk_reserve_reached: bool,
 }
 
 impl WallEvidence {
     /// The code of a failed command that hit a wall, if it did.
     pub fn code(&self) -> Option<crate::Code> {
-        if self.oom_kills > 0 {
+        if self.disk_exceeded {
+            Some(crate::Code::COMMAND_DISK_EXCEEDED)
+        } else if self.disk_reserve_reached {
+            Some(crate::Code::HOST_DISK_RESERVE)
+        } else if self.oom_kills > 0 {
             Some(crate::Code::COMMAND_MEMORY_EXCEEDED)
         } else if self.fork_refusals > 0 {
             Some(crate::Code::COMMAND_PROCESS_LIMIT)

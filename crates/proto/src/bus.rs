@@ -49,7 +49,7 @@ pub use method::{Call, Method, Peer, Permission};
 /// `docs/protocol.md` for what bumps which. The supervisor shows it as the
 /// `Tasks2.ProtocolVersion` property (`"major.minor"`); clients check it
 /// before their first call ([`check_protocol`]).
-pub const PROTOCOL_VERSION: (u32, u32) = (12, 0);
+pub const PROTOCOL_VERSION: (u32, u32) = (13, 0);
 
 /// `"major.minor"`.
 pub fn protocol_string(v: (u32, u32)) -> String {

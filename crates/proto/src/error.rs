@@ -421,6 +421,10 @@ catalogue! {
     COMMAND_MEMORY_EXCEEDED => Conflict, None;
     /// A verification command failed after its job reached its process limit (`executor.limits.job_processes`, its cgroup's `pids.max`): a fork was refused. The command's evidence records the limit and how many forks were refused.
     COMMAND_PROCESS_LIMIT => Conflict, None;
+    /// A verification command was killed because its job wrote more than its disk quota (`executor.limits.job_disk_mib`) to its workspace and scratch: the executor watches what a job writes and kills the job's processes past it. The command's evidence records the quota and the peak written.
+    COMMAND_DISK_EXCEEDED => Conflict, None;
+    /// A verification command was killed because, while its job wrote, the free space of the executor's work file system fell below `executor.min_free_disk_mib` (the host's reserve): the job may have written less than its own quota; a later attempt, once space is freed, may pass. The command's evidence records what it had written.
+    HOST_DISK_RESERVE => Conflict, None;
     /// A setup command of the repository's environment exited non-zero, was killed, or timed out: the dependency layer was not made (its output tail is in the failure); the attempt ends, and a later one may fetch again.
     SETUP_FAILED => Conflict, None;
     /// This executor cannot run the environment's setup: it needs the minimal root with a network namespace per command and airlock-egress's socket (see `airlockctl doctor`).
@@ -461,6 +465,10 @@ catalogue! {
     EGRESS_CONNECT_FAILED => Unavailable, None;
     /// The session's bytes, wall time or connections are used up; the tunnel is closed or refused.
     EGRESS_LIMIT_EXCEEDED => TooLarge, None;
+    /// The parent proxy of the target's route (its `via`) answered 401 or 407: the credential airlock-egress holds for it is missing or wrong. Only the administrator can mend it (the credential file, or the route).
+    EGRESS_PARENT_AUTH_FAILED => Denied, None;
+    /// The parent proxy of the target's route (its `via`) refused the CONNECT by its own policy (an answer other than 2xx, 401, 407 or a gateway failure).
+    EGRESS_PARENT_REFUSED => Denied, None;
 
     // ---- git ----------------------------------------------------------------------
     /// The ref's current value is not the expected one (compare-and-swap lost).
@@ -602,7 +610,8 @@ impl Code {
     /// reconciliation case settles it), or a policy refused the plan — a
     /// program, a module or a git subcommand its repository does not
     /// allow, an environment unusable on this host, a setup asking the
-    /// egress proxy for what its environment does not list, or an upstream
+    /// egress proxy for what its environment does not list or a parent proxy
+    /// refusing airlock-egress's credential, or an upstream
     /// that refuses the worker's key, host key or push, or is not set up —
     /// which only an administrator's change, not a retry, alters.
     pub const fn ends_task(self) -> bool {
@@ -623,6 +632,8 @@ impl Code {
                 | Code::EGRESS_PORT_NOT_ALLOWED
                 | Code::EGRESS_ADDRESS_FORBIDDEN
                 | Code::EGRESS_METHOD_NOT_ALLOWED
+                | Code::EGRESS_PARENT_AUTH_FAILED
+                | Code::EGRESS_PARENT_REFUSED
                 | Code::UPSTREAM_NOT_CONFIGURED
                 | Code::UPSTREAM_URL_INVALID
                 | Code::UPSTREAM_AUTH_FAILED

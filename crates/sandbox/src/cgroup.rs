@@ -1,8 +1,9 @@
 //! Walls between jobs: a cgroup for each of the executor's job slots,
 //! below a cgroup delegated to the executor, so that each job's commands
-//! have memory and process limits of their own, their peaks measured, and
-//! an equal share of CPU, while the executor itself stays outside every
-//! job's group (a job's OOM never reaches it).
+//! have memory and process limits of their own, their peaks measured, an
+//! equal share of CPU (and an optional quota), an equal IO weight where
+//! the kernel has one, and their CPU time counted, while the executor
+//! itself stays outside every job's group (a job's OOM never reaches it).
 //!
 //! ```text
 //!  <base>/                    delegated to the executor's user
@@ -10,7 +11,24 @@
 //!                             children use its controllers holds no process)
 //!    job-0/ … job-N/          one per spawner: the spawner and every
 //!                             command it starts; memory, pids, cpu
+//!                             (and io where the kernel has it)
 //! ```
+//!
+//! What each slot gets, by interface:
+//!
+//! | wall | v2 | v1 |
+//! |---|---|---|
+//! | memory, no swap | `memory.max`, `memory.swap.max` 0 | `memory.limit_in_bytes`, `memory.swappiness` 0 |
+//! | processes | `pids.max` | `pids.max` |
+//! | CPU share, equal | `cpu.weight` 100 | `cpu.shares` 1024 |
+//! | CPU quota (`job_cpu_max`) | `cpu.max` | `cpu.cfs_quota_us` / `cpu.cfs_period_us` |
+//! | IO weight, equal | `io.weight` 100 | `blkio.weight` 500 (or `blkio.bfq.weight`) |
+//! | CPU used | `cpu.stat` `usage_usec` | `cpuacct.usage` |
+//!
+//! The CPU and IO walls are best effort: a kernel without the controller
+//! (or an IO scheduler without weights: this machine's v1 `blkio` has
+//! only throttling files) gets none, silently, and [`Walls::io_weight`]
+//! says so.
 //!
 //! Two kernel interfaces, one use ([`Tree`]):
 //! - **cgroup v2** (Debian 12 and 13 under systemd: `Delegate=yes` hands
@@ -49,8 +67,13 @@ pub enum Controller {
     Memory,
     /// Processes: the limit, how often it refused a fork.
     Pids,
-    /// CPU: equal shares between jobs (the default weight of siblings).
+    /// CPU: equal shares between jobs, an optional quota.
     Cpu,
+    /// v1 only: CPU time used (a hierarchy of its own, or mounted with
+    /// `cpu`).
+    Cpuacct,
+    /// IO: equal weights between jobs, where the scheduler has them.
+    Blkio,
 }
 
 impl Controller {
@@ -59,6 +82,8 @@ impl Controller {
             Controller::Memory => "memory",
             Controller::Pids => "pids",
             Controller::Cpu => "cpu",
+            Controller::Cpuacct => "cpuacct",
+            Controller::Blkio => "blkio",
         }
     }
 }
@@ -78,8 +103,8 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
 
 impl Tree {
     /// Parses [`ENV`]'s value: `v2:/sys/fs/cgroup/…`, or
-    /// `v1:memory=/sys/fs/cgroup/memory/…,pids=…[,cpu=…]` (memory and pids
-    /// required). Paths must be absolute.
+    /// `v1:memory=/sys/fs/cgroup/memory/…,pids=…[,cpu=…][,cpuacct=…][,blkio=…]`
+    /// (memory and pids required). Paths must be absolute.
     pub fn parse(text: &str) -> Result<Tree> {
         let bad = |why: &str| Error::Cgroup(format!("{ENV}={text:?}: {why}"));
         let absolute = |p: &str| {
@@ -105,7 +130,11 @@ impl Tree {
                 "memory" => Controller::Memory,
                 "pids" => Controller::Pids,
                 "cpu" => Controller::Cpu,
-                _ => return Err(bad("controllers are memory, pids and cpu")),
+                "cpuacct" => Controller::Cpuacct,
+                "blkio" => Controller::Blkio,
+                _ => {
+                    return Err(bad("controllers are memory, pids, cpu, cpuacct and blkio"));
+                }
             };
             dirs.push((c, absolute(dir)?));
         }
@@ -156,6 +185,28 @@ pub struct Limits {
     pub memory: u64,
     /// Processes (and threads).
     pub processes: u64,
+    /// CPU time per period, in thousandths of a CPU (1000: one CPU's
+    /// worth); `None`: no quota, only the equal share.
+    pub cpu_max_millis: Option<u64>,
+}
+
+/// The CPU quota's period, in microseconds (the kernel's default).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// The CPU weight every job slot gets, by interface: the default of
+/// siblings, so that jobs share equally and, on v2, the executor's own
+/// leaf weighs as one job.
+pub const CPU_WEIGHT_V2: u64 = 100;
+/// v1's equivalent of [`CPU_WEIGHT_V2`] (`cpu.shares`).
+pub const CPU_SHARES_V1: u64 = 1024;
+/// v2's default `io.weight`.
+pub const IO_WEIGHT_V2: u64 = 100;
+/// v1's default `blkio.weight`.
+pub const IO_WEIGHT_V1: u64 = 500;
+
+/// `quota period` in microseconds for `millis` thousandths of a CPU.
+fn cpu_quota_us(millis: u64) -> u64 {
+    (millis.saturating_mul(CPU_PERIOD_US) / 1000).max(1000)
 }
 
 /// What one command did against its job's walls.
@@ -167,6 +218,10 @@ pub struct Measure {
     pub oom_kills: u64,
     /// Forks the process limit refused meanwhile.
     pub fork_refusals: u64,
+    /// CPU time the job's cgroup used meanwhile (every process of it,
+    /// those no one waited for too), in microseconds, when the kernel
+    /// counts it.
+    pub cpu_usage_us: Option<u64>,
 }
 
 /// The counters read before a command, to subtract afterwards.
@@ -174,6 +229,35 @@ pub struct Measure {
 pub struct Counters {
     oom_kills: u64,
     fork_refusals: u64,
+    cpu_usage_us: Option<u64>,
+}
+
+/// Where a slot's CPU time is read, and in what unit.
+#[derive(Debug)]
+enum CpuUsage {
+    /// v2 `cpu.stat`: `usage_usec`.
+    Stat(File),
+    /// v1 `cpuacct.usage`: nanoseconds.
+    Nanos(File),
+}
+
+impl CpuUsage {
+    fn read_us(&self) -> Option<u64> {
+        match self {
+            CpuUsage::Stat(f) => read_kept(f).lines().find_map(|l| {
+                l.strip_prefix("usage_usec ")
+                    .and_then(|v| v.trim().parse().ok())
+            }),
+            CpuUsage::Nanos(f) => read_kept(f).trim().parse::<u64>().ok().map(|ns| ns / 1000),
+        }
+    }
+}
+
+/// A slot's CPU files: the quota, and where its share is set.
+#[derive(Debug)]
+enum CpuFiles {
+    V2 { max: File },
+    V1 { quota: File },
 }
 
 /// One job slot's files, opened once.
@@ -189,6 +273,11 @@ struct Slot {
     pids_events: File,
     /// v1 only: the peak is reset before each command.
     resettable_peak: bool,
+    /// The quota's file, when the cpu controller is there.
+    cpu: Option<CpuFiles>,
+    cpu_usage: Option<CpuUsage>,
+    /// The IO weight set, when the kernel has one.
+    io_weight: Option<u64>,
 }
 
 /// The walls of every job slot.
@@ -196,6 +285,12 @@ struct Slot {
 pub struct Walls {
     tree: Tree,
     slots: Vec<Slot>,
+}
+
+/// Writes `value` to `dir/name` when the file is there; whether it took.
+fn set_if_there(dir: &Path, name: &str, value: &str) -> bool {
+    let path = dir.join(name);
+    path.exists() && std::fs::write(&path, value).is_ok()
 }
 
 fn open_rw(path: &Path) -> Result<File> {
@@ -262,8 +357,11 @@ impl Walls {
             write_file(&own.join("cgroup.procs"), "0")?;
             let control = base.join("cgroup.subtree_control");
             write_file(&control, "+memory +pids")?;
-            // CPU shares are best effort: a kernel may lack the controller.
+            // CPU shares and IO weights are best effort: a kernel may lack
+            // the controller (each is asked for alone, so one missing does
+            // not refuse the other).
             let _ = std::fs::write(&control, "+cpu");
+            let _ = std::fs::write(&control, "+io");
         }
         let slots = (0..slots)
             .map(|k| match tree {
@@ -282,6 +380,12 @@ impl Walls {
         mkdir(&dir)?;
         // No swap to hide in (best effort: swap accounting may be off).
         let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+        let cpu = set_if_there(&dir, "cpu.weight", &CPU_WEIGHT_V2.to_string())
+            .then(|| open_rw(&dir.join("cpu.max")))
+            .transpose()?
+            .map(|max| CpuFiles::V2 { max });
+        let io_weight = set_if_there(&dir, "io.weight", &format!("default {IO_WEIGHT_V2}"))
+            .then_some(IO_WEIGHT_V2);
         Ok(Slot {
             procs: vec![dir.join("cgroup.procs")],
             memory_max: open_rw(&dir.join("memory.max"))?,
@@ -290,6 +394,11 @@ impl Walls {
             pids_max: open_rw(&dir.join("pids.max"))?,
             pids_events: open_ro(&dir.join("pids.events"))?,
             resettable_peak: false,
+            cpu,
+            // cpu.stat's usage_usec is kept whether or not the cpu
+            // controller is on.
+            cpu_usage: File::open(dir.join("cpu.stat")).ok().map(CpuUsage::Stat),
+            io_weight,
         })
     }
 
@@ -309,6 +418,28 @@ impl Walls {
         let (memory, pids) = (dir(Controller::Memory)?, dir(Controller::Pids)?);
         // No swap where the kernel accounts it (memsw), best effort.
         let _ = std::fs::write(memory.join("memory.swappiness"), "0");
+        let cpu = match dir(Controller::Cpu) {
+            Ok(d) if set_if_there(&d, "cpu.shares", &CPU_SHARES_V1.to_string()) => {
+                write_file(&d.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                Some(CpuFiles::V1 {
+                    quota: open_rw(&d.join("cpu.cfs_quota_us"))?,
+                })
+            }
+            _ => None,
+        };
+        // cpuacct: its own hierarchy, or mounted with cpu (`cpu,cpuacct`).
+        let cpu_usage = [Controller::Cpuacct, Controller::Cpu]
+            .into_iter()
+            .filter_map(|c| dir(c).ok())
+            .find_map(|d| File::open(d.join("cpuacct.usage")).ok())
+            .map(CpuUsage::Nanos);
+        // blkio.weight only where the IO scheduler has weights (CFQ, or
+        // BFQ's own file); none on a kernel that only throttles.
+        let w = IO_WEIGHT_V1.to_string();
+        let io_weight = dir(Controller::Blkio).ok().and_then(|d| {
+            (set_if_there(&d, "blkio.weight", &w) || set_if_there(&d, "blkio.bfq.weight", &w))
+                .then_some(IO_WEIGHT_V1)
+        });
         Ok(Slot {
             procs,
             memory_max: open_rw(&memory.join("memory.limit_in_bytes"))?,
@@ -321,6 +452,9 @@ impl Walls {
             pids_max: open_rw(&pids.join("pids.max"))?,
             pids_events: open_ro(&pids.join("pids.events"))?,
             resettable_peak: true,
+            cpu,
+            cpu_usage,
+            io_weight,
         })
     }
 
@@ -346,7 +480,43 @@ impl Walls {
     pub fn set_limits(&self, k: usize, limits: &Limits) -> Result<()> {
         let s = self.slot(k)?;
         write_kept(&s.memory_max, &limits.memory.to_string())?;
-        write_kept(&s.pids_max, &limits.processes.to_string())
+        write_kept(&s.pids_max, &limits.processes.to_string())?;
+        match (&s.cpu, limits.cpu_max_millis) {
+            (Some(CpuFiles::V2 { max }), q) => write_kept(
+                max,
+                &match q {
+                    Some(m) => format!("{} {CPU_PERIOD_US}", cpu_quota_us(m)),
+                    None => format!("max {CPU_PERIOD_US}"),
+                },
+            ),
+            (Some(CpuFiles::V1 { quota }), q) => write_kept(
+                quota,
+                &q.map_or_else(|| "-1".to_owned(), |m| cpu_quota_us(m).to_string()),
+            ),
+            (None, Some(_)) => Err(Error::Cgroup(
+                "a CPU quota is configured but the cpu controller is not delegated".into(),
+            )),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// Whether slots have a CPU share and quota (the cpu controller).
+    pub fn cpu(&self) -> bool {
+        self.slots.first().is_some_and(|s| s.cpu.is_some())
+    }
+
+    /// The IO weight every slot has, when the kernel has IO weights.
+    pub fn io_weight(&self) -> Option<u64> {
+        self.slots.first().and_then(|s| s.io_weight)
+    }
+
+    /// The CPU weight every slot has (in the interface's unit: v2's
+    /// `cpu.weight`, v1's `cpu.shares`), when the cpu controller is there.
+    pub fn cpu_weight(&self) -> Option<u64> {
+        self.cpu().then_some(match self.tree {
+            Tree::V2(_) => CPU_WEIGHT_V2,
+            Tree::V1(_) => CPU_SHARES_V1,
+        })
     }
 
     fn slot(&self, k: usize) -> Result<&Slot> {
@@ -369,6 +539,7 @@ impl Walls {
         Counters {
             oom_kills: keyed(&read_kept(&s.memory_events), "oom_kill "),
             fork_refusals: keyed(&read_kept(&s.pids_events), "max "),
+            cpu_usage_us: s.cpu_usage.as_ref().and_then(CpuUsage::read_us),
         }
     }
 
@@ -386,6 +557,12 @@ impl Walls {
                 .saturating_sub(before.oom_kills),
             fork_refusals: keyed(&read_kept(&s.pids_events), "max ")
                 .saturating_sub(before.fork_refusals),
+            cpu_usage_us: s
+                .cpu_usage
+                .as_ref()
+                .and_then(CpuUsage::read_us)
+                .zip(before.cpu_usage_us)
+                .map(|(now, then)| now.saturating_sub(then)),
         }
     }
 
@@ -434,11 +611,47 @@ mod tests {
             "v2:relative",
             "v2:/a/../b",
             "v1:memory=/a",
-            "v1:memory=/a,blkio=/b,pids=/c",
+            "v1:memory=/a,net_cls=/b,pids=/c",
             "v1:memory",
+            "v1:pids=/c",
         ] {
             assert!(Tree::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_cpu_and_io_hierarchies_parse_and_quotas_are_per_period() {
+        let v1 = Tree::parse("v1:memory=/m,pids=/p,blkio=/b,cpuacct=/a,cpu=/c").unwrap();
+        let Tree::V1(dirs) = v1 else { panic!() };
+        assert_eq!(
+            dirs.iter().map(|(c, _)| c.name()).collect::<Vec<_>>(),
+            ["memory", "pids", "cpu", "cpuacct", "blkio"]
+        );
+        // A thousandth of a CPU is a hundred microseconds of each period,
+        // raised to the kernel's floor of a millisecond.
+        assert_eq!(cpu_quota_us(1000), CPU_PERIOD_US);
+        assert_eq!(cpu_quota_us(2500), 250_000);
+        assert_eq!(cpu_quota_us(1), 1000);
+    }
+
+    #[test]
+    fn cpu_time_is_read_in_microseconds_from_either_interface() {
+        let dir = std::env::temp_dir().join(format!("airlock-cgroup-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (stat, usage) = (dir.join("cpu.stat"), dir.join("usage"));
+        std::fs::write(&stat, "usage_usec 1234567\nuser_usec 1000000\n").unwrap();
+        std::fs::write(&usage, "2500000999\n").unwrap();
+        assert_eq!(
+            CpuUsage::Stat(File::open(&stat).unwrap()).read_us(),
+            Some(1_234_567)
+        );
+        assert_eq!(
+            CpuUsage::Nanos(File::open(&usage).unwrap()).read_us(),
+            Some(2_500_000)
+        );
+        std::fs::write(&stat, "nr_periods 0\n").unwrap();
+        assert_eq!(CpuUsage::Stat(File::open(&stat).unwrap()).read_us(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

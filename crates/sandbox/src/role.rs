@@ -743,7 +743,7 @@ const EGRESS: RolePolicy = RolePolicy {
     degraded: Degraded::Warn,
     max_abi: DAEMON_MAX_ABI,
     tcp: Some(TcpPolicy {
-        when: "it runs (always: it connects to the `--connect-port` ports, 443 unless given, of the hosts a setup's preamble allows, and its resolver may fall back to DNS over TCP, port 53)",
+        when: "it runs (always: it connects to the `--connect-port` ports, 443 unless given, of the hosts a setup's preamble allows, to the port of each parent proxy its routes name (`via`), and its resolver may fall back to DNS over TCP, port 53)",
         grants: RESOLVER,
     }),
 };

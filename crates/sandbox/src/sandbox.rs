@@ -161,6 +161,11 @@ pub struct Stdio {
     /// For a job with a [`Job::network`]: a UNIX socket over which the
     /// init sends the loopback listener (`SCM_RIGHTS`), once.
     pub network: Option<OwnedFd>,
+    /// The read end of a pipe the executor holds the other end of: a byte
+    /// written there kills the command (its pid namespace) as a timeout
+    /// would, but reported as killed, not timed out (the executor's disk
+    /// watch: the executor's Landlock scope lets it signal no command).
+    pub cancel: Option<OwnedFd>,
 }
 
 /// What was decided at preparation.
@@ -572,6 +577,7 @@ impl Sandbox {
         let plan = self.plan(job, stdio.as_ref())?;
         let mut stdio = stdio;
         let handoff = stdio.as_mut().and_then(|s| s.network.take());
+        let cancel = stdio.as_mut().and_then(|s| s.cancel.take());
         // Status (children → us, closed by execve) and lifeline (closed
         // when we die, so the init knows).
         let (status_r, status_w) =
@@ -624,7 +630,8 @@ impl Sandbox {
         drop((status_w, life_r, plan, stdio, handoff));
         // Wait, enforcing the timeout; then kill whatever came back to us.
         let deadline = job.timeout.map(|t| started + t);
-        let (status, stop, raw, usage) = wait_for(child, &status_r, deadline)?;
+        let (status, stop, raw, usage) = wait_for(child, &status_r, deadline, cancel.as_ref())?;
+        drop(cancel);
         reaper::kill_and_reap_all();
         drop(life_w);
         report.survivors = usize::from(reaper::has_live_child());
@@ -811,6 +818,9 @@ enum Stop {
     Timeout,
     /// This process received SIGTERM, SIGINT or SIGHUP.
     Signal(i32),
+    /// The executor asked through the job's cancel pipe (a wall the
+    /// kernel does not hold: the disk): reported as killed by SIGKILL.
+    Cancelled,
 }
 
 /// The stop signal received, 0 if none (set by [`on_stop_signal`]).
@@ -875,13 +885,16 @@ fn try_wait4(pid: Pid) -> std::result::Result<Option<(WaitStatus, Usage)>, Errno
     }
 }
 
-/// Waits for `child`, reading status messages meanwhile; at the deadline
-/// or on a stop signal kills it (and with it its pid namespace).
+/// Waits for `child`, reading status messages meanwhile; at the deadline,
+/// on a stop signal or when `cancel` becomes readable kills it (and with
+/// it its pid namespace).
 fn wait_for(
     child: Pid,
     status_r: &OwnedFd,
     deadline: Option<Instant>,
+    cancel: Option<&OwnedFd>,
 ) -> Result<(WaitStatus, Option<Stop>, Vec<u8>, Usage)> {
+    let mut cancel = cancel;
     let wait_mask = catch_stop_signals();
     let pidfd = pidfd_open(child);
     let mut raw = Vec::new();
@@ -917,12 +930,26 @@ fn wait_for(
         if let Some(p) = &pidfd {
             fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
         }
+        if let Some(c) = cancel {
+            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+        }
         match ppoll(&mut fds, wait.map(TimeSpec::from_duration), Some(wait_mask)) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(Error::Supervise(errno(e))),
         }
         let readable = pipe_open && fds[0].revents().is_some_and(|r| !r.is_empty());
+        let cancelled = cancel.is_some()
+            && fds
+                .last()
+                .and_then(|p| p.revents())
+                .is_some_and(|r| !r.is_empty());
         drop(fds);
+        if cancelled {
+            // Asked once: killed, and the pipe no longer watched.
+            let _ = kill(child, Signal::SIGKILL);
+            cancel = None;
+            stop.get_or_insert(Stop::Cancelled);
+        }
         if readable {
             let mut buf = [0u8; 4096];
             match nix::unistd::read(status_r.as_raw_fd(), &mut buf) {
@@ -1020,6 +1047,9 @@ fn apply_messages(
         (Outcome::TimedOut, EXIT_TIMEOUT)
     } else if let Some(Stop::Signal(signal)) = stop {
         (Outcome::Interrupted { signal }, 128 + signal)
+    } else if stop == Some(Stop::Cancelled) {
+        let signal = Signal::SIGKILL as i32;
+        (Outcome::Signaled { signal }, 128 + signal)
     } else if let Some(f) = failed {
         f
     } else if let Some(outcome) = exit {

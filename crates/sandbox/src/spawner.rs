@@ -198,6 +198,7 @@ impl Spawner {
         let body = serde_json::to_vec(job).map_err(chan)?;
         let mut fds = vec![stdio.stdout.as_raw_fd(), stdio.stderr.as_raw_fd()];
         fds.extend(stdio.network.as_ref().map(|n| n.as_raw_fd()));
+        fds.extend(stdio.cancel.as_ref().map(|c| c.as_raw_fd()));
         write_frame(&self.stream, &body, &fds)?;
         drop(stdio);
         let limit = job.timeout.map(|t| t + grace);
@@ -309,8 +310,12 @@ fn serve(stream: UnixStream, options: Options) -> ! {
             }
         };
         let report = match (serde_json::from_slice::<Job>(&body), fds.len()) {
-            (Ok(job), n @ (2 | 3)) => {
-                let network = (n == 3).then(|| fds.pop().expect("three descriptors"));
+            // stdout, stderr, the network's (a job with a network), the
+            // cancel pipe's (when the executor watches the job's disk).
+            (Ok(job), n @ 2..=4) => {
+                let cancel = (n == 4 || (n == 3 && job.network.is_none()))
+                    .then(|| fds.pop().expect("three descriptors"));
+                let network = (fds.len() == 3).then(|| fds.pop().expect("three descriptors"));
                 let stderr = fds.pop().expect("two descriptors");
                 let stdout = fds.pop().expect("two descriptors");
                 sandbox.run(
@@ -319,6 +324,7 @@ fn serve(stream: UnixStream, options: Options) -> ! {
                         stdout,
                         stderr,
                         network,
+                        cancel,
                     }),
                 )
             }

@@ -10,8 +10,10 @@
 //! pipes the setup's bytes both ways. The daemon serves exactly one
 //! request per connection: `CONNECT host:port HTTP/1.1` to a listed entry,
 //! resolved here, to public unicast addresses only
-//! ([`address::check`]), then a tunnel metered against the session's
-//! bytes, wall time and connections. The steps are in [`server`].
+//! ([`address::check`]) unless the administrator's [`route`] for the host
+//! lists other addresses or a parent proxy, then a tunnel metered against
+//! the session's bytes, wall time and connections, and one audit event
+//! ([`audit`]). The steps are in [`server`].
 //!
 //! # Why CONNECT only
 //!
@@ -30,9 +32,10 @@
 //!   into loopback, private, link-local or other special ranges, not an
 //!   IP literal in them, not plain HTTP.
 //! - A compromised **proxy** can reach the network (public addresses on
-//!   the ports it was started with, `--connect-port`): that is its job.
-//!   It holds nothing on the server: it runs as its own user with no
-//!   credentials, and once its socket is bound it confines itself
+//!   the ports it was started with, `--connect-port`, and its routes'
+//!   parent proxies): that is its job. It holds nothing on the server but
+//!   the parent proxy's credential a route may name ([`route`]): it runs
+//!   as its own user, and once its socket is bound it confines itself
 //!   (`Role::Egress` of airlock_sandbox::role): no file beyond the
 //!   libraries and the few resolver files of /etc, no capabilities,
 //!   no_new_privs, a seccomp deny-list, Landlock TCP connect to the
@@ -61,7 +64,11 @@
 //! and the code in the body ([`refusal`]).
 
 pub mod address;
+pub mod audit;
 pub mod refusal;
+/// The routes file (`--config`), parsed by airlock-config so that
+/// `airlockctl doctor` reads it as the proxy does.
+pub use airlock_config::routes as route;
 pub mod server;
 
 pub use airlock_proto::egress::{

@@ -33,13 +33,19 @@ use tokio::sync::Semaphore;
 /// to a checked address and splices the tunnel, bounded per session in
 /// bytes, seconds and connections. Plain-HTTP requests are refused (405).
 /// Every decision is logged with its code (EGRESS_*).
+///
+/// Routes (--config, the administrator's): per host pattern, `direct`
+/// (public addresses only, the default), `addresses` (the ranges the name
+/// may resolve to: an internal mirror), or `via` a parent proxy, whose
+/// credential is read from $CREDENTIALS_DIRECTORY (systemd's
+/// LoadCredential=).
 #[derive(Debug, Parser)]
 #[command(
     name = "airlock-egress",
     version,
     about,
     long_about,
-    after_help = "Environment:\n  AIRLOCK_LOG   log filter (default: info)\n  NOTIFY_SOCKET set by systemd: readiness is reported there"
+    after_help = "Environment:\n  AIRLOCK_LOG            log filter (default: info)\n  NOTIFY_SOCKET          set by systemd: readiness is reported there\n  CREDENTIALS_DIRECTORY  set by systemd's LoadCredential=: the parent proxies' credentials a route names"
 )]
 struct Args {
     /// The UNIX socket to listen on (a stale socket there is replaced).
@@ -70,10 +76,11 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     max_clients: u32,
-    /// Test builds only: connect to this address whatever its range.
-    #[cfg(feature = "test-permit-address")]
-    #[arg(long = "test-permit-address", value_name = "ADDR", hide = true)]
-    test_permit_address: Vec<std::net::IpAddr>,
+    /// The routes file (TOML, `[[route]]` tables: host, and one of
+    /// direct = true, addresses = [CIDR, ...], via = "http://HOST:PORT"
+    /// with credential = NAME) [default: none, every host direct].
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -83,7 +90,7 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => return refuse(&e),
     };
-    let confined = match confine(&args) {
+    let confined = match confine(&args, &opened) {
         Ok(report) => report,
         Err(e) => return refuse(&e),
     };
@@ -105,6 +112,7 @@ fn main() -> ExitCode {
 struct Opened {
     listener: std::os::unix::net::UnixListener,
     allow_uids: Vec<u32>,
+    routes: airlock_egress::route::Config,
 }
 
 fn config_error(m: String) -> Error {
@@ -112,6 +120,16 @@ fn config_error(m: String) -> Error {
 }
 
 fn open(args: &Args) -> Result<Opened, Error> {
+    // The routes and their credentials first: nothing is bound for a
+    // configuration that does not hold.
+    let mut routes = match &args.config {
+        None => airlock_egress::route::Config::default(),
+        Some(path) => airlock_egress::route::Config::load(path).map_err(config_error)?,
+    };
+    let credentials = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+    routes
+        .load_credentials(credentials.as_deref())
+        .map_err(config_error)?;
     let mut allow_uids = Vec::new();
     for u in &args.allow_uid {
         let uid = match u.parse::<u32>() {
@@ -167,6 +185,7 @@ fn open(args: &Args) -> Result<Opened, Error> {
     Ok(Opened {
         listener,
         allow_uids,
+        routes,
     })
 }
 
@@ -176,9 +195,11 @@ fn open(args: &Args) -> Result<Opened, Error> {
 const DNS_TCP_PORT: u16 = 53;
 
 /// The lockdown (`Role::Egress`): the socket is bound; Landlock allows TCP
-/// connect(2) to the `--connect-port` ports and the resolver's only.
-fn confine(args: &Args) -> Result<String, Error> {
+/// connect(2) to the `--connect-port` ports, the parent proxies' and the
+/// resolver's only.
+fn confine(args: &Args, opened: &Opened) -> Result<String, Error> {
     let mut ports = args.connect_port.clone();
+    ports.extend(opened.routes.parent_ports());
     ports.push(DNS_TCP_PORT);
     ports.sort_unstable();
     ports.dedup();
@@ -204,19 +225,17 @@ async fn run(args: Args, opened: Opened, confined: String) -> Result<(), Error> 
         head_timeout: Duration::from_secs(args.head_timeout),
         resolve_timeout: Duration::from_secs(args.resolve_timeout),
         connect_timeout: Duration::from_secs(args.connect_timeout),
-        #[cfg(feature = "test-permit-address")]
-        test_permit: args.test_permit_address.clone(),
+        routes: opened.routes,
     });
     let sessions = Arc::new(Sessions::default());
     // The first line names the socket (what tests and admins look for).
     tracing::info!("airlock-egress listening on {}", args.socket.display());
     tracing::info!("{confined}");
-    #[cfg(feature = "test-permit-address")]
-    if !settings.test_permit.is_empty() {
-        tracing::warn!(
-            "TEST BUILD: connecting to {:?} whatever their range",
-            settings.test_permit
-        );
+    for r in settings.routes.routes() {
+        tracing::info!("route: {}", r.label());
+    }
+    for w in settings.routes.warnings() {
+        tracing::warn!("{w}");
     }
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 

@@ -7,14 +7,19 @@
 //! 5. the method is CONNECT;
 //! 6. the target is one of the preamble's `allow` entries, on a port of
 //!    `--connect-port`;
-//! 7. the name is resolved here and every address passes
-//!    [`crate::address::check`] (an IP literal too);
-//! 8. connect to a checked address, answer 200, splice both ways, metered
-//!    against the session's bytes and wall time.
+//! 7. the target's route ([`crate::route`]): `direct` and `addresses`
+//!    resolve the name here, and every address must pass
+//!    [`crate::address::check`] (direct) or lie in the route's ranges (an
+//!    IP literal too); `via` leaves the name to the parent proxy (an IP
+//!    literal must still be public);
+//! 8. connect to a checked address (or CONNECT through the parent, with
+//!    its credential), answer 200, splice both ways, metered against the
+//!    session's bytes and wall time.
 //!
 //! A refusal at any step is answered (status, `X-Airlock-Refusal`, the code
-//! in the body) and logged as one line; so is every tunnel, when it opens
-//! and when it closes.
+//! in the body) and is one audit event ([`crate::audit`], its own
+//! `MESSAGE_ID`); so is every tunnel when it closes (its route, address,
+//! bytes each way and duration), after a log line when it opens.
 
 use std::collections::HashMap;
 use std::io;
@@ -33,7 +38,9 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 
 use crate::address;
+use crate::audit::Record;
 use crate::refusal;
+use crate::route::{self, Parent, Way};
 use airlock_proto::egress::{Host, HostPort};
 use airlock_proto::egress::{Limits, PREAMBLE_MAX, Preamble};
 
@@ -62,23 +69,10 @@ pub struct Settings {
     pub head_timeout: Duration,
     /// Time for name resolution.
     pub resolve_timeout: Duration,
-    /// Time for each connect(2).
+    /// Time for each connect(2), and for a parent proxy's answer.
     pub connect_timeout: Duration,
-    /// Test builds only: addresses connected to despite their range.
-    #[cfg(feature = "test-permit-address")]
-    pub test_permit: Vec<IpAddr>,
-}
-
-impl Settings {
-    /// Whether `ip` may be connected to: [`address::check`], and in test
-    /// builds the addresses a test permitted by name.
-    fn check(&self, ip: IpAddr) -> Result<(), address::Forbidden> {
-        #[cfg(feature = "test-permit-address")]
-        if self.test_permit.contains(&ip) {
-            return Ok(());
-        }
-        address::check(ip)
-    }
+    /// The administrator's routes (`--config`), credentials read.
+    pub routes: route::Config,
 }
 
 /// One session's bounds and what it has used.
@@ -174,36 +168,6 @@ impl Sessions {
     }
 }
 
-/// What a decision line says about the connection.
-#[derive(Debug, Default)]
-struct Record {
-    uid: Option<u32>,
-    task_id: String,
-    session: String,
-    target: String,
-    resolved: Option<SocketAddr>,
-}
-
-impl Record {
-    fn refused(&self, code: Code, detail: &str, started: Instant) {
-        tracing::warn!(
-            target: DECISION_TARGET,
-            decision = "refused",
-            code = code.as_str(),
-            uid = self.uid,
-            task_id = %self.task_id,
-            session = %self.session,
-            target = %self.target,
-            resolved = ?self.resolved,
-            bytes = 0u64,
-            duration_ms = started.elapsed().as_millis() as u64,
-            detail,
-            "egress refused: {}",
-            code.as_str()
-        );
-    }
-}
-
 /// A refusal on its way to the client.
 struct Refusal {
     code: Code,
@@ -225,21 +189,28 @@ pub async fn serve(stream: UnixStream, settings: Arc<Settings>, sessions: Arc<Se
     let mut record = Record::default();
     let mut reader = BufReader::new(stream);
     match establish(&mut reader, &settings, &sessions, &mut record).await {
-        Ok((upstream, admitted)) => tunnel(reader, upstream, admitted, &record, started).await,
+        Ok((upstream, early, admitted)) => {
+            tunnel(reader, upstream, early, admitted, &record, started).await
+        }
         Err(r) => {
-            record.refused(r.code, &r.detail, started);
+            record.refused(
+                r.code.as_str(),
+                &r.detail,
+                started.elapsed().as_millis() as u64,
+            );
             answer_and_close(reader.into_inner(), &refusal::response(r.code, r.timed_out)).await;
         }
     }
 }
 
-/// Steps 1 to 8 up to the connected upstream.
+/// Steps 1 to 8 up to the connected upstream (and the bytes a parent
+/// proxy sent after its answer).
 async fn establish(
     reader: &mut BufReader<UnixStream>,
     settings: &Settings,
     sessions: &Sessions,
     record: &mut Record,
-) -> Result<(TcpStream, Admitted), Refusal> {
+) -> Result<(TcpStream, Vec<u8>, Admitted), Refusal> {
     // 1. The peer.
     let uid = reader
         .get_ref()
@@ -290,12 +261,29 @@ async fn establish(
             ),
         ));
     }
-    // 7. Resolve here; every address checked.
-    let addrs = resolve(&target, settings).await?;
-    // 8. Connect to a checked address, never to the name.
-    let upstream = connect(&addrs, settings.connect_timeout).await?;
+    // 7. The route; resolve here and check every address, unless a
+    // parent proxy reaches the name.
+    let route = settings.routes.route_for(target.host());
+    record.route = route.label();
+    let (upstream, early) = match &route.way {
+        Way::Via(parent) => {
+            if let Host::Ip(ip) = target.host() {
+                address::check(*ip).map_err(|f| {
+                    refuse(Code::EGRESS_ADDRESS_FORBIDDEN, format!("{ip} is in {f}"))
+                })?;
+            }
+            // 8. CONNECT through the parent.
+            via(parent, &target, settings).await?
+        }
+        way => {
+            let addrs = resolve(&target, way, settings).await?;
+            // 8. Connect to a checked address, never to the name.
+            let upstream = connect(&addrs, settings.connect_timeout).await?;
+            (upstream, Vec::new())
+        }
+    };
     record.resolved = upstream.peer_addr().ok();
-    Ok((upstream, admitted))
+    Ok((upstream, early, admitted))
 }
 
 /// Reads the preamble line and the request head.
@@ -373,9 +361,42 @@ fn connect_target(head: &[u8]) -> Result<HostPort, Refusal> {
     HostPort::parse(path).map_err(|e| refuse(Code::EGRESS_REQUEST_INVALID, e.to_string()))
 }
 
-/// The target's addresses, each of which passed [`address::check`].
-async fn resolve(target: &HostPort, settings: &Settings) -> Result<Vec<SocketAddr>, Refusal> {
-    let timeout = settings.resolve_timeout;
+/// The target's addresses, each of which passed its route's check:
+/// [`address::check`] (`direct`), or inside the route's ranges.
+async fn resolve(
+    target: &HostPort,
+    way: &Way,
+    settings: &Settings,
+) -> Result<Vec<SocketAddr>, Refusal> {
+    let addrs = lookup(target, settings.resolve_timeout).await?;
+    // One forbidden address refuses the whole name: a registry does not
+    // resolve into private space, a rebinding attack does.
+    for a in &addrs {
+        let ip: IpAddr = a.ip();
+        match way {
+            Way::Addresses(ranges) => {
+                if !ranges.iter().any(|r| r.contains(ip)) {
+                    return Err(refuse(
+                        Code::EGRESS_ADDRESS_FORBIDDEN,
+                        format!("{ip} is outside the route's addresses"),
+                    ));
+                }
+            }
+            _ => {
+                if let Err(f) = address::check(ip) {
+                    return Err(refuse(
+                        Code::EGRESS_ADDRESS_FORBIDDEN,
+                        format!("{ip} is in {f}"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(addrs)
+}
+
+/// The addresses of `target` (an IP literal is its own), without checks.
+async fn lookup(target: &HostPort, timeout: Duration) -> Result<Vec<SocketAddr>, Refusal> {
     let port = target.port();
     let addrs: Vec<SocketAddr> = match target.host() {
         Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
@@ -403,18 +424,101 @@ async fn resolve(target: &HostPort, settings: &Settings) -> Result<Vec<SocketAdd
     if addrs.is_empty() {
         return Err(refuse(Code::EGRESS_RESOLVE_FAILED, "no address"));
     }
-    // One forbidden address refuses the whole name: a registry does not
-    // resolve into private space, a rebinding attack does.
-    for a in &addrs {
-        let ip: IpAddr = a.ip();
-        if let Err(f) = settings.check(ip) {
-            return Err(refuse(
-                Code::EGRESS_ADDRESS_FORBIDDEN,
-                format!("{ip} is in {f}"),
-            ));
-        }
-    }
     Ok(addrs)
+}
+
+/// A CONNECT to `target` through the route's parent proxy: its answer's
+/// status decides (2xx: the tunnel; 401 or 407: its credential is missing
+/// or wrong; 502, 503 or 504: it could not reach the target; anything
+/// else: its own policy refused). Returns the connection and any bytes
+/// the parent sent after its answer's head.
+async fn via(
+    parent: &Parent,
+    target: &HostPort,
+    settings: &Settings,
+) -> Result<(TcpStream, Vec<u8>), Refusal> {
+    let named = |r: Refusal| Refusal {
+        detail: format!("parent proxy {}: {}", parent.proxy, r.detail),
+        ..r
+    };
+    // The administrator named the parent: its addresses are not checked.
+    let addrs = lookup(&parent.proxy, settings.resolve_timeout)
+        .await
+        .map_err(named)?;
+    let mut stream = connect(&addrs, settings.connect_timeout)
+        .await
+        .map_err(named)?;
+    let mut request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
+    if let Some(authorization) = parent.authorization() {
+        request.push_str(&format!("Proxy-Authorization: {authorization}\r\n"));
+    }
+    request.push_str("\r\n");
+    let exchange = async {
+        stream.write_all(request.as_bytes()).await?;
+        let mut head = Vec::with_capacity(1024);
+        let mut chunk = [0u8; 1024];
+        loop {
+            if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                let early = head.split_off(end + 4);
+                return Ok::<_, io::Error>((head, early));
+            }
+            if head.len() >= HEAD_MAX {
+                return Err(io::Error::other(format!(
+                    "no complete answer within {HEAD_MAX} bytes"
+                )));
+            }
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(io::Error::other("closed before its answer"));
+            }
+            head.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let (head, early) = tokio::time::timeout(settings.connect_timeout, exchange)
+        .await
+        .map_err(|_| Refusal {
+            timed_out: true,
+            ..named(refuse(
+                Code::EGRESS_CONNECT_FAILED,
+                format!("no answer within {:?}", settings.connect_timeout),
+            ))
+        })?
+        .map_err(|e| named(refuse(Code::EGRESS_CONNECT_FAILED, e.to_string())))?;
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut answer = httparse::Response::new(&mut headers);
+    let status = match answer.parse(&head) {
+        Ok(httparse::Status::Complete(_)) => answer.code.unwrap_or(0),
+        _ => 0,
+    };
+    match status {
+        200..=299 => Ok((stream, early)),
+        401 | 407 => Err(named(refuse(
+            Code::EGRESS_PARENT_AUTH_FAILED,
+            format!(
+                "answered {status}: {}",
+                if parent.credential.is_some() {
+                    "the credential was refused"
+                } else {
+                    "it asks for a credential and the route gives none"
+                }
+            ),
+        ))),
+        502..=504 => Err(Refusal {
+            timed_out: status == 504,
+            ..named(refuse(
+                Code::EGRESS_CONNECT_FAILED,
+                format!("answered {status}: it could not reach the target"),
+            ))
+        }),
+        0 => Err(named(refuse(
+            Code::EGRESS_PARENT_REFUSED,
+            "its answer is not an HTTP/1.x response",
+        ))),
+        _ => Err(named(refuse(
+            Code::EGRESS_PARENT_REFUSED,
+            format!("answered {status}"),
+        ))),
+    }
 }
 
 async fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<TcpStream, Refusal> {
@@ -460,6 +564,7 @@ async fn answer_and_close(mut stream: UnixStream, response: &[u8]) {
 async fn tunnel(
     reader: BufReader<UnixStream>,
     upstream: TcpStream,
+    upstream_early: Vec<u8>,
     admitted: Admitted,
     record: &Record,
     started: Instant,
@@ -478,6 +583,7 @@ async fn tunnel(
         task_id = %record.task_id,
         session = %record.session,
         target = %record.target,
+        route = %record.route,
         resolved = ?record.resolved,
         bytes = 0u64,
         duration_ms = started.elapsed().as_millis() as u64,
@@ -486,6 +592,15 @@ async fn tunnel(
     );
     let spliced = async {
         client.inner.write_all(refusal::ESTABLISHED).await?;
+        if !upstream_early.is_empty() {
+            let got = session.consume(upstream_early.len() as u64) as usize;
+            upstream.bytes += got as u64;
+            client.inner.write_all(&upstream_early[..got]).await?;
+            if got < upstream_early.len() {
+                limit_hit.store(true, Ordering::Release);
+                return Err(io::Error::other("max_bytes"));
+            }
+        }
         if !early.is_empty() {
             let got = session.consume(early.len() as u64) as usize;
             client.bytes += got as u64;
@@ -499,7 +614,6 @@ async fn tunnel(
     };
     let outcome = tokio::time::timeout_at(session.deadline, spliced).await;
     let timed_out = outcome.is_err();
-    let bytes = client.bytes + upstream.bytes;
     let duration_ms = started.elapsed().as_millis() as u64;
     if timed_out || limit_hit.load(Ordering::Acquire) {
         let detail = if timed_out {
@@ -507,39 +621,19 @@ async fn tunnel(
         } else {
             format!("max_bytes {} used", session.limits.max_bytes)
         };
-        tracing::warn!(
-            target: DECISION_TARGET,
-            decision = "closed",
-            code = Code::EGRESS_LIMIT_EXCEEDED.as_str(),
-            uid = record.uid,
-            task_id = %record.task_id,
-            session = %record.session,
-            target = %record.target,
-            resolved = ?record.resolved,
-            bytes,
+        record.closed(
+            Code::EGRESS_LIMIT_EXCEEDED.as_str(),
+            &detail,
+            client.bytes,
+            upstream.bytes,
             duration_ms,
-            detail = %detail,
-            "egress tunnel closed: EGRESS_LIMIT_EXCEEDED"
         );
     } else {
         let error = match &outcome {
             Ok(Err(e)) => e.to_string(),
             _ => String::new(),
         };
-        tracing::info!(
-            target: DECISION_TARGET,
-            decision = "closed",
-            code = "",
-            uid = record.uid,
-            task_id = %record.task_id,
-            session = %record.session,
-            target = %record.target,
-            resolved = ?record.resolved,
-            bytes,
-            duration_ms,
-            detail = %error,
-            "egress tunnel closed"
-        );
+        record.closed("", &error, client.bytes, upstream.bytes, duration_ms);
     }
     drop(admitted);
 }

@@ -1,7 +1,9 @@
 //! The daemon binary on a temporary UNIX socket, driven by real clients.
-//! Refusals are shown on loopback targets only; the one positive case
-//! reaches a package registry whose host:port the package client itself
-//! names at run time (no registry is named here).
+//! Refusals are shown on loopback targets only; the positive cases reach a
+//! package registry whose host:port the package client itself names at run
+//! time (no registry is named here), through a route whose addresses are
+//! learnt at run time, or through a real parent proxy (tinyproxy) on
+//! loopback with basic authentication.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -25,12 +27,26 @@ struct Daemon {
 
 impl Daemon {
     fn start(extra: &[&str]) -> Daemon {
+        Daemon::start_with(extra, None, None)
+    }
+
+    /// With a routes file (`--config`) and a credentials directory.
+    fn start_with(extra: &[&str], routes: Option<&str>, credentials: Option<&Path>) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         // Traversable by the other uid of `a_peer_of_another_uid_is_refused`.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         let socket = dir.path().join("egress.sock");
         let log = dir.path().join("daemon.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_airlock-egress"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock-egress"));
+        if let Some(text) = routes {
+            let file = dir.path().join("egress.toml");
+            std::fs::write(&file, text).unwrap();
+            cmd.arg("--config").arg(file);
+        }
+        if let Some(dir) = credentials {
+            cmd.env("CREDENTIALS_DIRECTORY", dir);
+        }
+        let child = cmd
             .arg("--socket")
             .arg(&socket)
             .args(["--allow-uid", "0"])
@@ -427,47 +443,14 @@ fn client_hello(host: &str) -> Vec<u8> {
     record
 }
 
-#[test]
-fn an_allowed_registry_is_tunnelled_and_answers_tls() {
-    let scratch = tempfile::tempdir().unwrap();
-    let registry = registry_from_pip(scratch.path());
-    let host = registry.host().to_string();
-    let port = registry.port().to_string();
-    let target = registry.to_string();
-    // On a host whose resolver answers from a refused range (a test
-    // network: documentation addresses), the production check refuses the
-    // registry; the test build's switch then permits exactly those
-    // addresses, to show the tunnel itself.
-    let resolved: Vec<std::net::IpAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(
-        host.trim_start_matches('[').trim_end_matches(']'),
-        registry.port(),
-    ))
-    .unwrap()
-    .map(|a| a.ip())
-    .collect();
-    let refused: Vec<String> = resolved
-        .iter()
-        .filter(|ip| airlock_egress::address::check(**ip).is_err())
-        .map(|ip| ip.to_string())
-        .collect();
-    let mut args = vec!["--connect-port".to_owned(), port.clone()];
-    if !refused.is_empty() {
-        let d = Daemon::start(&["--connect-port", &port]);
-        let p = preamble("s-g:0", &[&target], limits());
-        let answer = d.exchange(&opening(&p, &connect_head(&target)));
-        assert_refused(&answer, 403, "EGRESS_ADDRESS_FORBIDDEN");
-        eprintln!(
-            "NOTE: {target} resolves here to {refused:?}, in a refused range (refused as it must be); the tunnel is shown with the test build's --test-permit-address for exactly those addresses"
-        );
-        for ip in &refused {
-            args.extend(["--test-permit-address".to_owned(), ip.clone()]);
-        }
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let d = Daemon::start(&args);
-    let p = preamble("s-g:1", &[&target], limits());
+/// Opens a tunnel to `target` and shows the registry answering a TLS
+/// hello through it; returns the daemon's `closed` line.
+fn assert_tls_through(d: &Daemon, session: &str, target: &HostPort) -> String {
+    let host = target.host().to_string();
+    let p = preamble(session, &[&target.to_string()], limits());
     let mut s = d.connect();
-    s.write_all(&opening(&p, &connect_head(&target))).unwrap();
+    s.write_all(&opening(&p, &connect_head(&target.to_string())))
+        .unwrap();
     let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
     let mut got = vec![0u8; established.len()];
     s.read_exact(&mut got).unwrap();
@@ -485,12 +468,49 @@ fn an_allowed_registry_is_tunnelled_and_answers_tls() {
         "the server answers with a TLS handshake record"
     );
     drop(s);
-    let line = d.wait_log(&["decision=\"closed\"", "s-g:1"]);
+    d.wait_log(&["airlock_outcome=\"closed\"", session])
+}
+
+#[test]
+fn an_allowed_registry_is_tunnelled_through_a_route_of_its_addresses() {
+    let scratch = tempfile::tempdir().unwrap();
+    let registry = registry_from_pip(scratch.path());
+    let host = registry.host().to_string();
+    let port = registry.port().to_string();
+    let target = registry.to_string();
+    // Direct (no route): public addresses only. Where this machine's
+    // resolver answers from a refused range, the registry is refused.
+    let resolved = airlock_testkit::addresses(&target);
+    assert!(!resolved.is_empty(), "{target} does not resolve");
+    let d = Daemon::start(&["--connect-port", &port]);
+    let p = preamble("s-g:0", &[&target], limits());
+    if resolved
+        .iter()
+        .any(|ip| airlock_egress::address::check(*ip).is_err())
+    {
+        let answer = d.exchange(&opening(&p, &connect_head(&target)));
+        assert_refused(&answer, 403, "EGRESS_ADDRESS_FORBIDDEN");
+        let line = d.wait_log(&["EGRESS_ADDRESS_FORBIDDEN", "s-g:0"]);
+        assert!(
+            line.contains("airlock_egress_route=direct (no route)"),
+            "{line}"
+        );
+    }
+    drop(d);
+    // A route listing the addresses the name resolves to here, learnt now.
+    let routes = airlock_testkit::address_routes(std::slice::from_ref(&target));
+    let d = Daemon::start_with(&["--connect-port", &port], Some(&routes), None);
+    let line = assert_tls_through(&d, "s-g:1", &registry);
     assert!(line.contains(&target), "{line}");
+    assert!(
+        line.contains(&format!("airlock_egress_route=addresses {host}")),
+        "{line}"
+    );
     let allowed = d.wait_log(&["decision=\"allowed\"", "s-g:1"]);
     assert!(allowed.contains("resolved=Some("), "{allowed}");
 
     // The same registry with a budget smaller than the hello: cut off.
+    let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
     let tiny = Limits {
         max_bytes: 64,
         ..limits()
@@ -505,8 +525,207 @@ fn an_allowed_registry_is_tunnelled_and_answers_tls() {
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
     let line = d.wait_log(&["EGRESS_LIMIT_EXCEEDED", "s-g:2"]);
-    assert!(line.contains("bytes=64"), "{line}");
+    assert!(line.contains("airlock_egress_bytes_up=64"), "{line}");
     // Its budget is used: the next connection is refused.
     let answer = d.exchange(&opening(&p, &connect_head(&target)));
     assert_refused(&answer, 403, "EGRESS_LIMIT_EXCEEDED");
+}
+
+/// A loopback listener that counts what it accepts.
+fn counting_listener() -> (u16, Arc<Mutex<usize>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(Mutex::new(0usize));
+    let c = Arc::clone(&count);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            *c.lock().unwrap() += 1;
+            let _ = conn.write_all(b"hello from the mirror\n");
+        }
+    });
+    (port, count)
+}
+
+#[test]
+fn a_route_s_addresses_admit_its_name_and_nothing_outside_them() {
+    let (port, accepted) = counting_listener();
+    let port_arg = port.to_string();
+    let target = format!("localhost:{port}");
+    // A mirror on this host: loopback listed one address at a time.
+    let routes = "[[route]]\nhost = \"localhost\"\naddresses = [\"127.0.0.1\", \"::1\"]\n\n\
+                  [[route]]\nhost = \"*.mirror.example.invalid\"\naddresses = [\"10.0.0.0/8\"]\n";
+    let d = Daemon::start_with(&["--connect-port", &port_arg], Some(routes), None);
+    let warning = d.wait_log(&["route localhost lets tunnels reach 127.0.0.1 (loopback)"]);
+    assert!(warning.contains("WARN"), "{warning}");
+    d.wait_log(&["route: addresses localhost"]);
+    let p = preamble("s-r:1", &[&target], limits());
+    let mut s = d.connect();
+    s.write_all(&opening(&p, &connect_head(&target))).unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    drop(s);
+    assert!(
+        answer.starts_with("HTTP/1.1 200 Connection established\r\n\r\nhello from the mirror"),
+        "{answer}\n{}",
+        d.log()
+    );
+    let line = d.wait_log(&["airlock_outcome=\"closed\"", "s-r:1"]);
+    assert!(
+        line.contains("airlock_egress_route=addresses localhost"),
+        "{line}"
+    );
+    // The audit event of the tunnel: its MESSAGE_ID, the task, the address
+    // reached and the bytes each way.
+    assert!(
+        line.contains(&format!("message_id=\"{}\"", airlock_egress::audit::TUNNEL)),
+        "{line}"
+    );
+    assert!(line.contains("airlock_task_id=task-egress-1"), "{line}");
+    assert!(
+        line.contains("airlock_egress_resolved=127.0.0.1:"),
+        "{line}"
+    );
+    assert!(line.contains("airlock_egress_bytes_up=0 "), "{line}");
+    assert!(
+        line.contains(&format!(
+            "airlock_egress_bytes_down={} ",
+            "hello from the mirror\n".len()
+        )),
+        "{line}"
+    );
+    assert!(line.contains("airlock_egress_duration_ms="), "{line}");
+    assert_eq!(*accepted.lock().unwrap(), 1);
+    // The literal, which no route names, is still direct: refused.
+    let literal = format!("127.0.0.1:{port}");
+    let p = preamble("s-r:2", &[&literal], limits());
+    let answer = d.exchange(&opening(&p, &connect_head(&literal)));
+    assert_refused(&answer, 403, "EGRESS_ADDRESS_FORBIDDEN");
+    drop(d);
+    // A route whose ranges do not hold what the name resolves to.
+    let routes =
+        "[[route]]\nhost = \"localhost\"\naddresses = [\"10.1.0.0/16\", \"192.168.5.5\"]\n";
+    let d = Daemon::start_with(&["--connect-port", &port_arg], Some(routes), None);
+    let p = preamble("s-r:3", &[&target], limits());
+    let answer = d.exchange(&opening(&p, &connect_head(&target)));
+    assert_refused(&answer, 403, "EGRESS_ADDRESS_FORBIDDEN");
+    let line = d.wait_log(&["EGRESS_ADDRESS_FORBIDDEN", "s-r:3"]);
+    assert!(line.contains("outside the route's addresses"), "{line}");
+    assert!(
+        line.contains(&format!(
+            "message_id=\"{}\"",
+            airlock_egress::audit::REFUSED
+        )),
+        "{line}"
+    );
+    assert_eq!(*accepted.lock().unwrap(), 1, "the listener was reached");
+}
+
+#[test]
+fn a_configuration_that_does_not_hold_stops_the_daemon_before_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("egress.sock");
+    for (routes, part) in [
+        (
+            "[[route]]\nhost = \"localhost\"\naddresses = [\"127.0.0.0/8\"]\n",
+            "list each one on its own",
+        ),
+        (
+            "[[route]]\nhost = \"*\"\naddresses = [\"0.0.0.0/0\"]\n",
+            "unspecified",
+        ),
+        (
+            "[[route]]\nhost = \"*\"\nvia = \"http://127.0.0.1:3128\"\ncredential = \"parent\"\n",
+            "CREDENTIALS_DIRECTORY",
+        ),
+        ("[[route]]\nhost = \"*\"\n", "exactly one of"),
+    ] {
+        let file = dir.path().join("egress.toml");
+        std::fs::write(&file, routes).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_airlock-egress"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--allow-uid", "0", "--config"])
+            .arg(&file)
+            .env_remove("CREDENTIALS_DIRECTORY")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{routes}: started");
+        assert!(
+            err.contains("CONFIG_INVALID") && err.contains(part),
+            "{routes}: {err}"
+        );
+        assert!(!socket.exists(), "{routes}: the socket was bound");
+    }
+}
+
+#[test]
+fn tunnels_go_through_a_parent_proxy_with_its_credential() {
+    let scratch = tempfile::tempdir().unwrap();
+    let registry = registry_from_pip(scratch.path());
+    let target = registry.to_string();
+    let port = registry.port().to_string();
+    let parent = airlock_testkit::ParentProxy::start("airlock", "parent-s3cret");
+    let creds = tempfile::tempdir().unwrap();
+    std::fs::write(creds.path().join("parent"), "airlock:parent-s3cret\n").unwrap();
+    std::fs::write(creds.path().join("wrong"), "airlock:not-the-password\n").unwrap();
+    let targets = [target.clone()];
+    let routes = airlock_testkit::via_routes(&targets, parent.port, Some("parent"));
+    let d = Daemon::start_with(
+        &["--connect-port", &port],
+        Some(&routes),
+        Some(creds.path()),
+    );
+    let line = assert_tls_through(&d, "s-v:1", &registry);
+    let via = format!("airlock_egress_route=via 127.0.0.1:{} ", parent.port);
+    assert!(line.contains(&via), "{line}");
+    assert!(
+        parent.log().contains(&format!("CONNECT {target}")),
+        "the parent proxy made no CONNECT: {}",
+        parent.log()
+    );
+    // Nothing of the credential in the daemon's log.
+    assert!(!d.log().contains("parent-s3cret"), "{}", d.log());
+    assert!(
+        !d.log().contains("YWlybG9jazpwYXJlbnQtczNjcmV0"),
+        "{}",
+        d.log()
+    );
+    drop(d);
+    // A wrong credential, and none: refused with their own code.
+    for credential in [Some("wrong"), None] {
+        let routes = airlock_testkit::via_routes(&targets, parent.port, credential);
+        let d = Daemon::start_with(
+            &["--connect-port", &port],
+            Some(&routes),
+            Some(creds.path()),
+        );
+        let p = preamble("s-v:2", &[&target], limits());
+        let answer = d.exchange(&opening(&p, &connect_head(&target)));
+        assert_refused(&answer, 403, "EGRESS_PARENT_AUTH_FAILED");
+        let line = d.wait_log(&["EGRESS_PARENT_AUTH_FAILED", "s-v:2"]);
+        assert!(line.contains(&via), "{line}");
+        assert!(!d.log().contains("not-the-password"), "{}", d.log());
+    }
+    // An IP literal through the parent must still be public.
+    let routes = format!(
+        "[[route]]\nhost = \"*\"\nvia = \"http://127.0.0.1:{}\"\ncredential = \"parent\"\n",
+        parent.port
+    );
+    let d = Daemon::start_with(
+        &["--connect-port", &port],
+        Some(&routes),
+        Some(creds.path()),
+    );
+    let literal = format!("10.0.0.1:{port}");
+    let p = preamble("s-v:3", &[&literal], limits());
+    let answer = d.exchange(&opening(&p, &connect_head(&literal)));
+    assert_refused(&answer, 403, "EGRESS_ADDRESS_FORBIDDEN");
+    assert!(
+        !parent.log().contains("CONNECT 10.0.0.1"),
+        "{}",
+        parent.log()
+    );
 }

@@ -37,8 +37,12 @@ pub const HEAD_MAX: usize = 16 * 1024;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most connections open at once (the proxy bounds the session as well).
 pub const MAX_OPEN: usize = 64;
-/// Most decisions recorded per setup (the rest are counted, not kept).
+/// Most decisions recorded per setup; beyond them only a refusal with a
+/// code not yet recorded is kept (what ends a setup is never dropped).
 pub const MAX_RECORDED: usize = 256;
+/// Longest [`Forwarder::finish`] waits for connections still waiting for
+/// the proxy's answer (each is bounded by its own timeouts as well).
+pub const FINISH_WAIT: Duration = Duration::from_secs(90);
 
 /// A running forwarder; [`Forwarder::finish`] stops it and returns what
 /// the setup asked for.
@@ -46,6 +50,8 @@ pub const MAX_RECORDED: usize = 256;
 pub struct Forwarder {
     stop: Arc<AtomicBool>,
     decisions: Arc<Mutex<Vec<EgressDecision>>>,
+    /// Connections accepted whose decision is not recorded yet.
+    undecided: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -59,14 +65,15 @@ impl Forwarder {
         let (ours, theirs) = UnixStream::pair()?;
         let stop = Arc::new(AtomicBool::new(false));
         let decisions = Arc::new(Mutex::new(Vec::new()));
+        let undecided = Arc::new(AtomicUsize::new(0));
         let socket = socket.to_owned();
         let thread = {
-            let (stop, decisions) = (stop.clone(), decisions.clone());
+            let (stop, decisions, undecided) = (stop.clone(), decisions.clone(), undecided.clone());
             std::thread::Builder::new()
                 .name("setup-forwarder".into())
                 .spawn(move || {
                     if let Some(listener) = receive_listener(&ours) {
-                        serve(listener, &socket, &line, &stop, &decisions);
+                        serve(listener, &socket, &line, &stop, &decisions, &undecided);
                     }
                 })?
         };
@@ -74,17 +81,25 @@ impl Forwarder {
             Forwarder {
                 stop,
                 decisions,
+                undecided,
                 thread: Some(thread),
             },
             OwnedFd::from(theirs),
         ))
     }
 
-    /// Stops accepting and returns the decisions recorded.
+    /// Stops accepting, waits (at most [`FINISH_WAIT`]) for the
+    /// connections already accepted to have their answer from the proxy,
+    /// and returns the decisions recorded: a refusal the setup did not
+    /// wait for is among them.
     pub fn finish(mut self) -> Vec<EgressDecision> {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        let deadline = std::time::Instant::now() + FINISH_WAIT;
+        while self.undecided.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
         }
         self.decisions.lock().map(|d| d.clone()).unwrap_or_default()
     }
@@ -125,12 +140,36 @@ fn receive_listener(stream: &UnixStream) -> Option<TcpListener> {
     listener
 }
 
+/// Counts a connection as undecided while it lives, or until
+/// [`Undecided::decided`].
+struct Undecided(Option<Arc<AtomicUsize>>);
+
+impl Undecided {
+    fn new(count: &Arc<AtomicUsize>) -> Undecided {
+        count.fetch_add(1, Ordering::SeqCst);
+        Undecided(Some(count.clone()))
+    }
+
+    fn decided(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Undecided {
+    fn drop(&mut self) {
+        self.decided();
+    }
+}
+
 fn serve(
     listener: TcpListener,
     socket: &Path,
     line: &[u8],
     stop: &AtomicBool,
     decisions: &Arc<Mutex<Vec<EgressDecision>>>,
+    undecided: &Arc<AtomicUsize>,
 ) {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let open = Arc::new(AtomicUsize::new(0));
@@ -149,6 +188,7 @@ fn serve(
             continue;
         }
         open.fetch_add(1, Ordering::SeqCst);
+        let mut pending = Undecided::new(undecided);
         let (socket, line, decisions, open) = (
             socket.to_owned(),
             line.to_vec(),
@@ -158,7 +198,7 @@ fn serve(
         let spawned = std::thread::Builder::new()
             .name("setup-tunnel".into())
             .spawn(move || {
-                connection(client, &socket, &line, &decisions);
+                connection(client, &socket, &line, &decisions, &mut pending);
                 open.fetch_sub(1, Ordering::SeqCst);
             });
         if spawned.is_err() {
@@ -169,7 +209,8 @@ fn serve(
 
 fn record(decisions: &Mutex<Vec<EgressDecision>>, d: EgressDecision) {
     if let Ok(mut v) = decisions.lock() {
-        if v.len() < MAX_RECORDED {
+        let new_code = d.code.is_some() && !v.iter().any(|r| r.code == d.code);
+        if v.len() < MAX_RECORDED || new_code {
             v.push(d);
         }
     }
@@ -233,6 +274,7 @@ fn connection(
     socket: &PathBuf,
     line: &[u8],
     decisions: &Mutex<Vec<EgressDecision>>,
+    pending: &mut Undecided,
 ) {
     let _ = client.set_read_timeout(Some(HEAD_TIMEOUT));
     let Some(head) = read_head(&mut &client) else {
@@ -284,6 +326,7 @@ fn connection(
             code: if allowed { None } else { code },
         },
     );
+    pending.decided();
     if (&client).write_all(&answer).is_err() || !allowed {
         return;
     }
@@ -338,5 +381,26 @@ mod tests {
         );
         let mut short: &[u8] = b"CONNECT a:1";
         assert!(read_head(&mut short).is_none());
+    }
+
+    #[test]
+    fn a_refusal_is_recorded_beyond_the_bound_once_per_code() {
+        let decisions = Mutex::new(Vec::new());
+        let decision = |i: usize, code: Option<&str>| EgressDecision {
+            target: format!("a{i}.example:443"),
+            allowed: code.is_none(),
+            code: code.map(str::to_owned),
+        };
+        for i in 0..MAX_RECORDED + 5 {
+            record(&decisions, decision(i, None));
+        }
+        record(&decisions, decision(1, Some("EGRESS_HOST_NOT_ALLOWED")));
+        record(&decisions, decision(2, Some("EGRESS_HOST_NOT_ALLOWED")));
+        let kept = decisions.into_inner().unwrap();
+        assert_eq!(kept.len(), MAX_RECORDED + 1);
+        assert_eq!(
+            kept.last().unwrap().code.as_deref(),
+            Some("EGRESS_HOST_NOT_ALLOWED")
+        );
     }
 }

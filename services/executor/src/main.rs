@@ -311,7 +311,11 @@ fn spawners(
         hello.lockdown
     );
     let tail = usize::try_from(ex.limits.output_tail_bytes).unwrap_or(4096);
-    Runner::new(spawners, tail, walls)
+    let disk = airlock_executor::run::DiskWalls {
+        job_bytes: (ex.limits.job_disk_mib > 0).then(|| u64::from(ex.limits.job_disk_mib) << 20),
+        reserve_bytes: (ex.min_free_disk_mib > 0).then_some(ex.min_free_disk_mib << 20),
+    };
+    Ok(Runner::new(spawners, tail, walls)?.with_disk(disk))
 }
 
 /// The walls between jobs: a cgroup per job slot, each limited as
@@ -331,16 +335,27 @@ fn job_walls(config: &airlock_config::Config, jobs: u32) -> Result<Option<(Walls
     let limits = WallLimits {
         memory: u64::from(l.job_memory_mib) << 20,
         processes: u64::from(l.job_processes),
+        cpu_max_millis: (l.job_cpu_max > 0).then(|| u64::from(l.job_cpu_max) * 1000),
     };
     let walls = Walls::create(&tree, jobs.max(1) as usize).map_err(cgroup)?;
     for k in 0..walls.slots() {
         walls.set_limits(k, &limits).map_err(cgroup)?;
     }
     eprintln!(
-        "airlock-executor: walls: a cgroup ({}) per job, {} MiB and {} processes each",
+        "airlock-executor: walls: a cgroup ({}) per job, {} MiB and {} processes each; CPU: {}; IO: {}",
         tree.version(),
         l.job_memory_mib,
-        l.job_processes
+        l.job_processes,
+        match (walls.cpu(), l.job_cpu_max) {
+            (false, _) => "no cpu controller, no share".to_owned(),
+            (true, 0) => "an equal share, no quota".to_owned(),
+            (true, n) => format!("an equal share, at most {n} CPU(s)"),
+        },
+        walls
+            .io_weight()
+            .map_or("no IO weights on this kernel".to_owned(), |w| format!(
+                "an equal weight ({w})"
+            )),
     );
     Ok(Some((walls, limits)))
 }

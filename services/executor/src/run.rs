@@ -51,6 +51,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -75,9 +76,123 @@ pub struct Runner {
     /// The job slots' cgroups (spawner `k` lives in slot `k`) and the
     /// limits set on each, when the executor has them.
     walls: Option<(Walls, WallLimits)>,
+    /// The disk's walls, watched where `walls` are (the job's processes
+    /// are found in its cgroup).
+    disk: DiskWalls,
     hello: Hello,
     /// Bytes of stdout/stderr kept as tails.
     pub tail_bytes: usize,
+}
+
+/// The disk's walls ([`Runner::with_disk`]): what a job may write, and the
+/// free space it may never take from the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskWalls {
+    /// Bytes a job may write to its workspace and scratch
+    /// (`executor.limits.job_disk_mib`).
+    pub job_bytes: Option<u64>,
+    /// Free bytes of the work file system no job may take
+    /// (`executor.min_free_disk_mib`).
+    pub reserve_bytes: Option<u64>,
+}
+
+/// How often a running command's written bytes are measured.
+pub const DISK_WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What the disk watch saw of one command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskSeen {
+    /// The most it had written at once.
+    pub peak: u64,
+    /// Killed past the job's quota.
+    pub exceeded: bool,
+    /// Killed for the host's reserve.
+    pub reserve: bool,
+}
+
+/// Bytes `dirs` hold (blocks allocated, as the file system counts them),
+/// without following links; what cannot be read counts nothing.
+pub fn disk_usage(dirs: &[PathBuf]) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut stack: Vec<PathBuf> = dirs.to_vec();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            total = total.saturating_add(m.blocks().saturating_mul(512));
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
+/// Free bytes (for an unprivileged writer) of the file system of `path`.
+fn free_bytes(path: &Path) -> Option<u64> {
+    let s = rustix::fs::statvfs(path).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+/// Watches what a command writes to `dirs` until `done`: every
+/// [`DISK_WATCH_INTERVAL`], the growth over what they held at the start;
+/// past `limits`, `kill` (the job's processes).
+fn watch_disk(limits: DiskWalls, dirs: &[PathBuf], done: &AtomicBool, kill: &dyn Fn()) -> DiskSeen {
+    let base = disk_usage(dirs);
+    let mut seen = DiskSeen::default();
+    let mut killed = false;
+    let fs = dirs.first().cloned().unwrap_or_default();
+    loop {
+        let mut waited = Duration::ZERO;
+        while waited < DISK_WATCH_INTERVAL && !done.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(25));
+            waited += Duration::from_millis(25);
+        }
+        let written = disk_usage(dirs).saturating_sub(base);
+        seen.peak = seen.peak.max(written);
+        if done.load(Ordering::Acquire) {
+            return seen;
+        }
+        if !seen.exceeded && limits.job_bytes.is_some_and(|l| written > l) {
+            seen.exceeded = true;
+        }
+        if !seen.exceeded
+            && !seen.reserve
+            && written > 0
+            && limits
+                .reserve_bytes
+                .zip(free_bytes(&fs))
+                .is_some_and(|(reserve, free)| free < reserve)
+        {
+            seen.reserve = true;
+        }
+        if (seen.exceeded || seen.reserve) && !killed {
+            kill();
+            killed = true;
+        }
+    }
+}
+
+/// The directories a command may write to on disk: its workspace (an
+/// overlay's upper layer, or its copy) and the request's scratch (a host
+/// view's /tmp and HOME, a layer's HOME part).
+fn written_dirs(ws: &WorkspaceSource, scratch: &Path) -> Vec<PathBuf> {
+    let ws = match ws {
+        WorkspaceSource::Dir(d) => d.clone(),
+        WorkspaceSource::Overlay { upper, .. } => upper.clone(),
+    };
+    // The workspace may live in the scratch (an overlay's upper layer):
+    // counted once.
+    if ws.starts_with(scratch) {
+        vec![scratch.to_owned()]
+    } else if scratch.starts_with(&ws) {
+        vec![ws]
+    } else {
+        vec![ws, scratch.to_owned()]
+    }
 }
 
 /// What one report says about the sandbox.
@@ -291,9 +406,17 @@ impl Runner {
         Ok(Runner {
             spawners: spawners.into_iter().map(Mutex::new).collect(),
             walls,
+            disk: DiskWalls::default(),
             hello,
             tail_bytes,
         })
+    }
+
+    /// Watches what each command writes against `disk` (where jobs have
+    /// walls: the processes to kill are found in the job's cgroup).
+    pub fn with_disk(mut self, disk: DiskWalls) -> Runner {
+        self.disk = disk;
+        self
     }
 
     /// How many commands may run at once.
@@ -523,23 +646,50 @@ impl Runner {
         let started = Instant::now();
         let out = capture(out_r, keep + REDACT_MARGIN);
         let err = capture(err_r, keep + REDACT_MARGIN);
+        let watched = written_dirs(ws, scratch);
         let (report, wall) = {
             let (slot, mut spawner) = self.free_spawner()?;
             let counters = self.walls.as_ref().map(|(w, _)| w.before(slot));
-            let report = spawner.run(
-                &job,
-                Stdio {
-                    stdout: out_w,
-                    stderr: err_w,
-                    network: extras.network.map(|(_, fd)| fd),
-                },
-                HELPER_GRACE,
-            );
+            let done = AtomicBool::new(false);
+            // The kill goes through the spawner: the executor's Landlock
+            // scope lets it signal no command.
+            let watching = self.walls.is_some() && self.disk != DiskWalls::default();
+            let (cancel_r, cancel_w) = if watching {
+                pipe().map(|(r, w)| (Some(r), Some(w)))?
+            } else {
+                (None, None)
+            };
+            let (report, disk) = std::thread::scope(|s| {
+                let watch = cancel_w.map(|cancel| {
+                    let (done, watched, disk) = (&done, &watched, self.disk);
+                    s.spawn(move || {
+                        let cancel = std::fs::File::from(cancel);
+                        watch_disk(disk, watched, done, &|| {
+                            use std::io::Write;
+                            let _ = (&cancel).write(b"x");
+                        })
+                    })
+                });
+                let report = spawner.run(
+                    &job,
+                    Stdio {
+                        stdout: out_w,
+                        stderr: err_w,
+                        network: extras.network.map(|(_, fd)| fd),
+                        cancel: cancel_r,
+                    },
+                    HELPER_GRACE,
+                );
+                done.store(true, Ordering::Release);
+                (report, watch.map(|h| h.join().unwrap_or_default()))
+            });
             let wall = self
                 .walls
                 .as_ref()
                 .zip(counters)
-                .map(|((w, limits), before)| wall_evidence(w, limits, w.after(slot, before)));
+                .map(|((w, limits), before)| {
+                    wall_evidence(w, limits, w.after(slot, before), self.disk, disk)
+                });
             drop(spawner);
             (report, wall)
         };
@@ -581,7 +731,13 @@ impl Runner {
 }
 
 /// What a command's evidence says of its job's walls.
-fn wall_evidence(walls: &Walls, limits: &WallLimits, m: Measure) -> WallEvidence {
+fn wall_evidence(
+    walls: &Walls,
+    limits: &WallLimits,
+    m: Measure,
+    disk: DiskWalls,
+    seen: Option<DiskSeen>,
+) -> WallEvidence {
     WallEvidence {
         cgroup: walls.tree().version().to_owned(),
         memory_limit_bytes: limits.memory,
@@ -590,6 +746,14 @@ fn wall_evidence(walls: &Walls, limits: &WallLimits, m: Measure) -> WallEvidence
         peak_per_command: walls.peak_per_command(),
         oom_kills: m.oom_kills,
         fork_refusals: m.fork_refusals,
+        cpu_weight: walls.cpu_weight(),
+        cpu_max_millis: limits.cpu_max_millis,
+        cpu_used_ms: m.cpu_usage_us.map(|us| us / 1000),
+        io_weight: walls.io_weight(),
+        disk_limit_bytes: disk.job_bytes,
+        disk_peak_bytes: seen.map(|d| d.peak),
+        disk_exceeded: seen.is_some_and(|d| d.exceeded),
+        disk_reserve_reached: seen.is_some_and(|d| d.reserve),
     }
 }
 
@@ -735,5 +899,89 @@ mod tests {
         // Not truncated: the first line is the stream's own, kept.
         let out = redacted_tail(&Redactor::new(), "first line\nend\n", false, 50);
         assert_eq!(out, "first line\nend\n");
+    }
+
+    /// Writes `files` files of 1 MiB under `dir`, one every 20 ms, until
+    /// `stop`.
+    fn writer(dir: PathBuf, files: usize, stop: &AtomicBool) {
+        for i in 0..files {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            std::fs::write(dir.join(format!("f{i}")), vec![7u8; 1 << 20]).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn the_disk_watch_kills_past_the_quota_and_records_the_peak() {
+        let d = tempfile::tempdir().unwrap();
+        let (ws, scratch) = (d.path().join("ws"), d.path().join("scratch"));
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::create_dir_all(&scratch).unwrap();
+        // What was there before the command does not count.
+        std::fs::write(ws.join("old"), vec![0u8; 8 << 20]).unwrap();
+        let dirs = written_dirs(&WorkspaceSource::Dir(ws.clone()), &scratch);
+        let (done, killed) = (AtomicBool::new(false), AtomicBool::new(false));
+        let limits = DiskWalls {
+            job_bytes: Some(4 << 20),
+            reserve_bytes: None,
+        };
+        let seen = std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                watch_disk(limits, &dirs, &done, &|| {
+                    killed.store(true, Ordering::Release)
+                })
+            });
+            // Half in the workspace, half in the scratch, until "killed".
+            s.spawn(|| writer(ws.join("sub"), 64, &killed));
+            writer(scratch.clone(), 64, &killed);
+            done.store(true, Ordering::Release);
+            w.join().unwrap()
+        });
+        assert!(seen.exceeded && !seen.reserve, "{seen:?}");
+        assert!(killed.load(Ordering::Acquire));
+        assert!(
+            seen.peak > 4 << 20 && seen.peak < 100 << 20,
+            "peak {}",
+            seen.peak
+        );
+    }
+
+    #[test]
+    fn the_reserve_stops_a_job_that_writes_and_never_one_that_does_not() {
+        let d = tempfile::tempdir().unwrap();
+        let dirs = vec![d.path().to_owned()];
+        // A reserve larger than any disk: always below it.
+        let limits = DiskWalls {
+            job_bytes: None,
+            reserve_bytes: Some(u64::MAX),
+        };
+        let (done, killed) = (AtomicBool::new(false), AtomicBool::new(false));
+        let idle = std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                watch_disk(limits, &dirs, &done, &|| {
+                    killed.store(true, Ordering::Release)
+                })
+            });
+            std::thread::sleep(DISK_WATCH_INTERVAL * 3);
+            done.store(true, Ordering::Release);
+            w.join().unwrap()
+        });
+        assert_eq!(idle, DiskSeen::default());
+        assert!(!killed.load(Ordering::Acquire));
+        done.store(false, Ordering::Release);
+        let writing = std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                watch_disk(limits, &dirs, &done, &|| {
+                    killed.store(true, Ordering::Release)
+                })
+            });
+            writer(d.path().to_owned(), 64, &killed);
+            done.store(true, Ordering::Release);
+            w.join().unwrap()
+        });
+        assert!(writing.reserve && !writing.exceeded, "{writing:?}");
+        assert!(writing.peak > 0);
     }
 }

@@ -16,9 +16,12 @@
 //!    ([`crate::forward`]), its package clients are pointed there by the
 //!    usual proxy variables. A command that fails ends the request with
 //!    SETUP_FAILED and its redacted tail; a refusal by the proxy that
-//!    only configuration can change (an unlisted host, a forbidden
-//!    address) ends it with the proxy's code, which ends the task.
-//! 4. The outputs are moved into the layer, which is sealed.
+//!    only configuration can change (an unlisted host or port, a
+//!    forbidden address, a method other than CONNECT:
+//!    [`FINAL_REFUSALS`]) ends it with the proxy's code, which ends the
+//!    task, even when the command ignored the refusal and exited 0.
+//! 4. The outputs are moved into the layer, which is sealed (never after
+//!    such a refusal).
 
 use crate::error::{Error, Result};
 use crate::forward::Forwarder;
@@ -358,7 +361,10 @@ fn make(
         let (ev, _) = ran?;
         let ok = ev.exit_code == Some(0) && !ev.timed_out;
         evidence.push(ev);
-        if !ok {
+        // A refusal only configuration can change ends the setup whatever
+        // the command made of it: one that ignores it and exits 0 seals
+        // nothing.
+        if !ok || final_refusal(&decisions).is_some() {
             return Err(failed(&evidence, &decisions));
         }
     }
@@ -376,20 +382,35 @@ fn make(
     Ok((evidence, decisions))
 }
 
-/// The failure of a setup: the proxy's refusal when it refused something
-/// only configuration changes, else SETUP_FAILED; with the last command's
-/// redacted tail.
-fn failed(evidence: &[CommandEvidence], decisions: &[EgressDecision]) -> Error {
-    const FINAL: [Code; 4] = [
-        Code::EGRESS_HOST_NOT_ALLOWED,
-        Code::EGRESS_PORT_NOT_ALLOWED,
-        Code::EGRESS_ADDRESS_FORBIDDEN,
-        Code::EGRESS_METHOD_NOT_ALLOWED,
-    ];
-    let refused = decisions.iter().find_map(|d| {
+/// The proxy's refusals that only configuration changes: any one of them
+/// ends the setup.
+pub const FINAL_REFUSALS: [Code; 6] = [
+    Code::EGRESS_HOST_NOT_ALLOWED,
+    Code::EGRESS_PORT_NOT_ALLOWED,
+    Code::EGRESS_ADDRESS_FORBIDDEN,
+    Code::EGRESS_METHOD_NOT_ALLOWED,
+    // A route's parent proxy refusing the proxy's credential, or the
+    // CONNECT by its own policy: the administrator's to mend.
+    Code::EGRESS_PARENT_AUTH_FAILED,
+    Code::EGRESS_PARENT_REFUSED,
+];
+
+/// The first of `decisions` refused with one of [`FINAL_REFUSALS`]: its
+/// code and target.
+fn final_refusal(decisions: &[EgressDecision]) -> Option<(Code, String)> {
+    decisions.iter().find_map(|d| {
         let code = Code::from_name(d.code.as_deref()?)?;
-        FINAL.contains(&code).then(|| (code, d.target.clone()))
-    });
+        FINAL_REFUSALS
+            .contains(&code)
+            .then(|| (code, d.target.clone()))
+    })
+}
+
+/// The failure of a setup: the proxy's refusal when it refused something
+/// only configuration changes (whatever the command's exit status), else
+/// SETUP_FAILED; with the last command's redacted tail.
+fn failed(evidence: &[CommandEvidence], decisions: &[EgressDecision]) -> Error {
+    let refused = final_refusal(decisions);
     let last = evidence.last();
     let what = last.map_or(String::new(), |e| {
         let status = match (e.exit_code, e.signal, e.timed_out) {

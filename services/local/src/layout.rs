@@ -389,6 +389,9 @@ fn executor_text(layout: &Layout, tuning: &crate::Tuning) -> String {
         text.push_str(&format!(
             "\n[executor.limits]\njob_memory_mib = {memory}\njob_processes = {processes}\n"
         ));
+        if let Some(disk) = tuning.job_disk_mib {
+            text.push_str(&format!("job_disk_mib = {disk}\n"));
+        }
     }
     text
 }

@@ -79,6 +79,8 @@ pub struct Tuning {
     pub parallel_jobs: u32,
     /// `[executor.limits] job_memory_mib` and `job_processes`, when set.
     pub job_walls: Option<(u32, u32)>,
+    /// `[executor.limits] job_disk_mib`, when set.
+    pub job_disk_mib: Option<u32>,
     /// The caller's repositories to serve next to the demo one: (name,
     /// path of a git repository, bare or not). Each is imported into the
     /// state directory, where the worker is its only writer.
@@ -104,10 +106,14 @@ pub struct Tuning {
     /// Verification environments of the caller's repositories, by name
     /// (`--environment NAME=FILE`).
     pub environments: Vec<(String, airlock_config::Environment)>,
-    /// Test builds of airlock-egress only (`--test-permit-address`): reach
-    /// these addresses whatever their range (where this host's resolver
-    /// answers registries with documentation-range addresses).
-    pub egress_permit: Vec<std::net::IpAddr>,
+    /// airlock-egress's routes (`--egress-config FILE`): the text of its
+    /// `--config` file (`[[route]]` tables, docs/privsep/egress.md),
+    /// written to the state directory. None: every host direct.
+    pub egress_routes: Option<String>,
+    /// Credentials airlock-egress's routes name (`--egress-credential
+    /// NAME=FILE`), handed over as systemd's LoadCredential= would: a
+    /// directory only the proxy's uid reads, as CREDENTIALS_DIRECTORY.
+    pub egress_credentials: Vec<(String, PathBuf)>,
     /// Upstreams of the caller's repositories (`--upstream NAME=URL`): a
     /// name also in `repositories` is imported, then follows its upstream;
     /// any other starts empty and is filled by the worker's first sync.
@@ -157,6 +163,7 @@ impl Default for Tuning {
             parallel_tasks: 2,
             parallel_jobs: 0,
             job_walls: None,
+            job_disk_mib: None,
             repositories: Vec::new(),
             shared_store: None,
             repos: None,
@@ -164,7 +171,8 @@ impl Default for Tuning {
             agents: Vec::new(),
             executor_landlock: None,
             environments: Vec::new(),
-            egress_permit: Vec::new(),
+            egress_routes: None,
+            egress_credentials: Vec::new(),
             upstreams: Vec::new(),
         }
     }
@@ -363,8 +371,36 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
             s("--allow-uid"),
             ids.executor.uid.to_string(),
         ];
-        for ip in &tuning.egress_permit {
-            args.extend([s("--test-permit-address"), ip.to_string()]);
+        let mut env = vec![];
+        if let Some(routes) = &tuning.egress_routes {
+            let file = layout.path("egress.toml");
+            layout::file(
+                &file,
+                routes.as_bytes(),
+                0o444,
+                layout::Id { uid: 0, gid: 0 },
+                &ids,
+            )
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+            args.extend([s("--config"), file.display().to_string()]);
+        }
+        if !tuning.egress_credentials.is_empty() {
+            // As systemd's LoadCredential= would: only the proxy's uid reads them.
+            let creds = layout.path("egress-credentials");
+            let _ = std::fs::remove_dir_all(&creds);
+            std::fs::create_dir_all(&creds).map_err(|e| e.to_string())?;
+            for (name, from) in &tuning.egress_credentials {
+                let bytes = std::fs::read(from).map_err(|e| format!("{}: {e}", from.display()))?;
+                layout::file(&creds.join(name), &bytes, 0o400, ids.egress, &ids)
+                    .map_err(|e| e.to_string())?;
+            }
+            layout::chown_tree(&creds, ids.egress, &ids).map_err(|e| e.to_string())?;
+            std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o500))
+                .map_err(|e| e.to_string())?;
+            env.push((
+                "CREDENTIALS_DIRECTORY".to_owned(),
+                creds.display().to_string(),
+            ));
         }
         fleet
             .start(
@@ -372,7 +408,7 @@ pub fn start_with(state: PathBuf, quiet: bool, tuning: &Tuning) -> Result<Suite,
                     name: "egress",
                     program,
                     args,
-                    env: vec![],
+                    env,
                     id: ids.egress,
                     new_netns: false,
                     netns: tuning.netns.clone(),

@@ -21,6 +21,8 @@ struct Args {
     command: Command,
 }
 
+// Parsed once at start: the size of `Up`'s options costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start every component and run until Ctrl-C; prints how to reach them.
@@ -72,6 +74,17 @@ enum Command {
         /// airlock-local@localhost].
         #[arg(long = "signer", value_name = "NAME=PRINCIPAL", value_parser = parse_pair)]
         signers: Vec<(String, String)>,
+        /// airlock-egress's routes: a TOML file of `[[route]]` tables (host,
+        /// and one of direct = true, addresses = [CIDR, ...], via =
+        /// "http://HOST:PORT" with credential = NAME;
+        /// docs/privsep/egress.md), checked by airlock-egress as it starts.
+        #[arg(long = "egress-config", value_name = "FILE")]
+        egress_config: Option<PathBuf>,
+        /// A credential a route names (`credential = NAME`): FILE holds
+        /// `user:password` for its parent proxy, handed to airlock-egress
+        /// alone as systemd's LoadCredential= would. Repeatable.
+        #[arg(long = "egress-credential", value_name = "NAME=FILE", value_parser = parse_repo)]
+        egress_credentials: Vec<(String, PathBuf)>,
     },
     /// Start everything in a fresh state directory, run a sample task end to end, print the result, stop.
     Demo {
@@ -97,17 +110,28 @@ fn main() -> ExitCode {
             host_keys,
             signing_keys,
             signers,
+            egress_config,
+            egress_credentials,
         } => read_agents(agents.as_deref()).and_then(|agents| {
             let environments = read_environments(&repos, &environments)?;
             let upstreams =
                 local_upstreams(upstreams, credentials, host_keys, signing_keys, signers)?;
-            up(
-                state.unwrap_or_else(default_state),
-                repos,
+            let egress_routes = egress_config
+                .map(|f| {
+                    std::fs::read_to_string(&f)
+                        .map_err(|e| format!("--egress-config {}: {e}", f.display()))
+                })
+                .transpose()?;
+            let tuning = airlock_local::Tuning {
+                repositories: repos,
                 environments,
                 agents,
                 upstreams,
-            )
+                egress_routes,
+                egress_credentials,
+                ..Default::default()
+            };
+            up(state.unwrap_or_else(default_state), tuning)
         }),
         Command::Demo { json, state } => demo::run(json, state),
     };
@@ -255,20 +279,8 @@ fn read_environments(
     Ok(out)
 }
 
-fn up(
-    state: PathBuf,
-    repos: Vec<(String, PathBuf)>,
-    environments: Vec<(String, airlock_config::Environment)>,
-    agents: Vec<airlock_config::Agent>,
-    upstreams: Vec<airlock_local::LocalUpstream>,
-) -> Result<(), String> {
-    let tuning = airlock_local::Tuning {
-        repositories: repos.clone(),
-        environments,
-        agents,
-        upstreams,
-        ..Default::default()
-    };
+fn up(state: PathBuf, tuning: airlock_local::Tuning) -> Result<(), String> {
+    let repos = tuning.repositories.clone();
     let mut suite = airlock_local::start_with(state, false, &tuning)?;
     println!(
         "airlock is running (state in {}).",

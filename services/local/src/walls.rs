@@ -4,7 +4,8 @@
 //!
 //! Made only where airlock-local runs as root on a machine that mounts the
 //! cgroup v1 controllers one per hierarchy (`/sys/fs/cgroup/memory`,
-//! `…/pids`, and `…/cpu` when there): a directory in each, given to the
+//! `…/pids`, and `…/cpu`, `…/cpuacct` and `…/blkio` when there: CPU
+//! shares and quota, CPU time, IO weight): a directory in each, given to the
 //! executor's user, named in the executor's `AIRLOCK_EXECUTOR_CGROUP`. A
 //! machine with the unified (v2) hierarchy runs the installed units,
 //! whose systemd delegates the executor's own cgroup; airlock-local makes
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The v1 hierarchies the walls use, the first two required.
-const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+const CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "blkio"];
 
 static MADE: AtomicUsize = AtomicUsize::new(0);
 
@@ -56,11 +57,18 @@ impl Delegated {
             return None;
         }
         let root = Path::new("/sys/fs/cgroup");
-        let present: Vec<&str> = CONTROLLERS
+        // `/sys/fs/cgroup/cpu` may be a link to a hierarchy mounted with
+        // cpuacct (`cpu,cpuacct`): its mount point is the link's target,
+        // and one directory there serves both.
+        let present: Vec<(&str, PathBuf)> = CONTROLLERS
             .into_iter()
-            .filter(|c| v1_hierarchy(&root.join(c), c))
+            .filter_map(|c| {
+                let at = std::fs::canonicalize(root.join(c)).ok()?;
+                v1_hierarchy(&at, c).then_some((c, at))
+            })
             .collect();
-        if !present.contains(&"memory") || !present.contains(&"pids") {
+        let has = |name: &str| present.iter().any(|(c, _)| *c == name);
+        if !has("memory") || !has("pids") {
             return None;
         }
         let name = format!(
@@ -72,9 +80,15 @@ impl Delegated {
             dirs: Vec::new(),
             env: String::from("v1:"),
         };
-        for c in present {
-            let dir = root.join(c).join(&name);
-            let given = std::fs::create_dir(&dir).and_then(|()| {
+        for (c, at) in present {
+            let dir = at.join(&name);
+            let made_here = !made.dirs.contains(&dir);
+            let given = if made_here {
+                std::fs::create_dir(&dir)
+            } else {
+                Ok(())
+            }
+            .and_then(|()| {
                 std::os::unix::fs::chown(&dir, Some(ids.executor.uid), Some(ids.executor.gid))
             });
             if let Err(e) = given {
@@ -88,7 +102,9 @@ impl Delegated {
                 made.env.push(',');
             }
             made.env.push_str(&format!("{c}={}", dir.display()));
-            made.dirs.push(dir);
+            if made_here {
+                made.dirs.push(dir);
+            }
         }
         Some(made)
     }

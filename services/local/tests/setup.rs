@@ -4,8 +4,10 @@
 //!
 //! Real package clients and the real registries this machine reaches. The
 //! registry's host is never written here: each client is run once through
-//! a logging CONNECT proxy on loopback that refuses everything, and the
-//! `host:port` it asked for is the environment's egress entry.
+//! a logging CONNECT proxy on loopback, and the `host:port` it asked for is
+//! the environment's egress entry; airlock-egress (the production binary)
+//! reaches it through a route whose addresses are the ones that host
+//! resolves to here, learnt at run time.
 //!
 //! - Node: `npm ci --ignore-scripts` as setup, `npm test` as verification
 //!   (no network then); a fix ends SUCCEEDED with a fetched layer and the
@@ -21,12 +23,12 @@
 //!   and the listener sees nothing; a verification command cannot reach
 //!   the proxy, and no name resolves inside the sandbox.
 
-use airlock_testkit::{NODE_BREAK, NODE_FIX, addresses, git, node_project};
+use airlock_testkit::setup_environment as environment;
+use airlock_testkit::{NODE_BREAK, NODE_FIX, PY_FIX, address_routes, node_project, python_project};
 use serde_json::Value;
 use std::io::Read;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -71,53 +73,6 @@ fn counting_listener() -> (u16, Arc<AtomicUsize>) {
     (port, count)
 }
 
-fn python_project(dir: &Path) -> PathBuf {
-    let src = dir.join("calc-py");
-    std::fs::create_dir_all(&src).unwrap();
-    git(&src, &["init", "-q", "-b", "main"]);
-    std::fs::write(src.join("requirements.txt"), "pytest\n").unwrap();
-    std::fs::write(src.join("calc.py"), "def add(a, b):\n    return a - b\n").unwrap();
-    std::fs::write(
-        src.join("test_calc.py"),
-        "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
-    )
-    .unwrap();
-    git(&src, &["add", "-A"]);
-    git(&src, &["commit", "-q", "-m", "calc with a pytest suite"]);
-    src
-}
-
-fn environment(
-    programs: &[&str],
-    commands: Vec<Vec<&str>>,
-    inputs: &[&str],
-    outputs: &[&str],
-    egress: Vec<String>,
-    variables: &[(&str, &str)],
-) -> airlock_config::Environment {
-    let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    let mut vars: std::collections::BTreeMap<String, String> = variables
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    vars.entry("PATH".into())
-        .or_insert_with(|| "/usr/bin:/bin".into());
-    airlock_config::Environment {
-        paths: Vec::new(),
-        programs: owned(programs),
-        variables: vars,
-        setup: Some(airlock_config::Setup {
-            commands: commands.into_iter().map(|c| owned(&c)).collect(),
-            inputs: owned(inputs),
-            outputs: owned(outputs),
-            egress,
-            timeout_seconds: 600,
-        }),
-    }
-}
-
-const PY_FIX: &str = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n";
-
 #[test]
 fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfile() {
     let scratch = tempfile::tempdir().unwrap();
@@ -125,7 +80,7 @@ fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfil
     let npm_registry = airlock_testkit::npm_registry(&scratch.path().join("npm-cache"));
     let pip_registry = airlock_testkit::pip_registry(&scratch.path().join("pip-dl"));
     let node = node_project(scratch.path(), "calc-node");
-    let python = python_project(scratch.path());
+    let python = python_project(scratch.path(), "calc-py");
     let (listener_port, listener_hits) = counting_listener();
     let loopback = format!("127.0.0.1:{listener_port}");
     let node_env = environment(
@@ -204,11 +159,7 @@ fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfil
             &[],
         )
     };
-    let permit = npm_registry
-        .iter()
-        .chain(&pip_registry)
-        .flat_map(|t| addresses(t))
-        .collect();
+    let routes = address_routes(&[npm_registry.clone(), pip_registry.clone()].concat());
     let suite = airlock_local::start_with(
         scratch.path().join("state"),
         true,
@@ -227,7 +178,7 @@ fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfil
                 ("direct".into(), direct_env),
                 ("loop".into(), loopback_env),
             ],
-            egress_permit: permit,
+            egress_routes: Some(routes),
             ..Default::default()
         },
     )
@@ -420,7 +371,7 @@ fn a_rust_crate_fetches_its_registry_in_setup_and_tests_offline() {
         &airlock_local::Tuning {
             repositories: vec![("calc".into(), crate_dir)],
             environments: vec![("calc".into(), env)],
-            egress_permit: registry.iter().flat_map(|t| addresses(t)).collect(),
+            egress_routes: Some(address_routes(&registry)),
             ..Default::default()
         },
     )

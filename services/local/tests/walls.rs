@@ -1,14 +1,16 @@
 //! Walls between jobs (issue 44, item 2): each job's commands run in a
 //! cgroup of its own below the executor's (here the cgroup v1 hierarchies
 //! airlock-local delegates, as systemd's `Delegate=yes` does on an
-//! installed system), with a memory and a process limit. Hostile
-//! neighbours run beside a normal task: a fork bomb and a memory hog each
-//! end with their own code and their figures in the evidence, the normal
-//! task SUCCEEDED, and the supervisor, the worker and the executor keep
-//! their PIDs.
+//! installed system), with a memory and a process limit, an equal CPU
+//! weight and their CPU time counted. Hostile neighbours run beside a
+//! normal task: a fork bomb, a memory hog and a disk filler each end with
+//! their own code and their figures in the evidence, CPU spinners on twice the cores
+//! have all their CPU time (their processes' together) in theirs, the
+//! normal task SUCCEEDED, and the supervisor, the worker and the executor
+//! keep their PIDs.
 //!
-//! Real processes and real cgroups; needs root and the v1 memory and pids
-//! hierarchies (this machine's, and CI's).
+//! Real processes and real cgroups; needs root and the v1 memory, pids,
+//! cpu and cpuacct hierarchies (this machine's, and CI's).
 
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Tuning, start_with};
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 
 const MEMORY_MIB: u32 = 192;
 const PROCESSES: u32 = 48;
+const DISK_MIB: u32 = 48;
 
 fn wall(view: &TaskView) -> Value {
     view.result
@@ -46,9 +49,10 @@ fn a_fork_bomb_and_a_memory_hog_end_with_their_codes_beside_a_normal_task() {
         state.path().join("state"),
         true,
         &Tuning {
-            parallel_tasks: 3,
-            parallel_jobs: 3,
+            parallel_tasks: 5,
+            parallel_jobs: 5,
             job_walls: Some((MEMORY_MIB, PROCESSES)),
+            job_disk_mib: Some(DISK_MIB),
             ..Default::default()
         },
     )
@@ -97,10 +101,37 @@ fn a_fork_bomb_and_a_memory_hog_end_with_their_codes_beside_a_normal_task() {
             "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))"
         ]),
     );
+    // Twice the cores' worth of processes, each spinning one CPU second
+    // (of its own CPU time, however loaded the machine is), then done.
+    let spinners = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    submit(
+        "spinner",
+        json!([
+            "/usr/bin/python3",
+            "-c",
+            format!(
+                "import os, time\nfor _ in range({spinners}):\n    if os.fork() == 0:\n        while time.process_time() < 1.0:\n            pass\n        os._exit(0)\nfor _ in range({spinners}):\n    os.wait()"
+            )
+        ]),
+    );
+    // Writes file after file to its workspace, each well under
+    // RLIMIT_FSIZE, up to eight times its job's quota, then stops
+    // (exit 0): only the disk watch fails it.
+    submit(
+        "filler",
+        json!([
+            "/usr/bin/python3",
+            "-c",
+            format!(
+                "import os\nchunk = b'x' * (1 << 20)\nfor i in range({}):\n    with open(f'fill-{{i}}', 'wb') as f:\n        f.write(chunk)\n        f.flush()\n        os.fsync(f.fileno())",
+                DISK_MIB * 8
+            )
+        ]),
+    );
     submit("normal", json!(["/bin/true"]));
     let deadline = Instant::now() + Duration::from_secs(180);
     let views = loop {
-        let views: Vec<TaskView> = ["bomb", "hog", "normal"]
+        let views: Vec<TaskView> = ["bomb", "hog", "normal", "spinner", "filler"]
             .iter()
             .map(|t| {
                 client
@@ -121,9 +152,10 @@ fn a_fork_bomb_and_a_memory_hog_end_with_their_codes_beside_a_normal_task() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    let (bomb, hog, normal) = (&views[0], &views[1], &views[2]);
+    let (bomb, hog, normal, spinner, filler) =
+        (&views[0], &views[1], &views[2], &views[3], &views[4]);
     println!(
-        "walls: bomb {} {} {}; hog {} {} {}; normal {} {}",
+        "walls: bomb {} {} {}; hog {} {} {}; normal {} {}; spinner {} {}; filler {} {} {}",
         bomb.state.as_str(),
         failure_code(bomb),
         wall(bomb),
@@ -131,7 +163,12 @@ fn a_fork_bomb_and_a_memory_hog_end_with_their_codes_beside_a_normal_task() {
         failure_code(hog),
         wall(hog),
         normal.state.as_str(),
-        wall(normal)
+        wall(normal),
+        spinner.state.as_str(),
+        wall(spinner),
+        filler.state.as_str(),
+        failure_code(filler),
+        wall(filler)
     );
     assert_eq!(normal.state.as_str(), "SUCCEEDED", "{normal:?}");
     assert_eq!(wall(normal)["cgroup"], "v1");
@@ -140,6 +177,32 @@ fn a_fork_bomb_and_a_memory_hog_end_with_their_codes_beside_a_normal_task() {
         u64::from(MEMORY_MIB) << 20
     );
     assert_eq!(wall(normal)["processes_limit"], u64::from(PROCESSES));
+    // An equal CPU weight (v1's default shares), no quota configured, and
+    // this kernel's v1 blkio has weights only where its scheduler does.
+    assert_eq!(wall(normal)["cpu_weight"], 1024);
+    assert_eq!(wall(normal)["cpu_max_millis"], Value::Null);
+    assert!(wall(normal)["cpu_used_ms"].is_u64(), "{}", wall(normal));
+    let io_weights = std::path::Path::new("/sys/fs/cgroup/blkio/blkio.weight").exists()
+        || std::path::Path::new("/sys/fs/cgroup/blkio/blkio.bfq.weight").exists();
+    assert_eq!(wall(normal)["io_weight"].is_u64(), io_weights);
+
+    assert_eq!(wall(normal)["disk_limit_bytes"], u64::from(DISK_MIB) << 20);
+
+    assert_eq!(filler.state.as_str(), "FAILED");
+    assert_eq!(failure_code(filler), "COMMAND_DISK_EXCEEDED", "{filler:?}");
+    assert_eq!(wall(filler)["disk_exceeded"], true);
+    let written = wall(filler)["disk_peak_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        written > u64::from(DISK_MIB) << 20 && written < u64::from(DISK_MIB * 8) << 20,
+        "the filler's peak {written} is not past its quota and short of its end"
+    );
+
+    assert_eq!(spinner.state.as_str(), "SUCCEEDED", "{spinner:?}");
+    let used = wall(spinner)["cpu_used_ms"].as_u64().unwrap_or(0);
+    assert!(
+        used >= 900 * spinners as u64,
+        "the spinners' {spinners} CPU seconds are not in the job's {used} ms"
+    );
 
     assert_eq!(bomb.state.as_str(), "FAILED");
     assert_eq!(failure_code(bomb), "COMMAND_PROCESS_LIMIT", "{bomb:?}");

@@ -382,15 +382,133 @@ pub fn pip_registry(dir: &Path) -> Vec<String> {
     registry_of("pip", c)
 }
 
-/// The addresses `host:port` resolves to here (for the test build of
-/// airlock-egress's `--test-permit-address`, where this machine's
-/// resolver answers with documentation-range addresses).
+/// The addresses `host:port` resolves to here, learnt now.
 pub fn addresses(target: &str) -> Vec<std::net::IpAddr> {
     use std::net::ToSocketAddrs;
-    target
+    let mut found: Vec<std::net::IpAddr> = target
         .to_socket_addrs()
         .map(|a| a.map(|s| s.ip()).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The host of a `host:port` as a routes file writes it.
+fn host_of(target: &str) -> &str {
+    target
+        .rsplit_once(':')
+        .map_or(target, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+}
+
+/// airlock-egress's routes file (`--config`) with one `addresses` route
+/// per host of `targets` (`host:port`), listing the addresses that host
+/// resolves to here, learnt now: how a test reaches the registries with
+/// the production binary whatever ranges this machine's resolver answers
+/// with (an administrator's route to an internal mirror, in effect).
+pub fn address_routes(targets: &[String]) -> String {
+    let mut hosts: Vec<&str> = targets.iter().map(|t| host_of(t)).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let mut text = String::new();
+    for host in hosts {
+        let found = addresses(&format!("{host}:443"));
+        assert!(!found.is_empty(), "{host} does not resolve here");
+        let list: Vec<String> = found.iter().map(|a| format!("\"{a}\"")).collect();
+        text.push_str(&format!(
+            "[[route]]\nhost = \"{host}\"\naddresses = [{}]\n\n",
+            list.join(", ")
+        ));
+    }
+    text
+}
+
+/// airlock-egress's routes file sending every host of `targets` through
+/// the parent proxy on `127.0.0.1:port`, with the credential `credential`
+/// (a name in the proxy's credentials directory) if given.
+pub fn via_routes(targets: &[String], port: u16, credential: Option<&str>) -> String {
+    let mut hosts: Vec<&str> = targets.iter().map(|t| host_of(t)).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let mut text = String::new();
+    for host in hosts {
+        text.push_str(&format!(
+            "[[route]]\nhost = \"{host}\"\nvia = \"http://127.0.0.1:{port}\"\n"
+        ));
+        if let Some(c) = credential {
+            text.push_str(&format!("credential = \"{c}\"\n"));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// A real parent proxy: Debian's tinyproxy on loopback, with basic
+/// authentication, allowed to CONNECT to port 443 only; killed (by its
+/// pid) when dropped.
+#[derive(Debug)]
+pub struct ParentProxy {
+    child: std::process::Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ParentProxy {
+    /// Starts one that admits `user:password` alone.
+    pub fn start(user: &str, password: &str) -> ParentProxy {
+        let dir = tempfile::tempdir().expect("tinyproxy's directory");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let conf = dir.path().join("tinyproxy.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "Port {port}\nListen 127.0.0.1\nTimeout 120\nLogLevel Connect\nMaxClients 64\nBasicAuth {user} {password}\nConnectPort 443\nDisableViaHeader Yes\nPidFile \"{}\"\n",
+                dir.path().join("tinyproxy.pid").display()
+            ),
+        )
+        .expect("tinyproxy.conf");
+        let log = dir.path().join("tinyproxy.log");
+        let out = std::fs::File::create(&log).expect("tinyproxy.log");
+        let child = Command::new("tinyproxy")
+            .arg("-d")
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("tinyproxy.log"))
+            .stderr(out)
+            .spawn()
+            .expect("tinyproxy runs (Debian's tinyproxy package; scripts/deps.sh installs it)");
+        let proxy = ParentProxy {
+            child,
+            port,
+            log,
+            _dir: dir,
+        };
+        let up = eventually(Duration::from_secs(20), Duration::from_millis(50), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(up, "tinyproxy did not listen on {port}: {}", proxy.log());
+        proxy
+    }
+
+    /// What it logged so far (its CONNECT lines among them).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ParentProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A Node package in `dir/name`: `add` subtracts (a fix is [`NODE_FIX`]),
@@ -433,6 +551,60 @@ pub fn node_project(dir: &Path, name: &str) -> PathBuf {
     git(&src, &["add", "-A"]);
     git(&src, &["commit", "-q", "-m", "calc with an npm dependency"]);
     src
+}
+
+/// A Python package in `dir/name`: `add` subtracts (a fix is
+/// [`PY_FIX`]), pytest its suite (`requirements.txt` names it); committed
+/// on `main`.
+pub fn python_project(dir: &Path, name: &str) -> PathBuf {
+    let src = dir.join(name);
+    std::fs::create_dir_all(&src).expect("project directory");
+    git(&src, &["init", "-q", "-b", "main"]);
+    let write = |f: &str, text: &str| std::fs::write(src.join(f), text).expect("project file");
+    write("requirements.txt", "pytest\n");
+    write("calc.py", "def add(a, b):\n    return a - b\n");
+    write(
+        "test_calc.py",
+        "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    );
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "calc with a pytest suite"]);
+    src
+}
+
+/// The patch that fixes [`python_project`]'s `add`.
+pub const PY_FIX: &str = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n";
+
+/// A verification environment with a setup: its programs, setup commands,
+/// inputs, outputs, egress entries and variables (PATH defaults to
+/// /usr/bin:/bin), a 600 s setup timeout.
+pub fn setup_environment(
+    programs: &[&str],
+    commands: Vec<Vec<&str>>,
+    inputs: &[&str],
+    outputs: &[&str],
+    egress: Vec<String>,
+    variables: &[(&str, &str)],
+) -> airlock_config::Environment {
+    let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let mut vars: std::collections::BTreeMap<String, String> = variables
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    vars.entry("PATH".into())
+        .or_insert_with(|| "/usr/bin:/bin".into());
+    airlock_config::Environment {
+        paths: Vec::new(),
+        programs: owned(programs),
+        variables: vars,
+        setup: Some(airlock_config::Setup {
+            commands: commands.into_iter().map(|c| owned(&c)).collect(),
+            inputs: owned(inputs),
+            outputs: owned(outputs),
+            egress,
+            timeout_seconds: 600,
+        }),
+    }
 }
 
 /// The patch that fixes [`node_project`]'s `add`.

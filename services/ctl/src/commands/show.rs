@@ -3,7 +3,7 @@
 use crate::client::{Client, CtlError};
 use crate::output::{Ctx, text, text_opt, time, wire};
 use crate::view;
-use airlock_proto::task::{CapturedFile, Isolation, TaskView, UNMEASURED};
+use airlock_proto::task::{CapturedFile, CommandSummary, Isolation, TaskView, UNMEASURED};
 use serde_json::Value;
 use std::process::ExitCode;
 
@@ -75,6 +75,9 @@ pub fn render(ctx: &Ctx, t: &TaskView) -> String {
                 s.push_str(&format!(", {c}"));
             }
             rows.push(("Result", s));
+            for c in &r.verification {
+                rows.push(("Command", command(c)));
+            }
             if let Some(c) = &r.captured {
                 rows.push((
                     "Captured",
@@ -228,6 +231,69 @@ fn decoded_len(f: &CapturedFile) -> usize {
     (b64.len() / 4 * 3).saturating_sub(pad)
 }
 
+/// One verification command of a result: how it ended, and its job's
+/// walls — each limit with what the command reached against it.
+fn command(c: &CommandSummary) -> String {
+    let end = match (c.exit_code, c.timed_out) {
+        (_, true) => "timed out".to_owned(),
+        (Some(code), false) => format!("exit {code}"),
+        (None, false) => "killed".to_owned(),
+    };
+    let mut s = format!("{}: {end}, {} ms", c.label, c.duration_ms);
+    let Some(w) = &c.wall else {
+        s.push_str(" (no walls between jobs)");
+        return s;
+    };
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20));
+    s.push_str(&format!(
+        "; memory {} of {}{}",
+        w.memory_peak_bytes.map_or_else(|| "-".to_owned(), mib),
+        mib(w.memory_limit_bytes),
+        if w.oom_kills > 0 {
+            format!(" ({} OOM kill(s))", w.oom_kills)
+        } else {
+            String::new()
+        }
+    ));
+    s.push_str(&format!(
+        "; processes at most {}{}",
+        w.processes_limit,
+        if w.fork_refusals > 0 {
+            format!(" ({} fork(s) refused)", w.fork_refusals)
+        } else {
+            String::new()
+        }
+    ));
+    s.push_str(&format!(
+        "; CPU {} used, {}",
+        w.cpu_used_ms.map_or_else(
+            || "-".to_owned(),
+            |ms| format!("{:.2} s", ms as f64 / 1000.0)
+        ),
+        w.cpu_max_millis.map_or_else(
+            || "no quota".to_owned(),
+            |m| format!("quota {:.2} CPU(s)", m as f64 / 1000.0)
+        )
+    ));
+    if let Some(limit) = w.disk_limit_bytes {
+        s.push_str(&format!(
+            "; disk {} written of {}",
+            w.disk_peak_bytes.map_or_else(|| "-".to_owned(), mib),
+            mib(limit)
+        ));
+    } else if let Some(peak) = w.disk_peak_bytes {
+        s.push_str(&format!("; disk {} written, no quota", mib(peak)));
+    }
+    if w.disk_exceeded {
+        s.push_str(" (killed past its disk quota)");
+    }
+    if w.disk_reserve_reached {
+        s.push_str(" (killed for the host's free-space reserve)");
+    }
+    s.push_str(&format!(" (cgroup {})", w.cgroup));
+    s
+}
+
 /// The isolation evidence of a result, in words: what was measured and,
 /// when the commands were not fully confined, each gap (auto_accept then
 /// leaves the decision to a human).
@@ -261,5 +327,47 @@ fn isolation(evidence: Option<&Isolation>) -> String {
             "NOT fully confined ({}); auto_accept leaves it to a human: {measured}",
             gaps.join("; ")
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_proto::bundle::WallEvidence;
+
+    #[test]
+    fn a_command_shows_each_limit_beside_what_it_reached() {
+        let mut c = CommandSummary {
+            label: "hog".into(),
+            exit_code: None,
+            timed_out: false,
+            duration_ms: 812,
+            stdout_tail: None,
+            stderr_tail: None,
+            wall: Some(WallEvidence {
+                cgroup: "v1".into(),
+                memory_limit_bytes: 192 << 20,
+                processes_limit: 48,
+                memory_peak_bytes: Some(191 << 20),
+                peak_per_command: true,
+                oom_kills: 1,
+                fork_refusals: 0,
+                cpu_weight: Some(1024),
+                cpu_max_millis: Some(1500),
+                cpu_used_ms: Some(640),
+                io_weight: None,
+                disk_limit_bytes: Some(1 << 30),
+                disk_peak_bytes: Some(3 << 20),
+                disk_exceeded: false,
+                disk_reserve_reached: false,
+            }),
+        };
+        assert_eq!(
+            command(&c),
+            "hog: killed, 812 ms; memory 191.0 MiB of 192.0 MiB (1 OOM kill(s)); processes at most 48; CPU 0.64 s used, quota 1.50 CPU(s); disk 3.0 MiB written of 1024.0 MiB (cgroup v1)"
+        );
+        c.wall = None;
+        c.exit_code = Some(0);
+        assert_eq!(command(&c), "hog: exit 0, 812 ms (no walls between jobs)");
     }
 }
