@@ -114,6 +114,7 @@ pub enum Command {
     /// LoadCredential= (systemctl prints [unprintable]).
     ///
     /// Exit status 0 when nothing fails (warnings allowed), 1 when a check fails.
+    #[command(after_long_help = doctor::families_help())]
     Doctor(doctor::Args),
     /// Print a shell completion script.
     Completions(completions::Args),
@@ -202,6 +203,13 @@ pub fn man_page() -> Vec<u8> {
             .map(|a| a.to_string())
             .unwrap_or_default();
         roff.push_str(&format!("{}\n", roff_escape(&about)));
+        if let Some(after) = sub.get_after_long_help() {
+            roff.push_str(".PP\n.nf\n");
+            for line in after.to_string().lines() {
+                roff.push_str(&format!("{}\n", roff_escape(line)));
+            }
+            roff.push_str(".fi\n");
+        }
         for arg in sub.get_arguments() {
             if arg.is_hide_set()
                 || arg.is_global_set()

@@ -190,6 +190,48 @@ fn man_page_is_up_to_date() {
     }
 }
 
+/// docs/doctor.md's table of checks is generated from doctor's own table
+/// of families, as are `doctor --help` and the man page's list.
+#[test]
+fn doctor_checks_are_listed_from_its_table() {
+    use airlockctl::commands::doctor::{FAMILIES, families_markdown};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/doctor.md");
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let (begin, end) = (
+        "<!-- doctor-checks:begin -->\n",
+        "<!-- doctor-checks:end -->",
+    );
+    let (Some(a), Some(b)) = (text.find(begin), text.find(end)) else {
+        panic!("docs/doctor.md has no doctor-checks markers");
+    };
+    let fresh = format!("{}{begin}{}{}", &text[..a], families_markdown(), &text[b..]);
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &fresh).unwrap();
+    }
+    assert!(
+        std::fs::read_to_string(&path).unwrap() == fresh,
+        "docs/doctor.md is stale: run `UPDATE_DOCS=1 cargo test -p airlockctl --test ctl doctor_checks` and commit it"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_airlockctl"))
+        .args(["doctor", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let man = String::from_utf8(airlockctl::cli::man_page()).unwrap();
+    for f in FAMILIES {
+        assert!(
+            help.contains(f.name),
+            "doctor --help does not list {}",
+            f.name
+        );
+        assert!(
+            man.contains(f.name),
+            "the man page does not list {}",
+            f.name
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_are_generated_for_each_shell() {
     for (shell, marker) in [

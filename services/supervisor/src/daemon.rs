@@ -305,15 +305,42 @@ async fn reload(
     }
 }
 
-/// [`run`], re-reading the registered repositories on each of `reload`'s signals.
+/// [`run`], re-reading the registered repositories on each of `reload`'s
+/// signals. The steps, in order: [`open`] the store and the bus, [`serve`]
+/// the interfaces (calls wait until the name is owned), [`claim`] the bus
+/// name, [`start_agents`], tell systemd it is [`ready`], [`spawn_loops`] (reload,
+/// metrics, sweeps, the journal, the watchdog); then, once `shutdown`
+/// completes, [`stop`].
 pub async fn run_with_reload(
     settings: Settings,
     shutdown: impl Future<Output = ()>,
     reload_on: Option<Reload>,
 ) -> Result<(), Error> {
-    let unavailable =
-        |what: &str, e: zbus::Error| Error::with(Code::RUNTIME_UNAVAILABLE, format!("{what}: {e}"));
+    let opened = open(&settings).await?;
+    let served = serve(&settings, opened).await?;
+    claim(&served.conn).await?;
+    let agents = start_agents(&settings, &served).await?;
+    ready(&settings, &served).await?;
+    let loops = spawn_loops(&settings, &served, &agents, reload_on);
+    shutdown.await;
+    stop(&settings, served, agents, loops).await;
+    Ok(())
+}
 
+fn unavailable(what: &str, e: zbus::Error) -> Error {
+    Error::with(Code::RUNTIME_UNAVAILABLE, format!("{what}: {e}"))
+}
+
+/// What [`open`] opened: the task store, the bus connection and the
+/// authoriser of calls.
+struct Opened {
+    store: Store,
+    conn: zbus::Connection,
+    authorizer: Arc<dyn Authorizer>,
+}
+
+/// Opens the task store, connects to the bus and chooses the authoriser.
+async fn open(settings: &Settings) -> Result<Opened, Error> {
     // The store's client blocks (SQLite, and the PostgreSQL client with its
     // own small runtime): open it on the blocking pool, as every call runs.
     let location = settings.database.clone();
@@ -346,7 +373,39 @@ pub async fn run_with_reload(
     } else {
         tracing::info!(authorizer = %authorizer.name(), "Tasks1 calls are authorised");
     }
+    Ok(Opened {
+        store,
+        conn,
+        authorizer,
+    })
+}
 
+/// The supervisor serving: its state shared with every handler, and what
+/// runs beside the handlers until [`stop`].
+struct Served {
+    conn: zbus::Connection,
+    store: Store,
+    ops: Ops,
+    shared: Arc<Shared>,
+    emitter: SignalEmitter<'static>,
+    /// Forgets TaskChanged listeners that left the bus.
+    departures: tokio::task::JoinHandle<()>,
+    /// Follows other hosts' changes (a shared PostgreSQL queue).
+    follower: Option<tokio::task::JoinHandle<()>>,
+    /// Turned true to stop the loops.
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Exports every interface but Agents1 (each call checked against its row
+/// before its handler, bus::strict), follows departures and other hosts'
+/// changes, and settles what changed while the supervisor was down.
+async fn serve(settings: &Settings, opened: Opened) -> Result<Served, Error> {
+    let Opened {
+        store,
+        conn,
+        authorizer,
+    } = opened;
     let info = Info {
         authorizer: authorizer.name(),
         auto_accept: settings.auto_accept,
@@ -363,8 +422,7 @@ pub async fn run_with_reload(
         worker: settings.worker_uid,
         retry: settings.retry_uid,
     };
-    let store_for_agents = store.clone();
-    let gate = Gatekeeper::new(authorizer, peers, store);
+    let gate = Gatekeeper::new(authorizer, peers, store.clone());
     let shared = Arc::new(Shared::new(
         ops.clone(),
         gate,
@@ -375,47 +433,23 @@ pub async fn run_with_reload(
     tracing::info!(programs = ?settings.programs, "the programs each repository's commands may start");
     shared.set_programs(settings.programs.clone());
 
-    // Every interface object checks each call's arguments against its
-    // row before its handler runs (bus::strict).
-    let server = conn.object_server();
-    server
-        .at(
-            OBJECT_PATH,
-            Strict::new(Tasks::new(Arc::clone(&shared)), Arc::clone(&shared)),
-        )
-        .await
-        .map_err(|e| unavailable("exporting Tasks2", e))?;
-    server
-        .at(
-            OBJECT_PATH,
-            Strict::new(
-                TasksV1::new(Tasks::new(Arc::clone(&shared))),
-                Arc::clone(&shared),
-            ),
-        )
-        .await
-        .map_err(|e| unavailable("exporting Tasks1", e))?;
-    server
-        .at(
-            OBJECT_PATH,
-            Strict::new(Worker::new(Arc::clone(&shared)), Arc::clone(&shared)),
-        )
-        .await
-        .map_err(|e| unavailable("exporting Worker1", e))?;
-    server
-        .at(
-            OBJECT_PATH,
-            Strict::new(Retry::new(Arc::clone(&shared)), Arc::clone(&shared)),
-        )
-        .await
-        .map_err(|e| unavailable("exporting Retry1", e))?;
-    server
-        .at(
-            OBJECT_PATH,
-            Strict::new(Reconcile::new(Arc::clone(&shared)), Arc::clone(&shared)),
-        )
-        .await
-        .map_err(|e| unavailable("exporting Reconcile1", e))?;
+    export(&conn, "Tasks2", Tasks::new(Arc::clone(&shared)), &shared).await?;
+    export(
+        &conn,
+        "Tasks1",
+        TasksV1::new(Tasks::new(Arc::clone(&shared))),
+        &shared,
+    )
+    .await?;
+    export(&conn, "Worker1", Worker::new(Arc::clone(&shared)), &shared).await?;
+    export(&conn, "Retry1", Retry::new(Arc::clone(&shared)), &shared).await?;
+    export(
+        &conn,
+        "Reconcile1",
+        Reconcile::new(Arc::clone(&shared)),
+        &shared,
+    )
+    .await?;
     let emitter = SignalEmitter::new(&conn, OBJECT_PATH)
         .map_err(|e| unavailable("signal emitter", e))?
         .into_owned();
@@ -451,36 +485,78 @@ pub async fn run_with_reload(
     sweeper::sweep_once(&shared, &emitter).await;
     // A repository removed while the supervisor was down: its queued tasks fail.
     fail_unregistered(&shared, &emitter).await;
+    Ok(Served {
+        conn,
+        store,
+        ops,
+        shared,
+        emitter,
+        departures,
+        follower,
+        stop_tx,
+        stop_rx,
+    })
+}
 
+/// Exports one interface at the object path, every call checked against
+/// its row before its handler runs (bus::strict).
+async fn export<I>(
+    conn: &zbus::Connection,
+    name: &str,
+    iface: I,
+    shared: &Arc<Shared>,
+) -> Result<(), Error>
+where
+    I: zbus::object_server::Interface,
+    Strict<I>: zbus::object_server::Interface,
+{
+    conn.object_server()
+        .at(OBJECT_PATH, Strict::new(iface, Arc::clone(shared)))
+        .await
+        .map(drop)
+        .map_err(|e| unavailable(&format!("exporting {name}"), e))
+}
+
+/// Takes the bus name; a name another process owns stops the start.
+async fn claim(conn: &zbus::Connection) -> Result<(), Error> {
     match conn
         .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
         .await
     {
-        Ok(RequestNameReply::PrimaryOwner) | Ok(RequestNameReply::AlreadyOwner) => {}
-        Ok(other) => {
-            return Err(Error::with(
-                Code::RUNTIME_UNAVAILABLE,
-                format!("{BUS_NAME} is owned by another process ({other:?})"),
-            ));
-        }
-        Err(zbus::Error::NameTaken) => {
-            return Err(Error::with(
-                Code::RUNTIME_UNAVAILABLE,
-                format!("{BUS_NAME} is owned by another process"),
-            ));
-        }
-        Err(e) => return Err(unavailable(&format!("requesting {BUS_NAME}"), e)),
+        Ok(RequestNameReply::PrimaryOwner) | Ok(RequestNameReply::AlreadyOwner) => Ok(()),
+        Ok(other) => Err(Error::with(
+            Code::RUNTIME_UNAVAILABLE,
+            format!("{BUS_NAME} is owned by another process ({other:?})"),
+        )),
+        Err(zbus::Error::NameTaken) => Err(Error::with(
+            Code::RUNTIME_UNAVAILABLE,
+            format!("{BUS_NAME} is owned by another process"),
+        )),
+        Err(e) => Err(unavailable(&format!("requesting {BUS_NAME}"), e)),
     }
-    // Only the owner of the name runs agents: a second supervisor stops
-    // above, before it could start (or stop) any of them. Their changes
-    // come back on a channel, announced here as AgentChanged.
+}
+
+/// The planner agents, with the announcer of their changes.
+struct Started {
+    agents: Arc<Agents>,
+    announcer: tokio::task::JoinHandle<()>,
+    announcer_stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// Starts the planner agents with their driver and exports Agents1. Only
+/// the owner of the name runs agents: a second supervisor stopped at
+/// [`claim`], before it could start (or stop) any of them. Their changes
+/// come back on a channel, announced as AgentChanged.
+async fn start_agents(settings: &Settings, served: &Served) -> Result<Started, Error> {
     let (agent_changes, agent_changed) = tokio::sync::mpsc::unbounded_channel();
     let (announcer_stop, announcer_stopped) = tokio::sync::watch::channel(false);
     let announcer = tokio::spawn(crate::bus::agents::announce(
         agent_changed,
-        emitter.clone(),
+        served.emitter.clone(),
         announcer_stopped,
     ));
+    let store = served.store.clone();
+    let conn = &served.conn;
     let agents = Arc::new(match settings.agent_driver {
         _ if settings.agents.is_empty() => {
             drop(agent_changes);
@@ -489,7 +565,7 @@ pub async fn run_with_reload(
         airlock_config::AgentDriver::LocalHost => Agents::start(
             settings.agents.clone(),
             Arc::new(airlock_agents::host::HostDriver::new(conn.clone())),
-            store_for_agents,
+            store,
             agent_changes,
             settings.agent_options,
         )?,
@@ -525,34 +601,41 @@ pub async fn run_with_reload(
             Agents::start(
                 settings.agents.clone(),
                 Arc::new(driver.clone()),
-                store_for_agents,
+                store,
                 agent_changes,
                 settings.agent_options,
             )?
             .with_units(driver)
         }
     });
-    shared.set_agents(Arc::clone(&agents));
-    server
-        .at(
-            OBJECT_PATH,
-            Strict::new(
-                AgentsIface::new(Arc::clone(&shared), Arc::clone(&agents)),
-                Arc::clone(&shared),
-            ),
-        )
-        .await
-        .map_err(|e| unavailable("exporting Agents1", e))?;
-    let summary = ops.summary().await?;
+    served.shared.set_agents(Arc::clone(&agents));
+    export(
+        conn,
+        "Agents1",
+        AgentsIface::new(Arc::clone(&served.shared), Arc::clone(&agents)),
+        &served.shared,
+    )
+    .await?;
+    Ok(Started {
+        agents,
+        announcer,
+        announcer_stop,
+    })
+}
+
+/// Logs the ready line and tells systemd (READY=1).
+async fn ready(settings: &Settings, served: &Served) -> Result<(), Error> {
+    let summary = served.ops.summary().await?;
     let status = sweeper::status_line(
         summary.queued,
         summary.running,
         summary.verifying,
-        &shared.info.authorizer,
+        &served.shared.info.authorizer,
     );
     tracing::info!(
         name = BUS_NAME,
-        unique_name = conn
+        unique_name = served
+            .conn
             .unique_name()
             .map(|n| n.to_string())
             .unwrap_or_default(),
@@ -563,11 +646,32 @@ pub async fn run_with_reload(
         "ready: {status}"
     );
     notify::ready(&status);
+    Ok(())
+}
 
+/// What runs until [`stop`]: the reloader, metrics, the sweeper, the
+/// journal's exporter and the watchdog.
+struct Loops {
+    reloader: Option<tokio::task::JoinHandle<()>>,
+    metrics: Option<tokio::task::JoinHandle<()>>,
+    sweeper: tokio::task::JoinHandle<()>,
+    exporter: tokio::task::JoinHandle<()>,
+    /// Stops the exporter, after the drain, so that the drain's own
+    /// events are exported too.
+    journal_stop: tokio::sync::watch::Sender<bool>,
+    watchdog: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn spawn_loops(
+    settings: &Settings,
+    served: &Served,
+    started: &Started,
+    reload_on: Option<Reload>,
+) -> Loops {
     let reloader = reload_on.map(|mut r| {
-        let shared = Arc::clone(&shared);
+        let shared = Arc::clone(&served.shared);
         let driver = settings.agent_driver;
-        let emitter = emitter.clone();
+        let emitter = served.emitter.clone();
         tokio::spawn(async move {
             while r.signals.recv().await.is_some() {
                 reload(&shared, &emitter, &r, driver).await;
@@ -582,33 +686,50 @@ pub async fn run_with_reload(
             m.interval.as_secs()
         );
         tokio::spawn(crate::metrics::run(
-            Arc::clone(&shared),
-            Arc::clone(&agents),
+            Arc::clone(&served.shared),
+            Arc::clone(&started.agents),
             m,
-            stop_rx.clone(),
+            served.stop_rx.clone(),
         ))
     });
     let sweeper = tokio::spawn(sweeper::run(
-        Arc::clone(&shared),
-        emitter.clone(),
+        Arc::clone(&served.shared),
+        served.emitter.clone(),
         settings.sweep_interval,
-        stop_rx.clone(),
+        served.stop_rx.clone(),
     ));
-    // The audit trail in the journal, stopped after the drain so that the
-    // drain's own events are exported too.
+    // The audit trail in the journal.
     let (journal_stop, journal_stop_rx) = tokio::sync::watch::channel(false);
     let cursor = match &settings.database {
         Location::Sqlite(path) => journal::Cursor::beside(path),
         Location::Postgres(_) => journal::Cursor::none(),
     };
-    let exporter = tokio::spawn(journal::run(ops.clone(), cursor, journal_stop_rx));
+    let exporter = tokio::spawn(journal::run(served.ops.clone(), cursor, journal_stop_rx));
     let watchdog = notify::watchdog_interval().map(|every| {
         tracing::info!("watchdog ping every {} ms", every.as_millis());
-        tokio::spawn(notify::watchdog(ops.clone(), every))
+        tokio::spawn(notify::watchdog(served.ops.clone(), every))
     });
+    Loops {
+        reloader,
+        metrics,
+        sweeper,
+        exporter,
+        journal_stop,
+        watchdog,
+    }
+}
 
-    shutdown.await;
-
+/// Refuses new calls, finishes those in flight (at most the drain
+/// timeout), stops the loops and every agent, then leaves the bus.
+async fn stop(settings: &Settings, served: Served, started: Started, loops: Loops) {
+    let Served {
+        conn,
+        shared,
+        departures,
+        follower,
+        stop_tx,
+        ..
+    } = served;
     shared.inflight.close();
     tracing::info!("stopping: refusing new calls, finishing those in flight");
     notify::stopping("stopping: finishing calls in flight");
@@ -620,33 +741,36 @@ pub async fn run_with_reload(
             settings.drain_timeout.as_secs()
         );
     }
-    let _ = sweeper.await;
-    if let Some(m) = metrics {
+    let _ = loops.sweeper.await;
+    if let Some(m) = loops.metrics {
         let _ = m.await;
     }
     // Drain: every agent stopped (bounded by the driver's call timeout),
     // nothing recorded as an operator's stop.
-    agents.drain().await;
+    started.agents.drain().await;
     // The drain's changes are queued by now: the announcer announces them
     // and ends (the runners' senders may outlive the drain).
-    let _ = announcer_stop.send(true);
-    if tokio::time::timeout(JOURNAL_FLUSH, announcer)
+    let _ = started.announcer_stop.send(true);
+    if tokio::time::timeout(JOURNAL_FLUSH, started.announcer)
         .await
         .is_err()
     {
         tracing::warn!("agent changes still being announced after the drain; stopping anyway");
     }
-    let _ = journal_stop.send(true);
-    if tokio::time::timeout(JOURNAL_FLUSH, exporter).await.is_err() {
+    let _ = loops.journal_stop.send(true);
+    if tokio::time::timeout(JOURNAL_FLUSH, loops.exporter)
+        .await
+        .is_err()
+    {
         tracing::warn!("journal export still running after its last pass; stopping anyway");
     }
-    if let Some(r) = reloader {
+    if let Some(r) = loops.reloader {
         r.abort();
     }
     if let Some(f) = follower {
         let _ = f.await;
     }
-    if let Some(w) = watchdog {
+    if let Some(w) = loops.watchdog {
         w.abort();
     }
     departures.abort();
@@ -656,6 +780,7 @@ pub async fn run_with_reload(
         tracing::warn!("releasing {BUS_NAME}: {e}");
     }
     tokio::time::sleep(LINGER).await;
+    let server = conn.object_server();
     for removed in [
         server.remove::<Strict<Tasks>, _>(OBJECT_PATH).await,
         server.remove::<Strict<TasksV1>, _>(OBJECT_PATH).await,
@@ -672,5 +797,4 @@ pub async fn run_with_reload(
         tracing::warn!("closing the bus connection: {e}");
     }
     tracing::info!("stopped");
-    Ok(())
 }

@@ -822,7 +822,49 @@ fn repositories(c: &airlock_config::Config) -> Vec<Check> {
         })
         .chain(c.repositories.iter().filter_map(environment))
         .chain(egress_socket(c))
+        .chain(egress_routes(Path::new(EGRESS_ROUTES)))
         .collect()
+}
+
+/// airlock-egress's routes file, as its unit passes it.
+const EGRESS_ROUTES: &str = "/etc/airlock/egress.toml";
+
+/// airlock-egress's routes (`path`, when it exists): the file holds (else
+/// the proxy does not start), and each loopback, link-local or metadata
+/// address a route lets tunnels reach is a warning.
+pub fn egress_routes(path: &Path) -> Option<Check> {
+    if !path.exists() {
+        return None;
+    }
+    let name = "egress routes";
+    Some(match airlock_config::routes::Config::load(path) {
+        Err(e) => check(
+            name,
+            Status::Fail,
+            format!("{e}; airlock-egress refuses to start (CONFIG_INVALID)"),
+            Some("fix the route it names (docs/privsep/egress.md, \"Routes\")"),
+        ),
+        Ok(routes) => {
+            let warnings = routes.warnings();
+            if warnings.is_empty() {
+                check(
+                    name,
+                    Status::Pass,
+                    format!("{}: {} route(s)", path.display(), routes.routes().len()),
+                    None,
+                )
+            } else {
+                check(
+                    name,
+                    Status::Warn,
+                    warnings.join("; "),
+                    Some(
+                        "list only the addresses a mirror needs; a loopback or metadata address reaches this host's own services",
+                    ),
+                )
+            }
+        }
+    })
 }
 
 /// When a repository's environment has a setup: airlock-egress's socket,
@@ -904,22 +946,150 @@ pub fn environment(r: &airlock_config::Repository) -> Option<Check> {
     })
 }
 
-/// Runs every check.
+/// One family of checks: what it looks at and what usually fixes a
+/// failure. `doctor` runs the families of [`FAMILIES`] in their order; its
+/// `--help` and docs/doctor.md are generated from the same table.
+#[derive(Debug)]
+pub struct Family {
+    /// Its name, as `--help` lists it.
+    pub name: &'static str,
+    /// What its checks look at.
+    pub looks_at: &'static str,
+    /// What usually fixes a failure (each check names its own fix).
+    pub fix: &'static str,
+    run: Run,
+}
+
+/// How a family is run.
+#[derive(Debug)]
+enum Run {
+    /// From what the host shows.
+    Host(fn(&Machine) -> Vec<Check>),
+    /// Over the system bus.
+    Bus,
+}
+
+/// What every family may read: the tree checked and the configuration
+/// (loaded once, its own check the configuration family's).
+#[derive(Debug)]
+pub struct Machine {
+    root: PathBuf,
+    config: (Check, Option<airlock_config::Config>),
+}
+
+/// Every family of checks, in the order `doctor` runs them.
+pub const FAMILIES: &[Family] = &[
+    Family {
+        name: "users",
+        looks_at: "the users and groups sysusers/airlock.conf declares exist, with their memberships",
+        fix: "systemd-sysusers /usr/lib/sysusers.d/airlock.conf",
+        run: Run::Host(|_| users()),
+    },
+    Family {
+        name: "directories",
+        looks_at: "the directories tmpfiles/airlock.conf declares (under --root), their owners and modes",
+        fix: "systemd-tmpfiles --create /usr/lib/tmpfiles.d/airlock.conf",
+        run: Run::Host(|h| directories(&h.root)),
+    },
+    Family {
+        name: "kernel",
+        looks_at: "Landlock (its ABI) and seccomp filters (errno and kill_process actions), which the sandbox needs",
+        fix: "a kernel with CONFIG_SECURITY_LANDLOCK=y (in lsm=) and CONFIG_SECCOMP_FILTER=y",
+        run: Run::Host(|_| kernel()),
+    },
+    Family {
+        name: "command view",
+        looks_at: "the file-system view verification commands get: what the running executor reported at start (<work>/sandbox.json), else airlock-confine run as the executor's user",
+        fix: "systemctl start airlock-executor",
+        run: Run::Host(|h| vec![command_view(&h.root)]),
+    },
+    Family {
+        name: "polkit",
+        looks_at: "the polkit actions the package installs (under --root)",
+        fix: "reinstall the airlock package",
+        run: Run::Host(|h| vec![polkit(&h.root)]),
+    },
+    Family {
+        name: "bus name",
+        looks_at: "the supervisor owns org.airlock.Supervisor1 on the system bus (DBUS_SYSTEM_BUS_ADDRESS when set)",
+        fix: "systemctl start airlock-supervisor.service; journalctl -u airlock-supervisor",
+        run: Run::Bus,
+    },
+    Family {
+        name: "live confinement",
+        looks_at: "each running daemon's NoNewPrivs, seccomp mode and capabilities, read from /proc/PID/status, in its unit or started otherwise",
+        fix: "restart the daemon from its unit; remove drop-ins that weaken it",
+        run: Run::Host(|_| units()),
+    },
+    Family {
+        name: "hardening",
+        looks_at: "every directive the shipped unit files set, by name, against systemctl show of the running unit (drop-ins included) and of each running instance of a shipped template",
+        fix: "remove or correct the drop-in the check names; systemctl daemon-reload",
+        run: Run::Host(|_| hardening()),
+    },
+    Family {
+        name: "configuration",
+        looks_at: "the configuration file (airlockctl's --config) parses and validates; at least one repository is registered",
+        fix: "fix the key the check names (docs/configuration.md)",
+        run: Run::Host(|h| vec![h.config.0.clone()]),
+    },
+    Family {
+        name: "repositories",
+        looks_at: "each registered repository is a bare git repository; its verification environment resolves on this host; airlock-egress's socket is there when a setup needs it",
+        fix: "git init --bare (owned by airlock-worker), or fix the registration; systemctl enable --now airlock-egress",
+        run: Run::Host(|h| h.config.1.as_ref().map(repositories).unwrap_or_default()),
+    },
+    Family {
+        name: "databases",
+        looks_at: "the task database and the worker's checkpoint journal pass PRAGMA integrity_check, opened read-only",
+        fix: "stop airlock.target and restore the database from a backup",
+        run: Run::Host(|h| {
+            h.config
+                .1
+                .as_ref()
+                .map(|c| {
+                    vec![
+                        database("task database", &c.supervisor.database),
+                        database("checkpoint journal", &c.worker.journal),
+                    ]
+                })
+                .unwrap_or_default()
+        }),
+    },
+];
+
+/// The families as `doctor --help` lists them.
+pub fn families_help() -> String {
+    let mut text = String::from(
+        "Checks, in the order they run (each passes, warns or fails and names its fix):\n",
+    );
+    for f in FAMILIES {
+        text.push_str(&format!("  {:<18} {}\n", f.name, f.looks_at));
+    }
+    text
+}
+
+/// The families as docs/doctor.md's table shows them.
+pub fn families_markdown() -> String {
+    let mut text = String::from("| check | what it looks at | the usual fix |\n|---|---|---|\n");
+    for f in FAMILIES {
+        text.push_str(&format!("| {} | {} | `{}` |\n", f.name, f.looks_at, f.fix));
+    }
+    text
+}
+
+/// Runs every family of [`FAMILIES`], in order.
 pub async fn run(ctx: &Ctx, args: Args) -> ExitCode {
-    let mut checks = users();
-    checks.extend(directories(&args.root));
-    checks.extend(kernel());
-    checks.push(command_view(&args.root));
-    checks.push(polkit(&args.root));
-    checks.push(bus_name().await);
-    checks.extend(units());
-    checks.extend(hardening());
-    let (cfg_check, cfg) = config(&args.config);
-    checks.push(cfg_check);
-    if let Some(c) = &cfg {
-        checks.extend(repositories(c));
-        checks.push(database("task database", &c.supervisor.database));
-        checks.push(database("checkpoint journal", &c.worker.journal));
+    let machine = Machine {
+        config: config(&args.config),
+        root: args.root,
+    };
+    let mut checks = Vec::new();
+    for family in FAMILIES {
+        match family.run {
+            Run::Host(f) => checks.extend(f(&machine)),
+            Run::Bus => checks.push(bus_name().await),
+        }
     }
     report(ctx, &checks)
 }
@@ -970,6 +1140,48 @@ fn report(ctx: &Ctx, checks: &[Check]) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn egress_routes_that_reach_this_host_are_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("egress.toml");
+        assert!(egress_routes(&path).is_none());
+        std::fs::write(
+            &path,
+            "[[route]]\nhost = \"m.example\"\naddresses = [\"10.0.0.0/8\"]\n",
+        )
+        .unwrap();
+        assert_eq!(egress_routes(&path).unwrap().status, Status::Pass);
+        std::fs::write(
+            &path,
+            "[[route]]\nhost = \"m.example\"\naddresses = [\"127.0.0.1\", \"169.254.169.254\"]\n",
+        )
+        .unwrap();
+        let warned = egress_routes(&path).unwrap();
+        assert_eq!(warned.status, Status::Warn);
+        assert!(
+            warned.detail.contains("127.0.0.1 (loopback)"),
+            "{}",
+            warned.detail
+        );
+        assert!(
+            warned.detail.contains("169.254.169.254 (link-local)"),
+            "{}",
+            warned.detail
+        );
+        std::fs::write(
+            &path,
+            "[[route]]\nhost = \"m.example\"\naddresses = [\"127.0.0.0/8\"]\n",
+        )
+        .unwrap();
+        let failed = egress_routes(&path).unwrap();
+        assert_eq!(failed.status, Status::Fail);
+        assert!(
+            failed.detail.contains("CONFIG_INVALID"),
+            "{}",
+            failed.detail
+        );
+    }
 
     #[test]
     fn the_egress_socket_is_checked_only_when_a_setup_needs_it() {

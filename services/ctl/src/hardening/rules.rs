@@ -166,6 +166,18 @@ pub const RULES: &[Rule] = &[
     rule("ExecPaths", Kind::Words("ExecPaths")),
     rule("NoExecPaths", Kind::Words("NoExecPaths")),
     rule("RootDirectory", Kind::Word("RootDirectory")),
+    rule(
+        "TemporaryFileSystem",
+        Kind::NotVerified(
+            "airlock-egress's empty /etc/airlock: the proxy's lockdown (Landlock) grants it only its routes file whatever the mounts, and what systemctl show prints of a tmpfs's options is not compared yet",
+        ),
+    ),
+    rule(
+        "BindReadOnlyPaths",
+        Kind::NotVerified(
+            "the routes file bound into airlock-egress's empty /etc/airlock: a weaker drop-in could only bind more files in, which the proxy's Landlock rules still do not grant; not compared yet",
+        ),
+    ),
     rule("ProtectSystem", Kind::Word("ProtectSystem")),
     rule("ProtectHome", Kind::Word("ProtectHome")),
     rule("PrivateTmp", Kind::Word("PrivateTmp")),
