@@ -1,7 +1,10 @@
 //! The crash tests live in `tests/`; this library holds what they share:
 //! the full stack they kill components of ([`Stack`]), the fault points
 //! the worker's own table names ([`fault_points`]), git on a repository
-//! another uid owns, and the part of a log written since an offset.
+//! another uid owns, the part of a log written since an offset, the
+//! markers that prove a command was running when the executor died
+//! ([`marked_sleep`], [`in_flight`]), and the check that tasks converged
+//! with nothing lost or duplicated ([`Stack::converged`]).
 //!
 //! The stack lives here rather than in tests/kit: it restarts the
 //! worker armed with a fault, which needs the worker built with its
@@ -11,12 +14,14 @@
 
 use airlock_local::client::Supervisor;
 use airlock_local::{Suite, Tuning, start_with};
+use airlock_proto::task::TaskState;
 use airlock_proto::task::TaskView;
 use airlock_testkit::poll;
 use airlock_worker::fault::{Attempt, FaultPoint};
-use serde_json::Value;
+use serde_json::{Value, json};
+use std::io::Write as _;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The fault points an attempt of this kind passes, in order, from the
@@ -269,6 +274,87 @@ impl std::fmt::Debug for Stack {
     }
 }
 
+/// How the tasks a kill test ran ended: each counted once, by what went
+/// wrong with it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Converged {
+    /// Tasks that SUCCEEDED.
+    pub succeeded: usize,
+    /// Tasks whose branch is not at the commit their result reports.
+    pub lost: usize,
+    /// Tasks whose commit is not exactly one on top of their base.
+    pub duplicated: usize,
+    /// Tasks whose result was accepted other than once.
+    pub accepted_other_than_once: usize,
+}
+
+impl Stack {
+    /// Waits for each (task, base) to settle, at most `within` each, and
+    /// asserts it SUCCEEDED; then counts what is wrong with each: its
+    /// `agent/<task>` branch at the commit its result reports, that commit
+    /// exactly one on top of its base, its result accepted once.
+    pub fn converged(&self, tasks: &[(String, String)], within: Duration) -> Converged {
+        let repo = self.repo();
+        let mut c = Converged::default();
+        for (task, base) in tasks {
+            let v = self.settled(task, within);
+            assert_eq!(v.state, TaskState::Succeeded, "{task}: {:?}", v.result);
+            c.succeeded += 1;
+            let commit = v.result.unwrap()["commit_oid"].as_str().unwrap().to_owned();
+            let branch = format!("refs/heads/agent/{task}");
+            if git(&repo, &["rev-parse", "--verify", "--quiet", &branch]) != commit {
+                c.lost += 1;
+            }
+            let on_top = git(
+                &repo,
+                &["rev-list", "--count", &format!("{base}..{commit}")],
+            );
+            if on_top != "1" {
+                c.duplicated += 1;
+            }
+            let accepted = self
+                .actions(task)
+                .iter()
+                .filter(|a| a.as_str() == "TASK_RESULT_SUBMITTED:allowed")
+                .count();
+            if accepted != 1 {
+                c.accepted_other_than_once += 1;
+            }
+        }
+        c
+    }
+
+    /// Moves the repository's main one commit ahead (a file of its own,
+    /// `moving/round.txt`, says `round`), as the repository's owner;
+    /// returns the new head.
+    pub fn advance_main(&self, round: usize) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let repo = self.repo();
+        let head = git(&repo, &["rev-parse", "refs/heads/main"]);
+        let message = format!("move the base, round {round}\n");
+        let content = format!("round {round}\n");
+        let mut stream = Vec::new();
+        write!(
+            stream,
+            "commit refs/heads/main\ncommitter t <t@airlock.invalid> {} +0000\ndata {}\n{message}from {head}\nM 100644 inline moving/round.txt\ndata {}\n{content}\n",
+            1_700_000_000 + round,
+            message.len(),
+            content.len()
+        )
+        .unwrap();
+        airlock_testkit::fast_import(&repo, &stream);
+        let meta = std::fs::metadata(&repo).unwrap();
+        let st = std::process::Command::new("chown")
+            .arg("-R")
+            .arg(format!("{}:{}", meta.uid(), meta.gid()))
+            .arg(&repo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        git(&repo, &["rev-parse", "refs/heads/main"])
+    }
+}
+
 impl Drop for Stack {
     fn drop(&mut self) {
         self.suite.fleet.stop(Duration::from_secs(5));
@@ -283,3 +369,58 @@ pub use airlock_testkit::git_dir_or_empty as git;
 /// A log's length and what was appended since (shared with the power-loss
 /// matrix: [`airlock_testkit::file_len`], [`airlock_testkit::log_since`]).
 pub use airlock_testkit::{file_len, log_since};
+
+/// What a marked command writes into its workspace when it starts (a
+/// nonce: the time in ns).
+pub const START_MARKER: &str = "crash-start";
+/// What a marked command writes into its workspace just before it exits.
+pub const END_MARKER: &str = "crash-end";
+
+/// A verification command's argv that writes [`START_MARKER`] into its
+/// workspace, sleeps `seconds`, then writes [`END_MARKER`]. A workspace's
+/// new files land in the executor's per-request directory
+/// (`exec/work/<request>/…`), where the harness (root) reads them: a kill
+/// that finds the same start nonce and still no end marker before and
+/// after it landed while the command ran.
+pub fn marked_sleep(seconds: f64) -> Value {
+    let script = format!(
+        "import os, time\n\
+         d = os.getcwd()\n\
+         open(os.path.join(d, '{START_MARKER}'), 'w').write(str(time.time_ns()))\n\
+         time.sleep({seconds})\n\
+         open(os.path.join(d, '{END_MARKER}'), 'w').write('done')\n"
+    );
+    json!(["/usr/bin/python3", "-c", script])
+}
+
+/// Every command directory under the executor's work root `work` that
+/// holds a start marker: (directory, start nonce, end marker present).
+pub fn markers(work: &Path) -> Vec<(PathBuf, String, bool)> {
+    let mut found = Vec::new();
+    let Ok(requests) = std::fs::read_dir(work) else {
+        return found;
+    };
+    for request in requests.filter_map(Result::ok) {
+        let Ok(dirs) = std::fs::read_dir(request.path()) else {
+            continue;
+        };
+        for dir in dirs.filter_map(Result::ok) {
+            let dir = dir.path();
+            if let Ok(nonce) = std::fs::read_to_string(dir.join(START_MARKER)) {
+                let ended = dir.join(END_MARKER).exists();
+                found.push((dir, nonce, ended));
+            }
+        }
+    }
+    found
+}
+
+/// The marked commands that had started and not ended when looked at:
+/// (directory, start nonce).
+pub fn in_flight(work: &Path) -> Vec<(PathBuf, String)> {
+    markers(work)
+        .into_iter()
+        .filter(|(_, nonce, ended)| !ended && !nonce.is_empty())
+        .map(|(dir, nonce, _)| (dir, nonce))
+        .collect()
+}

@@ -66,7 +66,7 @@
 //! lease expired, no branch, one `result_submitted` in the journal
 //! (`a_kill_after_a_permanent_failure_is_recorded_ends_the_task_with_its_code_once`).
 
-use airlock_crash_matrix::{Stack, file_len, git, log_since};
+use airlock_crash_matrix::{Stack, file_len, git, in_flight, log_since, marked_sleep};
 use airlock_journal::checkpoint::CheckpointJournal;
 use airlock_local::Tuning;
 use airlock_local::client::task_on_demo;
@@ -100,22 +100,12 @@ const FIRST_BATCH: usize = 50;
 const MAX_ATTEMPTS: u32 = 6;
 /// How long a worker armed with a fault point gets to reach it.
 const FAULT_PATIENCE: Duration = Duration::from_secs(8);
-const START_MARKER: &str = "crash-start";
-const END_MARKER: &str = "crash-end";
-
 fn submission(i: usize, base: &str) -> Value {
     let task = format!("crash-{i:03}");
     // Every third task sleeps in its verification command, leaving the
     // start and end markers the executor kills are checked against.
     let argv = if i % 3 == 0 {
-        let script = format!(
-            "import os, time\n\
-             d = os.getcwd()\n\
-             open(os.path.join(d, '{START_MARKER}'), 'w').write(str(time.time_ns()))\n\
-             time.sleep(0.5)\n\
-             open(os.path.join(d, '{END_MARKER}'), 'w').write('done')\n"
-        );
-        json!(["/usr/bin/python3", "-c", script])
+        marked_sleep(0.5)
     } else {
         json!(["/bin/true"])
     };
@@ -177,37 +167,6 @@ impl Kills {
 
 fn states(client: &Stack, tasks: &[String]) -> BTreeMap<String, TaskView> {
     tasks.iter().map(|t| (t.clone(), client.get(t))).collect()
-}
-
-/// Every command directory under the executor's work root that holds a
-/// start marker: (directory, start nonce, end marker present).
-fn markers(work: &Path) -> Vec<(PathBuf, String, bool)> {
-    let mut found = Vec::new();
-    let Ok(requests) = std::fs::read_dir(work) else {
-        return found;
-    };
-    for request in requests.filter_map(Result::ok) {
-        let Ok(dirs) = std::fs::read_dir(request.path()) else {
-            continue;
-        };
-        for dir in dirs.filter_map(Result::ok) {
-            let dir = dir.path();
-            if let Ok(nonce) = std::fs::read_to_string(dir.join(START_MARKER)) {
-                let ended = dir.join(END_MARKER).exists();
-                found.push((dir, nonce, ended));
-            }
-        }
-    }
-    found
-}
-
-/// Commands that had started and not ended when looked at.
-fn in_flight(work: &Path) -> Vec<(PathBuf, String)> {
-    markers(work)
-        .into_iter()
-        .filter(|(_, nonce, ended)| !ended && !nonce.is_empty())
-        .map(|(dir, nonce, _)| (dir, nonce))
-        .collect()
 }
 
 fn list_dir(path: &Path) -> Vec<String> {

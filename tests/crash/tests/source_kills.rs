@@ -18,43 +18,15 @@
 //! duplicated), each accepted once; and the sources the worker sent after
 //! the first task were deltas, never a whole archive again.
 
-use airlock_crash_matrix::{Stack, git};
+use airlock_crash_matrix::{Converged, Stack};
 use airlock_local::client::task_on_demo;
 use airlock_proto::task::TaskState;
-use std::io::Write as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::time::Duration;
 
 const ROUNDS: usize = 10;
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// Moves main one commit ahead, changing README.md; returns the new head.
-fn advance(repo: &Path, round: usize) -> String {
-    use std::os::unix::fs::MetadataExt;
-    let head = git(repo, &["rev-parse", "refs/heads/main"]);
-    let message = format!("move the base, round {round}\n");
-    let content = format!("round {round}\n");
-    let mut stream = Vec::new();
-    write!(
-        stream,
-        "commit refs/heads/main\ncommitter t <t@airlock.invalid> {} +0000\ndata {}\n{message}from {head}\nM 100644 inline moving/round.txt\ndata {}\n{content}\n",
-        1_700_000_000 + round,
-        message.len(),
-        content.len()
-    )
-    .unwrap();
-    airlock_testkit::fast_import(repo, &stream);
-    let meta = std::fs::metadata(repo).unwrap();
-    let st = std::process::Command::new("chown")
-        .arg("-R")
-        .arg(format!("{}:{}", meta.uid(), meta.gid()))
-        .arg(repo)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    git(repo, &["rev-parse", "refs/heads/main"])
-}
 
 fn submission(task: &str, base: &str) -> serde_json::Value {
     task_on_demo(
@@ -76,7 +48,6 @@ fn count(path: &Path, needle: &str) -> usize {
 #[test]
 fn kills_mid_transfer_and_mid_assembly_lose_and_duplicate_nothing() {
     let mut s = Stack::start("source-kills");
-    let repo = s.repo();
     let executor_log = s.logs().join("executor.log");
     // The first task fills the executor's cache with a whole archive.
     let mut tasks = vec![("task-src-first".to_owned(), s.base.clone())];
@@ -91,7 +62,7 @@ fn kills_mid_transfer_and_mid_assembly_lose_and_duplicate_nothing() {
     let (mut transfer_kills, mut assembly_kills) = (0, 0);
     for round in 0..ROUNDS {
         // Mid transfer: the worker dies with the delta staged.
-        let base = advance(&repo, round * 2);
+        let base = s.advance_main(round * 2);
         let task = format!("task-src-transfer-{round}");
         s.suite.fleet.kill("worker");
         s.submit(&submission(&task, &base));
@@ -104,7 +75,7 @@ fn kills_mid_transfer_and_mid_assembly_lose_and_duplicate_nothing() {
         tasks.push((task, base));
 
         // Mid assembly: the executor dies with the entry half-moved.
-        let base = advance(&repo, round * 2 + 1);
+        let base = s.advance_main(round * 2 + 1);
         let task = format!("task-src-assembly-{round}");
         let before = count(&executor_log, "fault injection: killed at assembly");
         s.restart("executor", &[("AIRLOCK_FAULT_EXECUTOR_AT", "assembly")]);
@@ -130,41 +101,26 @@ fn kills_mid_transfer_and_mid_assembly_lose_and_duplicate_nothing() {
         tasks.push((task, base));
     }
 
-    let (mut lost, mut duplicated, mut accepted_twice) = (0, 0, 0);
-    for (task, base) in &tasks {
-        let v = s.settled(task, Duration::from_secs(90));
-        assert_eq!(v.state, TaskState::Succeeded, "{task}: {:?}", v.result);
-        let commit = v.result.unwrap()["commit_oid"].as_str().unwrap().to_owned();
-        let branch = format!("refs/heads/agent/{task}");
-        if git(&repo, &["rev-parse", "--verify", "--quiet", &branch]) != commit {
-            lost += 1;
-        }
-        let on_top = git(
-            &repo,
-            &["rev-list", "--count", &format!("{base}..{commit}")],
-        );
-        if on_top != "1" {
-            duplicated += 1;
-        }
-        let accepted = s
-            .actions(task)
-            .iter()
-            .filter(|a| a.as_str() == "TASK_RESULT_SUBMITTED:allowed")
-            .count();
-        if accepted != 1 {
-            accepted_twice += 1;
-        }
-    }
+    let converged = s.converged(&tasks, Duration::from_secs(90));
     let rolled_back = count(&executor_log, "rolled an interrupted source delta back");
     let deltas = count(&s.worker_log(), "source delta sent");
     let archives = count(&s.worker_log(), "source archive sent");
     println!(
-        "source kills: {transfer_kills} mid transfer, {assembly_kills} mid assembly ({rolled_back} rolled back at the next start); {} tasks SUCCEEDED; {lost} lost, {duplicated} duplicated, {accepted_twice} accepted other than once; {deltas} deltas and {archives} whole archive(s) sent",
-        tasks.len()
+        "source kills: {transfer_kills} mid transfer, {assembly_kills} mid assembly ({rolled_back} rolled back at the next start); {} tasks SUCCEEDED; {} lost, {} duplicated, {} accepted other than once; {deltas} deltas and {archives} whole archive(s) sent",
+        converged.succeeded,
+        converged.lost,
+        converged.duplicated,
+        converged.accepted_other_than_once
     );
     assert_eq!(transfer_kills, ROUNDS, "every transfer kill lands");
     assert_eq!(assembly_kills, ROUNDS, "every assembly kill lands");
-    assert_eq!((lost, duplicated, accepted_twice), (0, 0, 0));
+    assert_eq!(
+        converged,
+        Converged {
+            succeeded: tasks.len(),
+            ..Converged::default()
+        }
+    );
     assert_eq!(
         rolled_back, assembly_kills,
         "each interrupted assembly is rolled back"
