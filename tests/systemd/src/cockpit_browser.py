@@ -184,7 +184,15 @@ class Tab:
         one in localStorage): "any" starts administrative access with the
         login password (sudo), "none" is limited access."""
         self.go(URL + "/")
-        self.wait("!!document.getElementById('login-user-input')", "Cockpit's login page")
+        # The form is in the static page from the start, hidden: Cockpit's
+        # login.js shows it (287 and 337 alike) in the step that gives the
+        # button its click handler, once its own /cockpit/login probe is
+        # answered. A click before that does nothing (seen on a loaded
+        # machine), so the form must be shown first.
+        self.wait("""(() => { const f = document.getElementById('login');
+            const u = document.getElementById('login-user-input');
+            return !!f && !f.hidden && !!u && u.offsetParent !== null; })()""",
+                  "Cockpit's login form, shown by its login.js")
         self.js(f"localStorage.setItem({json.dumps('superuser:' + user)}, {json.dumps(superuser)})")
         self.js(f"""(() => {{
             document.getElementById('login-user-input').value = {json.dumps(user)};
@@ -240,9 +248,35 @@ class Tab:
                 errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
             elif m.get("method") == "Log.entryAdded" and p["entry"].get("level") == "error":
                 url = p["entry"].get("url", "")
-                if not url.endswith("favicon.ico"):
-                    errors.append(p["entry"].get("text", "") + " " + url)
+                if url.endswith("favicon.ico"):
+                    continue
+                if cockpit_shell_gap(p["entry"], url):
+                    IGNORED.append(f"{self.name}: {url}")
+                    continue
+                errors.append(p["entry"].get("text", "") + " " + url)
         return errors
+
+
+# Cockpit's own shell, not the page: Cockpit 337's shell.css (Debian 13)
+# names ./assets/fonts/RedHatText/RedHatTextVF*.woff2 beside
+# ../../static/fonts/RedHatText/…, and Debian's cockpit-ws ships only the
+# latter (287's, Debian 12, names no such file). The browser uses the next
+# source; when it first needs the font, after the login or before, decides
+# whether the 404 falls among the page's errors. Exactly such a failed load
+# is set aside, and only while the root's Cockpit lacks the file.
+SHELL_FONTS = "/cockpit/@localhost/shell/assets/fonts/"
+IGNORED = []
+_shell_files = {}
+
+
+def cockpit_shell_gap(entry, url):
+    path = url.split("?", 1)[0]
+    if not path.startswith(URL + SHELL_FONTS) or not entry.get("text", "").startswith("Failed to load resource"):
+        return False
+    file = "/usr/share/cockpit/shell/assets/fonts/" + path[len(URL + SHELL_FONTS):]
+    if file not in _shell_files:
+        _shell_files[file] = container(f"test -e '{file}' && echo present || echo absent").strip()
+    return _shell_files[file] == "absent"
 
 
 def case(name):
@@ -421,11 +455,15 @@ def main():
             alice.click('#agents tr[data-agent="crashy"] button[data-action="clear-hold"]')
             alice.wait("(() => { const r = document.querySelector('#agents tr[data-agent=\"crashy\"]'); return r && r.dataset.state !== 'HELD'; })()", "crashy no longer HELD", 60)
             cleared = json.loads(container("airlockctl --json agent show crashy"))
+            quota = alice.js("document.querySelector('#agents tr[data-agent=\"crashy\"] td.al-quotas').textContent") or ""
+            limits = cleared.get("limits") or {}
+            if limits.get("tasks_per_hour") != 7 or "tasks this hour 0 / 7" not in quota or "/ 3600" not in quota:
+                raise RuntimeError(f"crashy's quotas: page {quota!r}, airlockctl {limits!r}")
             alice.click('#agents tr[data-agent="steady"] button[data-action="stop"]')
             alice.wait("(() => { const r = document.querySelector('#agents tr[data-agent=\"steady\"]'); return r && r.dataset.state === 'STOPPED'; })()", "steady STOPPED", 60)
             alice.click('#agents tr[data-agent="steady"] button[data-action="start"]')
             alice.wait("(() => { const r = document.querySelector('#agents tr[data-agent=\"steady\"]'); return r && r.dataset.state === 'RUNNING'; })()", "steady RUNNING again", 90)
-            return f"crashy HELD ({reason}), cleared (airlockctl: {cleared.get('state')}, {cleared.get('consecutive_failures')} failures); steady stopped and started; {shot}"
+            return f"crashy HELD ({reason}), quotas {quota!r}, cleared (airlockctl: {cleared.get('state')}, {cleared.get('consecutive_failures')} failures); steady stopped and started; {shot}"
 
         @case("dark theme follows Cockpit's setting; every control is keyboard reachable")
         def _():
@@ -456,6 +494,8 @@ def main():
             errors = alice.console_errors() + (bob.console_errors() if bob else [])
             if errors:
                 raise RuntimeError("; ".join(errors[:10]))
+            if IGNORED:
+                return f"none (alice and bob); set aside, Cockpit's shell font its package lacks: {'; '.join(sorted(set(IGNORED)))}"
             return "none (alice and bob)"
     finally:
         browser.close()

@@ -15,12 +15,14 @@
 #![allow(clippy::missing_errors_doc)]
 
 pub mod hardening;
+pub mod results;
 pub mod scenario;
 pub mod units;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -32,8 +34,74 @@ use std::time::{Duration, Instant};
 /// which debootstrap does not pick for dconf-service's alternative) for the
 /// Cockpit page.
 pub const ROOT_INCLUDE: &str = "systemd,systemd-sysv,dbus,libpam-systemd,polkitd,git,python3,prometheus-node-exporter,acl,cockpit-ws,cockpit-system,cockpit-bridge,dbus-user-session,sudo";
-/// The Debian release of the root.
-pub const ROOT_SUITE: &str = "bookworm";
+/// A Debian release the testbed boots: the same packages are installed
+/// and checked on each, in a root of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// Its code name, debootstrap's suite (`bookworm`).
+    pub suite: &'static str,
+    /// Its major version (12).
+    pub version: u32,
+}
+
+impl Release {
+    /// "Debian 12 (bookworm)".
+    pub fn label(&self) -> String {
+        format!("Debian {} ({})", self.version, self.suite)
+    }
+
+    /// What each of its checks' names starts with in the report.
+    pub fn prefix(&self) -> String {
+        format!("[{} {}] ", self.version, self.suite)
+    }
+}
+
+/// The releases the testbed runs on, in order: every check runs on each.
+pub const RELEASES: &[Release] = &[
+    Release {
+        suite: "bookworm",
+        version: 12,
+    },
+    Release {
+        suite: "trixie",
+        version: 13,
+    },
+];
+
+/// The releases of this run: [`RELEASES`], or those
+/// `AIRLOCK_TESTBED_RELEASES` names (suites or versions, separated by
+/// commas: `trixie`, `12,13`), for a developer's narrower run.
+pub fn selected_releases() -> Result<Vec<Release>, String> {
+    match std::env::var("AIRLOCK_TESTBED_RELEASES") {
+        Ok(list) if !list.trim().is_empty() => parse_releases(&list),
+        _ => Ok(RELEASES.to_vec()),
+    }
+}
+
+fn parse_releases(list: &str) -> Result<Vec<Release>, String> {
+    let mut chosen = Vec::new();
+    for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let release = RELEASES
+            .iter()
+            .find(|r| r.suite == word || r.version.to_string() == word)
+            .ok_or_else(|| {
+                format!(
+                    "AIRLOCK_TESTBED_RELEASES names {word:?}, not one of {}",
+                    RELEASES
+                        .iter()
+                        .map(|r| format!("{} ({})", r.suite, r.version))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+        if !chosen.contains(release) {
+            chosen.push(*release);
+        }
+    }
+    // In the testbed's order, whatever order the list gave.
+    chosen.sort_by_key(|r| RELEASES.iter().position(|x| x == r));
+    Ok(chosen)
+}
 /// Default cache directory for the root; `AIRLOCK_TESTBED_CACHE` overrides it.
 pub const DEFAULT_CACHE: &str = "/var/cache/airlock-testbed";
 /// The Debian mirror debootstrap fetches from: `AIRLOCK_TESTBED_MIRROR`,
@@ -265,8 +333,14 @@ pub enum Outcome {
 /// One line of the summary.
 #[derive(Clone, Debug)]
 pub struct Check {
-    /// What was checked.
+    /// What was checked (starting with its release's [`Release::prefix`]
+    /// when it ran in a release's root).
     pub name: String,
+    /// The release whose root it ran in; `None` for the checks made once
+    /// (the packages).
+    pub release: Option<Release>,
+    /// Its family (README.md's table lists those that passed on a release).
+    pub group: &'static str,
     /// How it ended.
     pub outcome: Outcome,
     /// How long it took.
@@ -285,6 +359,8 @@ pub struct Report {
     log_path: PathBuf,
     /// Every check so far.
     pub checks: Vec<Check>,
+    release: Option<Release>,
+    group: &'static str,
 }
 
 impl Report {
@@ -299,6 +375,8 @@ impl Report {
             log: Arc::new(Mutex::new(log)),
             log_path: log_path.to_owned(),
             checks: Vec::new(),
+            release: None,
+            group: "packages",
         })
     }
 
@@ -331,11 +409,55 @@ impl Report {
         }
     }
 
+    /// The checks from here on run in `release`'s root (their names carry
+    /// it), or once for all (`None`).
+    pub fn set_release(&mut self, release: Option<Release>) {
+        self.release = release;
+    }
+
+    /// A report for the checks of `release`, which may run on a thread of
+    /// its own beside the others: the same clock and log file, checks of
+    /// its own, which [`Report::absorb`] adds to this one's afterwards.
+    pub fn fork(&self, release: Release) -> Report {
+        Report {
+            started: self.started,
+            log: Arc::clone(&self.log),
+            log_path: self.log_path.clone(),
+            checks: Vec::new(),
+            release: Some(release),
+            group: "root",
+        }
+    }
+
+    /// Adds the checks of a [`Report::fork`] after this one's.
+    pub fn absorb(&mut self, other: Report) {
+        self.checks.extend(other.checks);
+    }
+
+    /// The release whose root the checks run in now.
+    pub fn release(&self) -> Option<Release> {
+        self.release
+    }
+
+    /// The family of the checks from here on.
+    pub fn set_group(&mut self, group: &'static str) {
+        self.group = group;
+    }
+
+    /// `name` as the report shows it: with the release, if any.
+    fn full_name(&self, name: &str) -> String {
+        match self.release {
+            Some(r) => format!("{}{name}", r.prefix()),
+            None => name.to_owned(),
+        }
+    }
+
     /// Runs one check and records it; returns whether it passed.
     pub fn check<T>(&mut self, name: &str, f: impl FnOnce(&Self) -> Result<T, String>) -> Option<T>
     where
         T: Detail,
     {
+        let name = &self.full_name(name);
         self.say(&format!("... {name}"));
         let t = Instant::now();
         let result = f(self);
@@ -364,6 +486,8 @@ impl Report {
         }
         self.checks.push(Check {
             name: name.to_owned(),
+            release: self.release,
+            group: self.group,
             outcome,
             took,
             detail,
@@ -374,9 +498,12 @@ impl Report {
     /// Records checks that could not run.
     pub fn skip(&mut self, names: &[&str], why: &str) {
         for name in names {
+            let name = self.full_name(name);
             self.say(&format!("SKIP {name}: {why}"));
             self.checks.push(Check {
-                name: (*name).to_owned(),
+                name,
+                release: self.release,
+                group: self.group,
                 outcome: Outcome::Skipped,
                 took: Duration::ZERO,
                 detail: why.to_owned(),
@@ -406,6 +533,26 @@ impl Report {
             .iter()
             .filter(|c| c.outcome != Outcome::Pass)
             .count();
+        let mut releases: Vec<Release> = Vec::new();
+        for c in &self.checks {
+            if let Some(r) = c.release.filter(|r| !releases.contains(r)) {
+                releases.push(r);
+            }
+        }
+        for release in releases {
+            let of: Vec<&Check> = self
+                .checks
+                .iter()
+                .filter(|c| c.release == Some(release))
+                .collect();
+            s.push_str(&format!(
+                "  {}: {} checks, {} not passed, {:.1}s of checks\n",
+                release.label(),
+                of.len(),
+                of.iter().filter(|c| c.outcome != Outcome::Pass).count(),
+                of.iter().map(|c| c.took.as_secs_f64()).sum::<f64>()
+            ));
+        }
         s.push_str(&format!(
             "  {} checks, {} not passed, {:.1}s in all; log: {}\n",
             self.checks.len(),
@@ -449,26 +596,36 @@ fn fnv1a(s: &str) -> u64 {
     })
 }
 
-/// Returns the cached minimal root, making it first with debootstrap when
-/// it is missing (under a lock, into a temporary directory renamed when
-/// complete). `--volatile=overlay` keeps it pristine afterwards.
-pub fn debian_root(cache: &Path, mirror: &str, report: &Report) -> Result<PathBuf, String> {
+/// Returns the cached minimal root of `release`, making it first with
+/// debootstrap when it is missing (under a lock, into a temporary directory
+/// renamed when complete). `--volatile=overlay` keeps it pristine
+/// afterwards. Each release has a root of its own (its suite and the
+/// package list name it).
+pub fn debian_root(
+    cache: &Path,
+    mirror: &str,
+    release: Release,
+    report: &Report,
+) -> Result<PathBuf, String> {
     fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
-    let key = format!("{ROOT_SUITE} minbase {ROOT_INCLUDE}");
-    let root = cache.join(format!("{ROOT_SUITE}-minbase-{:016x}", fnv1a(&key)));
+    let suite = release.suite;
+    let key = format!("{suite} minbase {ROOT_INCLUDE}");
+    let root = cache.join(format!("{suite}-minbase-{:016x}", fnv1a(&key)));
     let ready = root.join(".airlock-testbed-ready");
+    // One lock per release: two releases' roots may be made side by side.
+    let lock_path = cache.join(format!(".{suite}.lock"));
     let lock_file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(cache.join(".lock"))
-        .map_err(|e| format!("{}/.lock: {e}", cache.display()))?;
+        .open(&lock_path)
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
     report.say(&format!(
-        "waiting for the cache lock in {}",
-        cache.display()
+        "waiting for the cache lock {}",
+        lock_path.display()
     ));
     let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| format!("locking {}/.lock: {e}", cache.display()))?;
+        .map_err(|(_, e)| format!("locking {}: {e}", lock_path.display()))?;
     if ready.exists() {
         report.say(&format!("cached root: {}", root.display()));
         return Ok(root);
@@ -484,14 +641,14 @@ pub fn debian_root(cache: &Path, mirror: &str, report: &Report) -> Result<PathBu
         fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
     }
     report.say(&format!(
-        "no cached root: debootstrap --variant=minbase --include={ROOT_INCLUDE} {ROOT_SUITE} (a few minutes, once)"
+        "no cached root: debootstrap --variant=minbase --include={ROOT_INCLUDE} {suite} (a few minutes, once)"
     ));
     // A mirror that fails a download once (a fresh machine has no cached
     // root, so every CI run depends on it) is tried once more from scratch.
     let mut tries = 0;
     loop {
         tries += 1;
-        match debootstrap(&tmp, mirror, report) {
+        match debootstrap(&tmp, mirror, suite, report) {
             Ok(()) => break,
             Err(e) if tries < 2 => {
                 report.say(&format!("{e}\ntrying debootstrap once more"));
@@ -512,13 +669,44 @@ pub fn debian_root(cache: &Path, mirror: &str, report: &Report) -> Result<PathBu
     Ok(root)
 }
 
-/// One run of debootstrap into `tmp`.
-fn debootstrap(tmp: &Path, mirror: &str, report: &Report) -> Result<(), String> {
+/// Where debootstrap keeps its suite scripts.
+const DEBOOTSTRAP_SCRIPTS: &str = "/usr/share/debootstrap/scripts";
+
+/// The script argument debootstrap needs for `suite`: none when it has a
+/// script of that name, else its `sid` script, which every Debian suite
+/// since bookworm uses (debootstrap's own `trixie` is a link to it), given
+/// as the fourth argument (`debootstrap SUITE TARGET MIRROR SCRIPT`, the
+/// documented way to bootstrap a suite newer than debootstrap).
+fn debootstrap_script(scripts: &Path, suite: &str) -> Result<Option<PathBuf>, String> {
+    if scripts.join(suite).exists() {
+        return Ok(None);
+    }
+    let sid = scripts.join("sid");
+    if sid.exists() {
+        Ok(Some(sid))
+    } else {
+        Err(format!(
+            "debootstrap has neither a {suite} nor a sid script in {}",
+            scripts.display()
+        ))
+    }
+}
+
+/// One run of debootstrap of `suite` into `tmp`.
+fn debootstrap(tmp: &Path, mirror: &str, suite: &str, report: &Report) -> Result<(), String> {
+    let script = debootstrap_script(Path::new(DEBOOTSTRAP_SCRIPTS), suite)?;
+    if let Some(script) = &script {
+        report.say(&format!(
+            "  debootstrap has no {suite} script: using {}",
+            script.display()
+        ));
+    }
     let mut child = Command::new("debootstrap")
         .args(["--variant=minbase", &format!("--include={ROOT_INCLUDE}")])
-        .arg(ROOT_SUITE)
+        .arg(suite)
         .arg(tmp)
         .arg(mirror)
+        .args(script)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -567,6 +755,67 @@ pub struct Container {
     leader: u32,
     /// The machine name.
     pub name: String,
+    /// The cgroup of the host's unified hierarchy it runs in, its own.
+    cgroup: Option<PathBuf>,
+}
+
+/// A new cgroup `name` under this process's own in the host's unified
+/// (v2) hierarchy, for one container; `None` on a host without one.
+///
+/// nspawn with `--keep-unit` runs the container in a `payload` cgroup
+/// beside its own `supervisor`, both under the cgroup it was started in.
+/// Where that is the same for two containers (the root of the hierarchy,
+/// on a host whose pid 1 is not systemd), their systemds would share every
+/// unit's cgroup (`/payload/system.slice/…`, logind's `user-1001.slice`):
+/// one's stop would wait on the other's processes and miss its own. Each
+/// container is started in a cgroup of its own instead.
+fn container_cgroup(name: &str) -> Result<Option<PathBuf>, String> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    // "… mount-point … - cgroup2 …": the fifth field, the type after " - ".
+    let Some(mount) = mountinfo.lines().find_map(|l| {
+        let (fields, rest) = l.split_once(" - ")?;
+        (rest.split_whitespace().next()? == "cgroup2")
+            .then(|| fields.split_whitespace().nth(4).map(PathBuf::from))?
+    }) else {
+        return Ok(None);
+    };
+    let own = fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+    let own = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or("/")
+        .trim_start_matches('/');
+    let dir = mount.join(own).join(name);
+    fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(Some(dir))
+}
+
+/// Removes a container's cgroup once its nspawn has ended: whatever still
+/// runs in it is killed (`cgroup.kill`), then every directory of it goes,
+/// the deepest first.
+fn remove_cgroup(dir: &Path) {
+    let populated = |d: &Path| {
+        fs::read_to_string(d.join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "populated 1"))
+    };
+    if populated(dir) {
+        let _ = fs::write(dir.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while populated(dir) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    fn rmdir_tree(d: &Path) {
+        if let Ok(entries) = fs::read_dir(d) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    rmdir_tree(&e.path());
+                }
+            }
+        }
+        let _ = fs::remove_dir(d);
+    }
+    rmdir_tree(dir);
 }
 
 fn children_of(pid: u32) -> Vec<(u32, String)> {
@@ -599,14 +848,16 @@ fn children_of(pid: u32) -> Vec<(u32, String)> {
 
 impl Container {
     /// Boots `root` (volatile overlay, private network, `binds` read-only)
-    /// and waits until its systemd reports the boot finished.
+    /// as machine `airlock-testbed-<pid>-<tag>` and waits until its systemd
+    /// reports the boot finished.
     pub fn boot(
         root: &Path,
+        tag: &str,
         binds: &[(PathBuf, &str)],
         log: &Path,
         report: &Report,
     ) -> Result<Self, String> {
-        let name = format!("airlock-testbed-{}", std::process::id());
+        let name = format!("airlock-testbed-{}-{tag}", std::process::id());
         let log_file = File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let log_err = log_file.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new("systemd-nspawn");
@@ -622,29 +873,63 @@ impl Container {
             "--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self",
             &format!("--machine={name}"),
         ]);
+        // The unified cgroup hierarchy (v2) alone, as Debian 12 and 13
+        // boot on a real host; nspawn would otherwise copy a host's
+        // hybrid layout, which systemd 257 counts as cgroup v1 (a taint,
+        // and refused outright by later versions).
+        cmd.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1");
         for (host, inside) in binds {
             cmd.arg(format!("--bind-ro={}:{inside}", host.display()));
         }
+        let cgroup = container_cgroup(&name)?;
+        let procs = cgroup
+            .as_ref()
+            .map(|d| std::ffi::CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()))
+            .transpose()
+            .map_err(|e| e.to_string())?;
         // If the test process dies without powering the container off (a
         // test-runner timeout, ^C), nspawn gets SIGTERM and shuts it down.
         // SAFETY: the closure runs in the forked child before exec and only
-        // makes the async-signal-safe prctl(PR_SET_PDEATHSIG) call.
+        // makes async-signal-safe calls that allocate nothing: open(2) and
+        // write(2) of a path made before the fork (moving nspawn into the
+        // container's own cgroup), and prctl(PR_SET_PDEATHSIG).
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                if let Some(procs) = &procs {
+                    let fd = nix::fcntl::open(
+                        procs.as_c_str(),
+                        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                        nix::sys::stat::Mode::empty(),
+                    )
+                    .map_err(std::io::Error::from)?;
+                    // open(2) just returned it (the unsafe block above
+                    // covers from_raw_fd); closed on drop.
+                    let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+                    nix::unistd::write(&fd, b"0").map_err(std::io::Error::from)?;
+                }
                 nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
                     .map_err(std::io::Error::from)
             });
         }
-        let nspawn = cmd
+        let nspawn = match cmd
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_err)
             .spawn()
-            .map_err(|e| format!("cannot run systemd-nspawn: {e}"))?;
+        {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(dir) = &cgroup {
+                    remove_cgroup(dir);
+                }
+                return Err(format!("cannot run systemd-nspawn: {e}"));
+            }
+        };
         let mut c = Container {
             nspawn,
             leader: 0,
             name,
+            cgroup,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while c.leader == 0 {
@@ -752,11 +1037,17 @@ impl Container {
     /// down) and waits, killing it after `limit`.
     pub fn shutdown(&mut self, limit: Duration) -> Result<(), String> {
         if let Ok(Some(_)) = self.nspawn.try_wait() {
+            if let Some(dir) = self.cgroup.take() {
+                remove_cgroup(&dir);
+            }
             return Ok(());
         }
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.nspawn.id()).unwrap_or(0));
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let (status, timed_out) = wait_until(&mut self.nspawn, Instant::now() + limit);
+        if let Some(dir) = self.cgroup.take() {
+            remove_cgroup(&dir);
+        }
         if timed_out {
             return Err(format!(
                 "the container did not power off within {limit:?}; killed"
@@ -800,5 +1091,36 @@ mod mirror_tests {
             ]
         );
         assert!(mirrors_in(Path::new("x.disabled"), list).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod release_tests {
+    use super::{RELEASES, debootstrap_script, parse_releases};
+
+    #[test]
+    fn a_developer_names_releases_by_suite_or_version() {
+        let suites = |list: &str| -> Result<Vec<&str>, String> {
+            Ok(parse_releases(list)?.iter().map(|r| r.suite).collect())
+        };
+        assert_eq!(suites("trixie").unwrap(), ["trixie"]);
+        assert_eq!(suites("13, bookworm").unwrap(), ["bookworm", "trixie"]);
+        assert_eq!(suites("12,bookworm").unwrap(), ["bookworm"]);
+        assert!(suites("sid").unwrap_err().contains("\"sid\""));
+        assert_eq!(RELEASES[0].prefix(), "[12 bookworm] ");
+        assert_eq!(RELEASES[1].label(), "Debian 13 (trixie)");
+    }
+
+    #[test]
+    fn a_suite_debootstrap_does_not_know_uses_its_sid_script() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(debootstrap_script(dir.path(), "trixie").is_err());
+        std::fs::write(dir.path().join("sid"), "").unwrap();
+        assert_eq!(
+            debootstrap_script(dir.path(), "trixie").unwrap(),
+            Some(dir.path().join("sid"))
+        );
+        std::os::unix::fs::symlink("sid", dir.path().join("trixie")).unwrap();
+        assert_eq!(debootstrap_script(dir.path(), "trixie").unwrap(), None);
     }
 }

@@ -14,7 +14,9 @@ const AGENTS_TOML: &str = r#"
 name = "crashy"
 command = ["/bin/sh", "-c", "exit 1"]
 repositories = ["calc"]
-description = "testbed: exits 1 at once"
+tasks_per_hour = 7
+cpu_seconds_per_day = 3600
+description = "testbed: exits 1 at once (its quotas are shown in Cockpit)"
 
 [[agent]]
 name = "steady"
@@ -454,7 +456,7 @@ fn stop_target_stops_agents(c: &Container) -> Result<String, String> {
 }
 
 /// Removes the agents again, so the checks after these see the suite
-/// as it was.
+/// as it was: no process of airlock-agent left.
 fn remove_agents(c: &Container) -> Result<String, String> {
     c.sh_ok(
         "cp /tmp/tb/airlock.toml.before-agents /etc/airlock/airlock.toml && \
@@ -463,7 +465,27 @@ fn remove_agents(c: &Container) -> Result<String, String> {
          { systemctl stop 'airlock-agent@*.service'; systemctl reset-failed 'airlock-agent@*.service'; true; }",
         120 * SEC,
     )?;
-    all_active(c, STARTED_BY_TARGET)
+    let active = all_active(c, STARTED_BY_TARGET)?;
+    let deadline = Instant::now() + 15 * SEC;
+    loop {
+        let left: Vec<Value> = airlock_processes(c)?
+            .into_iter()
+            .filter(|p| p["user"] == "airlock-agent")
+            .collect();
+        if left.is_empty() {
+            return Ok(format!("{active}; no process of airlock-agent"));
+        }
+        if Instant::now() > deadline {
+            let journal = c
+                .sh("journalctl --no-pager -n 30 -u 'airlock-agent@*'", 30 * SEC)
+                .map(|o| o.both())
+                .unwrap_or_default();
+            return Err(format!(
+                "processes of airlock-agent left: {left:?}\n{journal}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The agent checks (issue 12): the systemd driver, polkit, single writer
@@ -490,10 +512,12 @@ pub(super) fn agent_checks(r: &mut Report, c: &Container, while_held: impl FnOnc
         |_| crash_loop_held(c),
     );
     r.check("agents: clear-hold restarts it", |_| clear_hold_restarts(c));
+    r.set_group("polkit matrix");
     r.check(
         "agents: polkit refuses user airlock every other unit and verb",
         |_| polkit_refuses_other_units(c),
     );
+    r.set_group("agents");
     r.check(
         "agents: a second supervisor cannot take over the agents (bus name held)",
         |_| second_supervisor_refused(c),

@@ -40,10 +40,12 @@ pub(super) fn checks(r: &mut Report, c: &Container, deb: &str) -> bool {
     r.check("Documentation= of every unit is installed", |_| {
         documentation_installed(c)
     });
+    r.set_group("hardening exposure");
     r.check(
         "systemd-analyze security: live and offline within EXPOSURE_LIMITS (README.md's figures)",
         |_| exposure(c),
     );
+    r.set_group("install");
     true
 }
 

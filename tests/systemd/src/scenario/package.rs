@@ -192,6 +192,14 @@ fn deb_structure(deb: &Path) -> Result<String, String> {
     };
     let mut problems = Vec::new();
     let postinst = info("postinst")?;
+    // systemd 257 may leave the retry API's socket failed after the
+    // target's restart (`Address already in use`): postinst starts it again.
+    if !postinst.contains("systemctl reset-failed airlock-retryd.socket") {
+        problems.push(
+            "postinst does not start airlock-retryd.socket again when the restart left it failed"
+                .to_owned(),
+        );
+    }
     for (file, command) in [
         (
             "./usr/lib/sysusers.d/airlock.conf",
@@ -279,6 +287,7 @@ fn rpm_structure(rpm: &Path, deb: &Path) -> Result<String, String> {
         "systemctl enable airlock.target",
         "systemctl start airlock.target",
         "systemctl restart airlock.target",
+        "systemctl reset-failed airlock-retryd.socket",
         "systemctl stop airlock.target",
     ] {
         if !scripts.contains(needle) {
@@ -555,10 +564,17 @@ fn earlier_airlock_toml(example: &str) -> String {
 pub(super) fn rpm_scriptlets(
     r: &Report,
     root: &Path,
+    tag: &str,
     rpm: &Path,
     work: &Path,
 ) -> Result<String, String> {
-    let mut c = Container::boot(root, &[], &work.join("nspawn-rpm.log"), r)?;
+    let mut c = Container::boot(
+        root,
+        &format!("{tag}-rpm"),
+        &[],
+        &work.join("nspawn-rpm.log"),
+        r,
+    )?;
     let limit = Duration::from_secs(120);
     let into = format!("/proc/{}/root", c.leader());
     run(

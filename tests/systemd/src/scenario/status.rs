@@ -21,8 +21,12 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = str(uid)
+    try:
+        cgroup = [l[3:] for l in open(f"/proc/{pid}/cgroup").read().splitlines() if l.startswith("0::")][0]
+    except (OSError, IndexError):
+        cgroup = "?"
     if user.startswith("airlock") or "/usr/bin/airlock" in cmd or "airlock-confine" in cmd:
-        found.append({"pid": int(pid), "user": user, "cmd": cmd})
+        found.append({"pid": int(pid), "user": user, "cmd": cmd, "cgroup": cgroup})
 print(json.dumps(found))
 "#;
 

@@ -3,7 +3,6 @@
 //! owner's retry extension over HTTP.
 
 use super::authz::UNAUTHORIZED;
-use super::package::Packages;
 use super::status::{all_active, main_pids, show, wait_state};
 use super::{REPO, SEC, STARTED_BY_TARGET, json, q};
 use crate::Container;
@@ -163,15 +162,10 @@ pub(super) fn demo_task(c: &Container) -> Result<String, String> {
     ))
 }
 
-/// Issue 14: the worker's watchdog. The fault build comes from the
-/// target directory the packages were built in (`<target>/packages/`).
-pub(super) fn wedged_worker(c: &Container, p: &Packages) -> Result<String, String> {
-    let target = p
-        .deb
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("the .deb is not in <target>/packages")?;
-    let fault = crate::hardening::fault_worker(target)?;
+/// Issue 14: the worker's watchdog, with the worker's fault build made
+/// once for every release's run (`hardening::fault_worker`).
+pub(super) fn wedged_worker(c: &Container, fault: Option<&Path>) -> Result<String, String> {
+    let fault = fault.ok_or("no fault build of the worker (its check failed)")?;
     let submit = |id: &str| {
         c.sh_ok(
             &format!(
@@ -193,7 +187,7 @@ pub(super) fn wedged_worker(c: &Container, p: &Packages) -> Result<String, Strin
         }
         wait_state(c, id, &["SUCCEEDED", "FAILED"], 60 * SEC)
     };
-    crate::hardening::watchdog_restarts_a_wedged_worker(c, &fault, submit, settle)
+    crate::hardening::watchdog_restarts_a_wedged_worker(c, fault, submit, settle)
 }
 
 /// The README's "use it on your own repository", on the installed package:
