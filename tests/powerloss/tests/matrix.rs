@@ -619,9 +619,10 @@ impl Matrix {
             .unwrap_or_else(|e| panic!("SubmitTask {task}: {e}"));
         self.acknowledged.push(task.clone());
         // A fenced step (the worker moving the branch) refuses a cancel
-        // for a moment, and a task that already ended cannot be
-        // cancelled: the decision is asked again, or the round counts
-        // nothing.
+        // for a moment, a task that moved on since it was read refuses a
+        // decision about the old revision, and a task that already ended
+        // cannot be cancelled: the decision is asked again about the task
+        // as it is now, or the round counts nothing.
         let deadline = Instant::now() + Duration::from_secs(30);
         let cancelled = loop {
             let view = self
@@ -634,7 +635,10 @@ impl Matrix {
             let req = DecisionRequest::about(&view, Decision::Cancel, "power-loss matrix", None);
             match self.client.cancel_task(&req) {
                 Ok(_) => break true,
-                Err(e) if e.code == Code::TASK_COMMITTING && Instant::now() < deadline => {
+                Err(e)
+                    if matches!(e.code, Code::TASK_COMMITTING | Code::DECISION_CAS_MISMATCH)
+                        && Instant::now() < deadline =>
+                {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Err(e) if e.code == Code::TASK_STATE_INVALID => break false,
