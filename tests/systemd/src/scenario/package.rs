@@ -246,7 +246,9 @@ fn deb_structure(deb: &Path) -> Result<String, String> {
         }
     }
     let conffiles = info("conffiles")?;
-    if conffiles.trim() != "/etc/airlock/airlock.toml\n/etc/airlock/mcp.toml" {
+    if conffiles.trim()
+        != "/etc/airlock/airlock.toml\n/etc/airlock/mcp.toml\n/etc/airlock/egress.toml"
+    {
         problems.push(format!("conffiles: {conffiles:?}"));
     }
     for script in ["prerm", "postrm"] {
@@ -302,7 +304,8 @@ fn rpm_structure(rpm: &Path, deb: &Path) -> Result<String, String> {
         }
     }
     let config = query(&["-c"])?;
-    if config.trim() != "/etc/airlock/airlock.toml\n/etc/airlock/mcp.toml" {
+    if config.trim() != "/etc/airlock/airlock.toml\n/etc/airlock/egress.toml\n/etc/airlock/mcp.toml"
+    {
         problems.push(format!("rpm config files: {config:?}"));
     }
     let rpm_files: std::collections::BTreeSet<String> =
