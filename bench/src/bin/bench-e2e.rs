@@ -31,7 +31,7 @@
 
 use airlock_local::client::{Supervisor, task_on_demo};
 use airlock_local::{Suite, Tuning, start_with};
-use airlock_proto::task::TaskState;
+use airlock_proto::task::{Decision, DecisionRequest, TaskState};
 use airlock_testkit::git_dir_or_empty as git;
 use serde_json::json;
 use std::io::Write;
@@ -39,18 +39,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn task(id: &str, base: &str) -> serde_json::Value {
+/// The trivial task (one file written) with `argv` as its verification.
+fn task_verified_by(id: &str, base: &str, argv: serde_json::Value) -> serde_json::Value {
     task_on_demo(
         id,
         base,
         1,
         json!({"operation": "write_file", "path": "bench.txt", "content": format!("{id}\n")}),
-        json!([{"label": "true", "argv": ["/bin/true"], "timeout_seconds": 30}]),
+        json!([{"label": "check", "argv": argv, "timeout_seconds": 120}]),
     )
 }
 
 /// Runs `n` tasks keeping `inflight` outstanding; returns (elapsed, latencies).
 fn drive(suite: &Suite, prefix: &str, n: usize, inflight: usize) -> (Duration, Vec<Duration>) {
+    drive_verified_by(suite, prefix, n, inflight, &json!(["/bin/true"]))
+}
+
+/// [`drive`] with `argv` as each task's verification.
+fn drive_verified_by(
+    suite: &Suite,
+    prefix: &str,
+    n: usize,
+    inflight: usize,
+    argv: &serde_json::Value,
+) -> (Duration, Vec<Duration>) {
     let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
     let base = git(
         &suite.layout.repos().join("demo.git"),
@@ -63,7 +75,9 @@ fn drive(suite: &Suite, prefix: &str, n: usize, inflight: usize) -> (Duration, V
     while latencies.len() < n {
         while pending.len() < inflight && next < n {
             let id = format!("{prefix}-{next:04}");
-            client.submit_task(&task(&id, &base)).expect("SubmitTask");
+            client
+                .submit_task(&task_verified_by(&id, &base, argv.clone()))
+                .expect("SubmitTask");
             pending.push((id, Instant::now()));
             next += 1;
         }
@@ -592,6 +606,102 @@ fn environment_axis(base: &Path, tasks: usize) {
     );
 }
 
+/// A verification that spins `seconds` of CPU in one process.
+fn spin(seconds: f64) -> serde_json::Value {
+    let script = format!(
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\n"
+    );
+    json!(["/usr/bin/python3", "-c", script])
+}
+
+/// The CPUs this process may use.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The concurrency axis (issue 44): (a) N CPU-bound tasks (`cpu_seconds`
+/// each) submitted at once against the same N one at a time, and the
+/// speed-up against the ideal min(N, cores) (target ≥ 0.8 of it); (b) a
+/// trivial task's latency beside a CPU hog (twice the cores' spinners in
+/// one task) against alone, the median of `samples` (target ≤ 1.25×).
+fn concurrency_axis(base: &Path, counts: &[usize], cpu_seconds: f64, samples: usize) {
+    let cores = cores();
+    let state = base.join("concurrency");
+    let suite = start_with(
+        state,
+        true,
+        &Tuning {
+            lease_seconds: 120,
+            ..Default::default()
+        },
+    )
+    .expect("suite");
+    drive(&suite, "warm-c", 2, 1);
+    println!(
+        "concurrency axis: {cores} CPUs, executor.parallel_jobs and worker.parallel_tasks at their defaults (the CPUs), each task {cpu_seconds} s of CPU"
+    );
+    println!(
+        "{:>4} {:>12} {:>12} {:>9} {:>7} {:>13}",
+        "N", "at once s", "one by one s", "speed-up", "ideal", "of the ideal"
+    );
+    let argv = spin(cpu_seconds);
+    for &n in counts {
+        let (together, _) = drive_verified_by(&suite, &format!("par{n}"), n, n, &argv);
+        let (serial, _) = drive_verified_by(&suite, &format!("ser{n}"), n, 1, &argv);
+        let speedup = serial.as_secs_f64() / together.as_secs_f64();
+        let ideal = n.min(cores) as f64;
+        println!(
+            "{n:>4} {:>12.2} {:>12.2} {speedup:>8.2}× {ideal:>6.0}× {:>12.2}{}",
+            together.as_secs_f64(),
+            serial.as_secs_f64(),
+            speedup / ideal,
+            match (n > 1, speedup / ideal >= 0.8) {
+                (false, _) => "",
+                (true, true) => "  [>= 0.8] met",
+                (true, false) => "  [>= 0.8] MISSED",
+            }
+        );
+    }
+    // (b): a trivial task alone, then beside a hog spinning 2× the cores.
+    let (_, mut alone) = drive(&suite, "alone", samples, 1);
+    alone.sort();
+    let hog_script = format!(
+        "import multiprocessing, time\ndef s():\n    t = time.time()\n    while time.time() - t < 600: pass\nps = [multiprocessing.Process(target=s) for _ in range({})]\n[p.start() for p in ps]\n[p.join() for p in ps]\n",
+        2 * cores
+    );
+    let client = Supervisor::connect(Some(suite.bus.address())).expect("bus");
+    let head = git(
+        &suite.layout.repos().join("demo.git"),
+        &["rev-parse", "refs/heads/main"],
+    );
+    client
+        .submit_task(&task_verified_by(
+            "hog",
+            &head,
+            json!(["/usr/bin/python3", "-c", hog_script]),
+        ))
+        .expect("SubmitTask");
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, mut beside) = drive(&suite, "beside", samples, 1);
+    beside.sort();
+    let view = client.get_task("hog").expect("GetTask");
+    let _ = client.cancel_task(&DecisionRequest::about(
+        &view,
+        Decision::Cancel,
+        "bench over",
+        None,
+    ));
+    let ratio = pct(&beside, 0.5) / pct(&alone, 0.5);
+    println!(
+        "a trivial task's latency, median of {samples}: alone {:.1} ms, beside a hog of {} spinning processes {:.1} ms: {ratio:.2}× {}",
+        pct(&alone, 0.5),
+        2 * cores,
+        pct(&beside, 0.5),
+        target_mark(true, ratio, 1.25)
+    );
+    drop(suite);
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut tasks = 30usize;
@@ -603,8 +713,10 @@ fn main() {
     let mut environments = false;
     let mut environment_tasks = 10usize;
     let mut root = PathBuf::from("/var/tmp");
+    let mut concurrency = false;
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--concurrency" => concurrency = true,
             "--tasks" => tasks = args.next().and_then(|v| v.parse().ok()).expect("--tasks N"),
             "--size-tasks" => {
                 size_tasks = args
@@ -634,10 +746,10 @@ fn main() {
             "--dir" => root = PathBuf::from(args.next().expect("--dir DIR")),
             "-h" | "--help" => {
                 println!(
-                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--moves N] [--only-sizes] [--keep] [--environments] [--environment-tasks N] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies, and --moves tasks each on a base one commit ahead
+                    "bench-e2e [--tasks N] [--sizes 40,2000,20000,100000] [--size-tasks N] [--moves N] [--only-sizes] [--keep] [--environments] [--environment-tasks N] [--concurrency] [--dir DIR]\n\nEnd-to-end tasks/s and latency of a trivial task through the real suite\n(1 and 4 in flight), fsyncs per task (strace), beside the raw fsync rate of DIR's disk;\nthen the same task on repositories of each size (--sizes; empty: skipped),\nfirst and warm-cache latencies, and --moves tasks each on a base one commit ahead
 (one file changed, then ten, then a directory of 100 files renamed, at 200 files and up)
 with the source bytes they sent.
---only-sizes skips the throughput part.\n--environments adds the environment axis (a Node package, npm ci as setup through\nairlock-egress; needs the package registry): first task, reused-layer tasks, and\nnpm test bare on a fetched checkout."
+--only-sizes skips the throughput part.\n--environments adds the environment axis (a Node package, npm ci as setup through\nairlock-egress; needs the package registry): first task, reused-layer tasks, and\nnpm test bare on a fetched checkout.\n--concurrency runs only the concurrency axis: N = 1, 2, 4, 8 tasks of 2 s of CPU\nsubmitted at once against one at a time and the ideal min(N, CPUs), then a trivial\ntask's median latency beside a CPU hog against alone."
                 );
                 return;
             }
@@ -646,6 +758,11 @@ with the source bytes they sent.
     }
     let base = root.join(format!("airlock-bench-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&base).expect("bench dir");
+    if concurrency {
+        concurrency_axis(&base, &[1, 2, 4, 8], 2.0, 5);
+        finish(&base, keep);
+        return;
+    }
     if !throughput {
         size_axis(&base, &sizes, size_tasks, moves);
         if environments {
