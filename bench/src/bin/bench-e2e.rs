@@ -491,25 +491,7 @@ fn environment_axis(base: &Path, tasks: usize) {
     }
     let registry = airlock_testkit::npm_registry(&dir.join("npm-cache"));
     let project = airlock_testkit::node_project(&dir, "web");
-    let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
-    let environment = airlock_config::Environment {
-        paths: Vec::new(),
-        programs: owned(&["npm", "node"]),
-        variables: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
-        setup: Some(airlock_config::Setup {
-            commands: vec![owned(&[
-                "npm",
-                "ci",
-                "--ignore-scripts",
-                "--no-audit",
-                "--no-fund",
-            ])],
-            inputs: owned(&["package.json", "package-lock.json"]),
-            outputs: owned(&["node_modules"]),
-            egress: registry.clone(),
-            timeout_seconds: 600,
-        }),
-    };
+    let environment = airlock_testkit::npm_ci_environment(registry.clone(), &[]);
     let suite = start_with(
         dir.join("state"),
         true,

@@ -30,16 +30,6 @@ fn bob() -> Actor {
 fn carol() -> Actor {
     Actor::planner(Some(1004), "carol@:1.12")
 }
-/// Two planner agents of one user, and that user outside any agent.
-fn alpha() -> Actor {
-    Actor::planner(Some(989), "agent:alpha airlock-agent@:1.7")
-}
-fn beta() -> Actor {
-    Actor::planner(Some(989), "agent:beta airlock-agent@:1.8")
-}
-fn plain() -> Actor {
-    Actor::planner(Some(989), "airlock-agent@:1.9")
-}
 
 fn submit_as(fx: &mut Fixture, actor: &Actor, task: &str) {
     fx.store

@@ -147,6 +147,18 @@ pub fn worker() -> Actor {
     Actor::worker(Some(1002), "worker-1")
 }
 
+/// Two planner agents of one user (uid 989), and that user outside any
+/// agent: three submitters of one uid.
+pub fn alpha() -> Actor {
+    Actor::planner(Some(989), "agent:alpha airlock-agent@:1.7")
+}
+pub fn beta() -> Actor {
+    Actor::planner(Some(989), "agent:beta airlock-agent@:1.8")
+}
+pub fn plain() -> Actor {
+    Actor::planner(Some(989), "airlock-agent@:1.9")
+}
+
 /// A result for a grant: passed (with a commit), failed (with a code) or captured.
 pub fn result_for(grant: &ClaimGrant, outcome: Outcome) -> TaskResult {
     TaskResult {

@@ -16,17 +16,8 @@ use airlock_proto::task::{Outcome, Submitter};
 use airlock_taskdb::tasks::{Actor, PgStore, ReadScope};
 use common::*;
 
-/// Two planner agents of one user, that user outside any agent, and a
-/// planner of another uid.
-fn alpha() -> Actor {
-    Actor::planner(Some(989), "agent:alpha airlock-agent@:1.7")
-}
-fn beta() -> Actor {
-    Actor::planner(Some(989), "agent:beta airlock-agent@:1.8")
-}
-fn plain() -> Actor {
-    Actor::planner(Some(989), "airlock-agent@:1.9")
-}
+/// A planner of another uid than the agents' ([`alpha`], [`beta`],
+/// [`plain`]).
 fn human() -> Actor {
     Actor::planner(Some(1001), "alice@:1.10")
 }

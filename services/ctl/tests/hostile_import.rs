@@ -202,11 +202,7 @@ fn site() -> Site {
         ),
     )
     .unwrap();
-    let status = Command::new("systemd-sysusers")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sysusers/airlock.conf"))
-        .status()
-        .unwrap();
-    assert!(status.success());
+    airlock_testkit::package_users();
     let canary = Canary::new(&root.join("canary"));
     Site {
         _tmp: tmp,

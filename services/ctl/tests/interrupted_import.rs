@@ -40,30 +40,13 @@ fn large_repository(dir: &Path) -> PathBuf {
     src
 }
 
-/// A child killed and reaped when the test ends, however it ends.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn the_next_repo_add_removes_what_an_interrupted_one_left_and_nothing_else() {
     assert!(
         nix::unistd::Uid::effective().is_root(),
         "the_next_repo_add_removes_what_an_interrupted_one_left_and_nothing_else needs root (repo add gives the copy to the worker's uid); CI runs the tests as root: run this one as root (sudo), it fails rather than pass without checking"
     );
-    let sysusers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sysusers/airlock.conf");
-    assert!(
-        Command::new("systemd-sysusers")
-            .arg(&sysusers)
-            .status()
-            .unwrap()
-            .success()
-    );
+    airlock_testkit::package_users();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -127,7 +110,7 @@ fn the_next_repo_add_removes_what_an_interrupted_one_left_and_nothing_else() {
 
     // 2. Beside it: an import in progress (its process lives), names that
     //    only look like leftovers, and a link named like one.
-    let running = Reap(Command::new("sleep").arg("600").spawn().unwrap());
+    let running = airlock_testkit::Reap(Command::new("sleep").arg("600").spawn().unwrap());
     let in_progress = srv.join(airlock_git::import_temp_name("busy", running.0.id()));
     std::fs::create_dir_all(in_progress.join("objects")).unwrap();
     let lookalikes = [

@@ -28,12 +28,7 @@ fn require_root(test: &str) {
 
 /// The package's users and groups, made as the package makes them.
 fn users() -> (nix::unistd::User, nix::unistd::User, u32) {
-    let sysusers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sysusers/airlock.conf");
-    let status = Command::new("systemd-sysusers")
-        .arg(&sysusers)
-        .status()
-        .unwrap();
-    assert!(status.success(), "systemd-sysusers {}", sysusers.display());
+    airlock_testkit::package_users();
     let user = |n: &str| nix::unistd::User::from_name(n).unwrap().unwrap();
     let readers = nix::unistd::Group::from_name("airlock-readers")
         .unwrap()

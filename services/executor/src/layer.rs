@@ -26,7 +26,7 @@
 
 use crate::error::Result;
 use crate::tree::fs::{file_sha256, remove_tree, setup_error, walk};
-use crate::tree::hold::{Hold, Holds, Makers, Making};
+use crate::tree::hold::{Hold, Holds, Makers, Making, least_recently_used};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -255,7 +255,7 @@ impl LayerCache {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
             return;
         };
-        let mut entries: Vec<(SystemTime, u64, String)> = dir
+        let entries: Vec<(SystemTime, u64, String)> = dir
             .filter_map(|e| {
                 let name = e.ok()?.file_name().to_string_lossy().into_owned();
                 let seal = self.read_seal(&name)?;
@@ -265,20 +265,14 @@ impl LayerCache {
                 Some((used, seal.bytes, name))
             })
             .collect();
-        entries.sort();
-        let mut bytes: u64 = entries.iter().map(|e| e.1).sum();
-        for (_, size, name) in entries {
-            if bytes <= self.max_bytes {
-                break;
-            }
-            if name == keep || self.holds.is_held(&name) {
-                continue;
-            }
+        let evicted = least_recently_used(entries, u64::MAX, self.max_bytes, |name| {
+            name == keep || self.holds.is_held(name)
+        });
+        for name in evicted {
             remove_tree(&self.dir.join(&name));
             if let Ok(mut v) = self.verified.lock() {
                 v.remove(&name);
             }
-            bytes = bytes.saturating_sub(size);
         }
     }
 }

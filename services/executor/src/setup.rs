@@ -17,7 +17,8 @@
 //!    usual proxy variables. A command that fails ends the request with
 //!    SETUP_FAILED and its redacted tail; a refusal by the proxy that
 //!    only configuration can change (an unlisted host or port, a
-//!    forbidden address, a method other than CONNECT:
+//!    forbidden address, a method other than CONNECT, a parent proxy
+//!    refusing the route's credential or the connection:
 //!    [`FINAL_REFUSALS`]) ends it with the proxy's code, which ends the
 //!    task, even when the command ignored the refusal and exited 0.
 //! 4. The outputs are moved into the layer, which is sealed (never after

@@ -9,7 +9,8 @@
 //! both the environment's egress entry and a route `via` the parent.
 
 use airlock_testkit::{
-    NODE_FIX, PY_FIX, ParentProxy, node_project, python_project, setup_environment,
+    NODE_FIX, PY_FIX, ParentProxy, node_project, npm_ci_environment, pip_install_environment,
+    python_project, setup_environment,
 };
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
@@ -58,39 +59,8 @@ fn setups_fetch_through_a_parent_proxy_and_its_refusals_end_the_task() {
         airlock_testkit::via_routes(&registries, parent.port, Some("parent-proxy")),
         parent.port
     );
-    let node_env = setup_environment(
-        &["npm", "node"],
-        vec![vec![
-            "npm",
-            "ci",
-            "--ignore-scripts",
-            "--no-audit",
-            "--no-fund",
-        ]],
-        &["package.json", "package-lock.json"],
-        &["node_modules"],
-        npm_registry.clone(),
-        &[],
-    );
-    let python_env = setup_environment(
-        &["python3"],
-        vec![vec![
-            "python3",
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-cache-dir",
-            "--target",
-            "deps",
-            "-r",
-            "requirements.txt",
-        ]],
-        &["requirements.txt"],
-        &["deps"],
-        pip_registry.clone(),
-        &[("PYTHONPATH", "/workspace/deps")],
-    );
+    let node_env = npm_ci_environment(npm_registry.clone(), &[]);
+    let python_env = pip_install_environment(pip_registry.clone());
     let suite = airlock_local::start_with(
         scratch.path().join("state"),
         true,

@@ -24,7 +24,10 @@
 //!   the proxy, and no name resolves inside the sandbox.
 
 use airlock_testkit::setup_environment as environment;
-use airlock_testkit::{NODE_BREAK, NODE_FIX, PY_FIX, address_routes, node_project, python_project};
+use airlock_testkit::{
+    NODE_BREAK, NODE_FIX, PY_FIX, address_routes, node_project, npm_ci_environment,
+    pip_install_environment, python_project,
+};
 use serde_json::Value;
 use std::io::Read;
 use std::net::TcpListener;
@@ -83,53 +86,12 @@ fn setups_fetch_through_the_egress_proxy_and_their_layers_are_reused_per_lockfil
     let python = python_project(scratch.path(), "calc-py");
     let (listener_port, listener_hits) = counting_listener();
     let loopback = format!("127.0.0.1:{listener_port}");
-    let node_env = environment(
-        &["npm", "node"],
-        vec![vec![
-            "npm",
-            "ci",
-            "--ignore-scripts",
-            "--no-audit",
-            "--no-fund",
-        ]],
-        &["package.json", "package-lock.json"],
-        &["node_modules"],
-        npm_registry.clone(),
-        &[],
-    );
-    let python_env = environment(
-        &["python3"],
-        vec![vec![
-            "python3",
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-cache-dir",
-            "--target",
-            "deps",
-            "-r",
-            "requirements.txt",
-        ]],
-        &["requirements.txt"],
-        &["deps"],
-        pip_registry.clone(),
-        &[("PYTHONPATH", "/workspace/deps")],
-    );
+    let node_env = npm_ci_environment(npm_registry.clone(), &[]);
+    let python_env = pip_install_environment(pip_registry.clone());
     // Setups the proxy must refuse: an unlisted host (the listed entry is
     // the loopback listener, which the proxy never reaches either), and a
     // direct connection to the listener.
-    let unlisted_env = environment(
-        &["npm", "node"],
-        vec![vec![
-            "npm",
-            "ci",
-            "--ignore-scripts",
-            "--no-audit",
-            "--no-fund",
-        ]],
-        &["package.json", "package-lock.json"],
-        &["node_modules"],
+    let unlisted_env = npm_ci_environment(
         vec!["pkg.example.invalid:443".into()],
         &[("npm_config_fetch_retries", "0")],
     );

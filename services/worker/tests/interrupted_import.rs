@@ -31,30 +31,13 @@ fn tree(path: &Path, uid: u32, gid: u32) {
         .unwrap();
 }
 
-/// A child killed and reaped when the test ends, however it ends.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn the_worker_removes_an_interrupted_imports_leftover_at_start() {
     assert!(
         nix::unistd::Uid::effective().is_root(),
         "the_worker_removes_an_interrupted_imports_leftover_at_start needs root (systemd-sysusers, the worker's own uid); CI runs the tests as root: run this one as root (sudo), it fails rather than pass without checking"
     );
-    let sysusers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sysusers/airlock.conf");
-    assert!(
-        Command::new("systemd-sysusers")
-            .arg(&sysusers)
-            .status()
-            .unwrap()
-            .success()
-    );
+    airlock_testkit::package_users();
     let worker = nix::unistd::User::from_name("airlock-worker")
         .unwrap()
         .unwrap();
@@ -73,7 +56,7 @@ fn the_worker_removes_an_interrupted_imports_leftover_at_start() {
     tree(&given, uid, gid);
     let roots = srv.join(airlock_git::import_temp_name("roots", dead_pid()));
     tree(&roots, 0, 0);
-    let running = Reap(Command::new("sleep").arg("600").spawn().unwrap());
+    let running = airlock_testkit::Reap(Command::new("sleep").arg("600").spawn().unwrap());
     let busy = srv.join(airlock_git::import_temp_name("busy", running.0.id()));
     tree(&busy, uid, gid);
     let lookalike = srv.join(".given.git.tmp-0042");

@@ -370,6 +370,15 @@ pub use airlock_testkit::git_dir_or_empty as git;
 /// matrix: [`airlock_testkit::file_len`], [`airlock_testkit::log_since`]).
 pub use airlock_testkit::{file_len, log_since};
 
+/// How often `needle` stands in the file at `path` (0 when it cannot be
+/// read): a component's log lines of one kind.
+pub fn count_in(path: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .matches(needle)
+        .count()
+}
+
 /// What a marked command writes into its workspace when it starts (a
 /// nonce: the time in ns).
 pub const START_MARKER: &str = "crash-start";

@@ -22,7 +22,7 @@
 //! tree was used: a task whose tree was torn would have made a different
 //! commit, or failed its check, which reads the file the moved base added.
 
-use airlock_crash_matrix::{Converged, Stack, in_flight, marked_sleep};
+use airlock_crash_matrix::{Converged, Stack, count_in as count, in_flight, marked_sleep};
 use airlock_local::Tuning;
 use airlock_local::client::task_on_demo;
 use serde_json::{Value, json};
@@ -70,13 +70,6 @@ fn wait_in_flight(work: &Path, n: usize, within: Duration) -> Vec<(PathBuf, Stri
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn count(path: &Path, needle: &str) -> usize {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .matches(needle)
-        .count()
 }
 
 #[test]

@@ -18,11 +18,10 @@
 //! duplicated), each accepted once; and the sources the worker sent after
 //! the first task were deltas, never a whole archive again.
 
-use airlock_crash_matrix::{Converged, Stack};
+use airlock_crash_matrix::{Converged, Stack, count_in as count};
 use airlock_local::client::task_on_demo;
 use airlock_proto::task::TaskState;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
 use std::time::Duration;
 
 const ROUNDS: usize = 10;
@@ -36,13 +35,6 @@ fn submission(task: &str, base: &str) -> serde_json::Value {
         serde_json::json!({"operation": "write_file", "path": format!("out/{task}.txt"), "content": "x\n"}),
         serde_json::json!([{"label": "check", "argv": ["/bin/true"], "timeout_seconds": 30}]),
     )
-}
-
-fn count(path: &Path, needle: &str) -> usize {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .matches(needle)
-        .count()
 }
 
 #[test]

@@ -56,19 +56,42 @@ pub fn git_dated(dir: &Path, args: &[&str]) -> String {
 }
 
 fn run_git(command: &mut Command, dir: &Path, args: &[&str]) -> String {
-    let out = command
-        .current_dir(dir)
+    let out = with_identity(command.current_dir(dir))
+        .args(args)
+        .output()
+        .expect("git runs");
+    succeeded(out, args, "")
+}
+
+/// `command` (a git) with no system configuration and the kit's fixed
+/// identity for the commits it makes.
+fn with_identity(command: &mut Command) -> &mut Command {
+    command
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_AUTHOR_NAME", "t")
         .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
         .env("GIT_COMMITTER_NAME", "t")
         .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-        .args(args)
-        .output()
-        .expect("git runs");
+}
+
+/// git on the bare repository `repo`, trusting that one directory, with
+/// no user or system configuration and the fixed identity.
+fn git_dir_command(repo: &Path) -> Command {
+    let mut command = Command::new("git");
+    with_identity(command.env("GIT_CONFIG_GLOBAL", "/dev/null"))
+        .arg("-c")
+        .arg(format!("safe.directory={}", repo.display()))
+        .arg("--git-dir")
+        .arg(repo);
+    command
+}
+
+/// git's stdout, trimmed, when it succeeded; else a panic with its stderr
+/// (`place`, when not empty, says where it ran).
+fn succeeded(out: std::process::Output, args: &[&str], place: &str) -> String {
     assert!(
         out.status.success(),
-        "git {args:?}: {}",
+        "git {args:?}{place}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
@@ -79,43 +102,14 @@ fn run_git(command: &mut Command, dir: &Path, args: &[&str]) -> String {
 /// configuration and [`git`]'s identity; panics with git's stderr when it
 /// fails. Returns stdout, trimmed.
 pub fn git_dir(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-        .arg("-c")
-        .arg(format!("safe.directory={}", repo.display()))
-        .arg("--git-dir")
-        .arg(repo)
-        .args(args)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?} in {}: {}",
-        repo.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    let out = git_dir_command(repo).args(args).output().expect("git runs");
+    succeeded(out, args, &format!(" in {}", repo.display()))
 }
 
 /// [`git_dir`] with `input` on git's stdin (`hash-object --stdin`,
 /// `mktree`), and the fixed identity of [`git`] for the commits it makes.
 pub fn git_dir_input(repo: &Path, args: &[&str], input: &str) -> String {
-    let mut child = Command::new("git")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
-        .arg("-c")
-        .arg(format!("safe.directory={}", repo.display()))
-        .arg("--git-dir")
-        .arg(repo)
+    let mut child = git_dir_command(repo)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -129,13 +123,7 @@ pub fn git_dir_input(repo: &Path, args: &[&str], input: &str) -> String {
         .write_all(input.as_bytes())
         .expect("git reads its input");
     let out = child.wait_with_output().expect("git ends");
-    assert!(
-        out.status.success(),
-        "git {args:?} in {}: {}",
-        repo.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    succeeded(out, args, &format!(" in {}", repo.display()))
 }
 
 /// [`git`] sealed off from the test's own environment: /usr/bin/git with
@@ -143,27 +131,19 @@ pub fn git_dir_input(repo: &Path, args: &[&str], input: &str) -> String {
 /// exist, every directory trusted. For a work tree another uid owns and
 /// the test arms (hooks, configuration) against the program it tests.
 pub fn git_hermetic(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("/usr/bin/git")
+    let mut command = Command::new("/usr/bin/git");
+    command
         .current_dir(dir)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", "/nonexistent")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t.invalid")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null");
+    let out = with_identity(&mut command)
         .args(["-c", "safe.directory=*"])
         .args(args)
         .output()
         .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    succeeded(out, args, "")
 }
 
 /// git on the bare repository `repo` whoever owns it (every directory
@@ -180,6 +160,29 @@ pub fn git_dir_or_empty(repo: &Path, args: &[&str]) -> String {
         .output()
         .expect("git runs");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Makes the package's users and groups as the package does:
+/// `systemd-sysusers` on the repository's `sysusers/airlock.conf` (as
+/// root; an existing user is left as it is).
+pub fn package_users() {
+    let sysusers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sysusers/airlock.conf");
+    let status = Command::new("systemd-sysusers")
+        .arg(&sysusers)
+        .status()
+        .expect("systemd-sysusers runs");
+    assert!(status.success(), "systemd-sysusers {}", sysusers.display());
+}
+
+/// A child killed and reaped when dropped, however the test ends.
+#[derive(Debug)]
+pub struct Reap(pub std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The start of a `git fast-import` stream for a generated repository of
@@ -605,6 +608,52 @@ pub fn setup_environment(
             timeout_seconds: 600,
         }),
     }
+}
+
+/// [`node_project`]'s environment: `npm ci` (no scripts) of its lockfile
+/// into `node_modules`, reaching `egress`, with `variables` beside PATH.
+pub fn npm_ci_environment(
+    egress: Vec<String>,
+    variables: &[(&str, &str)],
+) -> airlock_config::Environment {
+    setup_environment(
+        &["npm", "node"],
+        vec![vec![
+            "npm",
+            "ci",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+        ]],
+        &["package.json", "package-lock.json"],
+        &["node_modules"],
+        egress,
+        variables,
+    )
+}
+
+/// [`python_project`]'s environment: `pip install --target deps` of its
+/// requirements, reaching `egress`, with `deps` on PYTHONPATH.
+pub fn pip_install_environment(egress: Vec<String>) -> airlock_config::Environment {
+    setup_environment(
+        &["python3"],
+        vec![vec![
+            "python3",
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "--target",
+            "deps",
+            "-r",
+            "requirements.txt",
+        ]],
+        &["requirements.txt"],
+        &["deps"],
+        egress,
+        &[("PYTHONPATH", "/workspace/deps")],
+    )
 }
 
 /// The patch that fixes [`node_project`]'s `add`.

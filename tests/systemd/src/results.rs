@@ -111,7 +111,7 @@ pub fn kernel_version(release: &str) -> String {
 
 fn kernel_cell(f: &Facts) -> String {
     format!(
-        "Landlock ABI {} ({}), seccomp filters ({}), user namespaces ({}), cgroup {}",
+        "Landlock ABI {} ({}), seccomp filters ({}), user namespaces ({}); cgroup {} mounted (the executor's job walls are not delegated under systemd)",
         f.landlock_abi,
         f.landlock,
         f.seccomp.join(", "),

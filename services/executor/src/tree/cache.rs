@@ -73,7 +73,7 @@ use super::blobs::BlobStore;
 use super::delta::{Delta, Plan};
 use super::extract::{ArchiveLimits, extract};
 use super::fs::{chown_tree, mkdir, open_dir, remove_tree, setup_error};
-use super::hold::{Hold, Holds};
+use super::hold::{Hold, Holds, least_recently_used};
 use super::journal::{JOURNAL, roll_back, tidy};
 use super::seal::{Seal, write_objects};
 use super::stamp::{Blob, Stamp, hash_entry};
@@ -600,7 +600,7 @@ impl TreeCache {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
             return;
         };
-        let mut entries: Vec<(SystemTime, u64, String)> = dir
+        let entries: Vec<(SystemTime, u64, String)> = dir
             .filter_map(|e| {
                 let name = e.ok()?.file_name().to_string_lossy().into_owned();
                 if !is_tree_id(&name) {
@@ -610,21 +610,13 @@ impl TreeCache {
                 Some((self.last_used(&name)?, seal.bytes, name))
             })
             .collect();
-        entries.sort();
-        let mut count = entries.len() as u64;
-        let mut bytes: u64 = entries.iter().map(|e| e.1).sum();
-        let mut evicted = Vec::new();
-        for (_, size, name) in &entries {
-            if count <= u64::from(self.limits.max_entries) && bytes <= self.limits.max_bytes {
-                break;
-            }
-            if name == keep || self.pinned().contains(name) || self.holds.is_held(name) {
-                continue;
-            }
-            evicted.push(name.as_str());
-            count -= 1;
-            bytes = bytes.saturating_sub(*size);
-        }
+        let evicted = least_recently_used(
+            entries,
+            u64::from(self.limits.max_entries),
+            self.limits.max_bytes,
+            |name| name == keep || self.pinned().contains(name) || self.holds.is_held(name),
+        );
+        let evicted: Vec<&str> = evicted.iter().map(String::as_str).collect();
         self.drop_entries(&evicted);
     }
 

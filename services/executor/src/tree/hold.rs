@@ -109,6 +109,35 @@ impl Drop for Making<'_> {
     }
 }
 
+/// What a cache evicts to keep its bounds: from `entries` (last use,
+/// bytes, name), least recently used first, the names to remove until at
+/// most `max_entries` entries of at most `max_bytes` in all remain,
+/// passing over every name `spared` keeps (the entry being made, one a
+/// job holds): they count but are never chosen.
+pub fn least_recently_used(
+    mut entries: Vec<(std::time::SystemTime, u64, String)>,
+    max_entries: u64,
+    max_bytes: u64,
+    spared: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    entries.sort();
+    let mut count = entries.len() as u64;
+    let mut bytes: u64 = entries.iter().map(|e| e.1).sum();
+    let mut evicted = Vec::new();
+    for (_, size, name) in entries {
+        if count <= max_entries && bytes <= max_bytes {
+            break;
+        }
+        if spared(&name) {
+            continue;
+        }
+        evicted.push(name);
+        count -= 1;
+        bytes = bytes.saturating_sub(size);
+    }
+    evicted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
